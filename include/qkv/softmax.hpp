@@ -1,0 +1,59 @@
+// Row-wise, numerically stable softmax with an optional "may attend" mask.
+//
+// Policy (shared by every qkv backend):
+//  * each row's maximum over the allowed entries is subtracted before exponentiation, so large
+//    scores never overflow;
+//  * masked entries get weight exactly 0;
+//  * a row with no allowed entry (fully masked) gets all-zero weights, so its attention output is
+//    zero (PyTorch returns NaN there; a zero row is the safer value to feed onwards);
+//  * a NaN among a row's allowed scores makes that whole row NaN, as in PyTorch.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+
+#include "qkv/math.hpp"
+#include "qkv/matrix.hpp"
+
+namespace qkv {
+
+/// Softmax of each row of `scores` over the entries where `allowed` is true.
+template <class T, std::size_t R, std::size_t C>
+    requires std::is_floating_point_v<T>
+constexpr matrix<T, R, C> masked_softmax_rows(const matrix<T, R, C>& scores, const matrix<bool, R, C>& allowed) {
+    matrix<T, R, C> out{};
+    for (std::size_t r = 0; r < R; ++r) {
+        bool any = false;
+        bool has_nan = false;
+        T max{};
+        for (std::size_t c = 0; c < C; ++c) {
+            if (!allowed.elems[r][c]) continue;
+            const T s = scores.elems[r][c];
+            if (qkv::isnan(s)) has_nan = true;
+            if (!any || s > max) max = s;
+            any = true;
+        }
+        if (!any) continue;  // fully masked row: zeros (see the policy above)
+        if (has_nan) {
+            for (std::size_t c = 0; c < C; ++c) out.elems[r][c] = std::numeric_limits<T>::quiet_NaN();
+            continue;
+        }
+        T sum{};
+        for (std::size_t c = 0; c < C; ++c) {
+            const T e = allowed.elems[r][c] ? qkv::exp(scores.elems[r][c] - max) : T{};
+            out.elems[r][c] = e;
+            sum += e;
+        }
+        for (std::size_t c = 0; c < C; ++c) out.elems[r][c] /= sum;
+    }
+    return out;
+}
+
+/// Softmax of each row, every entry allowed.
+template <class T, std::size_t R, std::size_t C>
+    requires std::is_floating_point_v<T>
+constexpr matrix<T, R, C> softmax_rows(const matrix<T, R, C>& scores) {
+    return masked_softmax_rows(scores, filled<bool, R, C>(true));
+}
+
+}  // namespace qkv
