@@ -1,0 +1,63 @@
+// qkv::npy — reader and writer for NumPy .npy files (format versions 1.0, 2.0, 3.0).
+//
+// Reading accepts C-order float32, float64 and bool arrays in either byte order;
+// everything else is refused with a qkv::npy::error whose what() starts with the
+// file name. Writing produces float32 ('<f4') files byte-identical to np.save.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkv::npy {
+
+// Every failure of this component (bad input, I/O error, misuse) is reported as this.
+class error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+enum class dtype : std::uint8_t { f32, f64, b1 };
+
+std::string_view dtype_name(dtype t) noexcept;  // "float32", "float64", "bool"
+std::size_t itemsize(dtype t) noexcept;         // 4, 8, 1
+
+struct array {
+    std::string name;                // source (file path or name given to parse), prefixes errors
+    std::vector<std::size_t> shape;  // empty for a 0-d array (which holds one element)
+    dtype type = dtype::f32;         // dtype as stored in the file
+    std::vector<std::byte> data;     // C order, host (little-endian) byte order;
+                                     // size() * itemsize(type) bytes
+
+    std::size_t size() const;          // element count: product of shape (1 for 0-d)
+    std::string shape_string() const;  // Python tuple syntax: "()", "(3,)", "(2, 3)"
+
+    std::vector<float> to_float() const;        // f32 as is, f64 rounded to nearest; bool refused
+    std::vector<double> to_double() const;      // f32 widened exactly, f64 as is; bool refused
+    std::vector<std::uint8_t> to_bool() const;  // b1 only; every byte must be 0 or 1
+};
+
+// Parses a complete .npy image; `name` prefixes error messages.
+array parse(std::span<const std::byte> bytes, std::string_view name);
+
+// Reads and parses a .npy file; the path prefixes error messages.
+array read(const std::filesystem::path& path);
+
+// A float32 ('<f4', C order) .npy image exactly as np.save writes it: format 1.0
+// unless the header needs more than 65535 bytes (then 2.0), data 64-byte aligned.
+// Throws if the product of `shape` differs from data.size().
+std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<const float> data);
+
+// Writes serialize(shape, data) atomically: a temporary file in the target's
+// directory is written, flushed, synced and renamed over `path`. On failure the
+// temporary file is removed, `path` is left untouched, and the error names the
+// path and the OS error.
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape,
+           std::span<const float> data);
+
+}  // namespace qkv::npy
