@@ -1,0 +1,134 @@
+// qkv::vulkan — attention on any Vulkan GPU (or Mesa's lavapipe on a CPU).
+//
+//   qkv::vulkan::context ctx;                  // loads Vulkan, picks the best device
+//   qkv::attention_output r = ctx.attention(problem);
+//
+// The library does not link against libvulkan: it loads the Vulkan loader when the first context
+// (or list_devices) needs it, and throws qkv::vulkan::unavailable if there is none.
+//
+// Thread safety: a context may be shared by any number of threads. Calls on one context are
+// serialised (one queue, one set of reusable buffers); use one context per thread to overlap
+// host work. Different contexts are independent.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/export.hpp"
+#include "qkv/vulkan/problem.hpp"
+
+namespace qkv::vulkan {
+
+enum class device_type { other, integrated_gpu, discrete_gpu, virtual_gpu, cpu };
+
+/// "discrete GPU", "integrated GPU", "virtual GPU", "CPU", "other".
+QKV_VULKAN_API const char* to_string(device_type type);
+
+struct device_info {
+    std::uint32_t index = 0;  ///< position in vkEnumeratePhysicalDevices
+    std::string name;
+    device_type type = device_type::other;
+    std::string driver;       ///< driver name and version string (VkPhysicalDeviceDriverProperties)
+    std::uint32_t api_version = 0;
+    std::string api_version_string;
+    std::uint32_t vendor_id = 0;
+    std::uint32_t subgroup_size = 0;
+    bool subgroup_arithmetic = false;        ///< subgroupAdd/Max usable in compute shaders
+    std::uint32_t max_shared_memory = 0;     ///< maxComputeSharedMemorySize, bytes
+    std::uint32_t max_workgroup_invocations = 0;
+    std::uint32_t max_workgroup_count[3] = {0, 0, 0};
+    std::uint64_t max_storage_buffer_range = 0;
+    std::uint64_t device_local_memory = 0;   ///< size of the largest device-local heap
+    bool fp16_storage = false;               ///< storageBuffer16BitAccess
+    bool fp16_arithmetic = false;            ///< shaderFloat16
+    bool timestamps = false;                 ///< timestampComputeAndGraphics
+    double timestamp_period_ns = 0;
+    bool has_compute_queue = false;
+};
+
+struct instance_options {
+    /// Enable the Khronos validation layer (with synchronisation validation) and collect its
+    /// messages; throws unavailable if the layer is not installed. Also on with QKV_VALIDATION=1.
+    bool validation = false;
+};
+
+/// The Vulkan devices of this machine, in vkEnumeratePhysicalDevices order.
+/// Throws unavailable when there is no Vulkan loader or no driver.
+QKV_VULKAN_API std::vector<device_info> list_devices(const instance_options& options = {});
+
+/// Index into `devices` of the one a context would pick with `selector` (see context_options::device);
+/// throws unavailable when none matches or none can compute.
+QKV_VULKAN_API std::size_t select_device(const std::vector<device_info>& devices,
+                                         const std::optional<std::string>& selector);
+
+struct context_options {
+    /// Which device: a decimal index, or a case-insensitive substring of the device name.
+    /// Unset: the QKV_DEVICE environment variable, else the best device (discrete > integrated >
+    /// virtual > CPU > other; ties by memory, then enumeration order).
+    std::optional<std::string> device{};
+    bool validation = false;  ///< see instance_options::validation
+
+    /// Caps the device memory this context may hold (bytes; 0 = the device heap). An allocation
+    /// beyond it fails with out_of_memory as VK_ERROR_OUT_OF_DEVICE_MEMORY would. For tests and
+    /// for sharing a GPU politely.
+    std::uint64_t device_memory_limit = 0;
+
+    /// Pretend maxComputeWorkGroupCount is at most this in every dimension (0 = the device's own):
+    /// exercises the dispatch-splitting path without enormous inputs.
+    std::uint32_t max_workgroup_count = 0;
+
+    /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
+    /// even where device memory is host-visible.
+    bool force_staging = false;
+};
+
+/// Per-call timing, filled by context::attention.
+struct call_stats {
+    double host_ms = 0;               ///< host call to result, whole call
+    double device_ms = 0;             ///< GPU time of the dispatches (timestamps), 0 if unsupported
+    std::uint64_t device_bytes = 0;   ///< device memory held by the context after the call
+};
+
+class QKV_VULKAN_API context {
+public:
+    explicit context(const context_options& options = {});
+    ~context();
+    context(context&&) noexcept;
+    context& operator=(context&&) noexcept;
+    context(const context&) = delete;
+    context& operator=(const context&) = delete;
+
+    [[nodiscard]] const device_info& device() const;
+
+    /// Runs the attention. Validates first (qkv::invalid_argument), then checks device limits
+    /// (limit_exceeded), then records every stage of every batch element and head into one
+    /// command buffer and submits it once.
+    [[nodiscard]] attention_output attention(const attention_problem& problem);
+
+    /// Statistics of the last successful attention() call on this context.
+    [[nodiscard]] call_stats last_call() const;
+
+    /// Device memory currently allocated by this context, and the most it held at once since
+    /// creation or reset_peak(), in bytes.
+    [[nodiscard]] std::uint64_t device_memory_allocated() const;
+    [[nodiscard]] std::uint64_t peak_device_memory() const;
+    void reset_peak();
+
+    /// Releases the cached buffers (they are reallocated on demand).
+    void trim();
+
+    /// Validation-layer messages collected since the last call (then cleared). Empty unless
+    /// validation is on.
+    [[nodiscard]] std::vector<std::string> take_validation_messages();
+
+    struct impl;
+
+private:
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace qkv::vulkan

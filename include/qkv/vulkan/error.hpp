@@ -1,0 +1,58 @@
+// The errors of qkv's run-time API. Every failure is one of these; the message names the problem.
+//
+//   qkv::error                      base of everything qkv throws
+//   ├─ qkv::invalid_argument        bad input: shapes that do not fit together, a bad mask, ...
+//   │                               nothing was computed; every object is as before
+//   └─ qkv::vulkan::error           the Vulkan runtime failed
+//      ├─ unavailable               no Vulkan loader, no device, no device matching the request
+//      ├─ limit_exceeded            the request is larger than a device limit; refused before any
+//      │                            work was submitted; the context stays usable
+//      ├─ out_of_memory             a host or device allocation failed; everything allocated for
+//      │                            the call is released; the context stays usable
+//      └─ device_lost               VK_ERROR_DEVICE_LOST: the context must be recreated
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace qkv {
+
+class error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+class invalid_argument : public error {
+public:
+    using error::error;
+};
+
+namespace vulkan {
+
+class error : public qkv::error {
+public:
+    using qkv::error::error;
+};
+
+class unavailable : public error {
+public:
+    using error::error;
+};
+
+class limit_exceeded : public error {
+public:
+    using error::error;
+};
+
+class out_of_memory : public error {
+public:
+    using error::error;
+};
+
+class device_lost : public error {
+public:
+    using error::error;
+};
+
+}  // namespace vulkan
+}  // namespace qkv

@@ -1,0 +1,23 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Stage 4, aggregate: O[b, :, head h columns] = P[b, h] · V_h, the weighted sum of values.
+// With a causal mask, a row tile stops at its last row's diagonal: the weights beyond are zero.
+#include "precision.glsl"
+#define QKV_SKIP_ZERO_A
+#include "gemm_core.glsl"
+
+layout(std430, binding = 0) readonly buffer P { float p[]; };
+layout(std430, binding = 1) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = 2) writeonly buffer O { float o[]; };
+
+const uint FLAG_CAUSAL = 1u;
+
+float load_a(uint base, uint row, uint k) { return p[base + row * pc.a_rs + k]; }
+float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }
+void store_c(uint base, uint row, uint col, float value) { o[base + row * pc.c_rs + col] = value; }
+bool tile_is_masked(uint row0, uint col0) { return false; }
+uint k_limit(uint row0) {
+    return (pc.flags & FLAG_CAUSAL) != 0u ? min(pc.K, row0 + BM) : pc.K;
+}
+
+void main() { gemm_main(); }

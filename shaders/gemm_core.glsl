@@ -1,0 +1,127 @@
+// Tiled matrix product shared by the project, scores and aggregate stages.
+//
+// Each workgroup computes a BM x BN tile of C = A · B for one (batch, head) pair; each invocation
+// keeps TM x TN accumulators in registers; A and B stream through shared memory BK columns at a
+// time. Tile sizes are specialization constants chosen per device by the host (pipelines.cpp);
+// the workgroup size is (BM/TM)·(BN/TN). Shapes and strides come in push constants, so one
+// pipeline serves every shape.
+//
+// The including shader defines, before including this file:
+//   float load_a(uint base, uint row, uint k)   element (row, k) of A at element offset `base`
+//   float load_b(uint base, uint k, uint col)
+//   void  store_c(uint base, uint row, uint col, float value)
+//   bool  tile_is_masked(uint row0, uint col0)   true: the whole tile is masked (causal skip)
+//   uint  k_limit(uint row0)                     how far along K this row tile needs to go
+// and may define QKV_SKIP_ZERO_A (zero A elements are skipped, so 0·NaN never reaches C)
+// and may use the push constants below.
+#extension GL_EXT_control_flow_attributes : enable
+
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = 1) const uint BM = 64;
+layout(constant_id = 2) const uint BN = 64;
+layout(constant_id = 3) const uint BK = 16;
+layout(constant_id = 4) const uint TM = 4;
+layout(constant_id = 5) const uint TN = 4;
+
+// Mirrored by struct gemm_push in src/stages.hpp: keep the two in the same order.
+layout(push_constant) uniform Push {
+    uint group_x, group_y, group_z;  // offsets when a dispatch is split (maxComputeWorkGroupCount)
+    uint M, N, K;                     // C is M x N, the inner dimension is K
+    uint heads;                       // z = batch * heads + head
+    uint a_bs, a_hs, a_rs;            // A strides: per batch, per head, per row (columns contiguous)
+    uint b_bs, b_hs, b_rs, b_cs;      // B strides: per batch, per head, per row, per column
+    uint c_bs, c_hs, c_rs;            // C strides
+    uint a_off, b_off, c_off;         // element offsets of the first A, B, C element
+    float scale;
+    uint flags;                       // stage-specific
+    uint mask_bs;                     // boolean mask batch stride (0: one mask for every batch element)
+    uint add_bs;                      // additive mask batch stride (likewise)
+} pc;
+
+const uint WG_COLS = BN / TN;
+const uint WG_SIZE = (BM / TM) * (BN / TN);
+
+shared float tile_a[BK * BM];  // [k][row]
+shared float tile_b[BK * BN];  // [k][col]
+
+float load_a(uint base, uint row, uint k);
+float load_b(uint base, uint k, uint col);
+void store_c(uint base, uint row, uint col, float value);
+bool tile_is_masked(uint row0, uint col0);
+uint k_limit(uint row0);
+
+void gemm_main() {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BM;
+    const uint col0 = (gl_WorkGroupID.y + pc.group_y) * BN;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.heads, head = z % pc.heads;
+    const uint a_base = pc.a_off + batch * pc.a_bs + head * pc.a_hs;
+    const uint b_base = pc.b_off + batch * pc.b_bs + head * pc.b_hs;
+    const uint c_base = pc.c_off + batch * pc.c_bs + head * pc.c_hs;
+    const uint tr = tid / WG_COLS, tc = tid % WG_COLS;
+
+    if (row0 >= pc.M || col0 >= pc.N) return;  // uniform per workgroup: no barrier is skipped unevenly
+
+    if (tile_is_masked(row0, col0)) {
+        [[unroll]] for (uint i = 0; i < TM; ++i) {
+            [[unroll]] for (uint j = 0; j < TN; ++j) {
+                const uint r = row0 + tr + i * (BM / TM), c = col0 + tc + j * WG_COLS;
+                if (r < pc.M && c < pc.N) store_c(c_base, r, c, 0.0);
+            }
+        }
+        return;
+    }
+
+    float acc[TM * TN];
+    [[unroll]] for (uint i = 0; i < TM * TN; ++i) acc[i] = 0.0;
+
+    const uint kmax = k_limit(row0);
+    for (uint k0 = 0; k0 < kmax; k0 += BK) {
+        // A tile: consecutive invocations read consecutive k (A's columns are contiguous).
+        for (uint idx = tid; idx < BM * BK; idx += WG_SIZE) {
+            const uint r = idx / BK, k = idx % BK;
+            const uint gr = row0 + r, gk = k0 + k;
+            tile_a[k * BM + r] = (gr < pc.M && gk < kmax) ? load_a(a_base, gr, gk) : 0.0;
+        }
+        // B tile: walk along whichever of B's dimensions is contiguous.
+        if (pc.b_cs == 1) {
+            for (uint idx = tid; idx < BK * BN; idx += WG_SIZE) {
+                const uint k = idx / BN, c = idx % BN;
+                const uint gk = k0 + k, gc = col0 + c;
+                tile_b[k * BN + c] = (gk < kmax && gc < pc.N) ? load_b(b_base, gk, gc) : 0.0;
+            }
+        } else {
+            for (uint idx = tid; idx < BK * BN; idx += WG_SIZE) {
+                const uint c = idx / BK, k = idx % BK;
+                const uint gk = k0 + k, gc = col0 + c;
+                tile_b[k * BN + c] = (gk < kmax && gc < pc.N) ? load_b(b_base, gk, gc) : 0.0;
+            }
+        }
+        barrier();
+        [[unroll]] for (uint k = 0; k < BK; ++k) {
+            float a[TM];
+            float b[TN];
+            [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = tile_a[k * BM + tr + i * (BM / TM)];
+            [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = tile_b[k * BN + tc + j * WG_COLS];
+            [[unroll]] for (uint i = 0; i < TM; ++i) {
+                [[unroll]] for (uint j = 0; j < TN; ++j) {
+#ifdef QKV_SKIP_ZERO_A
+                    // A is a probability: an exact 0 (a masked position) contributes nothing, not 0·NaN.
+                    if (a[i] != 0.0) acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
+#else
+                    acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
+#endif
+                }
+            }
+        }
+        barrier();
+    }
+
+    [[unroll]] for (uint i = 0; i < TM; ++i) {
+        [[unroll]] for (uint j = 0; j < TN; ++j) {
+            const uint r = row0 + tr + i * (BM / TM), c = col0 + tc + j * WG_COLS;
+            if (r < pc.M && c < pc.N) store_c(c_base, r, c, acc[i * TN + j]);
+        }
+    }
+}

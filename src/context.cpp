@@ -1,0 +1,91 @@
+// qkv::vulkan::context: owns the device, the pipelines and the reusable buffers, and runs calls.
+#include "qkv/vulkan/context.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "check.hpp"
+#include "device.hpp"
+#include "dispatch.hpp"
+#include "executor.hpp"
+#include "instance.hpp"
+#include "memory.hpp"
+#include "pipelines.hpp"
+
+namespace qkv::vulkan {
+
+using namespace detail;
+
+struct context::impl {
+    context_options options;
+    std::shared_ptr<const instance> inst;
+    std::unique_ptr<detail::device> dev;
+    std::unique_ptr<allocator> alloc;
+    std::unique_ptr<pipeline_set> pipes;
+    std::unique_ptr<executor> exec;
+    buffer_cache buffers;  // declared last: released before the allocator and device
+    std::mutex mutex;
+    bool lost = false;
+    call_stats last{};
+
+    explicit impl(const context_options& opts) : options(opts) {
+        inst = std::make_shared<const instance>(opts.validation || validation_from_environment());
+        std::optional<std::string> selector = opts.device;
+        if (!selector)
+            if (const char* env = std::getenv("QKV_DEVICE"); env && *env) selector = env;
+        dev = std::make_unique<detail::device>(inst, select_device(inst->devices(), selector));
+        alloc = std::make_unique<allocator>(*dev, opts.device_memory_limit);
+        pipes = std::make_unique<pipeline_set>(*dev);
+        exec = std::make_unique<executor>(*dev, opts.max_workgroup_count);
+    }
+};
+
+context::context(const context_options& options) : impl_(std::make_unique<impl>(options)) {}
+context::~context() = default;
+context::context(context&&) noexcept = default;
+context& context::operator=(context&&) noexcept = default;
+
+const device_info& context::device() const { return impl_->dev->info(); }
+
+attention_output context::attention(const attention_problem& problem) {
+    validate(problem);
+    const auto start = std::chrono::steady_clock::now();
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->lost)
+        throw device_lost("the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    try {
+        dispatch_environment env{*impl_->dev, *impl_->alloc, *impl_->pipes, *impl_->exec, impl_->buffers,
+                                 impl_->options.force_staging};
+        attention_output out = run_attention(env, problem);
+        impl_->last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        impl_->last.device_ms = env.device_ms;
+        impl_->last.device_bytes = impl_->alloc->allocated();
+        return out;
+    } catch (const device_lost&) {
+        impl_->lost = true;
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed while running attention");
+    }
+}
+
+call_stats context::last_call() const {
+    std::lock_guard lock(impl_->mutex);
+    return impl_->last;
+}
+
+std::uint64_t context::device_memory_allocated() const { return impl_->alloc->allocated(); }
+std::uint64_t context::peak_device_memory() const { return impl_->alloc->peak(); }
+void context::reset_peak() { impl_->alloc->reset_peak(); }
+
+void context::trim() {
+    std::lock_guard lock(impl_->mutex);
+    impl_->buffers = buffer_cache{};
+}
+
+std::vector<std::string> context::take_validation_messages() { return impl_->inst->messages().take(); }
+
+}  // namespace qkv::vulkan

@@ -1,0 +1,74 @@
+#include "device.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "check.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+bool has_extension(const instance_table& fn, VkPhysicalDevice pd, const char* name) {
+    std::uint32_t count = 0;
+    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) != VK_SUCCESS) return false;
+    std::vector<VkExtensionProperties> props(count);
+    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, props.data()) < 0) return false;
+    for (const auto& p : props)
+        if (std::strcmp(p.extensionName, name) == 0) return true;
+    return false;
+}
+
+}  // namespace
+
+device::device(std::shared_ptr<const instance> inst, std::size_t index)
+    : instance_(std::move(inst)), physical_(instance_->physical_devices().at(index)), info_(instance_->devices().at(index)) {
+    const instance_table& ifn = instance_->fn();
+    if (!info_.has_compute_queue)
+        throw unavailable("device " + std::to_string(index) + " (" + info_.name +
+                          ") cannot run qkv: it needs Vulkan 1.1 and a compute queue");
+    family_ = compute_queue_family(ifn, physical_);
+    ifn.vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
+    VkPhysicalDeviceProperties props{};
+    ifn.vkGetPhysicalDeviceProperties(physical_, &props);
+    limits_ = props.limits;
+
+    const float priority = 1.0f;
+    auto queue_info = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+    queue_info.queueFamilyIndex = family_;
+    queue_info.queueCount = 1;
+    queue_info.pQueuePriorities = &priority;
+
+    // Enable only what the device has: 16-bit storage for the fp16 precision path.
+    auto storage16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+    storage16.storageBuffer16BitAccess = info_.fp16_storage ? VK_TRUE : VK_FALSE;
+    auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    features.pNext = &storage16;
+
+    std::vector<const char*> extensions;
+    // A portability (MoltenVK) device must enable the subset extension.
+    if (has_extension(ifn, physical_, "VK_KHR_portability_subset")) extensions.push_back("VK_KHR_portability_subset");
+
+    auto info = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+    info.pNext = &features;
+    info.queueCreateInfoCount = 1;
+    info.pQueueCreateInfos = &queue_info;
+    info.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+    info.ppEnabledExtensionNames = extensions.data();
+    check(ifn.vkCreateDevice(physical_, &info, nullptr, &handle_), "vkCreateDevice (" + info_.name + ")");
+    try {
+        fn_.load(ifn, handle_);
+    } catch (...) {
+        auto destroy = reinterpret_cast<PFN_vkDestroyDevice>(ifn.vkGetDeviceProcAddr(handle_, "vkDestroyDevice"));
+        if (destroy) destroy(handle_, nullptr);
+        throw;
+    }
+    fn_.vkGetDeviceQueue(handle_, family_, 0, &queue_);
+    fp16_storage_ = info_.fp16_storage;
+}
+
+device::~device() {
+    fn_.vkDeviceWaitIdle(handle_);
+    fn_.vkDestroyDevice(handle_, nullptr);
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,33 @@
+// The attention dispatcher: uploads a call's inputs, records the staged or fused stages for every
+// batch element and head into one command buffer, submits once, and reads the results back.
+#pragma once
+
+#include "executor.hpp"
+#include "memory.hpp"
+#include "pipelines.hpp"
+#include "qkv/vulkan/problem.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// Device buffers kept between calls. A buffer is reused while it is at least as large as a call
+/// needs and at most twice as large; otherwise it is reallocated to fit, so memory follows the
+/// calls' sizes in both directions.
+struct buffer_cache {
+    buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
+};
+
+struct dispatch_environment {
+    const device& dev;
+    allocator& alloc;
+    pipeline_set& pipes;
+    executor& exec;
+    buffer_cache& buffers;
+    bool force_staging = false;
+    double device_ms = 0;  ///< out: device time of the call
+};
+
+/// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,
+/// out_of_memory if a buffer cannot be allocated, device_lost or error if the device fails.
+attention_output run_attention(dispatch_environment& env, const attention_problem& problem);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,65 @@
+// Records one call's work into a single command buffer and submits it once: uploads, every
+// dispatch of every stage (split where a grid exceeds maxComputeWorkGroupCount), barriers,
+// downloads, and timestamps where the queue supports them.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "device.hpp"
+#include "memory.hpp"
+#include "pipelines.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct binding {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceSize offset = 0;
+    VkDeviceSize range = VK_WHOLE_SIZE;
+};
+
+/// Every push-constant block starts with these three: the workgroup offset of a split dispatch.
+struct group_offset {
+    std::uint32_t x = 0, y = 0, z = 0;
+};
+
+class executor {
+public:
+    executor(const device& dev, std::uint32_t max_workgroup_count);
+    ~executor();
+    executor(const executor&) = delete;
+    executor& operator=(const executor&) = delete;
+
+    void begin();
+    void copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size);
+    /// A global memory barrier from `src` stage/access to `dst` stage/access.
+    void barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst, VkAccessFlags dst_access);
+    /// Shader writes visible to later shader reads and writes.
+    void compute_barrier();
+    /// Dispatches `groups` workgroups, split into several dispatches where a dimension exceeds
+    /// the device's (or the configured) maximum; `push` must start with a group_offset.
+    void dispatch(const pipeline& p, std::initializer_list<binding> bindings, const void* push,
+                  const std::uint32_t (&groups)[3]);
+    /// Ends, submits, waits. Returns the device time in milliseconds (0 without timestamps).
+    double submit_and_wait();
+
+    [[nodiscard]] std::uint32_t dispatches_recorded() const { return dispatches_; }
+    [[nodiscard]] std::uint32_t max_groups(int dim) const { return max_groups_[dim]; }
+
+private:
+    void destroy() noexcept;
+
+    const device& dev_;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+    VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
+    VkFence fence_ = VK_NULL_HANDLE;
+    VkQueryPool queries_ = VK_NULL_HANDLE;
+    std::uint32_t max_groups_[3] = {0, 0, 0};
+    std::uint32_t dispatches_ = 0;
+    std::uint32_t sets_ = 0;
+    std::vector<std::byte> push_copy_;
+};
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,83 @@
+#include "pipelines.hpp"
+
+#include <string>
+
+#include "check.hpp"
+
+namespace qkv::vulkan::detail {
+
+pipeline_set::pipeline_set(const device& dev) : dev_(dev) {
+    auto info = vk_struct<VkPipelineCacheCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO);
+    check(dev_.fn().vkCreatePipelineCache(dev_.handle(), &info, nullptr, &cache_), "vkCreatePipelineCache");
+}
+
+pipeline_set::~pipeline_set() {
+    const auto& fn = dev_.fn();
+    for (auto& [key, p] : pipelines_) {
+        fn.vkDestroyPipeline(dev_.handle(), p.handle, nullptr);
+        fn.vkDestroyPipelineLayout(dev_.handle(), p.layout, nullptr);
+        fn.vkDestroyDescriptorSetLayout(dev_.handle(), p.set_layout, nullptr);
+    }
+    fn.vkDestroyPipelineCache(dev_.handle(), cache_, nullptr);
+}
+
+const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
+                                  const std::vector<std::uint32_t>& spec) {
+    auto key = std::make_pair(shader, spec);
+    if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
+
+    const auto& fn = dev_.fn();
+    const VkDevice d = dev_.handle();
+    const std::string what = std::string(" (shader ") + shader_name(shader) + ")";
+    pipeline p;
+    p.bindings = bindings;
+    p.push_size = push_size;
+    VkShaderModule module = VK_NULL_HANDLE;
+    try {
+        std::vector<VkDescriptorSetLayoutBinding> slots(bindings);
+        for (std::uint32_t i = 0; i < bindings; ++i)
+            slots[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+        auto set_info = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+        set_info.bindingCount = bindings;
+        set_info.pBindings = slots.data();
+        check(fn.vkCreateDescriptorSetLayout(d, &set_info, nullptr, &p.set_layout), "vkCreateDescriptorSetLayout" + what);
+
+        const VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size};
+        auto layout_info = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+        layout_info.setLayoutCount = 1;
+        layout_info.pSetLayouts = &p.set_layout;
+        layout_info.pushConstantRangeCount = push_size ? 1u : 0u;
+        layout_info.pPushConstantRanges = &range;
+        check(fn.vkCreatePipelineLayout(d, &layout_info, nullptr, &p.layout), "vkCreatePipelineLayout" + what);
+
+        const auto code = spirv(shader);
+        auto module_info = vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+        module_info.codeSize = code.size_bytes();
+        module_info.pCode = code.data();
+        check(fn.vkCreateShaderModule(d, &module_info, nullptr, &module), "vkCreateShaderModule" + what);
+
+        std::vector<VkSpecializationMapEntry> entries(spec.size());
+        for (std::uint32_t i = 0; i < spec.size(); ++i)
+            entries[i] = {i, i * static_cast<std::uint32_t>(sizeof(std::uint32_t)), sizeof(std::uint32_t)};
+        const VkSpecializationInfo spec_info{static_cast<std::uint32_t>(entries.size()), entries.data(),
+                                             spec.size() * sizeof(std::uint32_t), spec.data()};
+        auto info = vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+        info.stage = vk_struct<VkPipelineShaderStageCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+        info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+        info.stage.module = module;
+        info.stage.pName = "main";
+        info.stage.pSpecializationInfo = spec.empty() ? nullptr : &spec_info;
+        info.layout = p.layout;
+        check(fn.vkCreateComputePipelines(d, cache_, 1, &info, nullptr, &p.handle), "vkCreateComputePipelines" + what);
+        fn.vkDestroyShaderModule(d, module, nullptr);
+    } catch (...) {
+        if (module) fn.vkDestroyShaderModule(d, module, nullptr);
+        if (p.handle) fn.vkDestroyPipeline(d, p.handle, nullptr);
+        if (p.layout) fn.vkDestroyPipelineLayout(d, p.layout, nullptr);
+        if (p.set_layout) fn.vkDestroyDescriptorSetLayout(d, p.set_layout, nullptr);
+        throw;
+    }
+    return pipelines_.emplace(std::move(key), p).first->second;
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,43 @@
+// Compute pipelines, built once per device (through a pipeline cache) for each shader and set of
+// specialization constants, and kept for the context's lifetime.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "device.hpp"
+#include "shaders.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct pipeline {
+    VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+    VkPipelineLayout layout = VK_NULL_HANDLE;
+    VkPipeline handle = VK_NULL_HANDLE;
+    std::uint32_t bindings = 0;
+    std::uint32_t push_size = 0;
+};
+
+class pipeline_set {
+public:
+    explicit pipeline_set(const device& dev);
+    ~pipeline_set();
+    pipeline_set(const pipeline_set&) = delete;
+    pipeline_set& operator=(const pipeline_set&) = delete;
+
+    /// The pipeline for `shader` with `bindings` storage buffers (bindings 0..n-1), a push-constant
+    /// block of `push_size` bytes, and specialization constants 0..k-1 = `spec`.
+    const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
+                        const std::vector<std::uint32_t>& spec);
+
+    [[nodiscard]] std::size_t size() const { return pipelines_.size(); }
+
+private:
+    const device& dev_;
+    VkPipelineCache cache_ = VK_NULL_HANDLE;
+    std::map<std::pair<shader_id, std::vector<std::uint32_t>>, pipeline> pipelines_;
+};
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,96 @@
+// The stages as host code: push-constant blocks (mirroring shaders/*.glsl), tile choices per
+// device, and the recording of one stage's dispatch.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "executor.hpp"
+#include "pipelines.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// Mirrors the push-constant block of shaders/gemm_core.glsl, member for member.
+struct gemm_push {
+    group_offset offset;
+    std::uint32_t M = 0, N = 0, K = 0;
+    std::uint32_t heads = 1;
+    std::uint32_t a_bs = 0, a_hs = 0, a_rs = 0;
+    std::uint32_t b_bs = 0, b_hs = 0, b_rs = 0, b_cs = 1;
+    std::uint32_t c_bs = 0, c_hs = 0, c_rs = 0;
+    std::uint32_t a_off = 0, b_off = 0, c_off = 0;
+    float scale = 1.0f;
+    std::uint32_t flags = 0;
+    std::uint32_t mask_bs = 0;
+    std::uint32_t add_bs = 0;
+};
+static_assert(sizeof(gemm_push) == 24 * 4 && sizeof(gemm_push) <= 128, "push constants: 128 bytes are guaranteed");
+
+/// Mirrors shaders/softmax.comp.
+struct softmax_push {
+    group_offset offset;
+    std::uint32_t cols = 0, rows = 0;
+};
+
+/// Mirrors shaders/flash.comp.
+struct flash_push {
+    group_offset offset;
+    std::uint32_t seq = 0, d = 0, dv = 0, ld = 0, heads = 1;
+    std::uint32_t k_off = 0, v_off = 0;
+    std::uint32_t o_rs = 0, o_bs = 0;
+    float scale = 1.0f;
+    std::uint32_t flags = 0;
+    std::uint32_t mask_bs = 0, add_bs = 0;
+};
+static_assert(sizeof(flash_push) <= 128);
+
+/// The widest head (of Q/K and of V) the fused kernel takes; wider heads use the staged path.
+inline constexpr std::uint32_t fused_max_head = 256;
+
+// Flags of the scores, aggregate and flash shaders.
+inline constexpr std::uint32_t flag_bias = 1;      // project
+inline constexpr std::uint32_t flag_causal = 1;    // scores, aggregate
+inline constexpr std::uint32_t flag_mask = 2;      // scores
+inline constexpr std::uint32_t flag_additive = 4;  // scores
+
+/// Tile shape of the tiled matrix product (specialization constants 1..5; 0 is the workgroup size).
+struct gemm_tiles {
+    std::uint32_t bm = 64, bn = 64, bk = 16, tm = 4, tn = 4;
+    [[nodiscard]] std::uint32_t threads() const { return (bm / tm) * (bn / tn); }
+    [[nodiscard]] std::uint32_t shared_bytes() const { return (bm + bn) * bk * 4; }
+    [[nodiscard]] std::vector<std::uint32_t> spec() const { return {threads(), bm, bn, bk, tm, tn}; }
+};
+
+/// Tiles for an M x N product on this device: the largest of a few shapes that fits the
+/// device's shared memory and workgroup limits, smaller when the product itself is small.
+gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint64_t n);
+
+/// Workgroup size of the softmax: a power of two no larger than the row needs or the device allows.
+std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols);
+
+/// Tile shape of the fused kernel: BR query rows per workgroup, BC key rows per tile, and the
+/// head widths rounded up (they size the shared tiles).
+struct flash_tiles {
+    std::uint32_t wg = 64, br = 16, bc = 16, d_max = 64, dv_max = 64;
+    [[nodiscard]] std::uint32_t shared_bytes() const {
+        return 4 * (br * d_max + bc * std::max(d_max, dv_max) + br * bc + 3 * br) + br * 4;
+    }
+    [[nodiscard]] std::vector<std::uint32_t> spec() const { return {wg, br, bc, d_max, dv_max}; }
+};
+flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv);
+
+/// Records the fused attention of every (batch, head) of `batches`.
+void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
+                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches);
+
+/// Records one tiled-product dispatch over `batches` (batch x heads) grids.
+void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, shader_id shader,
+                 std::initializer_list<binding> bindings, const gemm_push& push, std::uint32_t batches);
+
+/// Records the in-place softmax of `rows` rows of `cols` scores.
+void record_softmax(executor& exec, pipeline_set& pipes, const device_info& info, binding scores, std::uint32_t rows,
+                    std::uint32_t cols);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,86 @@
+// Every Vulkan entry point qkv uses, loaded at run time (see loader.cpp).
+// QKV_VK_GLOBAL: from vkGetInstanceProcAddr(nullptr, ...); QKV_VK_INSTANCE: per instance;
+// QKV_VK_DEVICE: per device, through vkGetDeviceProcAddr.
+#ifndef QKV_VK_GLOBAL
+#define QKV_VK_GLOBAL(name)
+#endif
+#ifndef QKV_VK_INSTANCE
+#define QKV_VK_INSTANCE(name)
+#endif
+#ifndef QKV_VK_DEVICE
+#define QKV_VK_DEVICE(name)
+#endif
+
+QKV_VK_GLOBAL(vkCreateInstance)
+QKV_VK_GLOBAL(vkEnumerateInstanceLayerProperties)
+QKV_VK_GLOBAL(vkEnumerateInstanceExtensionProperties)
+QKV_VK_GLOBAL(vkEnumerateInstanceVersion)
+
+QKV_VK_INSTANCE(vkDestroyInstance)
+QKV_VK_INSTANCE(vkEnumeratePhysicalDevices)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceProperties)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceProperties2)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceFeatures2)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceMemoryProperties)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceQueueFamilyProperties)
+QKV_VK_INSTANCE(vkEnumerateDeviceExtensionProperties)
+QKV_VK_INSTANCE(vkCreateDevice)
+QKV_VK_INSTANCE(vkGetDeviceProcAddr)
+QKV_VK_INSTANCE(vkCreateDebugUtilsMessengerEXT)
+QKV_VK_INSTANCE(vkDestroyDebugUtilsMessengerEXT)
+
+QKV_VK_DEVICE(vkDestroyDevice)
+QKV_VK_DEVICE(vkGetDeviceQueue)
+QKV_VK_DEVICE(vkDeviceWaitIdle)
+QKV_VK_DEVICE(vkCreateBuffer)
+QKV_VK_DEVICE(vkDestroyBuffer)
+QKV_VK_DEVICE(vkGetBufferMemoryRequirements)
+QKV_VK_DEVICE(vkAllocateMemory)
+QKV_VK_DEVICE(vkFreeMemory)
+QKV_VK_DEVICE(vkBindBufferMemory)
+QKV_VK_DEVICE(vkMapMemory)
+QKV_VK_DEVICE(vkUnmapMemory)
+QKV_VK_DEVICE(vkFlushMappedMemoryRanges)
+QKV_VK_DEVICE(vkInvalidateMappedMemoryRanges)
+QKV_VK_DEVICE(vkCreateShaderModule)
+QKV_VK_DEVICE(vkDestroyShaderModule)
+QKV_VK_DEVICE(vkCreatePipelineCache)
+QKV_VK_DEVICE(vkDestroyPipelineCache)
+QKV_VK_DEVICE(vkCreateDescriptorSetLayout)
+QKV_VK_DEVICE(vkDestroyDescriptorSetLayout)
+QKV_VK_DEVICE(vkCreatePipelineLayout)
+QKV_VK_DEVICE(vkDestroyPipelineLayout)
+QKV_VK_DEVICE(vkCreateComputePipelines)
+QKV_VK_DEVICE(vkDestroyPipeline)
+QKV_VK_DEVICE(vkCreateDescriptorPool)
+QKV_VK_DEVICE(vkDestroyDescriptorPool)
+QKV_VK_DEVICE(vkResetDescriptorPool)
+QKV_VK_DEVICE(vkAllocateDescriptorSets)
+QKV_VK_DEVICE(vkUpdateDescriptorSets)
+QKV_VK_DEVICE(vkCreateCommandPool)
+QKV_VK_DEVICE(vkDestroyCommandPool)
+QKV_VK_DEVICE(vkResetCommandPool)
+QKV_VK_DEVICE(vkAllocateCommandBuffers)
+QKV_VK_DEVICE(vkBeginCommandBuffer)
+QKV_VK_DEVICE(vkEndCommandBuffer)
+QKV_VK_DEVICE(vkCmdBindPipeline)
+QKV_VK_DEVICE(vkCmdBindDescriptorSets)
+QKV_VK_DEVICE(vkCmdPushConstants)
+QKV_VK_DEVICE(vkCmdDispatch)
+QKV_VK_DEVICE(vkCmdPipelineBarrier)
+QKV_VK_DEVICE(vkCmdCopyBuffer)
+QKV_VK_DEVICE(vkCmdFillBuffer)
+QKV_VK_DEVICE(vkCmdResetQueryPool)
+QKV_VK_DEVICE(vkCmdWriteTimestamp)
+QKV_VK_DEVICE(vkCreateQueryPool)
+QKV_VK_DEVICE(vkDestroyQueryPool)
+QKV_VK_DEVICE(vkGetQueryPoolResults)
+QKV_VK_DEVICE(vkCreateFence)
+QKV_VK_DEVICE(vkDestroyFence)
+QKV_VK_DEVICE(vkResetFences)
+QKV_VK_DEVICE(vkWaitForFences)
+QKV_VK_DEVICE(vkQueueSubmit)
+
+#undef QKV_VK_GLOBAL
+#undef QKV_VK_INSTANCE
+#undef QKV_VK_DEVICE

@@ -1,0 +1,373 @@
+// The Vulkan backend on whatever device the machine has (lavapipe in CI), validation layer on:
+// the worked example against the compile-time results, a sweep of odd shapes against the float64
+// CPU reference for both implementations and both precisions, and the error paths.
+#include <qkv/tutorial.hpp>
+#include <qkv/vulkan/runtime.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/gpu.hpp"
+#include "support/problems.hpp"
+#include "support/reference.hpp"
+
+using qkv_test::gpu;
+using qkv_test::make_problem;
+using qkv_test::mask_kind;
+using qkv_test::problem_spec;
+using qkv_test::require_clean;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+template <class E, class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        return e.what();
+    }
+    FAIL("the expected exception was not thrown");
+    return {};
+}
+
+qkv::attention_problem tutorial_problem(const std::vector<float>& x, const std::vector<float>& wq,
+                                        const std::vector<float>& wk, const std::vector<float>& wv) {
+    return {.shape = {.seq = 3, .d_in = 4, .d_k = 3, .d_v = 3}, .x = x, .wq = wq, .wk = wk, .wv = wv};
+}
+
+template <std::size_t R, std::size_t C>
+std::vector<float> flat(const qkv::matrix<float, R, C>& m) {
+    std::vector<float> v;
+    for (std::size_t r = 0; r < R; ++r)
+        for (std::size_t c = 0; c < C; ++c) v.push_back(m(r, c));
+    return v;
+}
+
+/// Runs `p` on the GPU and checks output (and weights, when returned) against the CPU float64
+/// reference by normalised MSE, and that nothing is NaN or Inf where the reference is finite.
+void check_against_reference(qkv::vulkan::context& ctx, const qkv_test::owned_problem& p, double tolerance) {
+    const auto want = qkv::cpu::attention_f64(p.view());
+    const auto got = ctx.attention(p.view());
+    REQUIRE(got.output.size() == want.output.size());
+    const double e = qkv_test::nmse(got.output, want.output);
+    INFO("output nmse " << e);
+    CHECK(e <= tolerance);
+    if (p.options.return_weights) {
+        REQUIRE(got.weights.size() == want.weights.size());
+        const double ew = qkv_test::nmse(got.weights, want.weights);
+        INFO("weights nmse " << ew);
+        CHECK(ew <= tolerance);
+    }
+}
+
+std::vector<problem_spec> sweep_specs() {
+    // Every N and every width meets several head counts, batches, biases and masks; the mask
+    // kinds rotate so each appears with small and large N.
+    const std::size_t seqs[] = {1, 2, 3, 17, 113, 300};
+    const std::size_t widths[] = {1, 3, 16, 64, 80};
+    std::vector<problem_spec> specs;
+    std::size_t k = 0;
+    for (std::size_t n : seqs)
+        for (std::size_t d : widths) {
+            problem_spec s;
+            s.seq = n;
+            s.d_k = d;
+            const std::size_t heads_choice[] = {1, 2, 4};
+            s.heads = 1;
+            for (std::size_t h : heads_choice)
+                if (d % h == 0 && (k % 3 == 0 || h <= 2)) s.heads = h;
+            s.d_v = (k % 2 == 0) ? d : d + s.heads * (1 + k % 3);  // d_v != d_k half the time
+            s.d_in = 5 + (k % 4) * 9;
+            s.batch = (k % 3 == 1) ? 3 : 1;
+            s.biases = k % 2 == 1;
+            s.d_out = (k % 5 == 2) ? 7 : 0;
+            s.causal = k % 4 == 1 || k % 7 == 3;
+            s.mask = static_cast<mask_kind>(k % 4);
+            s.batched_mask = s.batch > 1 && k % 2 == 0;
+            s.fully_masked_row = s.mask != mask_kind::none && n > 1 && k % 3 != 2;
+            // keep lavapipe's work small: the largest cases get one batch element
+            if (n * n * d > 1'000'000) s.batch = 1;
+            specs.push_back(s);
+            ++k;
+        }
+    return specs;
+}
+
+}  // namespace
+
+TEST_CASE("the worked example on the GPU equals the compile-time result", "[vulkan][tutorial]") {
+    namespace tut = qkv::tutorial;
+    const auto x = flat(tut::inputs), wq = flat(tut::w_query), wk = flat(tut::w_key), wv = flat(tut::w_value);
+    auto& ctx = gpu();
+    for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+        auto p = tutorial_problem(x, wq, wk, wv);
+        p.options.implementation = impl;
+        p.options.return_weights = impl == qkv::implementation::staged;
+        for (bool scaled : {false, true}) {
+            p.options.scale = scaled ? std::nullopt : std::optional<float>(1.f);
+            const auto& expected = scaled ? tut::scaled : tut::plain;
+            const auto r = ctx.attention(p);
+            INFO((impl == qkv::implementation::staged ? "staged" : "fused") << (scaled ? ", scaled" : ", scale 1"));
+            CHECK(r.implementation == impl);
+            for (std::size_t i = 0; i < 3; ++i)
+                for (std::size_t c = 0; c < 3; ++c) CHECK(std::abs(r.output[i * 3 + c] - expected.output(i, c)) <= 1e-5f);
+            if (p.options.return_weights)
+                for (std::size_t i = 0; i < 3; ++i)
+                    for (std::size_t j = 0; j < 3; ++j)
+                        CHECK(std::abs(r.weights[i * 3 + j] - expected.weights(i, j)) <= 1e-6f);
+        }
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("staged and fused match the float64 reference on odd shapes (fp32)", "[vulkan][sweep]") {
+    auto& ctx = gpu();
+    std::uint64_t seed = 1000;
+    for (const auto& spec : sweep_specs()) {
+        auto p = make_problem(spec, seed++);
+        for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+            p.options.implementation = impl;
+            p.options.return_weights = impl == qkv::implementation::staged;
+            INFO(qkv_test::describe(spec) << (impl == qkv::implementation::staged ? " staged" : " fused"));
+            check_against_reference(ctx, p, 1e-10);
+        }
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("fp16 storage stays within 1e-5 of the float64 reference", "[vulkan][sweep][fp16]") {
+    auto& ctx = gpu();
+    if (!ctx.device().fp16_storage) {
+        auto p = make_problem({}, 1);
+        p.options.precision = qkv::precision::fp16;
+        CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)ctx.attention(p.view()); }), "fp16"));
+        return;
+    }
+    std::uint64_t seed = 2000;
+    const auto specs = sweep_specs();
+    for (std::size_t i = 0; i < specs.size(); i += 2) {  // every other case: fp16 adds pipelines, not new logic
+        auto p = make_problem(specs[i], seed++);
+        p.options.precision = qkv::precision::fp16;
+        for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+            p.options.implementation = impl;
+            INFO(qkv_test::describe(specs[i]) << (impl == qkv::implementation::staged ? " staged" : " fused") << " fp16");
+            check_against_reference(ctx, p, 1e-5);
+        }
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") {
+    auto& ctx = gpu();
+    auto p = make_problem({.seq = 17, .d_in = 8, .d_k = 8, .d_v = 8, .heads = 2}, 7);
+    CHECK(ctx.attention(p.view()).implementation == qkv::implementation::fused);
+    p.options.return_weights = true;
+    const auto r = ctx.attention(p.view());
+    CHECK(r.implementation == qkv::implementation::staged);
+    CHECK(r.weights.size() == 2 * 17 * 17);
+    require_clean(ctx);
+}
+
+TEST_CASE("bad input throws invalid_argument and the context keeps working", "[vulkan][errors]") {
+    auto& ctx = gpu();
+    auto good = make_problem({.seq = 5, .d_in = 4, .d_k = 4, .d_v = 4, .heads = 2}, 3);
+    const auto before = ctx.attention(good.view()).output;
+
+    auto bad = good;
+    bad.shape.heads = 3;
+    CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "heads"));
+    bad = good;
+    bad.x.pop_back();
+    CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "x"));
+    bad = good;
+    bad.mask.assign(7, 1);
+    CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "mask"));
+    bad = good;
+    bad.options.implementation = qkv::implementation::fused;
+    bad.options.return_weights = true;
+    CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "fused"));
+    bad = good;
+    bad.shape.seq = 0;
+    bad.x.clear();
+    (void)error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); });
+
+    // The same context still computes, and the same result.
+    CHECK(ctx.attention(good.view()).output == before);
+    require_clean(ctx);
+}
+
+TEST_CASE("a request beyond maxStorageBufferRange is refused before any work", "[vulkan][limits]") {
+    auto& ctx = gpu();
+    const auto range = ctx.device().max_storage_buffer_range;
+    // Staged scores of seq x seq floats larger than the range, tiny everything else.
+    std::size_t n = 64;
+    while (n * n * 4 <= range) n *= 2;
+    qkv_test::owned_problem p = make_problem({.seq = 1, .d_in = 1, .d_k = 1, .d_v = 1}, 5);
+    p.shape.seq = n;
+    p.x.assign(n, 0.5f);
+    p.options.implementation = qkv::implementation::staged;
+    const auto allocated = ctx.device_memory_allocated();
+    const std::string msg = error_of<qkv::vulkan::limit_exceeded>([&] { (void)ctx.attention(p.view()); });
+    CHECK(contains(msg, "maxStorageBufferRange"));
+    CHECK(contains(msg, "fused"));
+    CHECK(ctx.device_memory_allocated() == allocated);  // refused before allocating
+
+    // The context keeps working.
+    auto small = make_problem({.seq = 9, .d_in = 3, .d_k = 2, .d_v = 2}, 6);
+    check_against_reference(ctx, small, 1e-10);
+    require_clean(ctx);
+}
+
+TEST_CASE("an allocation failure is a typed error that leaks nothing", "[vulkan][limits]") {
+    auto ctx = qkv_test::make_context({.device_memory_limit = 256 * 1024});
+    auto small = make_problem({.seq = 8, .d_in = 4, .d_k = 4, .d_v = 4}, 8);
+    check_against_reference(ctx, small, 1e-10);
+    const auto held = ctx.device_memory_allocated();
+    auto big = make_problem({.seq = 300, .d_in = 16, .d_k = 16, .d_v = 16}, 9);
+    big.options.implementation = qkv::implementation::staged;  // 360 KB of scores: over the cap
+    const std::string msg = error_of<qkv::vulkan::out_of_memory>([&] { (void)ctx.attention(big.view()); });
+    CHECK(contains(msg, "VK_ERROR_OUT_OF_DEVICE_MEMORY"));
+    CHECK(ctx.device_memory_allocated() == 0);  // the failed call keeps nothing, its cache is released
+    CHECK(held > 0);
+    ctx.trim();
+    CHECK(ctx.device_memory_allocated() == 0);
+    check_against_reference(ctx, small, 1e-10);  // and the context still works
+    require_clean(ctx);
+}
+
+TEST_CASE("grids beyond maxComputeWorkGroupCount are split and stay correct", "[vulkan][limits]") {
+    auto ctx = qkv_test::make_context({.max_workgroup_count = 2});
+    for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+        auto p = make_problem({.batch = 3, .seq = 113, .d_in = 9, .d_k = 8, .d_v = 12, .heads = 4, .d_out = 5,
+                               .causal = true, .mask = mask_kind::both},
+                              11);
+        p.options.implementation = impl;
+        p.options.return_weights = impl == qkv::implementation::staged;
+        check_against_reference(ctx, p, 1e-10);
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("staging through host-visible buffers (the discrete-GPU path) gives the same results", "[vulkan]") {
+    auto ctx = qkv_test::make_context({.force_staging = true});
+    auto p = make_problem({.batch = 2, .seq = 33, .d_in = 7, .d_k = 8, .d_v = 6, .heads = 2, .d_out = 3, .biases = true,
+                           .mask = mask_kind::additive},
+                          12);
+    p.options.return_weights = true;
+    const auto direct = gpu().attention(p.view());
+    const auto staged = ctx.attention(p.view());
+    CHECK(direct.output == staged.output);
+    CHECK(direct.weights == staged.weights);
+    require_clean(ctx);
+    require_clean(gpu());
+}
+
+TEST_CASE("the same input gives bitwise-identical output every call", "[vulkan]") {
+    auto& ctx = gpu();
+    auto p = make_problem({.batch = 2, .seq = 65, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 4, .causal = true}, 13);
+    for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+        p.options.implementation = impl;
+        const auto first = ctx.attention(p.view()).output;
+        for (int i = 0; i < 5; ++i) CHECK(ctx.attention(p.view()).output == first);
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay finite, N = d = 1", "[vulkan][edge]") {
+    auto& ctx = gpu();
+    for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+        INFO((impl == qkv::implementation::staged ? "staged" : "fused"));
+        // NaN in one input row: rows that attend to it become NaN, as in PyTorch; a causal
+        // mask keeps earlier rows clean.
+        auto p = make_problem({.seq = 6, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, 14);
+        p.options.implementation = impl;
+        p.x[3 * 4 + 1] = std::numeric_limits<float>::quiet_NaN();
+        const auto r = ctx.attention(p.view());
+        for (std::size_t i = 0; i < 6; ++i)
+            for (std::size_t c = 0; c < 4; ++c) CHECK(std::isnan(r.output[i * 4 + c]) == (i >= 3));
+
+        // -inf in an additive mask masks; a row of -inf is a fully masked row (zeros).
+        auto m = make_problem({.seq = 4, .d_in = 3, .d_k = 2, .d_v = 2}, 15);
+        m.options.implementation = impl;
+        m.additive.assign(16, 0.f);
+        for (std::size_t j = 0; j < 4; ++j) m.additive[2 * 4 + j] = -std::numeric_limits<float>::infinity();
+        m.additive[0 * 4 + 1] = -std::numeric_limits<float>::infinity();
+        const auto rm = ctx.attention(m.view());
+        CHECK(rm.output[2 * 2] == 0.f);
+        CHECK(rm.output[2 * 2 + 1] == 0.f);
+        check_against_reference(ctx, m, 1e-10);
+
+        // Scores of 1e4 before scaling: the softmax does not overflow.
+        auto big = make_problem({.seq = 5, .d_in = 2, .d_k = 2, .d_v = 2}, 16);
+        big.options.implementation = impl;
+        for (auto& v : big.x) v *= 100.f;
+        for (auto& v : big.wq) v *= 10.f;
+        for (auto& v : big.wk) v *= 10.f;
+        const auto rb = ctx.attention(big.view());
+        for (float v : rb.output) CHECK(std::isfinite(v));
+        check_against_reference(ctx, big, 1e-10);
+
+        // N = 1 and d = 1.
+        auto one = make_problem({.seq = 1, .d_in = 1, .d_k = 1, .d_v = 1}, 17);
+        one.options.implementation = impl;
+        check_against_reference(ctx, one, 1e-12);
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("device selection prefers discrete GPUs and honours index and name", "[vulkan][devices]") {
+    using qkv::vulkan::device_type;
+    std::vector<qkv::vulkan::device_info> devices(4);
+    const device_type types[] = {device_type::cpu, device_type::integrated_gpu, device_type::discrete_gpu,
+                                 device_type::virtual_gpu};
+    const char* names[] = {"llvmpipe (LLVM 15)", "Intel(R) UHD 770", "NVIDIA H100", "virtio"};
+    for (std::uint32_t i = 0; i < 4; ++i) {
+        devices[i].index = i;
+        devices[i].type = types[i];
+        devices[i].name = names[i];
+        devices[i].has_compute_queue = true;
+    }
+    CHECK(qkv::vulkan::select_device(devices, std::nullopt) == 2);
+    devices[2].has_compute_queue = false;  // a device that cannot compute is never picked
+    CHECK(qkv::vulkan::select_device(devices, std::nullopt) == 1);
+    CHECK(qkv::vulkan::select_device(devices, std::string("0")) == 0);
+    CHECK(qkv::vulkan::select_device(devices, std::string("LLVMPIPE")) == 0);
+    CHECK(qkv::vulkan::select_device(devices, std::string("uhd")) == 1);
+    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("7")); }),
+                   "index 7"));
+    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("radeon")); }),
+                   "radeon"));
+    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("2")); }),
+                   "compute"));
+
+    // The real machine: the listing is not empty and the context took the selected device.
+    const auto real = qkv::vulkan::list_devices({.validation = true});
+    REQUIRE(!real.empty());
+    CHECK(gpu().device().name == real[qkv::vulkan::select_device(real, std::nullopt)].name);
+}
+
+// Run by CTest in its own process with VK_DRIVER_FILES pointing nowhere (see tests/CMakeLists.txt).
+TEST_CASE("no Vulkan driver gives a clear unavailable error", "[no_driver]") {
+    const std::string msg = error_of<qkv::vulkan::unavailable>([] { qkv::vulkan::context ctx; });
+    CHECK((contains(msg, "no Vulkan driver") || contains(msg, "no Vulkan device")));
+    CHECK_THROWS_AS(qkv::vulkan::list_devices(), qkv::vulkan::unavailable);
+    // The CPU backend needs no driver.
+    namespace tut = qkv::tutorial;
+    const auto x = flat(tut::inputs), wq = flat(tut::w_query), wk = flat(tut::w_key), wv = flat(tut::w_value);
+    const auto r = qkv::cpu::attention(tutorial_problem(x, wq, wk, wv));
+    CHECK(std::abs(r.output[0] - tut::scaled.output(0, 0)) < 1e-6f);
+}
+
+// Run by CTest in its own process with QKV_VULKAN_LIBRARY pointing at no library.
+TEST_CASE("no Vulkan loader gives a clear unavailable error", "[no_loader]") {
+    const std::string msg = error_of<qkv::vulkan::unavailable>([] { qkv::vulkan::context ctx; });
+    CHECK(contains(msg, "no Vulkan loader found"));
+    // Every later attempt says the same, and is still a typed error.
+    CHECK(contains(error_of<qkv::vulkan::error>([] { (void)qkv::vulkan::list_devices(); }), "no Vulkan loader found"));
+}
