@@ -7,8 +7,9 @@
 //
 // Per K/V tile, the workgroup cooperates in three steps:
 //   1. scores  S[r][j] = q_r·k_j·scale (+ additive mask), masked -> -inf        (all invocations)
-//   2. softmax m' = max(m, max_j S[r][j]), alpha = exp(m - m'), P = exp(S - m'),
-//              l = l·alpha + Σ_j P[r][j]                                         (one invocation per row)
+//   2. softmax m' = max(m, max_j S[r][j]), alpha = exp(m - m')                 (one invocation per row)
+//              P = exp(S - m')                                                 (all invocations)
+//              l = l·alpha + Σ_j P[r][j]                                       (one invocation per row)
 //   3. values  O[r][c] = O[r][c]·alpha_r + Σ_j P[r][j]·v_j[c]                   (all invocations)
 // Statistics and accumulators are float32. At the end output = O / l: 0 for a row with nothing
 // to attend to, NaN for a row with a NaN or +inf score (as the staged softmax does). A masked
@@ -47,13 +48,26 @@ layout(push_constant) uniform Push {
 
 const uint WG = gl_WorkGroupSize.x;
 const uint KV_MAX = D_MAX > DV_MAX ? D_MAX : DV_MAX;
-const uint O_PER_INVOCATION = (BR * DV_MAX + WG - 1) / WG;
+// Register blocking (the host keeps these exact: WG % BC == 0, BR % S_GROUPS == 0, ...).
+// Scores: invocation t takes key columns t % S_LANES (+ multiples of S_LANES) and every
+// S_GROUPS-th row from t / S_LANES.
+const uint S_LANES = BC < WG ? BC : WG;
+const uint S_GROUPS = WG / S_LANES;
+const uint S_ROWS = BR / S_GROUPS;
+const uint S_COLS = BC / S_LANES;
+// Values: invocation t takes columns t % O_LANES (+ multiples of O_LANES) and every
+// O_GROUPS-th row from t / O_LANES.
+const uint O_LANES = DV_MAX < WG ? DV_MAX : WG;
+const uint O_GROUPS = WG / O_LANES;
+const uint O_ROWS = BR / O_GROUPS;
+const uint O_COLS = (DV_MAX + O_LANES - 1) / O_LANES;
 
 shared float tile_q[BR * D_MAX];   // this block's queries, pre-multiplied by scale
-shared float tile_kv[BC * KV_MAX]; // K tile, then V tile
+shared float tile_kv[BC * KV_MAX]; // K tile (transposed: [c][j]), then V tile ([j][c])
 shared float tile_p[BR * BC];      // scores, then probabilities
 shared float row_m[BR], row_l[BR], row_alpha[BR];
 shared bool row_poisoned[BR];
+shared bool tile_v_nonfinite;  // the V tile holds a NaN or Inf: take the careful loop
 
 void main() {
     const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BR;
@@ -74,8 +88,12 @@ void main() {
         row_l[r] = 0.0;
         row_poisoned[r] = false;
     }
-    float o[O_PER_INVOCATION];
-    [[unroll]] for (uint k = 0; k < O_PER_INVOCATION; ++k) o[k] = 0.0;
+    float o[O_ROWS * O_COLS];
+    [[unroll]] for (uint k = 0; k < O_ROWS * O_COLS; ++k) o[k] = 0.0;
+    // With one group the row index is a constant, so tile_q / tile_p reads are provably uniform
+    // (a scalar load and broadcast, not a gather, on SIMD-per-invocation devices such as lavapipe).
+    const uint s_lane = t % S_LANES, s_group = S_GROUPS == 1 ? 0 : t / S_LANES;
+    const uint o_lane = t % O_LANES, o_group = O_GROUPS == 1 ? 0 : t / O_LANES;
 
     // Causal: keys beyond the block's last row are masked for every row of the block.
     const uint kv_end = causal ? min(pc.seq, row0 + BR) : pc.seq;
@@ -83,28 +101,43 @@ void main() {
         const uint bc = min(BC, kv_end - j0);
         for (uint idx = t; idx < bc * pc.d; idx += WG) {
             const uint j = idx / pc.d, c = idx % pc.d;
-            tile_kv[j * D_MAX + c] = float(qkv[base + (j0 + j) * pc.ld + k_col + c]);
+            tile_kv[c * BC + j] = float(qkv[base + (j0 + j) * pc.ld + k_col + c]);  // transposed
         }
         barrier();
-        // 1. scores
-        for (uint idx = t; idx < BR * BC; idx += WG) {
-            const uint r = idx / BC, j = idx % BC, row = row0 + r, key = j0 + j;
-            float s = neg_inf;
-            if (row < pc.seq && j < bc && (!causal || key <= row)) {
-                float acc = 0.0;
-                for (uint c = 0; c < pc.d; ++c) acc = fma(tile_q[r * D_MAX + c], tile_kv[j * D_MAX + c], acc);
-                const uint mi = row * pc.seq + key;
-                bool allowed = true;
-                if (has_mask) {
-                    const uint bit = batch * pc.mask_bs + mi;
-                    allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+        // 1. scores: a block of S_ROWS x S_COLS dot products per invocation, so each loaded query
+        //    and key element serves several products
+        {
+            float acc[S_ROWS * S_COLS];
+            [[unroll]] for (uint i = 0; i < S_ROWS * S_COLS; ++i) acc[i] = 0.0;
+            for (uint c = 0; c < pc.d; ++c) {
+                float k[S_COLS];
+                [[unroll]] for (uint n = 0; n < S_COLS; ++n) k[n] = tile_kv[c * BC + s_lane + n * S_LANES];
+                [[unroll]] for (uint i = 0; i < S_ROWS; ++i) {
+                    const float q = tile_q[(s_group + i * S_GROUPS) * D_MAX + c];
+                    [[unroll]] for (uint n = 0; n < S_COLS; ++n) acc[i * S_COLS + n] = fma(q, k[n], acc[i * S_COLS + n]);
                 }
-                if (allowed) s = has_add ? acc + additive[batch * pc.add_bs + mi] : acc;
             }
-            tile_p[idx] = s;
+            [[unroll]] for (uint i = 0; i < S_ROWS; ++i) {
+                const uint r = s_group + i * S_GROUPS, row = row0 + r;
+                [[unroll]] for (uint n = 0; n < S_COLS; ++n) {
+                    const uint j = s_lane + n * S_LANES, key = j0 + j;
+                    float s = neg_inf;
+                    if (row < pc.seq && j < bc && (!causal || key <= row)) {
+                        const uint mi = row * pc.seq + key;
+                        bool allowed = true;
+                        if (has_mask) {
+                            const uint bit = batch * pc.mask_bs + mi;
+                            allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+                        }
+                        const float a = acc[i * S_COLS + n];
+                        if (allowed) s = has_add ? a + additive[batch * pc.add_bs + mi] : a;
+                    }
+                    tile_p[r * BC + j] = s;
+                }
+            }
         }
         barrier();
-        // 2. online softmax, one invocation per row; meanwhile the others may not touch tile_kv
+        // 2a. new row maxima (one invocation per row: comparisons only)
         for (uint r = t; r < BR; r += WG) {
             float tile_max = neg_inf;
             bool poisoned = row_poisoned[r];
@@ -114,51 +147,74 @@ void main() {
                 else tile_max = max(tile_max, s);
             }
             row_poisoned[r] = poisoned;
-            const float m_old = row_m[r];
-            const float m_new = max(m_old, tile_max);
-            float alpha = 1.0, sum = 0.0;
-            if (m_new != neg_inf && !poisoned) {
-                alpha = exp(m_old - m_new);  // 0 while nothing was allowed before
-                for (uint j = 0; j < bc; ++j) {
-                    const float s = tile_p[r * BC + j];
-                    const float p = s == neg_inf ? 0.0 : exp(s - m_new);
-                    tile_p[r * BC + j] = p;
-                    sum += p;
-                }
-                row_m[r] = m_new;
-                row_l[r] = row_l[r] * alpha + sum;
-            } else {
-                for (uint j = 0; j < bc; ++j) tile_p[r * BC + j] = 0.0;
-            }
-            row_alpha[r] = alpha;
+            const float m_old = row_m[r], m_new = max(m_old, tile_max);
+            // alpha rescales what was accumulated under the old maximum (0 while nothing was allowed)
+            row_alpha[r] = (m_new != neg_inf && !poisoned) ? exp(m_old - m_new) : 1.0;
+            row_m[r] = m_new;
         }
         barrier();
+        // 2b. probabilities, every invocation (the exponentials are the costly part)
+        for (uint idx = t; idx < BR * BC; idx += WG) {
+            const uint r = idx / BC;
+            const float s = tile_p[idx], m = row_m[r];
+            tile_p[idx] = (s == neg_inf || m == neg_inf || row_poisoned[r]) ? 0.0 : exp(s - m);
+        }
+        barrier();
+        // 2c. running sums (one invocation per row), while the others load the V tile
+        for (uint r = t; r < BR; r += WG) {
+            float sum = 0.0;
+            for (uint j = 0; j < bc; ++j) sum += tile_p[r * BC + j];
+            row_l[r] = row_l[r] * row_alpha[r] + sum;
+        }
+        if (t == 0) tile_v_nonfinite = false;
+        barrier();
+        bool nonfinite = false;
         for (uint idx = t; idx < bc * pc.dv; idx += WG) {
             const uint j = idx / pc.dv, c = idx % pc.dv;
-            tile_kv[j * DV_MAX + c] = float(qkv[base + (j0 + j) * pc.ld + v_col + c]);
+            const float v = float(qkv[base + (j0 + j) * pc.ld + v_col + c]);
+            nonfinite = nonfinite || isnan(v) || isinf(v);
+            tile_kv[j * DV_MAX + c] = v;
         }
+        if (nonfinite) tile_v_nonfinite = true;
         barrier();
-        // 3. values
-        [[unroll]] for (uint k = 0; k < O_PER_INVOCATION; ++k) {
-            const uint e = t + k * WG, r = e / DV_MAX, c = e % DV_MAX;
-            if (r < BR && c < pc.dv) {
-                float acc = o[k] * row_alpha[r];
-                for (uint j = 0; j < bc; ++j) {
-                    const float p = tile_p[r * BC + j];
-                    if (p != 0.0) acc = fma(p, tile_kv[j * DV_MAX + c], acc);  // masked: nothing, not 0·NaN
+        // 3. values: each loaded value element serves O_ROWS rows
+        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
+            const float alpha = row_alpha[o_group + i * O_GROUPS];
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[i * O_COLS + m] *= alpha;
+        }
+        if (tile_v_nonfinite) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
+            for (uint j = 0; j < bc; ++j) {
+                [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+                    const uint c = o_lane + m * O_LANES;
+                    const float v = c < pc.dv ? tile_kv[j * DV_MAX + c] : 0.0;
+                    [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
+                        const float p = tile_p[(o_group + i * O_GROUPS) * BC + j];
+                        if (p != 0.0) o[i * O_COLS + m] = fma(p, v, o[i * O_COLS + m]);
+                    }
                 }
-                o[k] = acc;
+            }
+        } else {
+            for (uint j = 0; j < bc; ++j) {
+                [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+                    const uint c = o_lane + m * O_LANES;
+                    const float v = c < pc.dv ? tile_kv[j * DV_MAX + c] : 0.0;
+                    [[unroll]] for (uint i = 0; i < O_ROWS; ++i)
+                        o[i * O_COLS + m] = fma(tile_p[(o_group + i * O_GROUPS) * BC + j], v, o[i * O_COLS + m]);
+                }
             }
         }
         barrier();
     }
     const float nan = uintBitsToFloat(0x7fc00000u);
-    [[unroll]] for (uint k = 0; k < O_PER_INVOCATION; ++k) {
-        const uint e = t + k * WG, r = e / DV_MAX, c = e % DV_MAX, row = row0 + r;
-        if (r < BR && c < pc.dv && row < pc.seq) {
-            const float l = row_l[r];
-            o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c] =
-                row_poisoned[r] ? nan : (l > 0.0 ? o[k] / l : 0.0);
+    [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
+        const uint r = o_group + i * O_GROUPS, row = row0 + r;
+        [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+            const uint c = o_lane + m * O_LANES;
+            if (row < pc.seq && c < pc.dv) {
+                const float l = row_l[r];
+                o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c] =
+                    row_poisoned[r] ? nan : (l > 0.0 ? o[i * O_COLS + m] / l : 0.0);
+            }
         }
     }
 }

@@ -42,21 +42,37 @@ std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
 }
 
 namespace {
-std::uint32_t round_head(std::uint32_t d) { return d <= 64 ? (d + 7) / 8 * 8 : (d + 15) / 16 * 16; }
+std::uint32_t round_up(std::uint32_t v, std::uint32_t m) { return (v + m - 1) / m * m; }
+std::uint32_t pow2_at_least(std::uint32_t v) {
+    std::uint32_t p = 8;
+    while (p < v) p *= 2;
+    return p;
+}
 }  // namespace
 
 flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv) {
-    // Largest first; the smallest fits the 16 KiB the Vulkan spec guarantees for heads of 256.
-    static const std::uint32_t shapes[][2] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
+    // The shader's register blocking needs min(BC, WG) | WG, BC | ... (see flash.comp): WG and BC
+    // powers of two, BR a multiple of WG / min(BC, WG) and of WG / min(DV_MAX, WG), and V widths
+    // below WG rounded to a power of two. Largest tiles first; the last fits the 16 KiB of shared
+    // memory the Vulkan spec guarantees, for heads up to 256.
+    struct shape {
+        std::uint32_t wg, br, bc;
+    };
+    // CPU devices (lavapipe: SIMD across invocations, one workgroup per core) run best with few
+    // invocations, each holding a large block of scores and outputs in registers; GPUs need
+    // enough invocations per workgroup to fill a warp or wave.
+    static const shape cpu_shapes[] = {{16, 16, 64}, {16, 16, 32}, {16, 16, 16}, {16, 8, 16}, {16, 8, 8}};
+    static const shape gpu_shapes[] = {{64, 32, 32}, {64, 16, 32}, {64, 16, 16}, {64, 8, 16}, {64, 8, 8}};
+    const auto& shapes = info.type == device_type::cpu ? cpu_shapes : gpu_shapes;
     flash_tiles t;
-    t.d_max = round_head(d);
-    t.dv_max = round_head(dv);
-    t.wg = std::min<std::uint32_t>(64, info.max_workgroup_invocations);
-    for (const auto& [br, bc] : shapes) {
-        t.br = br;
-        t.bc = bc;
-        if (br > 16 && seq <= 64) continue;  // short sequences: more, smaller blocks
-        if (t.shared_bytes() <= info.max_shared_memory) break;
+    t.d_max = round_up(d, 8);
+    for (const shape& sh : shapes) {
+        t.wg = sh.wg;
+        t.br = sh.br;
+        t.bc = sh.bc;
+        t.dv_max = dv < t.wg ? pow2_at_least(dv) : round_up(dv, 16);
+        if (t.br > 16 && seq <= 64) continue;  // short sequences: more, smaller blocks
+        if (t.shared_bytes() <= info.max_shared_memory && t.wg <= info.max_workgroup_invocations) break;
     }
     return t;
 }
