@@ -64,6 +64,28 @@ leg_clang() {
     run_ctest build/clang
 }
 
+leg_sanitize() {
+    log "Clang with AddressSanitizer + UndefinedBehaviorSanitizer: build and test"
+    configure_build build/sanitize -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON -DQKV_SANITIZE=address,undefined \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    LSAN_OPTIONS="suppressions=$ROOT/.ci/lsan.supp:print_suppressions=0" \
+        run_ctest build/sanitize -E '^consumer\.'
+}
+
+leg_fuzz() {
+    local seconds=${QKV_FUZZ_SECONDS:-60}
+    log "libFuzzer on the .npy reader for $seconds s"
+    configure_build build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DQKV_BUILD_FUZZERS=ON -DQKV_BUILD_VULKAN=OFF \
+        -DQKV_BUILD_TOOLS=OFF -DQKV_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    local corpus
+    corpus=$(mktemp -d)
+    cp tests/fuzz/corpus/npy/* "$corpus"/
+    build/fuzz/tests/fuzz/npy_fuzz -max_total_time="$seconds" -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+    rm -rf "$corpus"
+}
+
 case "${1:-}" in
     example)
         install_packages "${BUILD_PACKAGES[@]}"
@@ -75,7 +97,7 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(gcc clang)
+        [ ${#legs[@]} -eq 0 ] && legs=(gcc clang sanitize fuzz)
         start=$SECONDS
         for leg in "${legs[@]}"; do
             leg_start=$SECONDS

@@ -10,7 +10,8 @@ namespace {
 constexpr std::uint32_t max_sets = 64;  // descriptor sets per call (one per stage dispatch)
 }
 
-executor::executor(const device& dev, std::uint32_t max_workgroup_count) : dev_(dev) {
+executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit)
+    : dev_(dev), lose_at_submit_(lose_device_at_submit) {
     for (int i = 0; i < 3; ++i) {
         max_groups_[i] = dev_.limits().maxComputeWorkGroupCount[i];
         if (max_workgroup_count) max_groups_[i] = std::min(max_groups_[i], max_workgroup_count);
@@ -149,7 +150,8 @@ double executor::submit_and_wait() {
     auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
     submit.commandBufferCount = 1;
     submit.pCommandBuffers = &cmd_;
-    check(fn.vkQueueSubmit(dev_.queue(), 1, &submit, fence_), "vkQueueSubmit");
+    const bool simulate_loss = lose_at_submit_ != 0 && ++submits_ == lose_at_submit_;
+    check(simulate_loss ? VK_ERROR_DEVICE_LOST : fn.vkQueueSubmit(dev_.queue(), 1, &submit, fence_), "vkQueueSubmit");
     check(fn.vkWaitForFences(dev_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     if (!queries_) return 0.0;
     std::uint64_t stamps[2] = {0, 0};

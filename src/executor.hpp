@@ -26,7 +26,7 @@ struct group_offset {
 
 class executor {
 public:
-    executor(const device& dev, std::uint32_t max_workgroup_count);
+    executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit = 0);
     ~executor();
     executor(const executor&) = delete;
     executor& operator=(const executor&) = delete;
@@ -59,6 +59,7 @@ private:
     std::uint32_t max_groups_[3] = {0, 0, 0};
     std::uint32_t dispatches_ = 0;
     std::uint32_t sets_ = 0;
+    std::uint32_t submits_ = 0, lose_at_submit_ = 0;
     std::vector<std::byte> push_copy_;
 };
 

@@ -17,7 +17,9 @@ namespace qkv::vulkan::detail {
     X(aggregate, qkv_spv_aggregate)                 \
     X(aggregate_f16, qkv_spv_aggregate_f16)         \
     X(flash, qkv_spv_flash)                         \
-    X(flash_f16, qkv_spv_flash_f16)
+    X(flash_f16, qkv_spv_flash_f16)                 \
+    X(ceiling_fma, qkv_spv_ceiling_fma)             \
+    X(ceiling_copy, qkv_spv_ceiling_copy)
 
 enum class shader_id {
 #define QKV_SHADER_ENUM(id, array) id,

@@ -371,3 +371,16 @@ TEST_CASE("no Vulkan loader gives a clear unavailable error", "[no_loader]") {
     // Every later attempt says the same, and is still a typed error.
     CHECK(contains(error_of<qkv::vulkan::error>([] { (void)qkv::vulkan::list_devices(); }), "no Vulkan loader found"));
 }
+
+TEST_CASE("the device ceiling is measured with positive, finite numbers", "[vulkan][ceiling]") {
+    auto& ctx = gpu();
+    const auto c = ctx.measure_ceiling();
+    CHECK(c.fma_gflops > 0);
+    CHECK(std::isfinite(c.fma_gflops));
+    CHECK(c.copy_gb_per_s > 0);
+    CHECK(std::isfinite(c.copy_gb_per_s));
+    CHECK(c.empty_submit_ms > 0);
+    CHECK(c.device_timestamps == ctx.device().timestamps);
+    CHECK(ctx.device_memory_allocated() < (1u << 20));  // its temporary buffers are gone
+    require_clean(ctx);
+}

@@ -84,6 +84,11 @@ struct context_options {
     /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
     /// even where device memory is host-visible.
     bool force_staging = false;
+
+    /// Fault injection for tests: the n-th queue submission of this context (counting from 1)
+    /// fails as if the driver returned VK_ERROR_DEVICE_LOST; 0 = never. The context then behaves
+    /// exactly as after a real device loss.
+    std::uint32_t simulate_device_lost_at_submit = 0;
 };
 
 /// Per-call timing, filled by context::attention.
@@ -91,6 +96,15 @@ struct call_stats {
     double host_ms = 0;               ///< host call to result, whole call
     double device_ms = 0;             ///< GPU time of the dispatches (timestamps), 0 if unsupported
     std::uint64_t device_bytes = 0;   ///< device memory held by the context after the call
+};
+
+/// What the device itself can do, measured by microbenchmarks in the same process: the yardstick
+/// that `qkv bench` reports each kernel against.
+struct device_ceiling {
+    double fma_gflops = 0;         ///< float32 fused multiply-add throughput (2 FLOP each)
+    double copy_gb_per_s = 0;      ///< device-memory copy bandwidth (bytes read + written)
+    double empty_submit_ms = 0;    ///< an empty command buffer: submit, wait on its fence (median)
+    bool device_timestamps = false;  ///< true: GPU timestamps; false: host clock around the fence
 };
 
 class QKV_VULKAN_API context {
@@ -120,6 +134,10 @@ public:
 
     /// Releases the cached buffers (they are reallocated on demand).
     void trim();
+
+    /// Measures the device's arithmetic and memory ceilings and the cost of an empty submit
+    /// (takes a fraction of a second on a GPU, a few seconds on lavapipe). Uses temporary buffers.
+    [[nodiscard]] device_ceiling measure_ceiling();
 
     /// Validation-layer messages collected since the last call (then cleared). Empty unless
     /// validation is on.

@@ -1,0 +1,105 @@
+// context::measure_ceiling: the device's own limits, measured with the same executor and clock
+// as the attention calls, so kernel throughput can be stated as a fraction of them.
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "context_impl.hpp"
+#include "stages.hpp"
+
+namespace qkv::vulkan {
+namespace {
+
+struct fma_push {
+    group_offset offset;
+    std::uint32_t iterations = 0;
+    float seed = 1.0f;
+};
+struct copy_push {
+    group_offset offset;
+    std::uint32_t count = 0;
+};
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/// Device time of one recorded piece of work (timestamps), or host time around submit and fence.
+template <class Record>
+double time_ms(executor& exec, Record&& record) {
+    const auto start = std::chrono::steady_clock::now();
+    exec.begin();
+    record();
+    const double device = exec.submit_and_wait();
+    const double host = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return device > 0 ? device : host;
+}
+
+}  // namespace
+
+device_ceiling context::measure_ceiling() {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->lost) throw device_lost("the Vulkan device of this context was lost earlier; create a new context");
+    executor& exec = *impl_->exec;
+    pipeline_set& pipes = *impl_->pipes;
+    allocator& alloc = *impl_->alloc;
+    const device_info& info = impl_->dev->info();
+    device_ceiling c;
+    c.device_timestamps = info.timestamps;
+
+    std::vector<double> empty;
+    for (int i = 0; i < 21; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        exec.begin();
+        (void)exec.submit_and_wait();
+        empty.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    c.empty_submit_ms = median(empty);
+
+    // Arithmetic: grow the chain length until one run takes >= 20 ms, then take the median of 5.
+    {
+        const std::uint32_t groups = 1024, invocations = groups * 256;
+        buffer out = alloc.create(std::uint64_t{invocations} * 4, memory_use::device, "ceiling");
+        const pipeline& p = pipes.get(detail::shader_id::ceiling_fma, 1, sizeof(fma_push), {});
+        fma_push push;
+        push.iterations = 64;
+        auto run = [&] {
+            const std::uint32_t grid[3] = {groups, 1, 1};
+            return time_ms(exec, [&] { exec.dispatch(p, {{out.handle(), 0, out.size()}}, &push, grid); });
+        };
+        double ms = run();
+        while (ms < 20.0 && push.iterations < (1u << 24)) {
+            push.iterations *= 4;
+            ms = run();
+        }
+        std::vector<double> runs;
+        for (int i = 0; i < 5; ++i) runs.push_back(run());
+        c.fma_gflops = 16.0 * invocations * push.iterations / (median(runs) * 1e6);
+    }
+    // Memory: copy a buffer of up to 256 MiB (bounded by the device's limits), median of 5.
+    {
+        std::uint64_t bytes = std::min<std::uint64_t>({256ull << 20, info.max_storage_buffer_range,
+                                                       info.device_local_memory / 4});
+        if (info.type == device_type::cpu) bytes = std::min<std::uint64_t>(bytes, 64ull << 20);
+        bytes = bytes / 4096 * 4096;
+        buffer src = alloc.create(bytes, memory_use::device, "ceiling source");
+        buffer dst = alloc.create(bytes, memory_use::device, "ceiling destination");
+        const pipeline& p = pipes.get(detail::shader_id::ceiling_copy, 2, sizeof(copy_push), {});
+        copy_push push;
+        push.count = static_cast<std::uint32_t>(bytes / 16);
+        const std::uint32_t grid[3] = {(push.count + 255) / 256, 1, 1};
+        auto run = [&] {
+            return time_ms(exec, [&] {
+                exec.dispatch(p, {{src.handle(), 0, bytes}, {dst.handle(), 0, bytes}}, &push, grid);
+            });
+        };
+        (void)run();  // first touch
+        std::vector<double> runs;
+        for (int i = 0; i < 5; ++i) runs.push_back(run());
+        c.copy_gb_per_s = 2.0 * static_cast<double>(bytes) / (median(runs) * 1e6);
+    }
+    return c;
+}
+
+}  // namespace qkv::vulkan
