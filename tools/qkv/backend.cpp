@@ -1,0 +1,50 @@
+// The --backend option, and running a problem on the backend it names.
+#include "backend.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <utility>
+
+#include "choice_option.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/cpu.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::cli {
+namespace {
+
+std::string describe(const qkv::vulkan::device_info& d) {
+    return d.name + " \u2014 " + qkv::vulkan::to_string(d.type) + ", Vulkan " + d.api_version_string + ", driver " +
+           d.driver;
+}
+
+/// A context on `device`; when Vulkan itself is missing (rather than the device asked for), the
+/// error also points at the CPU backend.
+qkv::vulkan::context open_context(const std::optional<std::string>& device) {
+    try {
+        return qkv::vulkan::context({.device = device});
+    } catch (const qkv::vulkan::unavailable& e) {
+        if (device) throw;
+        throw qkv::vulkan::unavailable(std::string(e.what()) +
+                                       "\nqkv: run with --backend cpu to use the CPU reference backend instead");
+    }
+}
+
+}  // namespace
+
+CLI::Option* add_backend_option(CLI::App& command, backend& choice, const std::string& description) {
+    return add_choice<backend>(command, "--backend", choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
+                               description);
+}
+
+backend_result run_attention(const qkv::attention_problem& problem, backend choice,
+                             const std::optional<std::string>& device) {
+    if (choice == backend::cpu)
+        return {qkv::cpu::attention(problem),
+                "the CPU reference backend (qkv::cpu, float64 on the host); no Vulkan device was used"};
+    qkv::vulkan::context ctx = open_context(device);
+    qkv::attention_output result = ctx.attention(problem);
+    return {std::move(result), describe(ctx.device())};
+}
+
+}  // namespace qkv::cli

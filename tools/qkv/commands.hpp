@@ -1,0 +1,15 @@
+// The subcommands of the qkv tool. Each registers itself, its options and its action on the
+// application; adding a subcommand is one declaration here and one call in main.cpp.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace qkv::cli {
+
+void add_example(CLI::App& app);    // example.cpp: the tutorial's worked example, step by step
+void add_devices(CLI::App& app);    // devices.cpp: the Vulkan devices of this machine
+void add_attention(CLI::App& app);  // attention.cpp: attention over .npy files
+
+}  // namespace qkv::cli

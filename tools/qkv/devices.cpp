@@ -1,0 +1,76 @@
+// `qkv devices`: the Vulkan devices of this machine, and the one qkv would pick.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "printing.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::cli {
+namespace {
+
+std::string yes_no(bool b) { return b ? "yes" : "no"; }
+
+std::string kibibytes(std::uint32_t bytes) { return std::to_string(bytes / 1024) + " KiB"; }
+
+/// The selector a context would use: QKV_DEVICE when set (context_options::device is unset here).
+std::optional<std::string> selector_from_environment() {
+    const char* env = std::getenv("QKV_DEVICE");
+    if (env && *env) return std::string(env);
+    return std::nullopt;
+}
+
+void list() {
+    std::vector<qkv::vulkan::device_info> devices;
+    try {
+        devices = qkv::vulkan::list_devices();
+    } catch (const qkv::vulkan::unavailable& e) {
+        throw qkv::vulkan::unavailable(std::string("no Vulkan devices to list: ") + e.what());
+    }
+
+    const std::optional<std::string> selector = selector_from_environment();
+    std::optional<std::size_t> chosen;
+    std::string why_none;
+    try {
+        chosen = qkv::vulkan::select_device(devices, selector);
+    } catch (const qkv::vulkan::unavailable& e) {
+        why_none = e.what();
+    }
+
+    std::vector<std::vector<std::string>> rows;
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+        const auto& d = devices[i];
+        rows.push_back({chosen == i ? "*" : "", std::to_string(d.index), d.name, qkv::vulkan::to_string(d.type),
+                        d.driver, d.api_version_string, std::to_string(d.subgroup_size), kibibytes(d.max_shared_memory),
+                        yes_no(d.fp16_storage) + "/" + yes_no(d.fp16_arithmetic)});
+    }
+    print_table(std::cout,
+                {"", "index", "name", "type", "driver", "Vulkan", "subgroup", "shared mem", "fp16 storage/arith"},
+                rows);
+    if (!chosen) {
+        std::cout.flush();
+        throw qkv::vulkan::unavailable((selector ? "QKV_DEVICE=" + *selector + " picks no usable device: "
+                                                 : "none of these devices can run qkv: ") +
+                                       why_none);
+    }
+    std::cout << "\n* the device qkv uses by default"
+              << (selector ? " (chosen by QKV_DEVICE=" + *selector + ")"
+                           : std::string(" (set QKV_DEVICE to an index or "
+                                         "a part of a name to choose another)"))
+              << "\n";
+}
+
+}  // namespace
+
+void add_devices(CLI::App& app) {
+    CLI::App* cmd = app.add_subcommand("devices", "List the Vulkan devices and mark the one qkv would use");
+    cmd->callback(list);
+}
+
+}  // namespace qkv::cli
