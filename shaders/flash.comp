@@ -16,6 +16,12 @@
 // entry contributes nothing, not even 0·NaN. With a causal mask the loop stops at the block's last
 // row: tiles above the diagonal are never loaded or computed.
 //
+// Key chunks: a dispatch may cover only the keys [kv_begin, kv_stop). Then the running maximum and
+// sum go to `state` and the unnormalised accumulator to the output (flag 16, more chunks follow),
+// and the next dispatch resumes from them (flag 8). The host splits long sequences this way on
+// devices that bound the loop iterations of one invocation: llvmpipe (lavapipe) ends every loop
+// of a shader after 65,535 iterations in total, silently, which would drop the last keys.
+//
 // Specialization constants (chosen per device by src/stages.cpp): the workgroup size, BR, BC,
 // and D_MAX / DV_MAX, the head widths rounded up, which size the shared tiles. Loops run to the
 // actual widths from push constants.
@@ -30,7 +36,8 @@ layout(constant_id = 4) const uint DV_MAX = 64;  // >= head width of V
 layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
 layout(std430, binding = 1) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = 2) readonly buffer Additive { float additive[]; };
-layout(std430, binding = 3) writeonly buffer O { float o_out[]; };
+layout(std430, binding = 3) buffer O { float o_out[]; };
+layout(std430, binding = 4) buffer State { float state[]; };  // (m, l) per (batch, head, row)
 
 // Mirrored by struct flash_push in src/stages.hpp.
 layout(push_constant) uniform Push {
@@ -44,6 +51,7 @@ layout(push_constant) uniform Push {
     float scale;
     uint flags;        // 1 causal, 2 boolean mask, 4 additive mask
     uint mask_bs, add_bs;
+    uint kv_begin, kv_stop;  // this dispatch's keys
 } pc;
 
 const uint WG = gl_WorkGroupSize.x;
@@ -69,6 +77,8 @@ shared float row_m[BR], row_l[BR], row_alpha[BR];
 shared bool row_poisoned[BR];
 shared bool tile_v_nonfinite;  // the V tile holds a NaN or Inf: take the careful loop
 
+uint o_group_of(uint t) { return O_GROUPS == 1 ? 0 : t / O_LANES; }
+
 void main() {
     const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BR;
     const uint z = gl_WorkGroupID.z + pc.group_z;
@@ -77,6 +87,8 @@ void main() {
     const uint base = batch * pc.seq * pc.ld;
     const float neg_inf = uintBitsToFloat(0xff800000u), pos_inf = uintBitsToFloat(0x7f800000u);
     const bool causal = (pc.flags & 1u) != 0u, has_mask = (pc.flags & 2u) != 0u, has_add = (pc.flags & 4u) != 0u;
+    const bool resume = (pc.flags & 8u) != 0u, partial = (pc.flags & 16u) != 0u;
+    const uint state_base = z * pc.seq;
     const uint q_col = head * pc.d, k_col = pc.k_off + head * pc.d, v_col = pc.v_off + head * pc.dv;
 
     for (uint idx = t; idx < BR * pc.d; idx += WG) {
@@ -87,17 +99,32 @@ void main() {
         row_m[r] = neg_inf;
         row_l[r] = 0.0;
         row_poisoned[r] = false;
+        if (resume && row0 + r < pc.seq) {  // NaN as the maximum marks a poisoned row
+            const float m = state[2 * (state_base + row0 + r)];
+            row_poisoned[r] = isnan(m);
+            row_m[r] = isnan(m) ? neg_inf : m;
+            row_l[r] = state[2 * (state_base + row0 + r) + 1];
+        }
     }
     float o[O_ROWS * O_COLS];
     [[unroll]] for (uint k = 0; k < O_ROWS * O_COLS; ++k) o[k] = 0.0;
+    if (resume) {
+        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
+            const uint row = row0 + o_group_of(t) + i * O_GROUPS;
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+                const uint c = t % O_LANES + m * O_LANES;
+                if (row < pc.seq && c < pc.dv) o[i * O_COLS + m] = o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c];
+            }
+        }
+    }
     // With one group the row index is a constant, so tile_q / tile_p reads are provably uniform
     // (a scalar load and broadcast, not a gather, on SIMD-per-invocation devices such as lavapipe).
     const uint s_lane = t % S_LANES, s_group = S_GROUPS == 1 ? 0 : t / S_LANES;
     const uint o_lane = t % O_LANES, o_group = O_GROUPS == 1 ? 0 : t / O_LANES;
 
     // Causal: keys beyond the block's last row are masked for every row of the block.
-    const uint kv_end = causal ? min(pc.seq, row0 + BR) : pc.seq;
-    for (uint j0 = 0; j0 < kv_end; j0 += BC) {
+    const uint kv_end = min(pc.kv_stop, causal ? min(pc.seq, row0 + BR) : pc.seq);
+    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC) {
         const uint bc = min(BC, kv_end - j0);
         for (uint idx = t; idx < bc * pc.d; idx += WG) {
             const uint j = idx / pc.d, c = idx % pc.d;
@@ -205,7 +232,24 @@ void main() {
         }
         barrier();
     }
+    barrier();  // the row statistics, also when this chunk had no keys for the block
     const float nan = uintBitsToFloat(0x7fc00000u);
+    if (partial) {  // hand the running state to the next chunk
+        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
+            const uint row = row0 + o_group + i * O_GROUPS;
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+                const uint c = o_lane + m * O_LANES;
+                if (row < pc.seq && c < pc.dv) o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c] = o[i * O_COLS + m];
+            }
+        }
+        for (uint r = t; r < BR; r += WG) {
+            if (row0 + r < pc.seq) {
+                state[2 * (state_base + row0 + r)] = row_poisoned[r] ? nan : row_m[r];
+                state[2 * (state_base + row0 + r) + 1] = row_l[r];
+            }
+        }
+        return;
+    }
     [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
         const uint r = o_group + i * O_GROUPS, row = row0 + r;
         [[unroll]] for (uint m = 0; m < O_COLS; ++m) {

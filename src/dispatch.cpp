@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "plan.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -67,12 +68,25 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     // An allocation failure releases every cached buffer: the failed call keeps nothing, and the
     // next call starts from what it needs.
     bool staged_io = false;
+    const std::uint32_t flash_chunk =
+        p.impl == implementation::fused
+            ? flash_chunk_keys(info, p.seq, p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys)
+            : p.seq;
+    if ((p.seq + flash_chunk - 1) / flash_chunk > 1000)
+        throw limit_exceeded("the fused kernel would need " + std::to_string((p.seq + flash_chunk - 1) / flash_chunk) +
+                             " dispatches of " + std::to_string(flash_chunk) + " keys each for seq = " +
+                             std::to_string(p.seq) + " on " + info.name + " (at most 1000 per call)");
     try {
         ensure(alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "inputs");
         ensure(alloc, bufs.qkv, p.qkv_bytes, memory_use::device, "Q|K|V");
         if (p.scores_bytes) ensure(alloc, bufs.scores, p.scores_bytes, memory_use::device, "scores");
         if (p.concat_bytes) ensure(alloc, bufs.concat, p.concat_bytes, memory_use::device, "concatenated heads");
         ensure(alloc, bufs.out, p.out_bytes, memory_use::device, "output");
+        if (flash_chunk < p.seq)
+            ensure(alloc, bufs.flash_state, std::uint64_t{p.batch} * p.heads * p.seq * 8, memory_use::device,
+                   "fused-attention chunk state");
+        else
+            bufs.flash_state.reset();
         // Where device memory is host-visible (lavapipe, integrated GPUs) inputs and results are
         // mapped directly; otherwise they go through staging buffers and copies in the same submit.
         staged_io = env.force_staging || !bufs.inputs.mapped() || !bufs.out.mapped() ||
@@ -103,6 +117,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                      VK_ACCESS_SHADER_READ_BIT);
     }
+    exec.mark();  // inputs on the device
     const std::uint32_t N = p.seq, H = p.heads, B = p.batch;
     const std::uint32_t dh = p.d_k / H, dvh = p.d_v / H;
     const binding qkv = whole(bufs.qkv, p.qkv_bytes);
@@ -117,6 +132,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                     {part(bufs.inputs, p.x), part(bufs.inputs, p.w), p.bias ? part(bufs.inputs, p.b) : any_input, qkv},
                     g, 1);
         exec.compute_barrier();
+        exec.mark();  // projections done
     }
     const buffer& attn_out = p.d_out ? bufs.concat : bufs.out;
     const std::uint64_t attn_out_bytes = p.d_out ? p.concat_bytes : p.out_bytes;
@@ -134,7 +150,9 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         f.flags = mask_flags;
         f.mask_bs = p.mask_batched ? N * N : 0;
         f.add_bs = p.additive_batched ? N * N : 0;
-        record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes)}, f, B * H);
+        const binding state = bufs.flash_state ? whole(bufs.flash_state, bufs.flash_state.size()) : any_input;
+        record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state}, f,
+                     B * H, env.max_fused_keys);
     } else {
         // Stage 2: scores of every (batch, head): Q_h · K_hᵀ · scale, masked.
         gemm_push g;
@@ -163,6 +181,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         record_gemm(exec, pipes, info, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
                     {scores, qkv, whole(attn_out, attn_out_bytes)}, a, B * H);
     }
+    exec.mark();  // attention done
     if (p.d_out) {  // Output projection: concat · Wo + bo.
         exec.compute_barrier();
         gemm_push g;
@@ -173,6 +192,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                     {whole(bufs.concat, p.concat_bytes), part(bufs.inputs, p.wo),
                      p.bo.empty() ? any_input : part(bufs.inputs, p.bo), whole(bufs.out, p.out_bytes)},
                     g, 1);
+        exec.mark();  // output projection done
     }
     // ---- download ----
     if (staged_io) {
@@ -188,6 +208,11 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                      VK_ACCESS_HOST_READ_BIT);
     }
     env.device_ms = exec.submit_and_wait();
+    if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 3) {
+        env.projection_ms = m[1] - m[0];
+        env.attention_ms = m[2] - m[1];
+        env.output_projection_ms = m.size() >= 4 ? m[3] - m[2] : 0.0;
+    }
 
     attention_output result;
     result.shape = problem.shape;

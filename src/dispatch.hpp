@@ -14,6 +14,7 @@ namespace qkv::vulkan::detail {
 /// calls' sizes in both directions.
 struct buffer_cache {
     buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
+    buffer flash_state;  // the fused kernel's (max, sum) per row between key chunks, where needed
 };
 
 struct dispatch_environment {
@@ -23,7 +24,9 @@ struct dispatch_environment {
     executor& exec;
     buffer_cache& buffers;
     bool force_staging = false;
+    std::uint32_t max_fused_keys = 0;  ///< context_options::max_fused_keys_per_dispatch
     double device_ms = 0;  ///< out: device time of the call
+    double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< out: its phases
 };
 
 /// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,

@@ -7,7 +7,7 @@
 
 namespace qkv::vulkan::detail {
 namespace {
-constexpr std::uint32_t max_sets = 64;  // descriptor sets per call (one per stage dispatch)
+constexpr std::uint32_t max_sets = 1024;  // descriptor sets per call (one per stage dispatch or key chunk)
 }
 
 executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit)
@@ -42,7 +42,7 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
         if (dev_.info().timestamps) {
             auto q = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
             q.queryType = VK_QUERY_TYPE_TIMESTAMP;
-            q.queryCount = 2;
+            q.queryCount = max_marks + 2;
             check(fn.vkCreateQueryPool(d, &q, nullptr, &queries_), "vkCreateQueryPool");
         }
     } catch (...) {
@@ -72,13 +72,21 @@ void executor::begin() {
     check(fn.vkResetDescriptorPool(dev_.handle(), descriptors_, 0), "vkResetDescriptorPool");
     dispatches_ = 0;
     sets_ = 0;
+    stamps_ = 0;
+    marks_ms_.clear();
     auto info = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
     info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(fn.vkBeginCommandBuffer(cmd_, &info), "vkBeginCommandBuffer");
     if (queries_) {
-        fn.vkCmdResetQueryPool(cmd_, queries_, 0, 2);
-        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, 0);
+        fn.vkCmdResetQueryPool(cmd_, queries_, 0, max_marks + 2);
+        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, stamps_++);
     }
+}
+
+void executor::mark() {
+    if (!queries_) return;
+    if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
+    dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
 }
 
 void executor::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
@@ -144,7 +152,7 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
 
 double executor::submit_and_wait() {
     const auto& fn = dev_.fn();
-    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
+    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
     check(fn.vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
     check(fn.vkResetFences(dev_.handle(), 1, &fence_), "vkResetFences");
     auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
@@ -154,11 +162,14 @@ double executor::submit_and_wait() {
     check(simulate_loss ? VK_ERROR_DEVICE_LOST : fn.vkQueueSubmit(dev_.queue(), 1, &submit, fence_), "vkQueueSubmit");
     check(fn.vkWaitForFences(dev_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     if (!queries_) return 0.0;
-    std::uint64_t stamps[2] = {0, 0};
-    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, 2, sizeof stamps, stamps, sizeof(std::uint64_t),
+    std::uint64_t stamps[max_marks + 2] = {};
+    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, stamps_, sizeof stamps, stamps, sizeof(std::uint64_t),
                                    VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
           "vkGetQueryPoolResults");
-    return static_cast<double>(stamps[1] - stamps[0]) * dev_.info().timestamp_period_ns * 1e-6;
+    const double to_ms = dev_.info().timestamp_period_ns * 1e-6;
+    for (std::uint32_t i = 1; i + 1 < stamps_; ++i)
+        marks_ms_.push_back(static_cast<double>(stamps[i] - stamps[0]) * to_ms);
+    return static_cast<double>(stamps[stamps_ - 1] - stamps[0]) * to_ms;
 }
 
 }  // namespace qkv::vulkan::detail

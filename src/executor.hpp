@@ -44,6 +44,14 @@ public:
     /// Ends, submits, waits. Returns the device time in milliseconds (0 without timestamps).
     double submit_and_wait();
 
+    /// Marks the end of a phase of the work recorded so far (a timestamp once every earlier
+    /// command has finished); at most max_marks per call, no-op without timestamps.
+    void mark();
+    static constexpr std::uint32_t max_marks = 6;
+    /// After submit_and_wait: device time from the start of the command buffer to each mark, in
+    /// milliseconds, in order (empty without timestamps).
+    [[nodiscard]] const std::vector<double>& marks_ms() const { return marks_ms_; }
+
     [[nodiscard]] std::uint32_t dispatches_recorded() const { return dispatches_; }
     [[nodiscard]] std::uint32_t max_groups(int dim) const { return max_groups_[dim]; }
 
@@ -60,6 +68,8 @@ private:
     std::uint32_t dispatches_ = 0;
     std::uint32_t sets_ = 0;
     std::uint32_t submits_ = 0, lose_at_submit_ = 0;
+    std::uint32_t stamps_ = 0;  // timestamps written in this command buffer
+    std::vector<double> marks_ms_;
     std::vector<std::byte> push_copy_;
 };
 

@@ -77,13 +77,39 @@ flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::
     return t;
 }
 
+std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv,
+                               std::uint32_t at_most) {
+    const std::uint32_t cap = at_most ? std::min(seq, at_most) : seq;
+    if (info.type != device_type::cpu) return cap;
+    const flash_tiles t = choose_flash_tiles(info, seq, d, dv);
+    const auto per = [&](std::uint64_t work) { return (work + t.wg - 1) / t.wg; };  // iterations per invocation
+    // Loops that stay loops (dynamic bounds) per K/V tile, as flash.comp runs them: the K load,
+    // the dot products over d, row maxima, probabilities, row sums, the V load, and the values.
+    const std::uint64_t per_tile = 1 + per(std::uint64_t{t.bc} * d) + d + per(t.br) * t.bc + per(std::uint64_t{t.br} * t.bc) +
+                                   per(t.br) * t.bc + per(std::uint64_t{t.bc} * dv) + t.bc;
+    const std::uint64_t fixed = per(std::uint64_t{t.br} * d) + 4 * per(t.br);  // Q load, row set-up and hand-over
+    constexpr std::uint64_t budget = 65535 - 4096;                               // with a margin
+    const std::uint64_t tiles = std::max<std::uint64_t>(1, (budget - fixed) / per_tile);
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(cap, tiles * t.bc));
+}
+
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
-                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches) {
+                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
+                  std::uint32_t max_keys) {
     const flash_tiles tiles = choose_flash_tiles(info, push.seq, push.d, push.dv);
     const pipeline& p = pipes.get(fp16 ? shader_id::flash_f16 : shader_id::flash,
                                   static_cast<std::uint32_t>(bindings.size()), sizeof(flash_push), tiles.spec());
     const std::uint32_t groups[3] = {ceil_div(push.seq, tiles.br), 1, batches};
-    exec.dispatch(p, bindings, &push, groups);
+    const std::uint32_t chunk = flash_chunk_keys(info, push.seq, push.d, push.dv, max_keys);
+    for (std::uint32_t begin = 0; begin < push.seq; begin += chunk) {
+        flash_push part = push;
+        part.kv_begin = begin;
+        part.kv_stop = std::min(push.seq, begin + chunk);
+        if (begin > 0) part.flags |= flag_resume;
+        if (part.kv_stop < push.seq) part.flags |= flag_partial;
+        if (begin > 0) exec.compute_barrier();
+        exec.dispatch(p, bindings, &part, groups);
+    }
 }
 
 void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, shader_id shader,

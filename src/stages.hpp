@@ -43,6 +43,7 @@ struct flash_push {
     float scale = 1.0f;
     std::uint32_t flags = 0;
     std::uint32_t mask_bs = 0, add_bs = 0;
+    std::uint32_t kv_begin = 0, kv_stop = 0;  // set by record_flash, per key chunk
 };
 static_assert(sizeof(flash_push) <= 128);
 
@@ -54,6 +55,8 @@ inline constexpr std::uint32_t flag_bias = 1;      // project
 inline constexpr std::uint32_t flag_causal = 1;    // scores, aggregate
 inline constexpr std::uint32_t flag_mask = 2;      // scores
 inline constexpr std::uint32_t flag_additive = 4;  // scores
+inline constexpr std::uint32_t flag_resume = 8;    // flash: continue from the chunk state
+inline constexpr std::uint32_t flag_partial = 16;  // flash: more key chunks follow
 
 /// Tile shape of the tiled matrix product (specialization constants 1..5; 0 is the workgroup size).
 struct gemm_tiles {
@@ -81,9 +84,19 @@ struct flash_tiles {
 };
 flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv);
 
-/// Records the fused attention of every (batch, head) of `batches`.
+/// Keys per dispatch of the fused kernel: all of them, except on CPU implementations, where one
+/// invocation may run at most 65,535 loop iterations in all (llvmpipe ends its loops silently
+/// after that). There each dispatch covers as many K/V tiles as fit in that budget, and the
+/// online-softmax state is carried to the next dispatch in a buffer of B x H x N x 2 floats.
+/// `at_most` (if not 0) lowers it further.
+std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv,
+                               std::uint32_t at_most = 0);
+
+/// Records the fused attention of every (batch, head) of `batches`: one dispatch per key chunk
+/// (see flash_chunk_keys), with `bindings` ending in the chunk-state buffer.
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
-                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches);
+                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
+                  std::uint32_t max_keys = 0);
 
 /// Records one tiled-product dispatch over `batches` (batch x heads) grids.
 void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, shader_id shader,

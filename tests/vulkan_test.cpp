@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -383,4 +384,121 @@ TEST_CASE("the device ceiling is measured with positive, finite numbers", "[vulk
     CHECK(c.device_timestamps == ctx.device().timestamps);
     CHECK(ctx.device_memory_allocated() < (1u << 20));  // its temporary buffers are gone
     require_clean(ctx);
+}
+
+TEST_CASE("per-call statistics time each phase within the whole call", "[vulkan][stats]") {
+    auto& ctx = gpu();
+    auto p = make_problem({.seq = 33, .d_in = 12, .d_k = 8, .d_v = 12, .heads = 2, .d_out = 5}, 11);
+    for (const auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+        p.options.implementation = impl;
+        (void)ctx.attention(p.view());
+        const qkv::vulkan::call_stats s = ctx.last_call();
+        CHECK(s.host_ms > 0);
+        CHECK(s.device_bytes == ctx.device_memory_allocated());
+        if (!ctx.device().timestamps) {
+            CHECK(s.device_ms == 0);
+            continue;
+        }
+        CHECK(s.projection_ms > 0);
+        CHECK(s.attention_ms > 0);
+        CHECK(s.output_projection_ms > 0);
+        CHECK(s.projection_ms + s.attention_ms + s.output_projection_ms <= s.device_ms * (1 + 1e-9));
+        CHECK(s.device_ms <= s.host_ms);
+    }
+    p.shape.d_out = 0;
+    p.wo.clear();
+    p.bo.clear();
+    (void)ctx.attention(p.view());
+    CHECK(ctx.last_call().output_projection_ms == 0);
+    require_clean(ctx);
+}
+
+// The issue's long-sequence target: 16384 keys for every query. The staged path would need 1 GiB
+// for the scores alone; the fused kernel streams K and V and keeps O(N·d). About 69 GFLOP: a
+// minute or two on lavapipe, so it runs as its own CTest entry (qkv_vulkan_long).
+TEST_CASE("N = 16384, d = 64, one head: fused, under 64 MiB of device memory, right on sampled rows",
+          "[vulkan][long]") {
+    auto ctx = qkv_test::make_context({});  // a context of its own: the peak is this call's alone
+    constexpr std::size_t N = 16384, d = 64;
+    auto p = make_problem({.seq = N, .d_in = d, .d_k = d, .d_v = d, .heads = 1}, 16384);
+    p.options.implementation = qkv::implementation::fused;
+    const auto r = ctx.attention(p.view());
+    REQUIRE(r.implementation == qkv::implementation::fused);
+    REQUIRE(r.output.size() == N * d);
+    const std::uint64_t peak = ctx.peak_device_memory();
+    INFO("peak device memory " << peak << " bytes");
+    CHECK(peak < 64u * 1024 * 1024);
+    for (float v : r.output) REQUIRE(std::isfinite(v));
+
+    // float64 reference on 32 rows: both ends, odd positions, and a spread in between.
+    const auto project = [&](const std::vector<float>& w) {
+        std::vector<double> out(N * d, 0.0);
+        for (std::size_t i = 0; i < N; ++i)
+            for (std::size_t k = 0; k < d; ++k) {
+                const double xv = p.x[i * d + k];
+                for (std::size_t j = 0; j < d; ++j) out[i * d + j] += xv * w[k * d + j];
+            }
+        return out;
+    };
+    const std::vector<double> q = project(p.wq), k = project(p.wk), v = project(p.wv);
+    std::vector<std::size_t> rows{0, 1, 3, 17, 113, 4095, 8191, 16383};
+    for (std::size_t i = 0; rows.size() < 32; ++i) rows.push_back((i * 2654435761u + 12345) % N);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<float> got;
+    std::vector<double> want;
+    std::vector<double> s(N);
+    for (const std::size_t i : rows) {
+        double m = -INFINITY;
+        for (std::size_t j = 0; j < N; ++j) {
+            double dot = 0;
+            for (std::size_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
+            s[j] = dot * scale;
+            m = std::max(m, s[j]);
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - m));
+        for (std::size_t c = 0; c < d; ++c) {
+            double o = 0;
+            for (std::size_t j = 0; j < N; ++j) o += s[j] * v[j * d + c];
+            want.push_back(o / sum);
+            got.push_back(r.output[i * d + c]);
+        }
+    }
+    const double e = qkv_test::nmse(got, want);
+    INFO("nmse on 32 sampled rows " << e);
+    CHECK(e <= 1e-9);
+    require_clean(ctx);
+}
+
+// The key-chunk path of the fused kernel (several dispatches carrying the online-softmax state),
+// which lavapipe takes for long sequences, forced here at small sizes with odd chunk lengths:
+// every mask kind, causal, batches, heads, fully masked rows, both precisions.
+TEST_CASE("fused attention split into key chunks matches the float64 reference", "[vulkan][sweep][chunks]") {
+    std::uint64_t seed = 3000;
+    const auto specs = sweep_specs();
+    for (const std::uint32_t chunk : {3u, 37u, 64u}) {
+        auto ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = chunk});
+        for (std::size_t i = chunk % 2; i < specs.size(); i += 2) {
+            if (specs[i].seq <= chunk) continue;  // one chunk: the plain path, tested above
+            auto p = make_problem(specs[i], seed++);
+            p.options.implementation = qkv::implementation::fused;
+            INFO(qkv_test::describe(specs[i]) << " fused, chunks of " << chunk << " keys");
+            check_against_reference(ctx, p, 1e-10);
+            if (ctx.device().fp16_storage && i % 4 < 2) {
+                p.options.precision = qkv::precision::fp16;
+                check_against_reference(ctx, p, 1e-5);
+            }
+        }
+        // A NaN in one key's value poisons every row that attends to it, across chunk borders.
+        auto p = make_problem({.seq = 9, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, 77);
+        p.options.implementation = qkv::implementation::fused;
+        p.wv[0] = 1.0f;
+        p.x[5 * 4 + 0] = std::numeric_limits<float>::quiet_NaN();  // row 5 of x, so V row 5
+        const auto r = ctx.attention(p.view());
+        for (std::size_t row = 0; row < 9; ++row) {
+            INFO("row " << row << ", chunks of " << chunk);
+            CHECK(std::isnan(r.output[row * 4]) == (row >= 5));
+        }
+        require_clean(ctx);
+    }
 }

@@ -81,6 +81,11 @@ struct context_options {
     /// exercises the dispatch-splitting path without enormous inputs.
     std::uint32_t max_workgroup_count = 0;
 
+    /// Let one dispatch of the fused kernel cover at most this many keys (0 = what the device
+    /// needs): exercises the key-chunk path, which CPU implementations such as lavapipe take for
+    /// long sequences (their loops end after 65,535 iterations), without long sequences.
+    std::uint32_t max_fused_keys_per_dispatch = 0;
+
     /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
     /// even where device memory is host-visible.
     bool force_staging = false;
@@ -94,7 +99,10 @@ struct context_options {
 /// Per-call timing, filled by context::attention.
 struct call_stats {
     double host_ms = 0;               ///< host call to result, whole call
-    double device_ms = 0;             ///< GPU time of the dispatches (timestamps), 0 if unsupported
+    double device_ms = 0;             ///< GPU time of the whole command buffer (timestamps), 0 if unsupported
+    /// GPU time of each phase (0 without timestamps): the Q|K|V projection; the attention itself
+    /// (scores, softmax and aggregation, or the fused kernel); the output projection (0 if none).
+    double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
     std::uint64_t device_bytes = 0;   ///< device memory held by the context after the call
 };
 
