@@ -68,10 +68,10 @@ template <std::floating_point T>
 
 /// True for every value that is neither NaN nor infinite (NaN compares false).
 [[nodiscard]] constexpr bool isfinite(float x) noexcept {
-    return x >= -std::numeric_limits<float>::max() && x <= std::numeric_limits<float>::max();
+    return x >= -(std::numeric_limits<float>::max)() && x <= (std::numeric_limits<float>::max)();
 }
 [[nodiscard]] constexpr bool isfinite(double x) noexcept {
-    return x >= -std::numeric_limits<double>::max() && x <= std::numeric_limits<double>::max();
+    return x >= -(std::numeric_limits<double>::max)() && x <= (std::numeric_limits<double>::max)();
 }
 
 /// True when the sign bit is set (also for -0 and negative NaNs).

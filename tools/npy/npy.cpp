@@ -16,7 +16,9 @@
 #include <utility>
 
 #if defined(_WIN32)
+#include <fcntl.h>
 #include <io.h>
+#include <sys/stat.h>
 #else
 #include <unistd.h>
 #endif
@@ -537,6 +539,25 @@ std::FILE* open_file(const fs::path& path, const char* mode) {
 #endif
 }
 
+/// A new file opened for binary writing; fails (errno EEXIST) if `path` exists. fopen's "wbx":
+/// except on Windows, where msvcrt.dll (MinGW-w64's default C runtime) ignores the 'x' and
+/// would truncate an existing file, so the file is created with _O_EXCL instead.
+std::FILE* create_new_file(const fs::path& path) {
+#if defined(_WIN32)
+    const int fd = _wopen(path.c_str(), _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY, _S_IREAD | _S_IWRITE);
+    if (fd < 0) return nullptr;
+    std::FILE* f = _fdopen(fd, "wb");
+    if (!f) {
+        const int err = errno;
+        _close(fd);
+        errno = err;
+    }
+    return f;
+#else
+    return std::fopen(path.c_str(), "wbx");
+#endif
+}
+
 struct file_closer {
     void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
@@ -782,7 +803,7 @@ array parse(std::span<const std::byte> bytes, std::string_view name) {
 }
 
 array read(const std::filesystem::path& path) {
-    const std::string name = path.string();
+    const std::string name = path_to_utf8(path);
     const std::vector<std::byte> bytes = read_file(path, name);
     return parse(bytes, name);
 }
@@ -792,7 +813,7 @@ std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<c
 }
 
 void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const float> data) {
-    const std::string name = path.string();
+    const std::string name = path_to_utf8(path);
     const std::vector<std::byte> bytes = serialize_named(shape, data, name);
     const fs::path filename = path.filename();
     if (filename.empty() || filename == "." || filename == "..") fail(name, "cannot write: not a file name");
@@ -807,11 +828,11 @@ void write(const std::filesystem::path& path, std::span<const std::size_t> shape
                             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&tmp));
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(tag));
-        tmp = path.parent_path() / ("." + filename.string() + ".tmp-" + hex);
+        tmp = path.parent_path() / path_from_utf8("." + path_to_utf8(filename) + ".tmp-" + hex);
         errno = 0;
-        f.reset(open_file(tmp, "wbx"));
+        f.reset(create_new_file(tmp));
         if (!f && (errno != EEXIST || attempt >= 100)) {
-            fail(name, "cannot create temporary file " + py_quote(tmp.string()) + ": " + os_message(errno));
+            fail(name, "cannot create temporary file " + py_quote(path_to_utf8(tmp)) + ": " + os_message(errno));
         }
     }
 
@@ -838,7 +859,7 @@ void write(const std::filesystem::path& path, std::span<const std::size_t> shape
     if (ec) {
         std::error_code ignored;
         fs::remove(tmp, ignored);
-        fail(name, "cannot replace file with " + py_quote(tmp.string()) + ": " + ec.message());
+        fail(name, "cannot replace file with " + py_quote(path_to_utf8(tmp)) + ": " + ec.message());
     }
 }
 

@@ -45,7 +45,20 @@ struct array {
 // Parses a complete .npy image; `name` prefixes error messages.
 array parse(std::span<const std::byte> bytes, std::string_view name);
 
-// Reads and parses a .npy file; the path prefixes error messages.
+// File names as UTF-8 std::strings, on every platform (the qkv tool reads its Windows command
+// line as UTF-16 and converts it to UTF-8). path(std::string) and path::string() would use the
+// ANSI code page (MSVC) or the C locale (MinGW's libstdc++) on Windows, which cannot spell most
+// names and, with libstdc++, do not even round-trip; char8_t is UTF-8 for both. On POSIX both
+// functions copy the bytes unchanged.
+inline std::filesystem::path path_from_utf8(std::string_view utf8) {
+    return std::filesystem::path(std::u8string_view(reinterpret_cast<const char8_t*>(utf8.data()), utf8.size()));
+}
+inline std::string path_to_utf8(const std::filesystem::path& path) {
+    const std::u8string s = path.u8string();
+    return std::string(s.begin(), s.end());
+}
+
+// Reads and parses a .npy file; the path (in UTF-8) prefixes error messages.
 array read(const std::filesystem::path& path);
 
 // A float32 ('<f4', C order) .npy image exactly as np.save writes it: format 1.0

@@ -12,8 +12,13 @@
 #include "choice_option.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
+#include "npy/npy.hpp"
 #include "output_files.hpp"
 #include "qkv/vulkan/problem.hpp"
+
+#ifdef _WIN32
+#include <windows.h>  // CompareStringOrdinal
+#endif
 
 namespace qkv::cli {
 namespace {
@@ -32,13 +37,22 @@ struct attention_options {
 };
 
 bool same_file(const std::string& a, const std::string& b) {
-    const auto resolved = [](const std::string& path) {
+    const auto resolved = [](const std::string& name) {
+        const std::filesystem::path path = qkv::npy::path_from_utf8(name);
         std::error_code ec;
         const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
         const std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, ec);
-        return ec ? std::filesystem::path(path).lexically_normal() : canonical;
+        return ec ? path.lexically_normal() : canonical;
     };
+#ifdef _WIN32
+    // Windows file names are case-insensitive: out.npy and OUT.npy are one file. Compare as the
+    // file system does (ordinal, ignoring case), with one kind of separator.
+    const std::wstring x = resolved(a).make_preferred().native(), y = resolved(b).make_preferred().native();
+    return CompareStringOrdinal(x.c_str(), static_cast<int>(x.size()), y.c_str(), static_cast<int>(y.size()),
+                                TRUE) == CSTR_EQUAL;
+#else
     return resolved(a) == resolved(b);
+#endif
 }
 
 /// Flag combinations that make no sense, before any file is read.

@@ -15,7 +15,7 @@ namespace {
 /// starts with the path).
 qkv::npy::array read(const std::string& path) {
     try {
-        return qkv::npy::read(path);
+        return qkv::npy::read(qkv::npy::path_from_utf8(path));
     } catch (const qkv::npy::error& e) {
         throw usage_error(e.what());
     }

@@ -11,5 +11,6 @@ namespace qkv::cli {
 void add_example(CLI::App& app);    // example.cpp: the tutorial's worked example, step by step
 void add_devices(CLI::App& app);    // devices.cpp: the Vulkan devices of this machine
 void add_attention(CLI::App& app);  // attention.cpp: attention over .npy files
+void add_bench(CLI::App& app);      // bench.cpp: timings over a sweep of shapes, against the device ceiling
 
 }  // namespace qkv::cli

@@ -12,10 +12,57 @@
 #include "qkv/vulkan/error.hpp"
 
 #ifdef _WIN32
+#include <cstdio>
+#include <cwchar>
+#include <utility>
+#include <vector>
+
 #include <windows.h>
+#include <shellapi.h>  // CommandLineToArgvW
 #endif
 
 namespace {
+
+#ifdef _WIN32
+/// The console's output code page is UTF-8 while qkv runs (the walkthrough prints ✓, ·, —) and
+/// is restored afterwards: it belongs to the console window, which outlives qkv.
+class utf8_console {
+public:
+    utf8_console() : previous_(GetConsoleOutputCP()) {
+        if (previous_ != 0) SetConsoleOutputCP(CP_UTF8);  // 0: no console
+    }
+    ~utf8_console() {
+        if (previous_ == 0) return;
+        std::cout.flush();
+        std::cerr.flush();
+        std::fflush(nullptr);
+        SetConsoleOutputCP(previous_);
+    }
+    utf8_console(const utf8_console&) = delete;
+    utf8_console& operator=(const utf8_console&) = delete;
+
+private:
+    UINT previous_;
+};
+
+/// The command line in UTF-8, as the rest of qkv expects (file names included). main's argv has
+/// it in the ANSI code page, which cannot spell most names; the UTF-16 original can.
+std::vector<std::string> utf8_arguments(int argc, char** argv) {
+    int n = 0;
+    LPWSTR* wide = CommandLineToArgvW(GetCommandLineW(), &n);
+    if (wide == nullptr) return std::vector<std::string>(argv, argv + argc);
+    std::vector<std::string> args;
+    for (int i = 0; i < n; ++i) {
+        const int wlen = static_cast<int>(std::wcslen(wide[i]));
+        const int len = WideCharToMultiByte(CP_UTF8, 0, wide[i], wlen, nullptr, 0, nullptr, nullptr);
+        std::string arg(static_cast<std::size_t>(len > 0 ? len : 0), '\0');
+        if (len > 0) WideCharToMultiByte(CP_UTF8, 0, wide[i], wlen, arg.data(), len, nullptr, nullptr);
+        args.push_back(std::move(arg));
+    }
+    LocalFree(wide);
+    return args;
+}
+#endif
 
 int report(const char* message, int status) {
     std::cerr << "qkv: " << message << '\n';
@@ -33,7 +80,13 @@ std::string unknown_subcommand(const CLI::App& app, const std::string& word) {
 
 int main(int argc, char** argv) {
 #ifdef _WIN32
-    SetConsoleOutputCP(CP_UTF8);  // the walkthrough prints ✓, ·, —
+    const utf8_console console;
+    std::vector<std::string> utf8_args = utf8_arguments(argc, argv);
+    std::vector<char*> utf8_argv;
+    for (std::string& arg : utf8_args) utf8_argv.push_back(arg.data());
+    utf8_argv.push_back(nullptr);
+    argc = static_cast<int>(utf8_args.size());
+    argv = utf8_argv.data();
 #endif
     CLI::App app{"qkv: transformer self-attention, computed at compile time and on any Vulkan GPU.", "qkv"};
     app.set_version_flag("--version", std::string("qkv ") + qkv::version_string, "Print the version and exit");
@@ -44,6 +97,7 @@ int main(int argc, char** argv) {
     qkv::cli::add_example(app);
     qkv::cli::add_devices(app);
     qkv::cli::add_attention(app);
+    qkv::cli::add_bench(app);
 
     try {
         app.parse(argc, argv);  // runs the chosen subcommand

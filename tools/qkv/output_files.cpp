@@ -14,11 +14,11 @@ void write_all(const std::vector<output_file>& files) {
     for (const output_file& f : files) {
         if (f.path.empty()) continue;
         try {
-            qkv::npy::write(f.path, f.shape, f.data);
+            qkv::npy::write(qkv::npy::path_from_utf8(f.path), f.shape, f.data);
         } catch (const qkv::npy::error& e) {
             for (const std::string& path : written) {
                 std::error_code ignored;
-                std::filesystem::remove(path, ignored);
+                std::filesystem::remove(qkv::npy::path_from_utf8(path), ignored);
             }
             throw std::runtime_error(e.what());
         }

@@ -9,7 +9,7 @@
 namespace qkv::cli {
 
 struct output_file {
-    std::string path;  ///< empty: not requested
+    std::string path;  ///< UTF-8; empty: not requested
     std::vector<std::size_t> shape;
     std::span<const float> data;
 };
