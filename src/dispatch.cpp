@@ -152,7 +152,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         f.add_bs = p.additive_batched ? N * N : 0;
         const binding state = bufs.flash_state ? whole(bufs.flash_state, bufs.flash_state.size()) : any_input;
         record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state}, f,
-                     B * H, env.max_fused_keys);
+                     B * H, flash_chunk);
     } else {
         // Stage 2: scores of every (batch, head): Q_h · K_hᵀ · scale, masked.
         gemm_push g;

@@ -95,16 +95,15 @@ std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::
 
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
                   std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t max_keys) {
+                  std::uint32_t chunk_keys) {
     const flash_tiles tiles = choose_flash_tiles(info, push.seq, push.d, push.dv);
     const pipeline& p = pipes.get(fp16 ? shader_id::flash_f16 : shader_id::flash,
                                   static_cast<std::uint32_t>(bindings.size()), sizeof(flash_push), tiles.spec());
     const std::uint32_t groups[3] = {ceil_div(push.seq, tiles.br), 1, batches};
-    const std::uint32_t chunk = flash_chunk_keys(info, push.seq, push.d, push.dv, max_keys);
-    for (std::uint32_t begin = 0; begin < push.seq; begin += chunk) {
+    for (std::uint32_t begin = 0; begin < push.seq; begin += chunk_keys) {
         flash_push part = push;
         part.kv_begin = begin;
-        part.kv_stop = std::min(push.seq, begin + chunk);
+        part.kv_stop = std::min(push.seq, begin + chunk_keys);
         if (begin > 0) part.flags |= flag_resume;
         if (part.kv_stop < push.seq) part.flags |= flag_partial;
         if (begin > 0) exec.compute_barrier();

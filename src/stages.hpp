@@ -92,11 +92,11 @@ flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::
 std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv,
                                std::uint32_t at_most = 0);
 
-/// Records the fused attention of every (batch, head) of `batches`: one dispatch per key chunk
-/// (see flash_chunk_keys), with `bindings` ending in the chunk-state buffer.
+/// Records the fused attention of every (batch, head) of `batches`: one dispatch per `chunk_keys`
+/// keys (from flash_chunk_keys), with `bindings` ending in the chunk-state buffer.
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
                   std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t max_keys = 0);
+                  std::uint32_t chunk_keys);
 
 /// Records one tiled-product dispatch over `batches` (batch x heads) grids.
 void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, shader_id shader,
