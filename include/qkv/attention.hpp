@@ -85,11 +85,7 @@ constexpr void attend(const matrix<T, N, D>& q, const matrix<T, N, D>& k, const 
                       const matrix<bool, N, N>& allowed, matrix<T, N, N>& scores, matrix<T, N, N>& weights,
                       matrix<T, N, DV>& out) {
     for (std::size_t i = 0; i < N; ++i)
-        for (std::size_t j = 0; j < N; ++j) {
-            T acc{};
-            for (std::size_t c = 0; c < D; ++c) acc += q.elems[i][c] * k.elems[j][c];
-            scores.elems[i][j] = acc * scale;
-        }
+        for (std::size_t j = 0; j < N; ++j) scores.elems[i][j] = dot(q.elems[i], k.elems[j]) * scale;
     weights = masked_softmax_rows(scores, allowed);
     out = matmul(weights, v);
 }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <type_traits>
+#include <utility>
 
 #include "qkv/math.hpp"
 
@@ -130,18 +131,74 @@ constexpr matrix<T, R, C> filled(T value) {
 // ---------------------------------------------------------------------------------------------
 // Products
 
+namespace detail {
+
+// Dot products as fold expressions. A constant evaluation is capped per evaluation (GCC counts
+// evaluated operations, Clang full-expressions), and a loop costs a loop's bookkeeping per term,
+// where a fold over an index_sequence is one expression: the same sums reach much larger shapes.
+// Each fold is a left fold, ((T{} + p0) + p1) + ..., the order of the plain loop
+// `acc += p_k`, so the results are the same bits. Folds are cut into chunks of `fold_chunk`
+// terms (a chunk's result seeds the next), which keeps the expression trees shallow.
+inline constexpr std::size_t fold_chunk = 64;
+
+constexpr std::size_t chunk_length(std::size_t n, std::size_t chunk) {
+    return n - chunk * fold_chunk < fold_chunk ? n - chunk * fold_chunk : fold_chunk;
+}
+
+// acc + a[B + k] * b[B + k] for k in K..., in order.
+template <std::size_t B, class T, std::size_t D, std::size_t... K>
+constexpr T dot_chunk(T acc, const T (&a)[D], const T (&b)[D], std::index_sequence<K...>) {
+    return (acc + ... + (a[B + K] * b[B + K]));
+}
+
+template <class T, std::size_t D, std::size_t... Chunk>
+constexpr T dot_chunks(const T (&a)[D], const T (&b)[D], std::index_sequence<Chunk...>) {
+    T acc{};
+    ((acc = dot_chunk<Chunk * fold_chunk>(acc, a, b, std::make_index_sequence<chunk_length(D, Chunk)>{})), ...);
+    return acc;
+}
+
+// acc + a[B + k] * b[B + k][j] for k in K..., in order (a row times column j).
+template <std::size_t B, class T, std::size_t D, std::size_t C, std::size_t... K>
+constexpr T dot_col_chunk(T acc, const T (&a)[D], const T (&b)[D][C], std::size_t j, std::index_sequence<K...>) {
+    return (acc + ... + (a[B + K] * b[B + K][j]));
+}
+
+template <class T, std::size_t D, std::size_t C, std::size_t... Chunk>
+constexpr T dot_col_chunks(const T (&a)[D], const T (&b)[D][C], std::size_t j, std::index_sequence<Chunk...>) {
+    T acc{};
+    ((acc = dot_col_chunk<Chunk * fold_chunk>(acc, a, b, j, std::make_index_sequence<chunk_length(D, Chunk)>{})),
+     ...);
+    return acc;
+}
+
+/// Σ_k a[k]·b[k], accumulated in T in index order from T{}.
+template <class T, std::size_t D>
+constexpr T dot(const T (&a)[D], const T (&b)[D]) {
+    return dot_chunks(a, b, std::make_index_sequence<(D + fold_chunk - 1) / fold_chunk>{});
+}
+
+/// Σ_k a[k]·b[k][j] (row a times column j of b), accumulated in T in index order from T{}.
+template <class T, std::size_t D, std::size_t C>
+constexpr T dot_col(const T (&a)[D], const T (&b)[D][C], std::size_t j) {
+    return dot_col_chunks(a, b, j, std::make_index_sequence<(D + fold_chunk - 1) / fold_chunk>{});
+}
+
+/// Row i of A · B into `out` (C entries).
+template <class T, std::size_t D, std::size_t C>
+constexpr void matmul_row(const T (&a)[D], const T (&b)[D][C], T (&out)[C]) {
+    for (std::size_t j = 0; j < C; ++j) out[j] = dot_col(a, b, j);
+}
+
+}  // namespace detail
+
 /// Matrix product A · B; accumulates in T in index order (the same order as the CPU reference).
 template <class A, class B>
     requires inner_dimensions_match<A, B>
 constexpr auto matmul(const A& a, const B& b) {
     using T = typename A::value_type;
     matrix<T, A::rows, B::cols> out{};
-    for (std::size_t i = 0; i < A::rows; ++i)
-        for (std::size_t j = 0; j < B::cols; ++j) {
-            T acc{};
-            for (std::size_t k = 0; k < A::cols; ++k) acc += a.elems[i][k] * b.elems[k][j];
-            out.elems[i][j] = acc;
-        }
+    for (std::size_t i = 0; i < A::rows; ++i) detail::matmul_row(a.elems[i], b.elems, out.elems[i]);
     return out;
 }
 

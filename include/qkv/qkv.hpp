@@ -9,3 +9,4 @@
 #include "qkv/softmax.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/multi_head.hpp"
+#include "qkv/staged.hpp"

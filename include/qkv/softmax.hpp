@@ -17,35 +17,47 @@
 
 namespace qkv {
 
+namespace detail {
+
+/// Softmax of one row over the entries where `allowed` is true (the policy above), into `out`.
+template <class T, std::size_t C>
+    requires std::is_floating_point_v<T>
+constexpr void masked_softmax_row(const T (&scores)[C], const bool (&allowed)[C], T (&out)[C]) {
+    bool any = false;
+    bool has_nan = false;
+    T max{};
+    for (std::size_t c = 0; c < C; ++c) {
+        if (!allowed[c]) continue;
+        const T s = scores[c];
+        if (qkv::isnan(s)) has_nan = true;
+        if (!any || s > max) max = s;
+        any = true;
+    }
+    if (!any) {  // fully masked row: zeros (see the policy above)
+        for (std::size_t c = 0; c < C; ++c) out[c] = T{};
+        return;
+    }
+    if (has_nan) {
+        for (std::size_t c = 0; c < C; ++c) out[c] = std::numeric_limits<T>::quiet_NaN();
+        return;
+    }
+    T sum{};
+    for (std::size_t c = 0; c < C; ++c) {
+        const T e = allowed[c] ? qkv::exp(scores[c] - max) : T{};
+        out[c] = e;
+        sum += e;
+    }
+    for (std::size_t c = 0; c < C; ++c) out[c] /= sum;
+}
+
+}  // namespace detail
+
 /// Softmax of each row of `scores` over the entries where `allowed` is true.
 template <class T, std::size_t R, std::size_t C>
     requires std::is_floating_point_v<T>
 constexpr matrix<T, R, C> masked_softmax_rows(const matrix<T, R, C>& scores, const matrix<bool, R, C>& allowed) {
     matrix<T, R, C> out{};
-    for (std::size_t r = 0; r < R; ++r) {
-        bool any = false;
-        bool has_nan = false;
-        T max{};
-        for (std::size_t c = 0; c < C; ++c) {
-            if (!allowed.elems[r][c]) continue;
-            const T s = scores.elems[r][c];
-            if (qkv::isnan(s)) has_nan = true;
-            if (!any || s > max) max = s;
-            any = true;
-        }
-        if (!any) continue;  // fully masked row: zeros (see the policy above)
-        if (has_nan) {
-            for (std::size_t c = 0; c < C; ++c) out.elems[r][c] = std::numeric_limits<T>::quiet_NaN();
-            continue;
-        }
-        T sum{};
-        for (std::size_t c = 0; c < C; ++c) {
-            const T e = allowed.elems[r][c] ? qkv::exp(scores.elems[r][c] - max) : T{};
-            out.elems[r][c] = e;
-            sum += e;
-        }
-        for (std::size_t c = 0; c < C; ++c) out.elems[r][c] /= sum;
-    }
+    for (std::size_t r = 0; r < R; ++r) detail::masked_softmax_row(scores.elems[r], allowed.elems[r], out.elems[r]);
     return out;
 }
 

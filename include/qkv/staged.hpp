@@ -1,0 +1,279 @@
+// Staged compile-time attention: the same attention_result as qkv::self_attention, bit for bit,
+// computed as many small constant evaluations instead of one large one.
+//
+//   constexpr auto x  = ...;   // namespace-scope constexpr matrices (static storage: they are
+//   constexpr auto wq = ...;   // passed by reference, as template arguments)
+//   constexpr auto r  = qkv::staged::self_attention<x, wq, wk, wv>;
+//
+//   constexpr qkv::attention_options_for<decltype(x), decltype(wk), decltype(wv)> opt{.causal = true};
+//   constexpr auto rc = qkv::staged::self_attention<x, wq, wk, wv, opt>;
+//
+// Why: GCC and Clang cap the work of ONE constant evaluation (each constexpr variable's
+// initialiser, each static_assert condition), not of a translation unit. qkv::self_attention is
+// one evaluation, so its size is capped (N = 64 at d = 64 under the default limits, see
+// docs/constexpr-limits.md). Here every block of rows of every step is a variable template
+// specialisation of its own, initialised by its own evaluation, and the next step reads the
+// finished blocks:
+//
+//   projection_block<X, W, Opt, which, b>  rows of X·W (+ bias)        one evaluation per block
+//   projection<X, W, Opt, which>           the blocks side by side     one evaluation (copies)
+//   attend_block<Q, K, V, Opt, b>          rows of scores, weights, output, from the whole Q, K, V
+//   self_attention<...>                    the blocks assembled into an attention_result
+//
+// Block heights are chosen so that each evaluation does at most `detail::block_budget`
+// multiply-adds (plus the row's exp calls), far under every default limit. The row kernels are
+// the ones qkv::self_attention runs (qkv::detail::dot, dot_col, masked_softmax_row), applied
+// to the same rows in the same order, so the results are identical, not just close.
+//
+// The attention step takes Q, K and V themselves (any static constexpr matrices), so
+// scaled dot-product attention of given Q, K, V is attend_block without the projections.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "qkv/attention.hpp"
+#include "qkv/math.hpp"
+#include "qkv/matrix.hpp"
+#include "qkv/softmax.hpp"
+
+namespace qkv::staged {
+
+/// The options argument that means "qkv::self_attention's defaults": scale 1/sqrt(d_k), no mask,
+/// no causality, no biases. `self_attention<x, wq, wk, wv>` uses it.
+struct default_options_t {
+    friend constexpr bool operator==(default_options_t, default_options_t) = default;
+};
+inline constexpr default_options_t default_options{};
+
+/// Opt is an options object for X, WK, WV: qkv::attention_options_for<X, WK, WV>, or
+/// staged::default_options.
+template <class Opt, class X, class WK, class WV>
+concept options_for = std::is_same_v<std::remove_cvref_t<Opt>, default_options_t> ||
+                      std::is_same_v<std::remove_cvref_t<Opt>, attention_options_for<X, WK, WV>>;
+
+namespace detail {
+
+/// The type of a reference template argument's object.
+template <const auto& M>
+using type_of = std::remove_cvref_t<decltype(M)>;
+
+/// Multiply-adds one stage evaluation may do. GCC 12 spends about 10-20 of its default 2^25
+/// operations per multiply-add in the fold kernels, Clang 14 far fewer of its 2^20 steps per
+/// dot product; 2^19 keeps every evaluation under a third of GCC's default.
+inline constexpr std::size_t block_budget = std::size_t{1} << 19;
+
+/// Rows per block when one row costs `row_cost` multiply-adds (at least 1, at most `rows`).
+constexpr std::size_t rows_per_block(std::size_t row_cost, std::size_t rows) {
+    const std::size_t fit = block_budget / (row_cost == 0 ? 1 : row_cost);
+    return fit == 0 ? 1 : (fit > rows ? rows : fit);
+}
+
+constexpr std::size_t block_count(std::size_t rows, std::size_t per_block) {
+    return (rows + per_block - 1) / per_block;
+}
+
+/// Rows in block b of `rows` rows cut into blocks of `per_block` (the last may be shorter).
+constexpr std::size_t block_rows(std::size_t rows, std::size_t per_block, std::size_t b) {
+    return rows - b * per_block < per_block ? rows - b * per_block : per_block;
+}
+
+/// Copy the `C` entries of one row (a fold: one expression per row, not one per entry).
+template <class T, std::size_t C, std::size_t... K>
+constexpr void copy_row(T (&dst)[C], const T (&src)[C], std::index_sequence<K...>) {
+    ((dst[K] = src[K]), ...);
+}
+
+/// Copy all rows of `block` into `dst` from row `first` on.
+template <class T, std::size_t R, std::size_t C, std::size_t RB>
+constexpr void copy_block(matrix<T, R, C>& dst, std::size_t first, const matrix<T, RB, C>& block) {
+    for (std::size_t r = 0; r < RB; ++r) copy_row(dst.elems[first + r], block.elems[r], std::make_index_sequence<C>{});
+}
+
+// ---- Options ------------------------------------------------------------------------------------
+
+inline constexpr int which_q = 0, which_k = 1, which_v = 2;
+
+template <class Opt>
+inline constexpr bool is_default = std::is_same_v<std::remove_cvref_t<Opt>, default_options_t>;
+
+/// The bias (a std::optional row vector) of projection `Which` (q, k or v) of opt.
+template <int Which, class Opt>
+constexpr const auto& bias_of(const Opt& opt) {
+    if constexpr (Which == which_q)
+        return opt.bias_q;
+    else if constexpr (Which == which_k)
+        return opt.bias_k;
+    else
+        return opt.bias_v;
+}
+
+/// Add the bias of projection `Which`, if opt has one, to a row of the projection (as
+/// qkv::add_row does: entry + bias).
+template <int Which, class T, std::size_t C, class Opt>
+constexpr void add_bias(const Opt& opt, T (&row)[C]) {
+    if constexpr (!is_default<Opt>) {
+        const auto& bias = bias_of<Which>(opt);
+        if (bias)
+            for (std::size_t c = 0; c < C; ++c) row[c] = row[c] + bias->elems[0][c];
+    }
+}
+
+/// The scale of Q·Kᵀ: Opt's, or 1/sqrt(d_k) (computed as qkv::self_attention computes it).
+template <class T, std::size_t DK, class Opt>
+constexpr T scale_of(const Opt& opt) {
+    if constexpr (!is_default<Opt>) {
+        if (opt.scale) return *opt.scale;
+    }
+    return T{1} / qkv::sqrt(static_cast<T>(DK));
+}
+
+/// Row i of the "may attend" mask over NK keys: Opt's mask (all true without one), and j <= i
+/// when causal; the same booleans as qkv::detail::allowed_positions.
+template <std::size_t NK, class Opt>
+constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
+    for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
+    if constexpr (!is_default<Opt>) {
+        if (opt.mask)
+            for (std::size_t j = 0; j < NK; ++j) allowed[j] = opt.mask->elems[i][j];
+        if (opt.causal)
+            for (std::size_t j = 0; j < NK; ++j) allowed[j] = allowed[j] && j <= i;
+    }
+}
+
+// ---- Projections: X·W (+ bias), by blocks of rows ------------------------------------------------
+
+/// Rows per projection block (RowsPerBlock overrides the budget; 0 = from the budget). One row
+/// costs d_in·d multiply-adds.
+template <class X, class W, std::size_t RowsPerBlock>
+inline constexpr std::size_t projection_rows =
+    RowsPerBlock != 0 ? (RowsPerBlock > X::rows ? X::rows : RowsPerBlock) : rows_per_block(X::cols * W::cols, X::rows);
+
+template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock, std::size_t B>
+constexpr auto make_projection_block() {
+    using XT = type_of<X>;
+    using WT = type_of<W>;
+    using T = typename XT::value_type;
+    constexpr std::size_t per = projection_rows<XT, WT, RowsPerBlock>;
+    constexpr std::size_t RB = block_rows(XT::rows, per, B);
+    matrix<T, RB, WT::cols> out{};
+    for (std::size_t r = 0; r < RB; ++r) {
+        qkv::detail::matmul_row(X.elems[B * per + r], W.elems, out.elems[r]);
+        add_bias<Which>(Opt, out.elems[r]);
+    }
+    return out;
+}
+
+/// Rows [B·h, B·h + h) of X·W (+ the bias of projection Which), h = projection_rows.
+template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock, std::size_t B>
+inline constexpr auto projection_block = make_projection_block<X, W, Opt, Which, RowsPerBlock, B>();
+
+template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock, std::size_t... B>
+constexpr auto make_projection(std::index_sequence<B...>) {
+    using XT = type_of<X>;
+    using WT = type_of<W>;
+    constexpr std::size_t per = projection_rows<XT, WT, RowsPerBlock>;
+    matrix<typename XT::value_type, XT::rows, WT::cols> out{};
+    (copy_block(out, B * per, projection_block<X, W, Opt, Which, RowsPerBlock, B>), ...);
+    return out;
+}
+
+/// X·W (+ the bias of projection Which), assembled from its blocks.
+template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock>
+inline constexpr auto projection = make_projection<X, W, Opt, Which, RowsPerBlock>(
+    std::make_index_sequence<block_count(type_of<X>::rows, projection_rows<type_of<X>, type_of<W>, RowsPerBlock>)>{});
+
+// ---- Attention of Q, K, V: by blocks of query rows ------------------------------------------------
+
+/// Rows of one block of query positions: scores (before masking), weights and output.
+template <class T, std::size_t RB, std::size_t NK, std::size_t DV>
+struct attend_rows {
+    matrix<T, RB, NK> scores;
+    matrix<T, RB, NK> weights;
+    matrix<T, RB, DV> output;
+};
+
+/// Query rows per attention block (RowsPerBlock overrides the budget; 0 = from the budget).
+/// One row costs NK·(d_k + d_v) multiply-adds and NK exp calls (counted as 32 each).
+template <class Q, class K, class V, std::size_t RowsPerBlock>
+inline constexpr std::size_t attend_rows_per_block =
+    RowsPerBlock != 0 ? (RowsPerBlock > Q::rows ? Q::rows : RowsPerBlock)
+                      : rows_per_block(K::rows * (K::cols + V::cols + 32), Q::rows);
+
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
+constexpr auto make_attend_block() {
+    using QT = type_of<Q>;
+    using KT = type_of<K>;
+    using VT = type_of<V>;
+    using T = typename QT::value_type;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t RB = block_rows(QT::rows, per, B);
+    constexpr std::size_t NK = KT::rows;
+    const T scale = scale_of<T, KT::cols>(Opt);
+    attend_rows<T, RB, NK, VT::cols> out{};
+    for (std::size_t r = 0; r < RB; ++r) {
+        const std::size_t i = B * per + r;
+        for (std::size_t j = 0; j < NK; ++j) out.scores.elems[r][j] = qkv::detail::dot(Q.elems[i], K.elems[j]) * scale;
+        bool allowed[NK]{};
+        allowed_row(Opt, i, allowed);
+        qkv::detail::masked_softmax_row(out.scores.elems[r], allowed, out.weights.elems[r]);
+        qkv::detail::matmul_row(out.weights.elems[r], V.elems, out.output.elems[r]);
+    }
+    return out;
+}
+
+/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, mask
+/// and causality (Opt's biases are not used here), h = attend_rows_per_block.
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
+inline constexpr auto attend_block = make_attend_block<Q, K, V, Opt, RowsPerBlock, B>();
+
+// ---- Self-attention ---------------------------------------------------------------------------------
+
+/// The three projections and the attention blocks, assembled into an attention_result.
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t... B>
+constexpr auto assemble_attention(std::index_sequence<B...>) {
+    using QT = type_of<Q>;
+    using KT = type_of<K>;
+    using VT = type_of<V>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    attention_result<typename QT::value_type, QT::rows, QT::cols, VT::cols> r{Q, K, V, {}, {}, {}};
+    (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
+    (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
+    (copy_block(r.output, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.output), ...);
+    return r;
+}
+
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
+constexpr auto make_attention() {
+    constexpr std::size_t per = attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>;
+    return assemble_attention<Q, K, V, Opt, RowsPerBlock>(
+        std::make_index_sequence<block_count(type_of<Q>::rows, per)>{});
+}
+
+/// qkv::staged::self_attention with a chosen number of rows per block, for the projections and
+/// the attention alike (0: from the budget). For tests, which cut small problems into several
+/// uneven blocks.
+template <const auto& X, const auto& WQ, const auto& WK, const auto& WV, const auto& Opt, std::size_t RowsPerBlock>
+inline constexpr auto self_attention_blocked =
+    make_attention<projection<X, WQ, Opt, which_q, RowsPerBlock>, projection<X, WK, Opt, which_k, RowsPerBlock>,
+                   projection<X, WV, Opt, which_v, RowsPerBlock>, Opt, RowsPerBlock>();
+
+}  // namespace detail
+
+/// Scaled dot-product self-attention of x with projections wq, wk, wv: the same
+/// qkv::attention_result as qkv::self_attention(x, wq, wk, wv, options), bit for bit, computed as
+/// many small constant evaluations so that it fits under the compilers' default limits at sizes
+/// one evaluation cannot reach (N = 256, d = 64 and beyond).
+/// X, WQ, WK, WV: constexpr qkv::matrix objects with static storage duration (namespace scope, or
+/// static constexpr members), passed by reference. Shapes as qkv::self_attention: x N x d_in, wq
+/// and wk d_in x d_k, wv d_in x d_v. Options: a constexpr qkv::attention_options_for<X, WK, WV>
+/// object with static storage duration, or staged::default_options.
+template <const auto& X, const auto& WQ, const auto& WK, const auto& WV, const auto& Options = default_options>
+    requires projects<detail::type_of<X>, detail::type_of<WQ>> && projects<detail::type_of<X>, detail::type_of<WK>> &&
+             projects<detail::type_of<X>, detail::type_of<WV>> &&
+             query_key_widths_match<detail::type_of<WQ>, detail::type_of<WK>> &&
+             options_for<detail::type_of<Options>, detail::type_of<X>, detail::type_of<WK>, detail::type_of<WV>>
+inline constexpr auto self_attention = detail::self_attention_blocked<X, WQ, WK, WV, Options, 0>;
+
+}  // namespace qkv::staged
