@@ -7,6 +7,17 @@
 #   tools/measure_constexpr_limits.sh [--heads H] COMPILER --count N D        smallest limit that compiles
 #   tools/measure_constexpr_limits.sh COMPILER --count tutorial               ... for the worked example
 #   tools/measure_constexpr_limits.sh [--heads H] COMPILER --time N D [LIMIT] one timed compile
+#   tools/measure_constexpr_limits.sh --staged COMPILER --time N D [LIMIT]    ... of qkv::staged::self_attention
+#   tools/measure_constexpr_limits.sh COMPILER --reach                        the reach proofs, timed
+#
+# --staged probes qkv::staged::self_attention<x, wq, wk, wv> (many small evaluations) instead of
+# one evaluation of qkv::self_attention; it has no largest size, so only --time applies.
+# --reach compiles the proofs tests/compile/reach_static.cpp (one evaluation of self_attention and
+# the staged form at N = 64, d = 64) and tests/compile/reach_staged_256.cpp (staged, N = 256,
+# d = 64), each against its float64 reference, under /usr/bin/time -v, and prints wall-clock and
+# CPU seconds, peak RSS, the load average before the compile, and whether it met the budget of
+# issue 13 (<= QKV_MAX_SECONDS wall-clock seconds, default 60, and <= QKV_MAX_MIB MiB, default
+# 3072). The exit status is 1 when a proof fails to compile or exceeds the budget.
 #
 # COMPILER is a GCC or Clang C++ driver (g++, g++-12, clang++, clang++-14, ...).
 #
@@ -34,11 +45,14 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-HEADS=0
-if [[ ${1:-} == --heads ]]; then HEADS=${2:?--heads needs a value}; shift 2; fi
-CXX=${1:?usage: $0 [--heads H] COMPILER [--count N D | --count tutorial | --time N D [LIMIT]]}
+HEADS=0 STAGED=0
+while [[ ${1:-} == --heads || ${1:-} == --staged ]]; do
+    if [[ $1 == --heads ]]; then HEADS=${2:?--heads needs a value}; shift 2; else STAGED=1; shift; fi
+done
+CXX=${1:?usage: $0 [--heads H | --staged] COMPILER [--count N D | --count tutorial | --time N D [LIMIT] | --reach]}
 shift
 MODE=${1:-sweep}
+((STAGED)) && [[ $MODE != --time ]] && die "--staged has no largest size or limit to find: use it with --time N D"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 INCLUDE=${QKV_INCLUDE:-$here/../include}
@@ -76,6 +90,7 @@ CPP
     fi
     local call="qkv::self_attention(x, wq, wk, wv)"
     ((h > 0)) && call="qkv::multi_head_attention<$h>(x, wq, wk, wv)"
+    ((STAGED)) && call="qkv::staged::self_attention<x, wq, wk, wv>"
     cat <<CPP
 #include <cstddef>
 #include <qkv/qkv.hpp>
@@ -180,7 +195,28 @@ min_limit() {
     L_MIN=$hi L_LO=$lo
 }
 
-what() { ((HEADS > 0)) && echo "multi_head_attention<$HEADS>" || echo "self_attention"; }
+what() {
+    if ((STAGED)); then echo "staged::self_attention"
+    elif ((HEADS > 0)); then echo "multi_head_attention<$HEADS>"
+    else echo "self_attention"; fi
+}
+
+# reach FILE: compile one proof of tests/compile under /usr/bin/time -v; prints a table row.
+reach() {
+    local file=$1 tests=$here/../tests/compile load rc=0
+    load=$(cut -d ' ' -f 1-3 /proc/loadavg)
+    timeout "$TIMEOUT" /usr/bin/time -v -o "$TMP/time" "$CXX" -std=c++20 -fsyntax-only -I"$INCLUDE" -I"$tests" \
+        "${EXTRA[@]}" "$tests/$file" >"$TMP/out" 2>&1 || rc=$?
+    local wall cpu kib
+    wall=$(awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; print s }' "$TMP/time")
+    cpu=$(awk -F': ' '/User time/ { u = $2 } /System time/ { s = $2 } END { printf "%.1f", u + s }' "$TMP/time")
+    kib=$(awk -F': ' '/Maximum resident/ { print $2 }' "$TMP/time")
+    local mib=$(((${kib:-0} + 1023) / 1024)) verdict
+    if ((rc != 0)); then verdict="FAILS: $(grep -m 1 -E 'error|timeout' "$TMP/out" | cut -c 1-100)"; REACH_RC=1
+    elif awk -v w="$wall" -v m="$mib" -v W="$MAX_SECONDS" -v M="$MAX_MIB" 'BEGIN { exit !(w <= W && m <= M) }'; then verdict="proves, within budget"
+    else verdict="proves, OVER BUDGET"; REACH_RC=1; fi
+    echo "| $VERSION | $file | ${wall:-?} | $cpu | $mib | $load | $verdict |"
+}
 
 case $MODE in
 sweep)
@@ -214,6 +250,14 @@ sweep)
     n=${2:?--time N D [LIMIT]} d=${3:?--time N D [LIMIT]} limit=${4:-}
     probe "$n" "$d" "$HEADS" "$limit"
     echo "| $VERSION | $(what) N=$n d=$d | $([[ -n $limit ]] && echo "$LIMIT_FLAG=$limit" || echo "default limits") | $([[ $P_OK == 1 ]] && echo compiles || echo "fails: $P_WHY") | $P_TIME s | $P_RSS MiB |"
+    ;;
+--reach)
+    MAX_SECONDS=${QKV_MAX_SECONDS:-60} MAX_MIB=${QKV_MAX_MIB:-3072} REACH_RC=0
+    echo "| compiler | proof | wall-clock (s) | CPU (s) | peak RSS (MiB) | load average before | result (budget ${MAX_SECONDS} s, ${MAX_MIB} MiB) |"
+    echo "|---|---|---|---|---|---|---|"
+    reach reach_static.cpp
+    reach reach_staged_256.cpp
+    exit "$REACH_RC"
     ;;
 *) die "unknown mode $MODE" ;;
 esac

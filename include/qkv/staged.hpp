@@ -60,14 +60,18 @@ template <const auto& M>
 using type_of = std::remove_cvref_t<decltype(M)>;
 
 /// Multiply-adds one stage evaluation may do. GCC 12 spends about 10-20 of its default 2^25
-/// operations per multiply-add in the fold kernels, Clang 14 far fewer of its 2^20 steps per
-/// dot product; 2^19 keeps every evaluation under a third of GCC's default.
+/// operations per multiply-add in the fold kernels (Clang 14 a few of its 2^20 steps per dot
+/// product, whatever its length); 2^19 keeps every evaluation under a third of GCC's default.
 inline constexpr std::size_t block_budget = std::size_t{1} << 19;
 
-/// Rows per block when one row costs `row_cost` multiply-adds (at least 1, at most `rows`).
-constexpr std::size_t rows_per_block(std::size_t row_cost, std::size_t rows) {
-    const std::size_t fit = block_budget / (row_cost == 0 ? 1 : row_cost);
+/// `fit` rows per block, at least 1 and at most `rows`.
+constexpr std::size_t clamp_rows(std::size_t fit, std::size_t rows) {
     return fit == 0 ? 1 : (fit > rows ? rows : fit);
+}
+
+/// Rows per block when one row costs `row_cost` multiply-adds.
+constexpr std::size_t rows_per_block(std::size_t row_cost, std::size_t rows) {
+    return clamp_rows(block_budget / (row_cost == 0 ? 1 : row_cost), rows);
 }
 
 constexpr std::size_t block_count(std::size_t rows, std::size_t per_block) {
@@ -148,7 +152,7 @@ constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
 /// costs d_in·d multiply-adds.
 template <class X, class W, std::size_t RowsPerBlock>
 inline constexpr std::size_t projection_rows =
-    RowsPerBlock != 0 ? (RowsPerBlock > X::rows ? X::rows : RowsPerBlock) : rows_per_block(X::cols * W::cols, X::rows);
+    RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, X::rows) : rows_per_block(X::cols * W::cols, X::rows);
 
 template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_projection_block() {
@@ -194,12 +198,22 @@ struct attend_rows {
     matrix<T, RB, DV> output;
 };
 
-/// Query rows per attention block (RowsPerBlock overrides the budget; 0 = from the budget).
-/// One row costs NK·(d_k + d_v) multiply-adds and NK exp calls (counted as 32 each).
+/// Score entries (each an exp call and the softmax bookkeeping) one attention evaluation may
+/// compute. Clang 14 spends about 35 steps per entry; 1536 entries stay near 55,000 steps, so an
+/// evaluation also fits MSVC's default /constexpr:steps (100,000) if MSVC counts like Clang.
+inline constexpr std::size_t entry_budget = 1536;
+
+/// Query rows per attention block: one row costs NK·(d_k + d_v) multiply-adds and NK score
+/// entries, and a block stays within both budgets.
+constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::size_t dk, std::size_t dv) {
+    const std::size_t by_macs = block_budget / (nk * (dk + dv)), by_entries = entry_budget / nk;
+    return clamp_rows(by_macs < by_entries ? by_macs : by_entries, nq);
+}
+
+/// Query rows per attention block (RowsPerBlock overrides the budgets; 0 = from the budgets).
 template <class Q, class K, class V, std::size_t RowsPerBlock>
-inline constexpr std::size_t attend_rows_per_block =
-    RowsPerBlock != 0 ? (RowsPerBlock > Q::rows ? Q::rows : RowsPerBlock)
-                      : rows_per_block(K::rows * (K::cols + V::cols + 32), Q::rows);
+inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows)
+                                                                       : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_attend_block() {
