@@ -10,23 +10,26 @@
 //
 // Why: GCC and Clang cap the work of ONE constant evaluation (each constexpr variable's
 // initialiser, each static_assert condition), not of a translation unit. qkv::self_attention is
-// one evaluation, so its size is capped (N = 64 at d = 64 under the default limits, see
+// one evaluation, so its size is capped (about N = 80 at d = 64 under the default limits, see
 // docs/constexpr-limits.md). Here every block of rows of every step is a variable template
-// specialisation of its own, initialised by its own evaluation, and the next step reads the
-// finished blocks:
+// specialisation of its own (in namespace detail), initialised by its own evaluation, and the
+// next step reads the finished blocks by reference:
 //
-//   projection_block<X, W, Opt, which, b>  rows of X·W (+ bias)        one evaluation per block
-//   projection<X, W, Opt, which>           the blocks side by side     one evaluation (copies)
-//   attend_block<Q, K, V, Opt, b>          rows of scores, weights, output, from the whole Q, K, V
-//   self_attention<...>                    the blocks assembled into an attention_result
+//   projection_block<X, W, Opt, which, rows, b>  rows of X·W (+ bias)    one evaluation per block
+//   projection<X, W, Opt, which, rows>           the blocks side by side (copies)
+//   attend_block<Q, K, V, Opt, rows, b>          query rows of scores, weights and output,
+//                                                from the whole Q, K and V
+//   self_attention<...>                          the blocks assembled into an attention_result
 //
-// Block heights are chosen so that each evaluation does at most `detail::block_budget`
-// multiply-adds (plus the row's exp calls), far under every default limit. The row kernels are
-// the ones qkv::self_attention runs (qkv::detail::dot, dot_col, masked_softmax_row), applied
-// to the same rows in the same order, so the results are identical, not just close.
+// Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
+// `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
+// 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
+// matmul_row, masked_softmax_row) on the same rows in the same order, so the results are
+// identical, not just close.
 //
-// The attention step takes Q, K and V themselves (any static constexpr matrices), so
-// scaled dot-product attention of given Q, K, V is attend_block without the projections.
+// attend_block takes Q, K and V themselves (any static constexpr matrices, K and V may have more
+// rows than Q), so scaled dot-product attention of given Q, K, V is the same chain without the
+// projections.
 #pragma once
 
 #include <cstddef>
