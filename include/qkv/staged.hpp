@@ -215,8 +215,8 @@ constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::siz
 
 /// Query rows per attention block (RowsPerBlock overrides the budgets; 0 = from the budgets).
 template <class Q, class K, class V, std::size_t RowsPerBlock>
-inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows)
-                                                                       : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
+inline constexpr std::size_t attend_rows_per_block =
+    RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows) : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_attend_block() {

@@ -75,7 +75,8 @@ constexpr auto wkd = qkv::cast<double>(qkv_test::random_matrix<6, 6>(23, 24));
 constexpr auto wvd = qkv::cast<double>(qkv_test::random_matrix<6, 6>(24, 24));
 constexpr qkv::attention_options_for<decltype(xd), decltype(wkd), decltype(wvd)> causal_d{.causal = true};
 static_assert(qkv::staged::self_attention<xd, wqd, wkd, wvd> == qkv::self_attention(xd, wqd, wkd, wvd));
-static_assert(self_attention_blocked<xd, wqd, wkd, wvd, causal_d, 2> == qkv::self_attention(xd, wqd, wkd, wvd, causal_d));
+static_assert(self_attention_blocked<xd, wqd, wkd, wvd, causal_d, 2> ==
+              qkv::self_attention(xd, wqd, wkd, wvd, causal_d));
 
 // ---- Shape rules: the same concepts as qkv::self_attention ------------------------------------------
 template <const auto& X, const auto& WQ, const auto& WK, const auto& WV>
