@@ -14,16 +14,6 @@
 namespace qkv::cli {
 namespace {
 
-/// Reads `path`; a file that cannot be read or parsed is a usage error (the reader's message
-/// starts with the path).
-qkv::npy::array read(const std::string& path) {
-    try {
-        return qkv::npy::read(qkv::npy::path_from_utf8(path));
-    } catch (const qkv::npy::error& e) {
-        throw usage_error(e.what());
-    }
-}
-
 [[noreturn]] void refuse(const qkv::npy::array& a, const std::string& problem) {
     throw usage_error(a.name + " has shape " + a.shape_string() + problem);
 }
@@ -130,7 +120,15 @@ void check_heads(std::size_t heads, const qkv::attention_shape& s, const qkv::np
 
 }  // namespace
 
-attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads) {
+attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads, const npy_reader& reader) {
+    // A file that cannot be read or parsed is a usage error (the reader's message starts with the path).
+    const auto read = [&reader](const std::string& path) {
+        try {
+            return reader ? reader(path) : qkv::npy::read(qkv::npy::path_from_utf8(path));
+        } catch (const qkv::npy::error& e) {
+            throw usage_error(e.what());
+        }
+    };
     attention_inputs in;
     qkv::attention_shape& s = in.shape;
 

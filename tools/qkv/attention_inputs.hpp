@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "npy/npy.hpp"
 #include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/problem.hpp"
 
@@ -54,8 +56,12 @@ struct attention_inputs {
     [[nodiscard]] qkv::cpu::attention_problem_f64 problem_f64(const qkv::run_options& options) const;
 };
 
+/// Reads one input by its path (UTF-8); throws qkv::npy::error. Unset: qkv::npy::read.
+using npy_reader = std::function<qkv::npy::array(const std::string& path)>;
+
 /// Reads every given file and checks the shapes fit together for `heads` heads. Throws
 /// usage_error naming the file (and the one it disagrees with) on any problem.
-attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads);
+attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads,
+                                       const npy_reader& reader = {});
 
 }  // namespace qkv::cli
