@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -213,10 +216,36 @@ results<T> compute(const Problem& p) {
     return r;
 }
 
+/// compute<T>(p), with a failed allocation reported with the sizes that caused it.
+template <class T, class Problem>
+results<T> compute_or_explain(const Problem& p) {
+    try {
+        return compute<T>(p);
+    } catch (const std::bad_alloc&) {
+        const attention_shape& s = p.shape;
+        const auto gib = [](double bytes) {
+            char text[40];
+            std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
+            return std::string(text);
+        };
+        const double n = static_cast<double>(s.batch) * static_cast<double>(s.seq);
+        std::string what = "cpu backend: out of host memory for batch " + std::to_string(s.batch) + ", seq " +
+                           std::to_string(s.seq) + ", d_in " + std::to_string(s.d_in) + ", d_k " +
+                           std::to_string(s.d_k) + ", d_v " + std::to_string(s.d_v) + ", heads " +
+                           std::to_string(s.heads) + ": Q, K, V in double need " +
+                           gib(n * static_cast<double>(2 * s.d_k + s.d_v) * 8.0);
+        if (p.options.return_weights)
+            what += ", the weights (batch x heads x seq x seq) " +
+                    gib(static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
+                        static_cast<double>(s.seq) * static_cast<double>(sizeof(T)));
+        throw error(what);
+    }
+}
+
 }  // namespace
 
 attention_output attention(const attention_problem& problem) {
-    results<float> r = compute<float>(problem);
+    results<float> r = compute_or_explain<float>(problem);
     attention_output out;
     out.output = std::move(r.output);
     out.weights = std::move(r.weights);
@@ -227,12 +256,12 @@ attention_output attention(const attention_problem& problem) {
 }
 
 attention_output_f64 attention_f64(const attention_problem& problem) {
-    results<double> r = compute<double>(problem);
+    results<double> r = compute_or_explain<double>(problem);
     return {std::move(r.output), std::move(r.weights)};
 }
 
 attention_output_f64 attention(const attention_problem_f64& problem) {
-    results<double> r = compute<double>(problem);
+    results<double> r = compute_or_explain<double>(problem);
     return {std::move(r.output), std::move(r.weights)};
 }
 

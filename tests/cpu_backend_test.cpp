@@ -377,6 +377,38 @@ TEST_CASE("validate: a float64 problem is checked as a float32 one", "[cpu][vali
     CHECK(refusal(d).find("mask values must be 0 or 1") != std::string::npos);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define QKV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QKV_TEST_ASAN 1
+#endif
+#endif
+
+TEST_CASE("cpu backend: an allocation that fails is reported with the sizes that caused it", "[cpu]") {
+#ifdef QKV_TEST_ASAN
+    WARN("AddressSanitizer aborts on a 4 TiB allocation instead of throwing; not checked in this build");
+#else
+    // seq 2^20 with the weights requested: batch x heads x seq x seq floats are 4 TiB.
+    const std::size_t n = std::size_t{1} << 20;
+    owned_problem o;
+    o.shape = {.batch = 1, .seq = n, .d_in = 1, .d_k = 1, .d_v = 1, .heads = 1};
+    o.x.assign(n, 0.5f);
+    o.wq = o.wk = o.wv = {1.0f};
+    o.options.return_weights = true;
+    std::string message;
+    try {
+        (void)qkv::cpu::attention(o.view());
+    } catch (const qkv::error& e) {
+        message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("out of host memory for batch 1, seq 1048576, d_in 1, d_k 1, d_v 1, heads 1") !=
+          std::string::npos);
+    CHECK(message.find("the weights (batch x heads x seq x seq) 4096.0 GiB") != std::string::npos);
+#endif
+}
+
 TEST_CASE("cpu backend's threaded path matches the reference", "[cpu]") {
     // batch x heads x seq^2 x (head widths) is past the threading threshold.
     std::mt19937_64 rng(99);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <utility>
 
@@ -873,6 +874,16 @@ std::vector<std::byte> read_file(const fs::path& path, std::string_view name) {
     const layout l = parse_header(buf, name);  // throws if the header is truncated or bad
     if (buf.size() > l.data_start + l.data_bytes) return buf;  // trailing data: parse() says so
     const std::size_t want = l.data_start + l.data_bytes + 1 - buf.size();
+    std::error_code size_ec;
+    const std::uintmax_t file_size = fs::file_size(path, size_ec);
+    try {
+        // A regular file that holds the data: one allocation of the whole (failing at once if it
+        // cannot be had). Otherwise read_more grows the buffer as the data comes.
+        if (!size_ec && file_size >= l.data_start + l.data_bytes) buf.reserve(l.data_start + l.data_bytes + 1);
+    } catch (const std::bad_alloc&) {
+        fail(name, "out of memory: the header declares " + std::to_string(l.data_bytes) + " bytes of data (shape " +
+                       shape_brief(l.dims) + ", " + std::string(dtype_name(l.type)) + ")");
+    }
     if (read_more(f.get(), buf, want, name) == want) {
         // More than the header declares: say how much, when the file's size is known.
         std::error_code ec;
@@ -890,8 +901,14 @@ std::vector<std::byte> read_file(const fs::path& path, std::string_view name) {
 
 array read(const std::filesystem::path& path) {
     const std::string name = path_to_utf8(path);
-    const std::vector<std::byte> bytes = read_file(path, name);
-    return parse(bytes, name);
+    try {
+        const std::vector<std::byte> bytes = read_file(path, name);
+        return parse(bytes, name);
+    } catch (const std::bad_alloc&) {
+        std::error_code ec;
+        const std::uintmax_t size = fs::file_size(path, ec);
+        fail(name, "out of memory reading the file" + (ec ? std::string() : " (" + std::to_string(size) + " bytes)"));
+    }
 }
 
 std::vector<std::byte> header(std::span<const std::size_t> shape, dtype type) {

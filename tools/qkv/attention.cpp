@@ -5,10 +5,13 @@
 #include <charconv>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -27,6 +30,14 @@
 namespace qkv::cli {
 namespace {
 
+void compute_and_write(const attention_options& o, attention_inputs& in);
+
+std::string approximately(double count) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g", count);
+    return text;
+}
+
 void run(const attention_options& o) {
     check_usage(o);
     const attention_files& f = o.files;
@@ -36,7 +47,23 @@ void run(const attention_options& o) {
                                             {"--bo", f.bo}, {"--mask", f.mask}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
     attention_inputs in = load_attention_inputs(f, parse_heads(o.heads));
+    try {
+        compute_and_write(o, in);
+    } catch (const std::bad_alloc&) {
+        const qkv::attention_shape& s = in.shape;
+        throw std::runtime_error(
+            "out of host memory for attention with B = " + std::to_string(s.batch) + ", N = " + std::to_string(s.seq) +
+            ", d_in = " + std::to_string(s.d_in) + ", d_k = " + std::to_string(s.d_k) + ", d_v = " +
+            std::to_string(s.d_v) + ", H = " + std::to_string(s.heads) +
+            (o.weights.empty() ? std::string()
+                               : " (--weights holds B x H x N x N = " +
+                                     approximately(static_cast<double>(s.batch) * static_cast<double>(s.heads) *
+                                                   static_cast<double>(s.seq) * static_cast<double>(s.seq)) +
+                                     " values)"));
+    }
+}
 
+void compute_and_write(const attention_options& o, attention_inputs& in) {
     qkv::run_options options;
     if (o.scale_option->count() > 0) options.scale = parse_scale(o.scale);
     options.causal = o.causal;
