@@ -567,6 +567,10 @@ TEST_CASE("npy: write failures throw, name the path and leave nothing behind", "
 }
 
 TEST_CASE("npy: a long file name still gets its temporary file", "[npy]") {
+#ifdef _WIN32
+    WARN("Windows limits the whole path (MAX_PATH), not the name; not checked");
+    return;
+#endif
     // 250 characters + ".npy" fits NAME_MAX (255); a temporary named after it would not.
     temp_dir dir;
     const fs::path file = dir.path / (std::string(250, 'n') + ".npy");
