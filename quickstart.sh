@@ -77,15 +77,23 @@ leg_sanitize() {
 }
 
 leg_fuzz() {
-    local seconds=${QKV_FUZZ_SECONDS:-60}
-    log "libFuzzer on the .npy reader for $seconds s"
+    # QKV_FUZZ_SECONDS (default 80) is shared: 3/8 each for the .npy reader and the shape/mask
+    # checks, 2/8 for the command line.
+    local seconds=${QKV_FUZZ_SECONDS:-80}
+    log "libFuzzer on the .npy reader, the attention inputs' checks and the command line for $seconds s"
     configure_build build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DQKV_BUILD_FUZZERS=ON -DQKV_BUILD_VULKAN=OFF \
         -DQKV_BUILD_TOOLS=OFF -DQKV_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    local corpus
-    corpus=$(mktemp -d)
-    cp tests/fuzz/corpus/npy/* "$corpus"/
-    build/fuzz/tests/fuzz/npy_fuzz -max_total_time="$seconds" -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
-    rm -rf "$corpus"
+    local fuzzer share corpus
+    for fuzzer in npy:3 attention_inputs:3 cli_args:2; do
+        share=${fuzzer#*:}
+        fuzzer=${fuzzer%:*}
+        corpus=$(mktemp -d)
+        cp tests/fuzz/corpus/"$fuzzer"/* "$corpus"/
+        log "${fuzzer}_fuzz for $((seconds * share / 8)) s"
+        build/fuzz/tests/fuzz/"${fuzzer}"_fuzz -max_total_time=$((seconds * share / 8)) -print_final_stats=1 \
+            "$corpus" 2>&1 | tail -n 12
+        rm -rf "$corpus"
+    done
 }
 
 leg_windows() {

@@ -15,6 +15,7 @@
 #include "memory.hpp"
 #include "pipelines.hpp"
 #include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan {
 
@@ -35,9 +36,17 @@ struct context::impl {
     explicit impl(const context_options& opts) : options(opts) {
         inst = std::make_shared<const instance>(opts.validation || validation_from_environment());
         std::optional<std::string> selector = opts.device;
+        const bool from_environment = !selector;
         if (!selector)
             if (const char* env = std::getenv("QKV_DEVICE"); env && *env) selector = env;
-        dev = std::make_unique<detail::device>(inst, select_device(inst->devices(), selector));
+        std::size_t chosen = 0;
+        try {
+            chosen = select_device(inst->devices(), selector);
+        } catch (const no_matching_device& e) {
+            if (!from_environment) throw;
+            throw no_matching_device("QKV_DEVICE=" + *selector + " (environment variable): " + e.what());
+        }
+        dev = std::make_unique<detail::device>(inst, chosen);
         alloc = std::make_unique<allocator>(*dev, opts.device_memory_limit);
         pipes = std::make_unique<pipeline_set>(*dev);
         exec = std::make_unique<executor>(*dev, opts.max_workgroup_count, opts.simulate_device_lost_at_submit);

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -67,11 +70,11 @@ void parallel_for(std::size_t count, std::size_t work, const Body& body) {
 }
 
 /// out (rows x d) = in (rows x d_in) · w (d_in x d) + b, row by row, in double. `In` is float
-/// (the caller's inputs) or double (the concatenated heads). For each output element the sum
-/// runs over k in order, starting from the bias.
-template <class In>
-void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::span<const float> w,
-             std::span<const float> b, std::size_t d, std::span<double> out) {
+/// or double (the caller's inputs, or the concatenated heads); `W`, the caller's weight type.
+/// For each output element the sum runs over k in order, starting from the bias.
+template <class In, class W>
+void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::span<const W> w,
+             std::span<const W> b, std::size_t d, std::span<double> out) {
     const std::size_t work = rows * d_in * d;
     const std::size_t items = (rows + rows_per_item - 1) / rows_per_item;
     parallel_for(items, work, [&](std::size_t item) {
@@ -82,7 +85,7 @@ void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::sp
             // i-k-c order: row k of w is read contiguously.
             for (std::size_t k = 0; k < d_in; ++k) {
                 const double xv = static_cast<double>(in[i * d_in + k]);
-                const float* wk = w.data() + k * d;
+                const W* wk = w.data() + k * d;
                 for (std::size_t c = 0; c < d; ++c) acc[c] += xv * static_cast<double>(wk[c]);
             }
         }
@@ -96,8 +99,10 @@ struct results {
     std::vector<T> weights;
 };
 
-template <class T>
-results<T> compute(const attention_problem& p) {
+/// `T`: the type results are stored in; `Problem`: attention_problem or attention_problem_f64.
+template <class T, class Problem>
+results<T> compute(const Problem& p) {
+    using input = typename decltype(p.x)::value_type;  // float or double
     validate(p);
 
     const attention_shape& s = p.shape;
@@ -115,9 +120,9 @@ results<T> compute(const attention_problem& p) {
 
     // Projections for every batch element: Q, K (rows x d_k) and V (rows x d_v).
     std::vector<double> q(rows * dk), k(rows * dk), v(rows * dv);
-    project<float>(p.x, rows, s.d_in, p.wq, p.bq, dk, q);
-    project<float>(p.x, rows, s.d_in, p.wk, p.bk, dk, k);
-    project<float>(p.x, rows, s.d_in, p.wv, p.bv, dv, v);
+    project<input, input>(p.x, rows, s.d_in, p.wq, p.bq, dk, q);
+    project<input, input>(p.x, rows, s.d_in, p.wk, p.bk, dk, k);
+    project<input, input>(p.x, rows, s.d_in, p.wv, p.bv, dv, v);
     // Kᵀ per batch element (d_k x seq), so a row's scores are built a column of K at a time,
     // contiguous over the keys j: the loop vectorises and each dot still sums c in order.
     std::vector<double> kt(k.size());
@@ -142,7 +147,7 @@ results<T> compute(const attention_problem& p) {
         const double* ktb = kt.data() + (b * dk + h * dkh) * N;  // column c of head h's keys: ktb + c * N
         const double* vb = v.data() + b * N * dv + h * dvh;
         const std::uint8_t* mask = p.mask.empty() ? nullptr : p.mask.data() + (batched_mask ? b * N * N : 0);
-        const float* additive =
+        const input* additive =
             p.additive_mask.empty() ? nullptr : p.additive_mask.data() + (batched_additive ? b * N * N : 0);
 
         std::vector<double> score(N);  // this row's scores; then exp(score - max)
@@ -203,7 +208,7 @@ results<T> compute(const attention_problem& p) {
     // Optional output projection, then the single rounding to T.
     if (s.d_out) {
         std::vector<double> projected(rows * s.d_out);
-        project<double>(concat, rows, dv, p.wo, p.bo, s.d_out, projected);
+        project<double, input>(concat, rows, dv, p.wo, p.bo, s.d_out, projected);
         concat = std::move(projected);
     }
     r.output.resize(concat.size());
@@ -211,10 +216,36 @@ results<T> compute(const attention_problem& p) {
     return r;
 }
 
+/// compute<T>(p), with a failed allocation reported with the sizes that caused it.
+template <class T, class Problem>
+results<T> compute_or_explain(const Problem& p) {
+    try {
+        return compute<T>(p);
+    } catch (const std::bad_alloc&) {
+        const attention_shape& s = p.shape;
+        const auto gib = [](double bytes) {
+            char text[40];
+            std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
+            return std::string(text);
+        };
+        const double n = static_cast<double>(s.batch) * static_cast<double>(s.seq);
+        std::string what = "cpu backend: out of host memory for batch " + std::to_string(s.batch) + ", seq " +
+                           std::to_string(s.seq) + ", d_in " + std::to_string(s.d_in) + ", d_k " +
+                           std::to_string(s.d_k) + ", d_v " + std::to_string(s.d_v) + ", heads " +
+                           std::to_string(s.heads) + ": Q, K, V in double need " +
+                           gib(n * static_cast<double>(2 * s.d_k + s.d_v) * 8.0);
+        if (p.options.return_weights)
+            what += ", the weights (batch x heads x seq x seq) " +
+                    gib(static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
+                        static_cast<double>(s.seq) * static_cast<double>(sizeof(T)));
+        throw error(what);
+    }
+}
+
 }  // namespace
 
 attention_output attention(const attention_problem& problem) {
-    results<float> r = compute<float>(problem);
+    results<float> r = compute_or_explain<float>(problem);
     attention_output out;
     out.output = std::move(r.output);
     out.weights = std::move(r.weights);
@@ -225,7 +256,12 @@ attention_output attention(const attention_problem& problem) {
 }
 
 attention_output_f64 attention_f64(const attention_problem& problem) {
-    results<double> r = compute<double>(problem);
+    results<double> r = compute_or_explain<double>(problem);
+    return {std::move(r.output), std::move(r.weights)};
+}
+
+attention_output_f64 attention(const attention_problem_f64& problem) {
+    results<double> r = compute_or_explain<double>(problem);
     return {std::move(r.output), std::move(r.weights)};
 }
 

@@ -5,6 +5,7 @@
 
 #include "instance.hpp"
 #include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan {
 
@@ -59,16 +60,16 @@ std::size_t select_device(const std::vector<device_info>& devices, const std::op
         std::size_t found = devices.size();
         if (ec == std::errc() && end == s.data() + s.size()) {
             if (index >= devices.size())
-                throw unavailable("no Vulkan device with index " + s + " (devices: " + names(devices) + ")");
+                throw no_matching_device("no Vulkan device with index " + s + " (devices: " + names(devices) + ")");
             found = index;
         } else {
             for (std::size_t i = 0; i < devices.size() && found == devices.size(); ++i)
                 if (lower(devices[i].name).find(lower(s)) != std::string::npos) found = i;
             if (found == devices.size())
-                throw unavailable("no Vulkan device whose name contains \"" + s + "\" (devices: " + names(devices) + ")");
+                throw no_matching_device("no Vulkan device whose name contains \"" + s + "\" (devices: " + names(devices) + ")");
         }
         if (!devices[found].has_compute_queue)
-            throw unavailable("Vulkan device " + std::to_string(found) + " (" + devices[found].name +
+            throw no_matching_device("Vulkan device " + std::to_string(found) + " (" + devices[found].name +
                               ") cannot run qkv: it needs Vulkan 1.1 and a compute queue");
         return found;
     }

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv {
@@ -66,7 +67,8 @@ void expect_size(std::string_view what, std::span<const T> span, std::initialize
 }
 
 /// A bias is optional: empty, or exactly `width` elements.
-void expect_bias(std::string_view what, std::span<const float> bias, factor width) {
+template <class T>
+void expect_bias(std::string_view what, std::span<const T> bias, factor width) {
     if (!bias.empty() && bias.size() != width.value)
         fail(std::string(what) + " has " + std::to_string(bias.size()) + " elements, expected " +
              std::string(width.name) + " = " + std::to_string(width.value) + " (or none)");
@@ -91,7 +93,11 @@ void expect_positive(std::string_view name, std::size_t value) {
 
 }  // namespace
 
-void validate(const attention_problem& problem) {
+namespace {
+
+/// The checks of validate(), for float32 and float64 problems alike.
+template <class Problem>
+void check_problem(const Problem& problem) {
     const attention_shape& s = problem.shape;
     const run_options& opt = problem.options;
 
@@ -151,6 +157,12 @@ void validate(const attention_problem& problem) {
     if (opt.return_weights && opt.implementation == implementation::fused)
         fail("return_weights needs the staged implementation; the fused one never materialises the weights");
 }
+
+}  // namespace
+
+void validate(const attention_problem& problem) { check_problem(problem); }
+
+void cpu::validate(const cpu::attention_problem_f64& problem) { check_problem(problem); }
 
 float default_scale(const attention_shape& shape) {
     if (shape.heads == 0 || shape.d_k < shape.heads)

@@ -284,6 +284,131 @@ TEST_CASE("cpu backend matches the float64 reference over odd shapes", "[cpu][sw
     CHECK(cases == 311);
 }
 
+/// A float64 problem that owns its data.
+struct owned_problem_f64 {
+    qkv::attention_shape shape{};
+    std::vector<double> x, wq, wk, wv, bq, bk, bv, wo, bo, additive;
+    std::vector<std::uint8_t> mask;
+    qkv::run_options options{};
+
+    explicit owned_problem_f64(const owned_problem& o)
+        : shape(o.shape), x(to_double(o.x)), wq(to_double(o.wq)), wk(to_double(o.wk)), wv(to_double(o.wv)),
+          bq(to_double(o.bq)), bk(to_double(o.bk)), bv(to_double(o.bv)), wo(to_double(o.wo)), bo(to_double(o.bo)),
+          additive(to_double(o.additive)), mask(o.mask), options(o.options) {}
+
+    [[nodiscard]] qkv::cpu::attention_problem_f64 view() const {
+        return {.shape = shape, .x = x, .wq = wq, .wk = wk, .wv = wv, .bq = bq, .bk = bk, .bv = bv, .wo = wo,
+                .bo = bo, .mask = mask, .additive_mask = additive, .options = options};
+    }
+};
+
+TEST_CASE("cpu backend: a float64 problem of float32 values gives attention_f64's results exactly", "[cpu][f64]") {
+    std::mt19937_64 rng(64);
+    owned_problem o = random_problem({.batch = 2, .seq = 17, .d_in = 5, .d_k = 4, .d_v = 6, .heads = 2, .d_out = 3},
+                                     rng, true);
+    o.options.causal = true;
+    o.options.return_weights = true;
+    o.mask = random_mask(2, 17, rng);
+    o.additive = random_additive(1, 17, rng);
+    const qkv::cpu::attention_output_f64 from_float = qkv::cpu::attention_f64(o.view());
+    const owned_problem_f64 d(o);
+    const qkv::cpu::attention_output_f64 from_double = qkv::cpu::attention(d.view());
+    CHECK(from_double.output == from_float.output);  // bit for bit: the same double arithmetic
+    CHECK(from_double.weights == from_float.weights);
+}
+
+TEST_CASE("cpu backend: float64 inputs are computed in float64, nothing narrowed to float32", "[cpu][f64]") {
+    std::mt19937_64 rng(65);
+    const qkv::attention_shape s{.batch = 1, .seq = 5, .d_in = 3, .d_k = 4, .d_v = 2, .heads = 1};
+    const owned_problem o = random_problem(s, rng, true);
+    owned_problem_f64 d(o);
+    d.options.return_weights = true;
+
+    SECTION("an additive mask of -1e300 is a large finite penalty, not -inf") {
+        // Row 0: every key at -1e300, so softmax is still over all keys: the scores differ by
+        // O(1), lost beside 1e300, and the weights are uniform. Narrowed to float32 -1e300 would be
+        // -inf: the row fully masked and zero.
+        d.additive.assign(s.seq * s.seq, 0.0);
+        for (std::size_t j = 0; j < s.seq; ++j) d.additive[j] = -1e300;
+        const qkv::cpu::attention_output_f64 r = qkv::cpu::attention(d.view());
+        for (std::size_t j = 0; j < s.seq; ++j) CHECK(std::abs(r.weights[j] - 0.2) < 1e-12);  // 1 / seq
+        CHECK(std::abs(r.output[0]) > 0);  // not the "nothing to attend to" zero row
+        qkv_test::ref_problem ref = reference_slice(o, 0);
+        ref.additive = d.additive;
+        const qkv_test::ref_result want = qkv_test::reference_attention(ref);
+        CHECK(qkv_test::nmse(r.output, want.output) <= 1e-24);
+        CHECK(qkv_test::nmse(r.weights, want.weights) <= 1e-24);
+    }
+    SECTION("inputs beyond the float32 range") {
+        // x by 1e200 and wq, wk, wv by 1e-200: the projections are O(1), as in float32 they could not be.
+        for (double& e : d.x) e *= 1e200;
+        for (auto* w : {&d.wq, &d.wk, &d.wv})
+            for (double& e : *w) e *= 1e-200;
+        const qkv::cpu::attention_output_f64 r = qkv::cpu::attention(d.view());
+        qkv_test::ref_problem ref = reference_slice(o, 0);
+        ref.x = d.x, ref.wq = d.wq, ref.wk = d.wk, ref.wv = d.wv;
+        const qkv_test::ref_result want = qkv_test::reference_attention(ref);
+        CHECK(qkv_test::nmse(r.output, want.output) <= 1e-24);
+        CHECK(qkv_test::nmse(r.weights, want.weights) <= 1e-24);
+        for (const double e : r.output) CHECK(std::isfinite(e));
+    }
+}
+
+/// The message of validate's refusal of `d` ("" when it accepts it).
+std::string refusal(const owned_problem_f64& d) {
+    try {
+        qkv::cpu::validate(d.view());
+    } catch (const qkv::invalid_argument& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST_CASE("validate: a float64 problem is checked as a float32 one", "[cpu][validate][f64]") {
+    std::mt19937_64 rng(66);
+    const owned_problem o = random_problem({.batch = 1, .seq = 3, .d_in = 2, .d_k = 2, .d_v = 2, .heads = 1}, rng, false);
+    owned_problem_f64 d(o);
+    CHECK_NOTHROW(qkv::cpu::validate(d.view()));
+    d.wq.pop_back();
+    CHECK(refusal(d).find("wq has 3 elements, expected d_in x d_k") != std::string::npos);
+    CHECK_THROWS_AS(qkv::cpu::attention(d.view()), qkv::invalid_argument);
+    d.wq.push_back(1.0);
+    d.mask = {1, 1, 1, 1, 2, 1, 1, 1, 1};
+    CHECK(refusal(d).find("mask values must be 0 or 1") != std::string::npos);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define QKV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QKV_TEST_ASAN 1
+#endif
+#endif
+
+TEST_CASE("cpu backend: an allocation that fails is reported with the sizes that caused it", "[cpu]") {
+#ifdef QKV_TEST_ASAN
+    WARN("AddressSanitizer aborts on a 4 TiB allocation instead of throwing; not checked in this build");
+#else
+    // seq 2^20 with the weights requested: batch x heads x seq x seq floats are 4 TiB.
+    const std::size_t n = std::size_t{1} << 20;
+    owned_problem o;
+    o.shape = {.batch = 1, .seq = n, .d_in = 1, .d_k = 1, .d_v = 1, .heads = 1};
+    o.x.assign(n, 0.5f);
+    o.wq = o.wk = o.wv = {1.0f};
+    o.options.return_weights = true;
+    std::string message;
+    try {
+        (void)qkv::cpu::attention(o.view());
+    } catch (const qkv::error& e) {
+        message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("out of host memory for batch 1, seq 1048576, d_in 1, d_k 1, d_v 1, heads 1") !=
+          std::string::npos);
+    CHECK(message.find("the weights (batch x heads x seq x seq) 4096.0 GiB") != std::string::npos);
+#endif
+}
+
 TEST_CASE("cpu backend's threaded path matches the reference", "[cpu]") {
     // batch x heads x seq^2 x (head widths) is past the threading threshold.
     std::mt19937_64 rng(99);

@@ -7,6 +7,7 @@
                    torch's weights are comparable, expected_weights.npy (float64)
   tutorial/        the tutorial's worked example, for the flag and error tests
   formats/         the tutorial's x in other .npy encodings qkv accepts
+  float64/         float64 inputs beyond float32 (a -1e300 mask; x by 1e200, weights by 1e-200)
   bad/             files qkv must refuse
 
 qkv's convention is the tutorial's, Q = X·Wq: torch.nn.MultiheadAttention computes x @ W.T, so
@@ -305,11 +306,31 @@ def tutorial_files():
         fh.write(mask.getvalue()[:-1] + b"\x02")
 
 
+def float64_files():
+    """float64 inputs the CPU backend must not narrow to float32 (and Vulkan must refuse)."""
+    d = os.path.join(DATA, "float64")
+    x = TUTORIAL_X[None].astype(np.float64)
+    mask = np.zeros((3, 3))
+    mask[0] = -1e300            # row 0: every key penalised alike, so uniform weights (-inf: a zero row)
+    save(os.path.join(d, "mask_1e300.npy"), mask)
+    out, weights = reference(x, TUTORIAL_WQ, TUTORIAL_WK, TUTORIAL_WV, heads=1, scale=1.0, additive=mask[None])
+    save(os.path.join(d, "expected_mask_1e300.npy"), out[0])
+    save(os.path.join(d, "expected_mask_1e300_weights.npy"), weights[0])
+    big = x * 1e200             # beyond float32, cancelled by the weights: Q, K, V as the tutorial's
+    small = [w.astype(np.float64) * 1e-200 for w in (TUTORIAL_WQ, TUTORIAL_WK, TUTORIAL_WV)]
+    save(os.path.join(d, "x_1e200.npy"), big[0])
+    for name, w in zip(("wq", "wk", "wv"), small):
+        save(os.path.join(d, name + "_1e-200.npy"), w)
+    out, _ = reference(big, *small, heads=1, scale=1.0)
+    save(os.path.join(d, "expected_1e200.npy"), out[0])
+
+
 def main():
     shutil.rmtree(DATA, ignore_errors=True)
     torch.manual_seed(0)
     parity_cases()
     tutorial_files()
+    float64_files()
 
 
 if __name__ == "__main__":

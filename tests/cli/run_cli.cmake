@@ -9,8 +9,13 @@
 #   STDOUT_REJECTS, STDERR_REJECTS   regular expressions that must not match
 #   COMPARE            pairs ACTUAL EXPECTED of .npy files that must agree (npy_compare, MAX_NMSE)
 #   PRESENT            files that must exist afterwards
-# After a failing run (EXPECT_EXIT != 0) WORK_DIR must still be empty: no output, partial or
-# temporary, may be left behind.
+#   COPY               pairs SOURCE NAME: files copied into WORK_DIR before the run
+#   SYMLINK, HARDLINK  pairs TARGET NAME: links made in WORK_DIR before the run (after COPY)
+#   UNCHANGED          files of WORK_DIR that must be byte-identical after the run
+# In ARGS, <EMPTY> stands for an empty argument (a CMake list cannot hold one).
+# After a failing run (EXPECT_EXIT != 0) WORK_DIR must hold exactly what COPY, SYMLINK and
+# HARDLINK put there, every file byte-identical: no output, partial or temporary, may be left
+# behind, and nothing that was there may change.
 cmake_minimum_required(VERSION 3.25)
 
 function(fail what)
@@ -22,8 +27,49 @@ endfunction()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
-execute_process(COMMAND ${EMULATOR} "${QKV}" ${ARGS} WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE status
-                OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+while(COPY)
+  list(POP_FRONT COPY source name)
+  file(COPY_FILE "${source}" "${WORK_DIR}/${name}")
+endwhile()
+while(SYMLINK)
+  list(POP_FRONT SYMLINK target name)
+  file(CREATE_LINK "${target}" "${WORK_DIR}/${name}" SYMBOLIC)
+endwhile()
+while(HARDLINK)
+  list(POP_FRONT HARDLINK target name)
+  file(CREATE_LINK "${WORK_DIR}/${target}" "${WORK_DIR}/${name}")
+endwhile()
+# What was there before the run: names, and the hash of each file.
+file(GLOB_RECURSE before LIST_DIRECTORIES false RELATIVE "${WORK_DIR}" "${WORK_DIR}/*")
+set(hashes "")
+# The content of a file, or where a symbolic link points.
+function(fingerprint file out)
+  if(IS_SYMLINK "${WORK_DIR}/${file}")
+    file(READ_SYMLINK "${WORK_DIR}/${file}" target)
+    set(${out} "link:${target}" PARENT_SCOPE)
+  elseif(EXISTS "${WORK_DIR}/${file}")
+    file(SHA256 "${WORK_DIR}/${file}" hash)
+    set(${out} "${hash}" PARENT_SCOPE)
+  else()
+    set(${out} "missing" PARENT_SCOPE)
+  endif()
+endfunction()
+foreach(file IN LISTS before UNCHANGED)
+  fingerprint("${file}" hash)
+  list(APPEND hashes "${file}=${hash}")
+endforeach()
+
+# The command, every argument a bracket argument, so that <EMPTY> can become an empty one.
+set(command "execute_process(COMMAND")
+foreach(arg IN LISTS EMULATOR ITEMS "${QKV}" LISTS ARGS)
+  if(arg STREQUAL "<EMPTY>")
+    set(arg "")
+  endif()
+  string(APPEND command " [==[${arg}]==]")
+endforeach()
+string(APPEND command " WORKING_DIRECTORY [==[${WORK_DIR}]==] RESULT_VARIABLE status OUTPUT_VARIABLE stdout"
+                      " ERROR_VARIABLE stderr)")
+cmake_language(EVAL CODE "${command}")
 message("${stdout}")
 message("${stderr}")
 
@@ -48,11 +94,26 @@ if(NOT EXPECT_EXIT EQUAL 0)
   if("${stderr}" STREQUAL "")
     fail("a failing run must explain itself on stderr")
   endif()
-  file(GLOB_RECURSE left_behind LIST_DIRECTORIES false "${WORK_DIR}/*")
+  file(GLOB_RECURSE after LIST_DIRECTORIES false RELATIVE "${WORK_DIR}" "${WORK_DIR}/*")
+  set(left_behind ${after})
+  if(before)
+    list(REMOVE_ITEM left_behind ${before})
+  endif()
   if(left_behind)
     fail("the failed run left files behind: ${left_behind}")
   endif()
 endif()
+foreach(entry IN LISTS hashes)
+  string(REGEX MATCH "^(.*)=([^=]*)$" _ "${entry}")
+  set(file "${CMAKE_MATCH_1}")
+  set(old_hash "${CMAKE_MATCH_2}")
+  if(NOT EXPECT_EXIT EQUAL 0 OR file IN_LIST UNCHANGED)
+    fingerprint("${file}" new_hash)
+    if(NOT new_hash STREQUAL old_hash)
+      fail("${file} changed")
+    endif()
+  endif()
+endforeach()
 
 foreach(file IN LISTS PRESENT)
   if(NOT EXISTS "${WORK_DIR}/${file}")

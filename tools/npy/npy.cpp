@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <utility>
 
@@ -480,17 +481,31 @@ std::size_t checked_count(const array& a) {
     return count;
 }
 
-std::vector<std::byte> serialize_named(std::span<const std::size_t> shape, std::span<const float> data,
-                                       std::string_view name) {
+std::string_view descr_of(dtype type) {
+    switch (type) {
+    case dtype::f32: return "<f4";
+    case dtype::f64: return "<f8";
+    case dtype::b1: return "|b1";
+    }
+    return "";
+}
+
+// The preamble and header np.save writes for a C-order array of `type` and `shape`, which must
+// hold `values` elements.
+std::vector<std::byte> header_named(std::span<const std::size_t> shape, dtype type, std::size_t values,
+                                    std::string_view name) {
+    const std::size_t item = itemsize(type);
+    if (item == 0) fail(name, "invalid dtype value " + std::to_string(static_cast<unsigned>(type)));
     std::size_t count = 0;
-    if (!element_count(shape, sizeof(float), count)) fail(name, "shape " + shape_brief(shape) + " is too large");
-    if (count != data.size()) {
+    if (!element_count(shape, item, count)) fail(name, "shape " + shape_brief(shape) + " is too large");
+    if (count != values) {
         fail(name, "shape " + shape_brief(shape) + " holds " + std::to_string(count) + " elements but " +
-                       std::to_string(data.size()) + " values were given");
+                       std::to_string(values) + " values were given");
     }
 
-    // Exactly what numpy's _write_array_header produces for a C-order '<f4' array.
-    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_repr(shape) + ", }";
+    // Exactly what numpy's _write_array_header produces for a C-order array.
+    std::string header = "{'descr': '" + std::string(descr_of(type)) +
+                         "', 'fortran_order': False, 'shape': " + shape_repr(shape) + ", }";
     if (!shape.empty()) {
         const std::size_t digits = std::to_string(shape.front()).size();
         header.append(growth_axis_max_digits - std::min(digits, growth_axis_max_digits), ' ');
@@ -508,7 +523,7 @@ std::vector<std::byte> serialize_named(std::span<const std::size_t> shape, std::
     const std::size_t field = hlen + padlen;
 
     std::vector<std::byte> out;
-    out.reserve(prefix + field + data.size() * sizeof(float));
+    out.reserve(prefix + field);
     const auto put = [&out](unsigned c) { out.push_back(static_cast<std::byte>(c & 0xffu)); };
     for (const unsigned char c : magic) put(c);
     put(major);
@@ -522,10 +537,18 @@ std::vector<std::byte> serialize_named(std::span<const std::size_t> shape, std::
     for (const char c : header) put(static_cast<unsigned char>(c));
     out.insert(out.end(), padlen, static_cast<std::byte>(' '));
     put('\n');
+    return out;
+}
+
+template <class T>
+std::vector<std::byte> serialize_named(std::span<const std::size_t> shape, std::span<const T> data,
+                                       std::string_view name) {
+    constexpr dtype type = sizeof(T) == 4 ? dtype::f32 : dtype::f64;
+    std::vector<std::byte> out = header_named(shape, type, data.size(), name);
     if (!data.empty()) {
         const std::size_t at = out.size();
-        out.resize(at + data.size() * sizeof(float));
-        std::memcpy(out.data() + at, data.data(), data.size() * sizeof(float));
+        out.resize(at + data.size() * sizeof(T));
+        std::memcpy(out.data() + at, data.data(), data.size() * sizeof(T));
     }
     return out;
 }
@@ -562,31 +585,6 @@ struct file_closer {
     void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
 using file_ptr = std::unique_ptr<std::FILE, file_closer>;
-
-std::vector<std::byte> read_file(const fs::path& path, std::string_view name) {
-    errno = 0;
-    file_ptr f(open_file(path, "rb"));
-    if (!f) fail(name, "cannot open for reading: " + os_message(errno));
-    std::error_code ec;
-    const std::uintmax_t hint = fs::file_size(path, ec);
-    std::vector<std::byte> buf;
-    // One byte more than the expected size so that end of file is seen in the first read.
-    std::size_t capacity = !ec && hint < (std::uintmax_t{1} << 40) ? static_cast<std::size_t>(hint) + 1 : 65536;
-    std::size_t used = 0;
-    for (;;) {
-        if (buf.size() < capacity) buf.resize(capacity);
-        errno = 0;
-        const std::size_t got = std::fread(buf.data() + used, 1, buf.size() - used, f.get());
-        used += got;
-        if (used < buf.size()) {
-            if (std::ferror(f.get())) fail(name, "read error: " + os_message(errno));
-            break;  // end of file
-        }
-        capacity = buf.size() * 2;
-    }
-    buf.resize(used);
-    return buf;
-}
 
 }  // namespace
 
@@ -673,7 +671,11 @@ std::vector<std::uint8_t> array::to_bool() const {
     return out;
 }
 
-array parse(std::span<const std::byte> bytes, std::string_view name) {
+namespace {
+
+// Checks the magic string, the version and the header length field; returns the offset of the
+// first data byte (preamble + header). Needs only the first 12 bytes (fewer: truncated).
+std::size_t header_end(std::span<const std::byte> bytes, std::string_view name) {
     const std::size_t n = bytes.size();
     const auto byte_at = [&bytes](std::size_t i) { return std::to_integer<unsigned>(bytes[i]); };
 
@@ -700,6 +702,25 @@ array parse(std::span<const std::byte> bytes, std::string_view name) {
     }
     std::size_t header_len = 0;
     for (std::size_t i = 0; i < length_bytes; ++i) header_len |= std::size_t{byte_at(8 + i)} << (8 * i);
+    return header_start + header_len;
+}
+
+// What a header describes.
+struct layout {
+    dtype type = dtype::f32;
+    bool swap = false;  // big-endian data
+    std::vector<std::size_t> dims;
+    std::size_t data_start = 0;  // offset of the first data byte
+    std::size_t data_bytes = 0;  // what the shape and dtype need
+};
+
+// Parses the preamble and the header; `bytes` must hold at least all of them (else: truncated).
+layout parse_header(std::span<const std::byte> bytes, std::string_view name) {
+    const std::size_t n = bytes.size();
+    const std::size_t end = header_end(bytes, name);
+    const unsigned major = std::to_integer<unsigned>(bytes[6]);
+    const std::size_t header_start = major == 1 ? 10 : 12;
+    const std::size_t header_len = end - header_start;
     if (header_len > n - header_start) {
         fail(name, "truncated: header is declared as " + std::to_string(header_len) + " bytes but only " +
                        std::to_string(n - header_start) + " follow");
@@ -778,8 +799,21 @@ array parse(std::span<const std::byte> bytes, std::string_view name) {
         fail(name, "array of shape " + shape_brief(dims) + " and dtype " + std::string(dtype_name(type)) +
                        " is too large");
     }
-    const std::size_t need = count * item;
-    const std::size_t have = n - header_start - header_len;
+    layout l;
+    l.type = type;
+    l.swap = swap;
+    l.dims = std::move(dims);
+    l.data_start = end;
+    l.data_bytes = count * item;
+    return l;
+}
+
+}  // namespace
+
+array parse(std::span<const std::byte> bytes, std::string_view name) {
+    layout l = parse_header(bytes, name);
+    const std::size_t need = l.data_bytes;
+    const std::size_t have = bytes.size() - l.data_start;
     if (have < need) {
         fail(name, "truncated: expected " + std::to_string(need) + " bytes of data, found " + std::to_string(have));
     }
@@ -790,11 +824,12 @@ array parse(std::span<const std::byte> bytes, std::string_view name) {
 
     array a;
     a.name = std::string(name);
-    a.shape = std::move(dims);
-    a.type = type;
-    const auto payload = bytes.subspan(header_start + header_len);
+    a.shape = std::move(l.dims);
+    a.type = l.type;
+    const std::size_t item = itemsize(l.type);
+    const auto payload = bytes.subspan(l.data_start);
     a.data.assign(payload.begin(), payload.end());
-    if (swap) {
+    if (l.swap) {
         for (auto it = a.data.begin(); it != a.data.end(); it += static_cast<std::ptrdiff_t>(item)) {
             std::reverse(it, it + static_cast<std::ptrdiff_t>(item));
         }
@@ -802,17 +837,101 @@ array parse(std::span<const std::byte> bytes, std::string_view name) {
     return a;
 }
 
+namespace {
+
+// Appends up to `count` bytes from `f` to `buf`, in pieces of at most 64 MiB, so that a header
+// declaring more than the file holds costs no more memory than the file. Returns the bytes read.
+std::size_t read_more(std::FILE* f, std::vector<std::byte>& buf, std::size_t count, std::string_view name) {
+    constexpr std::size_t piece = std::size_t{64} << 20;
+    std::size_t got = 0;
+    while (got < count) {
+        const std::size_t want = std::min(piece, count - got);
+        const std::size_t at = buf.size();
+        buf.resize(at + want);
+        errno = 0;
+        const std::size_t n = std::fread(buf.data() + at, 1, want, f);
+        buf.resize(at + n);
+        got += n;
+        if (n < want) {
+            if (std::ferror(f)) fail(name, "read error: " + os_message(errno));
+            break;  // end of file
+        }
+    }
+    return got;
+}
+
+// Reads a .npy file, checking as it goes: the magic string and the preamble first (a file that
+// is not .npy, /dev/zero included, fails after 12 bytes), then the header, then exactly the data
+// the header declares and one byte more, to tell trailing data. Nothing is read past that.
+std::vector<std::byte> read_file(const fs::path& path, std::string_view name) {
+    errno = 0;
+    file_ptr f(open_file(path, "rb"));
+    if (!f) fail(name, "cannot open for reading: " + os_message(errno));
+    std::vector<std::byte> buf;
+    read_more(f.get(), buf, 12, name);  // magic, version, header length (2 or 4 bytes)
+    const std::size_t end = header_end(buf, name);
+    if (end > buf.size()) read_more(f.get(), buf, end - buf.size(), name);
+    const layout l = parse_header(buf, name);  // throws if the header is truncated or bad
+    if (buf.size() > l.data_start + l.data_bytes) return buf;  // trailing data: parse() says so
+    const std::size_t want = l.data_start + l.data_bytes + 1 - buf.size();
+    std::error_code size_ec;
+    const std::uintmax_t file_size = fs::file_size(path, size_ec);
+    try {
+        // A regular file that holds the data: one allocation of the whole (failing at once if it
+        // cannot be had). Otherwise read_more grows the buffer as the data comes.
+        if (!size_ec && file_size >= l.data_start + l.data_bytes) buf.reserve(l.data_start + l.data_bytes + 1);
+    } catch (const std::bad_alloc&) {
+        fail(name, "out of memory: the header declares " + std::to_string(l.data_bytes) + " bytes of data (shape " +
+                       shape_brief(l.dims) + ", " + std::string(dtype_name(l.type)) + ")");
+    }
+    if (read_more(f.get(), buf, want, name) == want) {
+        // More than the header declares: say how much, when the file's size is known.
+        std::error_code ec;
+        const std::uintmax_t size = fs::file_size(path, ec);
+        if (!ec && size > l.data_start + l.data_bytes) {
+            fail(name, "unexpected trailing data: expected " + std::to_string(l.data_bytes) + " bytes of data, found " +
+                           std::to_string(size - l.data_start));
+        }
+        fail(name, "unexpected trailing data after the " + std::to_string(l.data_bytes) + " bytes of data");
+    }
+    return buf;
+}
+
+}  // namespace
+
 array read(const std::filesystem::path& path) {
     const std::string name = path_to_utf8(path);
-    const std::vector<std::byte> bytes = read_file(path, name);
-    return parse(bytes, name);
+    try {
+        const std::vector<std::byte> bytes = read_file(path, name);
+        return parse(bytes, name);
+    } catch (const std::bad_alloc&) {
+        std::error_code ec;
+        const std::uintmax_t size = fs::file_size(path, ec);
+        fail(name, "out of memory reading the file" + (ec ? std::string() : " (" + std::to_string(size) + " bytes)"));
+    }
+}
+
+std::vector<std::byte> header(std::span<const std::size_t> shape, dtype type) {
+    std::size_t count = 0;
+    const std::size_t item = itemsize(type);
+    if (item == 0 || !element_count(shape, item, count)) {
+        fail("qkv::npy::header", "shape " + shape_brief(shape) + " is too large (or the dtype is invalid)");
+    }
+    return header_named(shape, type, count, "qkv::npy::header");
 }
 
 std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<const float> data) {
     return serialize_named(shape, data, "qkv::npy::serialize");
 }
 
-void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const float> data) {
+std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<const double> data) {
+    return serialize_named(shape, data, "qkv::npy::serialize");
+}
+
+namespace {
+
+template <class T>
+void write_named(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const T> data) {
     const std::string name = path_to_utf8(path);
     const std::vector<std::byte> bytes = serialize_named(shape, data, name);
     const fs::path filename = path.filename();
@@ -828,7 +947,8 @@ void write(const std::filesystem::path& path, std::span<const std::size_t> shape
                             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&tmp));
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(tag));
-        tmp = path.parent_path() / path_from_utf8("." + path_to_utf8(filename) + ".tmp-" + hex);
+        // A fixed-length name, whatever the target's: "." + filename + suffix could exceed NAME_MAX.
+        tmp = path.parent_path() / path_from_utf8(std::string(".npy-") + hex + ".tmp");
         errno = 0;
         f.reset(create_new_file(tmp));
         if (!f && (errno != EEXIST || attempt >= 100)) {
@@ -861,6 +981,16 @@ void write(const std::filesystem::path& path, std::span<const std::size_t> shape
         fs::remove(tmp, ignored);
         fail(name, "cannot replace file with " + py_quote(path_to_utf8(tmp)) + ": " + ec.message());
     }
+}
+
+}  // namespace
+
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const float> data) {
+    write_named(path, shape, data);
+}
+
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const double> data) {
+    write_named(path, shape, data);
 }
 
 }  // namespace qkv::npy

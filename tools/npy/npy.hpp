@@ -2,7 +2,9 @@
 //
 // Reading accepts C-order float32, float64 and bool arrays in either byte order;
 // everything else is refused with a qkv::npy::error whose what() starts with the
-// file name. Writing produces float32 ('<f4') files byte-identical to np.save.
+// file name. Reading checks the magic string and the header before it reads the data, and reads
+// no more than the header declares (and one byte, to detect trailing data). Writing produces
+// float32 ('<f4') or float64 ('<f8') files byte-identical to np.save.
 #pragma once
 
 #include <cstddef>
@@ -66,11 +68,21 @@ array read(const std::filesystem::path& path);
 // Throws if the product of `shape` differs from data.size().
 std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<const float> data);
 
+// The same for float64 ('<f8'): what np.save writes for a float64 array.
+std::vector<std::byte> serialize(std::span<const std::size_t> shape, std::span<const double> data);
+
+// What serialize() writes before the data, for a C-order little-endian array of `type`: the
+// magic string, the version, the header length and the header. For writers that stream the data.
+std::vector<std::byte> header(std::span<const std::size_t> shape, dtype type);
+
 // Writes serialize(shape, data) atomically: a temporary file in the target's
-// directory is written, flushed, synced and renamed over `path`. On failure the
+// directory (a short fixed-length name, whatever the length of `path`'s) is written, flushed,
+// synced and renamed over `path`. On failure the
 // temporary file is removed, `path` is left untouched, and the error names the
 // path and the OS error.
 void write(const std::filesystem::path& path, std::span<const std::size_t> shape,
            std::span<const float> data);
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape,
+           std::span<const double> data);
 
 }  // namespace qkv::npy

@@ -23,6 +23,9 @@ std::string describe(const qkv::vulkan::device_info& d) {
 qkv::vulkan::context open_context(const std::optional<std::string>& device) {
     try {
         return qkv::vulkan::context({.device = device});
+    } catch (const qkv::vulkan::no_matching_device& e) {  // a bad request, not a missing Vulkan
+        if (device) throw qkv::vulkan::no_matching_device("--device " + *device + ": " + e.what());
+        throw;  // QKV_DEVICE: the message names the variable
     } catch (const qkv::vulkan::unavailable& e) {
         if (device) throw;
         throw qkv::vulkan::unavailable(std::string(e.what()) +

@@ -55,9 +55,10 @@ void list() {
                 rows);
     if (!chosen) {
         std::cout.flush();
-        throw qkv::vulkan::unavailable((selector ? "QKV_DEVICE=" + *selector + " picks no usable device: "
-                                                 : "none of these devices can run qkv: ") +
-                                       why_none);
+        if (selector)  // a bad QKV_DEVICE is bad input (exit 2); no usable device at all is not
+            throw qkv::vulkan::no_matching_device("QKV_DEVICE=" + *selector +
+                                                  " (environment variable) picks no usable device: " + why_none);
+        throw qkv::vulkan::unavailable("none of these devices can run qkv: " + why_none);
     }
     std::cout << "\n* the device qkv uses by default"
               << (selector ? " (chosen by QKV_DEVICE=" + *selector + ")"

@@ -5,6 +5,9 @@
 //   │                               nothing was computed; every object is as before
 //   └─ qkv::vulkan::error           the Vulkan runtime failed
 //      ├─ unavailable               no Vulkan loader, no device, no device matching the request
+//      │  └─ no_matching_device     the device asked for (an index or a name, from the caller or
+//      │                            QKV_DEVICE) names no usable device: a bad request, not a
+//      │                            broken machine
 //      ├─ limit_exceeded            the request is larger than a device limit; refused before any
 //      │                            work was submitted; the context stays usable
 //      ├─ out_of_memory             a host or device allocation failed; everything allocated for
@@ -39,6 +42,11 @@ public:
 class QKV_VULKAN_API unavailable : public error {
 public:
     using error::error;
+};
+
+class QKV_VULKAN_API no_matching_device : public unavailable {
+public:
+    using unavailable::unavailable;
 };
 
 class QKV_VULKAN_API limit_exceeded : public error {
