@@ -27,6 +27,10 @@ flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::
     const std::uint32_t max_inv = std::max<std::uint32_t>(info.max_workgroup_invocations, 1);
     std::uint32_t team = info.subgroup_size ? pow2_at_most(info.subgroup_size) : 32;
     team = std::clamp<std::uint32_t>(team, 4, 64);
+    // A GPU that lets a pipeline pick 32 (AMD RDNA: wave32 or wave64; Intel: SIMD8..32) gets 32,
+    // as on NVIDIA: twice the teams, so twice the rows per workgroup share each K/V tile.
+    if (!cpu && control.required_size && control.full_subgroups && control.min_size <= 32 && control.max_size >= 32)
+        team = 32;
     team = std::min(team, pow2_at_most(max_inv));
     // Invocations: 256 on a discrete GPU (8 warps / 4 waves: enough to hide shared-memory latency
     // with two workgroups per SM/CU), 128 on an integrated GPU (fewer, smaller cores), 64 on a

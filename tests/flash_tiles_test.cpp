@@ -43,6 +43,8 @@ std::vector<fake> fakes() {
         {"discrete, subgroup 32", describe(device_type::discrete_gpu, 32, true, 49152, 1024), {32, 32, true, true, 32}},
         // AMD (GCN / RDNA wave64 default): 64 KiB of LDS, wave32..64 selectable
         {"discrete, subgroup 64", describe(device_type::discrete_gpu, 64, true, 65536, 1024), {32, 64, true, true, 16}},
+        // AMD GCN: wave64 only
+        {"discrete, subgroup 64 only", describe(device_type::discrete_gpu, 64, true, 65536, 1024), {64, 64, true, true, 16}},
         // Intel integrated: SIMD8..32, no subgroup size control offered here
         {"integrated, subgroup 16", describe(device_type::integrated_gpu, 16, true, 65536, 512), {}},
         // lavapipe: 8 lanes per AVX2 vector, 32 KiB
@@ -103,22 +105,28 @@ TEST_CASE("fused tiles follow the device: GPUs get 128-256 invocations in subgro
     CHECK(nv.br == 32);  // 8 warps of 4 rows
     CHECK(nv.bc == 32);  // 64 keys would exceed 48 KiB
     CHECK(nv.q_regs == 0);
-    const flash_tiles amd = choose_flash_tiles(f[1].info, 4096, 64, 64, f[1].control);
-    CHECK(amd.wg == 256);
-    CHECK(amd.team == 64);
-    CHECK(amd.required_subgroup == 64);
-    CHECK(amd.bc == 64);  // a key per lane; 64 KiB of LDS holds it
-    CHECK(amd.br == 16);  // 4 waves of 4 rows
-    const flash_tiles intel = choose_flash_tiles(f[2].info, 4096, 64, 64, f[2].control);
+    const flash_tiles rdna = choose_flash_tiles(f[1].info, 4096, 64, 64, f[1].control);
+    CHECK(rdna.wg == 256);
+    CHECK(rdna.team == 32);  // wave32 where the pipeline may require it: 8 teams of 4 rows
+    CHECK(rdna.required_subgroup == 32);
+    CHECK(rdna.br == 32);
+    CHECK(rdna.bc == 64);  // 64 KiB of LDS holds 64-key tiles
+    const flash_tiles gcn = choose_flash_tiles(f[2].info, 4096, 64, 64, f[2].control);
+    CHECK(gcn.wg == 256);
+    CHECK(gcn.team == 64);
+    CHECK(gcn.required_subgroup == 64);
+    CHECK(gcn.bc == 64);  // a key per lane
+    CHECK(gcn.br == 16);  // 4 waves of 4 rows
+    const flash_tiles intel = choose_flash_tiles(f[3].info, 4096, 64, 64, f[3].control);
     CHECK(intel.wg == 128);
     CHECK(intel.team == 16);
     CHECK(intel.required_subgroup == 0);  // no size control: the shader checks the size at run time
     CHECK(intel.fallback == 1);
-    const flash_tiles cpu = choose_flash_tiles(f[3].info, 4096, 64, 64, f[3].control);
+    const flash_tiles cpu = choose_flash_tiles(f[4].info, 4096, 64, 64, f[4].control);
     CHECK(cpu.wg == 64);
     CHECK(cpu.team == 8);
     CHECK(cpu.required_subgroup == 8);
-    const flash_tiles small = choose_flash_tiles(f[4].info, 4096, 256, 256, f[4].control);
+    const flash_tiles small = choose_flash_tiles(f[5].info, 4096, 256, 256, f[5].control);
     CHECK(small.team == 32);  // unknown subgroup size: 32, with the shared-memory reductions
     CHECK(small.fallback == 1);
     CHECK(small.shared_bytes() <= 16384);
@@ -135,12 +143,12 @@ TEST_CASE("fused key chunks: every key on GPUs, bounded loop budgets on CPU devi
     const auto f = fakes();
     for (std::uint32_t seq : {1u, 1000u, 16384u, 65536u}) {
         CHECK(flash_chunk_keys(f[0].info, f[0].control, seq, 64, 64) == seq);
-        CHECK(flash_chunk_keys(f[2].info, f[2].control, seq, 256, 256) == seq);
+        CHECK(flash_chunk_keys(f[3].info, f[3].control, seq, 256, 256) == seq);
         CHECK(flash_chunk_keys(f[0].info, f[0].control, seq, 64, 64, 37) == std::min(seq, 37u));
     }
     for (std::uint32_t d : {1u, 64u, 256u}) {
-        const flash_tiles t = choose_flash_tiles(f[3].info, 16384, d, d, f[3].control);
-        const std::uint32_t chunk = flash_chunk_keys(f[3].info, f[3].control, 16384, d, d);
+        const flash_tiles t = choose_flash_tiles(f[4].info, 16384, d, d, f[4].control);
+        const std::uint32_t chunk = flash_chunk_keys(f[4].info, f[4].control, 16384, d, d);
         INFO("d " << d << " chunk " << chunk);
         CHECK(chunk < 16384);
         CHECK(chunk % t.bc == 0);
@@ -149,10 +157,10 @@ TEST_CASE("fused key chunks: every key on GPUs, bounded loop budgets on CPU devi
         CHECK((16384 + chunk - 1) / chunk <= 1000);  // dispatch.cpp's cap on dispatches per call
     }
     // With a GPU's tiles forced onto the CPU device the chunk follows those tiles.
-    const device_info as_gpu = flash_tiles_device(f[3].info, &f[0].info);
+    const device_info as_gpu = flash_tiles_device(f[4].info, &f[0].info);
     CHECK(as_gpu.type == device_type::discrete_gpu);
     CHECK(as_gpu.max_shared_memory == 32768);  // the real device's limit
-    const std::uint32_t forced = flash_chunk_keys(f[3].info, f[3].control, 16384, 64, 64, 0, &f[0].info);
+    const std::uint32_t forced = flash_chunk_keys(f[4].info, f[4].control, 16384, 64, 64, 0, &f[0].info);
     CHECK(forced < 16384);
-    CHECK(forced % choose_flash_tiles(as_gpu, 16384, 64, 64, f[3].control).bc == 0);
+    CHECK(forced % choose_flash_tiles(as_gpu, 16384, 64, 64, f[4].control).bc == 0);
 }

@@ -480,6 +480,19 @@ TEST_CASE("fused attention with a GPU's tiles matches the float64 reference", "[
     }
 }
 
+// A GPU's tiles forced onto a CPU device on a sequence long enough that the host splits it into
+// key chunks by its own loop budget (5,024 keys here, not a forced chunk length): the online-
+// softmax state must cross the chunk border intact with the GPU geometry (256 invocations, teams
+// of 32, shared-memory reductions). About 7 GFLOP: in the long entry.
+TEST_CASE("a GPU's tiles on lavapipe: key chunks from the loop budget stay exact", "[vulkan][long][gpu_tiles]") {
+    const auto devices = gpu_tile_devices(gpu().device());
+    auto ctx = qkv_test::make_context({.fused_tiles_as = devices[0].second});
+    auto p = make_problem({.seq = 5100, .d_in = 64, .d_k = 64, .d_v = 64, .heads = 1}, 5100);
+    p.options.implementation = qkv::implementation::fused;
+    check_against_reference(ctx, p, 1e-9);
+    require_clean(ctx);
+}
+
 // The issue's long-sequence target: 16384 keys for every query. The staged path would need 1 GiB
 // for the scores alone; the fused kernel streams K and V and keeps O(N·d). About 69 GFLOP: a
 // minute or two on lavapipe, so it runs as its own CTest entry (qkv_vulkan_long).
