@@ -1,39 +1,60 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
-// Fused attention (flash attention): softmax(Q_h·K_hᵀ·scale + mask)·V_h for a block of BR query
-// rows of one (batch, head), streaming K and V through shared memory BC rows at a time with an
-// online softmax. Nothing of size seq x seq is ever written: device memory stays O(B·H·N·d).
+// Fused attention, GPU family (flash attention): softmax(Q_h·K_hᵀ·scale + mask)·V_h for a block of
+// BR query rows of one (batch, head), streaming K and V through shared memory BC rows at a time
+// with an online softmax. Nothing of size seq x seq is ever written: memory stays O(B·H·N·d).
 //
-// Per K/V tile, the workgroup cooperates in three steps:
-//   1. scores  S[r][j] = q_r·k_j·scale (+ additive mask), masked -> -inf        (all invocations)
-//   2. softmax m' = max(m, max_j S[r][j]), alpha = exp(m - m')                 (one invocation per row)
-//              P = exp(S - m')                                                 (all invocations)
-//              l = l·alpha + Σ_j P[r][j]                                       (one invocation per row)
-//   3. values  O[r][c] = O[r][c]·alpha_r + Σ_j P[r][j]·v_j[c]                   (all invocations)
-// Statistics and accumulators are float32. At the end output = O / l: 0 for a row with nothing
-// to attend to, NaN for a row with a NaN or +inf score (as the staged softmax does). A masked
-// entry contributes nothing, not even 0·NaN. With a causal mask the loop stops at the block's last
-// row: tiles above the diagonal are never loaded or computed.
+// Work partitioning (FlashAttention-2 style): the WG invocations form RG = WG / T row teams of T
+// lanes; team g owns RPG = BR / RG query rows for the whole key loop, so the softmax of a row
+// never leaves its team. Per K/V tile:
+//   load   K and V tiles -> shared memory (vec4, fp32), barrier #1
+//   scores lane l takes keys l, l+T, ...: S[r][j] = q_r·k_j (q pre-scaled; in registers when
+//          small enough, else broadcast from shared memory), masked -> -inf
+//   softmax row maxima and sums by team reductions: subgroupMax / subgroupAdd when the team is
+//          exactly one full subgroup (checked at run time: gl_SubgroupSize == T, full subgroups),
+//          else through shared memory (one barrier each). m and l stay in registers.
+//   values lane takes (row, 4 output columns) pairs: O = O·alpha + Σ_j P[r][j]·v_j, P read from
+//          the team's slice of shared memory; barrier #2 before the next tile overwrites K/V.
+// Statistics and accumulators are float32 (fp16 storage is converted on load). The output is
+// written once, O / l: 0 for a row with nothing to attend to, NaN for a row with a NaN or +inf
+// score (inside the kernel a poisoned row's maximum is +inf). A masked entry contributes
+// nothing, not even 0·NaN: a tile whose V holds a NaN or Inf takes a loop that skips p == 0.
+// With a causal mask the key loop stops at the block's last row: tiles above the diagonal are
+// never loaded or computed.
 //
-// Key chunks: a dispatch may cover only the keys [kv_begin, kv_stop). Then the running maximum and
-// sum go to `state` and the unnormalised accumulator to the output (flag 16, more chunks follow),
-// and the next dispatch resumes from them (flag 8). The host splits long sequences this way on
-// devices that bound the loop iterations of one invocation: llvmpipe (lavapipe) ends every loop
-// of a shader after 65,535 iterations in total, silently, which would drop the last keys.
+// Key chunks: a dispatch may cover only the keys [kv_begin, kv_stop). Then the running maximum
+// and sum go to `state` (NaN maximum = poisoned row) and the unnormalised accumulator to the
+// output (flag 16, more chunks follow); the next dispatch resumes from them (flag 8). The host
+// splits long sequences this way on CPU devices (llvmpipe ends every loop of a shader after
+// 65,535 iterations in total, silently); see flash_chunk_keys in src/stages.cpp.
 //
-// Specialization constants (chosen per device by src/stages.cpp): the workgroup size, BR, BC,
-// and D_MAX / DV_MAX, the head widths rounded up, which size the shared tiles. Loops run to the
-// actual widths from push constants.
+// Specialization constants (chosen per device by src/stages.cpp, choose_flash_tiles): see
+// below. QKV_SUBGROUP (a compile-time define: the capability must not appear in a module a
+// device cannot run) enables the subgroup reductions.
 #include "precision.glsl"
+#ifdef QKV_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#ifdef QKV_FP16
+#define QKV4_T f16vec4
+#else
+#define QKV4_T vec4
+#endif
 
 layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 1) const uint BR = 16;      // query rows per workgroup
-layout(constant_id = 2) const uint BC = 16;      // key/value rows per tile
-layout(constant_id = 3) const uint D_MAX = 64;   // >= head width of Q and K
-layout(constant_id = 4) const uint DV_MAX = 64;  // >= head width of V
+layout(constant_id = 2) const uint BC = 32;      // key/value rows per tile
+layout(constant_id = 3) const uint D_MAX = 64;   // >= head width of Q and K, a multiple of 4
+layout(constant_id = 4) const uint DV_MAX = 64;  // >= head width of V, a multiple of 4 (see host)
+layout(constant_id = 5) const uint T = 32;       // lanes per row team (the subgroup size aimed at)
+layout(constant_id = 6) const uint Q_REGS = 0;   // 1: each lane keeps its team's query rows in registers
+layout(constant_id = 7) const uint VEC4 = 0;     // 1: widths and offsets are multiples of 4: vec4 loads
+layout(constant_id = 8) const uint FALLBACK = 1; // 0: the pipeline requires subgroups of T lanes, all full
 
 layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = 0) readonly buffer QKV4 { QKV4_T qkv4[]; };  // the same buffer, 4 at a time
 layout(std430, binding = 1) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = 2) readonly buffer Additive { float additive[]; };
 layout(std430, binding = 3) buffer O { float o_out[]; };
@@ -49,35 +70,47 @@ layout(push_constant) uniform Push {
     uint k_off, v_off; // column offsets of K and V in a Q|K|V row (Q is at 0)
     uint o_rs, o_bs;   // output row and batch strides (head h writes columns h·dv ..)
     float scale;
-    uint flags;        // 1 causal, 2 boolean mask, 4 additive mask
+    uint flags;        // 1 causal, 2 boolean mask, 4 additive mask, 8 resume, 16 partial
     uint mask_bs, add_bs;
     uint kv_begin, kv_stop;  // this dispatch's keys
 } pc;
 
 const uint WG = gl_WorkGroupSize.x;
-const uint KV_MAX = D_MAX > DV_MAX ? D_MAX : DV_MAX;
-// Register blocking (the host keeps these exact: WG % BC == 0, BR % S_GROUPS == 0, ...).
-// Scores: invocation t takes key columns t % S_LANES (+ multiples of S_LANES) and every
-// S_GROUPS-th row from t / S_LANES.
-const uint S_LANES = BC < WG ? BC : WG;
-const uint S_GROUPS = WG / S_LANES;
-const uint S_ROWS = BR / S_GROUPS;
-const uint S_COLS = BC / S_LANES;
-// Values: invocation t takes columns t % O_LANES (+ multiples of O_LANES) and every
-// O_GROUPS-th row from t / O_LANES.
-const uint O_LANES = DV_MAX < WG ? DV_MAX : WG;
-const uint O_GROUPS = WG / O_LANES;
-const uint O_ROWS = BR / O_GROUPS;
-const uint O_COLS = (DV_MAX + O_LANES - 1) / O_LANES;
+const uint RG = WG / T;                 // row teams
+const uint RPG = BR / RG;               // rows per team
+const uint KPL = (BC + T - 1) / T;      // keys per lane in the scores
+const uint D4 = D_MAX / 4, DV4 = DV_MAX / 4;
+const uint KS = D4 + 1;                 // K tile row stride in vec4: odd, so lanes hit distinct banks
+// Values: lane takes vec4 columns o_lane + m·O_LANES of its team's rows o_group + k·O_GROUPS.
+// The host keeps T % O_LANES == 0 and DV4 % O_LANES == 0.
+const uint O_LANES = DV4 < T ? DV4 : T;
+const uint O_GROUPS = T / O_LANES;
+const uint O_ROWS = (RPG + O_GROUPS - 1) / O_GROUPS;
+const uint O_COLS = DV4 / O_LANES;
+const uint LOAD_K = (BC * D4 + WG - 1) / WG, LOAD_V = (BC * DV4 + WG - 1) / WG;
+const uint Q_SHARED = Q_REGS != 0 ? 1 : BR * D4;
+const uint Q_REG = Q_REGS != 0 ? RPG * D4 : 1;
 
-shared float tile_q[BR * D_MAX];   // this block's queries, pre-multiplied by scale
-shared float tile_kv[BC * KV_MAX]; // K tile (transposed: [c][j]), then V tile ([j][c])
-shared float tile_p[BR * BC];      // scores, then probabilities
-shared float row_m[BR], row_l[BR], row_alpha[BR];
-shared bool row_poisoned[BR];
-shared bool tile_v_nonfinite;  // the V tile holds a NaN or Inf: take the careful loop
+shared vec4 k_tile[BC * KS];
+shared vec4 v_tile[BC * DV4];
+shared vec4 q_tile[Q_SHARED];          // pre-scaled queries, when not in registers
+shared float p_tile[BR * BC];          // probabilities, each team's rows written and read by it alone
+shared float alpha_tile[BR];           // this tile's rescale factor per row
+const uint RED = FALLBACK != 0 ? BR * T : 1;
+shared float red_max[RED], red_sum[RED];  // team reductions without subgroup operations
+shared bool v_nonfinite[2];            // per tile parity: the V tile holds a NaN or Inf
 
-uint o_group_of(uint t) { return O_GROUPS == 1 ? 0 : t / O_LANES; }
+#define neg_inf uintBitsToFloat(0xff800000u)
+#define pos_inf uintBitsToFloat(0x7f800000u)
+
+// 4 consecutive elements of Q|K|V from element `at`, the first `width - c` of them (0 beyond).
+vec4 load4(uint at, uint c, uint width) {
+    if (VEC4 != 0) return c < width ? vec4(qkv4[(at + c) >> 2]) : vec4(0.0);
+    vec4 v = vec4(0.0);
+    [[unroll]] for (uint k = 0; k < 4; ++k)
+        if (c + k < width) v[k] = float(qkv[at + c + k]);
+    return v;
+}
 
 void main() {
     const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BR;
@@ -85,180 +118,241 @@ void main() {
     const uint batch = z / pc.heads, head = z % pc.heads;
     const uint t = gl_LocalInvocationID.x;
     const uint base = batch * pc.seq * pc.ld;
-    const float neg_inf = uintBitsToFloat(0xff800000u), pos_inf = uintBitsToFloat(0x7f800000u);
     const bool causal = (pc.flags & 1u) != 0u, has_mask = (pc.flags & 2u) != 0u, has_add = (pc.flags & 4u) != 0u;
     const bool resume = (pc.flags & 8u) != 0u, partial = (pc.flags & 16u) != 0u;
     const uint state_base = z * pc.seq;
     const uint q_col = head * pc.d, k_col = pc.k_off + head * pc.d, v_col = pc.v_off + head * pc.dv;
 
-    for (uint idx = t; idx < BR * pc.d; idx += WG) {
-        const uint r = idx / pc.d, c = idx % pc.d;
-        tile_q[r * D_MAX + c] = row0 + r < pc.seq ? float(qkv[base + (row0 + r) * pc.ld + q_col + c]) * pc.scale : 0.0;
-    }
-    for (uint r = t; r < BR; r += WG) {
-        row_m[r] = neg_inf;
-        row_l[r] = 0.0;
-        row_poisoned[r] = false;
-        if (resume && row0 + r < pc.seq) {  // NaN as the maximum marks a poisoned row
-            const float m = state[2 * (state_base + row0 + r)];
-            row_poisoned[r] = isnan(m);
-            row_m[r] = isnan(m) ? neg_inf : m;
-            row_l[r] = state[2 * (state_base + row0 + r) + 1];
+    // The team is one subgroup when the device runs subgroups of exactly T lanes, all full; this
+    // is uniform across the workgroup, so the barriers of the other branch stay uniform too.
+#ifdef QKV_SUBGROUP
+    const bool sg = FALLBACK == 0 || (gl_SubgroupSize == T && gl_NumSubgroups * T == WG);
+    const uint team = sg ? gl_SubgroupID : t / T, lane = sg ? gl_SubgroupInvocationID : t % T;
+#else
+    const bool sg = false;
+    const uint team = t / T, lane = t % T;
+#endif
+    const uint r_first = team * RPG;  // the team's first row in the block
+    const uint o_lane = lane % O_LANES, o_group = lane / O_LANES;
+
+    // ---- queries (pre-scaled), running statistics, accumulators ----
+    vec4 q_reg[Q_REG];
+    if (Q_REGS != 0) {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            const uint row = row0 + r_first + i;
+            [[unroll]] for (uint c4 = 0; c4 < D4; ++c4)
+                q_reg[i * D4 + c4] = row < pc.seq ? load4(base + row * pc.ld + q_col, 4 * c4, pc.d) * pc.scale : vec4(0.0);
         }
-    }
-    float o[O_ROWS * O_COLS];
-    [[unroll]] for (uint k = 0; k < O_ROWS * O_COLS; ++k) o[k] = 0.0;
-    if (resume) {
-        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
-            const uint row = row0 + o_group_of(t) + i * O_GROUPS;
-            [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
-                const uint c = t % O_LANES + m * O_LANES;
-                if (row < pc.seq && c < pc.dv) o[i * O_COLS + m] = o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c];
+    } else {
+        [[unroll]] for (uint k = 0; k < (BR * D4 + WG - 1) / WG; ++k) {
+            const uint idx = t + k * WG;
+            if (idx < BR * D4) {
+                const uint r = idx / D4, c4 = idx % D4, row = row0 + r;
+                q_tile[idx] = row < pc.seq ? load4(base + row * pc.ld + q_col, 4 * c4, pc.d) * pc.scale : vec4(0.0);
             }
         }
     }
-    // With one group the row index is a constant, so tile_q / tile_p reads are provably uniform
-    // (a scalar load and broadcast, not a gather, on SIMD-per-invocation devices such as lavapipe).
-    const uint s_lane = t % S_LANES, s_group = S_GROUPS == 1 ? 0 : t / S_LANES;
-    const uint o_lane = t % O_LANES, o_group = O_GROUPS == 1 ? 0 : t / O_LANES;
+    float m_run[RPG], l_run[RPG];
+    [[unroll]] for (uint i = 0; i < RPG; ++i) {
+        m_run[i] = neg_inf;
+        l_run[i] = 0.0;
+        const uint row = row0 + r_first + i;
+        if (resume && row < pc.seq) {  // NaN as the maximum marks a poisoned row: +inf here
+            const float m = state[2 * (state_base + row)];
+            m_run[i] = isnan(m) ? pos_inf : m;
+            l_run[i] = state[2 * (state_base + row) + 1];
+        }
+    }
+    vec4 o[O_ROWS * O_COLS];
+    [[unroll]] for (uint k = 0; k < O_ROWS * O_COLS; ++k) o[k] = vec4(0.0);
+    if (resume) {
+        [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+            const uint ri = o_group + k * O_GROUPS, row = row0 + r_first + ri;
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+                const uint c = 4 * (o_lane + m * O_LANES);
+                if (ri < RPG && row < pc.seq) {
+                    const uint at = batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c;
+                    [[unroll]] for (uint e = 0; e < 4; ++e)
+                        if (c + e < pc.dv) o[k * O_COLS + m][e] = o_out[at + e];
+                }
+            }
+        }
+    }
+    if (t == 0) {
+        v_nonfinite[0] = false;
+        v_nonfinite[1] = false;
+    }
+    barrier();  // q_tile and the flags
 
     // Causal: keys beyond the block's last row are masked for every row of the block.
     const uint kv_end = min(pc.kv_stop, causal ? min(pc.seq, row0 + BR) : pc.seq);
-    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC) {
+    uint parity = 0;
+    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC, parity ^= 1u) {
         const uint bc = min(BC, kv_end - j0);
-        for (uint idx = t; idx < bc * pc.d; idx += WG) {
-            const uint j = idx / pc.d, c = idx % pc.d;
-            tile_kv[c * BC + j] = float(qkv[base + (j0 + j) * pc.ld + k_col + c]);  // transposed
-        }
-        barrier();
-        // 1. scores: a block of S_ROWS x S_COLS dot products per invocation, so each loaded query
-        //    and key element serves several products
-        {
-            float acc[S_ROWS * S_COLS];
-            [[unroll]] for (uint i = 0; i < S_ROWS * S_COLS; ++i) acc[i] = 0.0;
-            for (uint c = 0; c < pc.d; ++c) {
-                float k[S_COLS];
-                [[unroll]] for (uint n = 0; n < S_COLS; ++n) k[n] = tile_kv[c * BC + s_lane + n * S_LANES];
-                [[unroll]] for (uint i = 0; i < S_ROWS; ++i) {
-                    const float q = tile_q[(s_group + i * S_GROUPS) * D_MAX + c];
-                    [[unroll]] for (uint n = 0; n < S_COLS; ++n) acc[i * S_COLS + n] = fma(q, k[n], acc[i * S_COLS + n]);
-                }
-            }
-            [[unroll]] for (uint i = 0; i < S_ROWS; ++i) {
-                const uint r = s_group + i * S_GROUPS, row = row0 + r;
-                [[unroll]] for (uint n = 0; n < S_COLS; ++n) {
-                    const uint j = s_lane + n * S_LANES, key = j0 + j;
-                    float s = neg_inf;
-                    if (row < pc.seq && j < bc && (!causal || key <= row)) {
-                        const uint mi = row * pc.seq + key;
-                        bool allowed = true;
-                        if (has_mask) {
-                            const uint bit = batch * pc.mask_bs + mi;
-                            allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
-                        }
-                        const float a = acc[i * S_COLS + n];
-                        if (allowed) s = has_add ? a + additive[batch * pc.add_bs + mi] : a;
-                    }
-                    tile_p[r * BC + j] = s;
-                }
-            }
-        }
-        barrier();
-        // 2a. new row maxima (one invocation per row: comparisons only)
-        for (uint r = t; r < BR; r += WG) {
-            float tile_max = neg_inf;
-            bool poisoned = row_poisoned[r];
-            for (uint j = 0; j < bc; ++j) {
-                const float s = tile_p[r * BC + j];
-                if (isnan(s) || s == pos_inf) poisoned = true;
-                else tile_max = max(tile_max, s);
-            }
-            row_poisoned[r] = poisoned;
-            const float m_old = row_m[r], m_new = max(m_old, tile_max);
-            // alpha rescales what was accumulated under the old maximum (0 while nothing was allowed)
-            row_alpha[r] = (m_new != neg_inf && !poisoned) ? exp(m_old - m_new) : 1.0;
-            row_m[r] = m_new;
-        }
-        barrier();
-        // 2b. probabilities, every invocation (the exponentials are the costly part)
-        for (uint idx = t; idx < BR * BC; idx += WG) {
-            const uint r = idx / BC;
-            const float s = tile_p[idx], m = row_m[r];
-            tile_p[idx] = (s == neg_inf || m == neg_inf || row_poisoned[r]) ? 0.0 : exp(s - m);
-        }
-        barrier();
-        // 2c. running sums (one invocation per row), while the others load the V tile
-        for (uint r = t; r < BR; r += WG) {
-            float sum = 0.0;
-            for (uint j = 0; j < bc; ++j) sum += tile_p[r * BC + j];
-            row_l[r] = row_l[r] * row_alpha[r] + sum;
-        }
-        if (t == 0) tile_v_nonfinite = false;
-        barrier();
+        // ---- load: K (row stride KS) and V tiles, zero beyond the tile's keys and the widths ----
         bool nonfinite = false;
-        for (uint idx = t; idx < bc * pc.dv; idx += WG) {
-            const uint j = idx / pc.dv, c = idx % pc.dv;
-            const float v = float(qkv[base + (j0 + j) * pc.ld + v_col + c]);
-            nonfinite = nonfinite || isnan(v) || isinf(v);
-            tile_kv[j * DV_MAX + c] = v;
+        [[unroll]] for (uint k = 0; k < LOAD_K; ++k) {
+            const uint idx = t + k * WG;
+            if (idx < BC * D4) {
+                const uint j = idx / D4, c4 = idx % D4;
+                k_tile[j * KS + c4] = j < bc ? load4(base + (j0 + j) * pc.ld + k_col, 4 * c4, pc.d) : vec4(0.0);
+            }
         }
-        if (nonfinite) tile_v_nonfinite = true;
-        barrier();
-        // 3. values: each loaded value element serves O_ROWS rows
-        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
-            const float alpha = row_alpha[o_group + i * O_GROUPS];
-            [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[i * O_COLS + m] *= alpha;
+        [[unroll]] for (uint k = 0; k < LOAD_V; ++k) {
+            const uint idx = t + k * WG;
+            if (idx < BC * DV4) {
+                const uint j = idx / DV4, c4 = idx % DV4;
+                const vec4 v = j < bc ? load4(base + (j0 + j) * pc.ld + v_col, 4 * c4, pc.dv) : vec4(0.0);
+                nonfinite = nonfinite || any(isnan(v)) || any(isinf(v));
+                v_tile[idx] = v;
+            }
         }
-        if (tile_v_nonfinite) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
+        if (nonfinite) v_nonfinite[parity] = true;
+        barrier();  // #1: tiles loaded
+        const bool careful = v_nonfinite[parity];
+        if (t == 0) v_nonfinite[parity ^ 1u] = false;  // last read before the previous barrier #2
+
+        // ---- scores ----
+        float s[RPG * KPL];
+        [[unroll]] for (uint k = 0; k < RPG * KPL; ++k) s[k] = 0.0;
+        [[unroll]] for (uint c4 = 0; c4 < D4; ++c4) {
+            vec4 kv[KPL];
+            [[unroll]] for (uint n = 0; n < KPL; ++n) kv[n] = k_tile[min(lane + n * T, BC - 1) * KS + c4];
+            [[unroll]] for (uint i = 0; i < RPG; ++i) {
+                vec4 q;
+                if (Q_REGS != 0) q = q_reg[i * D4 + c4];
+                else q = q_tile[(r_first + i) * D4 + c4];
+                [[unroll]] for (uint n = 0; n < KPL; ++n) s[i * KPL + n] += dot(q, kv[n]);
+            }
+        }
+        // ---- mask, tile maxima (a NaN or +inf score counts as +inf: the row is poisoned) ----
+        float red[RPG];
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            const uint row = row0 + r_first + i;
+            float mx = neg_inf;
+            [[unroll]] for (uint n = 0; n < KPL; ++n) {
+                const uint j = lane + n * T, key = j0 + j;
+                float v = neg_inf;
+                if (row < pc.seq && j < bc && (!causal || key <= row)) {
+                    const uint mi = row * pc.seq + key;
+                    bool allowed = true;
+                    if (has_mask) {
+                        const uint bit = batch * pc.mask_bs + mi;
+                        allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+                    }
+                    if (allowed) v = has_add ? s[i * KPL + n] + additive[batch * pc.add_bs + mi] : s[i * KPL + n];
+                }
+                s[i * KPL + n] = v;
+                mx = max(mx, (isnan(v) || v == pos_inf) ? pos_inf : v);
+            }
+            red[i] = mx;
+        }
+#ifdef QKV_SUBGROUP
+        if (sg) {
+            [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupMax(red[i]);
+        } else
+#endif
+        {
+            [[unroll]] for (uint i = 0; i < RPG; ++i) red_max[(r_first + i) * T + lane] = red[i];
+            barrier();
+            [[unroll]] for (uint i = 0; i < RPG; ++i) {
+                float mx = neg_inf;
+                [[unroll]] for (uint u = 0; u < T; ++u) mx = max(mx, red_max[(r_first + i) * T + u]);
+                red[i] = mx;
+            }
+        }
+        // ---- probabilities, rescale factors, tile sums ----
+        float alpha[RPG];
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            const float m_old = m_run[i], m_new = max(m_old, red[i]);
+            const bool live = m_new != neg_inf && m_new != pos_inf;  // something allowed, not poisoned
+            alpha[i] = live ? exp(m_old - m_new) : 1.0;
+            m_run[i] = m_new;
+            float sum = 0.0;
+            [[unroll]] for (uint n = 0; n < KPL; ++n) {
+                const float sv = s[i * KPL + n];
+                const float p = (live && sv != neg_inf) ? exp(sv - m_new) : 0.0;
+                const uint j = lane + n * T;
+                if (j < BC) p_tile[(r_first + i) * BC + j] = p;
+                sum += p;
+            }
+            red[i] = sum;
+            if (lane == 0) alpha_tile[r_first + i] = alpha[i];
+        }
+#ifdef QKV_SUBGROUP
+        if (sg) {
+            [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupAdd(red[i]);
+            subgroupMemoryBarrierShared();  // p_tile and alpha_tile: written and read by this subgroup
+            subgroupBarrier();
+        } else
+#endif
+        {
+            [[unroll]] for (uint i = 0; i < RPG; ++i) red_sum[(r_first + i) * T + lane] = red[i];
+            barrier();
+            [[unroll]] for (uint i = 0; i < RPG; ++i) {
+                float sum = 0.0;
+                [[unroll]] for (uint u = 0; u < T; ++u) sum += red_sum[(r_first + i) * T + u];
+                red[i] = sum;
+            }
+        }
+        [[unroll]] for (uint i = 0; i < RPG; ++i) l_run[i] = l_run[i] * alpha[i] + red[i];
+
+        // ---- values ----
+        [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+            const float a = alpha_tile[r_first + min(o_group + k * O_GROUPS, RPG - 1)];
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] *= a;
+        }
+        if (careful) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
             for (uint j = 0; j < bc; ++j) {
-                [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
-                    const uint c = o_lane + m * O_LANES;
-                    const float v = c < pc.dv ? tile_kv[j * DV_MAX + c] : 0.0;
-                    [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
-                        const float p = tile_p[(o_group + i * O_GROUPS) * BC + j];
-                        if (p != 0.0) o[i * O_COLS + m] = fma(p, v, o[i * O_COLS + m]);
+                [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+                    const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
+                    if (p != 0.0) {
+                        [[unroll]] for (uint m = 0; m < O_COLS; ++m)
+                            o[k * O_COLS + m] += p * v_tile[j * DV4 + o_lane + m * O_LANES];
                     }
                 }
             }
-        } else {
-            for (uint j = 0; j < bc; ++j) {
-                [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
-                    const uint c = o_lane + m * O_LANES;
-                    const float v = c < pc.dv ? tile_kv[j * DV_MAX + c] : 0.0;
-                    [[unroll]] for (uint i = 0; i < O_ROWS; ++i)
-                        o[i * O_COLS + m] = fma(tile_p[(o_group + i * O_GROUPS) * BC + j], v, o[i * O_COLS + m]);
+        } else {  // keys beyond bc have p = 0 and a zero V row
+            [[unroll]] for (uint j = 0; j < BC; ++j) {
+                vec4 v[O_COLS];
+                [[unroll]] for (uint m = 0; m < O_COLS; ++m) v[m] = v_tile[j * DV4 + o_lane + m * O_LANES];
+                [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+                    const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
+                    [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] = fma(vec4(p), v[m], o[k * O_COLS + m]);
                 }
             }
         }
-        barrier();
+        barrier();  // #2: every read of this tile's shared memory is done
     }
-    barrier();  // the row statistics, also when this chunk had no keys for the block
+
+    // ---- hand the state to the next chunk, or write the output once ----
     const float nan = uintBitsToFloat(0x7fc00000u);
-    if (partial) {  // hand the running state to the next chunk
-        [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
-            const uint row = row0 + o_group + i * O_GROUPS;
-            [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
-                const uint c = o_lane + m * O_LANES;
-                if (row < pc.seq && c < pc.dv) o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c] = o[i * O_COLS + m];
+    if (partial && lane == 0) {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            const uint row = row0 + r_first + i;
+            if (row < pc.seq) {
+                state[2 * (state_base + row)] = m_run[i] == pos_inf ? nan : m_run[i];
+                state[2 * (state_base + row) + 1] = l_run[i];
             }
         }
-        for (uint r = t; r < BR; r += WG) {
-            if (row0 + r < pc.seq) {
-                state[2 * (state_base + row0 + r)] = row_poisoned[r] ? nan : row_m[r];
-                state[2 * (state_base + row0 + r) + 1] = row_l[r];
-            }
-        }
-        return;
     }
-    [[unroll]] for (uint i = 0; i < O_ROWS; ++i) {
-        const uint r = o_group + i * O_GROUPS, row = row0 + r;
-        [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
-            const uint c = o_lane + m * O_LANES;
-            if (row < pc.seq && c < pc.dv) {
-                const float l = row_l[r];
-                o_out[batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c] =
-                    row_poisoned[r] ? nan : (l > 0.0 ? o[i * O_COLS + m] / l : 0.0);
+    [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+        const uint ri = o_group + k * O_GROUPS, row = row0 + r_first + ri;
+        if (ri >= RPG || row >= pc.seq) continue;
+        float l = 0.0;
+        bool poisoned = false;
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {  // registers, indexed by constants only
+            if (i == ri) {
+                l = l_run[i];
+                poisoned = m_run[i] == pos_inf;
             }
+        }
+        [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
+            const uint c = 4 * (o_lane + m * O_LANES);
+            const vec4 r = partial ? o[k * O_COLS + m] : (poisoned ? vec4(nan) : (l > 0.0 ? o[k * O_COLS + m] / l : vec4(0.0)));
+            const uint at = batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c;
+            [[unroll]] for (uint e = 0; e < 4; ++e)
+                if (c + e < pc.dv) o_out[at + e] = r[e];
         }
     }
 }

@@ -29,6 +29,7 @@ attention_output context::attention(const attention_problem& problem) {
     try {
         dispatch_environment env{*impl_->dev, *impl_->alloc, *impl_->pipes, *impl_->exec, impl_->buffers,
                                  impl_->options.force_staging, impl_->options.max_fused_keys_per_dispatch};
+        if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
         attention_output out = run_attention(env, problem);
         impl_->last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         impl_->last.device_ms = env.device_ms;

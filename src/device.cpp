@@ -48,6 +48,37 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     // A portability (MoltenVK) device must enable the subset extension.
     if (has_extension(ifn, physical_, "VK_KHR_portability_subset")) extensions.push_back("VK_KHR_portability_subset");
 
+    // Subgroup size control (VK_EXT_subgroup_size_control; drivers keep listing it in 1.3), optional:
+    // the fused kernel then requires its row-team size as the subgroup size, with full subgroups,
+    // so its subgroup reductions apply. Enabled only where the device has it.
+    const bool size_ext = has_extension(ifn, physical_, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    auto size_features = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeatures>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES);
+    if (size_ext) {
+        auto size_props = vk_struct<VkPhysicalDeviceSubgroupSizeControlProperties>(
+            VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
+        auto props2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+        props2.pNext = &size_props;
+        ifn.vkGetPhysicalDeviceProperties2(physical_, &props2);
+        auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+        query.pNext = &size_features;
+        ifn.vkGetPhysicalDeviceFeatures2(physical_, &query);
+        size_features.pNext = nullptr;
+        if (size_features.subgroupSizeControl == VK_TRUE &&
+            (size_props.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && size_props.minSubgroupSize > 0) {
+            subgroups_.min_size = size_props.minSubgroupSize;
+            subgroups_.max_size = size_props.maxSubgroupSize;
+            subgroups_.required_size = true;
+            subgroups_.full_subgroups = size_features.computeFullSubgroups == VK_TRUE;
+            subgroups_.max_subgroups = size_props.maxComputeWorkgroupSubgroups;
+            storage16.pNext = &size_features;
+            extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+        } else {
+            size_features.subgroupSizeControl = VK_FALSE;
+            size_features.computeFullSubgroups = VK_FALSE;
+        }
+    }
+
     auto info = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
     info.pNext = &features;
     info.queueCreateInfoCount = 1;

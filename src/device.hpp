@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "flash_tiles.hpp"
 #include "instance.hpp"
 #include "vk.hpp"
 
@@ -26,6 +27,8 @@ public:
     [[nodiscard]] const instance& inst() const { return *instance_; }
     /// storageBuffer16BitAccess was available and is enabled: fp16 storage shaders may run.
     [[nodiscard]] bool fp16_storage() const { return fp16_storage_; }
+    /// Subgroup size control, where offered and enabled (all zero / false otherwise).
+    [[nodiscard]] const subgroup_control& subgroups() const { return subgroups_; }
 
 private:
     std::shared_ptr<const instance> instance_;
@@ -38,6 +41,7 @@ private:
     VkPhysicalDeviceMemoryProperties memory_{};
     VkPhysicalDeviceLimits limits_{};
     bool fp16_storage_ = false;
+    subgroup_control subgroups_;
 };
 
 }  // namespace qkv::vulkan::detail

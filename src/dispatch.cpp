@@ -70,7 +70,8 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     bool staged_io = false;
     const std::uint32_t flash_chunk =
         p.impl == implementation::fused
-            ? flash_chunk_keys(info, p.seq, p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys)
+            ? flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys,
+                               env.fused_tiles_as)
             : p.seq;
     if ((p.seq + flash_chunk - 1) / flash_chunk > 1000)
         throw limit_exceeded("the fused kernel would need " + std::to_string((p.seq + flash_chunk - 1) / flash_chunk) +
@@ -152,7 +153,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         f.add_bs = p.additive_batched ? N * N : 0;
         const binding state = bufs.flash_state ? whole(bufs.flash_state, bufs.flash_state.size()) : any_input;
         record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state}, f,
-                     B * H, flash_chunk);
+                     B * H, flash_chunk, env.fused_tiles_as);
     } else {
         // Stage 2: scores of every (batch, head): Q_h · K_hᵀ · scale, masked.
         gemm_push g;

@@ -27,6 +27,7 @@ struct dispatch_environment {
     std::uint32_t max_fused_keys = 0;  ///< context_options::max_fused_keys_per_dispatch
     double device_ms = 0;  ///< out: device time of the call
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< out: its phases
+    const device_info* fused_tiles_as = nullptr;  ///< context_options::fused_tiles_as
 };
 
 /// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -22,8 +23,9 @@ pipeline_set::~pipeline_set() {
 }
 
 const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
-                                  const std::vector<std::uint32_t>& spec) {
+                                  const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup) {
     auto key = std::make_pair(shader, spec);
+    key.second.push_back(required_subgroup);
     if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
 
     const auto& fn = dev_.fn();
@@ -67,6 +69,17 @@ const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std:
         info.stage.module = module;
         info.stage.pName = "main";
         info.stage.pSpecializationInfo = spec.empty() ? nullptr : &spec_info;
+        auto size_info = vk_struct<VkPipelineShaderStageRequiredSubgroupSizeCreateInfo>(
+            VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO);
+        if (required_subgroup) {
+            const subgroup_control& sc = dev_.subgroups();
+            if (!sc.required_size || !sc.full_subgroups || required_subgroup < sc.min_size || required_subgroup > sc.max_size)
+                throw error("internal: subgroup size " + std::to_string(required_subgroup) + " required" + what +
+                            " but the device does not offer it");
+            size_info.requiredSubgroupSize = required_subgroup;
+            info.stage.pNext = &size_info;
+            info.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+        }
         info.layout = p.layout;
         check(fn.vkCreateComputePipelines(d, cache_, 1, &info, nullptr, &p.handle), "vkCreateComputePipelines" + what);
         fn.vkDestroyShaderModule(d, module, nullptr);

@@ -29,14 +29,19 @@ public:
 
     /// The pipeline for `shader` with `bindings` storage buffers (bindings 0..n-1), a push-constant
     /// block of `push_size` bytes, and specialization constants 0..k-1 = `spec`.
+    /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
+    /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
     const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
-                        const std::vector<std::uint32_t>& spec);
+                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+
+    [[nodiscard]] const device& dev() const { return dev_; }
 
     [[nodiscard]] std::size_t size() const { return pipelines_.size(); }
 
 private:
     const device& dev_;
     VkPipelineCache cache_ = VK_NULL_HANDLE;
+    // Keyed by shader, then the specialization constants followed by the required subgroup size.
     std::map<std::pair<shader_id, std::vector<std::uint32_t>>, pipeline> pipelines_;
 };
 

@@ -18,6 +18,8 @@ namespace qkv::vulkan::detail {
     X(aggregate_f16, qkv_spv_aggregate_f16)         \
     X(flash, qkv_spv_flash)                         \
     X(flash_f16, qkv_spv_flash_f16)                 \
+    X(flash_subgroup, qkv_spv_flash_subgroup)       \
+    X(flash_subgroup_f16, qkv_spv_flash_subgroup_f16) \
     X(ceiling_fma, qkv_spv_ceiling_fma)             \
     X(ceiling_copy, qkv_spv_ceiling_copy)
 

@@ -41,64 +41,23 @@ std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
     return wg;
 }
 
-namespace {
-std::uint32_t round_up(std::uint32_t v, std::uint32_t m) { return (v + m - 1) / m * m; }
-std::uint32_t pow2_at_least(std::uint32_t v) {
-    std::uint32_t p = 8;
-    while (p < v) p *= 2;
-    return p;
-}
-}  // namespace
-
-flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv) {
-    // The shader's register blocking needs min(BC, WG) | WG, BC | ... (see flash.comp): WG and BC
-    // powers of two, BR a multiple of WG / min(BC, WG) and of WG / min(DV_MAX, WG), and V widths
-    // below WG rounded to a power of two. Largest tiles first; the last fits the 16 KiB of shared
-    // memory the Vulkan spec guarantees, for heads up to 256.
-    struct shape {
-        std::uint32_t wg, br, bc;
-    };
-    // CPU devices (lavapipe: SIMD across invocations, one workgroup per core) run best with few
-    // invocations, each holding a large block of scores and outputs in registers; GPUs need
-    // enough invocations per workgroup to fill a warp or wave.
-    static const shape cpu_shapes[] = {{16, 16, 64}, {16, 16, 32}, {16, 16, 16}, {16, 8, 16}, {16, 8, 8}};
-    static const shape gpu_shapes[] = {{64, 32, 32}, {64, 16, 32}, {64, 16, 16}, {64, 8, 16}, {64, 8, 8}};
-    const auto& shapes = info.type == device_type::cpu ? cpu_shapes : gpu_shapes;
-    flash_tiles t;
-    t.d_max = round_up(d, 8);
-    for (const shape& sh : shapes) {
-        t.wg = sh.wg;
-        t.br = sh.br;
-        t.bc = sh.bc;
-        t.dv_max = dv < t.wg ? pow2_at_least(dv) : round_up(dv, 16);
-        if (t.br > 16 && seq <= 64) continue;  // short sequences: more, smaller blocks
-        if (t.shared_bytes() <= info.max_shared_memory && t.wg <= info.max_workgroup_invocations) break;
-    }
-    return t;
-}
-
-std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv,
-                               std::uint32_t at_most) {
-    const std::uint32_t cap = at_most ? std::min(seq, at_most) : seq;
-    if (info.type != device_type::cpu) return cap;
-    const flash_tiles t = choose_flash_tiles(info, seq, d, dv);
-    const auto per = [&](std::uint64_t work) { return (work + t.wg - 1) / t.wg; };  // iterations per invocation
-    // Loops that stay loops (dynamic bounds) per K/V tile, as flash.comp runs them: the K load,
-    // the dot products over d, row maxima, probabilities, row sums, the V load, and the values.
-    const std::uint64_t per_tile = 1 + per(std::uint64_t{t.bc} * d) + d + per(t.br) * t.bc + per(std::uint64_t{t.br} * t.bc) +
-                                   per(t.br) * t.bc + per(std::uint64_t{t.bc} * dv) + t.bc;
-    const std::uint64_t fixed = per(std::uint64_t{t.br} * d) + 4 * per(t.br);  // Q load, row set-up and hand-over
-    constexpr std::uint64_t budget = 65535 - 4096;                               // with a margin
-    const std::uint64_t tiles = std::max<std::uint64_t>(1, (budget - fixed) / per_tile);
-    return static_cast<std::uint32_t>(std::min<std::uint64_t>(cap, tiles * t.bc));
-}
-
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
                   std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t chunk_keys) {
-    const flash_tiles tiles = choose_flash_tiles(info, push.seq, push.d, push.dv);
-    const pipeline& p = pipes.get(fp16 ? shader_id::flash_f16 : shader_id::flash,
-                                  static_cast<std::uint32_t>(bindings.size()), sizeof(flash_push), tiles.spec());
+                  std::uint32_t chunk_keys, const device_info* tiles_as) {
+    flash_tiles tiles = choose_flash_tiles(flash_tiles_device(info, tiles_as), push.seq, push.d, push.dv,
+                                           pipes.dev().subgroups());
+    if (tiles.shared_bytes() > info.max_shared_memory || tiles.wg > info.max_workgroup_invocations)
+        throw limit_exceeded("the fused kernel needs " + std::to_string(tiles.shared_bytes()) + " bytes of shared memory and " +
+                             std::to_string(tiles.wg) + " invocations per workgroup for head widths " +
+                             std::to_string(push.d) + " / " + std::to_string(push.dv) + "; " + info.name + " has " +
+                             std::to_string(info.max_shared_memory) + " bytes and " +
+                             std::to_string(info.max_workgroup_invocations) + " invocations");
+    // vec4 loads need every Q|K|V element offset the shader forms to be a multiple of 4.
+    tiles.vec4 = push.d % 4 == 0 && push.dv % 4 == 0 && push.ld % 4 == 0 && push.k_off % 4 == 0 && push.v_off % 4 == 0;
+    const shader_id shader = tiles.subgroup ? (fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
+                                            : (fp16 ? shader_id::flash_f16 : shader_id::flash);
+    const pipeline& p = pipes.get(shader, static_cast<std::uint32_t>(bindings.size()), sizeof(flash_push), tiles.spec(),
+                                  tiles.required_subgroup);
     const std::uint32_t groups[3] = {ceil_div(push.seq, tiles.br), 1, batches};
     for (std::uint32_t begin = 0; begin < push.seq; begin += chunk_keys) {
         flash_push part = push;

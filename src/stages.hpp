@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "executor.hpp"
+#include "flash_tiles.hpp"
 #include "pipelines.hpp"
 
 namespace qkv::vulkan::detail {
@@ -73,30 +74,12 @@ gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint
 /// Workgroup size of the softmax: a power of two no larger than the row needs or the device allows.
 std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols);
 
-/// Tile shape of the fused kernel: BR query rows per workgroup, BC key rows per tile, and the
-/// head widths rounded up (they size the shared tiles).
-struct flash_tiles {
-    std::uint32_t wg = 64, br = 16, bc = 16, d_max = 64, dv_max = 64;
-    [[nodiscard]] std::uint32_t shared_bytes() const {
-        return 4 * (br * d_max + bc * std::max(d_max, dv_max) + br * bc + 3 * br) + br * 4;
-    }
-    [[nodiscard]] std::vector<std::uint32_t> spec() const { return {wg, br, bc, d_max, dv_max}; }
-};
-flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv);
-
-/// Keys per dispatch of the fused kernel: all of them, except on CPU implementations, where one
-/// invocation may run at most 65,535 loop iterations in all (llvmpipe ends its loops silently
-/// after that). There each dispatch covers as many K/V tiles as fit in that budget, and the
-/// online-softmax state is carried to the next dispatch in a buffer of B x H x N x 2 floats.
-/// `at_most` (if not 0) lowers it further.
-std::uint32_t flash_chunk_keys(const device_info& info, std::uint32_t seq, std::uint32_t d, std::uint32_t dv,
-                               std::uint32_t at_most = 0);
-
 /// Records the fused attention of every (batch, head) of `batches`: one dispatch per `chunk_keys`
-/// keys (from flash_chunk_keys), with `bindings` ending in the chunk-state buffer.
+/// keys (from flash_chunk_keys, with the same `tiles_as`), with `bindings` ending in the
+/// chunk-state buffer.
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
                   std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t chunk_keys);
+                  std::uint32_t chunk_keys, const device_info* tiles_as = nullptr);
 
 /// Records one tiled-product dispatch over `batches` (batch x heads) grids.
 void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, shader_id shader,

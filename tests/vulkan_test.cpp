@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -410,6 +411,85 @@ TEST_CASE("per-call statistics time each phase within the whole call", "[vulkan]
     p.bo.clear();
     (void)ctx.attention(p.view());
     CHECK(ctx.last_call().output_projection_ms == 0);
+    require_clean(ctx);
+}
+
+// The GPU family's tile configurations of real GPUs, forced onto this device (context_options::
+// fused_tiles_as): 256 or 128 invocations in teams of 32, 64 or 16 lanes. lavapipe's subgroups
+// have 8 lanes, so the kernel must notice that a team is not one subgroup and reduce through
+// shared memory; the last entry takes that path on purpose (no subgroup arithmetic).
+namespace {
+std::vector<std::pair<std::string, qkv::vulkan::device_info>> gpu_tile_devices(const qkv::vulkan::device_info& real) {
+    using qkv::vulkan::device_type;
+    const auto as = [&](device_type type, std::uint32_t subgroup, bool arithmetic, std::uint32_t shared) {
+        qkv::vulkan::device_info d = real;
+        d.type = type;
+        d.subgroup_size = subgroup;
+        d.subgroup_arithmetic = arithmetic;
+        d.max_shared_memory = shared;
+        d.max_workgroup_invocations = 1024;
+        return d;
+    };
+    return {{"discrete, subgroup 32", as(device_type::discrete_gpu, 32, true, 49152)},
+            {"discrete, subgroup 64", as(device_type::discrete_gpu, 64, true, 65536)},
+            {"integrated, subgroup 16", as(device_type::integrated_gpu, 16, true, 65536)},
+            {"discrete, no subgroup arithmetic", as(device_type::discrete_gpu, 32, false, 49152)}};
+}
+}  // namespace
+
+TEST_CASE("fused attention with a GPU's tiles matches the float64 reference", "[vulkan][sweep][gpu_tiles]") {
+    std::uint64_t seed = 5000;
+    const auto specs = sweep_specs();
+    std::size_t offset = 0;
+    for (const auto& [name, as] : gpu_tile_devices(gpu().device())) {
+        auto ctx = qkv_test::make_context({.fused_tiles_as = as});
+        for (std::size_t i = offset++ % 3; i < specs.size(); i += 3) {  // a third each, 30 cases in all
+            auto p = make_problem(specs[i], seed++);
+            p.options.implementation = qkv::implementation::fused;
+            INFO(qkv_test::describe(specs[i]) << " fused, tiles of " << name);
+            check_against_reference(ctx, p, 1e-10);
+            if (ctx.device().fp16_storage && i % 2 == 0) {
+                p.options.precision = qkv::precision::fp16;
+                check_against_reference(ctx, p, 1e-5);
+            }
+        }
+        require_clean(ctx);
+        // Key chunks, staging, determinism and the NaN rules with the same tiles.
+        auto chunked = qkv_test::make_context({.max_fused_keys_per_dispatch = 37, .force_staging = true, .fused_tiles_as = as});
+        for (std::size_t i = offset; i < specs.size(); i += 4) {
+            if (specs[i].seq <= 37) continue;
+            auto p = make_problem(specs[i], seed++);
+            p.options.implementation = qkv::implementation::fused;
+            INFO(qkv_test::describe(specs[i]) << " fused, chunks of 37 keys, staged I/O, tiles of " << name);
+            check_against_reference(chunked, p, 1e-10);
+        }
+        auto p = make_problem({.batch = 2, .seq = 65, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 4, .causal = true}, 13);
+        p.options.implementation = qkv::implementation::fused;
+        const auto first = chunked.attention(p.view()).output;
+        for (int i = 0; i < 3; ++i) CHECK(chunked.attention(p.view()).output == first);
+        auto nan = make_problem({.seq = 90, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, 77);
+        nan.options.implementation = qkv::implementation::fused;
+        nan.wv[0] = 1.0f;
+        nan.x[50 * 4 + 0] = std::numeric_limits<float>::quiet_NaN();  // V row 50
+        const auto r = chunked.attention(nan.view());
+        for (std::size_t row = 0; row < 90; ++row) {
+            INFO("row " << row << ", tiles of " << name);
+            CHECK(std::isnan(r.output[row * 4]) == (row >= 50));
+        }
+        require_clean(chunked);
+    }
+}
+
+// A GPU's tiles forced onto a CPU device on a sequence long enough that the host splits it into
+// key chunks by its own loop budget (5,024 keys here, not a forced chunk length): the online-
+// softmax state must cross the chunk border intact with the GPU geometry (256 invocations, teams
+// of 32, shared-memory reductions). About 7 GFLOP: in the long entry.
+TEST_CASE("a GPU's tiles on lavapipe: key chunks from the loop budget stay exact", "[vulkan][long][gpu_tiles]") {
+    const auto devices = gpu_tile_devices(gpu().device());
+    auto ctx = qkv_test::make_context({.fused_tiles_as = devices[0].second});
+    auto p = make_problem({.seq = 5100, .d_in = 64, .d_k = 64, .d_v = 64, .heads = 1}, 5100);
+    p.options.implementation = qkv::implementation::fused;
+    check_against_reference(ctx, p, 1e-9);
     require_clean(ctx);
 }
 

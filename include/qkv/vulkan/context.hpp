@@ -94,6 +94,11 @@ struct context_options {
     /// fails as if the driver returned VK_ERROR_DEVICE_LOST; 0 = never. The context then behaves
     /// exactly as after a real device loss.
     std::uint32_t simulate_device_lost_at_submit = 0;
+
+    /// Test hook: choose the fused kernel's tiles as for this device description (its type,
+    /// subgroup size and limits) instead of the real device's, within the real device's shared
+    /// memory and invocation limits. Proves a GPU's tile configuration correct on lavapipe.
+    std::optional<device_info> fused_tiles_as{};
 };
 
 /// Per-call timing, filled by context::attention.
