@@ -18,6 +18,8 @@ namespace qkv::vulkan::detail {
     X(aggregate_f16, qkv_spv_aggregate_f16)         \
     X(flash, qkv_spv_flash)                         \
     X(flash_f16, qkv_spv_flash_f16)                 \
+    X(range_guard, qkv_spv_range_guard)             \
+    X(range_guard_f16, qkv_spv_range_guard_f16)     \
     X(ceiling_fma, qkv_spv_ceiling_fma)             \
     X(ceiling_copy, qkv_spv_ceiling_copy)
 
