@@ -10,6 +10,7 @@
 // iterations); excluded from the CTest entry until the GEMM k-loop is split (issue 14, item 1).
 #include <qkv/vulkan/runtime.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -142,7 +143,10 @@ std::string run_case(qkv::vulkan::context& ctx, const sweep_case& c, bool* refus
         const double er = qkv_test::nmse(rounded.output, want.output);
         if (!(er <= 1e-13)) why << "cpu backend float32 results: nmse " << er << "; ";
     }
-    const double tolerance = c.precision == qkv::precision::fp16 ? 1e-5 : 1e-10;
+    // The documented tolerances; float32 projections over very wide inputs (d_in in the tens of
+    // thousands, only in [loop_limit]) round in proportion to d_in, so those get d_in / 8192 times it.
+    const double tolerance = (c.precision == qkv::precision::fp16 ? 1e-5 : 1e-10) *
+                             std::max(1.0, static_cast<double>(c.spec.d_in) / 8192.0);
     try {
         const auto got = ctx.attention(p.view());
         if (c.magnitude == 1.0 || c.precision == qkv::precision::fp32) {
