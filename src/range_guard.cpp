@@ -36,9 +36,7 @@ constexpr double sum_limit = float_max + 0x1p102;
 
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
 
-std::uint64_t result_bytes(const plan& p) {
-    return 4 * (header_words + 3ull * p.batch * p.heads);
-}
+std::uint64_t result_bytes(const plan& p) { return 4 * (header_words + 3ull * p.batch * p.heads); }
 
 void ensure(allocator& alloc, buffer& b, std::uint64_t need, memory_use use, const char* what) {
     if (b && b.size() >= need && b.size() <= 2 * need + 4096) return;
@@ -63,8 +61,10 @@ std::string number(double v) {
 }
 
 const char* advice(const plan& p) {
-    return p.fp16 ? "use precision fp32 instead of fp16, scale the inputs down, or use the float64 cpu backend"
-                  : "scale the inputs down, or use the float64 cpu backend (qkv::cpu::attention)";
+    return p.fp16 ? "use precision fp32 instead of fp16, scale the inputs down, or use the float64 cpu backend "
+                    "(qkv::cpu::attention; qkv attention --backend cpu)"
+                  : "scale the inputs down, or use the float64 cpu backend (qkv::cpu::attention; qkv attention "
+                    "--backend cpu)";
 }
 
 /// The exact (float64) value of element `col` of projected row `row`: Q, K or V.
@@ -99,7 +99,8 @@ double exact_projection(const attention_problem& problem, std::size_t row, std::
         message += p.fp16 ? ", beyond float16's largest value 65504, so it cannot be stored in fp16"
                           : ", beyond float32's largest value " + number(float_max);
     else
-        message += ", but its float32 sum over d_in overflowed on the way (a partial sum beyond " + number(float_max) + ")";
+        message +=
+            ", but its float32 sum over d_in overflowed on the way (a partial sum beyond " + number(float_max) + ")";
     throw numeric_overflow(message + "; every input is finite; " + advice(p));
 }
 
@@ -157,8 +158,8 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    const pipeline& pipe = pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, 2,
-                                     sizeof(range_guard_push), {});
+    const pipeline& pipe =
+        pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, 2, sizeof(range_guard_push), {});
     const std::uint32_t groups[3] = {ceil_div(push.rows, workgroup), static_cast<std::uint32_t>(segments), 1};
     exec.dispatch(pipe, {qkv, {bufs.device.handle(), 0, bytes}}, &push, groups);
     exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
@@ -185,6 +186,16 @@ void check_range_guard(const range_guard_buffers& bufs, const plan& p, const att
             const std::size_t at = header_words + 3ull * (std::size_t{b} * p.heads + h);
             const double q = value_of(at) * two_to_32, k = value_of(at + 1) * two_to_32, v = value_of(at + 2);
             const double scores = scale * q * k * chunks * margin;
+            // Kernels may multiply Q (or K) by the scale before the dot products.
+            const double scaled_rows = scale * std::max(q, k) * std::sqrt(chunks) * margin;
+            if (!(scaled_rows <= score_limit))
+                throw numeric_overflow("numeric overflow in the attention scores: max(1, |scale|) x the largest " +
+                                       std::string(q >= k ? "Q" : "K") + " row norm of batch " + std::to_string(b) +
+                                       ", head " + std::to_string(h) + " is " + number(scaled_rows) +
+                                       ", beyond 2^127 = " + number(score_limit) +
+                                       ", the most the Vulkan backend computes a score to in float32; every input "
+                                       "is finite; " +
+                                       advice(p));
             const std::string where = "batch " + std::to_string(b) + ", head " + std::to_string(h);
             if (!(scores <= score_limit) || !(scores + facts.additive_max <= sum_limit)) {
                 std::string message = "numeric overflow in the attention scores: |Q·Kᵀ·scale| of " + where +

@@ -8,7 +8,8 @@
 //   2. that every score cannot leave float32: max(1, |scale|) · max_i ||q_i|| · max_j ||k_j||
 //      (per batch element and head; it bounds every partial sum of every dot product and the
 //      scaled score) is at most 2^127, and that plus the largest finite |additive mask entry| is
-//      at most FLT_MAX;
+//      at most FLT_MAX; and max(1, |scale|) · max ||q_i|| (and ||k_j||) is at most 2^127, for
+//      kernels that scale Q or K before the dot products;
 //   3. that the value sums cannot leave float32: seq · max |v| is at most 2^127 (the online
 //      softmax adds up to seq values weighted by at most 1).
 // The 2^127 leaves a factor 2 of headroom for the kernels (differences of scores, exp2 with a

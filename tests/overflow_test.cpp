@@ -289,3 +289,19 @@ TEST_CASE("the guard reads every column of heads wider than its 4,096-column chu
     CHECK(contains(overflow_of([&] { return ctx.attention(v.view()); }), "value sums"));
     require_clean(ctx);
 }
+
+TEST_CASE("a scale above 1 times a large Q row is refused even when the scores are small", "[overflow][vulkan]") {
+    auto& ctx = gpu();
+    for (auto impl : implementations) {
+        INFO(name_of(impl));
+        // K is tiny, so every score is small, but scale x Q reaches 1e39 (the fused kernel
+        // multiplies Q by the scale first).
+        auto p = column_problem({1.0f, -0.5f, 0.25f}, 1e38f, 1e-30f, 1.0f);
+        p.options.scale = 10.0f;
+        p.options.implementation = impl;
+        CHECK(contains(overflow_of([&] { return ctx.attention(p.view()); }), "largest Q row norm"));
+        p.wq = {1e36f};  // 1e37: computed, and right
+        require_matches_reference(ctx, p, 1e-10);
+    }
+    require_clean(ctx);
+}

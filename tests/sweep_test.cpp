@@ -101,7 +101,7 @@ qkv_test::owned_problem build(const sweep_case& c) {
 std::vector<double> independent_reference(const qkv_test::owned_problem& p) {
     const qkv::attention_shape& s = p.shape;
     const auto wide = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-    const std::size_t nn = s.seq * s.seq, width = s.out_width();
+    const std::size_t nn = s.seq * s.seq;
     std::vector<double> out;
     for (std::size_t b = 0; b < s.batch; ++b) {
         qkv_test::ref_problem r;
@@ -123,7 +123,6 @@ std::vector<double> independent_reference(const qkv_test::owned_problem& p) {
         r.causal = p.options.causal;
         const auto res = qkv_test::reference_attention(r);
         out.insert(out.end(), res.output.begin(), res.output.end());
-        (void)width;
     }
     return out;
 }
@@ -145,8 +144,8 @@ std::string run_case(qkv::vulkan::context& ctx, const sweep_case& c, bool* refus
     }
     // The documented tolerances; float32 projections over very wide inputs (d_in in the tens of
     // thousands, only in [loop_limit]) round in proportion to d_in, so those get d_in / 8192 times it.
-    const double tolerance = (c.precision == qkv::precision::fp16 ? 1e-5 : 1e-10) *
-                             std::max(1.0, static_cast<double>(c.spec.d_in) / 8192.0);
+    const double tolerance =
+        (c.precision == qkv::precision::fp16 ? 1e-5 : 1e-10) * std::max(1.0, static_cast<double>(c.spec.d_in) / 8192.0);
     try {
         const auto got = ctx.attention(p.view());
         if (c.magnitude == 1.0 || c.precision == qkv::precision::fp32) {

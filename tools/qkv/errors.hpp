@@ -1,7 +1,8 @@
 // The two kinds of failure the qkv tool reports, and the exit status of each.
 //
 //   2  bad input or usage: a file that cannot be read or does not fit, a flag combination that
-//      makes no sense (also: CLI11 parse errors, qkv::invalid_argument)
+//      makes no sense (also: CLI11 parse errors, qkv::invalid_argument, and
+//      qkv::vulkan::numeric_overflow: finite inputs too large for the chosen precision)
 //   1  everything else: Vulkan unavailable or failing, an output file that cannot be written, a
 //      walkthrough step that disagrees with the compile-time value
 #pragma once
