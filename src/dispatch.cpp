@@ -6,6 +6,7 @@
 
 #include "plan.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "range_guard.hpp"
 #include "stages.hpp"
 
 namespace qkv::vulkan::detail {
@@ -83,6 +84,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         if (p.scores_bytes) ensure(alloc, bufs.scores, p.scores_bytes, memory_use::device, "scores");
         if (p.concat_bytes) ensure(alloc, bufs.concat, p.concat_bytes, memory_use::device, "concatenated heads");
         ensure(alloc, bufs.out, p.out_bytes, memory_use::device, "output");
+        prepare_range_guard(alloc, bufs.guard, p);
         if (flash_chunk < p.seq)
             ensure(alloc, bufs.flash_state, std::uint64_t{p.batch} * p.heads * p.seq * 8, memory_use::device,
                    "fused-attention chunk state");
@@ -105,6 +107,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     }
 
     // ---- upload ----
+    const input_facts facts = scan_inputs(problem);  // for the range guard's verdicts
     const buffer& upload = staged_io ? bufs.staging_in : bufs.inputs;
     pack_inputs(upload.mapped(), p, problem);
     upload.flush();
@@ -133,6 +136,8 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                     {part(bufs.inputs, p.x), part(bufs.inputs, p.w), p.bias ? part(bufs.inputs, p.b) : any_input, qkv},
                     g, 1);
         exec.compute_barrier();
+        // Finite inputs too large for float32 / float16: checked here, reported after the submit.
+        record_range_guard(exec, pipes, bufs.guard, p, qkv);
         exec.mark();  // projections done
     }
     const buffer& attn_out = p.d_out ? bufs.concat : bufs.out;
@@ -209,6 +214,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                      VK_ACCESS_HOST_READ_BIT);
     }
     env.device_ms = exec.submit_and_wait();
+    check_range_guard(bufs.guard, p, problem, facts);  // throws numeric_overflow
     if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 3) {
         env.projection_ms = m[1] - m[0];
         env.attention_ms = m[2] - m[1];
@@ -234,6 +240,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
             std::memcpy(result.weights.data(), bufs.scores.mapped(), p.weights_bytes);
         }
     }
+    check_outputs(result, p, facts);  // second line of defence: throws numeric_overflow
     return result;
 }
 

@@ -6,6 +6,7 @@
 #include "memory.hpp"
 #include "pipelines.hpp"
 #include "qkv/vulkan/problem.hpp"
+#include "range_guard.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -15,6 +16,7 @@ namespace qkv::vulkan::detail {
 struct buffer_cache {
     buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
     buffer flash_state;  // the fused kernel's (max, sum) per row between key chunks, where needed
+    range_guard_buffers guard;  // the range guard's result (range_guard.hpp)
 };
 
 struct dispatch_environment {

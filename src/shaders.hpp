@@ -20,6 +20,8 @@ namespace qkv::vulkan::detail {
     X(flash_f16, qkv_spv_flash_f16)                 \
     X(flash_subgroup, qkv_spv_flash_subgroup)       \
     X(flash_subgroup_f16, qkv_spv_flash_subgroup_f16) \
+    X(range_guard, qkv_spv_range_guard)             \
+    X(range_guard_f16, qkv_spv_range_guard_f16)     \
     X(ceiling_fma, qkv_spv_ceiling_fma)             \
     X(ceiling_copy, qkv_spv_ceiling_copy)
 

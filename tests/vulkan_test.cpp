@@ -281,7 +281,8 @@ TEST_CASE("the same input gives bitwise-identical output every call", "[vulkan]"
     require_clean(ctx);
 }
 
-TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay finite, N = d = 1", "[vulkan][edge]") {
+TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay finite or are refused, N = d = 1",
+          "[vulkan][edge]") {
     auto& ctx = gpu();
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
         INFO((impl == qkv::implementation::staged ? "staged" : "fused"));
@@ -305,15 +306,20 @@ TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay fi
         CHECK(rm.output[2 * 2 + 1] == 0.f);
         check_against_reference(ctx, m, 1e-10);
 
-        // Scores of 1e4 before scaling: the softmax does not overflow.
+        // Scores in the real overflow region: about 1e36 (far beyond exp's range, within the
+        // guard's 2^127) are finite and right; 100 times the inputs (scores about 1e40, beyond
+        // FLT_MAX) is refused with numeric_overflow, never zeros or NaN with success.
         auto big = make_problem({.seq = 5, .d_in = 2, .d_k = 2, .d_v = 2}, 16);
         big.options.implementation = impl;
-        for (auto& v : big.x) v *= 100.f;
+        for (auto& v : big.x) v *= 1e17f;
         for (auto& v : big.wq) v *= 10.f;
         for (auto& v : big.wk) v *= 10.f;
         const auto rb = ctx.attention(big.view());
         for (float v : rb.output) CHECK(std::isfinite(v));
         check_against_reference(ctx, big, 1e-10);
+        for (auto& v : big.x) v *= 100.f;
+        const std::string huge = error_of<qkv::vulkan::numeric_overflow>([&] { (void)ctx.attention(big.view()); });
+        CHECK(contains(huge, "scores"));
 
         // N = 1 and d = 1.
         auto one = make_problem({.seq = 1, .d_in = 1, .d_k = 1, .d_v = 1}, 17);

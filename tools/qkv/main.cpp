@@ -116,6 +116,8 @@ int main(int argc, char** argv) {
         return report(e.what(), qkv::cli::exit_usage);
     } catch (const qkv::vulkan::no_matching_device& e) {  // --device or QKV_DEVICE names no device
         return report(e.what(), qkv::cli::exit_usage);
+    } catch (const qkv::vulkan::numeric_overflow& e) {  // inputs too large for the chosen precision
+        return report(e.what(), qkv::cli::exit_usage);
     } catch (const std::exception& e) {
         return report(e.what(), qkv::cli::exit_failure);
     } catch (...) {

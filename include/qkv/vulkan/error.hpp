@@ -12,6 +12,9 @@
 //      │                            work was submitted; the context stays usable
 //      ├─ out_of_memory             a host or device allocation failed; everything allocated for
 //      │                            the call is released; the context stays usable
+//      ├─ numeric_overflow          finite inputs too large for the chosen precision: a value or a
+//      │                            score would not be finite in float32/float16; no result is
+//      │                            returned; the context stays usable
 //      └─ device_lost               VK_ERROR_DEVICE_LOST: the context must be recreated
 #pragma once
 
@@ -55,6 +58,15 @@ public:
 };
 
 class QKV_VULKAN_API out_of_memory : public error {
+public:
+    using error::error;
+};
+
+/// Finite inputs whose projections, scores or value sums leave the range the Vulkan backend
+/// computes in (float32, or float16 storage for Q, K, V). The message names the stage and the
+/// magnitude. Nothing is returned; use fp32 instead of fp16, scale the inputs down, or the float64
+/// CPU backend.
+class QKV_VULKAN_API numeric_overflow : public error {
 public:
     using error::error;
 };
