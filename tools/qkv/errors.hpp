@@ -1,13 +1,9 @@
 // The two kinds of failure the qkv tool reports, and the exit status of each.
 //
 //   2  bad input or usage: a file that cannot be read or does not fit, a flag combination that
-<<<<<<< HEAD
-//      makes no sense, a --device or QKV_DEVICE that names no usable device (also: CLI11 parse
-//      errors, qkv::invalid_argument, qkv::vulkan::no_matching_device)
-=======
-//      makes no sense (also: CLI11 parse errors, qkv::invalid_argument, and
-//      qkv::vulkan::numeric_overflow: finite inputs too large for the chosen precision)
->>>>>>> i14guard
+//      makes no sense, a --device or QKV_DEVICE that names no usable device, finite inputs too
+//      large for the chosen precision (also: CLI11 parse errors, qkv::invalid_argument,
+//      qkv::vulkan::no_matching_device, qkv::vulkan::numeric_overflow)
 //   1  everything else: Vulkan unavailable or failing, an output file that cannot be written, a
 //      walkthrough step that disagrees with the compile-time value
 #pragma once
