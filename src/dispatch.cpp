@@ -119,6 +119,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     }
     exec.mark();  // inputs on the device
     const std::uint32_t N = p.seq, H = p.heads, B = p.batch;
+    const bool cpu = cpu_kernels(info, env.kernels);  // family of the matrix products
     const std::uint32_t dh = p.d_k / H, dvh = p.d_v / H;
     const binding qkv = whole(bufs.qkv, p.qkv_bytes);
     const binding any_input = part(bufs.inputs, p.x);  // bound where a shader reads nothing
@@ -128,7 +129,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.M = B * N, g.N = p.ld, g.K = p.d_in;
         g.a_rs = p.d_in, g.b_rs = p.ld, g.b_cs = 1, g.c_rs = p.ld;
         g.flags = p.bias ? flag_bias : 0;
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::project_f16 : shader_id::project,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::project_f16 : shader_id::project,
                     {part(bufs.inputs, p.x), part(bufs.inputs, p.w), p.bias ? part(bufs.inputs, p.b) : any_input, qkv},
                     g, 1);
         exec.compute_barrier();
@@ -165,7 +166,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.mask_bs = p.mask_batched ? N * N : 0;
         g.add_bs = p.additive_batched ? N * N : 0;
         const binding scores = whole(bufs.scores, p.scores_bytes);
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::scores_f16 : shader_id::scores,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::scores_f16 : shader_id::scores,
                     {qkv, mask_bits, additive, scores}, g, B * H);
         exec.compute_barrier();
         // Stage 3: softmax of every row, in place.
@@ -178,7 +179,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         a.b_off = 2 * p.d_k, a.b_bs = N * p.ld, a.b_hs = dvh, a.b_rs = p.ld, a.b_cs = 1;  // V_h
         a.c_bs = N * p.d_v, a.c_hs = dvh, a.c_rs = p.d_v;
         a.flags = p.causal ? flag_causal : 0;
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
                     {scores, qkv, whole(attn_out, attn_out_bytes)}, a, B * H);
     }
     exec.mark();  // attention done
@@ -188,7 +189,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.M = B * N, g.N = p.d_out, g.K = p.d_v;
         g.a_rs = p.d_v, g.b_rs = p.d_out, g.b_cs = 1, g.c_rs = p.d_out;
         g.flags = p.bo.empty() ? 0 : flag_bias;
-        record_gemm(exec, pipes, info, shader_id::project,
+        record_gemm(exec, pipes, info, cpu, shader_id::project,
                     {whole(bufs.concat, p.concat_bytes), part(bufs.inputs, p.wo),
                      p.bo.empty() ? any_input : part(bufs.inputs, p.bo), whole(bufs.out, p.out_bytes)},
                     g, 1);
