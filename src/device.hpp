@@ -26,6 +26,8 @@ public:
     [[nodiscard]] const instance& inst() const { return *instance_; }
     /// storageBuffer16BitAccess was available and is enabled: fp16 storage shaders may run.
     [[nodiscard]] bool fp16_storage() const { return fp16_storage_; }
+    /// The format can back a uniform texel buffer (VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT).
+    [[nodiscard]] bool uniform_texel_format(VkFormat format) const;
 
 private:
     std::shared_ptr<const instance> instance_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "executor.hpp"
+#include "flash_cpu.hpp"
 #include "memory.hpp"
 #include "pipelines.hpp"
 #include "qkv/vulkan/problem.hpp"
@@ -15,6 +16,8 @@ namespace qkv::vulkan::detail {
 struct buffer_cache {
     buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
     buffer flash_state;  // the fused kernel's (max, sum) per row between key chunks, where needed
+    buffer flash_texels;  // the cpu kernel family's Q, K, V as texels
+    flash_cpu_views flash_views;  // views of flash_texels, made per call
 };
 
 struct dispatch_environment {

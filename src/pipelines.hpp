@@ -18,6 +18,7 @@ struct pipeline {
     VkPipeline handle = VK_NULL_HANDLE;
     std::uint32_t bindings = 0;
     std::uint32_t push_size = 0;
+    std::vector<VkDescriptorType> types;  ///< of bindings 0..n-1
 };
 
 class pipeline_set {
@@ -30,6 +31,9 @@ public:
     /// The pipeline for `shader` with `bindings` storage buffers (bindings 0..n-1), a push-constant
     /// block of `push_size` bytes, and specialization constants 0..k-1 = `spec`.
     const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
+                        const std::vector<std::uint32_t>& spec);
+    /// The same with bindings of the given descriptor types (storage buffers, uniform texel buffers).
+    const pipeline& get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
                         const std::vector<std::uint32_t>& spec);
 
     [[nodiscard]] std::size_t size() const { return pipelines_.size(); }

@@ -18,6 +18,9 @@ namespace qkv::vulkan::detail {
     X(aggregate_f16, qkv_spv_aggregate_f16)         \
     X(flash, qkv_spv_flash)                         \
     X(flash_f16, qkv_spv_flash_f16)                 \
+    X(flash_cpu, qkv_spv_flash_cpu)                 \
+    X(flash_cpu_pack, qkv_spv_flash_cpu_pack)       \
+    X(flash_cpu_pack_f16, qkv_spv_flash_cpu_pack_f16) \
     X(ceiling_fma, qkv_spv_ceiling_fma)             \
     X(ceiling_copy, qkv_spv_ceiling_copy)           \
     X(project_cpu, qkv_spv_project_cpu)             \

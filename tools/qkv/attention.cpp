@@ -32,6 +32,7 @@ struct attention_options {
     backend choice = backend::vulkan;
     qkv::precision precision = qkv::precision::fp32;
     qkv::implementation implementation = qkv::implementation::automatic;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
     const CLI::Option* scale_option = nullptr;  // to tell "--scale not given" from a value
 };
@@ -76,6 +77,7 @@ void run(const attention_options& o) {
     options.return_weights = !o.weights.empty();
     options.precision = o.precision;
     options.implementation = o.implementation;
+    options.kernel = o.kernel;
     const qkv::attention_problem problem = in.problem(options);
     qkv::validate(problem);  // anything the checks above missed is still bad input (exit 2)
 
@@ -176,6 +178,13 @@ void add_attention(CLI::App& app) {
                                      {"fused", qkv::implementation::fused}},
                                     "auto (fused, or staged with --weights), staged (four passes, N x N scores in "
                                     "memory) or fused (one flash-attention pass)")
+        ->group(running);
+    add_choice<qkv::kernel_family>(*cmd, "--kernel", o->kernel,
+                                   {{"auto", qkv::kernel_family::automatic},
+                                    {"cpu", qkv::kernel_family::cpu},
+                                    {"gpu", qkv::kernel_family::gpu}},
+                                   "fused kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
+                                   "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
         ->group(running);
     cmd->add_option("--device", o->device,
                     "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
