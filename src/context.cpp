@@ -28,8 +28,7 @@ attention_output context::attention(const attention_problem& problem) {
         throw device_lost("the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
     try {
         dispatch_environment env{*impl_->dev, *impl_->alloc, *impl_->pipes, *impl_->exec, impl_->buffers,
-                                 impl_->options.force_staging, impl_->options.max_fused_keys_per_dispatch,
-                                 impl_->options.kernels};
+                                 impl_->options.force_staging, impl_->options.max_fused_keys_per_dispatch};
         attention_output out = run_attention(env, problem);
         impl_->last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         impl_->last.device_ms = env.device_ms;

@@ -148,7 +148,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     }
     exec.mark();  // inputs on the device
     const std::uint32_t N = p.seq, H = p.heads, B = p.batch;
-    const bool cpu = cpu_kernels(info, env.kernels);  // family of the matrix products
+    const bool cpu = cpu_kernels(info, problem.options.kernel);  // family of the matrix products
     const std::uint32_t dh = p.d_k / H, dvh = p.d_v / H;
     const binding qkv = whole(bufs.qkv, p.qkv_bytes);
     const binding any_input = part(bufs.inputs, p.x);  // bound where a shader reads nothing

@@ -28,7 +28,6 @@ struct dispatch_environment {
     buffer_cache& buffers;
     bool force_staging = false;
     std::uint32_t max_fused_keys = 0;  ///< context_options::max_fused_keys_per_dispatch
-    kernel_family kernels = kernel_family::automatic;  ///< context_options::kernels
     double device_ms = 0;  ///< out: device time of the call
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< out: its phases
 };

@@ -16,9 +16,9 @@ bool fits(const gemm_tiles& t, const device_info& info) {
 
 }  // namespace
 
-bool cpu_kernels(const device_info& info, kernel_family requested) {
-    if (requested == kernel_family::automatic) return info.type == device_type::cpu;
-    return requested == kernel_family::cpu;
+bool cpu_kernels(const device_info& info, qkv::kernel_family requested) {
+    if (requested == qkv::kernel_family::automatic) return info.type == device_type::cpu;
+    return requested == qkv::kernel_family::cpu;
 }
 
 std::uint64_t gemm_tiles::loop_iterations(std::uint64_t k) const {
@@ -38,7 +38,8 @@ gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint
         gemm_tiles t;
         t.cpu = true;
         const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
-        t.tn = n > lanes ? 2 : 1;
+        // Measured on lavapipe (N = 4096 x 64 x 192): 8 rows x 4 lane-columns beat 8x2, 16x2, 4x8.
+        t.tn = n > 2 * lanes ? 4 : (n > lanes ? 2 : 1);
         t.bm = m >= 8 ? 8 : (m >= 4 ? 4 : 1);
         t.tm = t.bm;
         t.bn = lanes * t.tn;

@@ -9,6 +9,7 @@
 
 #include "executor.hpp"
 #include "pipelines.hpp"
+#include "qkv/vulkan/problem.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -66,7 +67,7 @@ inline constexpr std::uint32_t flag_gemm_partial = 512;     // project, scores, 
 inline constexpr std::uint64_t cpu_loop_limit = 65535;
 
 /// True when the matrix products use the CPU-device family (gemm_core.glsl, QKV_GEMM_CPU).
-bool cpu_kernels(const device_info& info, kernel_family requested);
+bool cpu_kernels(const device_info& info, qkv::kernel_family requested);
 
 /// Tile shape of the matrix product (specialization constants 1..5; 0 is the workgroup size).
 /// GPU family: BM x BN tiles through shared memory, BK deep, TM x TN per invocation.

@@ -5,6 +5,7 @@
 // the staged path at the longest sequence the device's maxStorageBufferRange allows.
 #include <qkv/vulkan/runtime.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -14,7 +15,7 @@
 #include "support/problems.hpp"
 #include "support/reference.hpp"
 
-using qkv::vulkan::kernel_family;
+using qkv::kernel_family;
 using qkv_test::make_problem;
 using qkv_test::mask_kind;
 using qkv_test::problem_spec;
@@ -44,7 +45,7 @@ void check(qkv::vulkan::context& ctx, const qkv_test::owned_problem& p, double t
 
 TEST_CASE("each kernel family of the products matches the reference on odd shapes", "[vulkan][gemm]") {
     for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
-        auto ctx = qkv_test::make_context({.kernels = family});
+        auto ctx = qkv_test::make_context({});
         std::uint64_t seed = 7000;
         std::size_t k = 0;
         for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{113}})
@@ -63,6 +64,7 @@ TEST_CASE("each kernel family of the products matches the reference on odd shape
                 s.batched_mask = s.batch > 1;
                 s.fully_masked_row = s.mask != mask_kind::none && n > 1 && k % 5 == 1;
                 auto p = make_problem(s, seed++);
+                p.options.kernel = family;
                 for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
                     p.options.implementation = impl;
                     p.options.return_weights = impl == qkv::implementation::staged;
@@ -88,11 +90,12 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
     // ~210,000), and where the CPU family (4 k per iteration) needs two dispatches.
     const std::size_t wide = GENERATE(std::size_t{65'537}, std::size_t{270'000});
     for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
-        auto ctx = qkv_test::make_context({.kernels = family});
+        auto ctx = qkv_test::make_context({});
         SECTION("projection: d_in past 65,535") {
             problem_spec s;
             s.seq = 3, s.d_in = wide, s.d_k = 2, s.d_v = 3, s.biases = true;
             auto p = make_problem(s, 11);
+            p.options.kernel = family;
             for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
                 p.options.implementation = impl;
                 INFO("width " << wide << " " << name(family) << (impl == qkv::implementation::staged ? " staged" : " fused"));
@@ -108,6 +111,7 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
             problem_spec s;
             s.seq = 2, s.d_in = 3, s.d_k = 2, s.d_v = wide, s.d_out = 3;
             auto p = make_problem(s, 12);
+            p.options.kernel = family;
             p.options.implementation = qkv::implementation::staged;  // heads this wide: staged only
             INFO("width " << wide << " " << name(family));
             check(ctx, p, 1e-8);
@@ -116,6 +120,7 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
             problem_spec s;
             s.seq = 3, s.d_in = 2, s.d_k = wide, s.d_v = 2, s.causal = true;
             auto p = make_problem(s, 13);
+            p.options.kernel = family;
             p.options.implementation = qkv::implementation::staged;
             p.options.return_weights = true;
             INFO("width " << wide << " " << name(family));
@@ -145,4 +150,24 @@ TEST_CASE("the staged path at the longest sequence the device allows", "[vulkan]
     INFO("N = " << n);
     check(ctx, p, 1e-8);
     require_clean(ctx);
+}
+
+TEST_CASE("projection timing of each family (not run by default)", "[.][bench]") {
+    // N = 4096 rows of d_in = 64 times [Wq|Wk|Wv] (64 x 192), as batch 4096 of length 1 so the
+    // attention itself costs nothing; prints the median device time of the projection phase.
+    problem_spec s;
+    s.batch = 4096, s.seq = 1, s.d_in = 64, s.d_k = 64, s.d_v = 64;
+    auto p = make_problem(s, 15);
+    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+        qkv::vulkan::context ctx;
+        p.options.kernel = family;
+        std::vector<double> ms;
+        for (int i = 0; i < 12; ++i) {
+            (void)ctx.attention(p.view());
+            if (i >= 2) ms.push_back(ctx.last_call().projection_ms);
+        }
+        std::sort(ms.begin(), ms.end());
+        WARN(name(family) << ": projection 4096 x 64 x 192, median " << ms[ms.size() / 2] << " ms (min " << ms.front()
+                          << ")");
+    }
 }

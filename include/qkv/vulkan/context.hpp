@@ -65,12 +65,6 @@ QKV_VULKAN_API std::vector<device_info> list_devices(const instance_options& opt
 QKV_VULKAN_API std::size_t select_device(const std::vector<device_info>& devices,
                                          const std::optional<std::string>& selector);
 
-/// Which family of kernels a context records: `cpu` is shaped for drivers that run on CPU cores
-/// (lavapipe: one workgroup per thread, invocations as SIMD lanes), `gpu` for GPUs (shared-memory
-/// tiles, large workgroups); `automatic` picks by the device's type. Every family is correct on
-/// every device; the choice is only about speed.
-enum class kernel_family { automatic, cpu, gpu };
-
 struct context_options {
     /// Which device: a decimal index, or a case-insensitive substring of the device name.
     /// Unset: the QKV_DEVICE environment variable, else the best device (discrete > integrated >
@@ -91,9 +85,6 @@ struct context_options {
     /// needs): exercises the key-chunk path, which CPU implementations such as lavapipe take for
     /// long sequences (their loops end after 65,535 iterations), without long sequences.
     std::uint32_t max_fused_keys_per_dispatch = 0;
-
-    /// Kernel family of the matrix products (projections, scores, aggregation); see kernel_family.
-    kernel_family kernels = kernel_family::automatic;
 
     /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
     /// even where device memory is host-visible.

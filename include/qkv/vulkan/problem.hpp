@@ -50,7 +50,8 @@ enum class implementation {
     fused,      ///< one flash-attention dispatch, no N x N matrix in memory; cannot return weights
 };
 
-/// Which family of the fused kernel runs (implementation::fused). Any family runs on any device;
+/// Which family of the fused kernel (implementation::fused) and of the matrix products (the
+/// projections, and the staged scores and aggregation) runs. Any family runs on any device;
 /// they differ in speed, not in results beyond rounding.
 enum class kernel_family {
     automatic,  ///< cpu on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe), gpu elsewhere
@@ -64,7 +65,7 @@ struct run_options {
     bool return_weights = false;                  ///< also return the attention probabilities
     qkv::precision precision = precision::fp32;
     qkv::implementation implementation = implementation::automatic;
-    qkv::kernel_family kernel = kernel_family::automatic;  ///< fused kernel family; staged ignores it
+    qkv::kernel_family kernel = kernel_family::automatic;  ///< kernel family of the fused kernel and the products
 };
 
 struct attention_problem {
