@@ -79,6 +79,9 @@ std::uint32_t gemm_chunk_k(const device_info& info, const gemm_tiles& tiles, std
 // maxComputeWorkGroupInvocations): at that worst case the softmax and the aggregation stay far
 // below a CPU implementation's loop limit, and the aggregation is split along N anyway.
 static_assert(3 * (32768 / 128 + 1) + 2 * (1 + 7) < cpu_loop_limit);
+// On CPU devices the softmax uses one subgroup per row where the budget allows (softmax_workgroup
+// doubles it otherwise): lavapipe's 8 lanes at N = 32,768 stay under the limit too.
+static_assert(3 * (32768 / 8 + 1) + 2 * (1 + 1) < cpu_loop_limit);
 
 std::uint64_t softmax_loop_iterations(std::uint32_t workgroup, std::uint32_t cols, std::uint32_t subgroup_size,
                                       bool subgroup_arithmetic) {
@@ -99,6 +102,17 @@ std::uint64_t softmax_loop_iterations(std::uint32_t workgroup, std::uint32_t col
 std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
     std::uint32_t wg = 1;
     const std::uint32_t cap = std::min<std::uint32_t>(256, info.max_workgroup_invocations);
+    if (info.type == device_type::cpu) {
+        // One workgroup runs on one CPU thread with the invocations as SIMD lanes: one subgroup
+        // (no switching between vectors at each barrier), larger only where a row would take an
+        // invocation past the loop limit.
+        while (wg * 2 <= cap && wg < info.subgroup_size) wg *= 2;
+        while (wg * 2 <= cap &&
+               softmax_loop_iterations(wg, static_cast<std::uint32_t>(std::min<std::uint64_t>(cols, 0xffffffffu)),
+                                       info.subgroup_size, info.subgroup_arithmetic) >= cpu_loop_limit - 1024)
+            wg *= 2;
+        return wg;
+    }
     while (wg * 2 <= cap && wg < cols) wg *= 2;
     // At least one full subgroup, so subgroup operations see a whole subgroup.
     while (wg < info.subgroup_size && wg * 2 <= cap) wg *= 2;
