@@ -8,8 +8,8 @@
 // of one chain is 4 multiply-adds = 8 floating-point operations. The host launches enough
 // workgroups to fill every core or SM; the result is stored so the work cannot be dropped.
 layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint CHAINS = 4;
-layout(constant_id = 2) const uint UNROLL = 32;
+layout(constant_id = 1) const uint CHAINS = 16;
+layout(constant_id = 2) const uint UNROLL = 8;
 layout(std430, binding = 0) writeonly buffer Out { float result[]; };
 layout(push_constant) uniform Push {
     uint group_x, group_y, group_z;
