@@ -8,16 +8,21 @@
 
 layout(std430, binding = 0) readonly buffer P { float p[]; };
 layout(std430, binding = 1) readonly buffer QKV { QKV_T qkv[]; };
-layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(std430, binding = 2) buffer O { float o[]; };
 
 const uint FLAG_CAUSAL = 1u;
 
 float load_a(uint base, uint row, uint k) { return p[base + row * pc.a_rs + k]; }
 float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }
-void store_c(uint base, uint row, uint col, float value) { o[base + row * pc.c_rs + col] = value; }
+void store_c(uint base, uint row, uint col, float value) {
+    const uint at = base + row * pc.c_rs + col;
+    o[at] = (pc.flags & FLAG_ACCUMULATE) != 0u ? o[at] + value : value;
+}
 bool tile_is_masked(uint row0, uint col0) { return false; }
-uint k_limit(uint row0) {
-    return (pc.flags & FLAG_CAUSAL) != 0u ? min(pc.K, row0 + BM) : pc.K;
+uint k_limit(uint row0) {  // this dispatch covers keys k_begin .. k_begin + K
+    if ((pc.flags & FLAG_CAUSAL) == 0u) return pc.K;
+    const uint stop = row0 + BM;  // keys past the tile's last row have weight 0
+    return stop > pc.k_begin ? min(pc.K, stop - pc.k_begin) : 0u;
 }
 
 void main() { gemm_main(); }

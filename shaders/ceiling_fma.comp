@@ -1,8 +1,15 @@
 #version 450
-// Device ceiling, arithmetic: eight independent chains of fused multiply-adds per invocation,
-// `iterations` deep. 16 floating-point operations per iteration per invocation. The result is
-// stored so the compiler cannot drop the work.
-layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
+#extension GL_EXT_control_flow_attributes : enable
+// Device ceiling, arithmetic: what the device really reaches on float32 multiply-adds.
+// Each invocation runs CHAINS independent vec4 chains (4·CHAINS scalar chains, enough to hide
+// the latency of a multiply-add on any device), UNROLL steps per loop iteration with the inner
+// loop's trip count a specialization constant (so drivers unroll it), and `iterations` loop
+// iterations (the host keeps this under 65,535: CPU drivers end longer loops silently). One step
+// of one chain is 4 multiply-adds = 8 floating-point operations. The host launches enough
+// workgroups to fill every core or SM; the result is stored so the work cannot be dropped.
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = 1) const uint CHAINS = 16;
+layout(constant_id = 2) const uint UNROLL = 8;
 layout(std430, binding = 0) writeonly buffer Out { float result[]; };
 layout(push_constant) uniform Push {
     uint group_x, group_y, group_z;
@@ -12,12 +19,16 @@ layout(push_constant) uniform Push {
 
 void main() {
     const uint id = (gl_WorkGroupID.x + pc.group_x) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-    const float b = 0.9999, c = 1e-4;
-    float a0 = pc.seed + float(id) * 1e-9, a1 = a0 + 0.1, a2 = a0 + 0.2, a3 = a0 + 0.3;
-    float a4 = a0 + 0.4, a5 = a0 + 0.5, a6 = a0 + 0.6, a7 = a0 + 0.7;
-    for (uint i = 0; i < pc.iterations; ++i) {
-        a0 = fma(a0, b, c); a1 = fma(a1, b, c); a2 = fma(a2, b, c); a3 = fma(a3, b, c);
-        a4 = fma(a4, b, c); a5 = fma(a5, b, c); a6 = fma(a6, b, c); a7 = fma(a7, b, c);
+    // a <- a·b + c converges to c / (1 - b) = 1: no overflow, no denormals, however long it runs.
+    const vec4 b = vec4(0.9999, 0.99991, 0.99992, 0.99993), c = vec4(1e-4, 9e-5, 8e-5, 7e-5);
+    vec4 acc[CHAINS];
+    [[unroll]] for (uint i = 0; i < CHAINS; ++i) acc[i] = vec4(pc.seed + float(id) * 1e-9 + float(i) * 0.01);
+    for (uint it = 0; it < pc.iterations; ++it) {
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            [[unroll]] for (uint i = 0; i < CHAINS; ++i) acc[i] = fma(acc[i], b, c);
+        }
     }
-    result[id] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    vec4 sum = vec4(0.0);
+    [[unroll]] for (uint i = 0; i < CHAINS; ++i) sum += acc[i];
+    result[id] = sum.x + sum.y + sum.z + sum.w;
 }

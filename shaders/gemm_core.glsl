@@ -1,17 +1,29 @@
-// Tiled matrix product shared by the project, scores and aggregate stages.
+// Matrix product shared by the project, scores and aggregate stages, in two families.
 //
-// Each workgroup computes a BM x BN tile of C = A · B for one (batch, head) pair; each invocation
-// keeps TM x TN accumulators in registers; A and B stream through shared memory BK columns at a
-// time. Tile sizes are specialization constants chosen per device by the host (pipelines.cpp);
-// the workgroup size is (BM/TM)·(BN/TN). Shapes and strides come in push constants, so one
-// pipeline serves every shape.
+// GPU family (default): each workgroup computes a BM x BN tile of C = A · B for one (batch, head)
+// pair; each invocation keeps TM x TN accumulators in registers; A and B stream through shared
+// memory BK columns at a time; the workgroup size is (BM/TM)·(BN/TN).
+//
+// CPU family (QKV_GEMM_CPU), for llvmpipe-like drivers that run a workgroup on one CPU thread with
+// the invocations as the lanes of one SIMD vector: a workgroup is WG invocations (the subgroup
+// size, queried by the host), with no shared memory and no barriers. Lane l owns the columns
+// col0 + l + WG·j (j < TN) of BM rows. Per k, every lane gathers TN values of B (a lane-dependent
+// address) and reads BM values of A at addresses that depend only on the workgroup and the loop
+// counter, which the driver loads once and broadcasts; then BM·TN vector multiply-adds. The k loop
+// is unrolled BK times (a constant), so one loop iteration does BK steps.
+//
+// Tile sizes are specialization constants chosen per device by the host (src/stages.cpp). Shapes
+// and strides come in push constants, so one pipeline serves every shape. A long K is split over
+// several dispatches by the host (CPU drivers end every loop after 65,535 iterations): each covers
+// K columns from k_begin; FLAG_ACCUMULATE adds to C, FLAG_PARTIAL says more columns follow, so the
+// stage's final touches (bias, scale, mask) wait for the last dispatch.
 //
 // The including shader defines, before including this file:
 //   float load_a(uint base, uint row, uint k)   element (row, k) of A at element offset `base`
 //   float load_b(uint base, uint k, uint col)
-//   void  store_c(uint base, uint row, uint col, float value)
+//   void  store_c(uint base, uint row, uint col, float value)   honours FLAG_ACCUMULATE / FLAG_PARTIAL
 //   bool  tile_is_masked(uint row0, uint col0)   true: the whole tile is masked (causal skip)
-//   uint  k_limit(uint row0)                     how far along K this row tile needs to go
+//   uint  k_limit(uint row0)                     how far along this dispatch's K this row tile needs to go
 // and may define QKV_SKIP_ZERO_A (zero A elements are skipped, so 0·NaN never reaches C)
 // and may use the push constants below.
 #extension GL_EXT_control_flow_attributes : enable
@@ -26,29 +38,97 @@ layout(constant_id = 5) const uint TN = 4;
 // Mirrored by struct gemm_push in src/stages.hpp: keep the two in the same order.
 layout(push_constant) uniform Push {
     uint group_x, group_y, group_z;  // offsets when a dispatch is split (maxComputeWorkGroupCount)
-    uint M, N, K;                     // C is M x N, the inner dimension is K
+    uint M, N, K;                     // C is M x N, the inner dimension (of this dispatch) is K
     uint heads;                       // z = batch * heads + head
     uint a_bs, a_hs, a_rs;            // A strides: per batch, per head, per row (columns contiguous)
     uint b_bs, b_hs, b_rs, b_cs;      // B strides: per batch, per head, per row, per column
     uint c_bs, c_hs, c_rs;            // C strides
-    uint a_off, b_off, c_off;         // element offsets of the first A, B, C element
+    uint a_off, b_off, c_off;         // element offsets of the first A, B, C element (of this K chunk)
     float scale;
-    uint flags;                       // stage-specific
+    uint flags;                       // stage-specific, plus the two below
     uint mask_bs;                     // boolean mask batch stride (0: one mask for every batch element)
     uint add_bs;                      // additive mask batch stride (likewise)
+    uint k_begin;                     // where this dispatch's K chunk starts in the whole K
 } pc;
 
-const uint WG_COLS = BN / TN;
-const uint WG_SIZE = (BM / TM) * (BN / TN);
-
-shared float tile_a[BK * BM];  // [k][row]
-shared float tile_b[BK * BN];  // [k][col]
+const uint FLAG_ACCUMULATE = 256u;  // C holds the sum over earlier K chunks: add to it
+const uint FLAG_PARTIAL = 512u;     // later K chunks follow: store the raw sum
 
 float load_a(uint base, uint row, uint k);
 float load_b(uint base, uint k, uint col);
 void store_c(uint base, uint row, uint col, float value);
 bool tile_is_masked(uint row0, uint col0);
 uint k_limit(uint row0);
+
+#ifdef QKV_SKIP_ZERO_A
+// A is a probability: an exact 0 (a masked position) contributes nothing, not 0·NaN.
+#define QKV_MADD(a, b, acc) ((a) != 0.0 ? fma((a), (b), (acc)) : (acc))
+#else
+#define QKV_MADD(a, b, acc) fma((a), (b), (acc))
+#endif
+
+#ifdef QKV_GEMM_CPU
+
+const uint WG = gl_WorkGroupSize.x;
+
+void gemm_main() {
+    const uint lane = gl_LocalInvocationID.x;
+    const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BM;
+    const uint col0 = (gl_WorkGroupID.y + pc.group_y) * BN;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.heads, head = z % pc.heads;
+    const uint a_base = pc.a_off + batch * pc.a_bs + head * pc.a_hs;
+    const uint b_base = pc.b_off + batch * pc.b_bs + head * pc.b_hs;
+    const uint c_base = pc.c_off + batch * pc.c_bs + head * pc.c_hs;
+    if (row0 >= pc.M || col0 >= pc.N) return;
+
+    // Columns past N read the last column (in bounds) and are never stored; rows past M likewise.
+    uint col[TN];
+    [[unroll]] for (uint j = 0; j < TN; ++j) col[j] = min(col0 + lane + j * WG, pc.N - 1u);
+    uint row[BM];
+    [[unroll]] for (uint i = 0; i < BM; ++i) row[i] = min(row0 + i, pc.M - 1u);
+
+    float acc[BM * TN];
+    [[unroll]] for (uint i = 0; i < BM * TN; ++i) acc[i] = 0.0;
+
+    if (!tile_is_masked(row0, col0)) {
+        const uint kmax = k_limit(row0);
+        uint k = 0;
+        for (; k + BK <= kmax; k += BK) {
+            [[unroll]] for (uint u = 0; u < BK; ++u) {
+                float b[TN];
+                [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = load_b(b_base, k + u, col[j]);
+                [[unroll]] for (uint i = 0; i < BM; ++i) {
+                    const float a = load_a(a_base, row[i], k + u);
+                    [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] = QKV_MADD(a, b[j], acc[i * TN + j]);
+                }
+            }
+        }
+        for (; k < kmax; ++k) {  // the last K % BK steps
+            float b[TN];
+            [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = load_b(b_base, k, col[j]);
+            [[unroll]] for (uint i = 0; i < BM; ++i) {
+                const float a = load_a(a_base, row[i], k);
+                [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] = QKV_MADD(a, b[j], acc[i * TN + j]);
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0; i < BM; ++i) {
+        [[unroll]] for (uint j = 0; j < TN; ++j) {
+            const uint r = row0 + i, c = col0 + lane + j * WG;
+            if (r < pc.M && c < pc.N) store_c(c_base, r, c, acc[i * TN + j]);
+        }
+    }
+}
+
+#else  // GPU family
+
+const uint WG_COLS = BN / TN;
+const uint WG_SIZE = (BM / TM) * (BN / TN);
+
+shared float tile_a[BK * BM];  // [k][row]
+shared float tile_b[BK * BN];  // [k][col]
 
 void gemm_main() {
     const uint tid = gl_LocalInvocationID.x;
@@ -105,14 +185,7 @@ void gemm_main() {
             [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = tile_a[k * BM + tr + i * (BM / TM)];
             [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = tile_b[k * BN + tc + j * WG_COLS];
             [[unroll]] for (uint i = 0; i < TM; ++i) {
-                [[unroll]] for (uint j = 0; j < TN; ++j) {
-#ifdef QKV_SKIP_ZERO_A
-                    // A is a probability: an exact 0 (a masked position) contributes nothing, not 0·NaN.
-                    if (a[i] != 0.0) acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
-#else
-                    acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
-#endif
-                }
+                [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] = QKV_MADD(a[i], b[j], acc[i * TN + j]);
             }
         }
         barrier();
@@ -125,3 +198,5 @@ void gemm_main() {
         }
     }
 }
+
+#endif

@@ -10,7 +10,7 @@
 layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
 layout(std430, binding = 1) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = 2) readonly buffer Additive { float additive[]; };
-layout(std430, binding = 3) writeonly buffer S { float s[]; };
+layout(std430, binding = 3) buffer S { float s[]; };
 
 const uint FLAG_CAUSAL = 1u;
 const uint FLAG_MASK = 2u;
@@ -20,6 +20,12 @@ float load_a(uint base, uint row, uint k) { return float(qkv[base + row * pc.a_r
 float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }
 
 void store_c(uint base, uint row, uint col, float value) {
+    const uint at = base + row * pc.c_rs + col;
+    if ((pc.flags & FLAG_ACCUMULATE) != 0u) value += s[at];
+    if ((pc.flags & FLAG_PARTIAL) != 0u) {  // more of the dot product follows: the raw sum
+        s[at] = value;
+        return;
+    }
     const uint batch = (gl_WorkGroupID.z + pc.group_z) / pc.heads;
     const uint m = row * pc.N + col;  // index into a seq x seq mask
     float score = value * pc.scale;
@@ -30,7 +36,7 @@ void store_c(uint base, uint row, uint col, float value) {
         const uint bit = batch * pc.mask_bs + m;
         if (((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) == 0u) allowed = false;
     }
-    s[base + row * pc.c_rs + col] = allowed ? score : uintBitsToFloat(0xff800000u);  // -inf
+    s[at] = allowed ? score : uintBitsToFloat(0xff800000u);  // -inf
 }
 
 bool tile_is_masked(uint row0, uint col0) {

@@ -97,6 +97,12 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     fp16_storage_ = info_.fp16_storage;
 }
 
+bool device::uniform_texel_format(VkFormat format) const {
+    VkFormatProperties props{};
+    instance_->fn().vkGetPhysicalDeviceFormatProperties(physical_, format, &props);
+    return (props.bufferFeatures & VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT) != 0;
+}
+
 device::~device() {
     fn_.vkDeviceWaitIdle(handle_);
     fn_.vkDestroyDevice(handle_, nullptr);

@@ -29,6 +29,8 @@ public:
     [[nodiscard]] bool fp16_storage() const { return fp16_storage_; }
     /// Subgroup size control, where offered and enabled (all zero / false otherwise).
     [[nodiscard]] const subgroup_control& subgroups() const { return subgroups_; }
+    /// The format can back a uniform texel buffer (VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT).
+    [[nodiscard]] bool uniform_texel_format(VkFormat format) const;
 
 private:
     std::shared_ptr<const instance> instance_;

@@ -12,11 +12,12 @@
 namespace qkv::vulkan::detail {
 namespace {
 
-void ensure(allocator& alloc, buffer& b, std::uint64_t need, memory_use use, const char* what) {
+void ensure(allocator& alloc, buffer& b, std::uint64_t need, memory_use use, const char* what,
+            VkBufferUsageFlags extra_usage = 0) {
     need = std::max<std::uint64_t>(need, 4);
     if (b && b.size() >= need && b.size() <= 2 * need) return;
     b.reset();  // free first: the old buffer's memory is available to the new one
-    b = alloc.create((need + 4095) / 4096 * 4096, use, what);
+    b = alloc.create((need + 4095) / 4096 * 4096, use, what, extra_usage);
 }
 
 void put(std::byte* base, const range& r, const void* data, std::size_t bytes) {
@@ -56,6 +57,22 @@ void pack_inputs(std::byte* base, const plan& p, const attention_problem& proble
 binding part(const buffer& b, const range& r) { return {b.handle(), r.offset, r.size}; }
 binding whole(const buffer& b, std::uint64_t size) { return {b.handle(), 0, size}; }
 
+/// Which family of the fused kernel runs (run_options::kernel):
+///   asked for   device         runs
+///   automatic   CPU            cpu, or gpu where the cpu family cannot run here
+///   automatic   GPU, other     gpu
+///   cpu         any            cpu, or a typed error saying why it cannot
+///   gpu         any            gpu (shaders/flash.comp)
+kernel_family choose_family(kernel_family asked, const device& dev, const flash_cpu_plan& cpu_plan) {
+    if (asked == kernel_family::gpu) return kernel_family::gpu;
+    if (asked == kernel_family::automatic && dev.info().type != device_type::cpu) return kernel_family::gpu;
+    const flash_cpu_refusal no = check_flash_cpu(dev, cpu_plan);
+    if (no.why.empty()) return kernel_family::cpu;
+    if (asked == kernel_family::automatic) return kernel_family::gpu;
+    if (no.limit) throw limit_exceeded(no.why);
+    throw unavailable(no.why);
+}
+
 }  // namespace
 
 attention_output run_attention(dispatch_environment& env, const attention_problem& problem) {
@@ -69,11 +86,22 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     // An allocation failure releases every cached buffer: the failed call keeps nothing, and the
     // next call starts from what it needs.
     bool staged_io = false;
+    const bool fused = p.impl == implementation::fused;
+    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, p.fp16, p.batch * p.heads, p.heads, p.seq,
+                                                   p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys);
+    const kernel_family family =
+        fused ? choose_family(
+                    // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
+                    env.fused_tiles_as && problem.options.kernel == kernel_family::automatic ? kernel_family::gpu
+                                                                                               : problem.options.kernel,
+                    env.dev, cpu_plan)
+              : kernel_family::automatic;
+    const bool cpu_family = family == kernel_family::cpu;
     const std::uint32_t flash_chunk =
-        p.impl == implementation::fused
-            ? flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys,
-                               env.fused_tiles_as)
-            : p.seq;
+        !fused       ? p.seq
+        : cpu_family ? cpu_plan.chunk_keys
+                     : flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads, p.d_v / p.heads,
+                                        env.max_fused_keys, env.fused_tiles_as);
     if ((p.seq + flash_chunk - 1) / flash_chunk > 1000)
         throw limit_exceeded("the fused kernel would need " + std::to_string((p.seq + flash_chunk - 1) / flash_chunk) +
                              " dispatches of " + std::to_string(flash_chunk) + " keys each for seq = " +
@@ -85,6 +113,12 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         if (p.concat_bytes) ensure(alloc, bufs.concat, p.concat_bytes, memory_use::device, "concatenated heads");
         ensure(alloc, bufs.out, p.out_bytes, memory_use::device, "output");
         prepare_range_guard(alloc, bufs.guard, p);
+        bufs.flash_views = {};  // made again below, for this call's layout
+        if (cpu_family)
+            ensure(alloc, bufs.flash_texels, cpu_plan.bytes, memory_use::device, "fused-attention texels",
+                   VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+        else
+            bufs.flash_texels.reset();
         if (flash_chunk < p.seq)
             ensure(alloc, bufs.flash_state, std::uint64_t{p.batch} * p.heads * p.seq * 8, memory_use::device,
                    "fused-attention chunk state");
@@ -123,6 +157,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     }
     exec.mark();  // inputs on the device
     const std::uint32_t N = p.seq, H = p.heads, B = p.batch;
+    const bool cpu = cpu_kernels(info, problem.options.kernel);  // family of the matrix products
     const std::uint32_t dh = p.d_k / H, dvh = p.d_v / H;
     const binding qkv = whole(bufs.qkv, p.qkv_bytes);
     const binding any_input = part(bufs.inputs, p.x);  // bound where a shader reads nothing
@@ -132,7 +167,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.M = B * N, g.N = p.ld, g.K = p.d_in;
         g.a_rs = p.d_in, g.b_rs = p.ld, g.b_cs = 1, g.c_rs = p.ld;
         g.flags = p.bias ? flag_bias : 0;
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::project_f16 : shader_id::project,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::project_f16 : shader_id::project,
                     {part(bufs.inputs, p.x), part(bufs.inputs, p.w), p.bias ? part(bufs.inputs, p.b) : any_input, qkv},
                     g, 1);
         exec.compute_barrier();
@@ -157,8 +192,23 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         f.mask_bs = p.mask_batched ? N * N : 0;
         f.add_bs = p.additive_batched ? N * N : 0;
         const binding state = bufs.flash_state ? whole(bufs.flash_state, bufs.flash_state.size()) : any_input;
-        record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state}, f,
-                     B * H, flash_chunk, env.fused_tiles_as);
+        if (cpu_family) {
+            bufs.flash_views = make_flash_cpu_views(env.dev, bufs.flash_texels, cpu_plan);
+            flash_cpu_push c;
+            c.seq = N, c.dv = dvh, c.heads = H;
+            c.o_rs = f.o_rs, c.o_bs = f.o_bs, c.scale = f.scale, c.flags = f.flags;
+            c.mask_bs = f.mask_bs, c.add_bs = f.add_bs;
+            flash_cpu_io io;
+            io.qkv = qkv;
+            io.qkv_fp16 = p.fp16;
+            io.texels = bufs.flash_texels.handle();
+            io.q = bufs.flash_views.q.handle(), io.k = bufs.flash_views.k.handle(), io.v = bufs.flash_views.v.handle();
+            io.mask_bits = mask_bits, io.additive = additive, io.out = whole(attn_out, attn_out_bytes), io.state = state;
+            record_flash_cpu(exec, pipes, cpu_plan, io, c, p.ld, f.k_off, f.v_off);
+        } else {
+            record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state},
+                         f, B * H, flash_chunk, env.fused_tiles_as);
+        }
     } else {
         // Stage 2: scores of every (batch, head): Q_h · K_hᵀ · scale, masked.
         gemm_push g;
@@ -171,7 +221,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.mask_bs = p.mask_batched ? N * N : 0;
         g.add_bs = p.additive_batched ? N * N : 0;
         const binding scores = whole(bufs.scores, p.scores_bytes);
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::scores_f16 : shader_id::scores,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::scores_f16 : shader_id::scores,
                     {qkv, mask_bits, additive, scores}, g, B * H);
         exec.compute_barrier();
         // Stage 3: softmax of every row, in place.
@@ -184,7 +234,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         a.b_off = 2 * p.d_k, a.b_bs = N * p.ld, a.b_hs = dvh, a.b_rs = p.ld, a.b_cs = 1;  // V_h
         a.c_bs = N * p.d_v, a.c_hs = dvh, a.c_rs = p.d_v;
         a.flags = p.causal ? flag_causal : 0;
-        record_gemm(exec, pipes, info, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
+        record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
                     {scores, qkv, whole(attn_out, attn_out_bytes)}, a, B * H);
     }
     exec.mark();  // attention done
@@ -194,7 +244,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         g.M = B * N, g.N = p.d_out, g.K = p.d_v;
         g.a_rs = p.d_v, g.b_rs = p.d_out, g.b_cs = 1, g.c_rs = p.d_out;
         g.flags = p.bo.empty() ? 0 : flag_bias;
-        record_gemm(exec, pipes, info, shader_id::project,
+        record_gemm(exec, pipes, info, cpu, shader_id::project,
                     {whole(bufs.concat, p.concat_bytes), part(bufs.inputs, p.wo),
                      p.bo.empty() ? any_input : part(bufs.inputs, p.bo), whole(bufs.out, p.out_bytes)},
                     g, 1);
@@ -224,6 +274,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     attention_output result;
     result.shape = problem.shape;
     result.implementation = p.impl;
+    result.kernel = family;
     result.device = info.name;
     result.output.resize(p.out_bytes / 4);
     if (p.weights_bytes) result.weights.resize(p.weights_bytes / 4);

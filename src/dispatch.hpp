@@ -3,6 +3,7 @@
 #pragma once
 
 #include "executor.hpp"
+#include "flash_cpu.hpp"
 #include "memory.hpp"
 #include "pipelines.hpp"
 #include "qkv/vulkan/problem.hpp"
@@ -17,6 +18,8 @@ struct buffer_cache {
     buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
     buffer flash_state;  // the fused kernel's (max, sum) per row between key chunks, where needed
     range_guard_buffers guard;  // the range guard's result (range_guard.hpp)
+    buffer flash_texels;  // the cpu kernel family's Q, K, V as texels
+    flash_cpu_views flash_views;  // views of flash_texels, made per call
 };
 
 struct dispatch_environment {

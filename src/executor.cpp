@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "check.hpp"
 
@@ -29,11 +30,12 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
         alloc.commandBufferCount = 1;
         check(fn.vkAllocateCommandBuffers(d, &alloc, &cmd_), "vkAllocateCommandBuffers");
 
-        const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8};
+        const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8},
+                                              {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, max_sets * 3}};
         auto dp = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
         dp.maxSets = max_sets;
-        dp.poolSizeCount = 1;
-        dp.pPoolSizes = &size;
+        dp.poolSizeCount = 2;
+        dp.pPoolSizes = sizes;
         check(fn.vkCreateDescriptorPool(d, &dp, nullptr, &descriptors_), "vkCreateDescriptorPool");
 
         auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
@@ -89,6 +91,10 @@ void executor::mark() {
     dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
 }
 
+void executor::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
+    dev_.fn().vkCmdFillBuffer(cmd_, dst, offset, size, value);
+}
+
 void executor::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
     const VkBufferCopy region{src_offset, dst_offset, size};
     dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
@@ -121,16 +127,27 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
     alloc.pSetLayouts = &p.set_layout;
     check(fn.vkAllocateDescriptorSets(dev_.handle(), &alloc, &set), "vkAllocateDescriptorSets");
     std::vector<VkDescriptorBufferInfo> infos;
+    std::vector<VkBufferView> views;
     std::vector<VkWriteDescriptorSet> writes;
     infos.reserve(bindings.size());
-    for (const auto& b : bindings) infos.push_back({b.buffer, b.offset, b.range});
+    views.reserve(bindings.size());
+    for (const auto& b : bindings) {
+        infos.push_back({b.buffer, b.offset, b.range});
+        views.push_back(b.view);
+    }
     for (std::uint32_t i = 0; i < infos.size(); ++i) {
         auto w = vk_struct<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
         w.dstSet = set;
         w.dstBinding = i;
         w.descriptorCount = 1;
-        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        w.pBufferInfo = &infos[i];
+        w.descriptorType = p.types[i];
+        const bool texel_binding = p.types[i] == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+        if (texel_binding != (views[i] != VK_NULL_HANDLE))
+            throw error("internal: binding " + std::to_string(i) + " does not match the pipeline's descriptor type");
+        if (texel_binding)
+            w.pTexelBufferView = &views[i];
+        else
+            w.pBufferInfo = &infos[i];
         writes.push_back(w);
     }
     fn.vkUpdateDescriptorSets(dev_.handle(), static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);

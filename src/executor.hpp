@@ -17,7 +17,14 @@ struct binding {
     VkBuffer buffer = VK_NULL_HANDLE;
     VkDeviceSize offset = 0;
     VkDeviceSize range = VK_WHOLE_SIZE;
+    VkBufferView view = VK_NULL_HANDLE;  ///< for a texel-buffer binding (then buffer/offset/range unused)
 };
+
+inline binding texel(VkBufferView view) {
+    binding b;
+    b.view = view;
+    return b;
+}
 
 /// Every push-constant block starts with these three: the workgroup offset of a split dispatch.
 struct group_offset {
@@ -32,6 +39,7 @@ public:
     executor& operator=(const executor&) = delete;
 
     void begin();
+    void fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value);
     void copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size);
     /// A global memory barrier from `src` stage/access to `dst` stage/access.
     void barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst, VkAccessFlags dst_access);

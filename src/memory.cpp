@@ -43,6 +43,32 @@ void buffer::invalidate() const {
           "vkInvalidateMappedMemoryRanges");
 }
 
+buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset,
+                         VkDeviceSize range) {
+    auto info = vk_struct<VkBufferViewCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO);
+    info.buffer = b.handle();
+    info.format = format;
+    info.offset = offset;
+    info.range = range;
+    check(dev.fn().vkCreateBufferView(dev.handle(), &info, nullptr, &handle_), "vkCreateBufferView");
+    dev_ = &dev;
+}
+
+buffer_view& buffer_view::operator=(buffer_view&& other) noexcept {
+    if (this != &other) {
+        reset();
+        dev_ = std::exchange(other.dev_, nullptr);
+        handle_ = std::exchange(other.handle_, VK_NULL_HANDLE);
+    }
+    return *this;
+}
+
+void buffer_view::reset() noexcept {
+    if (dev_ && handle_) dev_->fn().vkDestroyBufferView(dev_->handle(), handle_, nullptr);
+    dev_ = nullptr;
+    handle_ = VK_NULL_HANDLE;
+}
+
 allocator::allocator(const device& dev, std::uint64_t limit) : dev_(dev), limit_(limit) {}
 
 std::uint32_t allocator::pick_type(std::uint32_t allowed, memory_use use, const char* what) const {
@@ -71,7 +97,7 @@ std::uint32_t allocator::pick_type(std::uint32_t allowed, memory_use use, const 
     return fallback;
 }
 
-buffer allocator::create(VkDeviceSize size, memory_use use, const char* what) {
+buffer allocator::create(VkDeviceSize size, memory_use use, const char* what, VkBufferUsageFlags extra_usage) {
     const auto& fn = dev_.fn();
     const VkDevice d = dev_.handle();
     buffer b;
@@ -80,7 +106,7 @@ buffer allocator::create(VkDeviceSize size, memory_use use, const char* what) {
 
     auto info = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
     info.size = size;
-    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | extra_usage;
     info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     check(fn.vkCreateBuffer(d, &info, nullptr, &b.handle_), std::string("vkCreateBuffer (") + what + ")");
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "device.hpp"
 #include "vk.hpp"
@@ -48,13 +49,33 @@ private:
     bool coherent_ = true;
 };
 
+/// A typed view of part of a buffer, for a texel-buffer descriptor. Move-only; destroys itself.
+/// The buffer must outlive it and have been created with a texel-buffer usage bit.
+class buffer_view {
+public:
+    buffer_view() = default;
+    /// `range` bytes from `offset` (a multiple of minTexelBufferOffsetAlignment) seen as `format`.
+    buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range);
+    buffer_view(buffer_view&& other) noexcept { *this = std::move(other); }
+    buffer_view& operator=(buffer_view&& other) noexcept;
+    ~buffer_view() { reset(); }
+    void reset() noexcept;
+    [[nodiscard]] VkBufferView handle() const { return handle_; }
+    [[nodiscard]] explicit operator bool() const { return handle_ != VK_NULL_HANDLE; }
+
+private:
+    const device* dev_ = nullptr;
+    VkBufferView handle_ = VK_NULL_HANDLE;
+};
+
 class allocator {
 public:
     allocator(const device& dev, std::uint64_t limit);
 
     /// A buffer of `size` bytes (storage + transfer usage). Throws out_of_memory (cap reached or
     /// the driver's VK_ERROR_OUT_OF_*_MEMORY), leaving nothing allocated.
-    [[nodiscard]] buffer create(VkDeviceSize size, memory_use use, const char* what);
+    /// `extra_usage` adds usage bits (e.g. VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT).
+    [[nodiscard]] buffer create(VkDeviceSize size, memory_use use, const char* what, VkBufferUsageFlags extra_usage = 0);
 
     [[nodiscard]] std::uint64_t allocated() const { return allocated_.load(); }
     [[nodiscard]] std::uint64_t peak() const { return peak_.load(); }

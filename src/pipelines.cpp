@@ -24,6 +24,14 @@ pipeline_set::~pipeline_set() {
 
 const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
                                   const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup) {
+    return get(shader, std::vector<VkDescriptorType>(bindings, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER), push_size, spec,
+               required_subgroup);
+}
+
+const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescriptorType>& types,
+                                  std::uint32_t push_size, const std::vector<std::uint32_t>& spec,
+                                  std::uint32_t required_subgroup) {
+    const auto bindings = static_cast<std::uint32_t>(types.size());
     auto key = std::make_pair(shader, spec);
     key.second.push_back(required_subgroup);
     if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
@@ -34,11 +42,12 @@ const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std:
     pipeline p;
     p.bindings = bindings;
     p.push_size = push_size;
+    p.types = types;
     VkShaderModule module = VK_NULL_HANDLE;
     try {
         std::vector<VkDescriptorSetLayoutBinding> slots(bindings);
         for (std::uint32_t i = 0; i < bindings; ++i)
-            slots[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+            slots[i] = {i, types[i], 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
         auto set_info = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
         set_info.bindingCount = bindings;
         set_info.pBindings = slots.data();

@@ -18,6 +18,7 @@ struct pipeline {
     VkPipeline handle = VK_NULL_HANDLE;
     std::uint32_t bindings = 0;
     std::uint32_t push_size = 0;
+    std::vector<VkDescriptorType> types;  ///< of bindings 0..n-1
 };
 
 class pipeline_set {
@@ -32,6 +33,9 @@ public:
     /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
     /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
     const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
+                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+    /// The same with bindings of the given descriptor types (storage buffers, uniform texel buffers).
+    const pipeline& get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
                         const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
 
     [[nodiscard]] const device& dev() const { return dev_; }

@@ -99,6 +99,17 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
     check_range("the output", p.out_bytes, info, "; split the batch into several calls");
     check_range("the concatenated heads (batch x seq x d_v floats)", p.concat_bytes, info, "");
 
+    if (p.impl == implementation::staged && info.type == device_type::cpu) {
+        // One softmax invocation strides over a whole row; CPU implementations end an
+        // invocation's loops after 65,535 iterations (the products split K instead).
+        const std::uint64_t loops = softmax_loop_iterations(softmax_workgroup(info, p.seq), p.seq,
+                                                            info.subgroup_size, info.subgroup_arithmetic);
+        if (loops >= cpu_loop_limit)
+            throw limit_exceeded("the staged softmax over rows of " + std::to_string(p.seq) + " scores needs " +
+                                 std::to_string(loops) + " loop iterations per invocation, more than the 65,535 that " +
+                                 info.name + " runs; use the fused implementation");
+    }
+
     const std::uint64_t total = p.inputs_bytes + p.qkv_bytes + p.scores_bytes + p.concat_bytes + p.out_bytes;
     if (info.device_local_memory && total > info.device_local_memory)
         throw limit_exceeded("this call needs " + mib(total) + " of device memory, more than the " +

@@ -22,8 +22,17 @@ namespace qkv::vulkan::detail {
     X(flash_subgroup_f16, qkv_spv_flash_subgroup_f16) \
     X(range_guard, qkv_spv_range_guard)             \
     X(range_guard_f16, qkv_spv_range_guard_f16)     \
+    X(flash_cpu, qkv_spv_flash_cpu)                 \
+    X(flash_cpu_pack, qkv_spv_flash_cpu_pack)       \
+    X(flash_cpu_pack_f16, qkv_spv_flash_cpu_pack_f16) \
     X(ceiling_fma, qkv_spv_ceiling_fma)             \
-    X(ceiling_copy, qkv_spv_ceiling_copy)
+    X(ceiling_copy, qkv_spv_ceiling_copy)           \
+    X(project_cpu, qkv_spv_project_cpu)             \
+    X(project_cpu_f16, qkv_spv_project_cpu_f16)     \
+    X(scores_cpu, qkv_spv_scores_cpu)               \
+    X(scores_cpu_f16, qkv_spv_scores_cpu_f16)       \
+    X(aggregate_cpu, qkv_spv_aggregate_cpu)         \
+    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)
 
 enum class shader_id {
 #define QKV_SHADER_ENUM(id, array) id,

@@ -1,6 +1,8 @@
 // The Vulkan backend on whatever device the machine has (lavapipe in CI), validation layer on:
 // the worked example against the compile-time results, a sweep of odd shapes against the float64
-// CPU reference for both implementations and both precisions, and the error paths.
+// CPU reference for both implementations and both precisions, and the error paths. Every test that
+// runs the fused implementation runs once per kernel family, forced (FUSED_FAMILY below), so both
+// families are proven on whatever device runs the suite.
 #include <qkv/tutorial.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
@@ -23,7 +25,14 @@ using qkv_test::mask_kind;
 using qkv_test::problem_spec;
 using qkv_test::require_clean;
 
+/// The fused kernel family of this run of the test case: Catch2 runs the case once per value.
+#define FUSED_FAMILY() GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu)
+
 namespace {
+
+const char* family_name(qkv::kernel_family f) {
+    return f == qkv::kernel_family::cpu ? "cpu family" : f == qkv::kernel_family::gpu ? "gpu family" : "automatic";
+}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -57,6 +66,8 @@ void check_against_reference(qkv::vulkan::context& ctx, const qkv_test::owned_pr
     const auto want = qkv::cpu::attention_f64(p.view());
     const auto got = ctx.attention(p.view());
     REQUIRE(got.output.size() == want.output.size());
+    if (got.implementation == qkv::implementation::fused && p.options.kernel != qkv::kernel_family::automatic)
+        CHECK(got.kernel == p.options.kernel);  // the forced family is the one that ran
     const double e = qkv_test::nmse(got.output, want.output);
     INFO("output nmse " << e);
     CHECK(e <= tolerance);
@@ -107,9 +118,12 @@ TEST_CASE("the worked example on the GPU equals the compile-time result", "[vulk
     namespace tut = qkv::tutorial;
     const auto x = flat(tut::inputs), wq = flat(tut::w_query), wk = flat(tut::w_key), wv = flat(tut::w_value);
     auto& ctx = gpu();
+    const auto family = FUSED_FAMILY();
+    INFO(family_name(family));
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
         auto p = tutorial_problem(x, wq, wk, wv);
         p.options.implementation = impl;
+        p.options.kernel = family;
         p.options.return_weights = impl == qkv::implementation::staged;
         for (bool scaled : {false, true}) {
             p.options.scale = scaled ? std::nullopt : std::optional<float>(1.f);
@@ -117,6 +131,7 @@ TEST_CASE("the worked example on the GPU equals the compile-time result", "[vulk
             const auto r = ctx.attention(p);
             INFO((impl == qkv::implementation::staged ? "staged" : "fused") << (scaled ? ", scaled" : ", scale 1"));
             CHECK(r.implementation == impl);
+            if (impl == qkv::implementation::fused) CHECK(r.kernel == family);
             for (std::size_t i = 0; i < 3; ++i)
                 for (std::size_t c = 0; c < 3; ++c) CHECK(std::abs(r.output[i * 3 + c] - expected.output(i, c)) <= 1e-5f);
             if (p.options.return_weights)
@@ -130,13 +145,16 @@ TEST_CASE("the worked example on the GPU equals the compile-time result", "[vulk
 
 TEST_CASE("staged and fused match the float64 reference on odd shapes (fp32)", "[vulkan][sweep]") {
     auto& ctx = gpu();
+    const auto family = FUSED_FAMILY();
     std::uint64_t seed = 1000;
     for (const auto& spec : sweep_specs()) {
         auto p = make_problem(spec, seed++);
+        p.options.kernel = family;
         for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
             p.options.implementation = impl;
             p.options.return_weights = impl == qkv::implementation::staged;
-            INFO(qkv_test::describe(spec) << (impl == qkv::implementation::staged ? " staged" : " fused"));
+            INFO(qkv_test::describe(spec) << (impl == qkv::implementation::staged ? " staged" : " fused, ")
+                                          << family_name(family));
             check_against_reference(ctx, p, 1e-10);
         }
     }
@@ -151,14 +169,17 @@ TEST_CASE("fp16 storage stays within 1e-5 of the float64 reference", "[vulkan][s
         CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)ctx.attention(p.view()); }), "fp16"));
         return;
     }
+    const auto family = FUSED_FAMILY();
     std::uint64_t seed = 2000;
     const auto specs = sweep_specs();
     for (std::size_t i = 0; i < specs.size(); i += 2) {  // every other case: fp16 adds pipelines, not new logic
         auto p = make_problem(specs[i], seed++);
         p.options.precision = qkv::precision::fp16;
+        p.options.kernel = family;
         for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
             p.options.implementation = impl;
-            INFO(qkv_test::describe(specs[i]) << (impl == qkv::implementation::staged ? " staged" : " fused") << " fp16");
+            INFO(qkv_test::describe(specs[i]) << (impl == qkv::implementation::staged ? " staged" : " fused")
+                                              << " fp16, " << family_name(family));
             check_against_reference(ctx, p, 1e-5);
         }
     }
@@ -168,10 +189,15 @@ TEST_CASE("fp16 storage stays within 1e-5 of the float64 reference", "[vulkan][s
 TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") {
     auto& ctx = gpu();
     auto p = make_problem({.seq = 17, .d_in = 8, .d_k = 8, .d_v = 8, .heads = 2}, 7);
-    CHECK(ctx.attention(p.view()).implementation == qkv::implementation::fused);
+    const auto fused = ctx.attention(p.view());
+    CHECK(fused.implementation == qkv::implementation::fused);
+    // and the cpu kernel family on CPU devices (lavapipe), the gpu family elsewhere
+    CHECK(fused.kernel == (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::cpu
+                                                                              : qkv::kernel_family::gpu));
     p.options.return_weights = true;
     const auto r = ctx.attention(p.view());
     CHECK(r.implementation == qkv::implementation::staged);
+    CHECK(r.kernel == qkv::kernel_family::automatic);
     CHECK(r.weights.size() == 2 * 17 * 17);
     require_clean(ctx);
 }
@@ -194,6 +220,9 @@ TEST_CASE("bad input throws invalid_argument and the context keeps working", "[v
     bad.options.implementation = qkv::implementation::fused;
     bad.options.return_weights = true;
     CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "fused"));
+    bad = good;
+    bad.options.kernel = static_cast<qkv::kernel_family>(7);
+    CHECK(contains(error_of<qkv::invalid_argument>([&] { (void)ctx.attention(bad.view()); }), "kernel family"));
     bad = good;
     bad.shape.seq = 0;
     bad.x.clear();
@@ -245,11 +274,14 @@ TEST_CASE("an allocation failure is a typed error that leaks nothing", "[vulkan]
 
 TEST_CASE("grids beyond maxComputeWorkGroupCount are split and stay correct", "[vulkan][limits]") {
     auto ctx = qkv_test::make_context({.max_workgroup_count = 2});
+    const auto family = FUSED_FAMILY();
+    INFO(family_name(family));
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
         auto p = make_problem({.batch = 3, .seq = 113, .d_in = 9, .d_k = 8, .d_v = 12, .heads = 4, .d_out = 5,
                                .causal = true, .mask = mask_kind::both},
                               11);
         p.options.implementation = impl;
+        p.options.kernel = family;
         p.options.return_weights = impl == qkv::implementation::staged;
         check_against_reference(ctx, p, 1e-10);
     }
@@ -266,6 +298,10 @@ TEST_CASE("staging through host-visible buffers (the discrete-GPU path) gives th
     const auto staged = ctx.attention(p.view());
     CHECK(direct.output == staged.output);
     CHECK(direct.weights == staged.weights);
+    p.options.return_weights = false;  // the fused implementation, each family
+    p.options.kernel = FUSED_FAMILY();
+    INFO(family_name(p.options.kernel));
+    CHECK(gpu().attention(p.view()).output == ctx.attention(p.view()).output);
     require_clean(ctx);
     require_clean(gpu());
 }
@@ -273,6 +309,8 @@ TEST_CASE("staging through host-visible buffers (the discrete-GPU path) gives th
 TEST_CASE("the same input gives bitwise-identical output every call", "[vulkan]") {
     auto& ctx = gpu();
     auto p = make_problem({.batch = 2, .seq = 65, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 4, .causal = true}, 13);
+    p.options.kernel = FUSED_FAMILY();
+    INFO(family_name(p.options.kernel));
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
         p.options.implementation = impl;
         const auto first = ctx.attention(p.view()).output;
@@ -284,12 +322,14 @@ TEST_CASE("the same input gives bitwise-identical output every call", "[vulkan]"
 TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay finite or are refused, N = d = 1",
           "[vulkan][edge]") {
     auto& ctx = gpu();
+    const auto family = FUSED_FAMILY();
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
-        INFO((impl == qkv::implementation::staged ? "staged" : "fused"));
+        INFO((impl == qkv::implementation::staged ? "staged" : "fused") << ", " << family_name(family));
         // NaN in one input row: rows that attend to it become NaN, as in PyTorch; a causal
         // mask keeps earlier rows clean.
         auto p = make_problem({.seq = 6, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, 14);
         p.options.implementation = impl;
+        p.options.kernel = family;
         p.x[3 * 4 + 1] = std::numeric_limits<float>::quiet_NaN();
         const auto r = ctx.attention(p.view());
         for (std::size_t i = 0; i < 6; ++i)
@@ -298,6 +338,7 @@ TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay fi
         // -inf in an additive mask masks; a row of -inf is a fully masked row (zeros).
         auto m = make_problem({.seq = 4, .d_in = 3, .d_k = 2, .d_v = 2}, 15);
         m.options.implementation = impl;
+        m.options.kernel = family;
         m.additive.assign(16, 0.f);
         for (std::size_t j = 0; j < 4; ++j) m.additive[2 * 4 + j] = -std::numeric_limits<float>::infinity();
         m.additive[0 * 4 + 1] = -std::numeric_limits<float>::infinity();
@@ -311,6 +352,7 @@ TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay fi
         // FLT_MAX) is refused with numeric_overflow, never zeros or NaN with success.
         auto big = make_problem({.seq = 5, .d_in = 2, .d_k = 2, .d_v = 2}, 16);
         big.options.implementation = impl;
+        big.options.kernel = family;
         for (auto& v : big.x) v *= 1e17f;
         for (auto& v : big.wq) v *= 10.f;
         for (auto& v : big.wk) v *= 10.f;
@@ -324,6 +366,7 @@ TEST_CASE("numerical edge cases: NaN propagates, -inf masks, huge scores stay fi
         // N = 1 and d = 1.
         auto one = make_problem({.seq = 1, .d_in = 1, .d_k = 1, .d_v = 1}, 17);
         one.options.implementation = impl;
+        one.options.kernel = family;
         check_against_reference(ctx, one, 1e-12);
     }
     require_clean(ctx);
@@ -396,6 +439,8 @@ TEST_CASE("the device ceiling is measured with positive, finite numbers", "[vulk
 TEST_CASE("per-call statistics time each phase within the whole call", "[vulkan][stats]") {
     auto& ctx = gpu();
     auto p = make_problem({.seq = 33, .d_in = 12, .d_k = 8, .d_v = 12, .heads = 2, .d_out = 5}, 11);
+    p.options.kernel = FUSED_FAMILY();
+    INFO(family_name(p.options.kernel));
     for (const auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
         p.options.implementation = impl;
         (void)ctx.attention(p.view());
@@ -508,8 +553,11 @@ TEST_CASE("N = 16384, d = 64, one head: fused, under 64 MiB of device memory, ri
     constexpr std::size_t N = 16384, d = 64;
     auto p = make_problem({.seq = N, .d_in = d, .d_k = d, .d_v = d, .heads = 1}, 16384);
     p.options.implementation = qkv::implementation::fused;
+    p.options.kernel = FUSED_FAMILY();
+    INFO(family_name(p.options.kernel));
     const auto r = ctx.attention(p.view());
     REQUIRE(r.implementation == qkv::implementation::fused);
+    REQUIRE(r.kernel == p.options.kernel);
     REQUIRE(r.output.size() == N * d);
     const std::uint64_t peak = ctx.peak_device_memory();
     INFO("peak device memory " << peak << " bytes");
@@ -556,10 +604,62 @@ TEST_CASE("N = 16384, d = 64, one head: fused, under 64 MiB of device memory, ri
     require_clean(ctx);
 }
 
+// Past lavapipe's 65,535 loop iterations per invocation with real keys: N = 65,600, causal, narrow
+// heads so it stays a few seconds. The cpu family in one dispatch per key chunk of at most 40,000
+// keys (two chunks) and in its own chunking; float64 reference on sampled rows, the last included.
+TEST_CASE("N = 65,600 causal, d = 3 / 4: the cpu kernel family gets every key", "[vulkan][long]") {
+    constexpr std::size_t N = 65600, d_in = 4, dk = 3, dv = 4;
+    auto p = make_problem({.seq = N, .d_in = d_in, .d_k = dk, .d_v = dv, .heads = 1, .causal = true}, 65600);
+    p.options.implementation = qkv::implementation::fused;
+    p.options.kernel = qkv::kernel_family::cpu;
+    const auto project = [&](const std::vector<float>& w, std::size_t width) {
+        std::vector<double> out(N * width, 0.0);
+        for (std::size_t i = 0; i < N; ++i)
+            for (std::size_t k = 0; k < d_in; ++k)
+                for (std::size_t j = 0; j < width; ++j) out[i * width + j] += double{p.x[i * d_in + k]} * w[k * width + j];
+        return out;
+    };
+    const std::vector<double> q = project(p.wq, dk), k = project(p.wk, dk), v = project(p.wv, dv);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    std::vector<std::size_t> rows{0, 1, 8191, 65534, 65535, 65536, 65599};
+    for (std::size_t i = 0; rows.size() < 24; ++i) rows.push_back((i * 2654435761u + 777) % N);
+    std::vector<double> want;
+    for (const std::size_t i : rows) {
+        std::vector<double> s(i + 1);
+        double m = -INFINITY;
+        for (std::size_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (std::size_t c = 0; c < dk; ++c) dot += q[i * dk + c] * k[j * dk + c];
+            m = std::max(m, s[j] = dot * scale);
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - m));
+        for (std::size_t c = 0; c < dv; ++c) {
+            double o = 0;
+            for (std::size_t j = 0; j <= i; ++j) o += s[j] * v[j * dv + c];
+            want.push_back(o / sum);
+        }
+    }
+    for (const std::uint32_t chunk : {40000u, 0u}) {
+        auto ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = chunk});
+        INFO("at most " << chunk << " keys a dispatch (0: the device's own)");
+        const auto r = ctx.attention(p.view());
+        REQUIRE(r.kernel == qkv::kernel_family::cpu);
+        std::vector<float> got;
+        for (const std::size_t i : rows)
+            for (std::size_t c = 0; c < dv; ++c) got.push_back(r.output[i * dv + c]);
+        const double e = qkv_test::nmse(got, want);
+        INFO("nmse on " << rows.size() << " sampled rows " << e);
+        CHECK(e <= 1e-9);
+        require_clean(ctx);
+    }
+}
+
 // The key-chunk path of the fused kernel (several dispatches carrying the online-softmax state),
 // which lavapipe takes for long sequences, forced here at small sizes with odd chunk lengths:
 // every mask kind, causal, batches, heads, fully masked rows, both precisions.
 TEST_CASE("fused attention split into key chunks matches the float64 reference", "[vulkan][sweep][chunks]") {
+    const auto family = FUSED_FAMILY();
     std::uint64_t seed = 3000;
     const auto specs = sweep_specs();
     for (const std::uint32_t chunk : {3u, 37u, 64u}) {
@@ -568,7 +668,9 @@ TEST_CASE("fused attention split into key chunks matches the float64 reference",
             if (specs[i].seq <= chunk) continue;  // one chunk: the plain path, tested above
             auto p = make_problem(specs[i], seed++);
             p.options.implementation = qkv::implementation::fused;
-            INFO(qkv_test::describe(specs[i]) << " fused, chunks of " << chunk << " keys");
+            p.options.kernel = family;
+            INFO(qkv_test::describe(specs[i]) << " fused, " << family_name(family) << ", at most " << chunk
+                                              << " keys a dispatch");
             check_against_reference(ctx, p, 1e-10);
             if (ctx.device().fp16_storage && i % 4 < 2) {
                 p.options.precision = qkv::precision::fp16;
@@ -578,6 +680,7 @@ TEST_CASE("fused attention split into key chunks matches the float64 reference",
         // A NaN in one key's value poisons every row that attends to it, across chunk borders.
         auto p = make_problem({.seq = 9, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, 77);
         p.options.implementation = qkv::implementation::fused;
+        p.options.kernel = family;
         p.wv[0] = 1.0f;
         p.x[5 * 4 + 0] = std::numeric_limits<float>::quiet_NaN();  // row 5 of x, so V row 5
         const auto r = ctx.attention(p.view());

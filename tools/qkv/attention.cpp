@@ -70,6 +70,7 @@ void compute_and_write(const attention_options& o, attention_inputs& in) {
     options.return_weights = !o.weights.empty();
     options.precision = o.precision;
     options.implementation = o.implementation;
+    options.kernel = o.kernel;
     // The CPU backend computes float64 inputs in float64 and writes float64; otherwise
     // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range).
     const bool float64 = o.choice == backend::cpu && in.any_float64();

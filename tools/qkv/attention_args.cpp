@@ -122,6 +122,13 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
                                     "auto (fused, or staged with --weights), staged (four passes, N x N scores in "
                                     "memory) or fused (one flash-attention pass)")
         ->group(running);
+    add_choice<qkv::kernel_family>(cmd, "--kernel", o.kernel,
+                                   {{"auto", qkv::kernel_family::automatic},
+                                    {"cpu", qkv::kernel_family::cpu},
+                                    {"gpu", qkv::kernel_family::gpu}},
+                                   "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
+                                   "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
+        ->group(running);
     cmd.add_option("--device", o.device,
                     "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
                     "else the best device")

@@ -25,6 +25,7 @@ struct attention_options {
     backend choice = backend::vulkan;
     qkv::precision precision = qkv::precision::fp32;
     qkv::implementation implementation = qkv::implementation::automatic;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
     const CLI::Option* scale_option = nullptr;    // to tell "--scale not given" from a value
     const CLI::Option* weights_option = nullptr;  // to tell "--weights not given" from --weights ""

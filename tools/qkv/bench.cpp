@@ -44,7 +44,7 @@ using json = nlohmann::ordered_json;
 
 struct bench_options {
     std::vector<std::size_t> batch, heads, seq, dim;
-    std::vector<std::string> causal, precision, impl;
+    std::vector<std::string> causal, precision, impl, kernel;
     int repeat = 0;   // 0: chosen for the device
     int warmup = -1;  // -1: chosen for the device
     std::string device, json_file;
@@ -57,6 +57,7 @@ struct config {
     bool causal;
     qkv::precision precision;
     qkv::implementation impl;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;  // fused only
 };
 
 struct summary {
@@ -72,6 +73,7 @@ struct result {
     double percent_of_fma = 0;
     std::uint64_t peak_bytes = 0;
     bool device_clock = false;
+    qkv::kernel_family ran_kernel = qkv::kernel_family::automatic;  // the fused family that ran
 };
 
 summary summarise(std::vector<double> v) {
@@ -101,6 +103,14 @@ std::string mebibytes(std::uint64_t bytes) { return fixed(static_cast<double>(by
 const char* name_of(qkv::precision p) { return p == qkv::precision::fp16 ? "fp16" : "fp32"; }
 const char* name_of(qkv::implementation i) {
     return i == qkv::implementation::fused ? "fused" : i == qkv::implementation::staged ? "staged" : "auto";
+}
+const char* name_of(qkv::kernel_family k) {
+    return k == qkv::kernel_family::cpu ? "cpu" : k == qkv::kernel_family::gpu ? "gpu" : "auto";
+}
+/// "staged", "fused cpu" (the family that ran), or "fused auto" for a configuration not yet run.
+std::string impl_name(const config& c, qkv::kernel_family ran) {
+    if (c.impl != qkv::implementation::fused) return name_of(c.impl);
+    return std::string("fused ") + name_of(ran == qkv::kernel_family::automatic ? c.kernel : ran);
 }
 
 std::string utc_now() {
@@ -151,6 +161,7 @@ struct bench_problem {
         p.options.causal = c.causal;
         p.options.precision = c.precision;
         p.options.implementation = c.impl;
+        p.options.kernel = c.kernel;
         return p;
     }
 };
@@ -171,7 +182,7 @@ private:
 std::string describe(const config& c) {
     return "B=" + std::to_string(c.batch) + " H=" + std::to_string(c.heads) + " N=" + std::to_string(c.seq) +
            " d=" + std::to_string(c.dim) + (c.causal ? " causal " : " ") + name_of(c.precision) + " " +
-           name_of(c.impl);
+           impl_name(c, qkv::kernel_family::automatic);
 }
 
 result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
@@ -189,6 +200,7 @@ result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int re
         for (int i = 0; i < warmup + repeat; ++i) {
             const qkv::attention_output out = ctx.attention(view);
             if (i == 0) {  // time only calls that compute something real
+                r.ran_kernel = out.kernel;
                 const bool finite = std::all_of(out.output.begin(), out.output.end(),
                                                 [](float v) { return std::isfinite(v); });
                 if (!finite) throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
@@ -259,6 +271,11 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
     std::vector<qkv::implementation> impls;
     for (const auto& s : o.impl)
         impls.push_back(s == "staged" ? qkv::implementation::staged : qkv::implementation::fused);
+    std::vector<qkv::kernel_family> kernels;
+    for (const auto& s : o.kernel)
+        kernels.push_back(s == "cpu"   ? qkv::kernel_family::cpu
+                          : s == "gpu" ? qkv::kernel_family::gpu
+                                       : qkv::kernel_family::automatic);
     std::vector<config> out;
     for (std::size_t b : o.batch)
         for (std::size_t h : o.heads)
@@ -266,7 +283,11 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                 for (std::size_t d : o.dim)
                     for (bool causal : causal_values)
                         for (qkv::precision p : precisions)
-                            for (qkv::implementation i : impls) out.push_back({b, h, n, d, causal, p, i});
+                            for (qkv::implementation i : impls) {
+                                if (i != qkv::implementation::fused) out.push_back({b, h, n, d, causal, p, i});
+                                else
+                                    for (qkv::kernel_family k : kernels) out.push_back({b, h, n, d, causal, p, i, k});
+                            }
     return out;
 }
 
@@ -279,6 +300,7 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.dim.empty()) o.dim = {64};
     if (o.causal.empty()) o.causal = {"no", "yes"};
     if (o.impl.empty()) o.impl = {"staged", "fused"};
+    if (o.kernel.empty()) o.kernel = {"auto"};
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
 }
@@ -352,7 +374,7 @@ void run(bench_options o) {
         const config& c = r.c;
         std::vector<std::string> row{std::to_string(c.batch), std::to_string(c.heads), std::to_string(c.seq),
                                      std::to_string(c.dim),   c.causal ? "yes" : "no", name_of(c.precision),
-                                     name_of(c.impl)};
+                                     impl_name(c, r.ran_kernel)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
         } else {
@@ -373,26 +395,35 @@ void run(bench_options o) {
                 rows);
 
     // Fused against staged, same shape and precision, measured in this run.
-    std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, bool, int>, std::pair<double, double>> pairs;
-    for (const result& r : results) {
-        if (!r.ran) continue;
-        auto& p = pairs[{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal, static_cast<int>(r.c.precision)}];
-        (r.c.impl == qkv::implementation::fused ? p.first : p.second) = r.attention_ms.median;
-    }
+    std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, bool, int, int>, std::pair<double, double>>
+        pairs;  // per fused kernel family that ran
+    for (const result& r : results)
+        if (r.ran && r.c.impl == qkv::implementation::fused)
+            pairs[{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal, static_cast<int>(r.c.precision),
+                   static_cast<int>(r.ran_kernel)}]
+                .first = r.attention_ms.median;
+    for (const result& r : results)
+        if (r.ran && r.c.impl == qkv::implementation::staged)
+            for (auto& [key, times] : pairs)
+                if (key == decltype(pairs)::key_type{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal,
+                                                     static_cast<int>(r.c.precision), std::get<6>(key)})
+                    times.second = r.attention_ms.median;
     json ratios = json::array();
     bool header = false;
     for (const auto& [key, times] : pairs) {
         if (times.first <= 0 || times.second <= 0) continue;
         if (!header) std::cout << "\nFused against staged (attention phase, median times of this run):\n";
         header = true;
-        const auto& [b, h, n, d, causal, prec] = key;
+        const auto& [b, h, n, d, causal, prec, kernel] = key;
         const double speedup = times.second / times.first;
         std::cout << "  B=" << b << " H=" << h << " N=" << n << " d=" << d << (causal ? " causal" : "") << " "
-                  << name_of(static_cast<qkv::precision>(prec)) << ": fused " << sig3(times.first) << " ms, staged "
+                  << name_of(static_cast<qkv::precision>(prec)) << ": fused ("
+                  << name_of(static_cast<qkv::kernel_family>(kernel)) << " family) " << sig3(times.first) << " ms, staged "
                   << sig3(times.second) << " ms, fused is " << fixed(speedup, 2) << "x "
                   << (speedup >= 1 ? "faster" : "slower") << "\n";
         ratios.push_back({{"batch", b}, {"heads", h}, {"seq", n}, {"dim", d}, {"causal", causal},
-                          {"precision", name_of(static_cast<qkv::precision>(prec))}, {"fused_ms", times.first},
+                          {"precision", name_of(static_cast<qkv::precision>(prec))},
+                          {"kernel", name_of(static_cast<qkv::kernel_family>(kernel))}, {"fused_ms", times.first},
                           {"staged_ms", times.second}, {"staged_over_fused", speedup}});
     }
     std::cout << "\nGFLOP/s counts 4·B·H·N²·d for the attention (half when causal) and 2·B·N·(H·d)·3·(H·d) for the "
@@ -414,6 +445,7 @@ void run(bench_options o) {
         for (const result& r : results) {
             json e = {{"batch", r.c.batch}, {"heads", r.c.heads}, {"seq", r.c.seq}, {"dim", r.c.dim},
                       {"causal", r.c.causal}, {"precision", name_of(r.c.precision)}, {"impl", name_of(r.c.impl)},
+                      {"kernel", r.c.impl == qkv::implementation::fused ? name_of(r.ran_kernel) : "-"},
                       {"attention_flop", attention_flops(r.c)}, {"projection_flop", projection_flops(r.c)}};
             if (!r.ran) {
                 e["skipped"] = r.skipped;
@@ -465,6 +497,11 @@ void add_bench(CLI::App& app) {
         ->delimiter(',')
         ->check(CLI::IsMember({"staged", "fused"}))
         ->type_name("staged|fused");
+    cmd->add_option("--kernel", o->kernel,
+                    "Fused kernel families: cpu, gpu, auto (default auto: cpu on a CPU device, gpu elsewhere)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+        ->type_name("cpu|gpu|auto");
     cmd->add_option("--repeat", o->repeat, "Timed calls per row (default 5 on a CPU device, 20 on a GPU)")
         ->check(CLI::Range(1, 100000));
     cmd->add_option("--warmup", o->warmup, "Untimed calls before them (default 1 / 3)")->check(CLI::Range(0, 100000));

@@ -50,12 +50,22 @@ enum class implementation {
     fused,      ///< one flash-attention dispatch, no N x N matrix in memory; cannot return weights
 };
 
+/// Which family of the fused kernel (implementation::fused) and of the matrix products (the
+/// projections, and the staged scores and aggregation) runs. Any family runs on any device;
+/// they differ in speed, not in results beyond rounding.
+enum class kernel_family {
+    automatic,  ///< cpu on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe), gpu elsewhere
+    cpu,        ///< one subgroup per workgroup, rows on lanes, K/V through texel buffers, no barriers
+    gpu,        ///< a large workgroup sharing K/V tiles through shared memory (shaders/flash.comp)
+};
+
 struct run_options {
     std::optional<float> scale{};                 ///< multiplies Q·Kᵀ; default 1/sqrt(d_k / heads)
     bool causal = false;                          ///< position i attends to j <= i
     bool return_weights = false;                  ///< also return the attention probabilities
     qkv::precision precision = precision::fp32;
     qkv::implementation implementation = implementation::automatic;
+    qkv::kernel_family kernel = kernel_family::automatic;  ///< kernel family of the fused kernel and the products
 };
 
 struct attention_problem {
@@ -74,6 +84,7 @@ struct attention_output {
     std::vector<float> weights;  ///< batch x heads x seq x seq, when options.return_weights
     attention_shape shape{};
     qkv::implementation implementation = implementation::staged;  ///< what actually ran
+    qkv::kernel_family kernel = kernel_family::automatic;  ///< fused: the family that ran; staged: automatic
     std::string device;                                          ///< which device ran it
 };
 

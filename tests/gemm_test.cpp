@@ -1,0 +1,173 @@
+// The matrix products (projection, scores, aggregation, output projection) and the staged
+// softmax, in both kernel families, against the float64 CPU reference, validation layer on:
+// odd shapes with each family forced, inner dimensions past a CPU driver's 65,535-iteration loop
+// limit (lavapipe ends every loop silently there; the products split K across dispatches), and
+// the staged path at the longest sequence the device's maxStorageBufferRange allows.
+#include <qkv/vulkan/runtime.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/gpu.hpp"
+#include "support/problems.hpp"
+#include "support/reference.hpp"
+
+using qkv::kernel_family;
+using qkv_test::make_problem;
+using qkv_test::mask_kind;
+using qkv_test::problem_spec;
+using qkv_test::require_clean;
+
+namespace {
+
+const char* name(kernel_family k) { return k == kernel_family::cpu ? "cpu family" : "gpu family"; }
+
+/// Output (and weights, when returned) against the float64 reference by normalised MSE.
+void check(qkv::vulkan::context& ctx, const qkv_test::owned_problem& p, double tolerance) {
+    const auto want = qkv::cpu::attention_f64(p.view());
+    const auto got = ctx.attention(p.view());
+    REQUIRE(got.output.size() == want.output.size());
+    const double e = qkv_test::nmse(got.output, want.output);
+    INFO("output nmse " << e);
+    CHECK(e <= tolerance);
+    if (p.options.return_weights) {
+        REQUIRE(got.weights.size() == want.weights.size());
+        const double ew = qkv_test::nmse(got.weights, want.weights);
+        INFO("weights nmse " << ew);
+        CHECK(ew <= tolerance);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("each kernel family of the products matches the reference on odd shapes", "[vulkan][gemm]") {
+    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+        auto ctx = qkv_test::make_context({});
+        std::uint64_t seed = 7000;
+        std::size_t k = 0;
+        for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{113}})
+            for (std::size_t d : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{64}}) {
+                problem_spec s;
+                s.seq = n;
+                s.d_in = 3 + 14 * (k % 3);
+                s.d_k = d;
+                s.heads = d % 2 == 0 && k % 2 == 0 ? 2 : 1;
+                s.d_v = k % 2 ? d : d + s.heads;
+                s.batch = k % 3 == 1 ? 2 : 1;
+                s.biases = k % 2 == 0;
+                s.d_out = k % 4 == 3 ? 5 : 0;
+                s.causal = k % 3 == 2;
+                s.mask = static_cast<mask_kind>(k % 4);
+                s.batched_mask = s.batch > 1;
+                s.fully_masked_row = s.mask != mask_kind::none && n > 1 && k % 5 == 1;
+                auto p = make_problem(s, seed++);
+                p.options.kernel = family;
+                for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+                    p.options.implementation = impl;
+                    p.options.return_weights = impl == qkv::implementation::staged;
+                    p.options.precision = qkv::precision::fp32;
+                    INFO(qkv_test::describe(s) << (impl == qkv::implementation::staged ? " staged " : " fused ")
+                                               << name(family));
+                    check(ctx, p, 1e-10);
+                    if (ctx.device().fp16_storage && k % 2 == 1) {
+                        p.options.precision = qkv::precision::fp16;
+                        INFO("fp16");
+                        check(ctx, p, 1e-5);
+                    }
+                }
+                ++k;
+            }
+        require_clean(ctx);
+    }
+}
+
+TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][gemm][loop_limit]") {
+    // Just past 65,535, and 270,000: past the point where the shared-memory tiles of a short
+    // product fail on lavapipe without the split (16 k per step, 5 loop iterations per step:
+    // ~210,000), and where the CPU family (4 k per iteration) needs two dispatches.
+    const std::size_t wide = GENERATE(std::size_t{65'537}, std::size_t{270'000});
+    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+        auto ctx = qkv_test::make_context({});
+        SECTION("projection: d_in past 65,535") {
+            problem_spec s;
+            s.seq = 3, s.d_in = wide, s.d_k = 2, s.d_v = 3, s.biases = true;
+            auto p = make_problem(s, 11);
+            p.options.kernel = family;
+            for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+                p.options.implementation = impl;
+                INFO("width " << wide << " " << name(family) << (impl == qkv::implementation::staged ? " staged" : " fused"));
+                check(ctx, p, 1e-8);
+            }
+            if (ctx.device().fp16_storage) {  // fp16 Q|K|V: the split sums are rounded once per dispatch
+                p.options.precision = qkv::precision::fp16;
+                INFO(name(family) << " fp16");
+                check(ctx, p, 1e-5);
+            }
+        }
+        SECTION("output projection: d_v past 65,535") {
+            problem_spec s;
+            s.seq = 2, s.d_in = 3, s.d_k = 2, s.d_v = wide, s.d_out = 3;
+            auto p = make_problem(s, 12);
+            p.options.kernel = family;
+            p.options.implementation = qkv::implementation::staged;  // heads this wide: staged only
+            INFO("width " << wide << " " << name(family));
+            check(ctx, p, 1e-8);
+        }
+        SECTION("scores: a head of d_k past 65,535") {
+            problem_spec s;
+            s.seq = 3, s.d_in = 2, s.d_k = wide, s.d_v = 2, s.causal = true;
+            auto p = make_problem(s, 13);
+            p.options.kernel = family;
+            p.options.implementation = qkv::implementation::staged;
+            p.options.return_weights = true;
+            INFO("width " << wide << " " << name(family));
+            check(ctx, p, 1e-8);
+        }
+        require_clean(ctx);
+    }
+}
+
+TEST_CASE("the staged path at the longest sequence the device allows", "[vulkan][gemm][loop_limit][long]") {
+    // The staged score matrix (B x H x N x N floats) must fit maxStorageBufferRange, so that bounds
+    // N; the softmax and the aggregation loop over N, and must stay under a CPU driver's loop
+    // limit there (make_plan checks the softmax's budget, the aggregation splits along N).
+    auto ctx = qkv_test::make_context({});
+    const std::uint64_t range = ctx.device().max_storage_buffer_range;
+    std::uint64_t n = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(range / 4)));
+    while (n * n * 4 > range) --n;
+    while ((n + 1) * (n + 1) * 4 <= range) ++n;
+    if (n > 8192) {
+        WARN("maxStorageBufferRange allows N = " << n << "; testing N = 8192 to keep the test short");
+        n = 8192;
+    }
+    problem_spec s;
+    s.seq = n, s.d_in = 2, s.d_k = 1, s.d_v = 1, s.causal = true;
+    auto p = make_problem(s, 14);
+    p.options.implementation = qkv::implementation::staged;
+    INFO("N = " << n);
+    check(ctx, p, 1e-8);
+    require_clean(ctx);
+}
+
+TEST_CASE("projection timing of each family (not run by default)", "[.][bench]") {
+    // N = 4096 rows of d_in = 64 times [Wq|Wk|Wv] (64 x 192), as batch 4096 of length 1 so the
+    // attention itself costs nothing; prints the median device time of the projection phase.
+    problem_spec s;
+    s.batch = 4096, s.seq = 1, s.d_in = 64, s.d_k = 64, s.d_v = 64;
+    auto p = make_problem(s, 15);
+    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+        qkv::vulkan::context ctx;
+        p.options.kernel = family;
+        std::vector<double> ms;
+        for (int i = 0; i < 12; ++i) {
+            (void)ctx.attention(p.view());
+            if (i >= 2) ms.push_back(ctx.last_call().projection_ms);
+        }
+        std::sort(ms.begin(), ms.end());
+        WARN(name(family) << ": projection 4096 x 64 x 192, median " << ms[ms.size() / 2] << " ms (min " << ms.front()
+                          << ")");
+    }
+}
