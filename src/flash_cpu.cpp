@@ -136,22 +136,32 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_cpu_plan&
         VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
         VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,       VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
         VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,       VK_DESCRIPTOR_TYPE_STORAGE_BUFFER};
-    const pipeline& p = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), plan.spec());
+    const std::uint32_t masks = push.flags & (flag_causal | flag_mask | flag_additive);
+    std::vector<std::uint32_t> spec = plan.spec();
+    spec.push_back(masks);
+    spec.push_back(0);
+    const pipeline& plain = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), spec);
+    spec.back() = 1;
+    const pipeline& careful = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), spec);
     const std::uint32_t blocks = ceil_div(plan.seq, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, plan.batches};
     for (std::uint32_t begin = 0; begin < plan.seq; begin += plan.chunk_keys) {
         flash_cpu_push part = push;
+        part.flags &= ~masks;
         part.npad = plan.npad;
         part.blocks = blocks;
         part.kv_begin = begin;
         part.kv_stop = std::min(plan.seq, begin + plan.chunk_keys);
         if (begin > 0) part.flags |= flag_resume;
         if (part.kv_stop < plan.seq) part.flags |= flag_partial;
-        if (begin > 0) exec.compute_barrier();
-        exec.dispatch(p,
-                      {texel(io.q), texel(io.k), texel(io.v), io.mask_bits, io.additive, io.out, io.state,
-                       binding{io.texels, 0, plan.flags_bytes}},
-                      &part, groups);
+        // The (batch, head)s without, then those with, a NaN or Inf in V (see flash_cpu.comp).
+        for (const pipeline* p : {&plain, &careful}) {
+            if (begin > 0 || p == &careful) exec.compute_barrier();
+            exec.dispatch(*p,
+                          {texel(io.q), texel(io.k), texel(io.v), io.mask_bits, io.additive, io.out, io.state,
+                           binding{io.texels, 0, plan.flags_bytes}},
+                          &part, groups);
+        }
     }
 }
 
