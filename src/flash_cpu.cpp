@@ -50,8 +50,10 @@ flash_cpu_plan plan_flash_cpu(const device& dev, bool fp16, std::uint32_t batche
     // Each invocation keeps rpi rows of Q and of the accumulator in registers (spilled to the
     // stack beyond the CPU's vector registers): fewer rows for wide heads.
     const std::uint32_t width = p.d4 + p.dv4;
-    p.rpi = width <= 32 ? 4 : width <= 64 ? 2 : 1;
-    p.kps = 8;
+    // Measured on lavapipe at N = 1024, d = 64 (docs/devices.md): 8 rows x 4 keys beat 4 x 8, 4 x 16,
+    // 2 x 8 and 8 x 8; 16 rows take minutes to compile.
+    p.rpi = width <= 32 ? 8 : width <= 64 ? 4 : 2;
+    p.kps = 4;
     if (const char* t = std::getenv("QKV_FLASH_CPU_TILES"); t && *t) {  // tuning: "rpi,kps"
         char* end = nullptr;
         const unsigned long r = std::strtoul(t, &end, 10);
