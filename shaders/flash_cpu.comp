@@ -16,8 +16,14 @@
 //
 // Semantics (as flash.comp): scores q·k·scale (+ additive mask), masked -> -inf and weight 0; a
 // row with nothing to attend gets zeros; a NaN or +inf allowed score makes the row NaN (it turns
-// the running sum into NaN, which stays NaN); a masked key adds nothing even if its value is NaN
-// (the `careful` path, taken for a (batch, head) whose V holds a NaN or Inf).
+// the running sum into NaN, which stays NaN); a masked key adds nothing even if its value is NaN.
+// That last rule costs a select per product, so it has its own pipeline (CAREFUL = 1), dispatched
+// after the plain one (CAREFUL = 0): each handles the (batch, head)s whose V does (does not) hold
+// a NaN or Inf, as flagged by flash_cpu_pack.comp, and runs no key step for the others.
+//
+// llvmpipe executes both sides of every branch under a lane mask, even where the condition is
+// the same for all lanes; so what the host knows (the mask kinds) is a specialization constant,
+// and what only the device knows (CAREFUL) empties the key loop rather than branching around it.
 //
 // Key chunks: a dispatch covers keys [kv_begin, kv_stop) (a multiple of KPS apart), resuming from
 // (m, l) in `state` and the accumulator in the output (flag 8) and handing them on (flag 16).
@@ -33,6 +39,8 @@ layout(constant_id = 1) const uint RPI = 4;   // query rows per invocation
 layout(constant_id = 2) const uint KPS = 8;   // keys per step
 layout(constant_id = 3) const uint D4 = 16;   // texels (4 floats) per Q/K row: ceil(d / 4)
 layout(constant_id = 4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
+layout(constant_id = 5) const uint MASKS = 0;  // 1 causal, 2 boolean mask, 4 additive mask
+layout(constant_id = 6) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
 
 layout(binding = 0) uniform samplerBuffer q_tex;  // [z][npad][D4], padded with zeros
 layout(binding = 1) uniform samplerBuffer k_tex;  // [z][npad][D4]
@@ -52,7 +60,7 @@ layout(push_constant) uniform Push {
     uint heads;
     uint o_rs, o_bs;   // output row and batch strides (head h writes columns h·dv ..)
     float scale;
-    uint flags;        // 1 causal, 2 boolean mask, 4 additive mask, 8 resume, 16 partial
+    uint flags;        // 8 resume, 16 partial (the mask kinds are the constant MASKS)
     uint mask_bs, add_bs;
     uint kv_begin, kv_stop;
     uint blocks;       // row blocks per (batch, head)
@@ -62,7 +70,7 @@ const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
 
 void main() {
-    const bool causal = (pc.flags & 1u) != 0u, has_mask = (pc.flags & 2u) != 0u, has_add = (pc.flags & 4u) != 0u;
+    const bool causal = (MASKS & 1u) != 0u, has_mask = (MASKS & 2u) != 0u, has_add = (MASKS & 4u) != 0u;
     const bool resume = (pc.flags & 8u) != 0u, partial = (pc.flags & 16u) != 0u;
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint w = gl_WorkGroupID.x + pc.group_x;
@@ -96,10 +104,12 @@ void main() {
         }
     }
 
-    const bool careful = v_nonfinite[z] != 0u;
+    // This pipeline's (batch, head)s only: the others get no key step and no output.
+    const bool mine = (v_nonfinite[z] != 0u) == (CAREFUL != 0u);
+    const uint rows_out = mine ? pc.seq : 0u;
     const bool any_mask = has_mask || has_add;
     // Causal: keys beyond the block's last row are masked for every row of the block.
-    const uint kv_end = min(pc.kv_stop, causal ? min(pc.seq, row0 + BLOCK) : pc.seq);
+    const uint kv_end = mine ? min(pc.kv_stop, causal ? min(pc.seq, row0 + BLOCK) : pc.seq) : 0u;
     for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += KPS) {
         // scores of RPI rows x KPS keys
         float s[RPI * KPS];
@@ -151,7 +161,7 @@ void main() {
             [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] *= alpha;
         }
         // values
-        if (careful) {  // a masked key's NaN or Inf value must add nothing, not 0·NaN
+        if (CAREFUL != 0u) {  // a masked key's NaN or Inf value must add nothing, not 0·NaN
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
                     const vec4 vv = texelFetch(v_tex, int((zbase + j0 + j) * DV4 + c));
@@ -174,7 +184,7 @@ void main() {
     const float nan = uintBitsToFloat(0x7fc00000u);
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         const uint row = row0 + i * WG + lane;
-        if (row >= pc.seq) continue;
+        if (row >= rows_out) continue;
         const uint ob = batch * pc.o_bs + row * pc.o_rs + head * pc.dv;
         if (partial) {  // hand the running state to the next chunk
             const uint si = 2u * (z * pc.seq + row);

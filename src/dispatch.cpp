@@ -102,8 +102,10 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         : cpu_family ? cpu_plan.chunk_keys
                      : flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads, p.d_v / p.heads,
                                         env.max_fused_keys, env.fused_tiles_as);
-    if ((p.seq + flash_chunk - 1) / flash_chunk > 1000)
-        throw limit_exceeded("the fused kernel would need " + std::to_string((p.seq + flash_chunk - 1) / flash_chunk) +
+    const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
+    if ((p.seq + flash_chunk - 1) / flash_chunk * dispatches_per_chunk > 1000)
+        throw limit_exceeded("the fused kernel would need " +
+                             std::to_string((p.seq + flash_chunk - 1) / flash_chunk * dispatches_per_chunk) +
                              " dispatches of " + std::to_string(flash_chunk) + " keys each for seq = " +
                              std::to_string(p.seq) + " on " + info.name + " (at most 1000 per call)");
     try {

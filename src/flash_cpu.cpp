@@ -50,8 +50,10 @@ flash_cpu_plan plan_flash_cpu(const device& dev, bool fp16, std::uint32_t batche
     // Each invocation keeps rpi rows of Q and of the accumulator in registers (spilled to the
     // stack beyond the CPU's vector registers): fewer rows for wide heads.
     const std::uint32_t width = p.d4 + p.dv4;
-    p.rpi = width <= 32 ? 4 : width <= 64 ? 2 : 1;
-    p.kps = 8;
+    // Measured on lavapipe at N = 1024, d = 64 (docs/devices.md): 8 rows x 4 keys beat 4 x 8, 4 x 16,
+    // 2 x 8 and 8 x 8; 16 rows take minutes to compile.
+    p.rpi = width <= 32 ? 8 : width <= 64 ? 4 : 2;
+    p.kps = 4;
     if (const char* t = std::getenv("QKV_FLASH_CPU_TILES"); t && *t) {  // tuning: "rpi,kps"
         char* end = nullptr;
         const unsigned long r = std::strtoul(t, &end, 10);
@@ -136,22 +138,32 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_cpu_plan&
         VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
         VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,       VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
         VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,       VK_DESCRIPTOR_TYPE_STORAGE_BUFFER};
-    const pipeline& p = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), plan.spec());
+    const std::uint32_t masks = push.flags & (flag_causal | flag_mask | flag_additive);
+    std::vector<std::uint32_t> spec = plan.spec();
+    spec.push_back(masks);
+    spec.push_back(0);
+    const pipeline& plain = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), spec);
+    spec.back() = 1;
+    const pipeline& careful = pipes.get(shader_id::flash_cpu, types, sizeof(flash_cpu_push), spec);
     const std::uint32_t blocks = ceil_div(plan.seq, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, plan.batches};
     for (std::uint32_t begin = 0; begin < plan.seq; begin += plan.chunk_keys) {
         flash_cpu_push part = push;
+        part.flags &= ~masks;
         part.npad = plan.npad;
         part.blocks = blocks;
         part.kv_begin = begin;
         part.kv_stop = std::min(plan.seq, begin + plan.chunk_keys);
         if (begin > 0) part.flags |= flag_resume;
         if (part.kv_stop < plan.seq) part.flags |= flag_partial;
-        if (begin > 0) exec.compute_barrier();
-        exec.dispatch(p,
-                      {texel(io.q), texel(io.k), texel(io.v), io.mask_bits, io.additive, io.out, io.state,
-                       binding{io.texels, 0, plan.flags_bytes}},
-                      &part, groups);
+        // The (batch, head)s without, then those with, a NaN or Inf in V (see flash_cpu.comp).
+        for (const pipeline* p : {&plain, &careful}) {
+            if (begin > 0 || p == &careful) exec.compute_barrier();
+            exec.dispatch(*p,
+                          {texel(io.q), texel(io.k), texel(io.v), io.mask_bits, io.additive, io.out, io.state,
+                           binding{io.texels, 0, plan.flags_bytes}},
+                          &part, groups);
+        }
     }
 }
 
