@@ -4,9 +4,9 @@
 #   bash quickstart.sh example   install what is missing, build, run `qkv example`
 #   bash quickstart.sh test      install what is missing, build and run every test leg
 #
-# `test` runs, in order: GCC (shared library, -Werror), Clang (-Werror), the install/find_package
-# consumer check, ASan+UBSan, the .npy fuzzer, and the Windows executables under Wine. Each leg
-# can also be run alone: bash quickstart.sh test gcc|clang|sanitize|fuzz|windows
+# `test` runs, in order: the clang-format check, GCC (shared library, -Werror), Clang (-Werror),
+# the install/find_package consumer check, ASan+UBSan, the fuzzers, and the Windows executables
+# under Wine. Each leg can also be run alone: bash quickstart.sh test format|gcc|clang|sanitize|fuzz|windows
 # Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,7 +18,7 @@ log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # ---- system packages ------------------------------------------------------------------------
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
                 vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
-TEST_PACKAGES=(clang libclang-rt-14-dev)
+TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.
 WINDOWS_PACKAGES=(g++-mingw-w64-x86-64-posix wine64 xvfb xauth)
@@ -47,6 +47,14 @@ configure_build() {
 
 run_ctest() {
     ctest --test-dir "$1" --output-on-failure -j "$JOBS" "${@:2}"
+}
+
+leg_format() {
+    log "clang-format: every C++ file of the tree follows .clang-format"
+    local files
+    mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.inl')
+    clang-format-14 --dry-run -Werror "${files[@]}"
+    echo "${#files[@]} files formatted"
 }
 
 leg_gcc() {
@@ -113,7 +121,7 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(gcc clang sanitize fuzz windows)
+        [ ${#legs[@]} -eq 0 ] && legs=(format gcc clang sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
             leg_start=$SECONDS
