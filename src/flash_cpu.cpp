@@ -48,12 +48,16 @@ flash_cpu_plan plan_flash_cpu(const device& dev, bool fp16, std::uint32_t batche
     p.d4 = ceil_div(d, 4);
     p.dv4 = ceil_div(dv, 4);
     // Each invocation keeps rpi rows of Q and of the accumulator in registers (spilled to the
-    // stack beyond the CPU's vector registers): fewer rows for wide heads.
-    const std::uint32_t width = p.d4 + p.dv4;
-    // Measured on lavapipe at N = 1024, d = 64 (docs/devices.md): 8 rows x 4 keys beat 4 x 8, 4 x 16,
-    // 2 x 8 and 8 x 8; 16 rows take minutes to compile.
-    p.rpi = width <= 32 ? 8 : width <= 64 ? 4 : 2;
-    p.kps = 4;
+    // stack beyond the CPU's vector registers), and every loop over them is unrolled. LLVM's
+    // compile time grows faster than that unrolled body: measured on lavapipe with Mesa's shader
+    // cache off (docs/devices.md), rows x texels-per-row of 32 compile in ~3.5 s, 64 in ~9 s and
+    // 128 (8 rows of d = 64) in ~32 s for each new shape and mask. So the tile is capped at 32:
+    // at d = 64 that is 2 rows x 8 keys, about 25 % slower per call than 8 x 4 but 8x faster to
+    // build. QKV_FLASH_CPU_TILES=rows,keys overrides it (e.g. 8,4 for long-running work).
+    const std::uint32_t widest = std::max(p.d4, p.dv4);
+    p.rpi = 8;
+    while (p.rpi > 1 && p.rpi * widest > 32) p.rpi /= 2;
+    p.kps = p.rpi <= 2 ? 8 : 4;
     if (const char* t = std::getenv("QKV_FLASH_CPU_TILES"); t && *t) {  // tuning: "rpi,kps"
         char* end = nullptr;
         const unsigned long r = std::strtoul(t, &end, 10);
