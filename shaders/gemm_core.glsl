@@ -67,7 +67,67 @@ uint k_limit(uint row0);
 #define QKV_MADD(a, b, acc) fma((a), (b), (acc))
 #endif
 
-#ifdef QKV_GEMM_CPU
+#if defined(QKV_GEMM_CPU) && defined(QKV_GEMM_CPU_ROWS)
+
+// CPU family, rows variant (the projection): lane l owns the rows row0 + l + WG·i (i < TM) and
+// every lane the same BN = TN columns col0 + j. Per k, each lane gathers TM values of A (one per
+// row it owns) and reads TN values of B at addresses that depend only on the workgroup and the
+// loop counter (loaded once, broadcast), then TM·TN vector multiply-adds: the gathered operand is
+// reused TN times. BM = WG·TM.
+const uint WG = gl_WorkGroupSize.x;
+
+void gemm_main() {
+    const uint lane = gl_LocalInvocationID.x;
+    const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BM;
+    const uint col0 = (gl_WorkGroupID.y + pc.group_y) * BN;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.heads, head = z % pc.heads;
+    const uint a_base = pc.a_off + batch * pc.a_bs + head * pc.a_hs;
+    const uint b_base = pc.b_off + batch * pc.b_bs + head * pc.b_hs;
+    const uint c_base = pc.c_off + batch * pc.c_bs + head * pc.c_hs;
+    if (row0 >= pc.M || col0 >= pc.N) return;
+
+    // Rows past M read the last row (in bounds) and are never stored; columns past N likewise.
+    uint row[TM];
+    [[unroll]] for (uint i = 0; i < TM; ++i) row[i] = min(row0 + lane + i * WG, pc.M - 1u);
+    uint col[TN];
+    [[unroll]] for (uint j = 0; j < TN; ++j) col[j] = min(col0 + j, pc.N - 1u);
+
+    float acc[TM * TN];
+    [[unroll]] for (uint i = 0; i < TM * TN; ++i) acc[i] = 0.0;
+
+    if (!tile_is_masked(row0, col0)) {
+        const uint kmax = k_limit(row0);
+        uint k = 0;
+        for (; k + BK <= kmax; k += BK) {
+            [[unroll]] for (uint u = 0; u < BK; ++u) {
+                float a[TM];
+                [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = load_a(a_base, row[i], k + u);
+                [[unroll]] for (uint j = 0; j < TN; ++j) {
+                    const float b = load_b(b_base, k + u, col[j]);
+                    [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN + j] = QKV_MADD(a[i], b, acc[i * TN + j]);
+                }
+            }
+        }
+        for (; k < kmax; ++k) {  // the last K % BK steps
+            float a[TM];
+            [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = load_a(a_base, row[i], k);
+            [[unroll]] for (uint j = 0; j < TN; ++j) {
+                const float b = load_b(b_base, k, col[j]);
+                [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN + j] = QKV_MADD(a[i], b, acc[i * TN + j]);
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0; i < TM; ++i) {
+        [[unroll]] for (uint j = 0; j < TN; ++j) {
+            const uint r = row0 + lane + i * WG, c = col0 + j;
+            if (r < pc.M && c < pc.N) store_c(c_base, r, c, acc[i * TN + j]);
+        }
+    }
+}
+
+#elif defined(QKV_GEMM_CPU)
 
 const uint WG = gl_WorkGroupSize.x;
 

@@ -4,6 +4,8 @@
 // Used for Q|K|V = X · [Wq | Wk | Wv] in one pass over X (the three weights side by side), and for
 // the output projection concat · Wo + bo. With QKV_FP16 the result is stored as float16 (a K split
 // over several dispatches then rounds to float16 once per dispatch).
+// The CPU family uses the rows variant of the matrix product (lanes own rows, B is broadcast).
+#define QKV_GEMM_CPU_ROWS
 #include "precision.glsl"
 #include "gemm_core.glsl"
 

@@ -90,6 +90,10 @@ struct gemm_tiles {
 /// `cpu`: the CPU-device family, one subgroup per workgroup.
 gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint64_t n, bool cpu = false);
 
+/// Tiles of the projection's CPU-family kernel (project.comp's rows variant): one subgroup per
+/// workgroup, each lane owning TM rows, every lane sharing the BN = TN columns.
+gemm_tiles choose_projection_tiles_cpu(const device_info& info, std::uint64_t m, std::uint64_t n);
+
 /// How much of K one dispatch of the product covers: all of it, except on CPU implementations,
 /// where each dispatch covers as many BK steps as keep one invocation under cpu_loop_limit.
 std::uint32_t gemm_chunk_k(const device_info& info, const gemm_tiles& tiles, std::uint32_t k);
