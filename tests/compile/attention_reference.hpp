@@ -3,6 +3,7 @@
 // of random_inputs.hpp, computed with NumPy in float64.
 #pragma once
 
+// clang-format off
 namespace qkv_test {
 
 /// Output (N = 64, d = 64); a float32 computation in qkv's order is within 1.83e-06.

@@ -75,6 +75,7 @@ def main():
         "// of random_inputs.hpp, computed with NumPy in float64.",
         "#pragma once",
         "",
+        "// clang-format off",
         "namespace qkv_test {",
     ]
     for n, d in SIZES:
