@@ -58,9 +58,9 @@ device_ceiling context::measure_ceiling() {
     c.empty_submit_ms = median(empty);
 
     // Arithmetic: 16 independent vec4 chains (measured on lavapipe under load, alternating runs:
-    // 4 chains 9.6, 8 chains 26, 16 chains 35-50, 32 chains 35-48 GFLOP/s: latency-bound below 16), an unrolled inner loop, at most 60,000 loop iterations
-    // per invocation (CPU drivers end loops after 65,535); more workgroups than cores or SMs.
-    // Grow the iterations, then the workgroups, until one run takes >= 20 ms; median of 5.
+    // 4 chains 9.6, 8 chains 26, 16 chains 35-50, 32 chains 35-48 GFLOP/s: latency-bound below 16), an unrolled inner
+    // loop, at most 60,000 loop iterations per invocation (CPU drivers end loops after 65,535); more workgroups than
+    // cores or SMs. Grow the iterations, then the workgroups, until one run takes >= 20 ms; median of 5.
     {
         constexpr std::uint32_t chains = 16, unroll = 8, max_iterations = 60000;
         const std::uint32_t local = std::min<std::uint32_t>(64, info.max_workgroup_invocations);
@@ -86,13 +86,14 @@ device_ceiling context::measure_ceiling() {
         }
         std::vector<double> runs;
         for (int i = 0; i < 5; ++i) runs.push_back(run());
-        const double flop = 8.0 * chains * unroll * static_cast<double>(push.iterations) * static_cast<double>(groups) * local;
+        const double flop =
+            8.0 * chains * unroll * static_cast<double>(push.iterations) * static_cast<double>(groups) * local;
         c.fma_gflops = flop / (median(runs) * 1e6);
     }
     // Memory: copy a buffer of up to 256 MiB (bounded by the device's limits), median of 5.
     {
-        std::uint64_t bytes = std::min<std::uint64_t>({256ull << 20, info.max_storage_buffer_range,
-                                                       info.device_local_memory / 4});
+        std::uint64_t bytes =
+            std::min<std::uint64_t>({256ull << 20, info.max_storage_buffer_range, info.device_local_memory / 4});
         if (info.type == device_type::cpu) bytes = std::min<std::uint64_t>(bytes, 64ull << 20);
         bytes = bytes / 4096 * 4096;
         buffer src = alloc.create(bytes, memory_use::device, "ceiling source");

@@ -25,13 +25,20 @@ attention_output context::attention(const attention_problem& problem) {
     const auto start = std::chrono::steady_clock::now();
     std::lock_guard lock(impl_->mutex);
     if (impl_->lost)
-        throw device_lost("the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+        throw device_lost(
+            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
     try {
-        dispatch_environment env{*impl_->dev, *impl_->alloc, *impl_->pipes, *impl_->exec, impl_->buffers,
-                                 impl_->options.force_staging, impl_->options.max_fused_keys_per_dispatch};
+        dispatch_environment env{*impl_->dev,
+                                 *impl_->alloc,
+                                 *impl_->pipes,
+                                 *impl_->exec,
+                                 impl_->buffers,
+                                 impl_->options.force_staging,
+                                 impl_->options.max_fused_keys_per_dispatch};
         if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
         attention_output out = run_attention(env, problem);
-        impl_->last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        impl_->last.host_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         impl_->last.device_ms = env.device_ms;
         impl_->last.projection_ms = env.projection_ms;
         impl_->last.attention_ms = env.attention_ms;

@@ -29,7 +29,7 @@ struct context::impl {
     std::unique_ptr<pipeline_set> pipes;
     std::unique_ptr<executor> exec;
     buffer_cache buffers;  // declared last: released before the allocator and device
-    std::mutex mutex;  // serialises every use of the device, buffers and executor
+    std::mutex mutex;      // serialises every use of the device, buffers and executor
     bool lost = false;
     call_stats last{};
 

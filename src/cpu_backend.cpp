@@ -73,8 +73,8 @@ void parallel_for(std::size_t count, std::size_t work, const Body& body) {
 /// or double (the caller's inputs, or the concatenated heads); `W`, the caller's weight type.
 /// For each output element the sum runs over k in order, starting from the bias.
 template <class In, class W>
-void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::span<const W> w,
-             std::span<const W> b, std::size_t d, std::span<double> out) {
+void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::span<const W> w, std::span<const W> b,
+             std::size_t d, std::span<double> out) {
     const std::size_t work = rows * d_in * d;
     const std::size_t items = (rows + rows_per_item - 1) / rows_per_item;
     parallel_for(items, work, [&](std::size_t item) {
@@ -143,14 +143,14 @@ results<T> compute(const Problem& p) {
     parallel_for(items, work, [&](std::size_t item) {
         const std::size_t b = item / (H * blocks), h = (item / blocks) % H, block = item % blocks;
         const std::size_t first = block * rows_per_item, last = std::min(N, first + rows_per_item);
-        const double* qb = q.data() + b * N * dk + h * dkh;  // row i of head h: qb + i * dk
+        const double* qb = q.data() + b * N * dk + h * dkh;      // row i of head h: qb + i * dk
         const double* ktb = kt.data() + (b * dk + h * dkh) * N;  // column c of head h's keys: ktb + c * N
         const double* vb = v.data() + b * N * dv + h * dvh;
         const std::uint8_t* mask = p.mask.empty() ? nullptr : p.mask.data() + (batched_mask ? b * N * N : 0);
         const input* additive =
             p.additive_mask.empty() ? nullptr : p.additive_mask.data() + (batched_additive ? b * N * N : 0);
 
-        std::vector<double> score(N);  // this row's scores; then exp(score - max)
+        std::vector<double> score(N);           // this row's scores; then exp(score - max)
         std::vector<unsigned char> allowed(N);  // not vector<bool>: plain bytes
         std::vector<double> acc(dvh);
         for (std::size_t i = first; i < last; ++i) {

@@ -21,7 +21,9 @@ bool has_extension(const instance_table& fn, VkPhysicalDevice pd, const char* na
 }  // namespace
 
 device::device(std::shared_ptr<const instance> inst, std::size_t index)
-    : instance_(std::move(inst)), physical_(instance_->physical_devices().at(index)), info_(instance_->devices().at(index)) {
+    : instance_(std::move(inst)),
+      physical_(instance_->physical_devices().at(index)),
+      info_(instance_->devices().at(index)) {
     const instance_table& ifn = instance_->fn();
     if (!info_.has_compute_queue)
         throw unavailable("device " + std::to_string(index) + " (" + info_.name +
@@ -39,7 +41,8 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     queue_info.pQueuePriorities = &priority;
 
     // Enable only what the device has: 16-bit storage for the fp16 precision path.
-    auto storage16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+    auto storage16 =
+        vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
     storage16.storageBuffer16BitAccess = info_.fp16_storage ? VK_TRUE : VK_FALSE;
     auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     features.pNext = &storage16;

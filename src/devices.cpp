@@ -11,11 +11,16 @@ namespace qkv::vulkan {
 
 const char* to_string(device_type type) {
     switch (type) {
-        case device_type::discrete_gpu: return "discrete GPU";
-        case device_type::integrated_gpu: return "integrated GPU";
-        case device_type::virtual_gpu: return "virtual GPU";
-        case device_type::cpu: return "CPU";
-        case device_type::other: break;
+        case device_type::discrete_gpu:
+            return "discrete GPU";
+        case device_type::integrated_gpu:
+            return "integrated GPU";
+        case device_type::virtual_gpu:
+            return "virtual GPU";
+        case device_type::cpu:
+            return "CPU";
+        case device_type::other:
+            break;
     }
     return "other";
 }
@@ -29,11 +34,16 @@ namespace {
 
 int type_rank(device_type t) {
     switch (t) {
-        case device_type::discrete_gpu: return 4;
-        case device_type::integrated_gpu: return 3;
-        case device_type::virtual_gpu: return 2;
-        case device_type::cpu: return 1;
-        case device_type::other: break;
+        case device_type::discrete_gpu:
+            return 4;
+        case device_type::integrated_gpu:
+            return 3;
+        case device_type::virtual_gpu:
+            return 2;
+        case device_type::cpu:
+            return 1;
+        case device_type::other:
+            break;
     }
     return 0;
 }
@@ -66,11 +76,12 @@ std::size_t select_device(const std::vector<device_info>& devices, const std::op
             for (std::size_t i = 0; i < devices.size() && found == devices.size(); ++i)
                 if (lower(devices[i].name).find(lower(s)) != std::string::npos) found = i;
             if (found == devices.size())
-                throw no_matching_device("no Vulkan device whose name contains \"" + s + "\" (devices: " + names(devices) + ")");
+                throw no_matching_device("no Vulkan device whose name contains \"" + s +
+                                         "\" (devices: " + names(devices) + ")");
         }
         if (!devices[found].has_compute_queue)
             throw no_matching_device("Vulkan device " + std::to_string(found) + " (" + devices[found].name +
-                              ") cannot run qkv: it needs Vulkan 1.1 and a compute queue");
+                                     ") cannot run qkv: it needs Vulkan 1.1 and a compute queue");
         return found;
     }
     std::size_t best = devices.size();

@@ -87,21 +87,21 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     // next call starts from what it needs.
     bool staged_io = false;
     const bool fused = p.impl == implementation::fused;
-    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, p.fp16, p.batch * p.heads, p.heads, p.seq,
-                                                   p.d_k / p.heads, p.d_v / p.heads, env.max_fused_keys);
+    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, p.fp16, p.batch * p.heads, p.heads, p.seq, p.d_k / p.heads,
+                                                   p.d_v / p.heads, env.max_fused_keys);
     const kernel_family family =
         fused ? choose_family(
                     // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
                     env.fused_tiles_as && problem.options.kernel == kernel_family::automatic ? kernel_family::gpu
-                                                                                               : problem.options.kernel,
+                                                                                             : problem.options.kernel,
                     env.dev, cpu_plan)
               : kernel_family::automatic;
     const bool cpu_family = family == kernel_family::cpu;
-    const std::uint32_t flash_chunk =
-        !fused       ? p.seq
-        : cpu_family ? cpu_plan.chunk_keys
-                     : flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads, p.d_v / p.heads,
-                                        env.max_fused_keys, env.fused_tiles_as);
+    const std::uint32_t flash_chunk = !fused ? p.seq
+                                      : cpu_family
+                                          ? cpu_plan.chunk_keys
+                                          : flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads,
+                                                             p.d_v / p.heads, env.max_fused_keys, env.fused_tiles_as);
     const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
     if ((p.seq + flash_chunk - 1) / flash_chunk * dispatches_per_chunk > 1000)
         throw limit_exceeded("the fused kernel would need " +
@@ -205,7 +205,8 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
             io.qkv_fp16 = p.fp16;
             io.texels = bufs.flash_texels.handle();
             io.q = bufs.flash_views.q.handle(), io.k = bufs.flash_views.k.handle(), io.v = bufs.flash_views.v.handle();
-            io.mask_bits = mask_bits, io.additive = additive, io.out = whole(attn_out, attn_out_bytes), io.state = state;
+            io.mask_bits = mask_bits, io.additive = additive, io.out = whole(attn_out, attn_out_bytes),
+            io.state = state;
             record_flash_cpu(exec, pipes, cpu_plan, io, c, p.ld, f.k_off, f.v_off);
         } else {
             record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state},
@@ -239,7 +240,7 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
         record_gemm(exec, pipes, info, cpu, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate,
                     {scores, qkv, whole(attn_out, attn_out_bytes)}, a, B * H);
     }
-    exec.mark();  // attention done
+    exec.mark();    // attention done
     if (p.d_out) {  // Output projection: concat · Wo + bo.
         exec.compute_barrier();
         gemm_push g;

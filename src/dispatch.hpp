@@ -16,9 +16,9 @@ namespace qkv::vulkan::detail {
 /// calls' sizes in both directions.
 struct buffer_cache {
     buffer inputs, staging_in, qkv, scores, concat, out, staging_out;
-    buffer flash_state;  // the fused kernel's (max, sum) per row between key chunks, where needed
-    range_guard_buffers guard;  // the range guard's result (range_guard.hpp)
-    buffer flash_texels;  // the cpu kernel family's Q, K, V as texels
+    buffer flash_state;           // the fused kernel's (max, sum) per row between key chunks, where needed
+    range_guard_buffers guard;    // the range guard's result (range_guard.hpp)
+    buffer flash_texels;          // the cpu kernel family's Q, K, V as texels
     flash_cpu_views flash_views;  // views of flash_texels, made per call
 };
 
@@ -30,9 +30,9 @@ struct dispatch_environment {
     buffer_cache& buffers;
     bool force_staging = false;
     std::uint32_t max_fused_keys = 0;  ///< context_options::max_fused_keys_per_dispatch
-    double device_ms = 0;  ///< out: device time of the call
+    double device_ms = 0;              ///< out: device time of the call
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< out: its phases
-    const device_info* fused_tiles_as = nullptr;  ///< context_options::fused_tiles_as
+    const device_info* fused_tiles_as = nullptr;                           ///< context_options::fused_tiles_as
 };
 
 /// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,

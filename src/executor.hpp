@@ -42,7 +42,8 @@ public:
     void fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value);
     void copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size);
     /// A global memory barrier from `src` stage/access to `dst` stage/access.
-    void barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst, VkAccessFlags dst_access);
+    void barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                 VkAccessFlags dst_access);
     /// Shader writes visible to later shader reads and writes.
     void compute_barrier();
     /// Dispatches `groups` workgroups, split into several dispatches where a dimension exceeds

@@ -14,8 +14,8 @@ namespace {
 constexpr const char* validation_layer = "VK_LAYER_KHRONOS_validation";
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                          VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
-                                          void* user) {
+                                          VkDebugUtilsMessageTypeFlagsEXT,
+                                          const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
     const char* level = (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ? "error" : "warning";
     std::string text = std::string("[") + level + "] ";
     if (data && data->pMessageIdName) text += std::string(data->pMessageIdName) + ": ";
@@ -29,7 +29,8 @@ bool has_layer(const loader& l, const char* name) {
     if (l.vkEnumerateInstanceLayerProperties(&count, nullptr) != VK_SUCCESS) return false;
     std::vector<VkLayerProperties> layers(count);
     if (l.vkEnumerateInstanceLayerProperties(&count, layers.data()) < 0) return false;
-    return std::any_of(layers.begin(), layers.end(), [&](const auto& p) { return std::strcmp(p.layerName, name) == 0; });
+    return std::any_of(layers.begin(), layers.end(),
+                       [&](const auto& p) { return std::strcmp(p.layerName, name) == 0; });
 }
 
 std::vector<std::string> instance_extensions(const loader& l, const char* layer) {
@@ -42,7 +43,9 @@ std::vector<std::string> instance_extensions(const loader& l, const char* layer)
     return names;
 }
 
-bool contains(const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+bool contains(const std::vector<std::string>& v, std::string_view s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 std::string version_string(std::uint32_t v) {
     return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
@@ -51,11 +54,16 @@ std::string version_string(std::uint32_t v) {
 
 device_type to_type(VkPhysicalDeviceType t) {
     switch (t) {
-        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return device_type::discrete_gpu;
-        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return device_type::integrated_gpu;
-        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return device_type::virtual_gpu;
-        case VK_PHYSICAL_DEVICE_TYPE_CPU: return device_type::cpu;
-        default: return device_type::other;
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+            return device_type::discrete_gpu;
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+            return device_type::integrated_gpu;
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+            return device_type::virtual_gpu;
+        case VK_PHYSICAL_DEVICE_TYPE_CPU:
+            return device_type::cpu;
+        default:
+            return device_type::other;
     }
 }
 
@@ -64,7 +72,8 @@ bool device_has_extension(const instance_table& fn, VkPhysicalDevice pd, const c
     if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) != VK_SUCCESS) return false;
     std::vector<VkExtensionProperties> props(count);
     if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, props.data()) < 0) return false;
-    return std::any_of(props.begin(), props.end(), [&](const auto& p) { return std::strcmp(p.extensionName, name) == 0; });
+    return std::any_of(props.begin(), props.end(),
+                       [&](const auto& p) { return std::strcmp(p.extensionName, name) == 0; });
 }
 
 device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_t index) {
@@ -73,14 +82,17 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
     const bool v12 = base.apiVersion >= VK_API_VERSION_1_2;
 
     auto driver = vk_struct<VkPhysicalDeviceDriverProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
-    auto subgroup = vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+    auto subgroup =
+        vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
     subgroup.pNext = (v12 || device_has_extension(fn, pd, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME)) ? &driver : nullptr;
     auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
     props.pNext = &subgroup;
     fn.vkGetPhysicalDeviceProperties2(pd, &props);
 
-    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
-    auto storage16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+    auto storage16 =
+        vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
     storage16.pNext = (v12 || device_has_extension(fn, pd, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) ? &f16 : nullptr;
     auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     features.pNext = &storage16;
@@ -163,7 +175,8 @@ std::uint32_t compute_queue_family(const instance_table& fn, VkPhysicalDevice de
 instance::instance(bool validation) : validation_(validation), sink_(std::make_unique<message_sink>()) {
     const loader& l = loader::get();
     std::uint32_t loader_version = VK_API_VERSION_1_0;
-    if (l.vkEnumerateInstanceVersion) check(l.vkEnumerateInstanceVersion(&loader_version), "vkEnumerateInstanceVersion");
+    if (l.vkEnumerateInstanceVersion)
+        check(l.vkEnumerateInstanceVersion(&loader_version), "vkEnumerateInstanceVersion");
     if (loader_version < VK_API_VERSION_1_1)
         throw unavailable("the Vulkan loader supports only Vulkan " + version_string(loader_version) +
                           "; qkv needs Vulkan 1.1 or newer");
@@ -176,7 +189,8 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
         flags |= VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR;
     }
 
-    auto messenger_info = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
+    auto messenger_info =
+        vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
     messenger_info.messageSeverity =
         VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
     messenger_info.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
@@ -192,11 +206,13 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
 
     if (validation_) {
         if (!has_layer(l, validation_layer))
-            throw unavailable("validation was requested but the Khronos validation layer (VK_LAYER_KHRONOS_validation) "
-                              "is not installed; on Debian/Ubuntu: apt-get install vulkan-validationlayers");
+            throw unavailable(
+                "validation was requested but the Khronos validation layer (VK_LAYER_KHRONOS_validation) "
+                "is not installed; on Debian/Ubuntu: apt-get install vulkan-validationlayers");
         layers.push_back(validation_layer);
         const auto layer_ext = instance_extensions(l, validation_layer);
-        if (!contains(available, VK_EXT_DEBUG_UTILS_EXTENSION_NAME) && !contains(layer_ext, VK_EXT_DEBUG_UTILS_EXTENSION_NAME))
+        if (!contains(available, VK_EXT_DEBUG_UTILS_EXTENSION_NAME) &&
+            !contains(layer_ext, VK_EXT_DEBUG_UTILS_EXTENSION_NAME))
             throw unavailable("validation was requested but VK_EXT_debug_utils is not available");
         extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
         next = &messenger_info;  // also catches messages of vkCreateInstance / vkDestroyInstance
@@ -221,8 +237,9 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
     info.ppEnabledExtensionNames = extensions.data();
     const VkResult created = l.vkCreateInstance(&info, nullptr, &handle_);
     if (created == VK_ERROR_INCOMPATIBLE_DRIVER)
-        throw unavailable("no Vulkan driver found (vkCreateInstance: VK_ERROR_INCOMPATIBLE_DRIVER); install your "
-                          "GPU's Vulkan driver, or Mesa's lavapipe (mesa-vulkan-drivers) for a CPU device");
+        throw unavailable(
+            "no Vulkan driver found (vkCreateInstance: VK_ERROR_INCOMPATIBLE_DRIVER); install your "
+            "GPU's Vulkan driver, or Mesa's lavapipe (mesa-vulkan-drivers) for a CPU device");
     check(created, "vkCreateInstance");
 
     try {
@@ -237,8 +254,9 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
         check(fn_.vkEnumeratePhysicalDevices(handle_, &count, physical_.data()), "vkEnumeratePhysicalDevices");
         physical_.resize(count);
         if (physical_.empty())
-            throw unavailable("no Vulkan device found: the loader works but no driver reports a device; install your "
-                              "GPU's Vulkan driver, or Mesa's lavapipe (mesa-vulkan-drivers) for a CPU device");
+            throw unavailable(
+                "no Vulkan device found: the loader works but no driver reports a device; install your "
+                "GPU's Vulkan driver, or Mesa's lavapipe (mesa-vulkan-drivers) for a CPU device");
         for (std::uint32_t i = 0; i < count; ++i) infos_.push_back(describe(fn_, physical_[i], i));
     } catch (...) {
         if (messenger_) fn_.vkDestroyDebugUtilsMessengerEXT(handle_, messenger_, nullptr);

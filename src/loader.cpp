@@ -94,8 +94,9 @@ void instance_table::load(const loader& l, VkInstance instance) {
     if (!vkEnumeratePhysicalDevices || !vkCreateDevice || !vkGetDeviceProcAddr)
         throw unavailable("the Vulkan instance lacks core entry points (vkEnumeratePhysicalDevices, vkCreateDevice)");
     if (!vkGetPhysicalDeviceProperties2 || !vkGetPhysicalDeviceFeatures2)
-        throw unavailable("the Vulkan instance does not provide Vulkan 1.1 (vkGetPhysicalDeviceProperties2); "
-                          "qkv needs Vulkan 1.1 or newer");
+        throw unavailable(
+            "the Vulkan instance does not provide Vulkan 1.1 (vkGetPhysicalDeviceProperties2); "
+            "qkv needs Vulkan 1.1 or newer");
 }
 
 void device_table::load(const instance_table& it, VkDevice device) {

@@ -43,8 +43,7 @@ void buffer::invalidate() const {
           "vkInvalidateMappedMemoryRanges");
 }
 
-buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset,
-                         VkDeviceSize range) {
+buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range) {
     auto info = vk_struct<VkBufferViewCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO);
     info.buffer = b.handle();
     info.format = format;
@@ -75,7 +74,9 @@ std::uint32_t allocator::pick_type(std::uint32_t allowed, memory_use use, const 
     const auto& mem = dev_.memory();
     VkMemoryPropertyFlags required = 0, preferred = 0;
     switch (use) {
-        case memory_use::device: preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT; break;
+        case memory_use::device:
+            preferred = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+            break;
         case memory_use::upload:
             required = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
             break;
@@ -92,8 +93,7 @@ std::uint32_t allocator::pick_type(std::uint32_t allowed, memory_use use, const 
         if ((flags & preferred) == preferred) return i;
         if (fallback == UINT32_MAX) fallback = i;
     }
-    if (fallback == UINT32_MAX)
-        throw error(std::string("no suitable Vulkan memory type for the ") + what + " buffer");
+    if (fallback == UINT32_MAX) throw error(std::string("no suitable Vulkan memory type for the ") + what + " buffer");
     return fallback;
 }
 
@@ -106,7 +106,8 @@ buffer allocator::create(VkDeviceSize size, memory_use use, const char* what, Vk
 
     auto info = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
     info.size = size;
-    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | extra_usage;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_DST_BIT | extra_usage;
     info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     check(fn.vkCreateBuffer(d, &info, nullptr, &b.handle_), std::string("vkCreateBuffer (") + what + ")");
 

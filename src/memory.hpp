@@ -75,7 +75,8 @@ public:
     /// A buffer of `size` bytes (storage + transfer usage). Throws out_of_memory (cap reached or
     /// the driver's VK_ERROR_OUT_OF_*_MEMORY), leaving nothing allocated.
     /// `extra_usage` adds usage bits (e.g. VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT).
-    [[nodiscard]] buffer create(VkDeviceSize size, memory_use use, const char* what, VkBufferUsageFlags extra_usage = 0);
+    [[nodiscard]] buffer create(VkDeviceSize size, memory_use use, const char* what,
+                                VkBufferUsageFlags extra_usage = 0);
 
     [[nodiscard]] std::uint64_t allocated() const { return allocated_.load(); }
     [[nodiscard]] std::uint64_t peak() const { return peak_.load(); }

@@ -28,9 +28,8 @@ const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std:
                required_subgroup);
 }
 
-const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescriptorType>& types,
-                                  std::uint32_t push_size, const std::vector<std::uint32_t>& spec,
-                                  std::uint32_t required_subgroup) {
+const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
+                                  const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup) {
     const auto bindings = static_cast<std::uint32_t>(types.size());
     auto key = std::make_pair(shader, spec);
     key.second.push_back(required_subgroup);
@@ -46,12 +45,12 @@ const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescript
     VkShaderModule module = VK_NULL_HANDLE;
     try {
         std::vector<VkDescriptorSetLayoutBinding> slots(bindings);
-        for (std::uint32_t i = 0; i < bindings; ++i)
-            slots[i] = {i, types[i], 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+        for (std::uint32_t i = 0; i < bindings; ++i) slots[i] = {i, types[i], 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
         auto set_info = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
         set_info.bindingCount = bindings;
         set_info.pBindings = slots.data();
-        check(fn.vkCreateDescriptorSetLayout(d, &set_info, nullptr, &p.set_layout), "vkCreateDescriptorSetLayout" + what);
+        check(fn.vkCreateDescriptorSetLayout(d, &set_info, nullptr, &p.set_layout),
+              "vkCreateDescriptorSetLayout" + what);
 
         const VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size};
         auto layout_info = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
@@ -82,7 +81,8 @@ const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescript
             VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO);
         if (required_subgroup) {
             const subgroup_control& sc = dev_.subgroups();
-            if (!sc.required_size || !sc.full_subgroups || required_subgroup < sc.min_size || required_subgroup > sc.max_size)
+            if (!sc.required_size || !sc.full_subgroups || required_subgroup < sc.min_size ||
+                required_subgroup > sc.max_size)
                 throw error("internal: subgroup size " + std::to_string(required_subgroup) + " required" + what +
                             " but the device does not offer it");
             size_info.requiredSubgroupSize = required_subgroup;

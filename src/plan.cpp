@@ -102,8 +102,8 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
     if (p.impl == implementation::staged && info.type == device_type::cpu) {
         // One softmax invocation strides over a whole row; CPU implementations end an
         // invocation's loops after 65,535 iterations (the products split K instead).
-        const std::uint64_t loops = softmax_loop_iterations(softmax_workgroup(info, p.seq), p.seq,
-                                                            info.subgroup_size, info.subgroup_arithmetic);
+        const std::uint64_t loops = softmax_loop_iterations(softmax_workgroup(info, p.seq), p.seq, info.subgroup_size,
+                                                            info.subgroup_arithmetic);
         if (loops >= cpu_loop_limit)
             throw limit_exceeded("the staged softmax over rows of " + std::to_string(p.seq) + " scores needs " +
                                  std::to_string(loops) + " loop iterations per invocation, more than the 65,535 that " +

@@ -62,8 +62,8 @@ template <class T>
 void expect_size(std::string_view what, std::span<const T> span, std::initializer_list<factor> factors) {
     const std::size_t want = checked_product(factors);
     if (span.size() != want)
-        fail(std::string(what) + " has " + std::to_string(span.size()) + " elements, expected " +
-             names_of(factors) + " = " + values_of(factors, want));
+        fail(std::string(what) + " has " + std::to_string(span.size()) + " elements, expected " + names_of(factors) +
+             " = " + values_of(factors, want));
 }
 
 /// A bias is optional: empty, or exactly `width` elements.

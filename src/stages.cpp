@@ -137,14 +137,14 @@ std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
 void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
                   std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
                   std::uint32_t chunk_keys, const device_info* tiles_as) {
-    flash_tiles tiles = choose_flash_tiles(flash_tiles_device(info, tiles_as), push.seq, push.d, push.dv,
-                                           pipes.dev().subgroups());
+    flash_tiles tiles =
+        choose_flash_tiles(flash_tiles_device(info, tiles_as), push.seq, push.d, push.dv, pipes.dev().subgroups());
     if (tiles.shared_bytes() > info.max_shared_memory || tiles.wg > info.max_workgroup_invocations)
-        throw limit_exceeded("the fused kernel needs " + std::to_string(tiles.shared_bytes()) + " bytes of shared memory and " +
-                             std::to_string(tiles.wg) + " invocations per workgroup for head widths " +
-                             std::to_string(push.d) + " / " + std::to_string(push.dv) + "; " + info.name + " has " +
-                             std::to_string(info.max_shared_memory) + " bytes and " +
-                             std::to_string(info.max_workgroup_invocations) + " invocations");
+        throw limit_exceeded(
+            "the fused kernel needs " + std::to_string(tiles.shared_bytes()) + " bytes of shared memory and " +
+            std::to_string(tiles.wg) + " invocations per workgroup for head widths " + std::to_string(push.d) + " / " +
+            std::to_string(push.dv) + "; " + info.name + " has " + std::to_string(info.max_shared_memory) +
+            " bytes and " + std::to_string(info.max_workgroup_invocations) + " invocations");
     // vec4 loads need every Q|K|V element offset the shader forms to be a multiple of 4.
     tiles.vec4 = push.d % 4 == 0 && push.dv % 4 == 0 && push.ld % 4 == 0 && push.k_off % 4 == 0 && push.v_off % 4 == 0;
     const shader_id shader = tiles.subgroup ? (fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
@@ -166,13 +166,20 @@ void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, 
 namespace {
 shader_id cpu_twin(shader_id shader) {
     switch (shader) {
-        case shader_id::project: return shader_id::project_cpu;
-        case shader_id::project_f16: return shader_id::project_cpu_f16;
-        case shader_id::scores: return shader_id::scores_cpu;
-        case shader_id::scores_f16: return shader_id::scores_cpu_f16;
-        case shader_id::aggregate: return shader_id::aggregate_cpu;
-        case shader_id::aggregate_f16: return shader_id::aggregate_cpu_f16;
-        default: return shader;
+        case shader_id::project:
+            return shader_id::project_cpu;
+        case shader_id::project_f16:
+            return shader_id::project_cpu_f16;
+        case shader_id::scores:
+            return shader_id::scores_cpu;
+        case shader_id::scores_f16:
+            return shader_id::scores_cpu_f16;
+        case shader_id::aggregate:
+            return shader_id::aggregate_cpu;
+        case shader_id::aggregate_f16:
+            return shader_id::aggregate_cpu_f16;
+        default:
+            return shader;
     }
 }
 }  // namespace
@@ -191,8 +198,8 @@ void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, b
         gemm_push part = push;
         part.k_begin = begin;
         part.K = std::min(push.K - std::min(push.K, begin), chunk);
-        part.a_off = push.a_off + begin;                // A's columns are contiguous
-        part.b_off = push.b_off + begin * push.b_rs;    // B's rows are b_rs apart
+        part.a_off = push.a_off + begin;              // A's columns are contiguous
+        part.b_off = push.b_off + begin * push.b_rs;  // B's rows are b_rs apart
         if (begin > 0) part.flags |= flag_gemm_accumulate;
         if (std::uint64_t{begin} + chunk < push.K) part.flags |= flag_gemm_partial;
         if (begin > 0) exec.compute_barrier();

@@ -54,12 +54,12 @@ static_assert(sizeof(flash_push) <= 128);
 inline constexpr std::uint32_t fused_max_head = 256;
 
 // Flags of the scores, aggregate and flash shaders.
-inline constexpr std::uint32_t flag_bias = 1;      // project
-inline constexpr std::uint32_t flag_causal = 1;    // scores, aggregate
-inline constexpr std::uint32_t flag_mask = 2;      // scores
-inline constexpr std::uint32_t flag_additive = 4;  // scores
-inline constexpr std::uint32_t flag_resume = 8;    // flash: continue from the chunk state
-inline constexpr std::uint32_t flag_partial = 16;  // flash: more key chunks follow
+inline constexpr std::uint32_t flag_bias = 1;               // project
+inline constexpr std::uint32_t flag_causal = 1;             // scores, aggregate
+inline constexpr std::uint32_t flag_mask = 2;               // scores
+inline constexpr std::uint32_t flag_additive = 4;           // scores
+inline constexpr std::uint32_t flag_resume = 8;             // flash: continue from the chunk state
+inline constexpr std::uint32_t flag_partial = 16;           // flash: more key chunks follow
 inline constexpr std::uint32_t flag_gemm_accumulate = 256;  // project, scores, aggregate: add to C (set by record_gemm)
 inline constexpr std::uint32_t flag_gemm_partial = 512;     // project, scores, aggregate: more K chunks follow
 

@@ -112,7 +112,7 @@ void sweep(std::uint64_t seed) {
 TEST_CASE("constexpr self_attention at run time matches the float64 reference", "[core]") {
     sweep<1, 1, 1, 1, 1>(1);
     sweep<1, 3, 4, 3, 3>(2);
-    sweep<1, 17, 5, 8, 3>(3);   // d_v != d_k, odd N
+    sweep<1, 17, 5, 8, 3>(3);  // d_v != d_k, odd N
     sweep<1, 33, 16, 16, 24>(4);
 }
 

@@ -246,14 +246,15 @@ TEST_CASE("cpu backend matches the float64 reference over odd shapes", "[cpu][sw
                     if (d % heads != 0 || d_v % heads != 0) continue;
                     if (n == 113 && d == 80 && batch > 1) continue;  // the costliest corner: batch 1 is enough
                     for (int variant = 0; variant < 4; ++variant) {
-                        qkv::attention_shape s{.batch = batch, .seq = n, .d_in = d, .d_k = d, .d_v = d_v,
-                                               .heads = heads};
+                        qkv::attention_shape s{
+                            .batch = batch, .seq = n, .d_in = d, .d_k = d, .d_v = d_v, .heads = heads};
                         if (variant == 1 || variant == 3) s.d_out = 5;
                         owned_problem o = random_problem(s, rng, variant != 0);
                         o.options.return_weights = variant != 2 || batch == 1;
                         switch (variant) {
-                            case 0: break;  // plain: no biases, no masks
-                            case 1:         // biases, output projection, causal, explicit scale
+                            case 0:
+                                break;  // plain: no biases, no masks
+                            case 1:     // biases, output projection, causal, explicit scale
                                 o.options.causal = true;
                                 o.options.scale = 0.7f;
                                 break;
@@ -265,10 +266,11 @@ TEST_CASE("cpu backend matches the float64 reference over odd shapes", "[cpu][sw
                                 o.mask = random_mask(1, n, rng);
                                 o.additive = random_additive(batch, n, rng);
                                 break;
-                            default: break;
+                            default:
+                                break;
                         }
-                        INFO("seq " << n << ", d " << d << ", d_v " << d_v << ", batch " << batch << ", heads "
-                                    << heads << ", variant " << variant);
+                        INFO("seq " << n << ", d " << d << ", d_v " << d_v << ", batch " << batch << ", heads " << heads
+                                    << ", variant " << variant);
                         check_against_reference(o);
                         ++cases;
                     }
@@ -292,20 +294,41 @@ struct owned_problem_f64 {
     qkv::run_options options{};
 
     explicit owned_problem_f64(const owned_problem& o)
-        : shape(o.shape), x(to_double(o.x)), wq(to_double(o.wq)), wk(to_double(o.wk)), wv(to_double(o.wv)),
-          bq(to_double(o.bq)), bk(to_double(o.bk)), bv(to_double(o.bv)), wo(to_double(o.wo)), bo(to_double(o.bo)),
-          additive(to_double(o.additive)), mask(o.mask), options(o.options) {}
+        : shape(o.shape),
+          x(to_double(o.x)),
+          wq(to_double(o.wq)),
+          wk(to_double(o.wk)),
+          wv(to_double(o.wv)),
+          bq(to_double(o.bq)),
+          bk(to_double(o.bk)),
+          bv(to_double(o.bv)),
+          wo(to_double(o.wo)),
+          bo(to_double(o.bo)),
+          additive(to_double(o.additive)),
+          mask(o.mask),
+          options(o.options) {}
 
     [[nodiscard]] qkv::cpu::attention_problem_f64 view() const {
-        return {.shape = shape, .x = x, .wq = wq, .wk = wk, .wv = wv, .bq = bq, .bk = bk, .bv = bv, .wo = wo,
-                .bo = bo, .mask = mask, .additive_mask = additive, .options = options};
+        return {.shape = shape,
+                .x = x,
+                .wq = wq,
+                .wk = wk,
+                .wv = wv,
+                .bq = bq,
+                .bk = bk,
+                .bv = bv,
+                .wo = wo,
+                .bo = bo,
+                .mask = mask,
+                .additive_mask = additive,
+                .options = options};
     }
 };
 
 TEST_CASE("cpu backend: a float64 problem of float32 values gives attention_f64's results exactly", "[cpu][f64]") {
     std::mt19937_64 rng(64);
-    owned_problem o = random_problem({.batch = 2, .seq = 17, .d_in = 5, .d_k = 4, .d_v = 6, .heads = 2, .d_out = 3},
-                                     rng, true);
+    owned_problem o =
+        random_problem({.batch = 2, .seq = 17, .d_in = 5, .d_k = 4, .d_v = 6, .heads = 2, .d_out = 3}, rng, true);
     o.options.causal = true;
     o.options.return_weights = true;
     o.mask = random_mask(2, 17, rng);
@@ -366,7 +389,8 @@ std::string refusal(const owned_problem_f64& d) {
 
 TEST_CASE("validate: a float64 problem is checked as a float32 one", "[cpu][validate][f64]") {
     std::mt19937_64 rng(66);
-    const owned_problem o = random_problem({.batch = 1, .seq = 3, .d_in = 2, .d_k = 2, .d_v = 2, .heads = 1}, rng, false);
+    const owned_problem o =
+        random_problem({.batch = 1, .seq = 3, .d_in = 2, .d_k = 2, .d_v = 2, .heads = 1}, rng, false);
     owned_problem_f64 d(o);
     CHECK_NOTHROW(qkv::cpu::validate(d.view()));
     d.wq.pop_back();
@@ -412,8 +436,8 @@ TEST_CASE("cpu backend: an allocation that fails is reported with the sizes that
 TEST_CASE("cpu backend's threaded path matches the reference", "[cpu]") {
     // batch x heads x seq^2 x (head widths) is past the threading threshold.
     std::mt19937_64 rng(99);
-    owned_problem o = random_problem({.batch = 2, .seq = 300, .d_in = 12, .d_k = 8, .d_v = 12, .heads = 2, .d_out = 7},
-                                     rng, true);
+    owned_problem o =
+        random_problem({.batch = 2, .seq = 300, .d_in = 12, .d_k = 8, .d_v = 12, .heads = 2, .d_out = 7}, rng, true);
     o.options.causal = true;
     o.mask = random_mask(2, 300, rng);
     o.options.return_weights = true;
@@ -454,12 +478,16 @@ TEST_CASE("cpu backend: NaN in one input row reaches only the rows that attend t
         for (std::size_t i = 0; i < n; ++i) {
             INFO("row " << i);
             const float* out = got.output.data() + i * dv;
-            if (i < nan_row) CHECK(all_finite(out, dv));
-            else CHECK(all_nan(out, dv));
+            if (i < nan_row)
+                CHECK(all_finite(out, dv));
+            else
+                CHECK(all_nan(out, dv));
             for (std::size_t h = 0; h < 2; ++h) {
                 const float* w = got.weights.data() + (h * n + i) * n;
-                if (i < nan_row) CHECK(all_finite(w, n));
-                else CHECK(all_nan(w, n));  // as PyTorch: the whole row
+                if (i < nan_row)
+                    CHECK(all_finite(w, n));
+                else
+                    CHECK(all_nan(w, n));  // as PyTorch: the whole row
             }
         }
         CHECK(all_finite(got.output.data() + n * dv, n * dv));  // batch element 1
@@ -477,8 +505,10 @@ TEST_CASE("cpu backend: NaN in one input row reaches only the rows that attend t
         const qkv::attention_output got = qkv::cpu::attention(o.view());
         for (std::size_t i = 0; i < n; ++i) {
             INFO("row " << i);
-            if (i == nan_row) CHECK(all_nan(got.output.data() + i * dv, dv));
-            else CHECK(all_finite(got.output.data() + i * dv, dv));
+            if (i == nan_row)
+                CHECK(all_nan(got.output.data() + i * dv, dv));
+            else
+                CHECK(all_finite(got.output.data() + i * dv, dv));
         }
     }
 }
@@ -513,7 +543,7 @@ TEST_CASE("cpu backend: seq 1 and d 1", "[cpu]") {
     o.bv = {1.f};
     o.options.return_weights = true;
     const qkv::attention_output got = qkv::cpu::attention(o.view());
-    CHECK(got.weights == std::vector<float>{1.f, 1.f});  // one position: all the weight
+    CHECK(got.weights == std::vector<float>{1.f, 1.f});   // one position: all the weight
     CHECK(got.output == std::vector<float>{4.f, -3.5f});  // v = 1.5 x + 1
     check_against_reference(o);
 }

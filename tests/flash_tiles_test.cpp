@@ -45,7 +45,9 @@ std::vector<fake> fakes() {
         // AMD (GCN / RDNA wave64 default): 64 KiB of LDS, wave32..64 selectable
         {"discrete, subgroup 64", describe(device_type::discrete_gpu, 64, true, 65536, 1024), {32, 64, true, true, 16}},
         // AMD GCN: wave64 only
-        {"discrete, subgroup 64 only", describe(device_type::discrete_gpu, 64, true, 65536, 1024), {64, 64, true, true, 16}},
+        {"discrete, subgroup 64 only",
+         describe(device_type::discrete_gpu, 64, true, 65536, 1024),
+         {64, 64, true, true, 16}},
         // Intel integrated: SIMD8..32, no subgroup size control offered here
         {"integrated, subgroup 16", describe(device_type::integrated_gpu, 16, true, 65536, 512), {}},
         // lavapipe: 8 lanes per AVX2 vector, 32 KiB

@@ -69,8 +69,8 @@ TEST_CASE("each kernel family of the products matches the reference on odd shape
                     p.options.implementation = impl;
                     p.options.return_weights = impl == qkv::implementation::staged;
                     p.options.precision = qkv::precision::fp32;
-                    INFO(qkv_test::describe(s) << (impl == qkv::implementation::staged ? " staged " : " fused ")
-                                               << name(family));
+                    INFO(qkv_test::describe(s)
+                         << (impl == qkv::implementation::staged ? " staged " : " fused ") << name(family));
                     check(ctx, p, 1e-10);
                     if (ctx.device().fp16_storage && k % 2 == 1) {
                         p.options.precision = qkv::precision::fp16;
@@ -98,7 +98,8 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
             p.options.kernel = family;
             for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
                 p.options.implementation = impl;
-                INFO("width " << wide << " " << name(family) << (impl == qkv::implementation::staged ? " staged" : " fused"));
+                INFO("width " << wide << " " << name(family)
+                              << (impl == qkv::implementation::staged ? " staged" : " fused"));
                 check(ctx, p, 1e-8);
             }
             if (ctx.device().fp16_storage) {  // fp16 Q|K|V: the split sums are rounded once per dispatch

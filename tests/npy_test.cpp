@@ -151,8 +151,9 @@ TEST_CASE("npy: write then read round-trips shape and bits", "[npy]") {
         for (const std::size_t d : shape) n *= d;
         std::vector<float> data(n);
         for (auto& x : data) x = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));  // any bits, NaNs too
-        const float specials[] = {-0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
-                                  std::numeric_limits<float>::denorm_min(), std::bit_cast<float>(0x7fa00001u)};
+        const float specials[] = {-0.0f, std::numeric_limits<float>::infinity(),
+                                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                                  std::bit_cast<float>(0x7fa00001u)};
         for (std::size_t i = 0; i < n && i < std::size(specials); ++i) data[i] = specials[i];
 
         const fs::path file = dir.path / "out.npy";
@@ -272,8 +273,8 @@ TEST_CASE("npy: float64 to float32 rounding at the edges of the range", "[npy]")
     constexpr double flt_max = std::numeric_limits<float>::max();
     const double midpoint = 0x1.ffffffp127;  // halfway between FLT_MAX and 2^128: ties to even -> inf
     const double below = std::nextafter(midpoint, 0.0);
-    const std::string data = raw<double>({midpoint, below, -below, flt_max, 1e39, -1e39, 0x1p-150, 0x1.8p-150,
-                                          0x1p-149, 0x1.000002p-126});
+    const std::string data =
+        raw<double>({midpoint, below, -below, flt_max, 1e39, -1e39, 0x1p-150, 0x1.8p-150, 0x1p-149, 0x1.000002p-126});
     const auto bytes = make_npy(header_for("<f8", "(10,)"), data);
     const std::vector<float> f = npy::parse(bytes, "edge.npy").to_float();
     REQUIRE(f.size() == 10);
@@ -328,7 +329,8 @@ TEST_CASE("npy: header syntax variants numpy accepts", "[npy]") {
         }
     }
     // A 0-d array, header without the final newline.
-    const npy::array s = npy::parse(make_npy("{'descr':'<f4','fortran_order':False,'shape':()}", raw<float>({2.0f})), "s");
+    const npy::array s =
+        npy::parse(make_npy("{'descr':'<f4','fortran_order':False,'shape':()}", raw<float>({2.0f})), "s");
     CHECK(s.shape.empty());
     CHECK(s.to_float() == std::vector<float>{2.0f});
 }
@@ -357,10 +359,10 @@ TEST_CASE("npy: refused dtypes name the dtype", "[npy]") {
     }
     CHECK_NPY_ERROR(npy::parse(make_npy("{'descr': None, 'fortran_order': False, 'shape': (1,)}", "\0\0\0\0"sv), "x"),
                     "x", "unsupported dtype None");
-    CHECK_NPY_ERROR(npy::parse(make_npy("{'descr': [('\xc3\xa9', '<f4')], 'fortran_order': False, 'shape': (1,)}",
-                                        "\0\0\0\0"sv, 3),
-                               "utf8.npy"),
-                    "utf8.npy", "unsupported dtype [('\\xc3\\xa9', '<f4')]");
+    CHECK_NPY_ERROR(
+        npy::parse(make_npy("{'descr': [('\xc3\xa9', '<f4')], 'fortran_order': False, 'shape': (1,)}", "\0\0\0\0"sv, 3),
+                   "utf8.npy"),
+        "utf8.npy", "unsupported dtype [('\\xc3\\xa9', '<f4')]");
 }
 
 TEST_CASE("npy: Fortran order is refused", "[npy]") {
@@ -455,7 +457,8 @@ TEST_CASE("npy: malformed headers", "[npy]") {
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (), 1: 2}", "unexpected key 1"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': 1}", "'shape' must be a tuple"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (1)}", "'shape' must be a tuple"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': [1]}", "'shape' must be a tuple of non-negative integers, found [1]"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': [1]}",
+         "'shape' must be a tuple of non-negative integers, found [1]"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (True,)}", "'shape' must be a tuple"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': ('1',)}", "'shape' must be a tuple"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}", "negative dimension in shape (-1,)"},
@@ -663,9 +666,7 @@ TEST_CASE("npy: read checks the header before the data and reads no more than it
     }
 #endif
 #ifndef _WIN32
-    SECTION("/dev/zero") {
-        CHECK_NPY_ERROR(npy::read("/dev/zero"), "/dev/zero", "not a .npy file");
-    }
+    SECTION("/dev/zero") { CHECK_NPY_ERROR(npy::read("/dev/zero"), "/dev/zero", "not a .npy file"); }
 #endif
 }
 

@@ -14,6 +14,7 @@
 #define NOMINMAX
 #endif
 #include <windows.h>
+// after windows.h, which it needs:
 #include <psapi.h>
 #endif
 
@@ -64,7 +65,14 @@ std::vector<qkv_test::owned_problem> soak_problems() {
         {.seq = 3, .d_in = 4, .d_k = 3, .d_v = 3},
         {.batch = 2, .seq = 40, .d_in = 16, .d_k = 16, .d_v = 8, .heads = 2, .causal = true},
         {.seq = 1, .d_in = 1, .d_k = 1, .d_v = 1},
-        {.batch = 3, .seq = 64, .d_in = 32, .d_k = 32, .d_v = 32, .heads = 4, .d_out = 16, .biases = true,
+        {.batch = 3,
+         .seq = 64,
+         .d_in = 32,
+         .d_k = 32,
+         .d_v = 32,
+         .heads = 4,
+         .d_out = 16,
+         .biases = true,
          .mask = mask_kind::boolean},
         {.seq = 17, .d_in = 5, .d_k = 8, .d_v = 4, .heads = 2, .mask = mask_kind::additive},
         {.batch = 2, .seq = 9, .d_in = 8, .d_k = 8, .d_v = 8, .d_out = 3},
@@ -119,11 +127,12 @@ TEST_CASE("soak: 10,000 calls with varying shapes keep memory flat and results b
     REQUIRE(run(0));
     CHECK(ctx.device_memory_allocated() == device_at_start);
     const auto rss_at_end = resident_bytes();
-    std::printf("soak: 10000 calls, %zu mismatches; resident memory %llu -> %llu KiB; device memory %llu bytes at "
-                "start and end, %llu at most\n",
-                mismatches, static_cast<unsigned long long>(rss_at_start / 1024),
-                static_cast<unsigned long long>(rss_at_end / 1024), static_cast<unsigned long long>(device_at_start),
-                static_cast<unsigned long long>(device_high));
+    std::printf(
+        "soak: 10000 calls, %zu mismatches; resident memory %llu -> %llu KiB; device memory %llu bytes at "
+        "start and end, %llu at most\n",
+        mismatches, static_cast<unsigned long long>(rss_at_start / 1024),
+        static_cast<unsigned long long>(rss_at_end / 1024), static_cast<unsigned long long>(device_at_start),
+        static_cast<unsigned long long>(device_high));
     INFO("resident memory: " << rss_at_start << " -> " << rss_at_end << " bytes; device memory peak during soak "
                              << device_high << " bytes");
     if (rss_at_start == 0) {

@@ -133,7 +133,8 @@ TEST_CASE("the worked example on the GPU equals the compile-time result", "[vulk
             CHECK(r.implementation == impl);
             if (impl == qkv::implementation::fused) CHECK(r.kernel == family);
             for (std::size_t i = 0; i < 3; ++i)
-                for (std::size_t c = 0; c < 3; ++c) CHECK(std::abs(r.output[i * 3 + c] - expected.output(i, c)) <= 1e-5f);
+                for (std::size_t c = 0; c < 3; ++c)
+                    CHECK(std::abs(r.output[i * 3 + c] - expected.output(i, c)) <= 1e-5f);
             if (p.options.return_weights)
                 for (std::size_t i = 0; i < 3; ++i)
                     for (std::size_t j = 0; j < 3; ++j)
@@ -153,8 +154,8 @@ TEST_CASE("staged and fused match the float64 reference on odd shapes (fp32)", "
         for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
             p.options.implementation = impl;
             p.options.return_weights = impl == qkv::implementation::staged;
-            INFO(qkv_test::describe(spec) << (impl == qkv::implementation::staged ? " staged" : " fused, ")
-                                          << family_name(family));
+            INFO(qkv_test::describe(spec)
+                 << (impl == qkv::implementation::staged ? " staged" : " fused, ") << family_name(family));
             check_against_reference(ctx, p, 1e-10);
         }
     }
@@ -178,8 +179,8 @@ TEST_CASE("fp16 storage stays within 1e-5 of the float64 reference", "[vulkan][s
         p.options.kernel = family;
         for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
             p.options.implementation = impl;
-            INFO(qkv_test::describe(specs[i]) << (impl == qkv::implementation::staged ? " staged" : " fused")
-                                              << " fp16, " << family_name(family));
+            INFO(qkv_test::describe(specs[i])
+                 << (impl == qkv::implementation::staged ? " staged" : " fused") << " fp16, " << family_name(family));
             check_against_reference(ctx, p, 1e-5);
         }
     }
@@ -192,8 +193,8 @@ TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") 
     const auto fused = ctx.attention(p.view());
     CHECK(fused.implementation == qkv::implementation::fused);
     // and the cpu kernel family on CPU devices (lavapipe), the gpu family elsewhere
-    CHECK(fused.kernel == (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::cpu
-                                                                              : qkv::kernel_family::gpu));
+    CHECK(fused.kernel ==
+          (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::cpu : qkv::kernel_family::gpu));
     p.options.return_weights = true;
     const auto r = ctx.attention(p.view());
     CHECK(r.implementation == qkv::implementation::staged);
@@ -277,8 +278,15 @@ TEST_CASE("grids beyond maxComputeWorkGroupCount are split and stay correct", "[
     const auto family = FUSED_FAMILY();
     INFO(family_name(family));
     for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
-        auto p = make_problem({.batch = 3, .seq = 113, .d_in = 9, .d_k = 8, .d_v = 12, .heads = 4, .d_out = 5,
-                               .causal = true, .mask = mask_kind::both},
+        auto p = make_problem({.batch = 3,
+                               .seq = 113,
+                               .d_in = 9,
+                               .d_k = 8,
+                               .d_v = 12,
+                               .heads = 4,
+                               .d_out = 5,
+                               .causal = true,
+                               .mask = mask_kind::both},
                               11);
         p.options.implementation = impl;
         p.options.kernel = family;
@@ -290,7 +298,14 @@ TEST_CASE("grids beyond maxComputeWorkGroupCount are split and stay correct", "[
 
 TEST_CASE("staging through host-visible buffers (the discrete-GPU path) gives the same results", "[vulkan]") {
     auto ctx = qkv_test::make_context({.force_staging = true});
-    auto p = make_problem({.batch = 2, .seq = 33, .d_in = 7, .d_k = 8, .d_v = 6, .heads = 2, .d_out = 3, .biases = true,
+    auto p = make_problem({.batch = 2,
+                           .seq = 33,
+                           .d_in = 7,
+                           .d_k = 8,
+                           .d_v = 6,
+                           .heads = 2,
+                           .d_out = 3,
+                           .biases = true,
                            .mask = mask_kind::additive},
                           12);
     p.options.return_weights = true;
@@ -390,12 +405,15 @@ TEST_CASE("device selection prefers discrete GPUs and honours index and name", "
     CHECK(qkv::vulkan::select_device(devices, std::string("0")) == 0);
     CHECK(qkv::vulkan::select_device(devices, std::string("LLVMPIPE")) == 0);
     CHECK(qkv::vulkan::select_device(devices, std::string("uhd")) == 1);
-    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("7")); }),
-                   "index 7"));
-    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("radeon")); }),
-                   "radeon"));
-    CHECK(contains(error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("2")); }),
-                   "compute"));
+    CHECK(contains(
+        error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("7")); }),
+        "index 7"));
+    CHECK(contains(
+        error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("radeon")); }),
+        "radeon"));
+    CHECK(contains(
+        error_of<qkv::vulkan::unavailable>([&] { (void)qkv::vulkan::select_device(devices, std::string("2")); }),
+        "compute"));
 
     // The real machine: the listing is not empty and the context took the selected device.
     const auto real = qkv::vulkan::list_devices({.validation = true});
@@ -506,7 +524,8 @@ TEST_CASE("fused attention with a GPU's tiles matches the float64 reference", "[
         }
         require_clean(ctx);
         // Key chunks, staging, determinism and the NaN rules with the same tiles.
-        auto chunked = qkv_test::make_context({.max_fused_keys_per_dispatch = 37, .force_staging = true, .fused_tiles_as = as});
+        auto chunked =
+            qkv_test::make_context({.max_fused_keys_per_dispatch = 37, .force_staging = true, .fused_tiles_as = as});
         for (std::size_t i = offset; i < specs.size(); i += 4) {
             if (specs[i].seq <= 37) continue;
             auto p = make_problem(specs[i], seed++);
@@ -514,7 +533,8 @@ TEST_CASE("fused attention with a GPU's tiles matches the float64 reference", "[
             INFO(qkv_test::describe(specs[i]) << " fused, chunks of 37 keys, staged I/O, tiles of " << name);
             check_against_reference(chunked, p, 1e-10);
         }
-        auto p = make_problem({.batch = 2, .seq = 65, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 4, .causal = true}, 13);
+        auto p =
+            make_problem({.batch = 2, .seq = 65, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 4, .causal = true}, 13);
         p.options.implementation = qkv::implementation::fused;
         const auto first = chunked.attention(p.view()).output;
         for (int i = 0; i < 3; ++i) CHECK(chunked.attention(p.view()).output == first);
@@ -616,7 +636,8 @@ TEST_CASE("N = 65,600 causal, d = 3 / 4: the cpu kernel family gets every key", 
         std::vector<double> out(N * width, 0.0);
         for (std::size_t i = 0; i < N; ++i)
             for (std::size_t k = 0; k < d_in; ++k)
-                for (std::size_t j = 0; j < width; ++j) out[i * width + j] += double{p.x[i * d_in + k]} * w[k * width + j];
+                for (std::size_t j = 0; j < width; ++j)
+                    out[i * width + j] += double{p.x[i * d_in + k]} * w[k * width + j];
         return out;
     };
     const std::vector<double> q = project(p.wq, dk), k = project(p.wk, dk), v = project(p.wv, dv);
@@ -669,8 +690,8 @@ TEST_CASE("fused attention split into key chunks matches the float64 reference",
             auto p = make_problem(specs[i], seed++);
             p.options.implementation = qkv::implementation::fused;
             p.options.kernel = family;
-            INFO(qkv_test::describe(specs[i]) << " fused, " << family_name(family) << ", at most " << chunk
-                                              << " keys a dispatch");
+            INFO(qkv_test::describe(specs[i])
+                 << " fused, " << family_name(family) << ", at most " << chunk << " keys a dispatch");
             check_against_reference(ctx, p, 1e-10);
             if (ctx.device().fp16_storage && i % 4 < 2) {
                 p.options.precision = qkv::precision::fp16;

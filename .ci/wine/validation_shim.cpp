@@ -120,8 +120,8 @@ PFN_vkVoidFunction as_void_function(F f) {
 
 }  // namespace
 
-extern "C" __declspec(dllexport) VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vkGetInstanceProcAddr(VkInstance instance,
-                                                                                              const char* name) {
+extern "C" __declspec(dllexport) VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL
+    vkGetInstanceProcAddr(VkInstance instance, const char* name) {
     if (!load_wine_vulkan()) return nullptr;
     if (!instance && name) {
         if (std::strcmp(name, "vkEnumerateInstanceLayerProperties") == 0) return as_void_function(&enumerate_layers);

@@ -60,7 +60,8 @@ concept query_key_widths_match = any_matrix<WQ> && any_matrix<WK> && WQ::cols ==
 
 /// H heads split d_k and d_v evenly.
 template <std::size_t H, std::size_t DK, std::size_t DV>
-concept heads_divide = H > 0 && DK % H == 0 && DV % H == 0;
+concept heads_divide = H >
+0 && DK % H == 0 && DV % H == 0;
 
 /// The options type that matches the inputs (X: N x d_in, WK: d_in x d_k, WV: d_in x d_v).
 template <class X, class WK, class WV>
@@ -95,7 +96,7 @@ constexpr void attend(const matrix<T, N, D>& q, const matrix<T, N, D>& k, const 
 /// Scaled dot-product self-attention of x with projections wq, wk, wv.
 /// Shapes: x N x d_in, wq and wk d_in x d_k, wv d_in x d_v; the output is N x d_v.
 template <any_matrix X, any_matrix WQ, any_matrix WK, any_matrix WV>
-    requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK>
+requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK>
 constexpr auto self_attention(const X& x, const WQ& wq, const WK& wk, const WV& wv,
                               const attention_options_for<X, WK, WV>& opt = {}) {
     using T = typename X::value_type;
@@ -105,8 +106,7 @@ constexpr auto self_attention(const X& x, const WQ& wq, const WK& wk, const WV& 
     r.keys = detail::with_bias(matmul(x, wk), opt.bias_k);
     r.values = detail::with_bias(matmul(x, wv), opt.bias_v);
     const T scale = opt.scale ? *opt.scale : T{1} / qkv::sqrt(static_cast<T>(DK));
-    detail::attend(r.queries, r.keys, r.values, scale, detail::allowed_positions(opt), r.scores, r.weights,
-                   r.output);
+    detail::attend(r.queries, r.keys, r.values, scale, detail::allowed_positions(opt), r.scores, r.weights, r.output);
     return r;
 }
 

@@ -21,8 +21,7 @@ namespace qkv {
 /// Row-major R x C matrix of T. An aggregate: `matrix<float, 2, 3> m{{{1, 2, 3}, {4, 5, 6}}}`.
 /// Zero rows or columns are not allowed (attention over an empty sequence has no meaning here).
 template <class T, std::size_t R, std::size_t C>
-    requires(R > 0 && C > 0 && std::is_arithmetic_v<T>)
-struct matrix {
+requires(R > 0 && C > 0 && std::is_arithmetic_v<T>) struct matrix {
     using value_type = T;
     static constexpr std::size_t rows = R;
     static constexpr std::size_t cols = C;
@@ -78,16 +77,17 @@ concept any_matrix = is_matrix<std::remove_cvref_t<M>>::value;
 /// A's columns equal B's rows, and both hold the same element type: A · B is defined.
 template <class A, class B>
 concept inner_dimensions_match =
-    any_matrix<A> && any_matrix<B> && std::remove_cvref_t<A>::cols == std::remove_cvref_t<B>::rows &&
-    std::is_same_v<typename std::remove_cvref_t<A>::value_type, typename std::remove_cvref_t<B>::value_type>;
+    any_matrix<A> && any_matrix<B> && std::remove_cvref_t<A>::cols ==
+    std::remove_cvref_t<B>::rows&&
+        std::is_same_v<typename std::remove_cvref_t<A>::value_type, typename std::remove_cvref_t<B>::value_type>;
 
 /// A and B have the same shape and element type: element-wise operations are defined.
 template <class A, class B>
-concept same_shape = any_matrix<A> && any_matrix<B> &&
-                     std::remove_cvref_t<A>::rows == std::remove_cvref_t<B>::rows &&
-                     std::remove_cvref_t<A>::cols == std::remove_cvref_t<B>::cols &&
-                     std::is_same_v<typename std::remove_cvref_t<A>::value_type,
-                                    typename std::remove_cvref_t<B>::value_type>;
+concept same_shape =
+    any_matrix<A> && any_matrix<B> &&
+    std::remove_cvref_t<A>::rows == std::remove_cvref_t<B>::rows&& std::remove_cvref_t<A>::cols ==
+    std::remove_cvref_t<B>::cols&&
+        std::is_same_v<typename std::remove_cvref_t<A>::value_type, typename std::remove_cvref_t<B>::value_type>;
 
 // ---------------------------------------------------------------------------------------------
 // Shape operations
@@ -103,8 +103,7 @@ constexpr matrix<T, C, R> transpose(const matrix<T, R, C>& m) {
 /// Columns [first, first + Count) of m (first is checked in constant evaluation: out of range
 /// does not compile).
 template <std::size_t Count, class T, std::size_t R, std::size_t C>
-    requires(Count > 0 && Count <= C)
-constexpr matrix<T, R, Count> columns(const matrix<T, R, C>& m, std::size_t first) {
+requires(Count > 0 && Count <= C) constexpr matrix<T, R, Count> columns(const matrix<T, R, C>& m, std::size_t first) {
     matrix<T, R, Count> out{};
     for (std::size_t r = 0; r < R; ++r)
         for (std::size_t c = 0; c < Count; ++c) out.elems[r][c] = m.elems[r][first + c];
@@ -113,8 +112,7 @@ constexpr matrix<T, R, Count> columns(const matrix<T, R, C>& m, std::size_t firs
 
 /// Write `part` into columns [first, first + C2) of m.
 template <class T, std::size_t R, std::size_t C, std::size_t C2>
-    requires(C2 <= C)
-constexpr void set_columns(matrix<T, R, C>& m, std::size_t first, const matrix<T, R, C2>& part) {
+requires(C2 <= C) constexpr void set_columns(matrix<T, R, C>& m, std::size_t first, const matrix<T, R, C2>& part) {
     for (std::size_t r = 0; r < R; ++r)
         for (std::size_t c = 0; c < C2; ++c) m.elems[r][first + c] = part.elems[r][c];
 }
@@ -167,8 +165,7 @@ constexpr T dot_col_chunk(T acc, const T (&a)[D], const T (&b)[D][C], std::size_
 template <class T, std::size_t D, std::size_t C, std::size_t... Chunk>
 constexpr T dot_col_chunks(const T (&a)[D], const T (&b)[D][C], std::size_t j, std::index_sequence<Chunk...>) {
     T acc{};
-    ((acc = dot_col_chunk<Chunk * fold_chunk>(acc, a, b, j, std::make_index_sequence<chunk_length(D, Chunk)>{})),
-     ...);
+    ((acc = dot_col_chunk<Chunk * fold_chunk>(acc, a, b, j, std::make_index_sequence<chunk_length(D, Chunk)>{})), ...);
     return acc;
 }
 
@@ -194,7 +191,7 @@ constexpr void matmul_row(const T (&a)[D], const T (&b)[D][C], T (&out)[C]) {
 
 /// Matrix product A · B; accumulates in T in index order (the same order as the CPU reference).
 template <class A, class B>
-    requires inner_dimensions_match<A, B>
+requires inner_dimensions_match<A, B>
 constexpr auto matmul(const A& a, const B& b) {
     using T = typename A::value_type;
     matrix<T, A::rows, B::cols> out{};
@@ -204,14 +201,12 @@ constexpr auto matmul(const A& a, const B& b) {
 
 /// `a * b` is the matrix product (as in mathematics and Eigen); element-wise is `hadamard`.
 template <class A, class B>
-    requires inner_dimensions_match<A, B>
-constexpr auto operator*(const A& a, const B& b) {
-    return matmul(a, b);
-}
+requires inner_dimensions_match<A, B>
+constexpr auto operator*(const A& a, const B& b) { return matmul(a, b); }
 
 /// Element-wise product.
 template <class A, class B>
-    requires same_shape<A, B>
+requires same_shape<A, B>
 constexpr A hadamard(const A& a, const B& b) {
     A out{};
     for (std::size_t r = 0; r < A::rows; ++r)
@@ -223,7 +218,7 @@ constexpr A hadamard(const A& a, const B& b) {
 // Element-wise arithmetic
 
 template <class A, class B>
-    requires same_shape<A, B>
+requires same_shape<A, B>
 constexpr A operator+(const A& a, const B& b) {
     A out{};
     for (std::size_t r = 0; r < A::rows; ++r)
@@ -232,7 +227,7 @@ constexpr A operator+(const A& a, const B& b) {
 }
 
 template <class A, class B>
-    requires same_shape<A, B>
+requires same_shape<A, B>
 constexpr A operator-(const A& a, const B& b) {
     A out{};
     for (std::size_t r = 0; r < A::rows; ++r)
@@ -299,7 +294,7 @@ constexpr matrix<U, R, C> cast(const matrix<T, R, C>& a) {
 
 /// True when every |a - b| <= tol (an absolute tolerance). Any NaN makes it false.
 template <class A, class B>
-    requires same_shape<A, B> && std::is_floating_point_v<typename A::value_type>
+requires same_shape<A, B> && std::is_floating_point_v<typename A::value_type>
 constexpr bool approx_equal(const A& a, const B& b, typename A::value_type tol) {
     for (std::size_t r = 0; r < A::rows; ++r)
         for (std::size_t c = 0; c < A::cols; ++c) {
@@ -311,7 +306,7 @@ constexpr bool approx_equal(const A& a, const B& b, typename A::value_type tol) 
 
 /// Largest |a - b| over all elements (NaN if any element is NaN).
 template <class A, class B>
-    requires same_shape<A, B> && std::is_floating_point_v<typename A::value_type>
+requires same_shape<A, B> && std::is_floating_point_v<typename A::value_type>
 constexpr typename A::value_type max_abs_diff(const A& a, const B& b) {
     typename A::value_type worst{};
     for (std::size_t r = 0; r < A::rows; ++r)

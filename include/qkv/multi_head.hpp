@@ -32,13 +32,13 @@ output_projection(const matrix<T, DV, DO>&, const row_vector<T, DO>&) -> output_
 /// Every intermediate of multi-head attention. Per-head matrices are indexed by head.
 template <class T, std::size_t H, std::size_t N, std::size_t DK, std::size_t DV, std::size_t DO>
 struct multi_head_result {
-    matrix<T, N, DK> queries;                 ///< all heads side by side
+    matrix<T, N, DK> queries;  ///< all heads side by side
     matrix<T, N, DK> keys;
     matrix<T, N, DV> values;
-    std::array<matrix<T, N, N>, H> scores;    ///< per head, Q_h·K_hᵀ·scale, before masking
-    std::array<matrix<T, N, N>, H> weights;   ///< per head, softmax
-    matrix<T, N, DV> concat;                  ///< head outputs side by side
-    matrix<T, N, DO> output;                  ///< concat, or concat·wo + bo with a projection
+    std::array<matrix<T, N, N>, H> scores;   ///< per head, Q_h·K_hᵀ·scale, before masking
+    std::array<matrix<T, N, N>, H> weights;  ///< per head, softmax
+    matrix<T, N, DV> concat;                 ///< head outputs side by side
+    matrix<T, N, DO> output;                 ///< concat, or concat·wo + bo with a projection
 
     friend constexpr bool operator==(const multi_head_result&, const multi_head_result&) = default;
 };
@@ -74,8 +74,8 @@ constexpr auto multi_head_projected(const X& x, const WQ& wq, const WK& wk, cons
 
 /// H-head self-attention without an output projection: output is the concatenation (N x d_v).
 template <std::size_t H, any_matrix X, any_matrix WQ, any_matrix WK, any_matrix WV>
-    requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK> &&
-             heads_divide<H, WK::cols, WV::cols>
+requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK> &&
+    heads_divide<H, WK::cols, WV::cols>
 constexpr auto multi_head_attention(const X& x, const WQ& wq, const WK& wk, const WV& wv,
                                     const attention_options_for<X, WK, WV>& opt = {}) {
     auto r = detail::multi_head_projected<H, X, WQ, WK, WV, WV::cols>(x, wq, wk, wv, opt);
@@ -85,8 +85,8 @@ constexpr auto multi_head_attention(const X& x, const WQ& wq, const WK& wk, cons
 
 /// H-head self-attention followed by the output projection `proj` (output N x d_out).
 template <std::size_t H, any_matrix X, any_matrix WQ, any_matrix WK, any_matrix WV, std::size_t DO>
-    requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK> &&
-             heads_divide<H, WK::cols, WV::cols>
+requires projects<X, WQ> && projects<X, WK> && projects<X, WV> && query_key_widths_match<WQ, WK> &&
+    heads_divide<H, WK::cols, WV::cols>
 constexpr auto multi_head_attention(const X& x, const WQ& wq, const WK& wk, const WV& wv,
                                     const output_projection<typename X::value_type, WV::cols, DO>& proj,
                                     const attention_options_for<X, WK, WV>& opt = {}) {

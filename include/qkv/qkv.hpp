@@ -2,11 +2,11 @@
 // The umbrella header of the header-only constexpr core (no Vulkan here: see qkv/vulkan/).
 #pragma once
 
-#include "qkv/version.hpp"
+#include "qkv/attention.hpp"
+#include "qkv/mask.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
-#include "qkv/mask.hpp"
-#include "qkv/softmax.hpp"
-#include "qkv/attention.hpp"
 #include "qkv/multi_head.hpp"
+#include "qkv/softmax.hpp"
 #include "qkv/staged.hpp"
+#include "qkv/version.hpp"

@@ -21,7 +21,7 @@ namespace detail {
 
 /// Softmax of one row over the entries where `allowed` is true (the policy above), into `out`.
 template <class T, std::size_t C>
-    requires std::is_floating_point_v<T>
+requires std::is_floating_point_v<T>
 constexpr void masked_softmax_row(const T (&scores)[C], const bool (&allowed)[C], T (&out)[C]) {
     bool any = false;
     bool has_nan = false;
@@ -54,7 +54,7 @@ constexpr void masked_softmax_row(const T (&scores)[C], const bool (&allowed)[C]
 
 /// Softmax of each row of `scores` over the entries where `allowed` is true.
 template <class T, std::size_t R, std::size_t C>
-    requires std::is_floating_point_v<T>
+requires std::is_floating_point_v<T>
 constexpr matrix<T, R, C> masked_softmax_rows(const matrix<T, R, C>& scores, const matrix<bool, R, C>& allowed) {
     matrix<T, R, C> out{};
     for (std::size_t r = 0; r < R; ++r) detail::masked_softmax_row(scores.elems[r], allowed.elems[r], out.elems[r]);
@@ -63,7 +63,7 @@ constexpr matrix<T, R, C> masked_softmax_rows(const matrix<T, R, C>& scores, con
 
 /// Softmax of each row, every entry allowed.
 template <class T, std::size_t R, std::size_t C>
-    requires std::is_floating_point_v<T>
+requires std::is_floating_point_v<T>
 constexpr matrix<T, R, C> softmax_rows(const matrix<T, R, C>& scores) {
     return masked_softmax_rows(scores, filled<bool, R, C>(true));
 }

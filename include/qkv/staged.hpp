@@ -54,7 +54,7 @@ inline constexpr default_options_t default_options{};
 /// staged::default_options.
 template <class Opt, class X, class WK, class WV>
 concept options_for = std::is_same_v<std::remove_cvref_t<Opt>, default_options_t> ||
-                      std::is_same_v<std::remove_cvref_t<Opt>, attention_options_for<X, WK, WV>>;
+    std::is_same_v<std::remove_cvref_t<Opt>, attention_options_for<X, WK, WV>>;
 
 namespace detail {
 
@@ -68,9 +68,7 @@ using type_of = std::remove_cvref_t<decltype(M)>;
 inline constexpr std::size_t block_budget = std::size_t{1} << 19;
 
 /// `fit` rows per block, at least 1 and at most `rows`.
-constexpr std::size_t clamp_rows(std::size_t fit, std::size_t rows) {
-    return fit == 0 ? 1 : (fit > rows ? rows : fit);
-}
+constexpr std::size_t clamp_rows(std::size_t fit, std::size_t rows) { return fit == 0 ? 1 : (fit > rows ? rows : fit); }
 
 /// Rows per block when one row costs `row_cost` multiply-adds.
 constexpr std::size_t rows_per_block(std::size_t row_cost, std::size_t rows) {
@@ -154,8 +152,8 @@ constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
 /// Rows per projection block (RowsPerBlock overrides the budget; 0 = from the budget). One row
 /// costs d_in·d multiply-adds.
 template <class X, class W, std::size_t RowsPerBlock>
-inline constexpr std::size_t projection_rows =
-    RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, X::rows) : rows_per_block(X::cols * W::cols, X::rows);
+inline constexpr std::size_t projection_rows = RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, X::rows)
+                                                                 : rows_per_block(X::cols* W::cols, X::rows);
 
 template <const auto& X, const auto& W, const auto& Opt, int Which, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_projection_block() {
@@ -215,8 +213,9 @@ constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::siz
 
 /// Query rows per attention block (RowsPerBlock overrides the budgets; 0 = from the budgets).
 template <class Q, class K, class V, std::size_t RowsPerBlock>
-inline constexpr std::size_t attend_rows_per_block =
-    RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows) : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
+inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0
+                                                         ? clamp_rows(RowsPerBlock, Q::rows)
+                                                         : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_attend_block() {
@@ -287,10 +286,10 @@ inline constexpr auto self_attention_blocked =
 /// and wk d_in x d_k, wv d_in x d_v. Options: a constexpr qkv::attention_options_for<X, WK, WV>
 /// object with static storage duration, or staged::default_options.
 template <const auto& X, const auto& WQ, const auto& WK, const auto& WV, const auto& Options = default_options>
-    requires projects<detail::type_of<X>, detail::type_of<WQ>> && projects<detail::type_of<X>, detail::type_of<WK>> &&
-             projects<detail::type_of<X>, detail::type_of<WV>> &&
-             query_key_widths_match<detail::type_of<WQ>, detail::type_of<WK>> &&
-             options_for<detail::type_of<Options>, detail::type_of<X>, detail::type_of<WK>, detail::type_of<WV>>
+requires projects<detail::type_of<X>, detail::type_of<WQ>> && projects<detail::type_of<X>, detail::type_of<WK>> &&
+    projects<detail::type_of<X>, detail::type_of<WV>> &&
+    query_key_widths_match<detail::type_of<WQ>, detail::type_of<WK>> &&
+    options_for<detail::type_of<Options>, detail::type_of<X>, detail::type_of<WK>, detail::type_of<WV>>
 inline constexpr auto self_attention = detail::self_attention_blocked<X, WQ, WK, WV, Options, 0>;
 
 }  // namespace qkv::staged

@@ -9,11 +9,17 @@ template <std::size_t R, std::size_t C>
 using m = qkv::matrix<float, R, C>;
 
 template <class A, class B>
-concept can_matmul = requires(const A& a, const B& b) { qkv::matmul(a, b); };
+concept can_matmul = requires(const A& a, const B& b) {
+    qkv::matmul(a, b);
+};
 template <class A, class B>
-concept can_multiply = requires(const A& a, const B& b) { a * b; };
+concept can_multiply = requires(const A& a, const B& b) {
+    a* b;
+};
 template <class A, class B>
-concept can_add = requires(const A& a, const B& b) { a + b; };
+concept can_add = requires(const A& a, const B& b) {
+    a + b;
+};
 template <class X, class WQ, class WK, class WV>
 concept can_attend = requires(const X& x, const WQ& wq, const WK& wk, const WV& wv) {
     qkv::self_attention(x, wq, wk, wv);

@@ -80,18 +80,22 @@ static_assert(self_attention_blocked<xd, wqd, wkd, wvd, causal_d, 2> ==
 
 // ---- Shape rules: the same concepts as qkv::self_attention ------------------------------------------
 template <const auto& X, const auto& WQ, const auto& WK, const auto& WV>
-concept can_stage = requires { qkv::staged::self_attention<X, WQ, WK, WV>; };
+concept can_stage = requires {
+    qkv::staged::self_attention<X, WQ, WK, WV>;
+};
 template <const auto& X, const auto& WQ, const auto& WK, const auto& WV, const auto& O>
-concept can_stage_with = requires { qkv::staged::self_attention<X, WQ, WK, WV, O>; };
+concept can_stage_with = requires {
+    qkv::staged::self_attention<X, WQ, WK, WV, O>;
+};
 
 constexpr qkv::matrix<float, 12, 7> wk7{};
 constexpr qkv::matrix<float, 11, 8> wq11{};
 constexpr qkv::matrix<int, N, 12> xi{};
 constexpr qkv::attention_options_for<decltype(tut::inputs), decltype(tut::w_key), decltype(tut::w_value)> other{};
 static_assert(can_stage<x, wq, wk, wv> && can_stage_with<x, wq, wk, wv, causal>);
-static_assert(!can_stage<x, wq, wk7, wv>);    // d_q != d_k: query_key_widths_match
-static_assert(!can_stage<x, wq11, wk, wv>);   // d_in mismatch: projects (inner_dimensions_match)
-static_assert(!can_stage<xi, wq, wk, wv>);    // not floating point: projects
+static_assert(!can_stage<x, wq, wk7, wv>);             // d_q != d_k: query_key_widths_match
+static_assert(!can_stage<x, wq11, wk, wv>);            // d_in mismatch: projects (inner_dimensions_match)
+static_assert(!can_stage<xi, wq, wk, wv>);             // not floating point: projects
 static_assert(!can_stage_with<x, wq, wk, wv, other>);  // options of another shape: options_for
 
 }  // namespace

@@ -54,21 +54,30 @@ static_assert(approx_equal(rounded_weights * tut::plain.values,
 constexpr auto i001 = matrix_of<float>({{0.4313f, 1.3749f, -0.2489f, 1.3275f},
                                         {-0.6467f, 1.6335f, 2.8923f, 0.9124f},
                                         {0.2326f, -0.2314f, 0.3554f, 0.0892f}});
-constexpr auto wq001 = matrix_of<float>({{0.3673f, -0.8505f}, {-0.3559f, -0.3708f}, {-1.2093f, 0.6634f}, {0.4042f, 0.8015f}});
-constexpr auto wk001 = matrix_of<float>({{-1.1617f, 0.4023f}, {-0.1249f, -0.1605f}, {-0.8427f, 1.1002f}, {-1.1320f, 0.4611f}});
-constexpr auto wv001 = matrix_of<float>({{-0.7675f, -0.3179f}, {-1.1910f, -0.6937f}, {-1.4809f, -1.5502f}, {-0.7373f, 1.0511f}});
+constexpr auto wq001 =
+    matrix_of<float>({{0.3673f, -0.8505f}, {-0.3559f, -0.3708f}, {-1.2093f, 0.6634f}, {0.4042f, 0.8015f}});
+constexpr auto wk001 =
+    matrix_of<float>({{-1.1617f, 0.4023f}, {-0.1249f, -0.1605f}, {-0.8427f, 1.1002f}, {-1.1320f, 0.4611f}});
+constexpr auto wv001 =
+    matrix_of<float>({{-0.7675f, -0.3179f}, {-1.1910f, -0.6937f}, {-1.4809f, -1.5502f}, {-0.7373f, 1.0511f}});
 constexpr auto r001 = qkv::self_attention(i001, wq001, wk001, wv001, {.scale = 1.f});
-static_assert(approx_equal(r001.queries, matrix_of<float>({{0.5066f, 0.0223f}, {-3.9478f, 2.5946f}, {-0.2259f, 0.1952f}}), 1e-3f));
-static_assert(approx_equal(r001.scores,
-                           matrix_of<float>({{-0.9893f, -1.4121f, -0.3126f}, {8.5152f, 19.5319f, 3.9940f}, {0.5009f, 1.2617f, 0.2549f}}),
-                           2e-3f));
-static_assert(approx_equal(r001.output, matrix_of<float>({{-2.1390f, -0.8160f}, {-6.4048f, -4.4521f}, {-4.2510f, -2.3272f}}), 1e-3f));
+static_assert(approx_equal(r001.queries,
+                           matrix_of<float>({{0.5066f, 0.0223f}, {-3.9478f, 2.5946f}, {-0.2259f, 0.1952f}}), 1e-3f));
+static_assert(approx_equal(
+    r001.scores,
+    matrix_of<float>({{-0.9893f, -1.4121f, -0.3126f}, {8.5152f, 19.5319f, 3.9940f}, {0.5009f, 1.2617f, 0.2549f}}),
+    2e-3f));
+static_assert(approx_equal(r001.output,
+                           matrix_of<float>({{-2.1390f, -0.8160f}, {-6.4048f, -4.4521f}, {-4.2510f, -2.3272f}}),
+                           1e-3f));
 
 // ---- Causal: input i attends to inputs 1..i (PyTorch, float64) --------------------------------
-constexpr auto causal = qkv::self_attention(tut::inputs, tut::w_query, tut::w_key, tut::w_value, {.scale = 1.f, .causal = true});
+constexpr auto causal =
+    qkv::self_attention(tut::inputs, tut::w_query, tut::w_key, tut::w_value, {.scale = 1.f, .causal = true});
 static_assert(causal.weights(0, 0) == 1.f && causal.weights(0, 1) == 0.f && causal.weights(1, 2) == 0.f);
 static_assert(approx_equal(causal.output,
-                           matrix_of<float>({{1, 2, 3}, {1.99999386f, 7.99996313f, 1.84325238e-05f},
+                           matrix_of<float>({{1, 2, 3},
+                                             {1.99999386f, 7.99996313f, 1.84325238e-05f},
                                              {1.99970461f, 7.75989225f, 0.358389295f}}),
                            1e-4f));
 
@@ -107,7 +116,11 @@ static_assert(approx_equal(mh.weights[1],
                                              {0.43264109f, 0.13471781f, 0.43264109f},
                                              {0.44229586f, 0.11540828f, 0.44229586f}}),
                            1e-5f));
-constexpr auto mh_causal_opts = [] { auto o = mh_opts; o.causal = true; return o; }();
+constexpr auto mh_causal_opts = [] {
+    auto o = mh_opts;
+    o.causal = true;
+    return o;
+}();
 constexpr auto mh_causal = qkv::multi_head_attention<2>(tut::inputs, wq4, wk4, wv4, proj, mh_causal_opts);
 static_assert(approx_equal(mh_causal.output,
                            matrix_of<float>({{3.5f, 1.25f, 0.5f, -0.5f},
@@ -120,9 +133,9 @@ constexpr auto one_head = qkv::multi_head_attention<1>(tut::inputs, tut::w_query
 static_assert(one_head.output == tut::scaled.output && one_head.weights[0] == tut::scaled.weights);
 
 // double works the same way.
-constexpr auto plain_d = qkv::self_attention(qkv::cast<double>(tut::inputs), qkv::cast<double>(tut::w_query),
-                                             qkv::cast<double>(tut::w_key), qkv::cast<double>(tut::w_value),
-                                             {.scale = 1.0});
+constexpr auto plain_d =
+    qkv::self_attention(qkv::cast<double>(tut::inputs), qkv::cast<double>(tut::w_query), qkv::cast<double>(tut::w_key),
+                        qkv::cast<double>(tut::w_value), {.scale = 1.0});
 static_assert(approx_equal(plain_d.output,
                            matrix_of<double>({{1.93662106, 6.68310531, 1.59506841},
                                               {1.99999397, 7.96399160, 0.05397641},

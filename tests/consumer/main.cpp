@@ -10,7 +10,8 @@ constexpr auto x = qkv::matrix_of<float>({{1, 0, 1, 0}, {0, 2, 0, 2}, {1, 1, 1, 
 constexpr auto wk = qkv::matrix_of<float>({{0, 0, 1}, {1, 1, 0}, {0, 1, 0}, {1, 1, 0}});
 constexpr auto wq = qkv::matrix_of<float>({{1, 0, 1}, {1, 0, 0}, {0, 0, 1}, {0, 1, 1}});
 constexpr auto wv = qkv::matrix_of<float>({{0, 2, 0}, {0, 3, 0}, {1, 0, 3}, {1, 1, 0}});
-constexpr auto expected = qkv::matrix_of<float>({{1.9366f, 6.6831f, 1.5951f}, {2.0f, 7.9640f, 0.0540f}, {2.0f, 7.7599f, 0.3584f}});
+constexpr auto expected =
+    qkv::matrix_of<float>({{1.9366f, 6.6831f, 1.5951f}, {2.0f, 7.9640f, 0.0540f}, {2.0f, 7.7599f, 0.3584f}});
 static_assert(qkv::approx_equal(qkv::self_attention(x, wq, wk, wv, {.scale = 1.f}).output, expected, 1e-3f));
 
 int main() {
@@ -18,7 +19,11 @@ int main() {
     const std::vector<float> wks{0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0}, wqs{1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1},
         wvs{0, 2, 0, 0, 3, 0, 1, 0, 3, 1, 1, 0};
     const qkv::attention_problem p{.shape = {.seq = 3, .d_in = 4, .d_k = 3, .d_v = 3},
-                                   .x = xs, .wq = wqs, .wk = wks, .wv = wvs, .options = {.scale = 1.f}};
+                                   .x = xs,
+                                   .wq = wqs,
+                                   .wk = wks,
+                                   .wv = wvs,
+                                   .options = {.scale = 1.f}};
     const auto cpu = qkv::cpu::attention(p);
     try {
         qkv::vulkan::context ctx;

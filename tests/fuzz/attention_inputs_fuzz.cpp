@@ -46,7 +46,7 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size < 3) return 0;
-    const unsigned given = data[0];  // bit i: the i-th optional input (bq, bk, bv, wo, bo, mask)
+    const unsigned given = data[0];         // bit i: the i-th optional input (bq, bk, bv, wo, bo, mask)
     const std::size_t heads = data[1] % 5;  // 0 included: refused
     const unsigned flags = data[2];
     const std::string_view rest(reinterpret_cast<const char*>(data + 3), size - 3);
@@ -114,11 +114,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             die("the CLI's checks accepted what validate refuses:", e.what());
         }
         // Narrowing never made a finite value infinite.
-        for (const qkv::cli::numeric_input* n : {&in.x, &in.wq, &in.wk, &in.wv, &in.bq, &in.bk, &in.bv, &in.wo, &in.bo,
-                                                 &in.additive_mask})
+        for (const qkv::cli::numeric_input* n :
+             {&in.x, &in.wq, &in.wk, &in.wv, &in.bq, &in.bk, &in.bv, &in.wo, &in.bo, &in.additive_mask})
             for (std::size_t i = 0; i < n->f32.size(); ++i)
-                check(std::isfinite(n->f32[i]) == std::isfinite(n->f64[i]), "narrowing made a finite value infinite:",
-                      n->name);
+                check(std::isfinite(n->f32[i]) == std::isfinite(n->f64[i]),
+                      "narrowing made a finite value infinite:", n->name);
     }
 
     if (!small) return 0;

@@ -50,8 +50,7 @@ bool narrowed_correctly(double d, float f) {
         return std::bit_cast<std::uint32_t>(f) == std::bit_cast<std::uint32_t>(static_cast<float>(d));
     }
     // Beyond FLT_MAX: FLT_MAX or infinity with the sign of d.
-    return std::signbit(f) == std::signbit(d) &&
-           (std::isinf(f) || std::fabs(f) == std::numeric_limits<float>::max());
+    return std::signbit(f) == std::signbit(d) && (std::isinf(f) || std::fabs(f) == std::numeric_limits<float>::max());
 }
 
 }  // namespace
@@ -72,43 +71,46 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     std::vector<float> values;
     switch (a.type) {
-    case npy::dtype::f32: {
-        values = a.to_float();
-        check(values.size() == n, "to_float size");
-        check(same_bytes(values.data(), a.data.data(), a.data.size()), "to_float changed float32 bits");
-        const std::vector<double> wide = a.to_double();
-        check(wide.size() == n, "to_double size");
-        for (std::size_t i = 0; i < n; ++i) {
-            check(std::bit_cast<std::uint64_t>(wide[i]) == std::bit_cast<std::uint64_t>(static_cast<double>(values[i])),
-                  "to_double of float32");
+        case npy::dtype::f32: {
+            values = a.to_float();
+            check(values.size() == n, "to_float size");
+            check(same_bytes(values.data(), a.data.data(), a.data.size()), "to_float changed float32 bits");
+            const std::vector<double> wide = a.to_double();
+            check(wide.size() == n, "to_double size");
+            for (std::size_t i = 0; i < n; ++i) {
+                check(std::bit_cast<std::uint64_t>(wide[i]) ==
+                          std::bit_cast<std::uint64_t>(static_cast<double>(values[i])),
+                      "to_double of float32");
+            }
+            check(throws_npy_error([&] { (void)a.to_bool(); }), "to_bool accepted float32");
+            break;
         }
-        check(throws_npy_error([&] { (void)a.to_bool(); }), "to_bool accepted float32");
-        break;
-    }
-    case npy::dtype::f64: {
-        const std::vector<double> wide = a.to_double();
-        check(wide.size() == n, "to_double size");
-        check(same_bytes(wide.data(), a.data.data(), a.data.size()), "to_double changed float64 bits");
-        values = a.to_float();
-        check(values.size() == n, "to_float size");
-        for (std::size_t i = 0; i < n; ++i) check(narrowed_correctly(wide[i], values[i]), "float64 -> float32 rounding");
-        check(throws_npy_error([&] { (void)a.to_bool(); }), "to_bool accepted float64");
-        break;
-    }
-    case npy::dtype::b1: {
-        check(throws_npy_error([&] { (void)a.to_float(); }), "to_float accepted bool");
-        check(throws_npy_error([&] { (void)a.to_double(); }), "to_double accepted bool");
-        bool all_01 = true;
-        for (const std::byte b : a.data) all_01 = all_01 && std::to_integer<unsigned>(b) <= 1;
-        std::vector<std::uint8_t> flags;
-        const bool refused = throws_npy_error([&] { flags = a.to_bool(); });
-        check(refused != all_01, "to_bool validation");
-        if (refused) return 0;
-        check(same_bytes(flags.data(), a.data.data(), n), "to_bool changed bytes");
-        for (const std::uint8_t f : flags) values.push_back(f != 0 ? 1.0f : 0.0f);
-        break;
-    }
-    default: die("unknown dtype");
+        case npy::dtype::f64: {
+            const std::vector<double> wide = a.to_double();
+            check(wide.size() == n, "to_double size");
+            check(same_bytes(wide.data(), a.data.data(), a.data.size()), "to_double changed float64 bits");
+            values = a.to_float();
+            check(values.size() == n, "to_float size");
+            for (std::size_t i = 0; i < n; ++i)
+                check(narrowed_correctly(wide[i], values[i]), "float64 -> float32 rounding");
+            check(throws_npy_error([&] { (void)a.to_bool(); }), "to_bool accepted float64");
+            break;
+        }
+        case npy::dtype::b1: {
+            check(throws_npy_error([&] { (void)a.to_float(); }), "to_float accepted bool");
+            check(throws_npy_error([&] { (void)a.to_double(); }), "to_double accepted bool");
+            bool all_01 = true;
+            for (const std::byte b : a.data) all_01 = all_01 && std::to_integer<unsigned>(b) <= 1;
+            std::vector<std::uint8_t> flags;
+            const bool refused = throws_npy_error([&] { flags = a.to_bool(); });
+            check(refused != all_01, "to_bool validation");
+            if (refused) return 0;
+            check(same_bytes(flags.data(), a.data.data(), n), "to_bool changed bytes");
+            for (const std::uint8_t f : flags) values.push_back(f != 0 ? 1.0f : 0.0f);
+            break;
+        }
+        default:
+            die("unknown dtype");
     }
 
     std::vector<std::byte> out;

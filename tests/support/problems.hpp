@@ -19,9 +19,9 @@ struct problem_spec {
     bool biases = false;
     bool causal = false;
     mask_kind mask = mask_kind::none;
-    bool batched_mask = false;     ///< masks of batch x seq x seq (else seq x seq, broadcast)
-    bool fully_masked_row = false; ///< mask out every key of the last query row
-    bool output_bias = true;       ///< with d_out: also a bias bo
+    bool batched_mask = false;      ///< masks of batch x seq x seq (else seq x seq, broadcast)
+    bool fully_masked_row = false;  ///< mask out every key of the last query row
+    bool output_bias = true;        ///< with d_out: also a bias bo
 };
 
 /// A problem with N(0,1) inputs and N(0, 1/d_in) weights (scores of order one, as in a trained
@@ -86,8 +86,9 @@ inline owned_problem make_problem(const problem_spec& s, std::uint64_t seed) {
 }
 
 inline std::string describe(const problem_spec& s) {
-    std::string out = "B=" + std::to_string(s.batch) + " N=" + std::to_string(s.seq) + " d_in=" + std::to_string(s.d_in) +
-                      " d_k=" + std::to_string(s.d_k) + " d_v=" + std::to_string(s.d_v) + " H=" + std::to_string(s.heads) +
+    std::string out = "B=" + std::to_string(s.batch) + " N=" + std::to_string(s.seq) +
+                      " d_in=" + std::to_string(s.d_in) + " d_k=" + std::to_string(s.d_k) +
+                      " d_v=" + std::to_string(s.d_v) + " H=" + std::to_string(s.heads) +
                       " d_out=" + std::to_string(s.d_out);
     if (s.biases) out += " biases";
     if (s.causal) out += " causal";

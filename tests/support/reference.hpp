@@ -16,11 +16,11 @@ namespace qkv_test {
 
 struct ref_problem {
     std::size_t n = 0, d_in = 0, d_k = 0, d_v = 0, heads = 1, d_out = 0;  // d_out 0: no output projection
-    std::vector<double> x, wq, wk, wv, bq, bk, bv, wo, bo;                  // empty bias: none
-    std::vector<std::uint8_t> allowed;  // n*n, 1 = may attend; empty: all allowed
-    std::vector<double> additive;       // n*n added to the scaled scores; empty: none
+    std::vector<double> x, wq, wk, wv, bq, bk, bv, wo, bo;                // empty bias: none
+    std::vector<std::uint8_t> allowed;                                    // n*n, 1 = may attend; empty: all allowed
+    std::vector<double> additive;                                         // n*n added to the scaled scores; empty: none
     bool causal = false;
-    std::optional<double> scale;        // default 1/sqrt(d_k / heads)
+    std::optional<double> scale;  // default 1/sqrt(d_k / heads)
 };
 
 struct ref_result {
@@ -63,7 +63,10 @@ inline ref_result reference_attention(const ref_problem& p) {
             double mx = -std::numeric_limits<double>::infinity();
             bool any = false;
             for (std::size_t j = 0; j < n; ++j)
-                if (ok[j]) { mx = any ? std::max(mx, s[j]) : s[j]; any = true; }
+                if (ok[j]) {
+                    mx = any ? std::max(mx, s[j]) : s[j];
+                    any = true;
+                }
             if (!any) continue;  // fully masked row: zero weights, zero output
             double sum = 0;
             for (std::size_t j = 0; j < n; ++j) sum += ok[j] ? std::exp(s[j] - mx) : 0.0;

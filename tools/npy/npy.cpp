@@ -39,9 +39,9 @@ namespace fs = std::filesystem;
 constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 // Largest data size (in bytes) accepted or written, as numpy: the byte count must fit in intptr_t.
 constexpr std::size_t max_data_bytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
-constexpr std::size_t max_repr = 80;     // longest header value quoted in an error message
-constexpr int max_nesting = 32;          // deepest (), [], {} nesting the header parser accepts
-constexpr std::size_t array_align = 64;  // numpy's ARRAY_ALIGN
+constexpr std::size_t max_repr = 80;                // longest header value quoted in an error message
+constexpr int max_nesting = 32;                     // deepest (), [], {} nesting the header parser accepts
+constexpr std::size_t array_align = 64;             // numpy's ARRAY_ALIGN
 constexpr std::size_t growth_axis_max_digits = 21;  // numpy's GROWTH_AXIS_MAX_DIGITS
 constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -136,32 +136,40 @@ struct value {
 void append_repr(const value& v, std::string& out) {
     if (out.size() > max_repr) return;
     switch (v.k) {
-    case value::kind::str: append_quoted(v.text, out); break;
-    case value::kind::integer: out += v.text; break;
-    case value::kind::boolean: out += v.flag ? "True" : "False"; break;
-    case value::kind::none: out += "None"; break;
-    case value::kind::tuple:
-    case value::kind::list: {
-        const bool tuple = v.k == value::kind::tuple;
-        out += tuple ? '(' : '[';
-        for (std::size_t i = 0; i < v.items.size() && out.size() <= max_repr; ++i) {
-            if (i != 0) out += ", ";
-            append_repr(v.items[i], out);
+        case value::kind::str:
+            append_quoted(v.text, out);
+            break;
+        case value::kind::integer:
+            out += v.text;
+            break;
+        case value::kind::boolean:
+            out += v.flag ? "True" : "False";
+            break;
+        case value::kind::none:
+            out += "None";
+            break;
+        case value::kind::tuple:
+        case value::kind::list: {
+            const bool tuple = v.k == value::kind::tuple;
+            out += tuple ? '(' : '[';
+            for (std::size_t i = 0; i < v.items.size() && out.size() <= max_repr; ++i) {
+                if (i != 0) out += ", ";
+                append_repr(v.items[i], out);
+            }
+            if (tuple && v.items.size() == 1) out += ',';
+            out += tuple ? ')' : ']';
+            break;
         }
-        if (tuple && v.items.size() == 1) out += ',';
-        out += tuple ? ')' : ']';
-        break;
-    }
-    case value::kind::dict:
-        out += '{';
-        for (std::size_t i = 0; i + 1 < v.items.size() && out.size() <= max_repr; i += 2) {
-            if (i != 0) out += ", ";
-            append_repr(v.items[i], out);
-            out += ": ";
-            append_repr(v.items[i + 1], out);
-        }
-        out += '}';
-        break;
+        case value::kind::dict:
+            out += '{';
+            for (std::size_t i = 0; i + 1 < v.items.size() && out.size() <= max_repr; i += 2) {
+                if (i != 0) out += ", ";
+                append_repr(v.items[i], out);
+                out += ": ";
+                append_repr(v.items[i + 1], out);
+            }
+            out += '}';
+            break;
     }
 }
 
@@ -257,27 +265,46 @@ private:
             const char e = s_[pos_ + 1];
             pos_ += 2;
             switch (e) {
-            case '\n': break;  // line continuation inside a string
-            case '\\': case '\'': case '"': v.text += e; break;
-            case 'n': v.text += '\n'; break;
-            case 't': v.text += '\t'; break;
-            case 'r': v.text += '\r'; break;
-            case 'a': v.text += '\a'; break;
-            case 'b': v.text += '\b'; break;
-            case 'f': v.text += '\f'; break;
-            case 'v': v.text += '\v'; break;
-            case 'x': {
-                const int hi = pos_ < s_.size() ? hex_value(s_[pos_]) : -1;
-                const int lo = pos_ + 1 < s_.size() ? hex_value(s_[pos_ + 1]) : -1;
-                if (hi < 0 || lo < 0) fail_here("invalid \\x escape in string");
-                v.text += static_cast<char>(static_cast<unsigned char>(hi * 16 + lo));
-                pos_ += 2;
-                break;
-            }
-            default:  // Python keeps unknown escapes verbatim; octal/\u/\N are rare enough to keep too
-                v.text += '\\';
-                v.text += e;
-                break;
+                case '\n':
+                    break;  // line continuation inside a string
+                case '\\':
+                case '\'':
+                case '"':
+                    v.text += e;
+                    break;
+                case 'n':
+                    v.text += '\n';
+                    break;
+                case 't':
+                    v.text += '\t';
+                    break;
+                case 'r':
+                    v.text += '\r';
+                    break;
+                case 'a':
+                    v.text += '\a';
+                    break;
+                case 'b':
+                    v.text += '\b';
+                    break;
+                case 'f':
+                    v.text += '\f';
+                    break;
+                case 'v':
+                    v.text += '\v';
+                    break;
+                case 'x': {
+                    const int hi = pos_ < s_.size() ? hex_value(s_[pos_]) : -1;
+                    const int lo = pos_ + 1 < s_.size() ? hex_value(s_[pos_ + 1]) : -1;
+                    if (hi < 0 || lo < 0) fail_here("invalid \\x escape in string");
+                    v.text += static_cast<char>(static_cast<unsigned char>(hi * 16 + lo));
+                    pos_ += 2;
+                    break;
+                }
+                default:  // Python keeps unknown escapes verbatim; octal/\u/\N are rare enough to keep too
+                    v.text += '\\';
+                    v.text += e;
+                    break;
             }
         }
     }
@@ -436,8 +463,7 @@ bool valid_utf8(std::string_view s) {
             if ((cc & 0xc0u) != 0x80u) return false;
             cp = (cp << 6) | (cc & 0x3fu);
         }
-        if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff)) {
+        if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
             return false;
         }
         i += len;
@@ -462,8 +488,8 @@ float narrow(double d) {
     constexpr double float_max = std::numeric_limits<float>::max();
     constexpr double rounds_to_infinity = 0x1.ffffffp127;  // FLT_MAX + half an ulp
     if (std::isfinite(d) && std::fabs(d) > float_max) {
-        const float magnitude =
-            std::fabs(d) >= rounds_to_infinity ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
+        const float magnitude = std::fabs(d) >= rounds_to_infinity ? std::numeric_limits<float>::infinity()
+                                                                   : std::numeric_limits<float>::max();
         return d < 0 ? -magnitude : magnitude;
     }
     return static_cast<float>(d);
@@ -483,9 +509,12 @@ std::size_t checked_count(const array& a) {
 
 std::string_view descr_of(dtype type) {
     switch (type) {
-    case dtype::f32: return "<f4";
-    case dtype::f64: return "<f8";
-    case dtype::b1: return "|b1";
+        case dtype::f32:
+            return "<f4";
+        case dtype::f64:
+            return "<f8";
+        case dtype::b1:
+            return "|b1";
     }
     return "";
 }
@@ -590,18 +619,24 @@ using file_ptr = std::unique_ptr<std::FILE, file_closer>;
 
 std::string_view dtype_name(dtype t) noexcept {
     switch (t) {
-    case dtype::f32: return "float32";
-    case dtype::f64: return "float64";
-    case dtype::b1: return "bool";
+        case dtype::f32:
+            return "float32";
+        case dtype::f64:
+            return "float64";
+        case dtype::b1:
+            return "bool";
     }
     return "invalid";
 }
 
 std::size_t itemsize(dtype t) noexcept {
     switch (t) {
-    case dtype::f32: return 4;
-    case dtype::f64: return 8;
-    case dtype::b1: return 1;
+        case dtype::f32:
+            return 4;
+        case dtype::f64:
+            return 8;
+        case dtype::b1:
+            return 1;
     }
     return 0;
 }
@@ -622,17 +657,18 @@ std::vector<float> array::to_float() const {
     const std::size_t n = checked_count(*this);
     std::vector<float> out(n);
     switch (type) {
-    case dtype::f32:
-        if (n != 0) std::memcpy(out.data(), data.data(), n * sizeof(float));
-        break;
-    case dtype::f64:
-        for (std::size_t i = 0; i < n; ++i) {
-            double d = 0;
-            std::memcpy(&d, data.data() + i * sizeof(double), sizeof(double));
-            out[i] = narrow(d);
-        }
-        break;
-    case dtype::b1: fail(name, "cannot convert a bool array to float32");
+        case dtype::f32:
+            if (n != 0) std::memcpy(out.data(), data.data(), n * sizeof(float));
+            break;
+        case dtype::f64:
+            for (std::size_t i = 0; i < n; ++i) {
+                double d = 0;
+                std::memcpy(&d, data.data() + i * sizeof(double), sizeof(double));
+                out[i] = narrow(d);
+            }
+            break;
+        case dtype::b1:
+            fail(name, "cannot convert a bool array to float32");
     }
     return out;
 }
@@ -641,17 +677,18 @@ std::vector<double> array::to_double() const {
     const std::size_t n = checked_count(*this);
     std::vector<double> out(n);
     switch (type) {
-    case dtype::f32:
-        for (std::size_t i = 0; i < n; ++i) {
-            float f = 0;
-            std::memcpy(&f, data.data() + i * sizeof(float), sizeof(float));
-            out[i] = static_cast<double>(f);
-        }
-        break;
-    case dtype::f64:
-        if (n != 0) std::memcpy(out.data(), data.data(), n * sizeof(double));
-        break;
-    case dtype::b1: fail(name, "cannot convert a bool array to float64");
+        case dtype::f32:
+            for (std::size_t i = 0; i < n; ++i) {
+                float f = 0;
+                std::memcpy(&f, data.data() + i * sizeof(float), sizeof(float));
+                out[i] = static_cast<double>(f);
+            }
+            break;
+        case dtype::f64:
+            if (n != 0) std::memcpy(out.data(), data.data(), n * sizeof(double));
+            break;
+        case dtype::b1:
+            fail(name, "cannot convert a bool array to float64");
     }
     return out;
 }
@@ -742,8 +779,8 @@ layout parse_header(std::span<const std::byte> bytes, std::string_view name) {
             if (key.text == "shape") slot = &shape;
         }
         if (slot == nullptr) {
-            fail(name, "invalid header: unexpected key " + repr(key) +
-                           " (expected 'descr', 'fortran_order' and 'shape')");
+            fail(name,
+                 "invalid header: unexpected key " + repr(key) + " (expected 'descr', 'fortran_order' and 'shape')");
         }
         if (*slot != nullptr) fail(name, "invalid header: duplicate key " + repr(key));
         *slot = &dict.items[i + 1];
@@ -796,8 +833,8 @@ layout parse_header(std::span<const std::byte> bytes, std::string_view name) {
     const std::size_t item = itemsize(type);
     std::size_t count = 0;
     if (!element_count(dims, item, count)) {
-        fail(name, "array of shape " + shape_brief(dims) + " and dtype " + std::string(dtype_name(type)) +
-                       " is too large");
+        fail(name,
+             "array of shape " + shape_brief(dims) + " and dtype " + std::string(dtype_name(type)) + " is too large");
     }
     layout l;
     l.type = type;
@@ -871,7 +908,7 @@ std::vector<std::byte> read_file(const fs::path& path, std::string_view name) {
     read_more(f.get(), buf, 12, name);  // magic, version, header length (2 or 4 bytes)
     const std::size_t end = header_end(buf, name);
     if (end > buf.size()) read_more(f.get(), buf, end - buf.size(), name);
-    const layout l = parse_header(buf, name);  // throws if the header is truncated or bad
+    const layout l = parse_header(buf, name);                  // throws if the header is truncated or bad
     if (buf.size() > l.data_start + l.data_bytes) return buf;  // trailing data: parse() says so
     const std::size_t want = l.data_start + l.data_bytes + 1 - buf.size();
     std::error_code size_ec;

@@ -80,9 +80,7 @@ std::vector<std::byte> header(std::span<const std::size_t> shape, dtype type);
 // synced and renamed over `path`. On failure the
 // temporary file is removed, `path` is left untouched, and the error names the
 // path and the OS error.
-void write(const std::filesystem::path& path, std::span<const std::size_t> shape,
-           std::span<const float> data);
-void write(const std::filesystem::path& path, std::span<const std::size_t> shape,
-           std::span<const double> data);
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const float> data);
+void write(const std::filesystem::path& path, std::span<const std::size_t> shape, std::span<const double> data);
 
 }  // namespace qkv::npy

@@ -2,8 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cctype>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +11,8 @@
 #include <limits>
 #include <memory>
 #include <new>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -42,8 +42,8 @@ void run(const attention_options& o) {
     check_usage(o);
     const attention_files& f = o.files;
     const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}};
-    const std::vector<named_file> inputs = {{"--x", f.x},   {"--wq", f.wq}, {"--wk", f.wk}, {"--wv", f.wv},
-                                            {"--bq", f.bq}, {"--bk", f.bk}, {"--bv", f.bv}, {"--wo", f.wo},
+    const std::vector<named_file> inputs = {{"--x", f.x},   {"--wq", f.wq},    {"--wk", f.wk}, {"--wv", f.wv},
+                                            {"--bq", f.bq}, {"--bk", f.bk},    {"--bv", f.bv}, {"--wo", f.wo},
                                             {"--bo", f.bo}, {"--mask", f.mask}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
     attention_inputs in = load_attention_inputs(f, parse_heads(o.heads));
@@ -53,8 +53,8 @@ void run(const attention_options& o) {
         const qkv::attention_shape& s = in.shape;
         throw std::runtime_error(
             "out of host memory for attention with B = " + std::to_string(s.batch) + ", N = " + std::to_string(s.seq) +
-            ", d_in = " + std::to_string(s.d_in) + ", d_k = " + std::to_string(s.d_k) + ", d_v = " +
-            std::to_string(s.d_v) + ", H = " + std::to_string(s.heads) +
+            ", d_in = " + std::to_string(s.d_in) + ", d_k = " + std::to_string(s.d_k) +
+            ", d_v = " + std::to_string(s.d_v) + ", H = " + std::to_string(s.heads) +
             (o.weights.empty() ? std::string()
                                : " (--weights holds B x H x N x N = " +
                                      approximately(static_cast<double>(s.batch) * static_cast<double>(s.heads) *

@@ -27,8 +27,8 @@ float parse_scale(const std::string& text) {
         throw usage_error(bad + "expected a number");
     if (!std::isfinite(value)) throw usage_error(bad + "the scale must be finite");
     if (std::fabs(value) > static_cast<double>(std::numeric_limits<float>::max()))
-        throw usage_error(bad + "beyond the float32 range (the scale must be finite as a float32, |scale| <= " +
-                          "3.4028235e38)");
+        throw usage_error(
+            bad + "beyond the float32 range (the scale must be finite as a float32, |scale| <= " + "3.4028235e38)");
     const float scale = static_cast<float>(value);
     if (value != 0 && scale == 0) throw usage_error(bad + "rounds to 0 as a float32");
     if (!std::isfinite(scale)) throw usage_error(bad + "the scale must be finite as a float32");
@@ -69,16 +69,15 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
     cmd.add_option("--bq", o.files.bq, "Query bias (optional)")->type_name("BQ.npy")->group(inputs);
     cmd.add_option("--bk", o.files.bk, "Key bias (optional)")->type_name("BK.npy")->group(inputs);
     cmd.add_option("--bv", o.files.bv, "Value bias (optional)")->type_name("BV.npy")->group(inputs);
-    CLI::Option* wo = cmd.add_option("--wo", o.files.wo, "Output projection weights (optional)")
-                          ->type_name("WO.npy")
-                          ->group(inputs);
+    CLI::Option* wo =
+        cmd.add_option("--wo", o.files.wo, "Output projection weights (optional)")->type_name("WO.npy")->group(inputs);
     cmd.add_option("--bo", o.files.bo, "Output projection bias (needs --wo)")
         ->type_name("BO.npy")
         ->needs(wo)
         ->group(inputs);
     cmd.add_option("--mask", o.files.mask,
-                    "Mask: bool (true = may attend) or float32/float64 (added to the scaled scores; "
-                    "-inf masks)")
+                   "Mask: bool (true = may attend) or float32/float64 (added to the scaled scores; "
+                   "-inf masks)")
         ->type_name("M.npy")
         ->group(inputs);
 
@@ -98,18 +97,18 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         ->default_str("1")
         ->group(attention);
     o.scale_option = cmd.add_option("--scale", o.scale,
-                                      "Multiplies Q\u00b7K\u1d40; --scale 1 is the tutorial's plain "
-                                      "dot product")
-                          ->type_name("S")
-                          ->default_str("1/sqrt(d_k/H)")
-                          ->group(attention);
+                                    "Multiplies Q\u00b7K\u1d40; --scale 1 is the tutorial's plain "
+                                    "dot product")
+                         ->type_name("S")
+                         ->default_str("1/sqrt(d_k/H)")
+                         ->group(attention);
     cmd.add_flag("--causal", o.causal, "Position i attends only to positions j <= i (combines with --mask)")
         ->group(attention);
 
     const std::string running = "Backend";
     add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
-                       "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --impl "
-                       "and --device")
+                        "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --impl "
+                        "and --device")
         ->group(running);
     add_choice<qkv::precision>(cmd, "--precision", o.precision,
                                {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
@@ -122,19 +121,17 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
                                     "auto (fused, or staged with --weights), staged (four passes, N x N scores in "
                                     "memory) or fused (one flash-attention pass)")
         ->group(running);
-    add_choice<qkv::kernel_family>(cmd, "--kernel", o.kernel,
-                                   {{"auto", qkv::kernel_family::automatic},
-                                    {"cpu", qkv::kernel_family::cpu},
-                                    {"gpu", qkv::kernel_family::gpu}},
-                                   "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
-                                   "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
+    add_choice<qkv::kernel_family>(
+        cmd, "--kernel", o.kernel,
+        {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},
+        "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
+        "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
         ->group(running);
     cmd.add_option("--device", o.device,
-                    "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
-                    "else the best device")
+                   "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
+                   "else the best device")
         ->type_name("INDEX|NAME")
         ->group(running);
-
 }
 
 }  // namespace qkv::cli

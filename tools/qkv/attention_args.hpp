@@ -20,7 +20,7 @@ struct attention_options {
     attention_files files;
     std::string out, weights;
     std::string heads = "1";  // parsed by parse_heads: CLI11 saturates 99999999999999999999 silently
-    std::string scale;    // parsed by parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
+    std::string scale;        // parsed by parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
     bool causal = false;
     backend choice = backend::vulkan;
     qkv::precision precision = qkv::precision::fp32;

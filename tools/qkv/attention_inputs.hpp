@@ -25,7 +25,7 @@ struct attention_files {
 /// One numeric input as read: float32 data, or float64 data, or both once converted (see
 /// attention_inputs::to_float32 and to_float64).
 struct numeric_input {
-    std::string name;  ///< the file, for messages
+    std::string name;      ///< the file, for messages
     bool float64 = false;  ///< the file holds float64
     std::vector<float> f32;
     std::vector<double> f64;
@@ -61,7 +61,6 @@ using npy_reader = std::function<qkv::npy::array(const std::string& path)>;
 
 /// Reads every given file and checks the shapes fit together for `heads` heads. Throws
 /// usage_error naming the file (and the one it disagrees with) on any problem.
-attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads,
-                                       const npy_reader& reader = {});
+attention_inputs load_attention_inputs(const attention_files& files, std::size_t heads, const npy_reader& reader = {});
 
 }  // namespace qkv::cli

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "npy/npy.hpp"
 #include "errors.hpp"
+#include "npy/npy.hpp"
 #include "printing.hpp"
 #include "qkv/tutorial.hpp"
 #include "qkv/version.hpp"
@@ -201,8 +201,8 @@ result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int re
             const qkv::attention_output out = ctx.attention(view);
             if (i == 0) {  // time only calls that compute something real
                 r.ran_kernel = out.kernel;
-                const bool finite = std::all_of(out.output.begin(), out.output.end(),
-                                                [](float v) { return std::isfinite(v); });
+                const bool finite =
+                    std::all_of(out.output.begin(), out.output.end(), [](float v) { return std::isfinite(v); });
                 if (!finite) throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
             }
             if (i < warmup) continue;
@@ -284,7 +284,8 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                     for (bool causal : causal_values)
                         for (qkv::precision p : precisions)
                             for (qkv::implementation i : impls) {
-                                if (i != qkv::implementation::fused) out.push_back({b, h, n, d, causal, p, i});
+                                if (i != qkv::implementation::fused)
+                                    out.push_back({b, h, n, d, causal, p, i});
                                 else
                                     for (qkv::kernel_family k : kernels) out.push_back({b, h, n, d, causal, p, i, k});
                             }
@@ -296,7 +297,8 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.batch.empty()) o.batch = {1};
     if (o.heads.empty()) o.heads = {slow ? 1u : 8u};
-    if (o.seq.empty()) o.seq = slow ? std::vector<std::size_t>{128, 512, 1024} : std::vector<std::size_t>{512, 1024, 2048, 4096, 8192};
+    if (o.seq.empty())
+        o.seq = slow ? std::vector<std::size_t>{128, 512, 1024} : std::vector<std::size_t>{512, 1024, 2048, 4096, 8192};
     if (o.dim.empty()) o.dim = {64};
     if (o.causal.empty()) o.causal = {"no", "yes"};
     if (o.impl.empty()) o.impl = {"staged", "fused"};
@@ -372,8 +374,8 @@ void run(bench_options o) {
     std::vector<std::vector<std::string>> rows;
     for (const result& r : results) {
         const config& c = r.c;
-        std::vector<std::string> row{std::to_string(c.batch), std::to_string(c.heads), std::to_string(c.seq),
-                                     std::to_string(c.dim),   c.causal ? "yes" : "no", name_of(c.precision),
+        std::vector<std::string> row{std::to_string(c.batch),   std::to_string(c.heads), std::to_string(c.seq),
+                                     std::to_string(c.dim),     c.causal ? "yes" : "no", name_of(c.precision),
                                      impl_name(c, r.ran_kernel)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
@@ -418,13 +420,19 @@ void run(bench_options o) {
         const double speedup = times.second / times.first;
         std::cout << "  B=" << b << " H=" << h << " N=" << n << " d=" << d << (causal ? " causal" : "") << " "
                   << name_of(static_cast<qkv::precision>(prec)) << ": fused ("
-                  << name_of(static_cast<qkv::kernel_family>(kernel)) << " family) " << sig3(times.first) << " ms, staged "
-                  << sig3(times.second) << " ms, fused is " << fixed(speedup, 2) << "x "
+                  << name_of(static_cast<qkv::kernel_family>(kernel)) << " family) " << sig3(times.first)
+                  << " ms, staged " << sig3(times.second) << " ms, fused is " << fixed(speedup, 2) << "x "
                   << (speedup >= 1 ? "faster" : "slower") << "\n";
-        ratios.push_back({{"batch", b}, {"heads", h}, {"seq", n}, {"dim", d}, {"causal", causal},
+        ratios.push_back({{"batch", b},
+                          {"heads", h},
+                          {"seq", n},
+                          {"dim", d},
+                          {"causal", causal},
                           {"precision", name_of(static_cast<qkv::precision>(prec))},
-                          {"kernel", name_of(static_cast<qkv::kernel_family>(kernel))}, {"fused_ms", times.first},
-                          {"staged_ms", times.second}, {"staged_over_fused", speedup}});
+                          {"kernel", name_of(static_cast<qkv::kernel_family>(kernel))},
+                          {"fused_ms", times.first},
+                          {"staged_ms", times.second},
+                          {"staged_over_fused", speedup}});
     }
     std::cout << "\nGFLOP/s counts 4·B·H·N²·d for the attention (half when causal) and 2·B·N·(H·d)·3·(H·d) for the "
                  "Q|K|V projection; % FMA is the attention's share of the measured FMA ceiling.\n";
@@ -434,19 +442,26 @@ void run(bench_options o) {
         j["qkv_version"] = qkv::version_string;
         j["date"] = date;
         j["device"] = device_json(info);
-        j["timing"] = {{"warmup", o.warmup}, {"repeat", o.repeat},
-                       {"clock", info.timestamps ? "device timestamps" : "host"}};
+        j["timing"] = {
+            {"warmup", o.warmup}, {"repeat", o.repeat}, {"clock", info.timestamps ? "device timestamps" : "host"}};
         if (!o.skip_ceiling)
-            j["ceiling"] = {{"fma_gflops", ceiling.fma_gflops}, {"copy_gb_per_s", ceiling.copy_gb_per_s},
+            j["ceiling"] = {{"fma_gflops", ceiling.fma_gflops},
+                            {"copy_gb_per_s", ceiling.copy_gb_per_s},
                             {"empty_submit_ms", ceiling.empty_submit_ms},
                             {"device_timestamps", ceiling.device_timestamps}};
         j["tiny_example_call_ms"] = summary_json(tiny);
         json list = json::array();
         for (const result& r : results) {
-            json e = {{"batch", r.c.batch}, {"heads", r.c.heads}, {"seq", r.c.seq}, {"dim", r.c.dim},
-                      {"causal", r.c.causal}, {"precision", name_of(r.c.precision)}, {"impl", name_of(r.c.impl)},
+            json e = {{"batch", r.c.batch},
+                      {"heads", r.c.heads},
+                      {"seq", r.c.seq},
+                      {"dim", r.c.dim},
+                      {"causal", r.c.causal},
+                      {"precision", name_of(r.c.precision)},
+                      {"impl", name_of(r.c.impl)},
                       {"kernel", r.c.impl == qkv::implementation::fused ? name_of(r.ran_kernel) : "-"},
-                      {"attention_flop", attention_flops(r.c)}, {"projection_flop", projection_flops(r.c)}};
+                      {"attention_flop", attention_flops(r.c)},
+                      {"projection_flop", projection_flops(r.c)}};
             if (!r.ran) {
                 e["skipped"] = r.skipped;
             } else {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <windows.h>
+// after windows.h, which it needs:
 #include <shellapi.h>  // CommandLineToArgvW
 #endif
 

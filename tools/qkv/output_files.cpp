@@ -195,8 +195,8 @@ bool same_path(const std::string& a, const std::string& b) {
     // Windows file names are case-insensitive: out.npy and OUT.npy are one file. Compare as the
     // file system does (ordinal, ignoring case), with one kind of separator.
     const std::wstring x = resolved(a).make_preferred().native(), y = resolved(b).make_preferred().native();
-    return CompareStringOrdinal(x.c_str(), static_cast<int>(x.size()), y.c_str(), static_cast<int>(y.size()),
-                                TRUE) == CSTR_EQUAL;
+    return CompareStringOrdinal(x.c_str(), static_cast<int>(x.size()), y.c_str(), static_cast<int>(y.size()), TRUE) ==
+           CSTR_EQUAL;
 #else
     return resolved(a) == resolved(b);
 #endif
@@ -213,12 +213,18 @@ bool same_file(const std::string& a, const std::string& b) {
 
 std::string kind_of(fs::file_type t) {
     switch (t) {
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::socket: return "a socket";
-    default: return "not a regular file";
+        case fs::file_type::directory:
+            return "a directory";
+        case fs::file_type::block:
+            return "a block device";
+        case fs::file_type::character:
+            return "a character device";
+        case fs::file_type::fifo:
+            return "a FIFO";
+        case fs::file_type::socket:
+            return "a socket";
+        default:
+            return "not a regular file";
     }
 }
 
@@ -236,11 +242,11 @@ void check_output_paths(std::span<const named_file> outputs, std::span<const nam
         const fs::file_status st = fs::symlink_status(p, ec);
         if (!ec && fs::exists(st)) {
             if (fs::is_symlink(st))
-                throw usage_error(what + " is a symbolic link: qkv neither replaces a link nor writes through "
-                                         "one; name the file itself");
+                throw usage_error(what +
+                                  " is a symbolic link: qkv neither replaces a link nor writes through "
+                                  "one; name the file itself");
             if (!fs::is_regular_file(st))
-                throw usage_error(what + " exists and is " + kind_of(st.type()) +
-                                  ": qkv replaces only regular files");
+                throw usage_error(what + " exists and is " + kind_of(st.type()) + ": qkv replaces only regular files");
         }
         for (const named_file& in : inputs)
             if (!in.path.empty() && same_file(o.path, in.path))
@@ -248,8 +254,7 @@ void check_output_paths(std::span<const named_file> outputs, std::span<const nam
                                   ": qkv never writes over its inputs");
         for (std::size_t j = 0; j < i; ++j)
             if (!outputs[j].path.empty() && same_file(o.path, outputs[j].path))
-                throw usage_error(outputs[j].flag + " and " + o.flag + " name the same file (" + outputs[j].path +
-                                  ")");
+                throw usage_error(outputs[j].flag + " and " + o.flag + " name the same file (" + outputs[j].path + ")");
     }
 }
 

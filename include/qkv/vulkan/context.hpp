@@ -32,20 +32,20 @@ struct device_info {
     std::uint32_t index = 0;  ///< position in vkEnumeratePhysicalDevices
     std::string name;
     device_type type = device_type::other;
-    std::string driver;       ///< driver name and version string (VkPhysicalDeviceDriverProperties)
+    std::string driver;  ///< driver name and version string (VkPhysicalDeviceDriverProperties)
     std::uint32_t api_version = 0;
     std::string api_version_string;
     std::uint32_t vendor_id = 0;
     std::uint32_t subgroup_size = 0;
-    bool subgroup_arithmetic = false;        ///< subgroupAdd/Max usable in compute shaders
-    std::uint32_t max_shared_memory = 0;     ///< maxComputeSharedMemorySize, bytes
+    bool subgroup_arithmetic = false;     ///< subgroupAdd/Max usable in compute shaders
+    std::uint32_t max_shared_memory = 0;  ///< maxComputeSharedMemorySize, bytes
     std::uint32_t max_workgroup_invocations = 0;
     std::uint32_t max_workgroup_count[3] = {0, 0, 0};
     std::uint64_t max_storage_buffer_range = 0;
-    std::uint64_t device_local_memory = 0;   ///< size of the largest device-local heap
-    bool fp16_storage = false;               ///< storageBuffer16BitAccess
-    bool fp16_arithmetic = false;            ///< shaderFloat16
-    bool timestamps = false;                 ///< timestampComputeAndGraphics
+    std::uint64_t device_local_memory = 0;  ///< size of the largest device-local heap
+    bool fp16_storage = false;              ///< storageBuffer16BitAccess
+    bool fp16_arithmetic = false;           ///< shaderFloat16
+    bool timestamps = false;                ///< timestampComputeAndGraphics
     double timestamp_period_ns = 0;
     bool has_compute_queue = false;
 };
@@ -103,20 +103,20 @@ struct context_options {
 
 /// Per-call timing, filled by context::attention.
 struct call_stats {
-    double host_ms = 0;               ///< host call to result, whole call
-    double device_ms = 0;             ///< GPU time of the whole command buffer (timestamps), 0 if unsupported
+    double host_ms = 0;    ///< host call to result, whole call
+    double device_ms = 0;  ///< GPU time of the whole command buffer (timestamps), 0 if unsupported
     /// GPU time of each phase (0 without timestamps): the Q|K|V projection; the attention itself
     /// (scores, softmax and aggregation, or the fused kernel); the output projection (0 if none).
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
-    std::uint64_t device_bytes = 0;   ///< device memory held by the context after the call
+    std::uint64_t device_bytes = 0;  ///< device memory held by the context after the call
 };
 
 /// What the device itself can do, measured by microbenchmarks in the same process: the yardstick
 /// that `qkv bench` reports each kernel against.
 struct device_ceiling {
-    double fma_gflops = 0;         ///< float32 fused multiply-add throughput (2 FLOP each)
-    double copy_gb_per_s = 0;      ///< device-memory copy bandwidth (bytes read + written)
-    double empty_submit_ms = 0;    ///< an empty command buffer: submit, wait on its fence (median)
+    double fma_gflops = 0;           ///< float32 fused multiply-add throughput (2 FLOP each)
+    double copy_gb_per_s = 0;        ///< device-memory copy bandwidth (bytes read + written)
+    double empty_submit_ms = 0;      ///< an empty command buffer: submit, wait on its fence (median)
     bool device_timestamps = false;  ///< true: GPU timestamps; false: host clock around the fence
 };
 

@@ -27,10 +27,10 @@ namespace qkv {
 
 struct attention_shape {
     std::size_t batch = 1;
-    std::size_t seq = 0;    ///< N, the sequence length
-    std::size_t d_in = 0;   ///< width of each input row
-    std::size_t d_k = 0;    ///< width of queries and keys (all heads)
-    std::size_t d_v = 0;    ///< width of values (all heads)
+    std::size_t seq = 0;   ///< N, the sequence length
+    std::size_t d_in = 0;  ///< width of each input row
+    std::size_t d_k = 0;   ///< width of queries and keys (all heads)
+    std::size_t d_v = 0;   ///< width of values (all heads)
     std::size_t heads = 1;
     std::size_t d_out = 0;  ///< width of the output projection; 0 = no output projection
 
@@ -60,9 +60,9 @@ enum class kernel_family {
 };
 
 struct run_options {
-    std::optional<float> scale{};                 ///< multiplies Q·Kᵀ; default 1/sqrt(d_k / heads)
-    bool causal = false;                          ///< position i attends to j <= i
-    bool return_weights = false;                  ///< also return the attention probabilities
+    std::optional<float> scale{};  ///< multiplies Q·Kᵀ; default 1/sqrt(d_k / heads)
+    bool causal = false;           ///< position i attends to j <= i
+    bool return_weights = false;   ///< also return the attention probabilities
     qkv::precision precision = precision::fp32;
     qkv::implementation implementation = implementation::automatic;
     qkv::kernel_family kernel = kernel_family::automatic;  ///< kernel family of the fused kernel and the products
@@ -84,8 +84,8 @@ struct attention_output {
     std::vector<float> weights;  ///< batch x heads x seq x seq, when options.return_weights
     attention_shape shape{};
     qkv::implementation implementation = implementation::staged;  ///< what actually ran
-    qkv::kernel_family kernel = kernel_family::automatic;  ///< fused: the family that ran; staged: automatic
-    std::string device;                                          ///< which device ran it
+    qkv::kernel_family kernel = kernel_family::automatic;         ///< fused: the family that ran; staged: automatic
+    std::string device;                                           ///< which device ran it
 };
 
 /// Throws qkv::invalid_argument naming the first problem found: a zero dimension, heads not
