@@ -11,12 +11,22 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cwchar>
 #include <iostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "npy/npy.hpp"
+
+#ifdef _WIN32
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+// after windows.h, which it needs:
+#include <shellapi.h>  // CommandLineToArgvW
+#endif
 
 namespace {
 
@@ -75,8 +85,31 @@ int usage() {
 
 }  // namespace
 
+/// The arguments as UTF-8. On Windows argv is in the ANSI code page, which cannot spell most file
+/// names (the CLI tests use "ñ ✓ out.npy"); the UTF-16 command line can, as in tools/qkv/main.cpp.
+std::vector<std::string> utf8_arguments(int argc, char** argv) {
+#ifdef _WIN32
+    int n = 0;
+    LPWSTR* wide = CommandLineToArgvW(GetCommandLineW(), &n);
+    if (wide != nullptr) {
+        std::vector<std::string> args;
+        for (int i = 0; i < n; ++i) {
+            const int wlen = static_cast<int>(std::wcslen(wide[i]));
+            const int len = WideCharToMultiByte(CP_UTF8, 0, wide[i], wlen, nullptr, 0, nullptr, nullptr);
+            std::string arg(static_cast<std::size_t>(len > 0 ? len : 0), '\0');
+            if (len > 0) WideCharToMultiByte(CP_UTF8, 0, wide[i], wlen, arg.data(), len, nullptr, nullptr);
+            args.push_back(std::move(arg));
+        }
+        LocalFree(wide);
+        return args;
+    }
+#endif
+    return std::vector<std::string>(argv, argv + argc);
+}
+
 int main(int argc, char** argv) {
-    std::vector<std::string_view> args(argv + 1, argv + argc);
+    const std::vector<std::string> all = utf8_arguments(argc, argv);
+    std::vector<std::string_view> args(all.begin() + (all.empty() ? 0 : 1), all.end());
     double max_nmse = 1e-9;
     std::vector<std::string> files;
     for (std::size_t i = 0; i < args.size(); ++i) {
