@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
     if (files.size() != 2) return usage();
 
     try {
-        const qkv::npy::array actual = qkv::npy::read(files[0]);
-        const qkv::npy::array expected = qkv::npy::read(files[1]);
+        const qkv::npy::array actual = qkv::npy::read(qkv::npy::path_from_utf8(files[0]));
+        const qkv::npy::array expected = qkv::npy::read(qkv::npy::path_from_utf8(files[1]));
         const comparison c = compare(actual, expected);
         std::printf("%s vs %s: nmse %.3e (at most %.1e)\n", files[0].c_str(), files[1].c_str(), c.nmse, max_nmse);
         if (!c.ok) {
