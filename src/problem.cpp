@@ -12,67 +12,12 @@
 
 #include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "shape_checks.hpp"
 
 namespace qkv {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw invalid_argument(message); }
-
-/// One factor of a size product: its name in messages and its value.
-struct factor {
-    std::string_view name;
-    std::size_t value;
-};
-
-/// "batch x seq x d_in".
-std::string names_of(std::initializer_list<factor> factors) {
-    std::string s;
-    for (const factor& f : factors) {
-        if (!s.empty()) s += " x ";
-        s += f.name;
-    }
-    return s;
-}
-
-/// "2 x 3 x 4 = 24".
-std::string values_of(std::initializer_list<factor> factors, std::size_t product) {
-    std::string s;
-    for (const factor& f : factors) {
-        if (!s.empty()) s += " x ";
-        s += std::to_string(f.value);
-    }
-    return factors.size() > 1 ? s + " = " + std::to_string(product) : s;
-}
-
-/// The product of the factors; throws "shape too large: batch x seq x d_in overflows" if it does
-/// not fit a std::size_t.
-std::size_t checked_product(std::initializer_list<factor> factors) {
-    std::size_t product = 1;
-    for (const factor& f : factors) {
-        if (f.value != 0 && product > std::numeric_limits<std::size_t>::max() / f.value)
-            fail("shape too large: " + names_of(factors) + " overflows");
-        product *= f.value;
-    }
-    return product;
-}
-
-/// `span` must hold exactly the product of `factors` elements:
-/// "wq has 10 elements, expected d_in x d_k = 4 x 3 = 12".
-template <class T>
-void expect_size(std::string_view what, std::span<const T> span, std::initializer_list<factor> factors) {
-    const std::size_t want = checked_product(factors);
-    if (span.size() != want)
-        fail(std::string(what) + " has " + std::to_string(span.size()) + " elements, expected " + names_of(factors) +
-             " = " + values_of(factors, want));
-}
-
-/// A bias is optional: empty, or exactly `width` elements.
-template <class T>
-void expect_bias(std::string_view what, std::span<const T> bias, factor width) {
-    if (!bias.empty() && bias.size() != width.value)
-        fail(std::string(what) + " has " + std::to_string(bias.size()) + " elements, expected " +
-             std::string(width.name) + " = " + std::to_string(width.value) + " (or none)");
-}
+using namespace shape_checks;
 
 /// A mask is optional: empty, seq x seq (shared by every batch element) or batch x seq x seq.
 template <class T>
@@ -85,10 +30,6 @@ void expect_mask_size(std::string_view what, std::span<const T> mask, const atte
                           " elements, expected seq x seq = " + std::to_string(square);
     if (batched != square) message += " or batch x seq x seq = " + std::to_string(batched);
     fail(message);
-}
-
-void expect_positive(std::string_view name, std::size_t value) {
-    if (value == 0) fail(std::string(name) + " must be at least 1");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
 #include "qkv/vulkan/problem.hpp"
@@ -136,7 +137,13 @@ public:
     /// command buffer and submits it once.
     [[nodiscard]] attention_output attention(const attention_problem& problem);
 
-    /// Statistics of the last successful attention() call on this context.
+    /// scaled_dot_product_attention over Q, K and V the caller holds (qkv/runtime/sdpa.hpp):
+    /// cross-attention (q_len != kv_len), grouped-query heads, broadcast masks, both causal
+    /// alignments. Validates first (qkv::invalid_argument), then checks device limits
+    /// (limit_exceeded); records everything into one command buffer and submits it once.
+    [[nodiscard]] sdpa_output sdpa(const sdpa_problem& problem);
+
+    /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;
 
     /// Device memory currently allocated by this context, and the most it held at once since

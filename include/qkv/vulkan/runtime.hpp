@@ -2,6 +2,7 @@
 // the CPU reference backend. Needs the qkv::vulkan library.
 #pragma once
 
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
