@@ -8,6 +8,7 @@
 //   scores  = Q·Kᵀ · scale             (scale defaults to 1/sqrt(d_k))
 //   weights = softmax over each row of the allowed scores (see softmax.hpp for the mask policy)
 //   output  = weights · V
+// The attention itself is qkv::scaled_dot_product_attention (sdpa.hpp) of the projections Q, K, V.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include "qkv/mask.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
+#include "qkv/sdpa.hpp"
 #include "qkv/softmax.hpp"
 
 namespace qkv {
@@ -54,9 +56,7 @@ struct attention_result {
 template <class X, class W>
 concept projects = inner_dimensions_match<X, W> && std::is_floating_point_v<typename X::value_type>;
 
-/// Queries and keys have the same width (d_q == d_k): their dot product is defined.
-template <class WQ, class WK>
-concept query_key_widths_match = any_matrix<WQ> && any_matrix<WK> && WQ::cols == WK::cols;
+// query_key_widths_match (queries and keys have the same width) is in sdpa.hpp.
 
 /// H heads split d_k and d_v evenly.
 template <std::size_t H, std::size_t DK, std::size_t DV>
@@ -69,26 +69,20 @@ using attention_options_for = attention_options<typename X::value_type, X::rows,
 
 namespace detail {
 
+/// The causal mode of self-attention's options: N x N, so both alignments are j <= i.
 template <class T, std::size_t N, std::size_t DK, std::size_t DV>
-constexpr matrix<bool, N, N> allowed_positions(const attention_options<T, N, DK, DV>& opt) {
-    matrix<bool, N, N> allowed = opt.mask ? *opt.mask : filled<bool, N, N>(true);
-    return opt.causal ? mask_and(allowed, causal_mask<N>()) : allowed;
+constexpr causal_mode causal_of(const attention_options<T, N, DK, DV>& opt) {
+    return opt.causal ? causal_mode::top_left : causal_mode::none;
+}
+
+template <class T, std::size_t N, std::size_t DK, std::size_t DV>
+constexpr T scale_of(const attention_options<T, N, DK, DV>& opt, std::size_t head_width) {
+    return opt.scale ? *opt.scale : T{1} / qkv::sqrt(static_cast<T>(head_width));
 }
 
 template <class T, std::size_t R, std::size_t C>
 constexpr matrix<T, R, C> with_bias(const matrix<T, R, C>& m, const std::optional<row_vector<T, C>>& bias) {
     return bias ? add_row(m, *bias) : m;
-}
-
-/// scores = q·kᵀ·scale, weights = masked softmax, out = weights·v.
-template <class T, std::size_t N, std::size_t D, std::size_t DV>
-constexpr void attend(const matrix<T, N, D>& q, const matrix<T, N, D>& k, const matrix<T, N, DV>& v, T scale,
-                      const matrix<bool, N, N>& allowed, matrix<T, N, N>& scores, matrix<T, N, N>& weights,
-                      matrix<T, N, DV>& out) {
-    for (std::size_t i = 0; i < N; ++i)
-        for (std::size_t j = 0; j < N; ++j) scores.elems[i][j] = dot(q.elems[i], k.elems[j]) * scale;
-    weights = masked_softmax_rows(scores, allowed);
-    out = matmul(weights, v);
 }
 
 }  // namespace detail
@@ -105,8 +99,9 @@ constexpr auto self_attention(const X& x, const WQ& wq, const WK& wk, const WV& 
     r.queries = detail::with_bias(matmul(x, wq), opt.bias_q);
     r.keys = detail::with_bias(matmul(x, wk), opt.bias_k);
     r.values = detail::with_bias(matmul(x, wv), opt.bias_v);
-    const T scale = opt.scale ? *opt.scale : T{1} / qkv::sqrt(static_cast<T>(DK));
-    detail::attend(r.queries, r.keys, r.values, scale, detail::allowed_positions(opt), r.scores, r.weights, r.output);
+    // scaled_dot_product_attention(Q, K, V), computed in place into r (no copies of its result).
+    detail::sdpa_into(r.queries, r.keys, r.values, detail::scale_of(opt, DK), detail::causal_of(opt), opt.mask,
+                      std::optional<matrix<T, N, N>>{}, r.scores, r.weights, r.output);
     return r;
 }
 

@@ -4,6 +4,7 @@
 //   head h uses columns [h·d_k/H, (h+1)·d_k/H) of Q and K and [h·d_v/H, (h+1)·d_v/H) of V,
 //   attends with scale 1/sqrt(d_k/H) by default,
 //   the H head outputs are concatenated (N x d_v) and, optionally, projected: concat·Wo + bo.
+// The attention of the heads is qkv::scaled_dot_product_attention<H, H> (sdpa.hpp) of Q, K, V.
 //
 // torch stores its projection weights transposed (it computes X·Wᵀ); pass Wq = in_proj_weight[:d].T
 // and so on. Its boolean attn_mask means "may NOT attend"; qkv's means "may attend".
@@ -15,6 +16,7 @@
 
 #include "qkv/attention.hpp"
 #include "qkv/matrix.hpp"
+#include "qkv/sdpa.hpp"
 
 namespace qkv {
 
@@ -45,17 +47,11 @@ struct multi_head_result {
 
 namespace detail {
 
+/// The attention of the projected heads: scaled_dot_product_attention<H, H> (sdpa.hpp), in place.
 template <std::size_t H, class T, std::size_t N, std::size_t DK, std::size_t DV, std::size_t DO>
 constexpr void multi_head_core(multi_head_result<T, H, N, DK, DV, DO>& r, const attention_options<T, N, DK, DV>& opt) {
-    constexpr std::size_t DH = DK / H, DVH = DV / H;
-    const T scale = opt.scale ? *opt.scale : T{1} / qkv::sqrt(static_cast<T>(DH));
-    const matrix<bool, N, N> allowed = allowed_positions(opt);
-    for (std::size_t h = 0; h < H; ++h) {
-        matrix<T, N, DVH> head_out{};
-        attend(columns<DH>(r.queries, h * DH), columns<DH>(r.keys, h * DH), columns<DVH>(r.values, h * DVH), scale,
-               allowed, r.scores[h], r.weights[h], head_out);
-        set_columns(r.concat, h * DVH, head_out);
-    }
+    multi_head_sdpa_into<H, H>(r.queries, r.keys, r.values, scale_of(opt, DK / H), causal_of(opt), opt.mask,
+                               std::optional<matrix<T, N, N>>{}, r.scores, r.weights, r.concat);
 }
 
 template <std::size_t H, class X, class WQ, class WK, class WV, std::size_t DO>

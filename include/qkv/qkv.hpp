@@ -7,6 +7,7 @@
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
 #include "qkv/multi_head.hpp"
+#include "qkv/sdpa.hpp"
 #include "qkv/softmax.hpp"
 #include "qkv/staged.hpp"
 #include "qkv/version.hpp"

@@ -24,8 +24,8 @@
 // Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
 // `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
 // 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
-// matmul_row, masked_softmax_row) on the same rows in the same order, so the results are
-// identical, not just close.
+// matmul_row, and qkv::detail::sdpa_row, the row of qkv::scaled_dot_product_attention) on the
+// same rows in the same order, so the results are identical, not just close.
 //
 // attend_block takes Q, K and V themselves (any static constexpr matrices, K and V may have more
 // rows than Q), so scaled dot-product attention of given Q, K, V is the same chain without the
@@ -39,6 +39,7 @@
 #include "qkv/attention.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
+#include "qkv/sdpa.hpp"
 #include "qkv/softmax.hpp"
 
 namespace qkv::staged {
@@ -135,7 +136,7 @@ constexpr T scale_of(const Opt& opt) {
 }
 
 /// Row i of the "may attend" mask over NK keys: Opt's mask (all true without one), and j <= i
-/// when causal; the same booleans as qkv::detail::allowed_positions.
+/// when causal; the same booleans as qkv::self_attention passes to qkv::detail::sdpa_into.
 template <std::size_t NK, class Opt>
 constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
     for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
@@ -230,11 +231,10 @@ constexpr auto make_attend_block() {
     attend_rows<T, RB, NK, VT::cols> out{};
     for (std::size_t r = 0; r < RB; ++r) {
         const std::size_t i = B * per + r;
-        for (std::size_t j = 0; j < NK; ++j) out.scores.elems[r][j] = qkv::detail::dot(Q.elems[i], K.elems[j]) * scale;
         bool allowed[NK]{};
         allowed_row(Opt, i, allowed);
-        qkv::detail::masked_softmax_row(out.scores.elems[r], allowed, out.weights.elems[r]);
-        qkv::detail::matmul_row(out.weights.elems[r], V.elems, out.output.elems[r]);
+        qkv::detail::sdpa_row(Q.elems[i], K.elems, V.elems, scale, allowed, out.scores.elems[r], out.weights.elems[r],
+                              out.output.elems[r]);
     }
     return out;
 }
