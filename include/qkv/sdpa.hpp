@@ -109,11 +109,26 @@ concept head_widths_match =
 
 namespace detail {
 
-/// Whether `causal` lets query i of L see key j of S.
-constexpr bool causal_allows(causal_mode causal, std::size_t i, std::size_t j, std::size_t L, std::size_t S) {
-    if (causal == causal_mode::top_left) return j <= i;
-    if (causal == causal_mode::bottom_right) return j + L <= i + S;  // j <= i + S - L, without underflow
-    return true;
+/// How many keys, from key 0 on, `causal` lets query i of L see among S keys (all S for none).
+constexpr std::size_t causal_visible(causal_mode causal, std::size_t i, std::size_t L, std::size_t S) {
+    // top-left: j <= i; bottom-right: j <= i + S - L, so none when i + S < L.
+    const std::size_t end = causal == causal_mode::top_left       ? i + 1
+                            : causal == causal_mode::bottom_right ? (i + S < L ? 0 : i + S - L + 1)
+                                                                  : S;
+    return end < S ? end : S;
+}
+
+/// Row i of the "may attend" booleans of the bool mask (all true without one) and the causal mode.
+template <std::size_t L, std::size_t S>
+constexpr void allowed_row(const std::optional<matrix<bool, L, S>>& mask, causal_mode causal, std::size_t i,
+                           bool (&allowed)[S]) {
+    if (mask) {
+        const bool(&row)[S] = mask->elems[i];
+        for (std::size_t j = 0; j < S; ++j) allowed[j] = row[j];
+    } else {
+        for (std::size_t j = 0; j < S; ++j) allowed[j] = true;
+    }
+    for (std::size_t j = causal_visible(causal, i, L, S); j < S; ++j) allowed[j] = false;
 }
 
 /// scores[j] = q·k[j]·scale for one query row.
@@ -157,8 +172,7 @@ constexpr void sdpa_into(const matrix<T, L, E>& q, const matrix<T, S, E>& k, con
                          matrix<T, L, S>& weights, matrix<T, L, EV>& out) {
     for (std::size_t i = 0; i < L; ++i) {
         bool allowed[S]{};
-        for (std::size_t j = 0; j < S; ++j)
-            allowed[j] = (!mask || mask->elems[i][j]) && causal_allows(causal, i, j, L, S);
+        allowed_row(mask, causal, i, allowed);
         scores_row(q.elems[i], k.elems, scale, scores.elems[i]);
         if (additive) add_mask_row(additive->elems[i], scores.elems[i], allowed);
         weights_output_row(scores.elems[i], allowed, v.elems, weights.elems[i], out.elems[i]);
