@@ -54,6 +54,11 @@ struct sdpa_matrix_options {
     std::optional<matrix<T, L, S>> additive_mask{};  ///< added to the scaled scores; -inf masks
 };
 
+template <class Opt>
+struct is_sdpa_options : std::false_type {};
+template <class T, std::size_t L, std::size_t S>
+struct is_sdpa_options<sdpa_matrix_options<T, L, S>> : std::true_type {};
+
 /// The options type for queries Q (L x ·) and keys K (S x ·).
 template <class Q, class K>
 using sdpa_options_for = sdpa_matrix_options<typename Q::value_type, Q::rows, K::rows>;
@@ -152,15 +157,6 @@ constexpr void weights_output_row(const T (&scores)[S], const bool (&allowed)[S]
                                   T (&out)[EV]) {
     masked_softmax_row(scores, allowed, weights);
     matmul_row(weights, v, out);
-}
-
-/// One query row without an additive mask: scores, weights and output. The kernels (dot,
-/// masked_softmax_row, matmul_row) are the ones of matmul and softmax.hpp.
-template <class T, std::size_t E, std::size_t S, std::size_t EV>
-constexpr void sdpa_row(const T (&q)[E], const T (&k)[S][E], const T (&v)[S][EV], T scale, const bool (&allowed)[S],
-                        T (&scores)[S], T (&weights)[S], T (&out)[EV]) {
-    scores_row(q, k, scale, scores);
-    weights_output_row(scores, allowed, v, weights, out);
 }
 
 /// Scaled dot-product attention of one head into scores, weights and out under the masks (either

@@ -24,12 +24,16 @@
 // Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
 // `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
 // 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
-// matmul_row, and qkv::detail::sdpa_row, the row of qkv::scaled_dot_product_attention) on the
-// same rows in the same order, so the results are identical, not just close.
+// matmul_row, and the row kernels of qkv::scaled_dot_product_attention in sdpa.hpp: allowed_row,
+// scores_row, add_mask_row, weights_output_row) on the same rows in the same order, so the
+// results are identical, not just close.
 //
-// attend_block takes Q, K and V themselves (any static constexpr matrices, K and V may have more
-// rows than Q), so scaled dot-product attention of given Q, K, V is the same chain without the
-// projections.
+// attend_block takes Q, K and V themselves (any static constexpr matrices, L queries and S keys),
+// so scaled dot-product attention of given Q, K, V is the same chain without the projections:
+//
+//   constexpr qkv::sdpa_options_for<decltype(q), decltype(k)> o{.causal = qkv::causal_mode::bottom_right};
+//   constexpr auto s = qkv::staged::scaled_dot_product_attention<q, k, v, o>;
+//   // s == qkv::scaled_dot_product_attention(q, k, v, o), bit for bit
 #pragma once
 
 #include <cstddef>
@@ -135,16 +139,38 @@ constexpr T scale_of(const Opt& opt) {
     return T{1} / qkv::sqrt(static_cast<T>(DK));
 }
 
-/// Row i of the "may attend" mask over NK keys: Opt's mask (all true without one), and j <= i
-/// when causal; the same booleans as qkv::self_attention passes to qkv::detail::sdpa_into.
+template <class Opt>
+inline constexpr bool is_sdpa = is_sdpa_options<std::remove_cvref_t<Opt>>::value;
+
+/// The causal mode of Opt: an sdpa_options' own, top-left for attention_options' `causal`.
+template <class Opt>
+constexpr causal_mode causal_of(const Opt& opt) {
+    if constexpr (is_default<Opt>)
+        return causal_mode::none;
+    else if constexpr (is_sdpa<Opt>)
+        return opt.causal;
+    else
+        return opt.causal ? causal_mode::top_left : causal_mode::none;
+}
+
+/// Row i of the "may attend" mask over NK keys: Opt's bool mask (all true without one) and its
+/// causal mode, by qkv::detail::allowed_row: the same booleans as qkv::self_attention and
+/// qkv::scaled_dot_product_attention use.
 template <std::size_t NK, class Opt>
 constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
-    for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
-    if constexpr (!is_default<Opt>) {
-        if (opt.mask)
-            for (std::size_t j = 0; j < NK; ++j) allowed[j] = opt.mask->elems[i][j];
-        if (opt.causal)
-            for (std::size_t j = 0; j < NK; ++j) allowed[j] = allowed[j] && j <= i;
+    if constexpr (is_default<Opt>) {
+        for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
+    } else {
+        qkv::detail::allowed_row(opt.mask, causal_of(opt), i, allowed);
+    }
+}
+
+/// Add row i of Opt's additive mask, if it has one, to a row of scores (-inf entries clear their
+/// keys), as qkv::scaled_dot_product_attention does.
+template <class T, std::size_t NK, class Opt>
+constexpr void add_mask_row(const Opt& opt, std::size_t i, T (&scores)[NK], bool (&allowed)[NK]) {
+    if constexpr (is_sdpa<Opt>) {
+        if (opt.additive_mask) qkv::detail::add_mask_row(opt.additive_mask->elems[i], scores, allowed);
     }
 }
 
@@ -233,14 +259,16 @@ constexpr auto make_attend_block() {
         const std::size_t i = B * per + r;
         bool allowed[NK]{};
         allowed_row(Opt, i, allowed);
-        qkv::detail::sdpa_row(Q.elems[i], K.elems, V.elems, scale, allowed, out.scores.elems[r], out.weights.elems[r],
-                              out.output.elems[r]);
+        qkv::detail::scores_row(Q.elems[i], K.elems, scale, out.scores.elems[r]);
+        add_mask_row(Opt, i, out.scores.elems[r], allowed);
+        qkv::detail::weights_output_row(out.scores.elems[r], allowed, V.elems, out.weights.elems[r],
+                                        out.output.elems[r]);
     }
     return out;
 }
 
-/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, mask
-/// and causality (Opt's biases are not used here), h = attend_rows_per_block.
+/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, masks
+/// and causal mode (an attention_options' biases are not used here), h = attend_rows_per_block.
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 inline constexpr auto attend_block = make_attend_block<Q, K, V, Opt, RowsPerBlock, B>();
 
@@ -267,6 +295,28 @@ constexpr auto make_attention() {
         std::make_index_sequence<block_count(type_of<Q>::rows, per)>{});
 }
 
+// ---- Scaled dot-product attention of given Q, K, V ----------------------------------------------
+
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t... B>
+constexpr auto assemble_sdpa(std::index_sequence<B...>) {
+    using QT = type_of<Q>;
+    using KT = type_of<K>;
+    using VT = type_of<V>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    sdpa_result<typename QT::value_type, QT::rows, KT::rows, VT::cols> r{};
+    (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
+    (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
+    (copy_block(r.output, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.output), ...);
+    return r;
+}
+
+/// qkv::staged::scaled_dot_product_attention with a chosen number of query rows per block (0:
+/// from the budgets), for tests.
+template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
+inline constexpr auto sdpa_blocked = assemble_sdpa<Q, K, V, Opt, RowsPerBlock>(
+    std::make_index_sequence<block_count(type_of<Q>::rows,
+                                         attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>)>{});
+
 /// qkv::staged::self_attention with a chosen number of rows per block, for the projections and
 /// the attention alike (0: from the budget). For tests, which cut small problems into several
 /// uneven blocks.
@@ -291,5 +341,24 @@ requires projects<detail::type_of<X>, detail::type_of<WQ>> && projects<detail::t
     query_key_widths_match<detail::type_of<WQ>, detail::type_of<WK>> &&
     options_for<detail::type_of<Options>, detail::type_of<X>, detail::type_of<WK>, detail::type_of<WV>>
 inline constexpr auto self_attention = detail::self_attention_blocked<X, WQ, WK, WV, Options, 0>;
+
+/// Opt is an options object for queries Q and keys K: qkv::sdpa_options_for<Q, K>, or
+/// staged::default_options.
+template <class Opt, class Q, class K>
+concept sdpa_options_for_qk = std::is_same_v<std::remove_cvref_t<Opt>, default_options_t> ||
+    std::is_same_v<std::remove_cvref_t<Opt>, sdpa_options_for<Q, K>>;
+
+/// Scaled dot-product attention of given Q (L x E), K (S x E), V (S x Ev): the same
+/// qkv::sdpa_result as qkv::scaled_dot_product_attention(q, k, v, options), bit for bit, computed
+/// as many small constant evaluations (blocks of query rows), so L and S can be far larger than
+/// one evaluation allows. Q, K, V: constexpr qkv::matrix objects with static storage duration;
+/// Options: a constexpr qkv::sdpa_options_for<Q, K> with static storage duration, or
+/// staged::default_options.
+template <const auto& Q, const auto& K, const auto& V, const auto& Options = default_options>
+requires sdpa_operands<detail::type_of<Q>, detail::type_of<K>, detail::type_of<V>> &&
+    query_key_widths_match<detail::type_of<Q>, detail::type_of<K>> &&
+    key_value_lengths_match<detail::type_of<K>, detail::type_of<V>> &&
+    sdpa_options_for_qk<detail::type_of<Options>, detail::type_of<Q>, detail::type_of<K>>
+inline constexpr auto scaled_dot_product_attention = detail::sdpa_blocked<Q, K, V, Options, 0>;
 
 }  // namespace qkv::staged

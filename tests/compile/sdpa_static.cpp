@@ -208,12 +208,42 @@ static_assert(mh_sdpa.scores == mh.scores && mh_sdpa.weights == mh.weights && mh
 // One head, one K/V head: the single-head form.
 static_assert(qkv::scaled_dot_product_attention<1, 1>(ref::q, ref::k, ref::v).output == cross.output);
 
+// ---- The staged form (qkv/staged.hpp): blocks of query rows, each its own evaluation, same bits ----
+using qkv::staged::detail::sdpa_blocked;
+using cross_options = qkv::sdpa_options_for<decltype(ref::q), decltype(ref::k)>;
+constexpr cross_options combo_options{
+    .causal = causal_mode::bottom_right, .mask = ref::mask_combo, .additive_mask = ref::additive_combo};
+constexpr cross_options mask_options{.mask = ref::mask};
+constexpr cross_options additive_options{.additive_mask = ref::additive};
+constexpr cross_options top_left_options{.scale = 0.5f, .causal = causal_mode::top_left};
+constexpr qkv::sdpa_options_for<decltype(ref::q_long), decltype(ref::k3)> long_options{.causal =
+                                                                                           causal_mode::bottom_right};
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q, ref::k, ref::v> == cross);
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q, ref::k, ref::v, combo_options> == combo);
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q, ref::k, ref::v, mask_options> == masked);
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q, ref::k, ref::v, additive_options> == additive);
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q_long, ref::k3, ref::v3, long_options> ==
+              long_bottom_right);
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q1, ref::k, ref::v> == decode);
+// Cut into uneven blocks (2 + 1 and 2 + 2 + 1 query rows, one row per block).
+static_assert(sdpa_blocked<ref::q, ref::k, ref::v, combo_options, 2> == combo);
+static_assert(sdpa_blocked<ref::q, ref::k, ref::v, additive_options, 1> == additive);
+static_assert(sdpa_blocked<ref::q_long, ref::k3, ref::v3, long_options, 2> == long_bottom_right);
+// Not vacuous: other options give other bits.
+static_assert(sdpa_blocked<ref::q, ref::k, ref::v, top_left_options, 2> ==
+              qkv::scaled_dot_product_attention(ref::q, ref::k, ref::v, top_left_options));
+static_assert(qkv::staged::scaled_dot_product_attention<ref::q, ref::k, ref::v, top_left_options> != cross);
+
 // ---- Shape rules ---------------------------------------------------------------------------------
 template <std::size_t R, std::size_t C>
 using m = qkv::matrix<float, R, C>;
 template <class Q, class K, class V>
 concept can_sdpa = requires(const Q& q, const K& k, const V& v) {
     qkv::scaled_dot_product_attention(q, k, v);
+};
+template <const auto& Q, const auto& K, const auto& V>
+concept can_stage_sdpa = requires {
+    qkv::staged::scaled_dot_product_attention<Q, K, V>;
 };
 template <std::size_t HQ, std::size_t HKV, class Q, class K, class V>
 concept can_gqa = requires(const Q& q, const K& k, const V& v) {
@@ -224,6 +254,8 @@ static_assert(!can_sdpa<m<3, 4>, m<5, 3>, m<5, 2>>);                    // q and
 static_assert(!can_sdpa<m<3, 4>, m<5, 4>, m<4, 2>>);                    // k and v lengths differ
 static_assert(!can_sdpa<m<3, 4>, m<5, 4>, qkv::matrix<double, 5, 2>>);  // element types differ
 static_assert(!can_sdpa<qkv::matrix<int, 3, 4>, qkv::matrix<int, 5, 4>, qkv::matrix<int, 5, 2>>);
+static_assert(can_stage_sdpa<ref::q, ref::k, ref::v> && !can_stage_sdpa<ref::q, ref::k, ref::v3> &&
+              !can_stage_sdpa<ref::q, ref::v, ref::v>);
 static_assert(can_gqa<4, 2, m<3, 8>, m<5, 4>, m<5, 6>>);
 static_assert(!can_gqa<4, 3, m<3, 8>, m<5, 6>, m<5, 6>>);  // 3 K/V heads cannot serve 4 query heads
 static_assert(!can_gqa<4, 0, m<3, 8>, m<5, 4>, m<5, 6>>);
