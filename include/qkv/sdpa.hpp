@@ -54,6 +54,7 @@ struct sdpa_matrix_options {
     std::optional<matrix<T, L, S>> additive_mask{};  ///< added to the scaled scores; -inf masks
 };
 
+/// Whether Opt is an sdpa_matrix_options.
 template <class Opt>
 struct is_sdpa_options : std::false_type {};
 template <class T, std::size_t L, std::size_t S>
@@ -103,8 +104,7 @@ concept key_value_lengths_match = any_matrix<K> && any_matrix<V> && K::rows == V
 
 /// HKV K/V heads serve HQ query heads: HKV divides HQ (each K/V head serves HQ / HKV query heads).
 template <std::size_t HQ, std::size_t HKV>
-concept kv_heads_divide = HQ >
-0 && HKV > 0 && HQ % HKV == 0;
+concept kv_heads_divide = HQ != 0 && HKV != 0 && HQ % HKV == 0;
 
 /// HQ query heads split Q's columns and HKV heads split K's and V's, with equal query and key
 /// widths per head.
