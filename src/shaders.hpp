@@ -32,7 +32,10 @@ namespace qkv::vulkan::detail {
     X(scores_cpu, qkv_spv_scores_cpu)                 \
     X(scores_cpu_f16, qkv_spv_scores_cpu_f16)         \
     X(aggregate_cpu, qkv_spv_aggregate_cpu)           \
-    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)
+    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)   \
+    X(sdpa_decode_cpu, qkv_spv_sdpa_decode_cpu)       \
+    X(sdpa_decode_gpu, qkv_spv_sdpa_decode_gpu)       \
+    X(sdpa_merge, qkv_spv_sdpa_merge)
 
 enum class shader_id {
 #define QKV_SHADER_ENUM(id, array) id,
