@@ -281,18 +281,24 @@ TEST_CASE("sdpa with a discrete GPU's tiles (subgroup 32) matches the reference"
     require_clean(ctx);
 }
 
-// One query against 70,000 keys: more key steps than lavapipe's 65,535 loop iterations would let
-// one invocation run, so the host must split the keys into chunks. The last key dominates the
-// softmax (its key is a multiple of the query), so cutting any key off shows.
+// One query against more keys than one invocation may loop over on lavapipe (65,535 iterations):
+// 70,000 keys (the gpu family's K/V tiles pass that count of loop iterations far earlier), and
+// 600,000 (the cpu family takes 8 keys per iteration: 75,000 steps). The host must split the keys
+// into chunks. The last key dominates the softmax (score 16 against about N(0, 1) for the others), so cutting any
+// key off shows.
 TEST_CASE("sdpa over more keys than one invocation may loop: nothing cut short", "[sdpa][vulkan][loop_limit]") {
     auto& ctx = qkv_test::gpu();
-    const sdpa_spec s{.q_len = 1, .kv_len = 70000, .d_qk = 16, .d_v = 16};
-    for (qkv::kernel_family family : families) {
-        owned_sdpa o = make_sdpa(s, 1600);
-        for (std::size_t c = 0; c < s.d_qk; ++c) o.k[(s.kv_len - 1) * s.d_qk + c] = 3.0f * o.q[c];
-        INFO(describe(s) << ", " << name_of(family));
-        check_sdpa(ctx, o, family, qkv::precision::fp32);
-    }
+    for (std::size_t kv_len : {std::size_t{70000}, std::size_t{600000}})
+        for (qkv::kernel_family family : families) {
+            const sdpa_spec s{.q_len = 1, .kv_len = kv_len, .d_qk = 4, .d_v = 4};
+            owned_sdpa o = make_sdpa(s, 1600 + kv_len);
+            for (std::size_t c = 0; c < s.d_qk; ++c) {  // score 8·|q|²·scale = 16 for the last key
+                o.q[c] = 1.0f;
+                o.k[(s.kv_len - 1) * s.d_qk + c] = 8.0f;
+            }
+            INFO(describe(s) << ", " << name_of(family));
+            check_sdpa(ctx, o, family, qkv::precision::fp32);
+        }
     require_clean(ctx);
 }
 
