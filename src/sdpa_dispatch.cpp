@@ -70,6 +70,10 @@ sdpa_plan make_sdpa_plan(const sdpa_problem& problem, const device& dev) {
         throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(fused_max_head) +
                              " (d_qk = " + std::to_string(s.d_qk) + ", d_v = " + std::to_string(s.d_v) +
                              "); use the cpu backend for wider heads");
+    if (dev.limits().maxPushConstantsSize < sizeof(contract::flash_push))
+        throw limit_exceeded("sdpa: the fused kernels push " + std::to_string(sizeof(contract::flash_push)) +
+                             " bytes of constants; " + info.name + " takes " +
+                             std::to_string(dev.limits().maxPushConstantsSize));
     const bool fp16 = opt.precision == precision::fp16;
     if (fp16 && !info.fp16_storage)
         throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
@@ -223,17 +227,25 @@ sdpa_output run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
         ensure(env.alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "sdpa inputs");
         ensure(env.alloc, bufs.out, p.out_bytes, memory_use::device, "sdpa output");
         if (weights) ensure(env.alloc, bufs.scores, p.weights_bytes, memory_use::device, "sdpa weights");
-        if (need_state) ensure(env.alloc, bufs.flash_state, state_bytes, memory_use::device, "fused-attention state");
+        if (need_state)
+            ensure(env.alloc, bufs.flash_state, state_bytes, memory_use::device, "fused-attention state");
+        else
+            bufs.flash_state.reset();
         bufs.flash_views = {};
         if (cpu_family)
             ensure(env.alloc, bufs.flash_texels, cpu_plan.bytes, memory_use::device, "fused-attention texels",
                    VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+        else
+            bufs.flash_texels.reset();
         staged_io =
             env.force_staging || !bufs.inputs.mapped() || !bufs.out.mapped() || (weights && !bufs.scores.mapped());
         if (staged_io) {
             ensure(env.alloc, bufs.staging_in, p.inputs_bytes, memory_use::upload, "upload staging");
             ensure(env.alloc, bufs.staging_out, p.out_bytes + p.weights_bytes, memory_use::readback,
                    "readback staging");
+        } else {
+            bufs.staging_in.reset();
+            bufs.staging_out.reset();
         }
     } catch (const out_of_memory&) {
         bufs = buffer_cache{};
