@@ -206,6 +206,14 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                              " rows; nothing was appended");
     if (rows == 0) return;
     const bool half = s.precision == precision::fp16;
+    if (half)  // a finite value that float16 cannot hold would become inf: refuse, never silently wrong
+        for (const auto& [what, data] : {std::pair{"k", k}, std::pair{"v", v}})
+            for (std::size_t i = 0; i < data.size(); ++i)
+                if (std::isfinite(data[i]) && std::fabs(data[i]) >= 65520.0f)
+                    throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
+                                           " (" + std::to_string(data[i]) +
+                                           ") is beyond float16's range (65504) of this fp16 cache; nothing was "
+                                           "appended; use an fp32 cache or scale the inputs");
     std::lock_guard lock(c.ctx->mutex);
     if (c.ctx->lost)
         throw device_lost(

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/decode_reference.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
-#include "support/sdpa_reference.hpp"
 
 using qkv_test::gpu;
 using qkv_test::require_clean;
@@ -45,7 +45,7 @@ struct decode_case {
 };
 
 struct decode_data {
-    qkv_test::sdpa_ref_problem ref;
+    qkv_test::decode_ref_problem ref;
     std::vector<float> q, k, v, additive;
     std::vector<std::uint8_t> mask;
     std::vector<std::size_t> mask_shape;
@@ -54,7 +54,7 @@ struct decode_data {
 decode_data make_data(const decode_case& c, std::uint64_t seed = 7) {
     std::mt19937_64 rng(seed);
     decode_data d;
-    qkv_test::sdpa_ref_problem& r = d.ref;
+    qkv_test::decode_ref_problem& r = d.ref;
     r.batch = c.batch, r.q_heads = c.q_heads, r.kv_heads = c.kv_heads, r.q_len = c.q_len, r.kv_len = c.kv_len;
     r.d_qk = c.d_qk, r.d_v = c.d_v;
     r.q = qkv_test::normal_values(c.batch * c.q_heads * c.q_len * c.d_qk, rng);
@@ -147,7 +147,7 @@ std::vector<float> check_case(qkv::vulkan::context& ctx, const decode_case& c) {
     qkv::vulkan::kv_cache cache = make_cache(ctx, c, c.kv_len + 5);
     fill(cache, c, d);
     const qkv::sdpa_output out = ctx.sdpa(problem_of(c, d), cache);
-    const std::vector<double> want = qkv_test::sdpa_reference(d.ref);
+    const std::vector<double> want = qkv_test::decode_reference(d.ref);
     const double err = qkv_test::nmse(out.output, want);
     INFO("B " << c.batch << " Hq " << c.q_heads << " Hkv " << c.kv_heads << " L " << c.q_len << " S " << c.kv_len
               << " E " << c.d_qk << " Ev " << c.d_v << " fp16 " << (c.precision == qkv::precision::fp16) << " kernel "
@@ -214,6 +214,18 @@ TEST_CASE("kv_cache: append, size, capacity, clear and errors", "[kv_cache]") {
     p.shape.q_heads = 4;  // 3 does not divide 4
     CHECK_THROWS_AS(ctx.sdpa(p, cache), qkv::invalid_argument);
     require_clean(ctx);
+}
+
+TEST_CASE("kv_cache: fp16 refuses values beyond float16's range", "[kv_cache]") {
+    qkv::vulkan::kv_cache cache(
+        gpu(), {.batch = 1, .kv_heads = 1, .capacity = 4, .d_qk = 2, .d_v = 2, .precision = qkv::precision::fp16});
+    std::vector<float> k{1.0f, 2.0f}, v{3.0f, 70000.0f};
+    CHECK_THROWS_AS(cache.append(k, v, 1), qkv::vulkan::numeric_overflow);
+    CHECK(cache.size() == 0);
+    v[1] = 65504.0f;  // the largest float16
+    cache.append(k, v, 1);
+    CHECK(cache.size() == 1);
+    require_clean(gpu());
 }
 
 TEST_CASE("kv_cache: out of device memory at creation", "[kv_cache]") {

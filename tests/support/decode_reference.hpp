@@ -12,7 +12,7 @@
 
 namespace qkv_test {
 
-struct sdpa_ref_problem {
+struct decode_ref_problem {
     std::size_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 0, kv_len = 0, d_qk = 0, d_v = 0;
     std::vector<double> q, k, v;
     std::vector<std::uint8_t> mask;  // broadcast by mask_dims (4 dims, 1 = broadcast); empty: none
@@ -23,7 +23,7 @@ struct sdpa_ref_problem {
     double scale = 0;  // 0: 1/sqrt(d_qk)
 };
 
-inline std::vector<double> sdpa_reference(const sdpa_ref_problem& p) {
+inline std::vector<double> decode_reference(const decode_ref_problem& p) {
     const std::size_t B = p.batch, H = p.q_heads, L = p.q_len, S = p.kv_len, E = p.d_qk, Ev = p.d_v;
     const std::size_t G = H / p.kv_heads;
     const double scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(E));

@@ -47,7 +47,8 @@ public:
 
     /// Appends `rows` keys and values to every (batch, kv head): k is (B, Hkv, rows, E) and v is
     /// (B, Hkv, rows, Ev), row-major. Throws qkv::invalid_argument when a span's size does not fit
-    /// and limit_exceeded when size() + rows would pass capacity(); in both cases nothing is
+    /// and limit_exceeded when size() + rows would pass capacity(); an fp16 cache throws
+    /// numeric_overflow for a finite value beyond float16's range. In every case nothing is
     /// appended.
     void append(std::span<const float> k, std::span<const float> v, std::size_t rows);
 
