@@ -8,6 +8,7 @@
 
 #include "context_impl.hpp"
 #include "dispatch.hpp"
+#include "sdpa_decode.hpp"
 #include "sdpa_dispatch.hpp"
 
 namespace qkv::vulkan {
@@ -57,6 +58,21 @@ attention_output context::attention(const attention_problem& problem) {
 sdpa_output context::sdpa(const sdpa_problem& problem) {
     validate(problem);
     const auto start = std::chrono::steady_clock::now();
+    // Few query rows per K/V head against many keys: the split-S decode kernels (src/sdpa_decode.hpp),
+    // unless a test hook of the fused kernels is set. Where the decode path cannot run here
+    // (limits, texel formats) the fused kernels take the problem.
+    if (decode_suits(problem.shape, problem.options.return_weights) && !impl_->options.fused_tiles_as &&
+        impl_->options.max_fused_keys_per_dispatch == 0) {
+        try {
+            sdpa_output out = sdpa_through_cache(*this, problem);
+            std::lock_guard lock(impl_->mutex);
+            impl_->last.host_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            return out;
+        } catch (const limit_exceeded&) {
+        } catch (const unavailable&) {
+        }
+    }
     std::lock_guard lock(impl_->mutex);
     if (impl_->lost)
         throw device_lost(

@@ -448,4 +448,23 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     }
 }
 
+namespace detail {
+
+sdpa_output sdpa_through_cache(context& ctx, const sdpa_problem& problem) {
+    const sdpa_shape& s = problem.shape;
+    kv_cache cache(ctx, {.batch = s.batch,
+                         .kv_heads = s.kv_heads,
+                         .capacity = s.kv_len,
+                         .d_qk = s.d_qk,
+                         .d_v = s.d_v,
+                         .precision = problem.options.precision});
+    cache.append(problem.k, problem.v, s.kv_len);
+    sdpa_problem p = problem;
+    p.k = {};
+    p.v = {};
+    return ctx.sdpa(p, cache);
+}
+
+}  // namespace detail
+
 }  // namespace qkv::vulkan

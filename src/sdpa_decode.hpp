@@ -59,6 +59,11 @@ decode_plan plan_decode(const device_info& info, const decode_request& request);
 /// rows per K/V head (small q_len), many keys, no attention weights requested.
 bool decode_suits(const sdpa_shape& shape, bool return_weights);
 
+/// Runs a validated problem with host K/V through the decode kernels: K and V go into a
+/// temporary kv_cache of ctx (src/kv_cache.cpp), then context::sdpa(problem, cache). For
+/// context::sdpa when decode_suits the problem.
+sdpa_output sdpa_through_cache(context& ctx, const sdpa_problem& problem);
+
 /// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), the cache's K and V views, the
 /// masks (bound to any buffer when absent), the partial states and the output (B, Hq, L, Ev).
 struct decode_io {

@@ -86,7 +86,7 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                 for (std::size_t d : o.dim)
                     for (bool causal : causal_values)
                         for (qkv::precision p : precisions) {
-                            if (o.decode) {
+                            if (o.decode || !o.kv_seq.empty() || !o.kv_heads.empty()) {
                                 for (std::size_t s : o.kv_seq.empty() ? std::vector<std::size_t>{n} : o.kv_seq)
                                     for (std::size_t hkv :
                                          o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
@@ -95,6 +95,8 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                                                 config c{b, h, n, d, causal, p, qkv::implementation::fused, k};
                                                 c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
                                                 c.split = split == "on";
+                                                c.host_kv = !o.decode;  // sdpa with host K/V: no split choice
+                                                if (c.host_kv && !c.split) continue;
                                                 out.push_back(c);
                                             }
                                 continue;
@@ -115,7 +117,7 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.batch.empty()) o.batch = {1};
     if (o.heads.empty()) o.heads = {slow ? 1u : 8u};
     if (o.seq.empty() && o.decode) o.seq = {1};
-    if (o.split.empty()) o.split = {"on", "off"};
+    if (o.split.empty()) o.split = o.decode ? std::vector<std::string>{"on", "off"} : std::vector<std::string>{"on"};
     if (o.seq.empty())
         o.seq = slow ? std::vector<std::size_t>{128, 512, 1024} : std::vector<std::size_t>{512, 1024, 2048, 4096, 8192};
     if (o.dim.empty()) o.dim = {64};
@@ -137,8 +139,6 @@ void run(bench_options o) {
         if (c.decode && c.heads % c.kv_heads != 0)
             throw usage_error("--kv-heads " + std::to_string(c.kv_heads) + " must divide --heads " +
                               std::to_string(c.heads));
-    if (!o.decode && (!o.kv_seq.empty() || !o.kv_heads.empty()))
-        throw usage_error("--kv-seq and --kv-heads need --decode (sdpa with host K/V is not timed yet)");
     const std::string date = utc_now();
 
     std::ofstream json_out;  // opened first: a bad path fails before minutes of benchmarking
@@ -179,6 +179,10 @@ void run(bench_options o) {
         bar.show(i + 1, describe(c));
         if (!c.decode) {
             results.push_back(run_config(ctx, c, o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops));
+            continue;
+        }
+        if (c.host_kv) {
+            results.push_back(run_sdpa_host(ctx, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));
             continue;
         }
         if (!c.split && !unsplit)
@@ -250,7 +254,9 @@ void add_bench(CLI::App& app) {
     cmd->add_flag("--decode", o->decode,
                   "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
                   "1) against --kv-seq keys of --kv-heads K/V heads");
-    cmd->add_option("--kv-seq", o->kv_seq, "Keys and values per head S (default: --seq)")
+    cmd->add_option("--kv-seq", o->kv_seq,
+                    "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
+                    "the host (cross-attention, GQA)")
         ->delimiter(',')
         ->check(positive);
     cmd->add_option("--kv-heads", o->kv_heads, "K/V heads Hkv, dividing --heads (default: --heads)")

@@ -37,7 +37,8 @@ struct config {
     // decode: seq is the query rows per head (L), kv_seq the keys in the cache, kv_heads its heads
     bool decode = false;
     std::size_t kv_seq = 0, kv_heads = 0;
-    bool split = true;  // decode: the split-S kernels choose their chunks (false: one chunk)
+    bool split = true;     // decode: the split-S kernels choose their chunks (false: one chunk)
+    bool host_kv = false;  // with decode: sdpa with K and V from the host (--kv-seq without --decode)
 };
 
 struct summary {
@@ -73,6 +74,10 @@ result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int re
 /// max_decode_chunks is 1 for c.split == false), q from the host each call.
 result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
                   double fma_gflops);
+/// sdpa with q, k and v from the host (c.decode and c.host_kv): cross-attention, GQA, decode
+/// shapes through context::sdpa(problem).
+result run_sdpa_host(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                     double fma_gflops);
 summary tiny_example(qkv::vulkan::context& ctx, int calls);
 
 // bench_table.cpp

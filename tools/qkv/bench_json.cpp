@@ -33,7 +33,9 @@ json results_json(const options& o, const qkv::vulkan::device_info& info, const 
                   {"dim", r.c.dim},
                   {"causal", r.c.causal},
                   {"precision", name_of(r.c.precision)},
-                  {"impl", r.c.decode ? "decode" : name_of(r.c.impl)},
+                  {"impl", r.c.host_kv  ? "sdpa"
+                           : r.c.decode ? "decode"
+                                        : name_of(r.c.impl)},
                   {"kernel", r.c.decode || r.c.impl == qkv::implementation::fused ? name_of(r.ran_kernel) : "-"},
                   {"attention_flop", attention_flops(r.c)},
                   {"projection_flop", projection_flops(r.c)}};

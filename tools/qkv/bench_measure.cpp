@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,6 +44,7 @@ double kv_bytes(const config& c) {
 /// configuration not yet run.
 std::string impl_name(const config& c, qkv::kernel_family ran) {
     const char* family = name_of(ran == qkv::kernel_family::automatic ? c.kernel : ran);
+    if (c.decode && c.host_kv) return std::string("sdpa ") + family;
     if (c.decode) return std::string("decode ") + family + (c.split ? " split" : " P=1");
     if (c.impl != qkv::implementation::fused) return name_of(c.impl);
     return std::string("fused ") + family;
@@ -144,8 +146,12 @@ result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int re
     return r;
 }
 
-result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
-                  double fma_gflops) {
+namespace {
+
+/// Times sdpa: against a kv_cache (K/V appended once, before the timed calls), or with K and V
+/// from the host on every call (host_kv).
+result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                 double fma_gflops) {
     result r;
     r.c = c;
     const bool device_clock = ctx.device().timestamps;
@@ -155,18 +161,30 @@ result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int re
         ctx.trim();
         ctx.reset_peak();
         std::mt19937_64 rng(seed);
-        qkv::vulkan::kv_cache cache(ctx, {.batch = c.batch,
-                                          .kv_heads = c.kv_heads,
-                                          .capacity = c.kv_seq,
-                                          .d_qk = c.dim,
-                                          .d_v = c.dim,
-                                          .precision = c.precision});
+        std::optional<qkv::vulkan::kv_cache> cache;
+        std::vector<float> host_k, host_v;  // host_kv: K and V of every call
+        if (!c.host_kv)
+            cache.emplace(ctx, qkv::vulkan::kv_cache_shape{.batch = c.batch,
+                                                           .kv_heads = c.kv_heads,
+                                                           .capacity = c.kv_seq,
+                                                           .d_qk = c.dim,
+                                                           .d_v = c.dim,
+                                                           .precision = c.precision});
         // The keys arrive in a few appends, as a decoder's would (K/V of N(0, 1), like q).
         const std::size_t groups = c.batch * c.kv_heads, pieces = std::min<std::size_t>(4, c.kv_seq);
         for (std::size_t done = 0, i = 0; i < pieces; ++i) {
             const std::size_t rows = i + 1 == pieces ? c.kv_seq - done : c.kv_seq / pieces;
             const std::vector<float> k = normal(groups * rows * c.dim, rng), v = normal(groups * rows * c.dim, rng);
-            cache.append(k, v, rows);
+            if (cache) {
+                cache->append(k, v, rows);
+            } else {  // the same values in (B, Hkv, S, d) order
+                host_k.resize(groups * c.kv_seq * c.dim), host_v.resize(groups * c.kv_seq * c.dim);
+                for (std::size_t z = 0; z < groups; ++z)
+                    for (std::size_t t = 0; t < rows * c.dim; ++t) {
+                        host_k[(z * c.kv_seq + done) * c.dim + t] = k[z * rows * c.dim + t];
+                        host_v[(z * c.kv_seq + done) * c.dim + t] = v[z * rows * c.dim + t];
+                    }
+            }
             done += rows;
         }
         const std::vector<float> q = normal(c.batch * c.heads * c.seq * c.dim, rng);
@@ -182,8 +200,11 @@ result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int re
         p.options.causal = c.causal;
         p.options.alignment = qkv::causal_alignment::bottom_right;
         p.options.kernel = c.kernel;
+        p.options.precision = c.precision;
+        p.k = host_k;
+        p.v = host_v;
         for (int i = 0; i < warmup + repeat; ++i) {
-            const qkv::sdpa_output out = ctx.sdpa(p, cache);
+            const qkv::sdpa_output out = cache ? ctx.sdpa(p, *cache) : ctx.sdpa(p);
             if (i == 0) {
                 r.ran_kernel = out.kernel;
                 if (!std::all_of(out.output.begin(), out.output.end(), [](float x) { return std::isfinite(x); }))
@@ -212,6 +233,18 @@ result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int re
     r.kv_gb_per_s = kv_bytes(c) / (r.attention_ms.median * 1e6);
     if (fma_gflops > 0) r.percent_of_fma = 100.0 * r.attention_gflops / fma_gflops;
     return r;
+}
+
+}  // namespace
+
+result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                  double fma_gflops) {
+    return time_sdpa(ctx, c, warmup, repeat, seed, fma_gflops);
+}
+
+result run_sdpa_host(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                     double fma_gflops) {
+    return time_sdpa(ctx, c, warmup, repeat, seed, fma_gflops);
 }
 
 /// The tutorial's 3 x 4 example, called repeatedly: the fixed cost of one call.

@@ -56,7 +56,8 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
     }
     json ratios = json::array();
     if (rows.empty()) return ratios;
-    os << "Decode: sdpa against a kv_cache (K/V resident on the device, only q uploaded per call)\n";
+    os << "sdpa: decode against a kv_cache (K/V resident on the device, only q uploaded per call), or q, k, v "
+          "from the host (impl sdpa)\n";
     print_table(os,
                 {"B", "Hq", "Hkv", "L", "S", "d", "causal", "prec", "impl", "attn ms" + clock, "range", "GFLOP/s",
                  "K/V GB/s", "call ms", "peak MiB"},
@@ -65,9 +66,9 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
         if (!split.ran || !split.c.decode || !split.c.split) continue;
         for (const result& one : results) {
             const config &a = split.c, &b = one.c;
-            if (!one.ran || !b.decode || b.split || a.batch != b.batch || a.heads != b.heads ||
-                a.kv_heads != b.kv_heads || a.seq != b.seq || a.kv_seq != b.kv_seq || a.dim != b.dim ||
-                a.causal != b.causal || a.precision != b.precision || a.kernel != b.kernel)
+            if (!one.ran || !b.decode || b.split || a.host_kv || b.host_kv || a.batch != b.batch ||
+                a.heads != b.heads || a.kv_heads != b.kv_heads || a.seq != b.seq || a.kv_seq != b.kv_seq ||
+                a.dim != b.dim || a.causal != b.causal || a.precision != b.precision || a.kernel != b.kernel)
                 continue;
             const double speedup = one.call_ms.median / split.call_ms.median;
             os << "  " << describe(a) << ": split " << sig3(split.call_ms.median) << " ms per call, one chunk "
