@@ -325,3 +325,22 @@ TEST_CASE("decode: staged uploads and the shared-memory maxima", "[kv_cache][dec
     c.kernel = qkv::kernel_family::gpu;
     (void)check_case(tree, c);
 }
+
+TEST_CASE("sdpa with host K/V takes the decode kernels for decode shapes", "[kv_cache][decode]") {
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    decode_case c;
+    c.kernel = family, c.q_len = 1, c.kv_len = 3000;
+    const decode_data d = make_data(c);
+    qkv::sdpa_problem p = problem_of(c, d);
+    p.k = d.k;
+    p.v = d.v;
+    qkv::vulkan::context& ctx = gpu();
+    const qkv::sdpa_output host = ctx.sdpa(p);
+    CHECK(host.kernel == family);
+    CHECK(qkv_test::nmse(host.output, qkv_test::decode_reference(d.ref)) < 1e-9);
+    // the same bits as through a cache: it is the same kernel
+    qkv::vulkan::kv_cache cache = make_cache(ctx, c);
+    fill(cache, c, d);
+    CHECK(same_bits(host.output, ctx.sdpa(problem_of(c, d), cache).output));
+    require_clean(ctx);
+}
