@@ -25,6 +25,8 @@ namespace qkv::vulkan::detail {
     X(flash_cpu, qkv_spv_flash_cpu)                   \
     X(flash_cpu_pack, qkv_spv_flash_cpu_pack)         \
     X(flash_cpu_pack_f16, qkv_spv_flash_cpu_pack_f16) \
+    X(flash_weights, qkv_spv_flash_weights)           \
+    X(flash_weights_f16, qkv_spv_flash_weights_f16)   \
     X(ceiling_fma, qkv_spv_ceiling_fma)               \
     X(ceiling_copy, qkv_spv_ceiling_copy)             \
     X(project_cpu, qkv_spv_project_cpu)               \
@@ -32,7 +34,10 @@ namespace qkv::vulkan::detail {
     X(scores_cpu, qkv_spv_scores_cpu)                 \
     X(scores_cpu_f16, qkv_spv_scores_cpu_f16)         \
     X(aggregate_cpu, qkv_spv_aggregate_cpu)           \
-    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)
+    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)   \
+    X(sdpa_decode_cpu, qkv_spv_sdpa_decode_cpu)       \
+    X(sdpa_decode_gpu, qkv_spv_sdpa_decode_gpu)       \
+    X(sdpa_merge, qkv_spv_sdpa_merge)
 
 enum class shader_id {
 #define QKV_SHADER_ENUM(id, array) id,

@@ -13,6 +13,7 @@
 
 #include "choice_option.hpp"
 #include "errors.hpp"
+#include "names.hpp"
 
 namespace qkv::cli {
 
@@ -110,22 +111,16 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
                         "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --impl "
                         "and --device")
         ->group(running);
-    add_choice<qkv::precision>(cmd, "--precision", o.precision,
-                               {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
+    add_choice<qkv::precision>(cmd, "--precision", o.precision, precision_names(),
                                "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
         ->group(running);
-    add_choice<qkv::implementation>(cmd, "--impl", o.implementation,
-                                    {{"auto", qkv::implementation::automatic},
-                                     {"staged", qkv::implementation::staged},
-                                     {"fused", qkv::implementation::fused}},
+    add_choice<qkv::implementation>(cmd, "--impl", o.implementation, implementation_names(),
                                     "auto (fused, or staged with --weights), staged (four passes, N x N scores in "
                                     "memory) or fused (one flash-attention pass)")
         ->group(running);
-    add_choice<qkv::kernel_family>(
-        cmd, "--kernel", o.kernel,
-        {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},
-        "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
-        "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
+    add_choice<qkv::kernel_family>(cmd, "--kernel", o.kernel, kernel_names(),
+                                   "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
+                                   "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
         ->group(running);
     cmd.add_option("--device", o.device,
                    "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "

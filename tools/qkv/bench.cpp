@@ -9,109 +9,36 @@
 // device memory the context held. In the same process it measures the device's ceiling (an FMA
 // chain and a copy shader) and states each kernel's throughput as a share of it, and it times the
 // tutorial's tiny example call against an empty submit-and-wait to show the fixed cost of a call.
+//
+// `--decode` times context::sdpa against a kv_cache instead: --seq query rows per head (L) against
+// --kv-seq keys resident on the device (--kv-heads K/V heads), with the split-S kernels choosing
+// their chunks (--split on) and with one chunk (--split off).
+//
+// Parts: this file (options, the sweep, the run), bench_measure.cpp, bench_table.cpp, bench_json.cpp.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
 #include <ctime>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <map>
+#include <memory>
 #include <optional>
-#include <random>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "bench.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
+#include "names.hpp"
 #include "npy/npy.hpp"
-#include "printing.hpp"
-#include "qkv/tutorial.hpp"
 #include "qkv/version.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::cli {
+namespace bench {
 namespace {
 
-using json = nlohmann::ordered_json;
-
-struct bench_options {
-    std::vector<std::size_t> batch, heads, seq, dim;
-    std::vector<std::string> causal, precision, impl, kernel;
-    int repeat = 0;   // 0: chosen for the device
-    int warmup = -1;  // -1: chosen for the device
-    std::string device, json_file;
-    bool skip_ceiling = false;
-    std::uint64_t seed = 20261122;
-};
-
-struct config {
-    std::size_t batch, heads, seq, dim;
-    bool causal;
-    qkv::precision precision;
-    qkv::implementation impl;
-    qkv::kernel_family kernel = qkv::kernel_family::automatic;  // fused only
-};
-
-struct summary {
-    double median = 0, min = 0, max = 0;
-};
-
-struct result {
-    config c{};
-    bool ran = false;
-    std::string skipped;  // why not, when !ran
-    summary attention_ms, projection_ms, call_ms;
-    double attention_gflops = 0, projection_gflops = 0;
-    double percent_of_fma = 0;
-    std::uint64_t peak_bytes = 0;
-    bool device_clock = false;
-    qkv::kernel_family ran_kernel = qkv::kernel_family::automatic;  // the fused family that ran
-};
-
-summary summarise(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    return {median, v.front(), v.back()};
-}
-
-std::string fixed(double value, int decimals) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(decimals) << value;
-    return os.str();
-}
-
-/// Three significant digits, without exponent for the sizes a benchmark prints.
-std::string sig3(double value) {
-    const double a = std::fabs(value);
-    if (a >= 100) return fixed(value, 0);
-    if (a >= 10) return fixed(value, 1);
-    if (a >= 1) return fixed(value, 2);
-    return fixed(value, 3);
-}
-
-std::string mebibytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / (1024.0 * 1024.0), 1); }
-
-const char* name_of(qkv::precision p) { return p == qkv::precision::fp16 ? "fp16" : "fp32"; }
-const char* name_of(qkv::implementation i) {
-    return i == qkv::implementation::fused ? "fused" : i == qkv::implementation::staged ? "staged" : "auto";
-}
-const char* name_of(qkv::kernel_family k) {
-    return k == qkv::kernel_family::cpu ? "cpu" : k == qkv::kernel_family::gpu ? "gpu" : "auto";
-}
-/// "staged", "fused cpu" (the family that ran), or "fused auto" for a configuration not yet run.
-std::string impl_name(const config& c, qkv::kernel_family ran) {
-    if (c.impl != qkv::implementation::fused) return name_of(c.impl);
-    return std::string("fused ") + name_of(ran == qkv::kernel_family::automatic ? c.kernel : ran);
-}
+using bench_options = options;
 
 std::string utc_now() {
     const std::time_t t = std::time(nullptr);
@@ -126,46 +53,6 @@ std::string utc_now() {
     return text;
 }
 
-double attention_flops(const config& c) {
-    const double n = static_cast<double>(c.seq);
-    const double f = 4.0 * static_cast<double>(c.batch * c.heads * c.dim) * n * n;
-    return c.causal ? f / 2 : f;
-}
-double projection_flops(const config& c) {
-    const double width = static_cast<double>(c.heads * c.dim);
-    return 2.0 * static_cast<double>(c.batch * c.seq) * width * 3.0 * width;
-}
-
-/// Inputs of N(0, 1) and weights of N(0, 1/d_in), as in a trained model: scores of order one.
-struct bench_problem {
-    qkv::attention_shape shape;
-    std::vector<float> x, wq, wk, wv;
-
-    bench_problem(const config& c, std::uint64_t seed) {
-        const std::size_t width = c.heads * c.dim;
-        shape = {.batch = c.batch, .seq = c.seq, .d_in = width, .d_k = width, .d_v = width, .heads = c.heads};
-        std::mt19937_64 rng(seed);
-        std::normal_distribution<float> unit(0.0f, 1.0f);
-        const float w_scale = 1.0f / std::sqrt(static_cast<float>(width));
-        const auto fill = [&](std::vector<float>& v, std::size_t n, float s) {
-            v.resize(n);
-            for (float& e : v) e = unit(rng) * s;
-        };
-        fill(x, c.batch * c.seq * width, 1.0f);
-        fill(wq, width * width, w_scale);
-        fill(wk, width * width, w_scale);
-        fill(wv, width * width, w_scale);
-    }
-    [[nodiscard]] qkv::attention_problem view(const config& c) const {
-        qkv::attention_problem p{.shape = shape, .x = x, .wq = wq, .wk = wk, .wv = wv};
-        p.options.causal = c.causal;
-        p.options.precision = c.precision;
-        p.options.implementation = c.impl;
-        p.options.kernel = c.kernel;
-        return p;
-    }
-};
-
 /// Progress on stderr, one line per configuration, so stdout holds only the results.
 class progress {
 public:
@@ -179,116 +66,48 @@ private:
     std::size_t total_;
 };
 
-std::string describe(const config& c) {
-    return "B=" + std::to_string(c.batch) + " H=" + std::to_string(c.heads) + " N=" + std::to_string(c.seq) +
-           " d=" + std::to_string(c.dim) + (c.causal ? " causal " : " ") + name_of(c.precision) + " " +
-           impl_name(c, qkv::kernel_family::automatic);
-}
-
-result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
-                  double fma_gflops) {
-    result r;
-    r.c = c;
-    const bench_problem problem(c, seed);
-    const qkv::attention_problem view = problem.view(c);
-    const bool device_clock = ctx.device().timestamps;
-    r.device_clock = device_clock;
-    std::vector<double> attention, projection, call;
-    try {
-        ctx.trim();  // the peak is this configuration's alone
-        ctx.reset_peak();
-        for (int i = 0; i < warmup + repeat; ++i) {
-            const qkv::attention_output out = ctx.attention(view);
-            if (i == 0) {  // time only calls that compute something real
-                r.ran_kernel = out.kernel;
-                const bool finite =
-                    std::all_of(out.output.begin(), out.output.end(), [](float v) { return std::isfinite(v); });
-                if (!finite) throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
-            }
-            if (i < warmup) continue;
-            const qkv::vulkan::call_stats s = ctx.last_call();
-            call.push_back(s.host_ms);
-            attention.push_back(device_clock ? s.attention_ms : s.host_ms);
-            projection.push_back(device_clock ? s.projection_ms : 0.0);
-        }
-        r.peak_bytes = ctx.peak_device_memory();
-    } catch (const qkv::vulkan::limit_exceeded& e) {
-        r.skipped = e.what();
-        return r;
-    } catch (const qkv::vulkan::out_of_memory& e) {
-        r.skipped = e.what();
-        return r;
-    } catch (const qkv::vulkan::unavailable& e) {  // fp16 on a device without 16-bit storage
-        r.skipped = e.what();
-        return r;
-    }
-    r.ran = true;
-    r.attention_ms = summarise(attention);
-    r.projection_ms = summarise(projection);
-    r.call_ms = summarise(call);
-    r.attention_gflops = attention_flops(c) / (r.attention_ms.median * 1e6);
-    if (device_clock && r.projection_ms.median > 0)
-        r.projection_gflops = projection_flops(c) / (r.projection_ms.median * 1e6);
-    if (fma_gflops > 0) r.percent_of_fma = 100.0 * r.attention_gflops / fma_gflops;
-    return r;
-}
-
-/// The tutorial's 3 x 4 example, called repeatedly: the fixed cost of one call.
-summary tiny_example(qkv::vulkan::context& ctx, int calls) {
-    const auto flat = [](const auto& m) {
-        std::vector<float> v;
-        for (std::size_t r = 0; r < m.rows; ++r)
-            for (std::size_t c = 0; c < m.cols; ++c) v.push_back(m(r, c));
-        return v;
-    };
-    const std::vector<float> x = flat(qkv::tutorial::inputs), wq = flat(qkv::tutorial::w_query),
-                             wk = flat(qkv::tutorial::w_key), wv = flat(qkv::tutorial::w_value);
-    qkv::attention_problem p{.shape = {.seq = 3, .d_in = 4, .d_k = 3, .d_v = 3}, .x = x, .wq = wq, .wk = wk, .wv = wv};
-    p.options.scale = 1.0f;
-    std::vector<double> host;
-    for (int i = 0; i < calls + 3; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        const qkv::attention_output out = ctx.attention(p);
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        if (i >= 3) host.push_back(ms);
-        // The tutorial's first output row, as a guard against timing something wrong.
-        if (std::fabs(out.output[0] - qkv::tutorial::plain.output(0, 0)) > 1e-3f)
-            throw qkv::vulkan::error("the tiny example's result is wrong; not timing it");
-    }
-    return summarise(host);
-}
-
 std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info& info) {
-    const auto parse_bool = [](const std::string& s) { return s == "yes"; };
     std::vector<bool> causal_values;
-    for (const auto& s : o.causal) causal_values.push_back(parse_bool(s));
+    for (const auto& s : o.causal) causal_values.push_back(s == "yes");
     std::vector<qkv::precision> precisions;
-    for (const auto& s : o.precision) precisions.push_back(s == "fp16" ? qkv::precision::fp16 : qkv::precision::fp32);
+    for (const auto& s : o.precision) precisions.push_back(value_in(precision_names(), s, qkv::precision::fp32));
     if (o.precision.empty()) {
         precisions.push_back(qkv::precision::fp32);
         if (info.fp16_storage) precisions.push_back(qkv::precision::fp16);
     }
     std::vector<qkv::implementation> impls;
-    for (const auto& s : o.impl)
-        impls.push_back(s == "staged" ? qkv::implementation::staged : qkv::implementation::fused);
+    for (const auto& s : o.impl) impls.push_back(value_in(implementation_names(), s, qkv::implementation::fused));
     std::vector<qkv::kernel_family> kernels;
-    for (const auto& s : o.kernel)
-        kernels.push_back(s == "cpu"   ? qkv::kernel_family::cpu
-                          : s == "gpu" ? qkv::kernel_family::gpu
-                                       : qkv::kernel_family::automatic);
+    for (const auto& s : o.kernel) kernels.push_back(value_in(kernel_names(), s, qkv::kernel_family::automatic));
     std::vector<config> out;
     for (std::size_t b : o.batch)
         for (std::size_t h : o.heads)
             for (std::size_t n : o.seq)
                 for (std::size_t d : o.dim)
                     for (bool causal : causal_values)
-                        for (qkv::precision p : precisions)
+                        for (qkv::precision p : precisions) {
+                            if (o.decode || !o.kv_seq.empty() || !o.kv_heads.empty()) {
+                                for (std::size_t s : o.kv_seq.empty() ? std::vector<std::size_t>{n} : o.kv_seq)
+                                    for (std::size_t hkv :
+                                         o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
+                                        for (qkv::kernel_family k : kernels)
+                                            for (const std::string& split : o.split) {
+                                                config c{b, h, n, d, causal, p, qkv::implementation::fused, k};
+                                                c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
+                                                c.split = split == "on";
+                                                c.host_kv = !o.decode;  // sdpa with host K/V: no split choice
+                                                if (c.host_kv && !c.split) continue;
+                                                out.push_back(c);
+                                            }
+                                continue;
+                            }
                             for (qkv::implementation i : impls) {
                                 if (i != qkv::implementation::fused)
                                     out.push_back({b, h, n, d, causal, p, i});
                                 else
                                     for (qkv::kernel_family k : kernels) out.push_back({b, h, n, d, causal, p, i, k});
                             }
+                        }
     return out;
 }
 
@@ -297,6 +116,8 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.batch.empty()) o.batch = {1};
     if (o.heads.empty()) o.heads = {slow ? 1u : 8u};
+    if (o.seq.empty() && o.decode) o.seq = {1};
+    if (o.split.empty()) o.split = o.decode ? std::vector<std::string>{"on", "off"} : std::vector<std::string>{"on"};
     if (o.seq.empty())
         o.seq = slow ? std::vector<std::size_t>{128, 512, 1024} : std::vector<std::size_t>{512, 1024, 2048, 4096, 8192};
     if (o.dim.empty()) o.dim = {64};
@@ -307,23 +128,6 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
 }
 
-json device_json(const qkv::vulkan::device_info& d) {
-    return {{"name", d.name},
-            {"type", qkv::vulkan::to_string(d.type)},
-            {"driver", d.driver},
-            {"vulkan", d.api_version_string},
-            {"vendor_id", d.vendor_id},
-            {"subgroup_size", d.subgroup_size},
-            {"subgroup_arithmetic", d.subgroup_arithmetic},
-            {"shared_memory_bytes", d.max_shared_memory},
-            {"device_local_bytes", d.device_local_memory},
-            {"fp16_storage", d.fp16_storage},
-            {"fp16_arithmetic", d.fp16_arithmetic},
-            {"timestamps", d.timestamps}};
-}
-
-json summary_json(const summary& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
-
 void run(bench_options o) {
     std::optional<std::string> device;
     if (!o.device.empty()) device = o.device;
@@ -331,6 +135,10 @@ void run(bench_options o) {
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
+    for (const config& c : configs)
+        if (c.decode && c.heads % c.kv_heads != 0)
+            throw usage_error("--kv-heads " + std::to_string(c.kv_heads) + " must divide --heads " +
+                              std::to_string(c.heads));
     const std::string date = utc_now();
 
     std::ofstream json_out;  // opened first: a bad path fails before minutes of benchmarking
@@ -365,77 +173,26 @@ void run(bench_options o) {
 
     std::vector<result> results;
     progress bar(configs.size());
+    std::optional<qkv::vulkan::context> unsplit;  // decode with one chunk: its own context option
     for (std::size_t i = 0; i < configs.size(); ++i) {
-        bar.show(i + 1, describe(configs[i]));
-        results.push_back(run_config(ctx, configs[i], o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops));
-    }
-
-    const std::string clock = info.timestamps ? "" : " (host)";
-    std::vector<std::vector<std::string>> rows;
-    for (const result& r : results) {
-        const config& c = r.c;
-        std::vector<std::string> row{std::to_string(c.batch),   std::to_string(c.heads), std::to_string(c.seq),
-                                     std::to_string(c.dim),     c.causal ? "yes" : "no", name_of(c.precision),
-                                     impl_name(c, r.ran_kernel)};
-        if (!r.ran) {
-            row.push_back("skipped: " + r.skipped);
-        } else {
-            row.push_back(sig3(r.attention_ms.median));
-            row.push_back(sig3(r.attention_ms.min) + "–" + sig3(r.attention_ms.max));
-            row.push_back(sig3(r.attention_gflops));
-            row.push_back(o.skip_ceiling ? "-" : fixed(r.percent_of_fma, 1));
-            row.push_back(info.timestamps ? sig3(r.projection_ms.median) : "-");
-            row.push_back(info.timestamps ? sig3(r.projection_gflops) : "-");
-            row.push_back(sig3(r.call_ms.median));
-            row.push_back(mebibytes(r.peak_bytes));
+        const config& c = configs[i];
+        bar.show(i + 1, describe(c));
+        if (!c.decode) {
+            results.push_back(run_config(ctx, c, o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops));
+            continue;
         }
-        rows.push_back(std::move(row));
+        if (c.host_kv) {
+            results.push_back(run_sdpa_host(ctx, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));
+            continue;
+        }
+        if (!c.split && !unsplit)
+            unsplit.emplace(qkv::vulkan::context_options{.device = device, .max_decode_chunks = 1});
+        // The same seed for a shape with and without the split: the same data.
+        results.push_back(
+            run_decode(c.split ? ctx : *unsplit, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));
     }
-    print_table(std::cout,
-                {"B", "H", "N", "d", "causal", "prec", "impl", "attn ms" + clock, "range", "GFLOP/s", "% FMA",
-                 "proj ms", "proj GFLOP/s", "call ms", "peak MiB"},
-                rows);
 
-    // Fused against staged, same shape and precision, measured in this run.
-    std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, bool, int, int>, std::pair<double, double>>
-        pairs;  // per fused kernel family that ran
-    for (const result& r : results)
-        if (r.ran && r.c.impl == qkv::implementation::fused)
-            pairs[{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal, static_cast<int>(r.c.precision),
-                   static_cast<int>(r.ran_kernel)}]
-                .first = r.attention_ms.median;
-    for (const result& r : results)
-        if (r.ran && r.c.impl == qkv::implementation::staged)
-            for (auto& [key, times] : pairs)
-                if (key == decltype(pairs)::key_type{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal,
-                                                     static_cast<int>(r.c.precision), std::get<6>(key)})
-                    times.second = r.attention_ms.median;
-    json ratios = json::array();
-    bool header = false;
-    for (const auto& [key, times] : pairs) {
-        if (times.first <= 0 || times.second <= 0) continue;
-        if (!header) std::cout << "\nFused against staged (attention phase, median times of this run):\n";
-        header = true;
-        const auto& [b, h, n, d, causal, prec, kernel] = key;
-        const double speedup = times.second / times.first;
-        std::cout << "  B=" << b << " H=" << h << " N=" << n << " d=" << d << (causal ? " causal" : "") << " "
-                  << name_of(static_cast<qkv::precision>(prec)) << ": fused ("
-                  << name_of(static_cast<qkv::kernel_family>(kernel)) << " family) " << sig3(times.first)
-                  << " ms, staged " << sig3(times.second) << " ms, fused is " << fixed(speedup, 2) << "x "
-                  << (speedup >= 1 ? "faster" : "slower") << "\n";
-        ratios.push_back({{"batch", b},
-                          {"heads", h},
-                          {"seq", n},
-                          {"dim", d},
-                          {"causal", causal},
-                          {"precision", name_of(static_cast<qkv::precision>(prec))},
-                          {"kernel", name_of(static_cast<qkv::kernel_family>(kernel))},
-                          {"fused_ms", times.first},
-                          {"staged_ms", times.second},
-                          {"staged_over_fused", speedup}});
-    }
-    std::cout << "\nGFLOP/s counts 4·B·H·N²·d for the attention (half when causal) and 2·B·N·(H·d)·3·(H·d) for the "
-                 "Q|K|V projection; % FMA is the attention's share of the measured FMA ceiling.\n";
+    const json ratios = print_results(std::cout, o, info, results);
 
     if (!o.json_file.empty()) {
         json j;
@@ -450,35 +207,9 @@ void run(bench_options o) {
                             {"empty_submit_ms", ceiling.empty_submit_ms},
                             {"device_timestamps", ceiling.device_timestamps}};
         j["tiny_example_call_ms"] = summary_json(tiny);
-        json list = json::array();
-        for (const result& r : results) {
-            json e = {{"batch", r.c.batch},
-                      {"heads", r.c.heads},
-                      {"seq", r.c.seq},
-                      {"dim", r.c.dim},
-                      {"causal", r.c.causal},
-                      {"precision", name_of(r.c.precision)},
-                      {"impl", name_of(r.c.impl)},
-                      {"kernel", r.c.impl == qkv::implementation::fused ? name_of(r.ran_kernel) : "-"},
-                      {"attention_flop", attention_flops(r.c)},
-                      {"projection_flop", projection_flops(r.c)}};
-            if (!r.ran) {
-                e["skipped"] = r.skipped;
-            } else {
-                e["attention_ms"] = summary_json(r.attention_ms);
-                e["attention_gflops"] = r.attention_gflops;
-                if (!o.skip_ceiling) e["percent_of_fma_ceiling"] = r.percent_of_fma;
-                if (info.timestamps) {
-                    e["projection_ms"] = summary_json(r.projection_ms);
-                    e["projection_gflops"] = r.projection_gflops;
-                }
-                e["call_ms"] = summary_json(r.call_ms);
-                e["peak_device_bytes"] = r.peak_bytes;
-            }
-            list.push_back(std::move(e));
-        }
-        j["results"] = std::move(list);
-        j["fused_vs_staged"] = std::move(ratios);
+        j["results"] = results_json(o, info, results);
+        j["fused_vs_staged"] = ratios["fused_vs_staged"];
+        j["decode_split_vs_unsplit"] = ratios["decode_split_vs_unsplit"];
         json_out << j.dump(2) << "\n";
         if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
         std::cerr << "qkv bench: wrote " << o.json_file << "\n";
@@ -486,8 +217,10 @@ void run(bench_options o) {
 }
 
 }  // namespace
+}  // namespace bench
 
 void add_bench(CLI::App& app) {
+    using namespace bench;
     auto o = std::make_shared<bench_options>();
     CLI::App* cmd = app.add_subcommand(
         "bench", "Time attention on a Vulkan device over a sweep of shapes, against the device's own ceiling");
@@ -506,17 +239,34 @@ void add_bench(CLI::App& app) {
         ->type_name("no|yes");
     cmd->add_option("--precision", o->precision, "fp32, fp16 (default both where the device stores 16-bit)")
         ->delimiter(',')
-        ->check(CLI::IsMember({"fp32", "fp16"}))
+        ->check(CLI::IsMember(names_of(precision_names())))
         ->type_name("fp32|fp16");
     cmd->add_option("--impl", o->impl, "staged, fused (default both)")
         ->delimiter(',')
-        ->check(CLI::IsMember({"staged", "fused"}))
+        ->check(CLI::IsMember(
+            std::vector<std::string>{name_of(qkv::implementation::staged), name_of(qkv::implementation::fused)}))
         ->type_name("staged|fused");
     cmd->add_option("--kernel", o->kernel,
                     "Fused kernel families: cpu, gpu, auto (default auto: cpu on a CPU device, gpu elsewhere)")
         ->delimiter(',')
-        ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+        ->check(CLI::IsMember(names_of(kernel_names())))
         ->type_name("cpu|gpu|auto");
+    cmd->add_flag("--decode", o->decode,
+                  "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
+                  "1) against --kv-seq keys of --kv-heads K/V heads");
+    cmd->add_option("--kv-seq", o->kv_seq,
+                    "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
+                    "the host (cross-attention, GQA)")
+        ->delimiter(',')
+        ->check(positive);
+    cmd->add_option("--kv-heads", o->kv_heads, "K/V heads Hkv, dividing --heads (default: --heads)")
+        ->delimiter(',')
+        ->check(positive);
+    cmd->add_option("--split", o->split,
+                    "Decode: on (the split-S kernels choose their chunks), off (one chunk), or on,off (default)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"on", "off"}))
+        ->type_name("on|off");
     cmd->add_option("--repeat", o->repeat, "Timed calls per row (default 5 on a CPU device, 20 on a GPU)")
         ->check(CLI::Range(1, 100000));
     cmd->add_option("--warmup", o->warmup, "Untimed calls before them (default 1 / 3)")->check(CLI::Range(0, 100000));

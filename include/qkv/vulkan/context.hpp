@@ -51,6 +51,8 @@ struct device_info {
     bool has_compute_queue = false;
 };
 
+class kv_cache;
+
 struct instance_options {
     /// Enable the Khronos validation layer (with synchronisation validation) and collect its
     /// messages; throws unavailable if the layer is not installed. Also on with QKV_VALIDATION=1.
@@ -100,6 +102,11 @@ struct context_options {
     /// subgroup size and limits) instead of the real device's, within the real device's shared
     /// memory and invocation limits. Proves a GPU's tile configuration correct on lavapipe.
     std::optional<device_info> fused_tiles_as{};
+
+    /// The most chunks the split-S decode (context::sdpa with a kv_cache) cuts the keys into;
+    /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
+    /// For measurements and tests.
+    std::uint32_t max_decode_chunks = 0;
 };
 
 /// Per-call timing, filled by context::attention.
@@ -143,6 +150,16 @@ public:
     /// (limit_exceeded); records everything into one command buffer and submits it once.
     [[nodiscard]] sdpa_output sdpa(const sdpa_problem& problem);
 
+    /// scaled_dot_product_attention of host q against the keys and values held in `cache`
+    /// (qkv/vulkan/kv_cache.hpp), created from this context: problem.k and problem.v stay empty;
+    /// problem.shape.kv_len is 0 (then it is cache.size()) or equal to cache.size(); batch,
+    /// kv_heads, d_qk and d_v must match the cache's. K and V are stored in the cache's precision
+    /// (options.precision is not used). Runs the split-S decode kernels (flash-decoding: the keys
+    /// are cut into chunks that run in parallel, and the partial results are merged in a fixed
+    /// order, so equal inputs give identical bits); causal (both alignments) and masks are
+    /// supported; return_weights is not (qkv::invalid_argument).
+    [[nodiscard]] sdpa_output sdpa(const sdpa_problem& problem, const kv_cache& cache);
+
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;
 
@@ -166,6 +183,7 @@ public:
     struct impl;
 
 private:
+    friend class kv_cache;
     std::unique_ptr<impl> impl_;
 };
 

@@ -6,4 +6,5 @@
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/kv_cache.hpp"
 #include "qkv/vulkan/problem.hpp"

@@ -1,0 +1,69 @@
+// qkv::vulkan::kv_cache: keys and values kept on the device across calls, for decoding.
+//
+//   qkv::vulkan::context ctx;
+//   qkv::vulkan::kv_cache cache(ctx, {.batch = 1, .kv_heads = 2, .capacity = 65536, .d_qk = 64, .d_v = 64});
+//   cache.append(k_rows, v_rows, n);          // (B, Hkv, n, E) and (B, Hkv, n, Ev), host data
+//   qkv::sdpa_output o = ctx.sdpa(problem, cache);  // q from the host, K/V from the cache
+//
+// append() writes only the new rows to the device; earlier rows stay where they are. The cache
+// stores K and V as texels of 4 values (RGBA32F, or RGBA16F with precision::fp16), one run of
+// `capacity` rows per (batch, kv head): the layout the decode kernels read through texel buffers.
+//
+// A cache belongs to the context it was created from, which must outlive it; calls on the two
+// are serialised by the context. Device memory is allocated once, at creation, and counts towards
+// context_options::device_memory_limit.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/export.hpp"
+#include "qkv/vulkan/problem.hpp"
+
+namespace qkv::vulkan {
+
+struct kv_cache_shape {
+    std::size_t batch = 1;                            ///< B
+    std::size_t kv_heads = 1;                         ///< Hkv
+    std::size_t capacity = 0;                         ///< the most rows (keys) per (batch, kv head)
+    std::size_t d_qk = 0;                             ///< E, width of the keys
+    std::size_t d_v = 0;                              ///< Ev, width of the values
+    qkv::precision precision = qkv::precision::fp32;  ///< storage of K and V (fp16 rounds to nearest even)
+};
+
+class QKV_VULKAN_API kv_cache {
+public:
+    /// Allocates K and V for `shape.capacity` rows on the context's device. Throws
+    /// qkv::invalid_argument for a zero dimension, limit_exceeded beyond the device's texel-buffer
+    /// or storage-buffer limits, out_of_memory when the memory cannot be had (nothing is kept).
+    kv_cache(context& ctx, const kv_cache_shape& shape);
+    ~kv_cache();
+    kv_cache(kv_cache&&) noexcept;
+    kv_cache& operator=(kv_cache&&) noexcept;
+    kv_cache(const kv_cache&) = delete;
+    kv_cache& operator=(const kv_cache&) = delete;
+
+    /// Appends `rows` keys and values to every (batch, kv head): k is (B, Hkv, rows, E) and v is
+    /// (B, Hkv, rows, Ev), row-major. Throws qkv::invalid_argument when a span's size does not fit
+    /// and limit_exceeded when size() + rows would pass capacity(); an fp16 cache throws
+    /// numeric_overflow for a finite value beyond float16's range. In every case nothing is
+    /// appended.
+    void append(std::span<const float> k, std::span<const float> v, std::size_t rows);
+
+    /// Rows held per (batch, kv head).
+    [[nodiscard]] std::size_t size() const;
+    [[nodiscard]] std::size_t capacity() const;
+    [[nodiscard]] const kv_cache_shape& shape() const;
+    /// Forgets every row (the memory is kept for the next appends).
+    void clear();
+
+    struct impl;
+
+private:
+    friend class context;
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace qkv::vulkan

@@ -1,0 +1,69 @@
+// Host–shader contract of the split-S decode family (flash-decoding): shaders/sdpa_decode.comp
+// (cpu and gpu variants) and shaders/sdpa_merge.comp, recorded by src/sdpa_decode.cpp.
+//
+// The G = Hq / Hkv query heads × L query rows that read one K/V head form R = G·L "rows" of one
+// group z = (batch, kv head); row r is query head kv_head·G + r / L, query row r % L. Keys
+// [0, S) are cut into P chunks of `chunk` keys; workgroup (row block, chunk, z) writes one partial
+// (m, l, acc[Ev]) per row, and the merge combines a row's P partials in the order 0..P−1.
+#ifndef QKV_CONTRACT_DECODE_H
+#define QKV_CONTRACT_DECODE_H
+
+#include "common.h"
+
+QKV_CONTRACT_BEGIN
+struct decode_push {
+    uint group_x, group_y, group_z;  // workgroup offset of a split dispatch (executor)
+    uint rows;                       // R = G·L rows per group
+    uint q_len;                      // L
+    uint kv_len;                     // S
+    uint kv_stride;                  // rows per group in the K/V texel buffers (the cache capacity)
+    uint chunk;                      // keys per chunk (a multiple of the keys per step)
+    uint chunks;                     // P
+    uint row_blocks;                 // row blocks per group
+    float scale;
+    int causal_offset;                    // key j is visible from query row i when j <= i + causal_offset
+    uint q_heads, kv_heads;               // Hq, Hkv (z = batch·Hkv + kv head)
+    uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
+};
+
+struct decode_merge_push {
+    uint group_x, group_y, group_z;
+    uint rows, q_len, chunks, dv, dv_stride;  // dv_stride: floats per partial accumulator (4·ceil(Ev/4))
+    uint groups;                              // B·Hkv
+};
+
+/// Specialization constants of sdpa_decode.comp, in this order (ids 0..).
+QKV_CONST uint DECODE_SPEC_WG = 0u;        // invocations per workgroup
+QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: rows per workgroup
+QKV_CONST uint DECODE_SPEC_KPS = 2u;       // cpu: keys per step (gpu: unused, keys per tile = WG)
+QKV_CONST uint DECODE_SPEC_E4 = 3u;        // texels per Q/K row, ceil(E / 4)
+QKV_CONST uint DECODE_SPEC_EV4 = 4u;       // texels per V row, ceil(Ev / 4)
+QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // DECODE_MASK_* bits
+QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+QKV_CONST uint DECODE_SPEC_COUNT = 7u;
+
+QKV_CONST uint DECODE_MASK_CAUSAL = 1u;
+QKV_CONST uint DECODE_MASK_BOOL = 2u;      // one uint (0/1) per mask element
+QKV_CONST uint DECODE_MASK_ADDITIVE = 4u;  // one float per mask element
+
+QKV_CONST uint DECODE_BINDING_Q = 0u;         // uniform texel buffer, [z][R][E4], unscaled
+QKV_CONST uint DECODE_BINDING_K = 1u;         // uniform texel buffer, [z][kv_stride][E4]
+QKV_CONST uint DECODE_BINDING_V = 2u;         // uniform texel buffer, [z][kv_stride][EV4]
+QKV_CONST uint DECODE_BINDING_MASK = 3u;      // storage, uint per element
+QKV_CONST uint DECODE_BINDING_ADDITIVE = 4u;  // storage, float per element
+QKV_CONST uint DECODE_BINDING_STATS = 5u;     // storage, (m, l) per (z, row, chunk)
+QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk)
+QKV_CONST uint DECODE_BINDINGS = 7u;
+
+QKV_CONST uint MERGE_BINDING_STATS = 0u;
+QKV_CONST uint MERGE_BINDING_ACC = 1u;
+QKV_CONST uint MERGE_BINDING_OUT = 2u;  // (B, Hq, L, Ev) floats
+QKV_CONST uint MERGE_BINDINGS = 3u;
+QKV_CONST uint MERGE_WORKGROUP = 64u;
+QKV_CONTRACT_END
+
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 18u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
+
+#endif

@@ -1,0 +1,283 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : enable
+#ifdef QKV_DECODE_GPU
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#endif
+// Split-S decode (flash-decoding): one workgroup takes one block of rows of one group
+// z = (batch, kv head) and one chunk of keys, and writes each row's partial softmax state
+// (m = running maximum, l = running sum, acc = sum of weights · V) for sdpa_merge.comp.
+// A group's rows are the G = Hq / Hkv query heads × L query rows that read the same K/V head
+// (row r: query head kv_head·G + r / L, query row r % L), so each K/V row is read once per block
+// of rows rather than once per query head. Keys and values come from the K/V cache's texel
+// buffers ([z][kv_stride][E4] and [z][kv_stride][EV4], RGBA32F or RGBA16F).
+//
+// Two variants, one source:
+//   cpu (default): one subgroup per workgroup, no shared memory and no barriers; a lane owns RPI
+//     rows, every K/V texel is fetched at a lane-uniform address (one fetch serves all lanes) and
+//     every inner loop has a constant trip count and is unrolled, so the key-step loop is the only
+//     loop: at most chunk / KPS iterations, which the host keeps far below llvmpipe's 65,535.
+//   gpu (QKV_DECODE_GPU): WG invocations, RPI rows per workgroup; each tile of WG keys is one key
+//     per invocation, scores for all rows against Q in shared memory, the tile's row maxima by
+//     subgroupMax + shared memory (SUBGROUP = 1) or a shared-memory tree (SUBGROUP = 0), the
+//     weights through shared memory, and each invocation accumulates its (row, texel) outputs.
+//
+// Semantics as the fused kernels: a masked key has weight 0 (and, with masks, adds nothing even
+// where its value is NaN); a row with nothing to attend keeps m = -inf, l = 0.
+#include "contract/decode.h"
+
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = 1) const uint RPI = 1;
+layout(constant_id = 2) const uint KPS = 8;
+layout(constant_id = 3) const uint E4 = 16;
+layout(constant_id = 4) const uint EV4 = 16;
+layout(constant_id = 5) const uint MASKS = 0;
+layout(constant_id = 6) const uint SUBGROUP = 0;
+
+layout(binding = DECODE_BINDING_Q) uniform samplerBuffer q_tex;
+layout(binding = DECODE_BINDING_K) uniform samplerBuffer k_tex;
+layout(binding = DECODE_BINDING_V) uniform samplerBuffer v_tex;
+layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskValues { uint mask_values[]; };
+layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
+layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out[]; };
+layout(push_constant) uniform Push { decode_push pc; };
+
+const uint WG = gl_WorkGroupSize.x;
+const bool CAUSAL = (MASKS & DECODE_MASK_CAUSAL) != 0u;
+const bool HAS_MASK = (MASKS & DECODE_MASK_BOOL) != 0u;
+const bool HAS_ADD = (MASKS & DECODE_MASK_ADDITIVE) != 0u;
+
+/// The score of (row r, key j) after the causal limit and the masks: -inf where not allowed.
+float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head) {
+    const float neg_inf = uintBitsToFloat(0xff800000u);
+    const uint rr = min(r, pc.rows - 1u);
+    const uint i = rr % pc.q_len;
+    const uint h = kv_head * (pc.rows / pc.q_len) + rr / pc.q_len;
+    bool ok = r < pc.rows && key < kv_end;
+    if (CAUSAL) ok = ok && int(key) <= int(i) + pc.causal_offset;
+    const uint kk = min(key, pc.kv_len - 1u);
+    const uint mi = batch * pc.mask_b + h * pc.mask_h + i * pc.mask_i + kk * pc.mask_j;
+    if (HAS_MASK) ok = ok && mask_values[mi] != 0u;
+    if (HAS_ADD) s += additive[mi];
+    return ok ? s : neg_inf;
+}
+
+/// Keys [begin, end) of this workgroup's chunk; causal: no key beyond what the last query row sees.
+uvec2 key_range(uint chunk) {
+    const uint begin = chunk * pc.chunk;
+    uint end = min(pc.kv_len, begin + pc.chunk);
+    if (CAUSAL) end = min(end, uint(max(0, int(pc.q_len) + pc.causal_offset)));
+    return uvec2(begin, end);
+}
+
+#ifndef QKV_DECODE_GPU
+
+void main() {
+    const float neg_inf = uintBitsToFloat(0xff800000u);
+    const uint BLOCK = WG * RPI;
+    const uint wx = gl_WorkGroupID.x + pc.group_x;
+    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
+    const uint lane = gl_LocalInvocationID.x;
+    const uint row0 = block * BLOCK;
+    const uint kbase = z * pc.kv_stride;
+
+    vec4 q[RPI * E4];
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        const uint r = min(row0 + i * WG + lane, pc.rows - 1u);
+        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] = texelFetch(q_tex, int((z * pc.rows + r) * E4 + c)) * pc.scale;
+    }
+    float m[RPI], l[RPI];
+    vec4 acc[RPI * EV4];
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        m[i] = neg_inf;
+        l[i] = 0.0;
+        [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] = vec4(0.0);
+    }
+
+    const uvec2 range = key_range(chunk);
+    const uint last = max(range.y, 1u) - 1u;  // keys past the end re-read the last key, with weight 0
+    for (uint j0 = range.x; j0 < range.y; j0 += KPS) {
+        uint at[KPS];
+        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = kbase + min(j0 + j, last);
+        float s[RPI * KPS];
+        [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
+        [[unroll]] for (uint c = 0; c < E4; ++c) {
+            [[unroll]] for (uint j = 0; j < KPS; ++j) {
+                const vec4 kv = texelFetch(k_tex, int(at[j] * E4 + c));
+                [[unroll]] for (uint i = 0; i < RPI; ++i) s[i * KPS + j] += dot(q[i * E4 + c], kv);
+            }
+        }
+        if (MASKS != 0u || j0 + KPS > range.y) {
+            [[unroll]] for (uint i = 0; i < RPI; ++i)
+                [[unroll]] for (uint j = 0; j < KPS; ++j)
+                    s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head);
+        }
+        [[unroll]] for (uint i = 0; i < RPI; ++i) {
+            float mx = s[i * KPS];
+            [[unroll]] for (uint j = 1; j < KPS; ++j) mx = max(mx, s[i * KPS + j]);
+            const float m_new = max(m[i], mx);
+            const float m_use = m_new == neg_inf ? 0.0 : m_new;  // nothing allowed yet: no -inf - -inf
+            const float alpha = exp(m[i] - m_use);
+            float sum = 0.0;
+            [[unroll]] for (uint j = 0; j < KPS; ++j) {
+                const float x = s[i * KPS + j];
+                const float p = x == neg_inf ? 0.0 : exp(x - m_use);
+                s[i * KPS + j] = p;
+                sum += p;
+            }
+            l[i] = l[i] * alpha + sum;
+            m[i] = m_new;
+            [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] *= alpha;
+        }
+        [[unroll]] for (uint c = 0; c < EV4; ++c) {
+            [[unroll]] for (uint j = 0; j < KPS; ++j) {
+                const vec4 vv = texelFetch(v_tex, int(at[j] * EV4 + c));
+                [[unroll]] for (uint i = 0; i < RPI; ++i) {
+                    const float p = s[i * KPS + j];
+                    if (MASKS != 0u)
+                        acc[i * EV4 + c] += p != 0.0 ? p * vv : vec4(0.0);
+                    else
+                        acc[i * EV4 + c] += p * vv;
+                }
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        const uint r = row0 + i * WG + lane;
+        if (r >= pc.rows) continue;
+        const uint at = (z * pc.rows + r) * pc.chunks + chunk;
+        stats[at] = vec2(m[i], l[i]);
+        [[unroll]] for (uint c = 0; c < EV4; ++c) acc_out[at * EV4 + c] = acc[i * EV4 + c];
+    }
+}
+
+#else  // QKV_DECODE_GPU
+
+const uint OUTS = (RPI * EV4 + WG - 1u) / WG;  // (row, texel) outputs per invocation
+shared vec4 q_sh[RPI * E4];
+shared float p_sh[RPI * WG];
+shared float red_sh[RPI * WG];
+
+void main() {
+    const float neg_inf = uintBitsToFloat(0xff800000u);
+    const uint wx = gl_WorkGroupID.x + pc.group_x;
+    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
+    const uint t = gl_LocalInvocationID.x;
+    const uint row0 = block * RPI;
+    const uint kbase = z * pc.kv_stride;
+
+    [[unroll]] for (uint k = 0; k < (RPI * E4 + WG - 1u) / WG; ++k) {
+        const uint idx = t + k * WG;
+        if (idx < RPI * E4) {
+            const uint r = row0 + idx / E4;
+            q_sh[idx] = r < pc.rows ? texelFetch(q_tex, int((z * pc.rows + r) * E4 + idx % E4)) * pc.scale : vec4(0.0);
+        }
+    }
+    barrier();
+
+    float m[RPI];
+    [[unroll]] for (uint r = 0; r < RPI; ++r) m[r] = neg_inf;
+    vec4 acc[OUTS];
+    float l[OUTS];
+    [[unroll]] for (uint k = 0; k < OUTS; ++k) {
+        acc[k] = vec4(0.0);
+        l[k] = 0.0;
+    }
+
+    const uvec2 range = key_range(chunk);
+    const uint last = max(range.y, 1u) - 1u;
+    for (uint j0 = range.x; j0 < range.y; j0 += WG) {
+        // 1. one key per invocation, scores against every row of the block
+        const uint key = j0 + t;
+        const uint at = kbase + min(key, last);
+        float s[RPI];
+        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = 0.0;
+        [[unroll]] for (uint c = 0; c < E4; ++c) {
+            const vec4 kv = texelFetch(k_tex, int(at * E4 + c));
+            [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+        }
+        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head);
+
+        // 2. the tile's maximum of each row
+        float mx[RPI];
+        if (SUBGROUP != 0u) {
+            [[unroll]] for (uint r = 0; r < RPI; ++r) {
+                const float sm = subgroupMax(s[r]);
+                if (subgroupElect()) red_sh[r * WG + gl_SubgroupID] = sm;
+            }
+            barrier();
+            [[unroll]] for (uint r = 0; r < RPI; ++r) {
+                mx[r] = neg_inf;
+                for (uint g = 0; g < gl_NumSubgroups; ++g) mx[r] = max(mx[r], red_sh[r * WG + g]);
+            }
+        } else {
+            [[unroll]] for (uint r = 0; r < RPI; ++r) red_sh[r * WG + t] = s[r];
+            for (uint stride = WG / 2u; stride > 0u; stride /= 2u) {
+                barrier();
+                if (t < stride)
+                    [[unroll]] for (uint r = 0; r < RPI; ++r)
+                        red_sh[r * WG + t] = max(red_sh[r * WG + t], red_sh[r * WG + t + stride]);
+            }
+            barrier();
+            [[unroll]] for (uint r = 0; r < RPI; ++r) mx[r] = red_sh[r * WG];
+        }
+
+        // 3. weights into shared memory, the rescale factor of every row
+        float alpha[RPI];
+        [[unroll]] for (uint r = 0; r < RPI; ++r) {
+            const float m_new = max(m[r], mx[r]);
+            const float m_use = m_new == neg_inf ? 0.0 : m_new;
+            alpha[r] = exp(m[r] - m_use);
+            m[r] = m_new;
+            p_sh[r * WG + t] = s[r] == neg_inf ? 0.0 : exp(s[r] - m_use);
+        }
+        barrier();
+
+        // 4. each invocation's (row, texel) outputs over the tile's keys
+        [[unroll]] for (uint k = 0; k < OUTS; ++k) {
+            const uint idx = t + k * WG;
+            if (idx < RPI * EV4) {
+                const uint r = idx / EV4, c = idx % EV4;
+                float a_r = 1.0;
+                [[unroll]] for (uint rr = 0; rr < RPI; ++rr)
+                    if (rr == r) a_r = alpha[rr];
+                vec4 a = acc[k] * a_r;
+                float ls = l[k] * a_r;
+                for (uint j = 0; j < WG; ++j) {
+                    const float p = p_sh[r * WG + j];
+                    const vec4 vv = texelFetch(v_tex, int((kbase + min(j0 + j, last)) * EV4 + c));
+                    if (MASKS != 0u)
+                        a += p != 0.0 ? p * vv : vec4(0.0);
+                    else
+                        a += p * vv;
+                    ls += p;
+                }
+                acc[k] = a;
+                l[k] = ls;
+            }
+        }
+        barrier();  // p_sh and red_sh are overwritten by the next tile
+    }
+
+    [[unroll]] for (uint k = 0; k < OUTS; ++k) {
+        const uint idx = t + k * WG;
+        if (idx >= RPI * EV4) continue;
+        const uint r = idx / EV4, c = idx % EV4;
+        if (row0 + r >= pc.rows) continue;
+        const uint at = (z * pc.rows + row0 + r) * pc.chunks + chunk;
+        float m_r = neg_inf;
+        [[unroll]] for (uint rr = 0; rr < RPI; ++rr)
+            if (rr == r) m_r = m[rr];
+        if (c == 0u) stats[at] = vec2(m_r, l[k]);
+        acc_out[at * EV4 + c] = acc[k];
+    }
+}
+
+#endif

@@ -1,0 +1,95 @@
+// `qkv bench`, shared between its parts: bench.cpp (options, the sweep, the run),
+// bench_measure.cpp (timing one configuration), bench_table.cpp (the printed tables) and
+// bench_json.cpp (the --json file).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "qkv/vulkan/context.hpp"
+
+namespace qkv::cli::bench {
+
+using json = nlohmann::ordered_json;
+
+struct options {
+    std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
+    std::vector<std::string> causal, precision, impl, kernel, split;
+    bool decode = false;  // time context::sdpa against a kv_cache instead of attention()
+    int repeat = 0;       // 0: chosen for the device
+    int warmup = -1;      // -1: chosen for the device
+    std::string device, json_file;
+    bool skip_ceiling = false;
+    std::uint64_t seed = 20261122;
+};
+
+struct config {
+    std::size_t batch = 1, heads = 1, seq = 0, dim = 0;
+    bool causal = false;
+    qkv::precision precision = qkv::precision::fp32;
+    qkv::implementation impl = qkv::implementation::fused;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;  // fused and decode
+    // decode: seq is the query rows per head (L), kv_seq the keys in the cache, kv_heads its heads
+    bool decode = false;
+    std::size_t kv_seq = 0, kv_heads = 0;
+    bool split = true;     // decode: the split-S kernels choose their chunks (false: one chunk)
+    bool host_kv = false;  // with decode: sdpa with K and V from the host (--kv-seq without --decode)
+};
+
+struct summary {
+    double median = 0, min = 0, max = 0;
+};
+
+struct result {
+    config c{};
+    bool ran = false;
+    std::string skipped;  // why not, when !ran
+    summary attention_ms, projection_ms, call_ms;
+    double attention_gflops = 0, projection_gflops = 0;
+    double percent_of_fma = 0;
+    double kv_gb_per_s = 0;  // decode: K and V bytes read per second of the attention phase
+    std::uint64_t peak_bytes = 0;
+    bool device_clock = false;
+    qkv::kernel_family ran_kernel = qkv::kernel_family::automatic;  // the family that ran
+};
+
+summary summarise(std::vector<double> v);
+std::string fixed(double value, int decimals);
+std::string sig3(double value);  ///< three significant digits
+std::string describe(const config& c);
+std::string impl_name(const config& c, qkv::kernel_family ran);
+double attention_flops(const config& c);
+double projection_flops(const config& c);
+double kv_bytes(const config& c);  ///< decode: K and V bytes one call reads
+
+// bench_measure.cpp
+result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                  double fma_gflops);
+/// A decode configuration: a kv_cache of c.kv_seq rows on ctx (a context whose
+/// max_decode_chunks is 1 for c.split == false), q from the host each call.
+result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                  double fma_gflops);
+/// sdpa with q, k and v from the host (c.decode and c.host_kv): cross-attention, GQA, decode
+/// shapes through context::sdpa(problem).
+result run_sdpa_host(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
+                     double fma_gflops);
+summary tiny_example(qkv::vulkan::context& ctx, int calls);
+
+// bench_table.cpp
+void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);
+/// The results table, and the fused-against-staged and split-against-unsplit ratios; returns the
+/// ratios as JSON.
+json print_results(std::ostream& os, const options& o, const qkv::vulkan::device_info& info,
+                   const std::vector<result>& results);
+
+// bench_json.cpp
+json device_json(const qkv::vulkan::device_info& d);
+json summary_json(const summary& s);
+json results_json(const options& o, const qkv::vulkan::device_info& info, const std::vector<result>& results);
+
+}  // namespace qkv::cli::bench
