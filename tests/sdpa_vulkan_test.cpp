@@ -16,6 +16,7 @@
 
 #include "support/catch.hpp"
 #include "support/gpu.hpp"
+#include "support/problems.hpp"
 #include "support/reference.hpp"
 #include "support/sdpa_reference.hpp"
 
@@ -327,6 +328,36 @@ TEST_CASE("sdpa fills the call statistics and gives identical bits on every run"
         CHECK(ctx.last_call().device_bytes > 0);
         CHECK(first.device == ctx.device().name);
         for (int i = 0; i < 3; ++i) CHECK(ctx.sdpa(o.problem).output == first.output);
+    }
+    require_clean(ctx);
+}
+
+// The self-attention path through the same kernels: a (N, N) bool mask shared by the batch with a
+// (B, N, N) additive mask, the one case where the two masks' batch strides differ (a_bs != m_bs
+// in contract/flash.h), in both families, against the float64 attention reference.
+TEST_CASE("fused attention with a shared bool mask and a batched additive mask", "[sdpa][vulkan]") {
+    auto& ctx = qkv_test::gpu();
+    for (qkv::kernel_family family : families) {
+        auto p = qkv_test::make_problem({.batch = 3,
+                                         .seq = 37,
+                                         .d_in = 16,
+                                         .d_k = 16,
+                                         .d_v = 24,
+                                         .heads = 2,
+                                         .causal = true,
+                                         .mask = qkv_test::mask_kind::both,
+                                         .batched_mask = true},
+                                        1900);
+        p.mask.resize(37 * 37);  // the first batch element's mask, now shared by all three
+        p.options.implementation = qkv::implementation::fused;
+        p.options.kernel = family;
+        const auto want = qkv::cpu::attention_f64(p.view());
+        const auto got = ctx.attention(p.view());
+        INFO(name_of(family));
+        CHECK(got.kernel == family);
+        const double e = qkv_test::nmse(got.output, want.output);
+        INFO("output nmse " << e);
+        CHECK(e <= 1e-10);
     }
     require_clean(ctx);
 }
