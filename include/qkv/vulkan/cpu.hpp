@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/problem.hpp"
 
 namespace qkv::cpu {
@@ -47,5 +48,16 @@ QKV_VULKAN_API void validate(const attention_problem_f64& problem);
 /// Computes a float64 problem in float64 throughout: no input is rounded to float32, and the
 /// results are float64 (an additive mask of -1e300 stays -1e300, not -inf).
 [[nodiscard]] QKV_VULKAN_API attention_output_f64 attention(const attention_problem_f64& problem);
+
+/// Scaled dot-product attention over caller-held Q, K, V (qkv/runtime/sdpa.hpp), validated first
+/// (throws qkv::invalid_argument). Computed in float64; float32 inputs are widened exactly and the
+/// results rounded to float32 once, at the end. precision and kernel are accepted and ignored.
+[[nodiscard]] QKV_VULKAN_API sdpa_output sdpa(const sdpa_problem& problem);
+
+/// The same computation with float64 results, for tests that need the unrounded reference.
+[[nodiscard]] QKV_VULKAN_API sdpa_output_f64 sdpa_f64(const sdpa_problem& problem);
+
+/// A float64 problem, computed in float64 throughout: nothing is narrowed to float32.
+[[nodiscard]] QKV_VULKAN_API sdpa_output_f64 sdpa(const sdpa_problem_f64& problem);
 
 }  // namespace qkv::cpu
