@@ -1,6 +1,6 @@
 // qkv::cpu — the float64 reference backend. Straight loops, every sum in double, results rounded
 // to the caller's type once, when stored. No state outside a call.
-#include "qkv/vulkan/cpu.hpp"
+#include "qkv/runtime/cpu.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "parallel_for.hpp"
-#include "qkv/vulkan/error.hpp"
+#include "qkv/runtime/error.hpp"
 
 namespace qkv::cpu {
 namespace {

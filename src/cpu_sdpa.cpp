@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "parallel_for.hpp"
+#include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
-#include "qkv/vulkan/cpu.hpp"
-#include "qkv/vulkan/error.hpp"
 
 namespace qkv::cpu {
 namespace {
