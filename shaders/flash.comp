@@ -1,38 +1,47 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
-// Fused attention, GPU family (flash attention): softmax(Q_h·K_hᵀ·scale + mask)·V_h for a block of
-// BR query rows of one (batch, head), streaming K and V through shared memory BC rows at a time
-// with an online softmax. Nothing of size seq x seq is ever written: memory stays O(B·H·N·d).
+// Fused attention, GPU family (flash attention): softmax(Q·Kᵀ·scale + mask)·V for a block of BR
+// query rows of one (batch, query head), streaming K and V through shared memory BC rows at a
+// time with an online softmax. Nothing of size L x S is ever written: memory stays O(B·H·(L+S)·d).
+// Tensors are addressed by element strides (contract/flash.h), so one kernel serves the
+// self-attention path (projected Q|K|V rows, heads side by side) and scaled_dot_product_attention
+// ((B, H, L, E) tensors, L != S, grouped-query heads, broadcast masks, both causal alignments).
 //
 // Work partitioning (FlashAttention-2 style): the WG invocations form RG = WG / T row teams of T
 // lanes; team g owns RPG = BR / RG query rows for the whole key loop, so the softmax of a row
-// never leaves its team. Per K/V tile:
-//   load   K and V tiles -> shared memory (vec4, fp32), barrier #1
-//   scores lane l takes keys l, l+T, ...: S[r][j] = q_r·k_j (q pre-scaled; in registers when
-//          small enough, else broadcast from shared memory), masked -> -inf
-//   softmax row maxima and sums by team reductions: subgroupMax / subgroupAdd when the team is
-//          exactly one full subgroup (checked at run time: gl_SubgroupSize == T, full subgroups),
-//          else through shared memory (one barrier each). m and l stay in registers.
-//   values lane takes (row, 4 output columns) pairs: O = O·alpha + Σ_j P[r][j]·v_j, P read from
-//          the team's slice of shared memory; barrier #2 before the next tile overwrites K/V.
+// never leaves its team. Per K/V tile (main's loop, one named step each):
+//   load_tile       K and V tiles -> shared memory (vec4, fp32), barrier #1
+//   score_tile      lane l takes keys l, l+T, ...: S[r][j] = q_r·k_j (q pre-scaled; in registers
+//                   when small enough, else broadcast from shared memory)
+//   mask_tile       masked -> -inf; each lane's maximum per row
+//   reduce_max      row maxima by team reductions: subgroupMax when the team is exactly one full
+//                   subgroup (checked at run time: gl_SubgroupSize == T, full subgroups), else
+//                   through shared memory (one barrier). m and l stay in registers.
+//   probabilities   P = exp(S - m) into the team's slice of shared memory, the rescale factors
+//   reduce_sum      row sums (subgroupAdd or shared memory), l = l·alpha + sum
+//   accumulate      lane takes (row, 4 output columns) pairs: O = O·alpha + Σ_j P[r][j]·v_j;
+//                   barrier #2 before the next tile overwrites K/V.
 // Statistics and accumulators are float32 (fp16 storage is converted on load). The output is
 // written once, O / l: 0 for a row with nothing to attend to, NaN for a row with a NaN or +inf
 // score (inside the kernel a poisoned row's maximum is +inf). A masked entry contributes
 // nothing, not even 0·NaN: a tile whose V holds a NaN or Inf takes a loop that skips p == 0.
-// With a causal mask the key loop stops at the block's last row: tiles above the diagonal are
-// never loaded or computed.
+// With a causal mask the key loop stops at the block's last visible key: tiles above the
+// diagonal are never loaded or computed.
 //
 // Key chunks: a dispatch may cover only the keys [kv_begin, kv_stop). Then the running maximum
 // and sum go to `state` (NaN maximum = poisoned row) and the unnormalised accumulator to the
-// output (flag 16, more chunks follow); the next dispatch resumes from them (flag 8). The host
-// splits long sequences this way on CPU devices (llvmpipe ends every loop of a shader after
-// 65,535 iterations in total, silently); see flash_chunk_keys in src/stages.cpp.
+// output (FLASH_PARTIAL, more chunks follow); the next dispatch resumes from them (FLASH_RESUME).
+// The host splits long key ranges this way on CPU devices (llvmpipe ends every loop of a shader
+// after 65,535 iterations in total, silently); see flash_chunk_keys in src/flash_tiles.cpp. With
+// FLASH_STATS the last dispatch also stores each row's final (max, sum), from which
+// flash_weights.comp forms the attention weights.
 //
-// Specialization constants (chosen per device by src/stages.cpp, choose_flash_tiles): see
+// Specialization constants (chosen per device by src/flash_tiles.cpp, choose_flash_tiles): see
 // below. QKV_SUBGROUP (a compile-time define: the capability must not appear in a module a
 // device cannot run) enables the subgroup reductions.
 #include "precision.glsl"
+#include "contract/flash.h"
 #ifdef QKV_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -50,30 +59,17 @@ layout(constant_id = 3) const uint D_MAX = 64;   // >= head width of Q and K, a 
 layout(constant_id = 4) const uint DV_MAX = 64;  // >= head width of V, a multiple of 4 (see host)
 layout(constant_id = 5) const uint T = 32;       // lanes per row team (the subgroup size aimed at)
 layout(constant_id = 6) const uint Q_REGS = 0;   // 1: each lane keeps its team's query rows in registers
-layout(constant_id = 7) const uint VEC4 = 0;     // 1: widths and offsets are multiples of 4: vec4 loads
+layout(constant_id = 7) const uint VEC4 = 0;     // 1: widths, strides and offsets are multiples of 4: vec4 loads
 layout(constant_id = 8) const uint FALLBACK = 1; // 0: the pipeline requires subgroups of T lanes, all full
 
-layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
-layout(std430, binding = 0) readonly buffer QKV4 { QKV4_T qkv4[]; };  // the same buffer, 4 at a time
-layout(std430, binding = 1) readonly buffer MaskBits { uint mask_bits[]; };
-layout(std430, binding = 2) readonly buffer Additive { float additive[]; };
-layout(std430, binding = 3) buffer O { float o_out[]; };
-layout(std430, binding = 4) buffer State { float state[]; };  // (m, l) per (batch, head, row)
+layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV4 { QKV4_T qkv4[]; };  // the same, 4 at a time
+layout(std430, binding = FLASH_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
+layout(std430, binding = FLASH_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+layout(std430, binding = FLASH_BINDING_OUT) buffer O { float o_out[]; };
+layout(std430, binding = FLASH_BINDING_STATE) buffer State { float state[]; };  // (m, l) per (batch, head, row)
 
-// Mirrored by struct flash_push in src/stages.hpp.
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;
-    uint seq;          // N
-    uint d, dv;        // head widths of Q/K and of V
-    uint ld;           // row stride of Q|K|V
-    uint heads;
-    uint k_off, v_off; // column offsets of K and V in a Q|K|V row (Q is at 0)
-    uint o_rs, o_bs;   // output row and batch strides (head h writes columns h·dv ..)
-    float scale;
-    uint flags;        // 1 causal, 2 boolean mask, 4 additive mask, 8 resume, 16 partial
-    uint mask_bs, add_bs;
-    uint kv_begin, kv_stop;  // this dispatch's keys
-} pc;
+layout(push_constant) uniform Push { flash_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
 const uint RG = WG / T;                 // row teams
@@ -103,6 +99,18 @@ shared bool v_nonfinite[2];            // per tile parity: the V tile holds a Na
 #define neg_inf uintBitsToFloat(0xff800000u)
 #define pos_inf uintBitsToFloat(0x7f800000u)
 
+// This invocation's place (set once by locate()).
+uint row0, z, batch, head, t, team, lane, r_first, o_lane, o_group;
+uint q_base, k_base, v_base, o_base, m_base, a_base, state_base;
+bool sg, causal, has_mask, has_add;
+// Its registers: queries, running statistics, accumulators, this tile's scores and reductions.
+vec4 q_reg[Q_REG];
+float m_run[RPG], l_run[RPG];
+vec4 o[O_ROWS * O_COLS];
+float s[RPG * KPL];
+float red[RPG];
+float alpha[RPG];
+
 // 4 consecutive elements of Q|K|V from element `at`, the first `width - c` of them (0 beyond).
 vec4 load4(uint at, uint c, uint width) {
     if (VEC4 != 0) return c < width ? vec4(qkv4[(at + c) >> 2]) : vec4(0.0);
@@ -112,66 +120,76 @@ vec4 load4(uint at, uint c, uint width) {
     return v;
 }
 
-void main() {
-    const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BR;
-    const uint z = gl_WorkGroupID.z + pc.group_z;
-    const uint batch = z / pc.heads, head = z % pc.heads;
-    const uint t = gl_LocalInvocationID.x;
-    const uint base = batch * pc.seq * pc.ld;
-    const bool causal = (pc.flags & 1u) != 0u, has_mask = (pc.flags & 2u) != 0u, has_add = (pc.flags & 4u) != 0u;
-    const bool resume = (pc.flags & 8u) != 0u, partial = (pc.flags & 16u) != 0u;
-    const uint state_base = z * pc.seq;
-    const uint q_col = head * pc.d, k_col = pc.k_off + head * pc.d, v_col = pc.v_off + head * pc.dv;
-
+void locate() {
+    row0 = (gl_WorkGroupID.x + pc.group_x) * BR;
+    z = gl_WorkGroupID.z + pc.group_z;
+    batch = z / pc.heads;
+    head = z % pc.heads;
+    const uint kv_head = head / pc.group;
+    t = gl_LocalInvocationID.x;
+    causal = (pc.flags & FLASH_CAUSAL) != 0u;
+    has_mask = (pc.flags & FLASH_MASK) != 0u;
+    has_add = (pc.flags & FLASH_ADDITIVE) != 0u;
+    q_base = batch * pc.q_bs + head * pc.q_hs;
+    k_base = pc.k_off + batch * pc.k_bs + kv_head * pc.k_hs;
+    v_base = pc.v_off + batch * pc.v_bs + kv_head * pc.v_hs;
+    o_base = batch * pc.heads * pc.q_len * pc.dv + head * pc.o_hs;
+    m_base = batch * pc.m_bs + head * pc.m_hs;
+    a_base = batch * pc.a_bs + head * pc.m_hs;
+    state_base = z * pc.q_len;
     // The team is one subgroup when the device runs subgroups of exactly T lanes, all full; this
     // is uniform across the workgroup, so the barriers of the other branch stay uniform too.
 #ifdef QKV_SUBGROUP
-    const bool sg = FALLBACK == 0 || (gl_SubgroupSize == T && gl_NumSubgroups * T == WG);
-    const uint team = sg ? gl_SubgroupID : t / T, lane = sg ? gl_SubgroupInvocationID : t % T;
+    sg = FALLBACK == 0 || (gl_SubgroupSize == T && gl_NumSubgroups * T == WG);
+    team = sg ? gl_SubgroupID : t / T;
+    lane = sg ? gl_SubgroupInvocationID : t % T;
 #else
-    const bool sg = false;
-    const uint team = t / T, lane = t % T;
+    sg = false;
+    team = t / T;
+    lane = t % T;
 #endif
-    const uint r_first = team * RPG;  // the team's first row in the block
-    const uint o_lane = lane % O_LANES, o_group = lane / O_LANES;
+    r_first = team * RPG;  // the team's first row in the block
+    o_lane = lane % O_LANES;
+    o_group = lane / O_LANES;
+}
 
-    // ---- queries (pre-scaled), running statistics, accumulators ----
-    vec4 q_reg[Q_REG];
+// Queries (pre-scaled) into registers or shared memory; running statistics and accumulators,
+// from the state of the previous key chunk when resuming.
+void load_queries_and_state() {
     if (Q_REGS != 0) {
         [[unroll]] for (uint i = 0; i < RPG; ++i) {
             const uint row = row0 + r_first + i;
             [[unroll]] for (uint c4 = 0; c4 < D4; ++c4)
-                q_reg[i * D4 + c4] = row < pc.seq ? load4(base + row * pc.ld + q_col, 4 * c4, pc.d) * pc.scale : vec4(0.0);
+                q_reg[i * D4 + c4] = row < pc.q_len ? load4(q_base + row * pc.q_rs, 4 * c4, pc.d) * pc.scale : vec4(0.0);
         }
     } else {
         [[unroll]] for (uint k = 0; k < (BR * D4 + WG - 1) / WG; ++k) {
             const uint idx = t + k * WG;
             if (idx < BR * D4) {
                 const uint r = idx / D4, c4 = idx % D4, row = row0 + r;
-                q_tile[idx] = row < pc.seq ? load4(base + row * pc.ld + q_col, 4 * c4, pc.d) * pc.scale : vec4(0.0);
+                q_tile[idx] = row < pc.q_len ? load4(q_base + row * pc.q_rs, 4 * c4, pc.d) * pc.scale : vec4(0.0);
             }
         }
     }
-    float m_run[RPG], l_run[RPG];
+    const bool resume = (pc.flags & FLASH_RESUME) != 0u;
     [[unroll]] for (uint i = 0; i < RPG; ++i) {
         m_run[i] = neg_inf;
         l_run[i] = 0.0;
         const uint row = row0 + r_first + i;
-        if (resume && row < pc.seq) {  // NaN as the maximum marks a poisoned row: +inf here
+        if (resume && row < pc.q_len) {  // NaN as the maximum marks a poisoned row: +inf here
             const float m = state[2 * (state_base + row)];
             m_run[i] = isnan(m) ? pos_inf : m;
             l_run[i] = state[2 * (state_base + row) + 1];
         }
     }
-    vec4 o[O_ROWS * O_COLS];
     [[unroll]] for (uint k = 0; k < O_ROWS * O_COLS; ++k) o[k] = vec4(0.0);
     if (resume) {
         [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
             const uint ri = o_group + k * O_GROUPS, row = row0 + r_first + ri;
             [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
                 const uint c = 4 * (o_lane + m * O_LANES);
-                if (ri < RPG && row < pc.seq) {
-                    const uint at = batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c;
+                if (ri < RPG && row < pc.q_len) {
+                    const uint at = o_base + row * pc.o_rs + c;
                     [[unroll]] for (uint e = 0; e < 4; ++e)
                         if (c + e < pc.dv) o[k * O_COLS + m][e] = o_out[at + e];
                 }
@@ -183,154 +201,166 @@ void main() {
         v_nonfinite[1] = false;
     }
     barrier();  // q_tile and the flags
+}
 
-    // Causal: keys beyond the block's last row are masked for every row of the block.
-    const uint kv_end = min(pc.kv_stop, causal ? min(pc.seq, row0 + BR) : pc.seq);
-    uint parity = 0;
-    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC, parity ^= 1u) {
-        const uint bc = min(BC, kv_end - j0);
-        // ---- load: K (row stride KS) and V tiles, zero beyond the tile's keys and the widths ----
-        bool nonfinite = false;
-        [[unroll]] for (uint k = 0; k < LOAD_K; ++k) {
-            const uint idx = t + k * WG;
-            if (idx < BC * D4) {
-                const uint j = idx / D4, c4 = idx % D4;
-                k_tile[j * KS + c4] = j < bc ? load4(base + (j0 + j) * pc.ld + k_col, 4 * c4, pc.d) : vec4(0.0);
-            }
+// K (row stride KS) and V tiles of keys j0 .. j0 + bc - 1 into shared memory, zero beyond the
+// tile's keys and the widths. Returns whether the V tile holds a NaN or Inf.
+bool load_tile(uint j0, uint bc, uint parity) {
+    bool nonfinite = false;
+    [[unroll]] for (uint k = 0; k < LOAD_K; ++k) {
+        const uint idx = t + k * WG;
+        if (idx < BC * D4) {
+            const uint j = idx / D4, c4 = idx % D4;
+            k_tile[j * KS + c4] = j < bc ? load4(k_base + (j0 + j) * pc.k_rs, 4 * c4, pc.d) : vec4(0.0);
         }
-        [[unroll]] for (uint k = 0; k < LOAD_V; ++k) {
-            const uint idx = t + k * WG;
-            if (idx < BC * DV4) {
-                const uint j = idx / DV4, c4 = idx % DV4;
-                const vec4 v = j < bc ? load4(base + (j0 + j) * pc.ld + v_col, 4 * c4, pc.dv) : vec4(0.0);
-                nonfinite = nonfinite || any(isnan(v)) || any(isinf(v));
-                v_tile[idx] = v;
-            }
-        }
-        if (nonfinite) v_nonfinite[parity] = true;
-        barrier();  // #1: tiles loaded
-        const bool careful = v_nonfinite[parity];
-        if (t == 0) v_nonfinite[parity ^ 1u] = false;  // last read before the previous barrier #2
-
-        // ---- scores ----
-        float s[RPG * KPL];
-        [[unroll]] for (uint k = 0; k < RPG * KPL; ++k) s[k] = 0.0;
-        [[unroll]] for (uint c4 = 0; c4 < D4; ++c4) {
-            vec4 kv[KPL];
-            [[unroll]] for (uint n = 0; n < KPL; ++n) kv[n] = k_tile[min(lane + n * T, BC - 1) * KS + c4];
-            [[unroll]] for (uint i = 0; i < RPG; ++i) {
-                vec4 q;
-                if (Q_REGS != 0) q = q_reg[i * D4 + c4];
-                else q = q_tile[(r_first + i) * D4 + c4];
-                [[unroll]] for (uint n = 0; n < KPL; ++n) s[i * KPL + n] += dot(q, kv[n]);
-            }
-        }
-        // ---- mask, tile maxima (a NaN or +inf score counts as +inf: the row is poisoned) ----
-        float red[RPG];
-        [[unroll]] for (uint i = 0; i < RPG; ++i) {
-            const uint row = row0 + r_first + i;
-            float mx = neg_inf;
-            [[unroll]] for (uint n = 0; n < KPL; ++n) {
-                const uint j = lane + n * T, key = j0 + j;
-                float v = neg_inf;
-                if (row < pc.seq && j < bc && (!causal || key <= row)) {
-                    const uint mi = row * pc.seq + key;
-                    bool allowed = true;
-                    if (has_mask) {
-                        const uint bit = batch * pc.mask_bs + mi;
-                        allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
-                    }
-                    if (allowed) v = has_add ? s[i * KPL + n] + additive[batch * pc.add_bs + mi] : s[i * KPL + n];
-                }
-                s[i * KPL + n] = v;
-                mx = max(mx, (isnan(v) || v == pos_inf) ? pos_inf : v);
-            }
-            red[i] = mx;
-        }
-#ifdef QKV_SUBGROUP
-        if (sg) {
-            [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupMax(red[i]);
-        } else
-#endif
-        {
-            [[unroll]] for (uint i = 0; i < RPG; ++i) red_max[(r_first + i) * T + lane] = red[i];
-            barrier();
-            [[unroll]] for (uint i = 0; i < RPG; ++i) {
-                float mx = neg_inf;
-                [[unroll]] for (uint u = 0; u < T; ++u) mx = max(mx, red_max[(r_first + i) * T + u]);
-                red[i] = mx;
-            }
-        }
-        // ---- probabilities, rescale factors, tile sums ----
-        float alpha[RPG];
-        [[unroll]] for (uint i = 0; i < RPG; ++i) {
-            const float m_old = m_run[i], m_new = max(m_old, red[i]);
-            const bool live = m_new != neg_inf && m_new != pos_inf;  // something allowed, not poisoned
-            alpha[i] = live ? exp(m_old - m_new) : 1.0;
-            m_run[i] = m_new;
-            float sum = 0.0;
-            [[unroll]] for (uint n = 0; n < KPL; ++n) {
-                const float sv = s[i * KPL + n];
-                const float p = (live && sv != neg_inf) ? exp(sv - m_new) : 0.0;
-                const uint j = lane + n * T;
-                if (j < BC) p_tile[(r_first + i) * BC + j] = p;
-                sum += p;
-            }
-            red[i] = sum;
-            if (lane == 0) alpha_tile[r_first + i] = alpha[i];
-        }
-#ifdef QKV_SUBGROUP
-        if (sg) {
-            [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupAdd(red[i]);
-            subgroupMemoryBarrierShared();  // p_tile and alpha_tile: written and read by this subgroup
-            subgroupBarrier();
-        } else
-#endif
-        {
-            [[unroll]] for (uint i = 0; i < RPG; ++i) red_sum[(r_first + i) * T + lane] = red[i];
-            barrier();
-            [[unroll]] for (uint i = 0; i < RPG; ++i) {
-                float sum = 0.0;
-                [[unroll]] for (uint u = 0; u < T; ++u) sum += red_sum[(r_first + i) * T + u];
-                red[i] = sum;
-            }
-        }
-        [[unroll]] for (uint i = 0; i < RPG; ++i) l_run[i] = l_run[i] * alpha[i] + red[i];
-
-        // ---- values ----
-        [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
-            const float a = alpha_tile[r_first + min(o_group + k * O_GROUPS, RPG - 1)];
-            [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] *= a;
-        }
-        if (careful) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
-            for (uint j = 0; j < bc; ++j) {
-                [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
-                    const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
-                    if (p != 0.0) {
-                        [[unroll]] for (uint m = 0; m < O_COLS; ++m)
-                            o[k * O_COLS + m] += p * v_tile[j * DV4 + o_lane + m * O_LANES];
-                    }
-                }
-            }
-        } else {  // keys beyond bc have p = 0 and a zero V row
-            [[unroll]] for (uint j = 0; j < BC; ++j) {
-                vec4 v[O_COLS];
-                [[unroll]] for (uint m = 0; m < O_COLS; ++m) v[m] = v_tile[j * DV4 + o_lane + m * O_LANES];
-                [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
-                    const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
-                    [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] = fma(vec4(p), v[m], o[k * O_COLS + m]);
-                }
-            }
-        }
-        barrier();  // #2: every read of this tile's shared memory is done
     }
+    [[unroll]] for (uint k = 0; k < LOAD_V; ++k) {
+        const uint idx = t + k * WG;
+        if (idx < BC * DV4) {
+            const uint j = idx / DV4, c4 = idx % DV4;
+            const vec4 v = j < bc ? load4(v_base + (j0 + j) * pc.v_rs, 4 * c4, pc.dv) : vec4(0.0);
+            nonfinite = nonfinite || any(isnan(v)) || any(isinf(v));
+            v_tile[idx] = v;
+        }
+    }
+    if (nonfinite) v_nonfinite[parity] = true;
+    barrier();  // #1: tiles loaded
+    const bool careful = v_nonfinite[parity];
+    if (t == 0) v_nonfinite[parity ^ 1u] = false;  // last read before the previous barrier #2
+    return careful;
+}
 
-    // ---- hand the state to the next chunk, or write the output once ----
+// s[i][n] = q_i · k_(lane + n·T) for the team's rows.
+void score_tile() {
+    [[unroll]] for (uint k = 0; k < RPG * KPL; ++k) s[k] = 0.0;
+    [[unroll]] for (uint c4 = 0; c4 < D4; ++c4) {
+        vec4 kv[KPL];
+        [[unroll]] for (uint n = 0; n < KPL; ++n) kv[n] = k_tile[min(lane + n * T, BC - 1) * KS + c4];
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            vec4 q;
+            if (Q_REGS != 0) q = q_reg[i * D4 + c4];
+            else q = q_tile[(r_first + i) * D4 + c4];
+            [[unroll]] for (uint n = 0; n < KPL; ++n) s[i * KPL + n] += dot(q, kv[n]);
+        }
+    }
+}
+
+// Masked scores -> -inf, the additive mask added; red[i] = this lane's maximum of row i (a NaN or
+// +inf score counts as +inf: the row is poisoned).
+void mask_tile(uint j0, uint bc) {
+    [[unroll]] for (uint i = 0; i < RPG; ++i) {
+        const uint row = row0 + r_first + i;
+        float mx = neg_inf;
+        [[unroll]] for (uint n = 0; n < KPL; ++n) {
+            const uint j = lane + n * T, key = j0 + j;
+            float v = neg_inf;
+            if (row < pc.q_len && j < bc && (!causal || int(key) <= int(row) + pc.causal_offset)) {
+                const uint mi = row * pc.m_rs + key * pc.m_cs, bit = m_base + mi;
+                bool allowed = true;
+                if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+                if (allowed) v = has_add ? s[i * KPL + n] + additive[a_base + mi] : s[i * KPL + n];
+            }
+            s[i * KPL + n] = v;
+            mx = max(mx, (isnan(v) || v == pos_inf) ? pos_inf : v);
+        }
+        red[i] = mx;
+    }
+}
+
+void reduce_max() {
+#ifdef QKV_SUBGROUP
+    if (sg) {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupMax(red[i]);
+        return;
+    }
+#endif
+    [[unroll]] for (uint i = 0; i < RPG; ++i) red_max[(r_first + i) * T + lane] = red[i];
+    barrier();
+    [[unroll]] for (uint i = 0; i < RPG; ++i) {
+        float mx = neg_inf;
+        [[unroll]] for (uint u = 0; u < T; ++u) mx = max(mx, red_max[(r_first + i) * T + u]);
+        red[i] = mx;
+    }
+}
+
+// P = exp(S - m_new) into p_tile, the rescale factors alpha; red[i] = this lane's sum of row i.
+void probabilities() {
+    [[unroll]] for (uint i = 0; i < RPG; ++i) {
+        const float m_old = m_run[i], m_new = max(m_old, red[i]);
+        const bool live = m_new != neg_inf && m_new != pos_inf;  // something allowed, not poisoned
+        alpha[i] = live ? exp(m_old - m_new) : 1.0;
+        m_run[i] = m_new;
+        float sum = 0.0;
+        [[unroll]] for (uint n = 0; n < KPL; ++n) {
+            const float sv = s[i * KPL + n];
+            const float p = (live && sv != neg_inf) ? exp(sv - m_new) : 0.0;
+            const uint j = lane + n * T;
+            if (j < BC) p_tile[(r_first + i) * BC + j] = p;
+            sum += p;
+        }
+        red[i] = sum;
+        if (lane == 0) alpha_tile[r_first + i] = alpha[i];
+    }
+}
+
+void reduce_sum() {
+#ifdef QKV_SUBGROUP
+    if (sg) {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) red[i] = subgroupAdd(red[i]);
+        subgroupMemoryBarrierShared();  // p_tile and alpha_tile: written and read by this subgroup
+        subgroupBarrier();
+    } else
+#endif
+    {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) red_sum[(r_first + i) * T + lane] = red[i];
+        barrier();
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            float sum = 0.0;
+            [[unroll]] for (uint u = 0; u < T; ++u) sum += red_sum[(r_first + i) * T + u];
+            red[i] = sum;
+        }
+    }
+    [[unroll]] for (uint i = 0; i < RPG; ++i) l_run[i] = l_run[i] * alpha[i] + red[i];
+}
+
+// O = O·alpha + P·V for this lane's (row, columns) pairs; then barrier #2.
+void accumulate(bool careful, uint bc) {
+    [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+        const float a = alpha_tile[r_first + min(o_group + k * O_GROUPS, RPG - 1)];
+        [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] *= a;
+    }
+    if (careful) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
+        for (uint j = 0; j < bc; ++j) {
+            [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+                const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
+                if (p != 0.0) {
+                    [[unroll]] for (uint m = 0; m < O_COLS; ++m)
+                        o[k * O_COLS + m] += p * v_tile[j * DV4 + o_lane + m * O_LANES];
+                }
+            }
+        }
+    } else {  // keys beyond bc have p = 0 and a zero V row
+        [[unroll]] for (uint j = 0; j < BC; ++j) {
+            vec4 v[O_COLS];
+            [[unroll]] for (uint m = 0; m < O_COLS; ++m) v[m] = v_tile[j * DV4 + o_lane + m * O_LANES];
+            [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
+                const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
+                [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] = fma(vec4(p), v[m], o[k * O_COLS + m]);
+            }
+        }
+    }
+    barrier();  // #2: every read of this tile's shared memory is done
+}
+
+// Hand the state to the next chunk (or to the weights kernel), and write the output: the
+// accumulator as it is when more chunks follow, else O / l.
+void write_results() {
     const float nan = uintBitsToFloat(0x7fc00000u);
-    if (partial && lane == 0) {
+    const bool partial = (pc.flags & FLASH_PARTIAL) != 0u;
+    if ((partial || (pc.flags & FLASH_STATS) != 0u) && lane == 0) {
         [[unroll]] for (uint i = 0; i < RPG; ++i) {
             const uint row = row0 + r_first + i;
-            if (row < pc.seq) {
+            if (row < pc.q_len) {
                 state[2 * (state_base + row)] = m_run[i] == pos_inf ? nan : m_run[i];
                 state[2 * (state_base + row) + 1] = l_run[i];
             }
@@ -338,7 +368,7 @@ void main() {
     }
     [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
         const uint ri = o_group + k * O_GROUPS, row = row0 + r_first + ri;
-        if (ri >= RPG || row >= pc.seq) continue;
+        if (ri >= RPG || row >= pc.q_len) continue;
         float l = 0.0;
         bool poisoned = false;
         [[unroll]] for (uint i = 0; i < RPG; ++i) {  // registers, indexed by constants only
@@ -350,9 +380,32 @@ void main() {
         [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
             const uint c = 4 * (o_lane + m * O_LANES);
             const vec4 r = partial ? o[k * O_COLS + m] : (poisoned ? vec4(nan) : (l > 0.0 ? o[k * O_COLS + m] / l : vec4(0.0)));
-            const uint at = batch * pc.o_bs + row * pc.o_rs + head * pc.dv + c;
+            const uint at = o_base + row * pc.o_rs + c;
             [[unroll]] for (uint e = 0; e < 4; ++e)
                 if (c + e < pc.dv) o_out[at + e] = r[e];
         }
     }
+}
+
+void main() {
+    locate();
+    load_queries_and_state();
+    // Causal: keys beyond the block's last row's last visible key are masked for the whole block.
+    uint kv_end = min(pc.kv_stop, pc.kv_len);
+    if (causal) {
+        const int last = int(min(row0 + BR, pc.q_len)) + pc.causal_offset;  // one past the last visible key
+        kv_end = last <= 0 ? 0u : min(kv_end, uint(last));
+    }
+    uint parity = 0;
+    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC, parity ^= 1u) {
+        const uint bc = min(BC, kv_end - j0);
+        const bool careful = load_tile(j0, bc, parity);
+        score_tile();
+        mask_tile(j0, bc);
+        reduce_max();
+        probabilities();
+        reduce_sum();
+        accumulate(careful, bc);
+    }
+    write_results();
 }

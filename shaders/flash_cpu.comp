@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
 // Fused attention, CPU-device family (lavapipe / llvmpipe and other VK_PHYSICAL_DEVICE_TYPE_CPU
 // drivers): the same results as flash.comp, shaped for a device that runs one workgroup on one
@@ -14,6 +15,11 @@
 //   - every inner loop has a constant trip count (specialization constants), so it is unrolled:
 //     the key-step loop is the only loop of the shader.
 //
+// Shapes and layouts as flash.comp (contract/flash.h): L query rows per (batch, query head), S
+// keys per (batch, K/V head), query head h reading K/V head h / group, a signed causal offset, and
+// broadcast mask strides. flash_cpu_pack.comp has put Q (npad_q rows per (batch, query head)) and
+// K, V (npad_kv rows per (batch, K/V head)) into zero-padded texel rows.
+//
 // Semantics (as flash.comp): scores q·k·scale (+ additive mask), masked -> -inf and weight 0; a
 // row with nothing to attend gets zeros; a NaN or +inf allowed score makes the row NaN (it turns
 // the running sum into NaN, which stays NaN); a masked key adds nothing even if its value is NaN.
@@ -26,7 +32,8 @@
 // and what only the device knows (CAREFUL) empties the key loop rather than branching around it.
 //
 // Key chunks: a dispatch covers keys [kv_begin, kv_stop) (a multiple of KPS apart), resuming from
-// (m, l) in `state` and the accumulator in the output (flag 8) and handing them on (flag 16).
+// (m, l) in `state` and the accumulator in the output (FLASH_RESUME) and handing them on (FLASH_PARTIAL); FLASH_STATS stores the last chunk's
+// (m, l) for flash_weights.comp.
 // llvmpipe ends every loop of an invocation after 65,535 iterations in total; the host keeps the
 // steps of one dispatch below that (src/flash_cpu.cpp).
 //
@@ -34,57 +41,51 @@
 // mask, workgroup w takes row block w/2 (w even) or nb-1-w/2 (w odd), so every pair of
 // neighbouring workgroups costs the same and the threads finish together.
 
+#include "contract/flash.h"
+
 layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 1) const uint RPI = 4;   // query rows per invocation
 layout(constant_id = 2) const uint KPS = 8;   // keys per step
 layout(constant_id = 3) const uint D4 = 16;   // texels (4 floats) per Q/K row: ceil(d / 4)
 layout(constant_id = 4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
-layout(constant_id = 5) const uint MASKS = 0;  // 1 causal, 2 boolean mask, 4 additive mask
+layout(constant_id = 5) const uint MASKS = 0;  // FLASH_CAUSAL | FLASH_MASK | FLASH_ADDITIVE
 layout(constant_id = 6) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
 
-layout(binding = 0) uniform samplerBuffer q_tex;  // [z][npad][D4], padded with zeros
-layout(binding = 1) uniform samplerBuffer k_tex;  // [z][npad][D4]
-layout(binding = 2) uniform samplerBuffer v_tex;  // [z][npad][DV4]
-layout(std430, binding = 3) readonly buffer MaskBits { uint mask_bits[]; };
-layout(std430, binding = 4) readonly buffer Additive { float additive[]; };
-layout(std430, binding = 5) buffer O { float o_out[]; };
-layout(std430, binding = 6) buffer State { float state[]; };  // (m, l) per (batch, head, row)
-layout(std430, binding = 7) readonly buffer VFlags { uint v_nonfinite[]; };  // per (batch, head)
+layout(binding = FLASH_CPU_BINDING_Q) uniform samplerBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
+layout(binding = FLASH_CPU_BINDING_K) uniform samplerBuffer k_tex;  // [batch·kv_heads][npad_kv][D4]
+layout(binding = FLASH_CPU_BINDING_V) uniform samplerBuffer v_tex;  // [batch·kv_heads][npad_kv][DV4]
+layout(std430, binding = FLASH_CPU_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
+layout(std430, binding = FLASH_CPU_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+layout(std430, binding = FLASH_CPU_BINDING_OUT) buffer O { float o_out[]; };
+layout(std430, binding = FLASH_CPU_BINDING_STATE) buffer State { float state[]; };  // (m, l) per (batch, head, row)
+layout(std430, binding = FLASH_CPU_BINDING_VFLAGS) readonly buffer VFlags { uint v_nonfinite[]; };  // per (batch, kv head)
 
-// Mirrored by struct flash_cpu_push in src/flash_cpu.hpp.
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;
-    uint seq;          // N
-    uint npad;         // rows per (batch, head) in the texel buffers
-    uint dv;           // head width of V
-    uint heads;
-    uint o_rs, o_bs;   // output row and batch strides (head h writes columns h·dv ..)
-    float scale;
-    uint flags;        // 8 resume, 16 partial (the mask kinds are the constant MASKS)
-    uint mask_bs, add_bs;
-    uint kv_begin, kv_stop;
-    uint blocks;       // row blocks per (batch, head)
-} pc;
+layout(push_constant) uniform Push { flash_cpu_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
 
 void main() {
-    const bool causal = (MASKS & 1u) != 0u, has_mask = (MASKS & 2u) != 0u, has_add = (MASKS & 4u) != 0u;
-    const bool resume = (pc.flags & 8u) != 0u, partial = (pc.flags & 16u) != 0u;
+    const bool causal = (MASKS & FLASH_CAUSAL) != 0u, has_mask = (MASKS & FLASH_MASK) != 0u;
+    const bool has_add = (MASKS & FLASH_ADDITIVE) != 0u;
+    const bool resume = (pc.flags & FLASH_RESUME) != 0u, partial = (pc.flags & FLASH_PARTIAL) != 0u;
+    const bool stats = (pc.flags & FLASH_STATS) != 0u;
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint w = gl_WorkGroupID.x + pc.group_x;
     const uint block = !causal ? w : ((w & 1u) == 0u ? w / 2u : pc.blocks - 1u - w / 2u);
     const uint row0 = block * BLOCK;
     const uint z = gl_WorkGroupID.z + pc.group_z;
     const uint batch = z / pc.heads, head = z % pc.heads;
+    const uint kvz = batch * (pc.heads / pc.group) + head / pc.group;  // (batch, K/V head)
     const uint lane = gl_LocalInvocationID.x;
-    const uint zbase = z * pc.npad;
+    const uint qbase = z * pc.npad_q, kvbase = kvz * pc.npad_kv;
+    const uint obase = batch * pc.heads * pc.q_len * pc.dv + head * pc.o_hs;
+    const uint mbase = batch * pc.m_bs + head * pc.m_hs, abase = batch * pc.a_bs + head * pc.m_hs;
 
     vec4 q[RPI * D4];
     [[unroll]] for (uint i = 0; i < RPI; ++i)
         [[unroll]] for (uint c = 0; c < D4; ++c)
-            q[i * D4 + c] = texelFetch(q_tex, int((zbase + row0 + i * WG + lane) * D4 + c)) * pc.scale;
+            q[i * D4 + c] = texelFetch(q_tex, int((qbase + row0 + i * WG + lane) * D4 + c)) * pc.scale;
 
     float m[RPI], l[RPI];
     vec4 acc[RPI * DV4];
@@ -93,11 +94,11 @@ void main() {
         m[i] = neg_inf;
         l[i] = 0.0;
         [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] = vec4(0.0);
-        if (resume && row < pc.seq) {
-            const uint si = 2u * (z * pc.seq + row);
+        if (resume && row < pc.q_len) {
+            const uint si = 2u * (z * pc.q_len + row);
             m[i] = state[si];
             l[i] = state[si + 1u];
-            const uint ob = batch * pc.o_bs + row * pc.o_rs + head * pc.dv;
+            const uint ob = obase + row * pc.o_rs;
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
                     if (c * 4u + e < pc.dv) acc[i * DV4 + c][e] = o_out[ob + c * 4u + e];
@@ -105,18 +106,25 @@ void main() {
     }
 
     // This pipeline's (batch, head)s only: the others get no key step and no output.
-    const bool mine = (v_nonfinite[z] != 0u) == (CAREFUL != 0u);
-    const uint rows_out = mine ? pc.seq : 0u;
+    const bool mine = (v_nonfinite[kvz] != 0u) == (CAREFUL != 0u);
+    const uint rows_out = mine ? pc.q_len : 0u;
     const bool any_mask = has_mask || has_add;
-    // Causal: keys beyond the block's last row are masked for every row of the block.
-    const uint kv_end = mine ? min(pc.kv_stop, causal ? min(pc.seq, row0 + BLOCK) : pc.seq) : 0u;
+    // Causal: keys beyond the block's last visible key are masked for every row of the block.
+    uint kv_end = min(pc.kv_stop, pc.kv_len);
+    if (causal) {
+        const int last = int(min(row0 + BLOCK, pc.q_len)) + pc.causal_offset;  // one past the last visible key
+        kv_end = last <= 0 ? 0u : min(kv_end, uint(last));
+    }
+    if (!mine) kv_end = 0u;
+    // The first key step that the causal limit can cut (the first row's last key is row0 + offset).
+    const int diagonal = int(row0) + pc.causal_offset + 1;
     for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += KPS) {
         // scores of RPI rows x KPS keys
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
         [[unroll]] for (uint c = 0; c < D4; ++c) {
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
-                const vec4 kv = texelFetch(k_tex, int((zbase + j0 + j) * D4 + c));
+                const vec4 kv = texelFetch(k_tex, int((kvbase + j0 + j) * D4 + c));
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const vec4 qv = q[i * D4 + c];
                     s[i * KPS + j] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
@@ -124,20 +132,17 @@ void main() {
             }
         }
         // masks: only on the steps that need them (the last keys, the causal diagonal, explicit masks)
-        if (any_mask || j0 + KPS > kv_end || (causal && j0 + KPS > row0 + 1u)) {
+        if (any_mask || j0 + KPS > kv_end || (causal && int(j0 + KPS) > diagonal)) {
             [[unroll]] for (uint i = 0; i < RPI; ++i) {
                 const uint row = row0 + i * WG + lane;
-                const uint mrow = min(row, pc.seq - 1u);
+                const uint mrow = min(row, pc.q_len - 1u);
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
                     const uint key = j0 + j;
-                    bool ok = key < kv_end && (!causal || key <= row);
-                    const uint mi = mrow * pc.seq + min(key, pc.seq - 1u);
+                    bool ok = key < kv_end && (!causal || int(key) <= int(row) + pc.causal_offset);
+                    const uint mi = mrow * pc.m_rs + min(key, pc.kv_len - 1u) * pc.m_cs, bit = mbase + mi;
                     float a = s[i * KPS + j];
-                    if (has_mask) {
-                        const uint bit = batch * pc.mask_bs + mi;
-                        ok = ok && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
-                    }
-                    if (has_add) a += additive[batch * pc.add_bs + mi];
+                    if (has_mask) ok = ok && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+                    if (has_add) a += additive[abase + mi];
                     s[i * KPS + j] = ok ? a : neg_inf;
                 }
             }
@@ -164,7 +169,7 @@ void main() {
         if (CAREFUL != 0u) {  // a masked key's NaN or Inf value must add nothing, not 0·NaN
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
-                    const vec4 vv = texelFetch(v_tex, int((zbase + j0 + j) * DV4 + c));
+                    const vec4 vv = texelFetch(v_tex, int((kvbase + j0 + j) * DV4 + c));
                     [[unroll]] for (uint i = 0; i < RPI; ++i) {
                         const float p = s[i * KPS + j];
                         if (p != 0.0) acc[i * DV4 + c] += p * vv;
@@ -174,7 +179,7 @@ void main() {
         } else {
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
-                    const vec4 vv = texelFetch(v_tex, int((zbase + j0 + j) * DV4 + c));
+                    const vec4 vv = texelFetch(v_tex, int((kvbase + j0 + j) * DV4 + c));
                     [[unroll]] for (uint i = 0; i < RPI; ++i) acc[i * DV4 + c] += s[i * KPS + j] * vv;
                 }
             }
@@ -185,11 +190,13 @@ void main() {
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         const uint row = row0 + i * WG + lane;
         if (row >= rows_out) continue;
-        const uint ob = batch * pc.o_bs + row * pc.o_rs + head * pc.dv;
-        if (partial) {  // hand the running state to the next chunk
-            const uint si = 2u * (z * pc.seq + row);
-            state[si] = m[i];
+        const uint ob = obase + row * pc.o_rs;
+        if (partial || stats) {  // hand the running state to the next chunk (or the weights kernel)
+            const uint si = 2u * (z * pc.q_len + row);
+            state[si] = isnan(l[i]) ? nan : m[i];
             state[si + 1u] = l[i];
+        }
+        if (partial) {
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
                     if (c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];

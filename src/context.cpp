@@ -8,6 +8,7 @@
 
 #include "context_impl.hpp"
 #include "dispatch.hpp"
+#include "sdpa_dispatch.hpp"
 
 namespace qkv::vulkan {
 
@@ -50,6 +51,38 @@ attention_output context::attention(const attention_problem& problem) {
         throw;
     } catch (const std::bad_alloc&) {
         throw out_of_memory("host memory allocation failed while running attention");
+    }
+}
+
+sdpa_output context::sdpa(const sdpa_problem& problem) {
+    validate(problem);
+    const auto start = std::chrono::steady_clock::now();
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->lost)
+        throw device_lost(
+            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    try {
+        dispatch_environment env{*impl_->dev,
+                                 *impl_->alloc,
+                                 *impl_->pipes,
+                                 *impl_->exec,
+                                 impl_->buffers,
+                                 impl_->options.force_staging,
+                                 impl_->options.max_fused_keys_per_dispatch};
+        if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
+        sdpa_output out = run_sdpa(env, problem);
+        impl_->last = call_stats{};
+        impl_->last.host_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        impl_->last.device_ms = env.device_ms;
+        impl_->last.attention_ms = env.attention_ms;
+        impl_->last.device_bytes = impl_->alloc->allocated();
+        return out;
+    } catch (const device_lost&) {
+        impl_->lost = true;
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed while running sdpa");
     }
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "flash_gpu.hpp"
 #include "plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "range_guard.hpp"
@@ -73,6 +74,24 @@ kernel_family choose_family(kernel_family asked, const device& dev, const flash_
     throw unavailable(no.why);
 }
 
+/// The fused kernels' view of the projected Q|K|V rows: head h of Q, K and V at columns h·d,
+/// d_k + h·d, 2·d_k + h·dv of each row; the output's rows are d_v wide, head h at column h·dv.
+flash_layout attention_layout(const plan& p) {
+    flash_layout l;
+    const std::uint32_t N = p.seq, dh = p.d_k / p.heads, dvh = p.d_v / p.heads;
+    l.batch = p.batch, l.heads = l.kv_heads = p.heads, l.q_len = l.kv_len = N, l.d = dh, l.dv = dvh;
+    l.q = l.k = {N * p.ld, dh, p.ld};
+    l.v = {N * p.ld, dvh, p.ld};
+    l.o = {N * p.d_v, dvh, p.d_v};
+    l.k_off = p.d_k, l.v_off = 2 * p.d_k;
+    l.m_bs = p.mask_batched ? N * N : 0, l.a_bs = p.additive_batched ? N * N : 0;
+    l.m_hs = 0, l.m_rs = N, l.m_cs = 1;
+    l.causal = p.causal, l.mask = p.mask, l.additive = p.additive;
+    l.scale = p.scale;
+    l.fp16 = p.fp16;
+    return l;
+}
+
 }  // namespace
 
 attention_output run_attention(dispatch_environment& env, const attention_problem& problem) {
@@ -87,8 +106,8 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     // next call starts from what it needs.
     bool staged_io = false;
     const bool fused = p.impl == implementation::fused;
-    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, p.fp16, p.batch * p.heads, p.heads, p.seq, p.d_k / p.heads,
-                                                   p.d_v / p.heads, env.max_fused_keys);
+    const flash_layout layout = attention_layout(p);
+    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, layout, env.max_fused_keys);
     const kernel_family family =
         fused ? choose_family(
                     // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
@@ -97,11 +116,10 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
                     env.dev, cpu_plan)
               : kernel_family::automatic;
     const bool cpu_family = family == kernel_family::cpu;
-    const std::uint32_t flash_chunk = !fused ? p.seq
-                                      : cpu_family
-                                          ? cpu_plan.chunk_keys
-                                          : flash_chunk_keys(info, env.dev.subgroups(), p.seq, p.d_k / p.heads,
-                                                             p.d_v / p.heads, env.max_fused_keys, env.fused_tiles_as);
+    const flash_gpu_plan gpu_plan = fused && !cpu_family
+                                        ? plan_flash_gpu(env.dev, layout, env.max_fused_keys, env.fused_tiles_as)
+                                        : flash_gpu_plan{};
+    const std::uint32_t flash_chunk = !fused ? p.seq : cpu_family ? cpu_plan.chunk_keys : gpu_plan.chunk_keys;
     const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
     if ((p.seq + flash_chunk - 1) / flash_chunk * dispatches_per_chunk > 1000)
         throw limit_exceeded("the fused kernel would need " +
@@ -185,32 +203,15 @@ attention_output run_attention(dispatch_environment& env, const attention_proble
     const binding additive = p.additive ? part(bufs.inputs, p.additive_mask) : any_input;
     if (p.impl == implementation::fused) {
         // One dispatch: every (batch, head), every block of query rows, online softmax.
-        flash_push f;
-        f.seq = N, f.d = dh, f.dv = dvh, f.ld = p.ld, f.heads = H;
-        f.k_off = p.d_k, f.v_off = 2 * p.d_k;
-        f.o_rs = p.d_v, f.o_bs = N * p.d_v;
-        f.scale = p.scale;
-        f.flags = mask_flags;
-        f.mask_bs = p.mask_batched ? N * N : 0;
-        f.add_bs = p.additive_batched ? N * N : 0;
         const binding state = bufs.flash_state ? whole(bufs.flash_state, bufs.flash_state.size()) : any_input;
+        const flash_io io{qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state};
         if (cpu_family) {
             bufs.flash_views = make_flash_cpu_views(env.dev, bufs.flash_texels, cpu_plan);
-            flash_cpu_push c;
-            c.seq = N, c.dv = dvh, c.heads = H;
-            c.o_rs = f.o_rs, c.o_bs = f.o_bs, c.scale = f.scale, c.flags = f.flags;
-            c.mask_bs = f.mask_bs, c.add_bs = f.add_bs;
-            flash_cpu_io io;
-            io.qkv = qkv;
-            io.qkv_fp16 = p.fp16;
-            io.texels = bufs.flash_texels.handle();
-            io.q = bufs.flash_views.q.handle(), io.k = bufs.flash_views.k.handle(), io.v = bufs.flash_views.v.handle();
-            io.mask_bits = mask_bits, io.additive = additive, io.out = whole(attn_out, attn_out_bytes),
-            io.state = state;
-            record_flash_cpu(exec, pipes, cpu_plan, io, c, p.ld, f.k_off, f.v_off);
+            const flash_cpu_texels tx{bufs.flash_texels.handle(), bufs.flash_views.q.handle(),
+                                      bufs.flash_views.k.handle(), bufs.flash_views.v.handle()};
+            record_flash_cpu(exec, pipes, layout, cpu_plan, io, tx);
         } else {
-            record_flash(exec, pipes, info, p.fp16, {qkv, mask_bits, additive, whole(attn_out, attn_out_bytes), state},
-                         f, B * H, flash_chunk, env.fused_tiles_as);
+            record_flash_gpu(exec, pipes, layout, gpu_plan, io);
         }
     } else {
         // Stage 2: scores of every (batch, head): Q_h · K_hᵀ · scale, masked.

@@ -74,7 +74,7 @@ flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::
         else if (wg > team)
             wg /= 2;
         else
-            break;  // record_flash refuses it
+            break;  // plan_flash_gpu refuses it
     }
     t.subgroup = info.subgroup_arithmetic;
     t.required_subgroup = t.fallback ? 0 : team;
@@ -92,9 +92,14 @@ device_info flash_tiles_device(const device_info& info, const device_info* as) {
 
 std::uint32_t flash_chunk_keys(const device_info& info, const subgroup_control& control, std::uint32_t seq,
                                std::uint32_t d, std::uint32_t dv, std::uint32_t at_most, const device_info* tiles_as) {
-    const std::uint32_t cap = at_most ? std::min(seq, at_most) : seq;
+    return flash_chunk_keys(info, choose_flash_tiles(flash_tiles_device(info, tiles_as), seq, d, dv, control), seq,
+                            at_most);
+}
+
+std::uint32_t flash_chunk_keys(const device_info& info, const flash_tiles& t, std::uint32_t kv_len,
+                               std::uint32_t at_most) {
+    const std::uint32_t cap = at_most ? std::min(kv_len, at_most) : kv_len;
     if (info.type != device_type::cpu) return cap;
-    const flash_tiles t = choose_flash_tiles(flash_tiles_device(info, tiles_as), seq, d, dv, control);
     // Loop iterations of one invocation per K/V tile, counted as if no loop were unrolled (llvmpipe
     // unrolls the constant ones, so this is an upper bound): flash.comp's loops, in order.
     const std::uint64_t d4 = t.d_max / 4, dv4 = t.dv_max / 4, rpg = t.rows_per_team();

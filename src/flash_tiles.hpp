@@ -25,7 +25,7 @@ struct subgroup_control {
 struct flash_tiles {
     std::uint32_t wg = 64, br = 16, bc = 32, d_max = 64, dv_max = 64, team = 8;
     std::uint32_t q_regs = 0;             ///< 1: the query rows stay in registers (else in shared memory)
-    std::uint32_t vec4 = 0;               ///< 1: Q|K|V widths and offsets allow vec4 loads (set by record_flash)
+    std::uint32_t vec4 = 0;               ///< 1: widths, strides and offsets allow vec4 loads (set by plan_flash_gpu)
     std::uint32_t fallback = 1;           ///< 0: subgroups of `team` lanes are guaranteed: no shared reductions
     bool subgroup = false;                ///< the team reductions may use subgroupMax / subgroupAdd
     std::uint32_t required_subgroup = 0;  ///< requiredSubgroupSize of the pipeline (0: none)
@@ -61,5 +61,8 @@ device_info flash_tiles_device(const device_info& info, const device_info* as);
 std::uint32_t flash_chunk_keys(const device_info& info, const subgroup_control& control, std::uint32_t seq,
                                std::uint32_t d, std::uint32_t dv, std::uint32_t at_most = 0,
                                const device_info* tiles_as = nullptr);
+/// The same for tiles already chosen (`t`, for `info` as flash_tiles_device sees it) over kv_len keys.
+std::uint32_t flash_chunk_keys(const device_info& info, const flash_tiles& t, std::uint32_t kv_len,
+                               std::uint32_t at_most = 0);
 
 }  // namespace qkv::vulkan::detail

@@ -25,6 +25,8 @@ namespace qkv::vulkan::detail {
     X(flash_cpu, qkv_spv_flash_cpu)                   \
     X(flash_cpu_pack, qkv_spv_flash_cpu_pack)         \
     X(flash_cpu_pack_f16, qkv_spv_flash_cpu_pack_f16) \
+    X(flash_weights, qkv_spv_flash_weights)           \
+    X(flash_weights_f16, qkv_spv_flash_weights_f16)   \
     X(ceiling_fma, qkv_spv_ceiling_fma)               \
     X(ceiling_copy, qkv_spv_ceiling_copy)             \
     X(project_cpu, qkv_spv_project_cpu)               \

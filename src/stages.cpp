@@ -134,35 +134,6 @@ std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
     return wg;
 }
 
-void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
-                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t chunk_keys, const device_info* tiles_as) {
-    flash_tiles tiles =
-        choose_flash_tiles(flash_tiles_device(info, tiles_as), push.seq, push.d, push.dv, pipes.dev().subgroups());
-    if (tiles.shared_bytes() > info.max_shared_memory || tiles.wg > info.max_workgroup_invocations)
-        throw limit_exceeded(
-            "the fused kernel needs " + std::to_string(tiles.shared_bytes()) + " bytes of shared memory and " +
-            std::to_string(tiles.wg) + " invocations per workgroup for head widths " + std::to_string(push.d) + " / " +
-            std::to_string(push.dv) + "; " + info.name + " has " + std::to_string(info.max_shared_memory) +
-            " bytes and " + std::to_string(info.max_workgroup_invocations) + " invocations");
-    // vec4 loads need every Q|K|V element offset the shader forms to be a multiple of 4.
-    tiles.vec4 = push.d % 4 == 0 && push.dv % 4 == 0 && push.ld % 4 == 0 && push.k_off % 4 == 0 && push.v_off % 4 == 0;
-    const shader_id shader = tiles.subgroup ? (fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
-                                            : (fp16 ? shader_id::flash_f16 : shader_id::flash);
-    const pipeline& p = pipes.get(shader, static_cast<std::uint32_t>(bindings.size()), sizeof(flash_push), tiles.spec(),
-                                  tiles.required_subgroup);
-    const std::uint32_t groups[3] = {ceil_div(push.seq, tiles.br), 1, batches};
-    for (std::uint32_t begin = 0; begin < push.seq; begin += chunk_keys) {
-        flash_push part = push;
-        part.kv_begin = begin;
-        part.kv_stop = std::min(push.seq, begin + chunk_keys);
-        if (begin > 0) part.flags |= flag_resume;
-        if (part.kv_stop < push.seq) part.flags |= flag_partial;
-        if (begin > 0) exec.compute_barrier();
-        exec.dispatch(p, bindings, &part, groups);
-    }
-}
-
 namespace {
 shader_id cpu_twin(shader_id shader) {
     switch (shader) {

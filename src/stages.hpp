@@ -37,29 +37,14 @@ struct softmax_push {
     std::uint32_t cols = 0, rows = 0;
 };
 
-/// Mirrors shaders/flash.comp.
-struct flash_push {
-    group_offset offset;
-    std::uint32_t seq = 0, d = 0, dv = 0, ld = 0, heads = 1;
-    std::uint32_t k_off = 0, v_off = 0;
-    std::uint32_t o_rs = 0, o_bs = 0;
-    float scale = 1.0f;
-    std::uint32_t flags = 0;
-    std::uint32_t mask_bs = 0, add_bs = 0;
-    std::uint32_t kv_begin = 0, kv_stop = 0;  // set by record_flash, per key chunk
-};
-static_assert(sizeof(flash_push) <= 128);
-
 /// The widest head (of Q/K and of V) the fused kernel takes; wider heads use the staged path.
 inline constexpr std::uint32_t fused_max_head = 256;
 
-// Flags of the scores, aggregate and flash shaders.
+// Flags of the scores and aggregate shaders (the fused kernels' are in shaders/contract/flash.h).
 inline constexpr std::uint32_t flag_bias = 1;               // project
 inline constexpr std::uint32_t flag_causal = 1;             // scores, aggregate
 inline constexpr std::uint32_t flag_mask = 2;               // scores
 inline constexpr std::uint32_t flag_additive = 4;           // scores
-inline constexpr std::uint32_t flag_resume = 8;             // flash: continue from the chunk state
-inline constexpr std::uint32_t flag_partial = 16;           // flash: more key chunks follow
 inline constexpr std::uint32_t flag_gemm_accumulate = 256;  // project, scores, aggregate: add to C (set by record_gemm)
 inline constexpr std::uint32_t flag_gemm_partial = 512;     // project, scores, aggregate: more K chunks follow
 
@@ -104,13 +89,6 @@ std::uint64_t softmax_loop_iterations(std::uint32_t workgroup, std::uint32_t col
 
 /// Workgroup size of the softmax: a power of two no larger than the row needs or the device allows.
 std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols);
-
-/// Records the fused attention of every (batch, head) of `batches`: one dispatch per `chunk_keys`
-/// keys (from flash_chunk_keys, with the same `tiles_as`), with `bindings` ending in the
-/// chunk-state buffer.
-void record_flash(executor& exec, pipeline_set& pipes, const device_info& info, bool fp16,
-                  std::initializer_list<binding> bindings, const flash_push& push, std::uint32_t batches,
-                  std::uint32_t chunk_keys, const device_info* tiles_as = nullptr);
 
 /// Records the product over `batches` (batch x heads) grids: `shader` names the GPU-family
 /// shader (project, scores, aggregate, or their _f16), `cpu` picks its CPU-family twin. One

@@ -1,0 +1,53 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// The attention weights of scaled_dot_product_attention on request, without an L x S staging
+// pass: the fused kernel (flash.comp or flash_cpu.comp, with FLASH_STATS) has stored each row's
+// final softmax statistics (m, l) in `state`; this kernel recomputes one score per invocation and
+// writes weights(b, h, i, j) = exp(scale·q_i·k_j + mask - m) / l, the same normalisation the
+// output used. 0 where the key is masked and for a row with nothing to attend to (l = 0); NaN for
+// a poisoned row (m stored as NaN). Weights are (batch, heads, L, S), contiguous.
+//
+// The grid: x = key blocks of FLASH_WEIGHTS_WORKGROUP, y = query rows, z = batch · heads. The only
+// loop runs over the E columns of one q·k (the host keeps E far below llvmpipe's 65,535
+// iterations per invocation).
+#include "precision.glsl"
+#include "contract/flash.h"
+
+layout(local_size_x = FLASH_WEIGHTS_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
+
+layout(std430, binding = FLASH_WEIGHTS_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = FLASH_WEIGHTS_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
+layout(std430, binding = FLASH_WEIGHTS_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+layout(std430, binding = FLASH_WEIGHTS_BINDING_STATE) readonly buffer State { float state[]; };
+layout(std430, binding = FLASH_WEIGHTS_BINDING_OUT) writeonly buffer Weights { float weights[]; };
+
+layout(push_constant) uniform Push { flash_push pc; };
+
+void main() {
+    const uint j = (gl_WorkGroupID.x + pc.group_x) * FLASH_WEIGHTS_WORKGROUP + gl_LocalInvocationID.x;
+    const uint i = gl_WorkGroupID.y + pc.group_y;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    if (j >= pc.kv_len || i >= pc.q_len) return;
+    const uint batch = z / pc.heads, head = z % pc.heads, kv_head = head / pc.group;
+    const uint out_at = (z * pc.q_len + i) * pc.kv_len + j;
+
+    const float m = state[2u * (z * pc.q_len + i)], l = state[2u * (z * pc.q_len + i) + 1u];
+    bool allowed = (pc.flags & FLASH_CAUSAL) == 0u || int(j) <= int(i) + pc.causal_offset;
+    const uint mi = head * pc.m_hs + i * pc.m_rs + j * pc.m_cs, bit = batch * pc.m_bs + mi;
+    if ((pc.flags & FLASH_MASK) != 0u) allowed = allowed && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+    if (isnan(m) || isnan(l)) {  // a poisoned row (a NaN or +inf score): NaN, as its output
+        weights[out_at] = uintBitsToFloat(0x7fc00000u);
+        return;
+    }
+    if (!allowed || l == 0.0) {
+        weights[out_at] = 0.0;
+        return;
+    }
+    const uint q_at = batch * pc.q_bs + head * pc.q_hs + i * pc.q_rs;
+    const uint k_at = pc.k_off + batch * pc.k_bs + kv_head * pc.k_hs + j * pc.k_rs;
+    float dot_qk = 0.0;
+    for (uint c = 0; c < pc.d; ++c) dot_qk += (float(qkv[q_at + c]) * pc.scale) * float(qkv[k_at + c]);
+    float score = dot_qk;
+    if ((pc.flags & FLASH_ADDITIVE) != 0u) score += additive[batch * pc.a_bs + mi];
+    weights[out_at] = score == uintBitsToFloat(0xff800000u) ? 0.0 : exp(score - m) / l;
+}
