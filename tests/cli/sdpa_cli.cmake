@@ -4,11 +4,7 @@
 set(sdpa_data ${CMAKE_CURRENT_SOURCE_DIR}/../data/sdpa)
 cmake_path(NORMAL_PATH sdpa_data)
 
-# The backends `qkv sdpa` offers in this build (tools/CMakeLists.txt: QKV_CLI_SDPA_VULKAN).
-set(sdpa_backends cpu)
-if(QKV_CLI_SDPA_VULKAN)
-  list(APPEND sdpa_backends vulkan)
-endif()
+set(sdpa_backends cpu vulkan)
 
 # qkv_cli_sdpa_parity(<case> [MAX_NMSE x]): the case on every backend, OUT (and W, where the case
 # has expected weights) against the reference.
@@ -93,10 +89,42 @@ qkv_cli_test(sdpa.bad.align_name ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causa
 qkv_cli_test(sdpa.bad.missing_v ARGS sdpa --q ${q2} --k ${k2} --out out.npy EXIT 2 STDERR "--v is required")
 qkv_cli_test(sdpa.bad.missing_file ARGS sdpa --q no-such.npy --k ${k2} --v ${v2} --backend cpu --out out.npy EXIT 2
              STDERR "no-such\\.npy: cannot open")
-if(NOT QKV_CLI_SDPA_VULKAN)
-  qkv_cli_test(sdpa.bad.no_vulkan_sdpa ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --backend vulkan --out out.npy EXIT 2
-               STDERR "'vulkan' is not one of cpu")
-endif()
+# ---- the Vulkan backend: both kernel families, fp16, and its own failures ------------------------
+# qkv_cli_sdpa_vulkan(<case> <suffix> [flags...]): the case on Vulkan with extra flags; OUT (and W)
+# against the reference, nmse 1e-9 (fp32) or 1e-5 (fp16).
+function(qkv_cli_sdpa_vulkan case suffix)
+  set(dir ${sdpa_data}/${case})
+  set(args sdpa --q ${dir}/q.npy --k ${dir}/k.npy --v ${dir}/v.npy --backend vulkan --out out.npy ${ARGN})
+  if(EXISTS ${dir}/mask.npy)
+    list(APPEND args --mask ${dir}/mask.npy)
+  endif()
+  file(STRINGS ${dir}/args.txt flags)
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  list(APPEND args ${flags})
+  set(compare out.npy ${dir}/expected_out.npy)
+  if(EXISTS ${dir}/expected_weights.npy)
+    list(APPEND args --weights weights.npy)
+    list(APPEND compare weights.npy ${dir}/expected_weights.npy)
+  endif()
+  set(nmse 1e-9)
+  if("fp16" IN_LIST ARGN)
+    set(nmse 1e-5)
+  endif()
+  qkv_cli_test(sdpa.vulkan.${case}.${suffix} ARGS ${args} COMPARE ${compare} MAX_NMSE ${nmse})
+endfunction()
+foreach(case IN ITEMS gqa_4d_scale causal_bottom_right_gqa bool_mask_key_padding additive_mask_causal decode_5000)
+  qkv_cli_sdpa_vulkan(${case} kernel_cpu --kernel cpu)
+  qkv_cli_sdpa_vulkan(${case} kernel_gpu --kernel gpu)
+  qkv_cli_sdpa_vulkan(${case} fp16 --precision fp16)
+endforeach()
+# float64 inputs beyond float32 cannot go to the device: refused, naming the file and element.
+qkv_cli_test(sdpa.vulkan.float64_beyond_float32 ARGS sdpa --q ${sdpa_data}/float64/q.npy --k ${sdpa_data}/float64/k.npy
+             --v ${sdpa_data}/float64/v.npy --backend vulkan --out out.npy EXIT 2
+             STDERR "float64/q\\.npy: element 0 is .*beyond the float32 range")
+qkv_cli_test(sdpa.vulkan.no_loader ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --out out.npy EXIT 1 ENV ${no_loader}
+             STDERR "no Vulkan loader" "run with --backend cpu")
+qkv_cli_test(sdpa.vulkan.no_device ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --device no-such-device --out out.npy
+             EXIT 2 STDERR "--device no-such-device: no Vulkan device whose name contains")
 
 # ---- output files: never over an input; an existing OUT survives a failed run ------------------------
 qkv_cli_test(sdpa.files.out_is_input ARGS sdpa --q q.npy --k ${k2} --v ${v2} --backend cpu --out q.npy EXIT 2

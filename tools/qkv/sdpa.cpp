@@ -17,20 +17,12 @@
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/sdpa.hpp"
-#include "sdpa_inputs.hpp"
-#ifdef QKV_CLI_SDPA_VULKAN
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
-#endif
+#include "sdpa_inputs.hpp"
 
 namespace qkv::cli {
 namespace {
-
-#ifdef QKV_CLI_SDPA_VULKAN
-constexpr backend default_backend = backend::vulkan;
-#else
-constexpr backend default_backend = backend::cpu;
-#endif
 
 struct sdpa_command_options {
     sdpa_files files;
@@ -38,7 +30,7 @@ struct sdpa_command_options {
     std::string scale;  // parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
     bool causal = false;
     qkv::causal_alignment alignment = qkv::causal_alignment::top_left;
-    backend choice = default_backend;
+    backend choice = backend::vulkan;
     qkv::precision precision = qkv::precision::fp32;
     qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
@@ -47,7 +39,6 @@ struct sdpa_command_options {
     const CLI::Option* align_option = nullptr;
 };
 
-#ifdef QKV_CLI_SDPA_VULKAN
 qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::string& device) {
     std::optional<qkv::vulkan::context> ctx;
     try {
@@ -62,7 +53,6 @@ qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::stri
     }
     return ctx->sdpa(problem);
 }
-#endif
 
 void run(const sdpa_command_options& o) {
     if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
@@ -103,12 +93,8 @@ void run(const sdpa_command_options& o) {
                       {o.weights, in.weights_shape(), std::span<const double>(r.weights)}});
         return;
     }
-#ifdef QKV_CLI_SDPA_VULKAN
     const qkv::sdpa_output r =
         o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options)) : run_on_vulkan(in.problem(options), o.device);
-#else
-    const qkv::sdpa_output r = qkv::cpu::sdpa(in.problem(options));
-#endif
     files.commit({{o.out, in.out_shape(), std::span<const float>(r.output)},
                   {o.weights, in.weights_shape(), std::span<const float>(r.weights)}});
 }
@@ -174,17 +160,10 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
             ->group(attention);
 
     const std::string running = "Backend";
-#ifdef QKV_CLI_SDPA_VULKAN
     add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
                         "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --kernel "
                         "and --device")
         ->group(running);
-#else
-    add_choice<backend>(cmd, "--backend", o.choice, {{"cpu", backend::cpu}},
-                        "cpu: the float64 CPU reference backend (this build has no Vulkan sdpa), which ignores "
-                        "--precision, --kernel and --device")
-        ->group(running);
-#endif
     add_choice<qkv::precision>(cmd, "--precision", o.precision,
                                {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
                                "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
