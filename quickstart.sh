@@ -5,8 +5,9 @@
 #   bash quickstart.sh test      install what is missing, build and run every test leg
 #
 # `test` runs, in order: the clang-format check, GCC (shared library, -Werror), Clang (-Werror),
-# the install/find_package consumer check, ASan+UBSan, the fuzzers, and the Windows executables
-# under Wine. Each leg can also be run alone: bash quickstart.sh test format|gcc|clang|sanitize|fuzz|windows
+# the install/find_package consumer check, the backend-neutral build (qkv::runtime without Vulkan),
+# ASan+UBSan, the fuzzers, and the Windows executables under Wine. Each leg can also be run alone:
+# bash quickstart.sh test format|gcc|clang|neutral|sanitize|fuzz|windows
 # Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -74,6 +75,23 @@ leg_clang() {
     run_ctest build/clang
 }
 
+leg_neutral() {
+    log "Backend-neutral: qkv::runtime (problems, CPU backend) with -DQKV_BUILD_VULKAN=OFF, shared, and its tests"
+    configure_build build/neutral -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DQKV_BUILD_VULKAN=OFF \
+        -DBUILD_SHARED_LIBS=ON
+    # Proof that this configuration never looked for Vulkan or the shader tools: no cache entry
+    # names them, no compile line searches a Vulkan include directory, nothing links libvulkan.
+    if grep -Ei '^(QKV_VULKAN_INCLUDE_DIR|[A-Z_]*GLSLANG[A-Z_]*|[A-Z_]*SPIRV[A-Z_]*)[:=]' build/neutral/CMakeCache.txt ||
+        grep -Eq -- '-isystem [^ ]*[Vv]ulkan' build/neutral/build.ninja ||
+        ldd build/neutral/libqkv_runtime.so | grep -q libvulkan; then
+        echo "the backend-neutral build looked for Vulkan or the shader tools" >&2
+        exit 1
+    fi
+    echo "build/neutral: no Vulkan headers, no glslang, libqkv_runtime.so does not link libvulkan"
+    # The constexpr reach test is the same in every configuration: the gcc and clang legs run it.
+    run_ctest build/neutral -E '^constexpr_reach'
+}
+
 leg_sanitize() {
     log "Clang with AddressSanitizer + UndefinedBehaviorSanitizer: build and test"
     configure_build build/sanitize -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON -DQKV_SANITIZE=address,undefined \
@@ -121,7 +139,7 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(format gcc clang sanitize fuzz windows)
+        [ ${#legs[@]} -eq 0 ] && legs=(format gcc clang neutral sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
             leg_start=$SECONDS

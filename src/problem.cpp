@@ -1,6 +1,6 @@
 // qkv::validate, qkv::default_scale, qkv::resolve_implementation: the checks every backend runs
 // before it touches a problem's data.
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "qkv/vulkan/cpu.hpp"
-#include "qkv/vulkan/error.hpp"
+#include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/error.hpp"
 #include "shape_checks.hpp"
 
 namespace qkv {

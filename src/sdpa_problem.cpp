@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
-#include "qkv/vulkan/error.hpp"
 #include "shape_checks.hpp"
 
 namespace qkv {

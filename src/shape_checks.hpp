@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "qkv/vulkan/error.hpp"
+#include "qkv/runtime/error.hpp"
 
 namespace qkv::shape_checks {
 

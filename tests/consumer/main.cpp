@@ -1,6 +1,11 @@
-// What a user writes: the compile-time core, the CPU backend and the Vulkan backend.
+// What a user writes: the compile-time core, the CPU backend (qkv::runtime) and, when qkv was built
+// with it, the Vulkan backend.
 #include <qkv/qkv.hpp>
+#include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/sdpa.hpp>
+#ifdef QKV_CONSUMER_VULKAN
 #include <qkv/vulkan/runtime.hpp>
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -25,6 +30,16 @@ int main() {
                                    .wv = wvs,
                                    .options = {.scale = 1.f}};
     const auto cpu = qkv::cpu::attention(p);
+    // The same attention through SDPA: q = x·Wq, k = x·Wk, v = x·Wv of the tutorial.
+    const std::vector<float> q{1, 0, 2, 2, 2, 2, 2, 1, 3}, k{0, 1, 1, 4, 4, 0, 2, 3, 1}, v{1, 2, 3, 2, 8, 0, 2, 6, 3};
+    qkv::sdpa_problem sp;
+    sp.shape = {.q_len = 3, .kv_len = 3, .d_qk = 3, .d_v = 3};
+    sp.q = q, sp.k = k, sp.v = v;
+    sp.options.scale = 1.f;
+    const auto sdpa = qkv::cpu::sdpa(sp);
+    for (std::size_t i = 0; i < cpu.output.size(); ++i)
+        if (std::abs(sdpa.output[i] - cpu.output[i]) > 1e-5f) return 1;
+#ifdef QKV_CONSUMER_VULKAN
     try {
         qkv::vulkan::context ctx;
         const auto gpu = ctx.attention(p);
@@ -34,5 +49,8 @@ int main() {
     } catch (const qkv::vulkan::unavailable& e) {
         std::printf("consumer: no Vulkan (%s); CPU output[0] = %.4f\n", e.what(), cpu.output[0]);
     }
+#else
+    std::printf("consumer: qkv::runtime only; CPU output[0] = %.4f, sdpa %.4f\n", cpu.output[0], sdpa.output[0]);
+#endif
     return std::abs(cpu.output[0] - 1.9366f) < 1e-3f ? 0 : 1;
 }

@@ -12,5 +12,6 @@ void add_example(CLI::App& app);    // example.cpp: the tutorial's worked exampl
 void add_devices(CLI::App& app);    // devices.cpp: the Vulkan devices of this machine
 void add_attention(CLI::App& app);  // attention.cpp: attention over .npy files
 void add_bench(CLI::App& app);      // bench.cpp: timings over a sweep of shapes, against the device ceiling
+void add_sdpa(CLI::App& app);       // sdpa.cpp: scaled dot-product attention over Q, K, V .npy files
 
 }  // namespace qkv::cli

@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "qkv/vulkan/export.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/export.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv {
 
@@ -95,19 +95,19 @@ using sdpa_output_f64 = basic_sdpa_output<double>;
 /// well-formed: a zero dimension, kv_heads not dividing q_heads, a span whose size does not fit its
 /// shape, a mask that does not broadcast to (B, Hq, L, S), a mask value other than 0/1, a
 /// non-finite or non-positive scale, a size product that overflows.
-QKV_VULKAN_API void validate(const sdpa_problem& problem);
-QKV_VULKAN_API void validate(const sdpa_problem_f64& problem);
+QKV_RUNTIME_API void validate(const sdpa_problem& problem);
+QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
 
 /// The scale used when options.scale is not set: 1/sqrt(d_qk).
-[[nodiscard]] QKV_VULKAN_API float default_scale(const sdpa_shape& shape);
+[[nodiscard]] QKV_RUNTIME_API float default_scale(const sdpa_shape& shape);
 
 /// Element strides of a mask of shape `mask_shape` broadcast to (B, Hq, L, S): stride 0 along
 /// every broadcast dimension. Throws qkv::invalid_argument if it does not broadcast.
 struct mask_strides {
     std::size_t batch = 0, head = 0, row = 0, col = 0;
 };
-[[nodiscard]] QKV_VULKAN_API mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape,
-                                                            const sdpa_shape& shape);
+[[nodiscard]] QKV_RUNTIME_API mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape,
+                                                             const sdpa_shape& shape);
 
 /// The causal offset: key j is visible from query i when j <= i + offset (may be negative).
 [[nodiscard]] constexpr std::ptrdiff_t causal_offset(const sdpa_shape& shape, causal_alignment alignment) {

@@ -1,4 +1,6 @@
 // The errors of qkv's run-time API. Every failure is one of these; the message names the problem.
+// qkv::error and qkv::invalid_argument are qkv::runtime's (qkv/runtime/error.hpp); the Vulkan
+// backend's errors derive from them.
 //
 //   qkv::error                      base of everything qkv throws
 //   ├─ qkv::invalid_argument        bad input: shapes that do not fit together, a bad mask, ...
@@ -21,20 +23,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "qkv/runtime/error.hpp"
 #include "qkv/vulkan/export.hpp"
 
 namespace qkv {
-
-class QKV_VULKAN_API error : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
-
-class QKV_VULKAN_API invalid_argument : public error {
-public:
-    using error::error;
-};
-
 namespace vulkan {
 
 class QKV_VULKAN_API error : public qkv::error {

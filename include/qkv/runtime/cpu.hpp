@@ -1,0 +1,63 @@
+// qkv::cpu — the CPU reference backend: dynamic shapes, the same problem and options as the
+// Vulkan backend, every sum accumulated in double. The oracle of the tests, and a fallback for
+// users without a GPU. Thread-safe: attention() keeps no state.
+//
+// Input types: attention_problem holds float32 data (widened exactly to double); results are
+// float32 (attention) or float64 (attention_f64). attention_problem_f64 holds float64 data, used
+// as is: nothing is narrowed to float32 on the way, and the results are float64. The Vulkan
+// backend takes float32 only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "qkv/runtime/problem.hpp"
+#include "qkv/runtime/sdpa.hpp"
+
+namespace qkv::cpu {
+
+/// Computes the attention described by `problem` (validated first: throws qkv::invalid_argument).
+/// precision and implementation are accepted and ignored: the CPU backend always runs float64.
+/// Results are rounded to float32 once, at the end.
+[[nodiscard]] QKV_RUNTIME_API attention_output attention(const attention_problem& problem);
+
+/// The same computation with float64 results, for tests that need the unrounded reference.
+struct attention_output_f64 {
+    std::vector<double> output;   ///< batch x seq x out_width()
+    std::vector<double> weights;  ///< batch x heads x seq x seq, when options.return_weights
+};
+[[nodiscard]] QKV_RUNTIME_API attention_output_f64 attention_f64(const attention_problem& problem);
+
+/// An attention problem over float64 data: the fields and conventions of attention_problem
+/// (qkv/runtime/problem.hpp), with double in place of float. options.scale stays a float.
+struct attention_problem_f64 {
+    attention_shape shape{};
+    std::span<const double> x{};
+    std::span<const double> wq{}, wk{}, wv{};
+    std::span<const double> bq{}, bk{}, bv{};
+    std::span<const double> wo{}, bo{};
+    std::span<const std::uint8_t> mask{};
+    std::span<const double> additive_mask{};
+    run_options options{};
+};
+
+/// The checks of qkv::validate, for a float64 problem (throws qkv::invalid_argument).
+QKV_RUNTIME_API void validate(const attention_problem_f64& problem);
+
+/// Computes a float64 problem in float64 throughout: no input is rounded to float32, and the
+/// results are float64 (an additive mask of -1e300 stays -1e300, not -inf).
+[[nodiscard]] QKV_RUNTIME_API attention_output_f64 attention(const attention_problem_f64& problem);
+
+/// Scaled dot-product attention over caller-held Q, K, V (qkv/runtime/sdpa.hpp), validated first
+/// (throws qkv::invalid_argument). Computed in float64; float32 inputs are widened exactly and the
+/// results rounded to float32 once, at the end. precision and kernel are accepted and ignored.
+[[nodiscard]] QKV_RUNTIME_API sdpa_output sdpa(const sdpa_problem& problem);
+
+/// The same computation with float64 results, for tests that need the unrounded reference.
+[[nodiscard]] QKV_RUNTIME_API sdpa_output_f64 sdpa_f64(const sdpa_problem& problem);
+
+/// A float64 problem, computed in float64 throughout: nothing is narrowed to float32.
+[[nodiscard]] QKV_RUNTIME_API sdpa_output_f64 sdpa(const sdpa_problem_f64& problem);
+
+}  // namespace qkv::cpu

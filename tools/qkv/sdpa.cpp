@@ -1,0 +1,194 @@
+// `qkv sdpa`: scaled dot-product attention over Q, K and V .npy files (PyTorch's
+// F.scaled_dot_product_attention semantics), on a Vulkan device or the float64 CPU backend.
+#include <CLI/CLI.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention_args.hpp"
+#include "backend.hpp"
+#include "choice_option.hpp"
+#include "commands.hpp"
+#include "errors.hpp"
+#include "output_files.hpp"
+#include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/sdpa.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/error.hpp"
+#include "sdpa_inputs.hpp"
+
+namespace qkv::cli {
+namespace {
+
+struct sdpa_command_options {
+    sdpa_files files;
+    std::string out, weights;
+    std::string scale;  // parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
+    bool causal = false;
+    qkv::causal_alignment alignment = qkv::causal_alignment::top_left;
+    backend choice = backend::vulkan;
+    qkv::precision precision = qkv::precision::fp32;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;
+    std::string device;
+    const CLI::Option* scale_option = nullptr;
+    const CLI::Option* weights_option = nullptr;
+    const CLI::Option* align_option = nullptr;
+};
+
+qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::string& device) {
+    std::optional<qkv::vulkan::context> ctx;
+    try {
+        ctx.emplace(qkv::vulkan::context_options{.device = device.empty() ? std::nullopt : std::optional(device)});
+    } catch (const qkv::vulkan::no_matching_device& e) {  // a bad request, not a missing Vulkan
+        if (!device.empty()) throw qkv::vulkan::no_matching_device("--device " + device + ": " + e.what());
+        throw;
+    } catch (const qkv::vulkan::unavailable& e) {
+        if (!device.empty()) throw;
+        throw qkv::vulkan::unavailable(std::string(e.what()) +
+                                       "\nqkv: run with --backend cpu to use the CPU reference backend instead");
+    }
+    return ctx->sdpa(problem);
+}
+
+void run(const sdpa_command_options& o) {
+    if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
+    if (o.weights_option->count() > 0 && o.weights.empty())
+        throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
+    if (o.align_option->count() > 0 && !o.causal)
+        throw usage_error("--causal-align needs --causal: it chooses where the causal diagonal starts");
+    qkv::sdpa_options options;
+    if (o.scale_option->count() > 0) options.scale = parse_scale(o.scale);
+    options.causal = o.causal;
+    options.alignment = o.alignment;
+    options.return_weights = !o.weights.empty();
+    options.precision = o.precision;
+    options.kernel = o.kernel;
+
+    const sdpa_files& f = o.files;
+    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}};
+    const std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}};
+    check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
+    sdpa_inputs in = load_sdpa_inputs(f);
+
+    // The CPU backend computes float64 inputs in float64 and writes float64; otherwise
+    // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range).
+    const bool float64 = o.choice == backend::cpu && in.any_float64();
+    if (float64) {
+        in.to_float64();
+        qkv::validate(in.problem_f64(options));  // anything the checks above missed: exit 2
+    } else {
+        in.to_float32();
+        qkv::validate(in.problem(options));
+    }
+
+    output_set files;
+    files.reserve({o.out, o.weights});  // an output that cannot be created fails before the work
+    if (float64) {
+        const qkv::sdpa_output_f64 r = qkv::cpu::sdpa(in.problem_f64(options));
+        files.commit({{o.out, in.out_shape(), std::span<const double>(r.output)},
+                      {o.weights, in.weights_shape(), std::span<const double>(r.weights)}});
+        return;
+    }
+    const qkv::sdpa_output r =
+        o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options)) : run_on_vulkan(in.problem(options), o.device);
+    files.commit({{o.out, in.out_shape(), std::span<const float>(r.output)},
+                  {o.weights, in.weights_shape(), std::span<const float>(r.weights)}});
+}
+
+constexpr const char* footer =
+    "Computes, as PyTorch's F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale,\n"
+    "enable_gqa=True), for each batch element b and query head h:\n"
+    "  W = softmax of each row of scale\u00b7Q\u00b7K\u1d40 (+ M, if float) over the keys the mask and\n"
+    "      --causal allow; OUT = W\u00b7V, with K, V of K/V head h / (Hq / Hkv)\n"
+    "\nShapes: Q (B, Hq, L, E), K (B, Hkv, S, E), V (B, Hkv, S, Ev); or all three (H, \u00b7, \u00b7) or\n"
+    "(\u00b7, \u00b7). Hkv divides Hq (grouped-query attention). M broadcasts NumPy-style to\n"
+    "(B, Hq, L, S). OUT has Q's leading dimensions and Ev columns; W has Q's leading dimensions and\n"
+    "S columns. scale defaults to 1/sqrt(E).\n"
+    "\nMasks: a bool M keeps the true entries; a float M is added to the scaled scores (-inf masks).\n"
+    "--causal keeps key j for query i when j <= i (top-left, PyTorch's is_causal) or\n"
+    "j <= i + S - L (bottom-right, the KV-cache convention: the last query sees every key); it\n"
+    "combines with M. A query with no key to attend to gets zero weights and a zero output.\n"
+    "\nTypes: --backend cpu computes in float64; when any input is float64 it reads every input\n"
+    "without rounding and writes OUT and W as float64, else as float32. --backend vulkan computes\n"
+    "in float32 (or fp16): float64 inputs are rounded to float32, and a finite value beyond the\n"
+    "float32 range is refused (exit 2).\n"
+    "\nFiles: outputs are written to temporary files beside them and renamed into place only when\n"
+    "all are complete; an output that names an input, a directory, a device, a FIFO or a symbolic\n"
+    "link is refused (exit 2).\n"
+    "\nExit status: 0 success, 2 bad input or usage, 1 device or run-time failure; on failure no\n"
+    "output file is left behind.";
+
+void add_options(CLI::App& cmd, sdpa_command_options& o) {
+    const std::string inputs = "Inputs";
+    cmd.add_option("--q", o.files.q, "Queries (B, Hq, L, E), (Hq, L, E) or (L, E)")
+        ->required()
+        ->type_name("Q.npy")
+        ->group(inputs);
+    cmd.add_option("--k", o.files.k, "Keys (B, Hkv, S, E), ...")->required()->type_name("K.npy")->group(inputs);
+    cmd.add_option("--v", o.files.v, "Values (B, Hkv, S, Ev), ...")->required()->type_name("V.npy")->group(inputs);
+    cmd.add_option("--mask", o.files.mask,
+                   "Mask broadcasting to (B, Hq, L, S): bool (true = may attend) or float32/float64 (added to "
+                   "the scaled scores; -inf masks)")
+        ->type_name("M.npy")
+        ->group(inputs);
+
+    const std::string outputs = "Outputs";
+    cmd.add_option("--out", o.out, "Where to write the attention output")
+        ->required()
+        ->type_name("OUT.npy")
+        ->group(outputs);
+    o.weights_option = cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
+                           ->type_name("W.npy")
+                           ->group(outputs);
+
+    const std::string attention = "Attention";
+    o.scale_option = cmd.add_option("--scale", o.scale, "Multiplies Q\u00b7K\u1d40 (positive)")
+                         ->type_name("S")
+                         ->default_str("1/sqrt(E)")
+                         ->group(attention);
+    cmd.add_flag("--causal", o.causal, "Query i attends only to keys up to its diagonal (combines with --mask)")
+        ->group(attention);
+    o.align_option =
+        add_choice<qkv::causal_alignment>(
+            cmd, "--causal-align", o.alignment,
+            {{"top-left", qkv::causal_alignment::top_left}, {"bottom-right", qkv::causal_alignment::bottom_right}},
+            "top-left (j <= i, PyTorch's is_causal) or bottom-right (j <= i + S - L, a KV cache)")
+            ->group(attention);
+
+    const std::string running = "Backend";
+    add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
+                        "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --kernel "
+                        "and --device")
+        ->group(running);
+    add_choice<qkv::precision>(cmd, "--precision", o.precision,
+                               {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
+                               "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
+        ->group(running);
+    add_choice<qkv::kernel_family>(
+        cmd, "--kernel", o.kernel,
+        {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},
+        "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), cpu or gpu")
+        ->group(running);
+    cmd.add_option("--device", o.device,
+                   "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
+                   "else the best device")
+        ->type_name("INDEX|NAME")
+        ->group(running);
+}
+
+}  // namespace
+
+void add_sdpa(CLI::App& app) {
+    auto o = std::make_shared<sdpa_command_options>();
+    CLI::App* cmd = app.add_subcommand(
+        "sdpa", "Scaled dot-product attention over Q, K, V .npy files (GQA, masks, causal), on Vulkan or the CPU");
+    cmd->footer(footer);
+    add_options(*cmd, *o);
+    cmd->callback([o] { run(*o); });
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,194 @@
+// Reading and checking the inputs of `qkv sdpa` (see sdpa_inputs.hpp).
+#include "sdpa_inputs.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+#include "npy/npy.hpp"
+#include "qkv/runtime/error.hpp"
+
+namespace qkv::cli {
+namespace {
+
+std::string str(std::size_t n) { return std::to_string(n); }
+
+/// "q.npy (2, 4, 37, 16)"
+std::string named(const sdpa_tensor& t) {
+    std::string s = t.name + " (";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + str(t.shape[i]);
+    return s + (t.shape.size() == 1 ? ",)" : ")");
+}
+
+qkv::npy::array read(const std::string& path) {
+    try {
+        return qkv::npy::read(qkv::npy::path_from_utf8(path));
+    } catch (const qkv::npy::error& e) {  // the message starts with the path
+        throw usage_error(e.what());
+    }
+}
+
+/// q, k, v and a float mask hold numbers: float32 or float64, kept as they are.
+sdpa_tensor numbers(const qkv::npy::array& a, const std::string& role) {
+    if (a.type == qkv::npy::dtype::b1)
+        throw usage_error(a.name + " has dtype bool: " + role + " must be float32 or float64");
+    sdpa_tensor t;
+    t.name = a.name;
+    t.shape = a.shape;
+    t.float64 = a.type == qkv::npy::dtype::f64;
+    try {
+        if (t.float64)
+            t.f64 = a.to_double();
+        else
+            t.f32 = a.to_float();
+    } catch (const qkv::npy::error& e) {
+        throw usage_error(e.what());
+    }
+    return t;
+}
+
+void narrow(sdpa_tensor& t) {
+    if (!t.float64 || !t.f32.empty()) return;
+    constexpr double max = std::numeric_limits<float>::max();
+    t.f32.resize(t.f64.size());
+    for (std::size_t i = 0; i < t.f64.size(); ++i) {
+        const double v = t.f64[i];
+        if (std::isfinite(v) && std::fabs(v) > max) {
+            t.f32.clear();
+            char text[32];
+            std::snprintf(text, sizeof text, "%.9g", v);
+            throw usage_error(t.name + ": element " + str(i) + " is " + text +
+                              ", beyond the float32 range (|value| <= 3.4028235e+38); the Vulkan backend "
+                              "computes in float32 (--backend cpu computes float64 inputs in float64)");
+        }
+        t.f32[i] = static_cast<float>(v);
+    }
+}
+
+void widen(sdpa_tensor& t) {
+    if (t.float64 || !t.f64.empty()) return;
+    t.f64.assign(t.f32.begin(), t.f32.end());
+}
+
+/// The shape with missing leading dimensions 1: (L, E) -> (1, 1, L, E).
+std::vector<std::size_t> as4(const std::vector<std::size_t>& shape) {
+    std::vector<std::size_t> out(4 - shape.size(), 1);
+    out.insert(out.end(), shape.begin(), shape.end());
+    return out;
+}
+
+/// q, k, v: the same rank, 2 to 4, no zero dimension; k and v agree; K/V heads divide query heads.
+qkv::sdpa_shape check_qkv(const sdpa_tensor& q, const sdpa_tensor& k, const sdpa_tensor& v) {
+    const std::size_t rank = q.shape.size();
+    if (rank < 2 || rank > 4) throw usage_error(named(q) + ": q must be (L, E), (H, L, E) or (B, H, L, E)");
+    for (const sdpa_tensor* t : {&k, &v})
+        if (t->shape.size() != rank)
+            throw usage_error(
+                named(*t) + " and " + named(q) +
+                ": q, k and v must have the same number of dimensions, (L, E), (H, L, E) or (B, H, L, E)");
+    for (const sdpa_tensor* t : {&q, &k, &v})
+        for (std::size_t d : t->shape)
+            if (d == 0) throw usage_error(named(*t) + ": every dimension must be at least 1");
+
+    const std::vector<std::size_t> q4 = as4(q.shape), k4 = as4(k.shape), v4 = as4(v.shape);
+    if (k4[0] != q4[0] || v4[0] != q4[0])
+        throw usage_error(named(q) + ", " + named(k) + ", " + named(v) + ": the batch (first dimension) differs");
+    if (v4[1] != k4[1])
+        throw usage_error(named(k) + " and " + named(v) + ": k and v must have the same number of heads");
+    if (q4[1] % k4[1] != 0)
+        throw usage_error(named(q) + " and " + named(k) + ": the K/V heads (" + str(k4[1]) +
+                          ") must divide the query heads (" + str(q4[1]) + ")");
+    if (k4[3] != q4[3])
+        throw usage_error(named(q) + " and " + named(k) + ": q and k must have the same width E (" + str(q4[3]) +
+                          " and " + str(k4[3]) + ")");
+    if (v4[2] != k4[2])
+        throw usage_error(named(k) + " and " + named(v) + ": k and v must have the same length S (" + str(k4[2]) +
+                          " and " + str(v4[2]) + ")");
+    return {.batch = q4[0],
+            .q_heads = q4[1],
+            .kv_heads = k4[1],
+            .q_len = q4[2],
+            .kv_len = k4[2],
+            .d_qk = q4[3],
+            .d_v = v4[3]};
+}
+
+}  // namespace
+
+sdpa_inputs load_sdpa_inputs(const sdpa_files& files) {
+    sdpa_inputs in;
+    in.q = numbers(read(files.q), "q");
+    in.k = numbers(read(files.k), "k");
+    in.v = numbers(read(files.v), "v");
+    in.shape = check_qkv(in.q, in.k, in.v);
+
+    if (!files.mask.empty()) {
+        const qkv::npy::array m = read(files.mask);
+        // A 0-d mask is one value for every score (the library reads an empty shape as L x S).
+        in.mask_shape = m.shape.empty() ? std::vector<std::size_t>{1} : m.shape;
+        try {
+            (void)qkv::broadcast_strides(in.mask_shape, in.shape);
+        } catch (const qkv::invalid_argument& e) {
+            throw usage_error(m.name + ": " + e.what() + " (" + named(in.q) + ", " + named(in.k) + ")");
+        }
+        if (m.type == qkv::npy::dtype::b1) {
+            try {
+                in.mask = m.to_bool();
+            } catch (const qkv::npy::error& e) {
+                throw usage_error(e.what());
+            }
+        } else {
+            in.additive_mask = numbers(m, "mask");
+        }
+    }
+    return in;
+}
+
+bool sdpa_inputs::any_float64() const { return q.float64 || k.float64 || v.float64 || additive_mask.float64; }
+
+void sdpa_inputs::to_float32() {
+    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask}) narrow(*t);
+}
+
+void sdpa_inputs::to_float64() {
+    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask}) widen(*t);
+}
+
+qkv::sdpa_problem sdpa_inputs::problem(const qkv::sdpa_options& options) const {
+    return {.shape = shape,
+            .q = q.f32,
+            .k = k.f32,
+            .v = v.f32,
+            .mask = mask,
+            .additive_mask = additive_mask.f32,
+            .mask_shape = mask_shape,
+            .options = options};
+}
+
+qkv::sdpa_problem_f64 sdpa_inputs::problem_f64(const qkv::sdpa_options& options) const {
+    return {.shape = shape,
+            .q = q.f64,
+            .k = k.f64,
+            .v = v.f64,
+            .mask = mask,
+            .additive_mask = additive_mask.f64,
+            .mask_shape = mask_shape,
+            .options = options};
+}
+
+std::vector<std::size_t> sdpa_inputs::out_shape() const {
+    std::vector<std::size_t> s(q.shape.begin(), q.shape.end() - 1);
+    s.push_back(shape.d_v);
+    return s;
+}
+
+std::vector<std::size_t> sdpa_inputs::weights_shape() const {
+    std::vector<std::size_t> s(q.shape.begin(), q.shape.end() - 1);
+    s.push_back(shape.kv_len);
+    return s;
+}
+
+}  // namespace qkv::cli
