@@ -24,7 +24,7 @@ static_assert(row_sum > 1.0f - 1e-6f && row_sum < 1.0f + 1e-6f);
 int main() {
     std::printf("qkv %s: causal self-attention, computed by the compiler\n", qkv::version_string);
     for (std::size_t i = 0; i < decltype(r.output)::rows; ++i) {
-        std::printf("token %zu:", i);
+        std::printf("token %u:", static_cast<unsigned>(i));
         for (std::size_t j = 0; j < decltype(r.output)::cols; ++j) std::printf(" %8.4f", r.output(i, j));
         std::printf("   weights");
         for (std::size_t j = 0; j < decltype(r.weights)::cols; ++j) std::printf(" %6.4f", r.weights(i, j));

@@ -11,12 +11,12 @@ struct range_guard_push {
     uint group_x, group_y, group_z;  // workgroup offsets when a dispatch is split
     uint rows;                       // batch x seq
     uint seq;
-    uint ld;                         // width of a Q|K|V row: 2·d_k + d_v
+    uint ld;  // width of a Q|K|V row: 2·d_k + d_v
     uint heads;
-    uint d_k;                        // all heads
-    uint dh, dvh;                    // one head's Q/K and V width
-    uint chunk;                      // columns per invocation
-    uint chunks_k, chunks_v;         // chunks per head of Q (and of K), and of V
+    uint d_k;                 // all heads
+    uint dh, dvh;             // one head's Q/K and V width
+    uint chunk;               // columns per invocation
+    uint chunks_k, chunks_v;  // chunks per head of Q (and of K), and of V
 };
 QKV_CONST uint RANGE_GUARD_BINDING_QKV = 0u;
 QKV_CONST uint RANGE_GUARD_BINDING_RESULT = 1u;

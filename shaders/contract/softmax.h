@@ -12,8 +12,8 @@ struct softmax_push {
     uint cols;                       // row length (the sequence length)
     uint rows;                       // batch * heads * seq
 };
-QKV_CONST uint SOFTMAX_BINDING_S = 0u;         // the scores, turned into weights in place
-QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;    // a power of two (src/stages.cpp, softmax_workgroup)
+QKV_CONST uint SOFTMAX_BINDING_S = 0u;       // the scores, turned into weights in place
+QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/stages.cpp, softmax_workgroup)
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_push) == 5u * 4u)
