@@ -19,8 +19,10 @@ function(qkv_add_shader out_var)
     list(APPEND defines -D${d})
   endforeach()
   get_filename_component(src ${ARG_SOURCE} ABSOLUTE)
+  # The .spv first: glslang's depfile names it, and Ninja checks the depfile against the first
+  # output (otherwise every build compiles every shader again).
   add_custom_command(
-    OUTPUT ${cpp}
+    OUTPUT ${spv} ${cpp}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${dir}
     COMMAND ${QKV_GLSLANG} -V --target-env ${QKV_SPIRV_ENV} ${defines} --depfile ${dir}/${ARG_NAME}.d -o ${spv} ${src}
     COMMAND ${QKV_SPIRV_VAL} --target-env ${QKV_SPIRV_ENV} ${spv}

@@ -6,21 +6,19 @@
 #define QKV_SKIP_ZERO_A
 #include "gemm_core.glsl"
 
-layout(std430, binding = 0) readonly buffer P { float p[]; };
-layout(std430, binding = 1) readonly buffer QKV { QKV_T qkv[]; };
-layout(std430, binding = 2) buffer O { float o[]; };
-
-const uint FLAG_CAUSAL = 1u;
+layout(std430, binding = AGGREGATE_BINDING_P) readonly buffer P { float p[]; };
+layout(std430, binding = AGGREGATE_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = AGGREGATE_BINDING_O) buffer O { float o[]; };
 
 float load_a(uint base, uint row, uint k) { return p[base + row * pc.a_rs + k]; }
 float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }
 void store_c(uint base, uint row, uint col, float value) {
     const uint at = base + row * pc.c_rs + col;
-    o[at] = (pc.flags & FLAG_ACCUMULATE) != 0u ? o[at] + value : value;
+    o[at] = (pc.flags & GEMM_FLAG_ACCUMULATE) != 0u ? o[at] + value : value;
 }
 bool tile_is_masked(uint row0, uint col0) { return false; }
 uint k_limit(uint row0) {  // this dispatch covers keys k_begin .. k_begin + K
-    if ((pc.flags & FLAG_CAUSAL) == 0u) return pc.K;
+    if ((pc.flags & MASK_FLAG_CAUSAL) == 0u) return pc.K;
     const uint stop = row0 + BM;  // keys past the tile's last row have weight 0
     return stop > pc.k_begin ? min(pc.K, stop - pc.k_begin) : 0u;
 }

@@ -1,12 +1,11 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // Device ceiling, memory: a plain copy of vec4s; bytes moved = 2 x the buffer size.
-layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
-layout(std430, binding = 0) readonly buffer Src { vec4 src[]; };
-layout(std430, binding = 1) writeonly buffer Dst { vec4 dst[]; };
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;
-    uint count;  // vec4 elements
-} pc;
+#include "contract/ceiling.h"
+layout(local_size_x = CEILING_COPY_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
+layout(std430, binding = CEILING_COPY_BINDING_SRC) readonly buffer Src { vec4 src[]; };
+layout(std430, binding = CEILING_COPY_BINDING_DST) writeonly buffer Dst { vec4 dst[]; };
+layout(push_constant) uniform Push { ceiling_copy_push pc; };
 
 void main() {
     const uint i = (gl_WorkGroupID.x + pc.group_x) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
+#extension GL_GOOGLE_include_directive : require
 // Device ceiling, arithmetic: what the device really reaches on float32 multiply-adds.
 // Each invocation runs CHAINS independent vec4 chains (4·CHAINS scalar chains, enough to hide
 // the latency of a multiply-add on any device), UNROLL steps per loop iteration with the inner
@@ -7,15 +8,12 @@
 // iterations (the host keeps this under 65,535: CPU drivers end longer loops silently). One step
 // of one chain is 4 multiply-adds = 8 floating-point operations. The host launches enough
 // workgroups to fill every core or SM; the result is stored so the work cannot be dropped.
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint CHAINS = 16;
-layout(constant_id = 2) const uint UNROLL = 8;
-layout(std430, binding = 0) writeonly buffer Out { float result[]; };
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;
-    uint iterations;
-    float seed;
-} pc;
+#include "contract/ceiling.h"
+layout(local_size_x_id = CEILING_FMA_SPEC_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = CEILING_FMA_SPEC_CHAINS) const uint CHAINS = 16;
+layout(constant_id = CEILING_FMA_SPEC_UNROLL) const uint UNROLL = 8;
+layout(std430, binding = CEILING_FMA_BINDING_OUT) writeonly buffer Out { float result[]; };
+layout(push_constant) uniform Push { ceiling_fma_push pc; };
 
 void main() {
     const uint id = (gl_WorkGroupID.x + pc.group_x) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;

@@ -1,8 +1,8 @@
 // Matrix product shared by the project, scores and aggregate stages, in two families.
 //
 // GPU family (default): each workgroup computes a BM x BN tile of C = A · B for one (batch, head)
-// pair; each invocation keeps TM x TN accumulators in registers; A and B stream through shared
-// memory BK columns at a time; the workgroup size is (BM/TM)·(BN/TN).
+// pair; each invocation keeps TM x TN accumulators in registers; BK columns of A and BK rows of B
+// at a time stream through shared memory; the workgroup size is (BM/TM)·(BN/TN).
 //
 // CPU family (QKV_GEMM_CPU), for llvmpipe-like drivers that run a workgroup on one CPU thread with
 // the invocations as the lanes of one SIMD vector: a workgroup is WG invocations (the subgroup
@@ -12,47 +12,33 @@
 // counter, which the driver loads once and broadcasts; then BM·TN vector multiply-adds. The k loop
 // is unrolled BK times (a constant), so one loop iteration does BK steps.
 //
-// Tile sizes are specialization constants chosen per device by the host (src/stages.cpp). Shapes
+// Tile sizes are specialization constants chosen per device by the host (src/plan.cpp, through
+// choose_gemm_tiles in src/stages.cpp). Shapes
 // and strides come in push constants, so one pipeline serves every shape. A long K is split over
 // several dispatches by the host (CPU drivers end every loop after 65,535 iterations): each covers
-// K columns from k_begin; FLAG_ACCUMULATE adds to C, FLAG_PARTIAL says more columns follow, so the
+// K columns from k_begin; GEMM_FLAG_ACCUMULATE adds to C, GEMM_FLAG_PARTIAL says more columns follow, so the
 // stage's final touches (bias, scale, mask) wait for the last dispatch.
 //
 // The including shader defines, before including this file:
 //   float load_a(uint base, uint row, uint k)   element (row, k) of A at element offset `base`
 //   float load_b(uint base, uint k, uint col)
-//   void  store_c(uint base, uint row, uint col, float value)   honours FLAG_ACCUMULATE / FLAG_PARTIAL
+//   void  store_c(uint base, uint row, uint col, float value)   honours GEMM_FLAG_ACCUMULATE / GEMM_FLAG_PARTIAL
 //   bool  tile_is_masked(uint row0, uint col0)   true: the whole tile is masked (causal skip)
 //   uint  k_limit(uint row0)                     how far along this dispatch's K this row tile needs to go
 // and may define QKV_SKIP_ZERO_A (zero A elements are skipped, so 0·NaN never reaches C)
-// and may use the push constants below.
+// and may use the push constants (pc, contract/gemm.h).
 #extension GL_EXT_control_flow_attributes : enable
 
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint BM = 64;
-layout(constant_id = 2) const uint BN = 64;
-layout(constant_id = 3) const uint BK = 16;
-layout(constant_id = 4) const uint TM = 4;
-layout(constant_id = 5) const uint TN = 4;
+#include "contract/gemm.h"
 
-// Mirrored by struct gemm_push in src/stages.hpp: keep the two in the same order.
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;  // offsets when a dispatch is split (maxComputeWorkGroupCount)
-    uint M, N, K;                     // C is M x N, the inner dimension (of this dispatch) is K
-    uint heads;                       // z = batch * heads + head
-    uint a_bs, a_hs, a_rs;            // A strides: per batch, per head, per row (columns contiguous)
-    uint b_bs, b_hs, b_rs, b_cs;      // B strides: per batch, per head, per row, per column
-    uint c_bs, c_hs, c_rs;            // C strides
-    uint a_off, b_off, c_off;         // element offsets of the first A, B, C element (of this K chunk)
-    float scale;
-    uint flags;                       // stage-specific, plus the two below
-    uint mask_bs;                     // boolean mask batch stride (0: one mask for every batch element)
-    uint add_bs;                      // additive mask batch stride (likewise)
-    uint k_begin;                     // where this dispatch's K chunk starts in the whole K
-} pc;
+layout(local_size_x_id = GEMM_SPEC_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = GEMM_SPEC_BM) const uint BM = 64;
+layout(constant_id = GEMM_SPEC_BN) const uint BN = 64;
+layout(constant_id = GEMM_SPEC_BK) const uint BK = 16;
+layout(constant_id = GEMM_SPEC_TM) const uint TM = 4;
+layout(constant_id = GEMM_SPEC_TN) const uint TN = 4;
 
-const uint FLAG_ACCUMULATE = 256u;  // C holds the sum over earlier K chunks: add to it
-const uint FLAG_PARTIAL = 512u;     // later K chunks follow: store the raw sum
+layout(push_constant) uniform Push { gemm_push pc; };
 
 float load_a(uint base, uint row, uint k);
 float load_b(uint base, uint k, uint col);

@@ -9,19 +9,17 @@
 #include "precision.glsl"
 #include "gemm_core.glsl"
 
-layout(std430, binding = 0) readonly buffer A { float a[]; };
-layout(std430, binding = 1) readonly buffer B { float b[]; };
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
-layout(std430, binding = 3) buffer C { QKV_T c[]; };
-
-const uint FLAG_BIAS = 1u;
+layout(std430, binding = PROJECT_BINDING_A) readonly buffer A { float a[]; };
+layout(std430, binding = PROJECT_BINDING_B) readonly buffer B { float b[]; };
+layout(std430, binding = PROJECT_BINDING_BIAS) readonly buffer Bias { float bias[]; };
+layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T c[]; };
 
 float load_a(uint base, uint row, uint k) { return a[base + row * pc.a_rs + k]; }
 float load_b(uint base, uint k, uint col) { return b[base + k * pc.b_rs + col * pc.b_cs]; }
 void store_c(uint base, uint row, uint col, float value) {
     const uint at = base + row * pc.c_rs + col;
-    if ((pc.flags & FLAG_ACCUMULATE) != 0u) value += float(c[at]);
-    if ((pc.flags & (FLAG_BIAS | FLAG_PARTIAL)) == FLAG_BIAS) value += bias[col];
+    if ((pc.flags & GEMM_FLAG_ACCUMULATE) != 0u) value += float(c[at]);
+    if ((pc.flags & (PROJECT_FLAG_BIAS | GEMM_FLAG_PARTIAL)) == PROJECT_FLAG_BIAS) value += bias[col];
     c[at] = QKV_TO_T(value);
 }
 bool tile_is_masked(uint row0, uint col0) { return false; }

@@ -17,25 +17,16 @@
 // multiplies the norm bound by their number.
 #include "precision.glsl"
 
-layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
+#include "contract/range_guard.h"
 
-// Mirrored by struct range_guard_push in src/range_guard.cpp.
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;  // offsets when a dispatch is split (maxComputeWorkGroupCount)
-    uint rows;                       // batch x seq
-    uint seq;
-    uint ld;                         // width of a Q|K|V row: 2·d_k + d_v
-    uint heads;
-    uint d_k;                        // all heads
-    uint dh, dvh;                    // one head's Q/K and V width
-    uint chunk;                      // columns per invocation
-    uint chunks_k, chunks_v;         // chunks per head of Q (and of K), and of V
-} pc;
+layout(local_size_x = RANGE_GUARD_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
 
-layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
-// [0] first non-finite index (0xffffffff: none), [1..3] unused,
-// [4 + 3·(batch·heads + head) + {0: Q norm·2^-32, 1: K norm·2^-32, 2: max |V|}]
-layout(std430, binding = 1) buffer Result { uint result[]; };
+layout(push_constant) uniform Push { range_guard_push pc; };
+
+layout(std430, binding = RANGE_GUARD_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+// [0] first non-finite index (RANGE_GUARD_NO_INDEX: none), [1..3] unused,
+// [RANGE_GUARD_HEADER_WORDS + 3·(batch·heads + head) + {0: Q norm·2^-32, 1: K norm·2^-32, 2: max |V|}]
+layout(std430, binding = RANGE_GUARD_BINDING_RESULT) buffer Result { uint result[]; };
 
 void main() {
     const uint row = gl_GlobalInvocationID.x + pc.group_x * gl_WorkGroupSize.x;
@@ -65,7 +56,7 @@ void main() {
     const uint base = row * pc.ld + col0;
 
     float largest = 0.0;
-    uint first_bad = 0xffffffffu;
+    uint first_bad = RANGE_GUARD_NO_INDEX;
     for (uint c = begin; c < end; ++c) {
         const float v = float(qkv[base + c]);
         if (isnan(v) || isinf(v)) {
@@ -92,6 +83,6 @@ void main() {
         value = (largest * two_to_minus_32) * sqrt(float(end - begin));
     }
     const uint batch = row / pc.seq;
-    atomicMax(result[4u + 3u * (batch * pc.heads + head) + kind], floatBitsToUint(value));
-    if (first_bad != 0xffffffffu) atomicMin(result[0], first_bad);
+    atomicMax(result[RANGE_GUARD_HEADER_WORDS + 3u * (batch * pc.heads + head) + kind], floatBitsToUint(value));
+    if (first_bad != RANGE_GUARD_NO_INDEX) atomicMin(result[0], first_bad);
 }

@@ -7,32 +7,28 @@
 #include "precision.glsl"
 #include "gemm_core.glsl"
 
-layout(std430, binding = 0) readonly buffer QKV { QKV_T qkv[]; };
-layout(std430, binding = 1) readonly buffer MaskBits { uint mask_bits[]; };
-layout(std430, binding = 2) readonly buffer Additive { float additive[]; };
-layout(std430, binding = 3) buffer S { float s[]; };
-
-const uint FLAG_CAUSAL = 1u;
-const uint FLAG_MASK = 2u;
-const uint FLAG_ADDITIVE = 4u;
+layout(std430, binding = SCORES_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = SCORES_BINDING_MASK_BITS) readonly buffer MaskBits { uint mask_bits[]; };
+layout(std430, binding = SCORES_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+layout(std430, binding = SCORES_BINDING_S) buffer S { float s[]; };
 
 float load_a(uint base, uint row, uint k) { return float(qkv[base + row * pc.a_rs + k]); }
 float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }
 
 void store_c(uint base, uint row, uint col, float value) {
     const uint at = base + row * pc.c_rs + col;
-    if ((pc.flags & FLAG_ACCUMULATE) != 0u) value += s[at];
-    if ((pc.flags & FLAG_PARTIAL) != 0u) {  // more of the dot product follows: the raw sum
+    if ((pc.flags & GEMM_FLAG_ACCUMULATE) != 0u) value += s[at];
+    if ((pc.flags & GEMM_FLAG_PARTIAL) != 0u) {  // more of the dot product follows: the raw sum
         s[at] = value;
         return;
     }
     const uint batch = (gl_WorkGroupID.z + pc.group_z) / pc.heads;
     const uint m = row * pc.N + col;  // index into a seq x seq mask
     float score = value * pc.scale;
-    if ((pc.flags & FLAG_ADDITIVE) != 0u) score += additive[batch * pc.add_bs + m];
+    if ((pc.flags & MASK_FLAG_ADDITIVE) != 0u) score += additive[batch * pc.add_bs + m];
     bool allowed = true;
-    if ((pc.flags & FLAG_CAUSAL) != 0u && col > row) allowed = false;
-    if ((pc.flags & FLAG_MASK) != 0u) {
+    if ((pc.flags & MASK_FLAG_CAUSAL) != 0u && col > row) allowed = false;
+    if ((pc.flags & MASK_FLAG_BOOLEAN) != 0u) {
         const uint bit = batch * pc.mask_bs + m;
         if (((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) == 0u) allowed = false;
     }
@@ -40,7 +36,7 @@ void store_c(uint base, uint row, uint col, float value) {
 }
 
 bool tile_is_masked(uint row0, uint col0) {
-    return (pc.flags & FLAG_CAUSAL) != 0u && col0 > row0 + BM - 1u;
+    return (pc.flags & MASK_FLAG_CAUSAL) != 0u && col0 > row0 + BM - 1u;
 }
 uint k_limit(uint row0) { return pc.K; }
 

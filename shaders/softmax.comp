@@ -4,18 +4,14 @@
 // One workgroup per row. The row maximum is subtracted before exp; max and sum are float32.
 // Masked entries hold -inf and get weight 0; a row with no finite maximum (fully masked) becomes
 // all zeros; a NaN anywhere in the row makes the whole row NaN, as in PyTorch.
-// The workgroup size (a power of two) is specialization constant 0.
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+// The workgroup size (a power of two) is a specialization constant (contract/softmax.h).
+#include "contract/softmax.h"
+layout(local_size_x_id = SOFTMAX_SPEC_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
 #include "reduce.glsl"
 
-layout(std430, binding = 0) buffer S { float s[]; };
+layout(std430, binding = SOFTMAX_BINDING_S) buffer S { float s[]; };
 
-// Mirrored by struct softmax_push in src/stages.hpp.
-layout(push_constant) uniform Push {
-    uint group_x, group_y, group_z;
-    uint cols;  // row length (the sequence length)
-    uint rows;  // batch * heads * seq
-} pc;
+layout(push_constant) uniform Push { softmax_push pc; };
 
 void main() {
     const uint row = gl_WorkGroupID.x + pc.group_x;

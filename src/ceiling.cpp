@@ -10,15 +10,8 @@
 namespace qkv::vulkan {
 namespace {
 
-struct fma_push {
-    group_offset offset;
-    std::uint32_t iterations = 0;
-    float seed = 1.0f;
-};
-struct copy_push {
-    group_offset offset;
-    std::uint32_t count = 0;
-};
+using contract::ceiling_copy_push;  // shaders/contract/ceiling.h
+using contract::ceiling_fma_push;
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -67,9 +60,14 @@ device_ceiling context::measure_ceiling() {
         std::uint32_t groups = info.type == device_type::cpu ? 256 : 4096;
         const std::uint32_t max_groups = 1u << 16;
         buffer out = alloc.create(std::uint64_t{max_groups} * local * 4, memory_use::device, "ceiling");
-        const pipeline& p = pipes.get(detail::shader_id::ceiling_fma, 1, sizeof(fma_push), {local, chains, unroll});
-        fma_push push;
+        std::vector<std::uint32_t> spec(3);
+        spec[contract::CEILING_FMA_SPEC_WORKGROUP] = local;
+        spec[contract::CEILING_FMA_SPEC_CHAINS] = chains;
+        spec[contract::CEILING_FMA_SPEC_UNROLL] = unroll;
+        const pipeline& p = pipes.get(detail::shader_id::ceiling_fma, spec);
+        ceiling_fma_push push{};
         push.iterations = 16;
+        push.seed = 1.0f;
         auto run = [&] {
             const std::uint32_t grid[3] = {groups, 1, 1};
             return time_ms(exec, [&] { exec.dispatch(p, {{out.handle(), 0, out.size()}}, &push, grid); });
@@ -98,10 +96,11 @@ device_ceiling context::measure_ceiling() {
         bytes = bytes / 4096 * 4096;
         buffer src = alloc.create(bytes, memory_use::device, "ceiling source");
         buffer dst = alloc.create(bytes, memory_use::device, "ceiling destination");
-        const pipeline& p = pipes.get(detail::shader_id::ceiling_copy, 2, sizeof(copy_push), {});
-        copy_push push;
+        const pipeline& p = pipes.get(detail::shader_id::ceiling_copy, {});
+        ceiling_copy_push push{};
         push.count = static_cast<std::uint32_t>(bytes / 16);
-        const std::uint32_t grid[3] = {(push.count + 255) / 256, 1, 1};
+        constexpr std::uint32_t wg = contract::CEILING_COPY_WORKGROUP;
+        const std::uint32_t grid[3] = {(push.count + wg - 1) / wg, 1, 1};
         auto run = [&] {
             return time_ms(exec, [&] {
                 exec.dispatch(p, {{src.handle(), 0, bytes}, {dst.handle(), 0, bytes}}, &push, grid);

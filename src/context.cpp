@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <utility>
 
 #include "context_impl.hpp"
 #include "dispatch.hpp"
@@ -38,15 +39,15 @@ attention_output context::attention(const attention_problem& problem) {
                                  impl_->options.force_staging,
                                  impl_->options.max_fused_keys_per_dispatch};
         if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
-        attention_output out = run_attention(env, problem);
+        attention_run run = run_attention(env, problem);
         impl_->last.host_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        impl_->last.device_ms = env.device_ms;
-        impl_->last.projection_ms = env.projection_ms;
-        impl_->last.attention_ms = env.attention_ms;
-        impl_->last.output_projection_ms = env.output_projection_ms;
+        impl_->last.device_ms = run.device_ms;
+        impl_->last.projection_ms = run.projection_ms;
+        impl_->last.attention_ms = run.attention_ms;
+        impl_->last.output_projection_ms = run.output_projection_ms;
         impl_->last.device_bytes = impl_->alloc->allocated();
-        return out;
+        return std::move(run.output);
     } catch (const device_lost&) {
         impl_->lost = true;
         throw;
@@ -86,14 +87,14 @@ sdpa_output context::sdpa(const sdpa_problem& problem) {
                                  impl_->options.force_staging,
                                  impl_->options.max_fused_keys_per_dispatch};
         if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
-        sdpa_output out = run_sdpa(env, problem);
+        sdpa_run run = run_sdpa(env, problem);
         impl_->last = call_stats{};
         impl_->last.host_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        impl_->last.device_ms = env.device_ms;
-        impl_->last.attention_ms = env.attention_ms;
+        impl_->last.device_ms = run.device_ms;
+        impl_->last.attention_ms = run.attention_ms;
         impl_->last.device_bytes = impl_->alloc->allocated();
-        return out;
+        return std::move(run.output);
     } catch (const device_lost&) {
         impl_->lost = true;
         throw;

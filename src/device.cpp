@@ -9,10 +9,9 @@ namespace qkv::vulkan::detail {
 namespace {
 
 bool has_extension(const instance_table& fn, VkPhysicalDevice pd, const char* name) {
-    std::uint32_t count = 0;
-    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) != VK_SUCCESS) return false;
-    std::vector<VkExtensionProperties> props(count);
-    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, props.data()) < 0) return false;
+    std::vector<VkExtensionProperties> props;
+    if (enumerate(props, fn.vkEnumerateDeviceExtensionProperties, pd, static_cast<const char*>(nullptr)) < 0)
+        return false;
     for (const auto& p : props)
         if (std::strcmp(p.extensionName, name) == 0) return true;
     return false;

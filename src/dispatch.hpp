@@ -29,14 +29,19 @@ struct dispatch_environment {
     executor& exec;
     buffer_cache& buffers;
     bool force_staging = false;
-    std::uint32_t max_fused_keys = 0;  ///< context_options::max_fused_keys_per_dispatch
-    double device_ms = 0;              ///< out: device time of the call
-    double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< out: its phases
-    const device_info* fused_tiles_as = nullptr;                           ///< context_options::fused_tiles_as
+    std::uint32_t max_fused_keys = 0;             ///< context_options::max_fused_keys_per_dispatch
+    const device_info* fused_tiles_as = nullptr;  ///< context_options::fused_tiles_as
+};
+
+/// A call's result and its device times (0 without timestamps).
+struct attention_run {
+    attention_output output;
+    double device_ms = 0;                                                  ///< the whole command buffer
+    double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< its phases
 };
 
 /// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,
 /// out_of_memory if a buffer cannot be allocated, device_lost or error if the device fails.
-attention_output run_attention(dispatch_environment& env, const attention_problem& problem);
+attention_run run_attention(dispatch_environment& env, const attention_problem& problem);
 
 }  // namespace qkv::vulkan::detail

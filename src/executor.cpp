@@ -19,59 +19,44 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
     }
     const auto& fn = dev_.fn();
     const VkDevice d = dev_.handle();
-    try {
-        auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
-        pool.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
-        pool.queueFamilyIndex = dev_.queue_family();
-        check(fn.vkCreateCommandPool(d, &pool, nullptr, &pool_), "vkCreateCommandPool");
-        auto alloc = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
-        alloc.commandPool = pool_;
-        alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-        alloc.commandBufferCount = 1;
-        check(fn.vkAllocateCommandBuffers(d, &alloc, &cmd_), "vkAllocateCommandBuffers");
+    // Each object is owned as soon as it exists: a failure below destroys those made before it.
+    pool_ = command_pool_handle(fn, d);
+    descriptors_ = descriptor_pool_handle(fn, d);
+    fence_ = fence_handle(fn, d);
+    queries_ = query_pool_handle(fn, d);
+    auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+    pool.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+    pool.queueFamilyIndex = dev_.queue_family();
+    check(fn.vkCreateCommandPool(d, &pool, nullptr, pool_.put()), "vkCreateCommandPool");
+    auto alloc = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    alloc.commandPool = pool_.get();
+    alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    alloc.commandBufferCount = 1;
+    check(fn.vkAllocateCommandBuffers(d, &alloc, &cmd_), "vkAllocateCommandBuffers");
 
-        const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8},
-                                              {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, max_sets * 3}};
-        auto dp = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
-        dp.maxSets = max_sets;
-        dp.poolSizeCount = 2;
-        dp.pPoolSizes = sizes;
-        check(fn.vkCreateDescriptorPool(d, &dp, nullptr, &descriptors_), "vkCreateDescriptorPool");
+    const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8},
+                                          {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, max_sets * 3}};
+    auto dp = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+    dp.maxSets = max_sets;
+    dp.poolSizeCount = 2;
+    dp.pPoolSizes = sizes;
+    check(fn.vkCreateDescriptorPool(d, &dp, nullptr, descriptors_.put()), "vkCreateDescriptorPool");
 
-        auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
-        check(fn.vkCreateFence(d, &fence, nullptr, &fence_), "vkCreateFence");
+    auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+    check(fn.vkCreateFence(d, &fence, nullptr, fence_.put()), "vkCreateFence");
 
-        if (dev_.info().timestamps) {
-            auto q = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
-            q.queryType = VK_QUERY_TYPE_TIMESTAMP;
-            q.queryCount = max_marks + 2;
-            check(fn.vkCreateQueryPool(d, &q, nullptr, &queries_), "vkCreateQueryPool");
-        }
-    } catch (...) {
-        destroy();
-        throw;
+    if (dev_.info().timestamps) {
+        auto q = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
+        q.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        q.queryCount = max_marks + 2;
+        check(fn.vkCreateQueryPool(d, &q, nullptr, queries_.put()), "vkCreateQueryPool");
     }
-}
-
-executor::~executor() { destroy(); }
-
-void executor::destroy() noexcept {
-    const auto& fn = dev_.fn();
-    const VkDevice d = dev_.handle();
-    if (queries_) fn.vkDestroyQueryPool(d, queries_, nullptr);
-    if (fence_) fn.vkDestroyFence(d, fence_, nullptr);
-    if (descriptors_) fn.vkDestroyDescriptorPool(d, descriptors_, nullptr);
-    if (pool_) fn.vkDestroyCommandPool(d, pool_, nullptr);
-    queries_ = VK_NULL_HANDLE;
-    fence_ = VK_NULL_HANDLE;
-    descriptors_ = VK_NULL_HANDLE;
-    pool_ = VK_NULL_HANDLE;
 }
 
 void executor::begin() {
     const auto& fn = dev_.fn();
-    check(fn.vkResetCommandPool(dev_.handle(), pool_, 0), "vkResetCommandPool");
-    check(fn.vkResetDescriptorPool(dev_.handle(), descriptors_, 0), "vkResetDescriptorPool");
+    check(fn.vkResetCommandPool(dev_.handle(), pool_.get(), 0), "vkResetCommandPool");
+    check(fn.vkResetDescriptorPool(dev_.handle(), descriptors_.get(), 0), "vkResetDescriptorPool");
     dispatches_ = 0;
     sets_ = 0;
     stamps_ = 0;
@@ -80,15 +65,15 @@ void executor::begin() {
     info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(fn.vkBeginCommandBuffer(cmd_, &info), "vkBeginCommandBuffer");
     if (queries_) {
-        fn.vkCmdResetQueryPool(cmd_, queries_, 0, max_marks + 2);
-        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, stamps_++);
+        fn.vkCmdResetQueryPool(cmd_, queries_.get(), 0, max_marks + 2);
+        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_.get(), stamps_++);
     }
 }
 
 void executor::mark() {
     if (!queries_) return;
     if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
-    dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
+    dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_.get(), stamps_++);
 }
 
 void executor::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
@@ -122,9 +107,10 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
 
     VkDescriptorSet set = VK_NULL_HANDLE;
     auto alloc = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
-    alloc.descriptorPool = descriptors_;
+    alloc.descriptorPool = descriptors_.get();
     alloc.descriptorSetCount = 1;
-    alloc.pSetLayouts = &p.set_layout;
+    const VkDescriptorSetLayout set_layout = p.set_layout.get();
+    alloc.pSetLayouts = &set_layout;
     check(fn.vkAllocateDescriptorSets(dev_.handle(), &alloc, &set), "vkAllocateDescriptorSets");
     std::vector<VkDescriptorBufferInfo> infos;
     std::vector<VkBufferView> views;
@@ -151,8 +137,8 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
         writes.push_back(w);
     }
     fn.vkUpdateDescriptorSets(dev_.handle(), static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
-    fn.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle);
-    fn.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, &set, 0, nullptr);
+    fn.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle.get());
+    fn.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), 0, 1, &set, 0, nullptr);
 
     push_copy_.assign(static_cast<const std::byte*>(push), static_cast<const std::byte*>(push) + p.push_size);
     for (std::uint32_t z = 0; z < groups[2]; z += max_groups_[2])
@@ -160,7 +146,8 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
             for (std::uint32_t x = 0; x < groups[0]; x += max_groups_[0]) {
                 const group_offset offset{x, y, z};
                 std::memcpy(push_copy_.data(), &offset, sizeof offset);
-                fn.vkCmdPushConstants(cmd_, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, p.push_size, push_copy_.data());
+                fn.vkCmdPushConstants(cmd_, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0, p.push_size,
+                                      push_copy_.data());
                 fn.vkCmdDispatch(cmd_, std::min(max_groups_[0], groups[0] - x), std::min(max_groups_[1], groups[1] - y),
                                  std::min(max_groups_[2], groups[2] - z));
                 ++dispatches_;
@@ -169,19 +156,20 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
 
 double executor::submit_and_wait() {
     const auto& fn = dev_.fn();
-    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
+    const VkFence fence = fence_.get();
+    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_.get(), stamps_++);
     check(fn.vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
-    check(fn.vkResetFences(dev_.handle(), 1, &fence_), "vkResetFences");
+    check(fn.vkResetFences(dev_.handle(), 1, &fence), "vkResetFences");
     auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
     submit.commandBufferCount = 1;
     submit.pCommandBuffers = &cmd_;
     const bool simulate_loss = lose_at_submit_ != 0 && ++submits_ == lose_at_submit_;
-    check(simulate_loss ? VK_ERROR_DEVICE_LOST : fn.vkQueueSubmit(dev_.queue(), 1, &submit, fence_), "vkQueueSubmit");
-    check(fn.vkWaitForFences(dev_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    check(simulate_loss ? VK_ERROR_DEVICE_LOST : fn.vkQueueSubmit(dev_.queue(), 1, &submit, fence), "vkQueueSubmit");
+    check(fn.vkWaitForFences(dev_.handle(), 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     if (!queries_) return 0.0;
     std::uint64_t stamps[max_marks + 2] = {};
-    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, stamps_, sizeof stamps, stamps, sizeof(std::uint64_t),
-                                   VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_.get(), 0, stamps_, sizeof stamps, stamps,
+                                   sizeof(std::uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
           "vkGetQueryPoolResults");
     const double to_ms = dev_.info().timestamp_period_ns * 1e-6;
     for (std::uint32_t i = 1; i + 1 < stamps_; ++i)

@@ -10,6 +10,7 @@
 #include "device.hpp"
 #include "memory.hpp"
 #include "pipelines.hpp"
+#include "vk_handle.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -34,7 +35,6 @@ struct group_offset {
 class executor {
 public:
     executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit = 0);
-    ~executor();
     executor(const executor&) = delete;
     executor& operator=(const executor&) = delete;
 
@@ -65,14 +65,12 @@ public:
     [[nodiscard]] std::uint32_t max_groups(int dim) const { return max_groups_[dim]; }
 
 private:
-    void destroy() noexcept;
-
     const device& dev_;
-    VkCommandPool pool_ = VK_NULL_HANDLE;
-    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
-    VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
-    VkFence fence_ = VK_NULL_HANDLE;
-    VkQueryPool queries_ = VK_NULL_HANDLE;
+    command_pool_handle pool_;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // freed with pool_
+    descriptor_pool_handle descriptors_;
+    fence_handle fence_;
+    query_pool_handle queries_;
     std::uint32_t max_groups_[3] = {0, 0, 0};
     std::uint32_t dispatches_ = 0;
     std::uint32_t sets_ = 0;

@@ -25,19 +25,15 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT
 }
 
 bool has_layer(const loader& l, const char* name) {
-    std::uint32_t count = 0;
-    if (l.vkEnumerateInstanceLayerProperties(&count, nullptr) != VK_SUCCESS) return false;
-    std::vector<VkLayerProperties> layers(count);
-    if (l.vkEnumerateInstanceLayerProperties(&count, layers.data()) < 0) return false;
+    std::vector<VkLayerProperties> layers;
+    if (enumerate(layers, l.vkEnumerateInstanceLayerProperties) < 0) return false;
     return std::any_of(layers.begin(), layers.end(),
                        [&](const auto& p) { return std::strcmp(p.layerName, name) == 0; });
 }
 
 std::vector<std::string> instance_extensions(const loader& l, const char* layer) {
-    std::uint32_t count = 0;
-    if (l.vkEnumerateInstanceExtensionProperties(layer, &count, nullptr) != VK_SUCCESS) return {};
-    std::vector<VkExtensionProperties> props(count);
-    if (l.vkEnumerateInstanceExtensionProperties(layer, &count, props.data()) < 0) return {};
+    std::vector<VkExtensionProperties> props;
+    if (enumerate(props, l.vkEnumerateInstanceExtensionProperties, layer) < 0) return {};
     std::vector<std::string> names;
     for (const auto& p : props) names.emplace_back(p.extensionName);
     return names;
@@ -68,10 +64,9 @@ device_type to_type(VkPhysicalDeviceType t) {
 }
 
 bool device_has_extension(const instance_table& fn, VkPhysicalDevice pd, const char* name) {
-    std::uint32_t count = 0;
-    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) != VK_SUCCESS) return false;
-    std::vector<VkExtensionProperties> props(count);
-    if (fn.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, props.data()) < 0) return false;
+    std::vector<VkExtensionProperties> props;
+    if (enumerate(props, fn.vkEnumerateDeviceExtensionProperties, pd, static_cast<const char*>(nullptr)) < 0)
+        return false;
     return std::any_of(props.begin(), props.end(),
                        [&](const auto& p) { return std::strcmp(p.extensionName, name) == 0; });
 }
@@ -130,10 +125,8 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
     const std::uint32_t family = compute_queue_family(fn, pd);
     d.has_compute_queue = family != UINT32_MAX && base.apiVersion >= VK_API_VERSION_1_1;
     if (family != UINT32_MAX) {
-        std::uint32_t count = 0;
-        fn.vkGetPhysicalDeviceQueueFamilyProperties(pd, &count, nullptr);
-        std::vector<VkQueueFamilyProperties> families(count);
-        fn.vkGetPhysicalDeviceQueueFamilyProperties(pd, &count, families.data());
+        std::vector<VkQueueFamilyProperties> families;
+        enumerate(families, fn.vkGetPhysicalDeviceQueueFamilyProperties, pd);
         d.timestamps = base.limits.timestampComputeAndGraphics == VK_TRUE && families[family].timestampValidBits > 0;
     }
     return d;
@@ -157,10 +150,9 @@ bool validation_from_environment() {
 }
 
 std::uint32_t compute_queue_family(const instance_table& fn, VkPhysicalDevice device) {
-    std::uint32_t count = 0;
-    fn.vkGetPhysicalDeviceQueueFamilyProperties(device, &count, nullptr);
-    std::vector<VkQueueFamilyProperties> families(count);
-    fn.vkGetPhysicalDeviceQueueFamilyProperties(device, &count, families.data());
+    std::vector<VkQueueFamilyProperties> families;
+    enumerate(families, fn.vkGetPhysicalDeviceQueueFamilyProperties, device);
+    const auto count = static_cast<std::uint32_t>(families.size());
     std::uint32_t best = UINT32_MAX;
     for (std::uint32_t i = 0; i < count; ++i) {
         if (!(families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) || families[i].queueCount == 0) continue;
@@ -248,11 +240,8 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
             check(fn_.vkCreateDebugUtilsMessengerEXT(handle_, &messenger_info, nullptr, &messenger_),
                   "vkCreateDebugUtilsMessengerEXT");
         }
-        std::uint32_t count = 0;
-        check(fn_.vkEnumeratePhysicalDevices(handle_, &count, nullptr), "vkEnumeratePhysicalDevices");
-        physical_.resize(count);
-        check(fn_.vkEnumeratePhysicalDevices(handle_, &count, physical_.data()), "vkEnumeratePhysicalDevices");
-        physical_.resize(count);
+        check(enumerate(physical_, fn_.vkEnumeratePhysicalDevices, handle_), "vkEnumeratePhysicalDevices");
+        const auto count = static_cast<std::uint32_t>(physical_.size());
         if (physical_.empty())
             throw unavailable(
                 "no Vulkan device found: the loader works but no driver reports a device; install your "

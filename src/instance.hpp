@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/device_info.hpp"
 #include "vk.hpp"
 
 namespace qkv::vulkan::detail {

@@ -39,6 +39,19 @@ void* open_library(const char* name) { return dlopen(name, RTLD_NOW | RTLD_LOCAL
 void* find_symbol(void* lib, const char* name) { return dlsym(lib, name); }
 #endif
 
+// The second argument of every entry in vk_functions.inl: QKV_VK_IF_REQUIRED(need, statement)
+// expands to the statement for `required` entries and to nothing for `optional` ones.
+#define QKV_VK_IF_REQUIRED(need, statement) QKV_VK_IF_REQUIRED_##need(statement)
+#define QKV_VK_IF_REQUIRED_required(statement) statement
+#define QKV_VK_IF_REQUIRED_optional(statement)
+
+/// The first required global entry point `l` lacks, or nullptr.
+const char* first_missing_global(const loader& l) {
+#define QKV_VK_GLOBAL(name, need) QKV_VK_IF_REQUIRED(need, if (!l.name) return #name;)
+#include "vk_functions.inl"
+    return nullptr;
+}
+
 template <class F>
 F as_function(void* symbol) {
     F f;
@@ -78,18 +91,20 @@ const loader& loader::get() {
             failure = "the Vulkan loader (" + tried + ") has no vkGetInstanceProcAddr";
             return;
         }
-#define QKV_VK_GLOBAL(name) \
+#define QKV_VK_GLOBAL(name, need) \
     instance.name = reinterpret_cast<PFN_##name>(instance.vkGetInstanceProcAddr(nullptr, #name));
 #include "vk_functions.inl"
         if (!instance.vkCreateInstance || !instance.vkEnumerateInstanceExtensionProperties)
             failure = "the Vulkan loader (" + tried + ") does not provide vkCreateInstance";
+        else if (const char* name = first_missing_global(instance))
+            failure = "the Vulkan loader (" + tried + ") does not provide " + name;
     });
     if (!failure.empty()) throw unavailable(failure);
     return instance;
 }
 
 void instance_table::load(const loader& l, VkInstance instance) {
-#define QKV_VK_INSTANCE(name) name = reinterpret_cast<PFN_##name>(l.vkGetInstanceProcAddr(instance, #name));
+#define QKV_VK_INSTANCE(name, need) name = reinterpret_cast<PFN_##name>(l.vkGetInstanceProcAddr(instance, #name));
 #include "vk_functions.inl"
     if (!vkEnumeratePhysicalDevices || !vkCreateDevice || !vkGetDeviceProcAddr)
         throw unavailable("the Vulkan instance lacks core entry points (vkEnumeratePhysicalDevices, vkCreateDevice)");
@@ -97,13 +112,16 @@ void instance_table::load(const loader& l, VkInstance instance) {
         throw unavailable(
             "the Vulkan instance does not provide Vulkan 1.1 (vkGetPhysicalDeviceProperties2); "
             "qkv needs Vulkan 1.1 or newer");
+#define QKV_VK_INSTANCE(name, need) \
+    QKV_VK_IF_REQUIRED(need, if (!name) throw unavailable("the Vulkan instance does not provide " #name);)
+#include "vk_functions.inl"
 }
 
 void device_table::load(const instance_table& it, VkDevice device) {
-#define QKV_VK_DEVICE(name) name = reinterpret_cast<PFN_##name>(it.vkGetDeviceProcAddr(device, #name));
+#define QKV_VK_DEVICE(name, need) name = reinterpret_cast<PFN_##name>(it.vkGetDeviceProcAddr(device, #name));
 #include "vk_functions.inl"
-#define QKV_VK_DEVICE(name) \
-    if (!name) throw unavailable("the Vulkan device does not provide " #name);
+#define QKV_VK_DEVICE(name, need) \
+    QKV_VK_IF_REQUIRED(need, if (!name) throw unavailable("the Vulkan device does not provide " #name);)
 #include "vk_functions.inl"
 }
 

@@ -9,13 +9,14 @@
 
 #include "device.hpp"
 #include "shaders.hpp"
+#include "vk_handle.hpp"
 
 namespace qkv::vulkan::detail {
 
 struct pipeline {
-    VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
-    VkPipelineLayout layout = VK_NULL_HANDLE;
-    VkPipeline handle = VK_NULL_HANDLE;
+    set_layout_handle set_layout;  // destroyed last (members are destroyed in reverse order)
+    pipeline_layout_handle layout;
+    pipeline_handle handle;
     std::uint32_t bindings = 0;
     std::uint32_t push_size = 0;
     std::vector<VkDescriptorType> types;  ///< of bindings 0..n-1
@@ -24,17 +25,19 @@ struct pipeline {
 class pipeline_set {
 public:
     explicit pipeline_set(const device& dev);
-    ~pipeline_set();
     pipeline_set(const pipeline_set&) = delete;
     pipeline_set& operator=(const pipeline_set&) = delete;
 
-    /// The pipeline for `shader` with `bindings` storage buffers (bindings 0..n-1), a push-constant
-    /// block of `push_size` bytes, and specialization constants 0..k-1 = `spec`.
+    /// The pipeline for `shader` with specialization constants 0..k-1 = `spec`; its bindings and
+    /// push-constant size come from the shader's row in shaders/shader_table.def.
     /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
     /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
+    const pipeline& get(shader_id shader, const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+    /// The same, for callers that still state the layout: `bindings` storage buffers (or bindings
+    /// of the given descriptor types) and a `push_size`-byte block, which must match the table
+    /// (an internal error otherwise).
     const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
                         const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
-    /// The same with bindings of the given descriptor types (storage buffers, uniform texel buffers).
     const pipeline& get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
                         const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
 
@@ -44,7 +47,7 @@ public:
 
 private:
     const device& dev_;
-    VkPipelineCache cache_ = VK_NULL_HANDLE;
+    pipeline_cache_handle cache_;  // destroyed after the pipelines
     // Keyed by shader, then the specialization constants followed by the required subgroup size.
     std::map<std::pair<shader_id, std::vector<std::uint32_t>>, pipeline> pipelines_;
 };

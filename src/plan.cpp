@@ -99,11 +99,12 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
     check_range("the output", p.out_bytes, info, "; split the batch into several calls");
     check_range("the concatenated heads (batch x seq x d_v floats)", p.concat_bytes, info, "");
 
+    p.softmax_workgroup = softmax_workgroup(info, p.seq);
     if (p.impl == implementation::staged && info.type == device_type::cpu) {
         // One softmax invocation strides over a whole row; CPU implementations end an
         // invocation's loops after 65,535 iterations (the products split K instead).
-        const std::uint64_t loops = softmax_loop_iterations(softmax_workgroup(info, p.seq), p.seq, info.subgroup_size,
-                                                            info.subgroup_arithmetic);
+        const std::uint64_t loops =
+            softmax_loop_iterations(p.softmax_workgroup, p.seq, info.subgroup_size, info.subgroup_arithmetic);
         if (loops >= cpu_loop_limit)
             throw limit_exceeded("the staged softmax over rows of " + std::to_string(p.seq) + " scores needs " +
                                  std::to_string(loops) + " loop iterations per invocation, more than the 65,535 that " +
@@ -115,6 +116,48 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
         throw limit_exceeded("this call needs " + mib(total) + " of device memory, more than the " +
                              mib(info.device_local_memory) + " of " + info.name);
     return p;
+}
+
+kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal) {
+    if (asked == kernel_family::gpu) return kernel_family::gpu;
+    if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::gpu;
+    const family_refusal no = refusal ? refusal() : family_refusal{"the cpu kernel family is not available", false};
+    if (no.why.empty()) return kernel_family::cpu;
+    if (asked == kernel_family::automatic) return kernel_family::gpu;
+    if (no.limit) throw limit_exceeded(no.why);
+    throw unavailable(no.why);
+}
+
+void choose_kernels(plan& p, const device_info& info, const device_facts& facts, kernel_family asked) {
+    const std::uint32_t N = p.seq, dh = p.d_k / p.heads, dvh = p.d_v / p.heads;
+    const bool fused = p.impl == implementation::fused;
+    // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
+    const kernel_family fused_asked =
+        facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::gpu : asked;
+    p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_family_refusal) : kernel_family::automatic;
+    const bool cpu_family = p.family == kernel_family::cpu;
+    p.flash_chunk_keys =
+        !fused       ? N
+        : cpu_family ? facts.cpu_chunk_keys
+                     : flash_chunk_keys(info, facts.subgroups, N, dh, dvh, facts.max_fused_keys, facts.fused_tiles_as);
+    const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
+    const std::uint64_t dispatches =
+        (std::uint64_t{N} + p.flash_chunk_keys - 1) / p.flash_chunk_keys * dispatches_per_chunk;
+    if (dispatches > 1000)
+        throw limit_exceeded("the fused kernel would need " + std::to_string(dispatches) + " dispatches of " +
+                             std::to_string(p.flash_chunk_keys) + " keys each for seq = " + std::to_string(N) + " on " +
+                             info.name + " (at most 1000 per call)");
+
+    p.cpu_gemm = cpu_kernels(info, asked);
+    p.project = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::project_f16 : shader_id::project,
+                          std::uint64_t{p.batch} * N, p.ld, p.d_in);
+    if (!fused) {
+        p.scores = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::scores_f16 : shader_id::scores, N, N, dh);
+        p.aggregate = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate, N, dvh, N);
+        p.softmax = info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax;
+    }
+    if (p.d_out)
+        p.out_projection = plan_gemm(info, p.cpu_gemm, shader_id::project, std::uint64_t{p.batch} * N, p.d_out, p.d_v);
 }
 
 }  // namespace qkv::vulkan::detail

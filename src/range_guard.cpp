@@ -15,18 +15,12 @@
 namespace qkv::vulkan::detail {
 namespace {
 
-/// Mirrors the push-constant block of shaders/range_guard.comp.
-struct range_guard_push {
-    group_offset offset;
-    std::uint32_t rows = 0, seq = 0, ld = 0, heads = 0, d_k = 0, dh = 0, dvh = 0;
-    std::uint32_t chunk = 0, chunks_k = 0, chunks_v = 0;
-};
-static_assert(sizeof(range_guard_push) == 13 * 4);
+using contract::range_guard_push;  // shaders/contract/range_guard.h
 
 constexpr std::uint32_t chunk_columns = 4096;  // 2 x 4096 loop iterations per invocation at most
-constexpr std::uint32_t workgroup = 64;        // local_size_x of the shader
-constexpr std::uint32_t header_words = 4;
-constexpr std::uint32_t no_index = 0xffffffffu;
+constexpr std::uint32_t workgroup = contract::RANGE_GUARD_WORKGROUP;
+constexpr std::uint32_t header_words = contract::RANGE_GUARD_HEADER_WORDS;
+constexpr std::uint32_t no_index = contract::RANGE_GUARD_NO_INDEX;
 constexpr double two_to_32 = 4294967296.0;
 constexpr double score_limit = 0x1p127;  // scores and value sums: FLT_MAX / 2, a factor 2 of headroom
 constexpr double float_max = FLT_MAX;
@@ -141,7 +135,7 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     words[0] = no_index;
     bufs.host.flush();
 
-    range_guard_push push;
+    range_guard_push push{};
     push.rows = p.batch * p.seq;
     push.seq = p.seq;
     push.ld = p.ld;
@@ -158,8 +152,7 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    const pipeline& pipe =
-        pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, 2, sizeof(range_guard_push), {});
+    const pipeline& pipe = pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, {});
     const std::uint32_t groups[3] = {ceil_div(push.rows, workgroup), static_cast<std::uint32_t>(segments), 1};
     exec.dispatch(pipe, {qkv, {bufs.device.handle(), 0, bytes}}, &push, groups);
     exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,

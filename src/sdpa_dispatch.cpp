@@ -194,7 +194,7 @@ kernel_family choose_sdpa_family(kernel_family asked, const device& dev, const f
 
 }  // namespace
 
-sdpa_output run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
+sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
     const device_info& info = env.dev.info();
     const sdpa_plan p = make_sdpa_plan(problem, env.dev);
     const flash_layout& l = p.layout;
@@ -299,14 +299,11 @@ sdpa_output run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
         exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                      VK_ACCESS_HOST_READ_BIT);
     }
-    env.device_ms = exec.submit_and_wait();
-    if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 2) {
-        env.projection_ms = 0;
-        env.attention_ms = m[1] - m[0];
-        env.output_projection_ms = 0;
-    }
+    sdpa_run run;
+    run.device_ms = exec.submit_and_wait();
+    if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 2) run.attention_ms = m[1] - m[0];
 
-    sdpa_output result;
+    sdpa_output& result = run.output;
     result.shape = problem.shape;
     result.kernel = family;
     result.device = info.name;
@@ -324,7 +321,7 @@ sdpa_output run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
             std::memcpy(result.weights.data(), bufs.scores.mapped(), p.weights_bytes);
         }
     }
-    return result;
+    return run;
 }
 
 }  // namespace qkv::vulkan::detail

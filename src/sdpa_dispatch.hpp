@@ -11,8 +11,12 @@ namespace qkv::vulkan::detail {
 
 /// Runs a validated SDPA problem on env's device, reusing env's buffers. Throws limit_exceeded /
 /// unavailable before any work is submitted, numeric_overflow when fp16 storage cannot hold an
-/// input, out_of_memory, device_lost or error as run_attention does. Fills env's timings
-/// (device_ms; attention_ms is the kernels', projection_ms the upload's, where timestamps exist).
-sdpa_output run_sdpa(dispatch_environment& env, const sdpa_problem& problem);
+/// input, out_of_memory, device_lost or error as run_attention does.
+struct sdpa_run {
+    sdpa_output output;
+    double device_ms = 0;     ///< the whole command buffer (0 without timestamps)
+    double attention_ms = 0;  ///< the kernels, without the upload
+};
+sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem);
 
 }  // namespace qkv::vulkan::detail

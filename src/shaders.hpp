@@ -1,52 +1,48 @@
-// The compute shaders, compiled to SPIR-V at build time (shaders/CMakeLists.txt) and embedded.
+// The compute shaders, compiled to SPIR-V at build time (src/CMakeLists.txt) and embedded. Every
+// shader id, with its bindings and push-constant size, is a row of shaders/shader_table.def, the
+// one table CMake and C++ both read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+
+#include "contract/ceiling.h"
+#include "contract/decode.h"
+#include "contract/flash.h"
+#include "contract/gemm.h"
+#include "contract/range_guard.h"
+#include "contract/softmax.h"
 
 namespace qkv::vulkan::detail {
 
-// X(id, spirv array name)
-#define QKV_SHADERS(X)                                \
-    X(project, qkv_spv_project)                       \
-    X(project_f16, qkv_spv_project_f16)               \
-    X(scores, qkv_spv_scores)                         \
-    X(scores_f16, qkv_spv_scores_f16)                 \
-    X(softmax, qkv_spv_softmax)                       \
-    X(softmax_subgroup, qkv_spv_softmax_subgroup)     \
-    X(aggregate, qkv_spv_aggregate)                   \
-    X(aggregate_f16, qkv_spv_aggregate_f16)           \
-    X(flash, qkv_spv_flash)                           \
-    X(flash_f16, qkv_spv_flash_f16)                   \
-    X(flash_subgroup, qkv_spv_flash_subgroup)         \
-    X(flash_subgroup_f16, qkv_spv_flash_subgroup_f16) \
-    X(range_guard, qkv_spv_range_guard)               \
-    X(range_guard_f16, qkv_spv_range_guard_f16)       \
-    X(flash_cpu, qkv_spv_flash_cpu)                   \
-    X(flash_cpu_pack, qkv_spv_flash_cpu_pack)         \
-    X(flash_cpu_pack_f16, qkv_spv_flash_cpu_pack_f16) \
-    X(flash_weights, qkv_spv_flash_weights)           \
-    X(flash_weights_f16, qkv_spv_flash_weights_f16)   \
-    X(ceiling_fma, qkv_spv_ceiling_fma)               \
-    X(ceiling_copy, qkv_spv_ceiling_copy)             \
-    X(project_cpu, qkv_spv_project_cpu)               \
-    X(project_cpu_f16, qkv_spv_project_cpu_f16)       \
-    X(scores_cpu, qkv_spv_scores_cpu)                 \
-    X(scores_cpu_f16, qkv_spv_scores_cpu_f16)         \
-    X(aggregate_cpu, qkv_spv_aggregate_cpu)           \
-    X(aggregate_cpu_f16, qkv_spv_aggregate_cpu_f16)   \
-    X(sdpa_decode_cpu, qkv_spv_sdpa_decode_cpu)       \
-    X(sdpa_decode_gpu, qkv_spv_sdpa_decode_gpu)       \
-    X(sdpa_merge, qkv_spv_sdpa_merge)
-
 enum class shader_id {
-#define QKV_SHADER_ENUM(id, array) id,
-    QKV_SHADERS(QKV_SHADER_ENUM)
-#undef QKV_SHADER_ENUM
+#define QKV_SHADER(id, source, defines, bindings, push) id,
+#include "shader_table.def"
+#undef QKV_SHADER
 };
+
+/// A row of the shader table: what a pipeline for the shader needs besides its SPIR-V.
+struct shader_row {
+    const char* name;
+    /// One letter per binding 0, 1, ...: 's' storage buffer, 't' uniform texel buffer.
+    std::string_view bindings;
+    std::uint32_t push_bytes;
+};
+
+inline constexpr shader_row shader_table[] = {
+#define QKV_PUSH(type) static_cast<std::uint32_t>(sizeof(::qkv::contract::type))
+#define QKV_SHADER(id, source, defines, bindings, push) {#id, bindings, push},
+#include "shader_table.def"
+#undef QKV_SHADER
+#undef QKV_PUSH
+};
+
+constexpr const shader_row& describe(shader_id id) { return shader_table[static_cast<std::size_t>(id)]; }
 
 /// The SPIR-V words of a shader.
 std::span<const std::uint32_t> spirv(shader_id id);
-const char* shader_name(shader_id id);
+inline const char* shader_name(shader_id id) { return describe(id).name; }
 
 }  // namespace qkv::vulkan::detail

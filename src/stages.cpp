@@ -10,160 +10,13 @@ namespace {
 
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
 
-bool fits(const gemm_tiles& t, const device_info& info) {
-    return t.threads() <= info.max_workgroup_invocations && t.shared_bytes() <= info.max_shared_memory;
-}
-
 }  // namespace
 
-bool cpu_kernels(const device_info& info, qkv::kernel_family requested) {
-    if (requested == qkv::kernel_family::automatic) return info.type == device_type::cpu;
-    return requested == qkv::kernel_family::cpu;
-}
-
-std::uint64_t gemm_tiles::loop_iterations(std::uint64_t k) const {
-    if (cpu) return k / bk + bk + 2;  // the unrolled k loop, the tail, and their exits
-    // Per BK step: the step itself, the A- and B-tile loads (loops whose trip count depends on
-    // the invocation), and one exit check for each load loop.
-    const std::uint64_t wg = threads();
-    const std::uint64_t per_step = 3 + (std::uint64_t{bm} * bk + wg - 1) / wg + (std::uint64_t{bk} * bn + wg - 1) / wg;
-    return (k + bk - 1) / bk * per_step + 1;
-}
-
-gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint64_t n, bool cpu) {
-    if (cpu) {
-        // One subgroup per workgroup (the size the driver reports, never assumed), so every
-        // invocation is a lane of one SIMD vector; BM rows of A read at uniform addresses, TN
-        // gathered values of B per lane and k. Fewer rows and columns for small products.
-        gemm_tiles t;
-        t.cpu = true;
-        const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
-        // Measured on lavapipe (N = 4096 x 64 x 192): 8 rows x 4 lane-columns beat 8x2, 16x2, 4x8.
-        t.tn = n > 2 * lanes ? 4 : (n > lanes ? 2 : 1);
-        t.bm = m >= 8 ? 8 : (m >= 4 ? 4 : 1);
-        t.tm = t.bm;
-        t.bn = lanes * t.tn;
-        t.bk = 4;
-        return t;
-    }
-    // Largest first. Every shape fits the 16 KiB of shared memory the Vulkan spec guarantees,
-    // and the last needs only 64 invocations.
-    static const gemm_tiles candidates[] = {
-        {64, 64, 16, 4, 4},  // 256 invocations, 8 KiB
-        {32, 32, 16, 2, 2},  // 256 invocations, 4 KiB
-        {32, 32, 16, 4, 4},  // 64 invocations, 4 KiB
-        {16, 16, 16, 2, 2},  // 64 invocations, 2 KiB
-    };
-    const bool small = m <= 32 || n <= 32;
-    for (const auto& t : candidates) {
-        if (small && t.bm > 32) continue;
-        if (fits(t, info)) return t;
-    }
-    return candidates[3];
-}
-
-gemm_tiles choose_projection_tiles_cpu(const device_info& info, std::uint64_t m, std::uint64_t n) {
-    gemm_tiles t;
-    t.cpu = true;
-    const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
-    // Measured on lavapipe (N = 4096 x 64 x 192, loaded machine): 8 rows per lane x 16 columns
-    // took 20 ms against 31-45 ms for the columns variant (8 x 4); 2x8, 4x16, 16x8, 16x16 and 8x32
-    // were slower. Rows: as many as M fills, at most 8 per lane; columns: at most 16.
-    t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, 8));
-    t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(n, 1, 16));
-    t.bm = lanes * t.tm;
-    t.bn = t.tn;
-    t.bk = 4;
-    return t;
-}
-
-std::uint32_t gemm_chunk_k(const device_info& info, const gemm_tiles& tiles, std::uint32_t k) {
-    if (info.type != device_type::cpu || tiles.loop_iterations(k) < cpu_loop_limit - 1024) return std::max(k, 1u);
-    // The largest whole number of BK steps that stays under the limit, with a margin.
-    std::uint64_t lo = tiles.bk, hi = k;  // loop_iterations grows with k: bisect on multiples of BK
-    while (hi - lo > tiles.bk) {
-        const std::uint64_t mid = (lo + hi) / 2 / tiles.bk * tiles.bk;
-        if (mid <= lo) break;
-        (tiles.loop_iterations(mid) < cpu_loop_limit - 1024 ? lo : hi) = mid;
-    }
-    return static_cast<std::uint32_t>(lo);
-}
-
-// The staged path stores B x H x N x N float scores in one binding of at most 2^32 bytes, so
-// N <= 32,768 on any device, and every workgroup may have 128 invocations (the Vulkan minimum of
-// maxComputeWorkGroupInvocations): at that worst case the softmax and the aggregation stay far
-// below a CPU implementation's loop limit, and the aggregation is split along N anyway.
-static_assert(3 * (32768 / 128 + 1) + 2 * (1 + 7) < cpu_loop_limit);
-// On CPU devices the softmax uses one subgroup per row where the budget allows (softmax_workgroup
-// doubles it otherwise): lavapipe's 8 lanes at N = 32,768 stay under the limit too.
-static_assert(3 * (32768 / 8 + 1) + 2 * (1 + 1) < cpu_loop_limit);
-
-std::uint64_t softmax_loop_iterations(std::uint32_t workgroup, std::uint32_t cols, std::uint32_t subgroup_size,
-                                      bool subgroup_arithmetic) {
-    // softmax.comp: the maximum, the exponentials and the division each stride over the row;
-    // each reduction is a tree of log2(workgroup) steps, or a loop over the subgroups' partials.
-    const std::uint64_t per_pass = (std::uint64_t{cols} + workgroup - 1) / workgroup + 1;
-    std::uint64_t reduction = 1;
-    if (subgroup_arithmetic) {
-        const std::uint32_t sg = std::max(subgroup_size, 1u);
-        const std::uint64_t subgroups = (workgroup + sg - 1) / sg;
-        reduction += (subgroups + sg - 1) / sg;
-    } else {
-        for (std::uint32_t w = workgroup; w > 1; w /= 2) ++reduction;
-    }
-    return 3 * per_pass + 2 * reduction;
-}
-
-std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols) {
-    std::uint32_t wg = 1;
-    const std::uint32_t cap = std::min<std::uint32_t>(256, info.max_workgroup_invocations);
-    if (info.type == device_type::cpu) {
-        // One workgroup runs on one CPU thread with the invocations as SIMD lanes: one subgroup
-        // (no switching between vectors at each barrier), larger only where a row would take an
-        // invocation past the loop limit.
-        while (wg * 2 <= cap && wg < info.subgroup_size) wg *= 2;
-        while (wg * 2 <= cap &&
-               softmax_loop_iterations(wg, static_cast<std::uint32_t>(std::min<std::uint64_t>(cols, 0xffffffffu)),
-                                       info.subgroup_size, info.subgroup_arithmetic) >= cpu_loop_limit - 1024)
-            wg *= 2;
-        return wg;
-    }
-    while (wg * 2 <= cap && wg < cols) wg *= 2;
-    // At least one full subgroup, so subgroup operations see a whole subgroup.
-    while (wg < info.subgroup_size && wg * 2 <= cap) wg *= 2;
-    return wg;
-}
-
-namespace {
-shader_id cpu_twin(shader_id shader) {
-    switch (shader) {
-        case shader_id::project:
-            return shader_id::project_cpu;
-        case shader_id::project_f16:
-            return shader_id::project_cpu_f16;
-        case shader_id::scores:
-            return shader_id::scores_cpu;
-        case shader_id::scores_f16:
-            return shader_id::scores_cpu_f16;
-        case shader_id::aggregate:
-            return shader_id::aggregate_cpu;
-        case shader_id::aggregate_f16:
-            return shader_id::aggregate_cpu_f16;
-        default:
-            return shader;
-    }
-}
-}  // namespace
-
-void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, bool cpu, shader_id shader,
-                 std::initializer_list<binding> bindings, const gemm_push& push, std::uint32_t batches) {
-    const bool rows = cpu && (shader == shader_id::project || shader == shader_id::project_f16);
-    const gemm_tiles tiles =
-        rows ? choose_projection_tiles_cpu(info, push.M, push.N) : choose_gemm_tiles(info, push.M, push.N, cpu);
-    const pipeline& p = pipes.get(cpu ? cpu_twin(shader) : shader, static_cast<std::uint32_t>(bindings.size()),
-                                  sizeof(gemm_push), tiles.spec());
-    const std::uint32_t groups[3] = {ceil_div(push.M, tiles.bm), ceil_div(push.N, tiles.bn), batches};
-    const std::uint32_t chunk = gemm_chunk_k(info, tiles, push.K);
+void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
+                 const gemm_push& push, std::uint32_t batches) {
+    const pipeline& p = pipes.get(step.shader, step.tiles.spec());
+    const std::uint32_t groups[3] = {ceil_div(push.M, step.tiles.bm), ceil_div(push.N, step.tiles.bn), batches};
+    const std::uint32_t chunk = step.chunk_k;
     // A K of 0 (no inner dimension) is one dispatch that stores zeros (plus bias, scale, masks).
     for (std::uint32_t begin = 0; begin < std::max(push.K, 1u); begin += chunk) {
         gemm_push part = push;
@@ -178,12 +31,12 @@ void record_gemm(executor& exec, pipeline_set& pipes, const device_info& info, b
     }
 }
 
-void record_softmax(executor& exec, pipeline_set& pipes, const device_info& info, binding scores, std::uint32_t rows,
-                    std::uint32_t cols) {
-    const std::uint32_t wg = softmax_workgroup(info, cols);
-    const shader_id shader = info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax;
-    const pipeline& p = pipes.get(shader, 1, sizeof(softmax_push), {wg});
-    softmax_push push;
+void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
+                    std::uint32_t rows, std::uint32_t cols) {
+    std::vector<std::uint32_t> spec(1);
+    spec[contract::SOFTMAX_SPEC_WORKGROUP] = workgroup;
+    const pipeline& p = pipes.get(shader, spec);
+    softmax_push push{};
     push.cols = cols;
     push.rows = rows;
     const std::uint32_t groups[3] = {rows, 1, 1};

@@ -1,4 +1,4 @@
-// The worked example of the self-attention tutorial that started qkv (../shared/seeds):
+// The worked example of the self-attention tutorial that started qkv (see the top of the README):
 // three inputs of width 4, key/query/value weights of 4x3. Used by `qkv example`, the tests and
 // the README. Everything here is a constant expression.
 #pragma once

@@ -18,38 +18,12 @@
 #include <vector>
 
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
 #include "qkv/vulkan/problem.hpp"
 
 namespace qkv::vulkan {
-
-enum class device_type { other, integrated_gpu, discrete_gpu, virtual_gpu, cpu };
-
-/// "discrete GPU", "integrated GPU", "virtual GPU", "CPU", "other".
-QKV_VULKAN_API const char* to_string(device_type type);
-
-struct device_info {
-    std::uint32_t index = 0;  ///< position in vkEnumeratePhysicalDevices
-    std::string name;
-    device_type type = device_type::other;
-    std::string driver;  ///< driver name and version string (VkPhysicalDeviceDriverProperties)
-    std::uint32_t api_version = 0;
-    std::string api_version_string;
-    std::uint32_t vendor_id = 0;
-    std::uint32_t subgroup_size = 0;
-    bool subgroup_arithmetic = false;     ///< subgroupAdd/Max usable in compute shaders
-    std::uint32_t max_shared_memory = 0;  ///< maxComputeSharedMemorySize, bytes
-    std::uint32_t max_workgroup_invocations = 0;
-    std::uint32_t max_workgroup_count[3] = {0, 0, 0};
-    std::uint64_t max_storage_buffer_range = 0;
-    std::uint64_t device_local_memory = 0;  ///< size of the largest device-local heap
-    bool fp16_storage = false;              ///< storageBuffer16BitAccess
-    bool fp16_arithmetic = false;           ///< shaderFloat16
-    bool timestamps = false;                ///< timestampComputeAndGraphics
-    double timestamp_period_ns = 0;
-    bool has_compute_queue = false;
-};
 
 class kv_cache;
 

@@ -1,0 +1,22 @@
+// Contract of the staged softmax (softmax.comp) with the host (src/stages.cpp). See common.h.
+#ifndef QKV_CONTRACT_SOFTMAX_H
+#define QKV_CONTRACT_SOFTMAX_H
+#include "common.h"
+#ifdef __cplusplus
+#include <cstddef>  // offsetof
+#endif
+
+QKV_CONTRACT_BEGIN
+struct softmax_push {
+    uint group_x, group_y, group_z;  // workgroup offsets when a dispatch is split
+    uint cols;                       // row length (the sequence length)
+    uint rows;                       // batch * heads * seq
+};
+QKV_CONST uint SOFTMAX_BINDING_S = 0u;       // the scores, turned into weights in place
+QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/stages.cpp, softmax_workgroup)
+QKV_CONTRACT_END
+
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_push) == 5u * 4u)
+QKV_CONTRACT_CHECK(offsetof(qkv::contract::softmax_push, rows) == 16u)
+
+#endif

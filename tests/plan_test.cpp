@@ -1,0 +1,210 @@
+// The plan's per-device choices (src/plan.cpp, src/gemm_tiles.cpp), pure functions of a device
+// description, against fake devices: discrete GPUs with subgroups of 32 and 64, an integrated GPU,
+// a CPU implementation like lavapipe, and the smallest device the Vulkan spec allows. No Vulkan
+// device needed, so the GPU choices run in CI too.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan.hpp"
+#include "qkv/vulkan/error.hpp"
+#include "support/catch.hpp"
+
+using qkv::kernel_family;
+using qkv::vulkan::device_info;
+using qkv::vulkan::device_type;
+using namespace qkv::vulkan::detail;
+
+namespace {
+
+struct fake {
+    std::string name;
+    device_info info;
+    subgroup_control control;
+};
+
+device_info describe_device(device_type type, std::uint32_t subgroup, bool arithmetic, std::uint32_t shared,
+                            std::uint32_t invocations) {
+    device_info d;
+    d.name = "fake";
+    d.type = type;
+    d.subgroup_size = subgroup;
+    d.subgroup_arithmetic = arithmetic;
+    d.max_shared_memory = shared;
+    d.max_workgroup_invocations = invocations;
+    d.max_workgroup_count[0] = d.max_workgroup_count[1] = d.max_workgroup_count[2] = 65535;
+    d.max_storage_buffer_range = 0xffffffffu;
+    d.device_local_memory = 16ull << 30;
+    d.fp16_storage = true;
+    return d;
+}
+
+std::vector<fake> fakes() {
+    return {
+        {"discrete, subgroup 32",
+         describe_device(device_type::discrete_gpu, 32, true, 49152, 1024),
+         {32, 32, true, true, 32}},
+        {"discrete, subgroup 64",
+         describe_device(device_type::discrete_gpu, 64, true, 65536, 1024),
+         {32, 64, true, true, 16}},
+        {"integrated, subgroup 16", describe_device(device_type::integrated_gpu, 16, true, 65536, 512), {}},
+        {"cpu, subgroup 8", describe_device(device_type::cpu, 8, true, 32768, 1024), {8, 8, true, true, 128}},
+        {"minimal", describe_device(device_type::other, 0, false, 16384, 128), {}},
+    };
+}
+
+qkv::attention_problem problem(std::size_t batch, std::size_t seq, std::size_t d_in, std::size_t d, std::size_t heads,
+                               std::size_t d_out, qkv::implementation impl) {
+    qkv::attention_problem p;
+    p.shape.batch = batch;
+    p.shape.seq = seq;
+    p.shape.d_in = d_in;
+    p.shape.d_k = p.shape.d_v = d;
+    p.shape.heads = heads;
+    p.shape.d_out = d_out;
+    p.options.implementation = impl;
+    return p;
+}
+
+device_facts facts_for(const fake& f, std::uint32_t cpu_chunk_keys, family_refusal refusal = {}) {
+    device_facts facts;
+    facts.subgroups = f.control;
+    facts.cpu_chunk_keys = cpu_chunk_keys;
+    facts.cpu_family_refusal = [refusal] { return refusal; };
+    return facts;
+}
+
+plan plan_for(const fake& f, const qkv::attention_problem& pr, const device_facts& facts,
+              kernel_family asked = kernel_family::automatic) {
+    plan p = make_plan(pr, f.info, 256);
+    choose_kernels(p, f.info, facts, asked);
+    return p;
+}
+
+/// A product's tiles fit the device, and on a CPU device every dispatch's loops stay under the limit.
+void check_step(const fake& f, const gemm_step& s, std::uint32_t k, const char* what) {
+    INFO(f.name << ", " << what << ": " << s.tiles.bm << "x" << s.tiles.bn << "x" << s.tiles.bk << ", chunk "
+                << s.chunk_k);
+    CHECK(s.tiles.threads() >= 1);
+    CHECK(s.tiles.threads() <= f.info.max_workgroup_invocations);
+    CHECK(s.tiles.shared_bytes() <= f.info.max_shared_memory);
+    CHECK(s.tiles.bm % s.tiles.tm == 0);
+    CHECK(s.tiles.bn % s.tiles.tn == 0);
+    CHECK(s.chunk_k >= 1);
+    if (f.info.type == device_type::cpu) {
+        CHECK(s.tiles.loop_iterations(std::min(s.chunk_k, std::max(k, 1u))) < cpu_loop_limit);
+        // CPU family: one subgroup per workgroup, never more lanes than the device has.
+        CHECK(s.tiles.cpu);
+        CHECK(s.tiles.threads() == f.info.subgroup_size);
+    } else {
+        CHECK(s.chunk_k >= k);  // one dispatch covers the whole K
+        CHECK_FALSE(s.tiles.cpu);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("plan: products' tiles and K chunks fit every fake device", "[plan]") {
+    for (const fake& f : fakes()) {
+        for (std::size_t seq : {1u, 3u, 17u, 113u, 2048u}) {
+            for (std::size_t d_in : {1u, 64u, 100000u}) {
+                const auto pr = problem(2, seq, d_in, 64, 4, 48, qkv::implementation::staged);
+                const plan p = plan_for(f, pr, facts_for(f, 64));
+                INFO("seq " << seq << ", d_in " << d_in);
+                check_step(f, p.project, p.d_in, "project");
+                check_step(f, p.scores, p.d_k / p.heads, "scores");
+                check_step(f, p.aggregate, p.seq, "aggregate");
+                check_step(f, p.out_projection, p.d_v, "output projection");
+                // The softmax: a power of two, within the device, at least a subgroup where it can be.
+                CHECK(p.softmax_workgroup >= 1);
+                CHECK((p.softmax_workgroup & (p.softmax_workgroup - 1)) == 0);
+                CHECK(p.softmax_workgroup <= f.info.max_workgroup_invocations);
+                CHECK(p.softmax == (f.info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax));
+                if (f.info.type == device_type::cpu)
+                    CHECK(softmax_loop_iterations(p.softmax_workgroup, p.seq, f.info.subgroup_size,
+                                                  f.info.subgroup_arithmetic) < cpu_loop_limit);
+            }
+        }
+    }
+}
+
+TEST_CASE("plan: a K long enough to pass the CPU loop limit is split, elsewhere it is not", "[plan]") {
+    for (const fake& f : fakes()) {
+        const plan p = plan_for(f, problem(1, 17, 300000, 8, 1, 0, qkv::implementation::staged), facts_for(f, 64));
+        INFO(f.name);
+        if (f.info.type == device_type::cpu) {
+            CHECK(p.project.chunk_k < p.d_in);
+            CHECK(p.project.tiles.loop_iterations(p.project.chunk_k) < cpu_loop_limit - 1000);
+            CHECK(p.project.chunk_k % p.project.tiles.bk == 0);
+        } else {
+            CHECK(p.project.chunk_k == p.d_in);
+        }
+    }
+}
+
+TEST_CASE("plan: the products' family and shaders follow the device and the request", "[plan]") {
+    for (const fake& f : fakes()) {
+        const auto pr = problem(1, 113, 32, 32, 2, 16, qkv::implementation::staged);
+        const bool cpu = f.info.type == device_type::cpu;
+        INFO(f.name);
+        const plan p = plan_for(f, pr, facts_for(f, 64));
+        CHECK(p.cpu_gemm == cpu);
+        CHECK(p.project.shader == (cpu ? shader_id::project_cpu : shader_id::project));
+        CHECK(p.scores.shader == (cpu ? shader_id::scores_cpu : shader_id::scores));
+        CHECK(p.aggregate.shader == (cpu ? shader_id::aggregate_cpu : shader_id::aggregate));
+        CHECK(p.out_projection.shader == (cpu ? shader_id::project_cpu : shader_id::project));
+        // Asked for explicitly, either family runs anywhere.
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::gpu).project.shader == shader_id::project);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::cpu).project.shader == shader_id::project_cpu);
+        // fp16 storage: the _f16 twins (the output projection reads float32).
+        auto half = pr;
+        half.options.precision = qkv::precision::fp16;
+        const plan h = plan_for(f, half, facts_for(f, 64));
+        CHECK(h.project.shader == (cpu ? shader_id::project_cpu_f16 : shader_id::project_f16));
+        CHECK(h.scores.shader == (cpu ? shader_id::scores_cpu_f16 : shader_id::scores_f16));
+        CHECK(h.out_projection.shader == (cpu ? shader_id::project_cpu : shader_id::project));
+    }
+}
+
+TEST_CASE("plan: the fused kernel's family", "[plan]") {
+    const auto pr = problem(2, 113, 16, 32, 2, 0, qkv::implementation::fused);
+    for (const fake& f : fakes()) {
+        INFO(f.name);
+        const bool cpu = f.info.type == device_type::cpu;
+        // Automatic: the CPU family on CPU devices where it can run, the GPU family elsewhere.
+        CHECK(plan_for(f, pr, facts_for(f, 64)).family == (cpu ? kernel_family::cpu : kernel_family::gpu));
+        CHECK(plan_for(f, pr, facts_for(f, 64, {"no texel format", false})).family == kernel_family::gpu);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::gpu).family == kernel_family::gpu);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::cpu).family == kernel_family::cpu);
+        // Asked for but refused: a typed error saying why.
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"too wide", true}), kernel_family::cpu),
+                        qkv::vulkan::limit_exceeded);
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"no texel format", false}), kernel_family::cpu),
+                        qkv::vulkan::unavailable);
+        // The staged implementation has no family.
+        const auto staged = problem(2, 113, 16, 32, 2, 0, qkv::implementation::staged);
+        CHECK(plan_for(f, staged, facts_for(f, 64)).family == kernel_family::automatic);
+    }
+}
+
+TEST_CASE("plan: the fused kernel's key chunks", "[plan]") {
+    for (const fake& f : fakes()) {
+        INFO(f.name);
+        const auto pr = problem(1, 16384, 16, 64, 1, 0, qkv::implementation::fused);
+        // The CPU family takes its chunk from its own plan (flash_cpu.cpp).
+        const plan c = plan_for(f, pr, facts_for(f, 512), kernel_family::cpu);
+        CHECK(c.flash_chunk_keys == 512);
+        // The GPU family: one dispatch on GPUs, chunks under the loop limit on CPU devices.
+        const plan g = plan_for(f, pr, facts_for(f, 512), kernel_family::gpu);
+        if (f.info.type == device_type::cpu)
+            CHECK(g.flash_chunk_keys < g.seq);
+        else
+            CHECK(g.flash_chunk_keys == g.seq);
+        // Too many dispatches is refused before anything runs.
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 8), kernel_family::cpu), qkv::vulkan::limit_exceeded);
+        // Staged: no chunks.
+        CHECK(
+            plan_for(f, problem(1, 17, 16, 64, 1, 0, qkv::implementation::staged), facts_for(f, 8)).flash_chunk_keys ==
+            17);
+    }
+}
