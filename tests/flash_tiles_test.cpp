@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "flash_tiles.hpp"
+#include "kernels/flash_tiles.hpp"
 #include "support/catch.hpp"
 
 using qkv::vulkan::device_info;

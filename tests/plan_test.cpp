@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "plan.hpp"
+#include "api/plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 

@@ -1,0 +1,163 @@
+#include "api/plan.hpp"
+
+#include <string>
+
+#include "kernels/stages.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string mib(std::uint64_t bytes) {
+    const double m = static_cast<double>(bytes) / (1024.0 * 1024.0);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+    return buf;
+}
+
+void check_range(const char* what, std::uint64_t bytes, const device_info& info, const char* advice) {
+    if (bytes > info.max_storage_buffer_range)
+        throw limit_exceeded(std::string(what) + " needs " + std::to_string(bytes) + " bytes (" + mib(bytes) +
+                             "), more than this device's maxStorageBufferRange of " +
+                             std::to_string(info.max_storage_buffer_range) + " bytes (" +
+                             mib(info.max_storage_buffer_range) + ")" + advice);
+}
+
+}  // namespace
+
+plan make_plan(const attention_problem& problem, const device_info& info, std::uint64_t storage_alignment) {
+    const attention_shape& s = problem.shape;
+    const run_options& o = problem.options;
+    plan p;
+    p.impl = resolve_implementation(o);
+    const std::uint64_t head_d = s.d_k / s.heads, head_dv = s.d_v / s.heads;
+    if (p.impl == implementation::fused && (head_d > fused_max_head || head_dv > fused_max_head)) {
+        if (o.implementation == implementation::fused)
+            throw limit_exceeded("the fused implementation takes heads up to " + std::to_string(fused_max_head) +
+                                 " wide; these are " + std::to_string(head_d) + " (Q, K) and " +
+                                 std::to_string(head_dv) + " (V); use the staged implementation");
+        p.impl = implementation::staged;  // automatic: fall back
+    }
+    p.fp16 = o.precision == precision::fp16;
+    if (p.fp16 && !info.fp16_storage)
+        throw unavailable("fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " + info.name +
+                          " does not support; use fp32");
+
+    // Every dimension must fit the shaders' 32-bit indexing; the range checks below are stricter
+    // for the tensors, this catches absurd single dimensions early.
+    const std::uint64_t dims[] = {s.batch, s.seq, s.d_in, s.d_k, s.d_v, s.heads, s.d_out};
+    for (std::uint64_t d : dims)
+        if (d > 0x7fffffffu) throw limit_exceeded("a dimension of " + std::to_string(d) + " exceeds 2^31 - 1");
+    p.batch = static_cast<std::uint32_t>(s.batch);
+    p.seq = static_cast<std::uint32_t>(s.seq);
+    p.d_in = static_cast<std::uint32_t>(s.d_in);
+    p.d_k = static_cast<std::uint32_t>(s.d_k);
+    p.d_v = static_cast<std::uint32_t>(s.d_v);
+    p.heads = static_cast<std::uint32_t>(s.heads);
+    p.d_out = static_cast<std::uint32_t>(s.d_out);
+    p.ld = 2 * p.d_k + p.d_v;
+    p.bias = !problem.bq.empty() || !problem.bk.empty() || !problem.bv.empty();
+    p.mask = !problem.mask.empty();
+    p.additive = !problem.additive_mask.empty();
+    p.causal = o.causal;
+    const std::uint64_t nn = std::uint64_t{s.seq} * s.seq;
+    p.mask_batched = p.mask && problem.mask.size() != nn;
+    p.additive_batched = p.additive && problem.additive_mask.size() != nn;
+    p.scale = o.scale ? *o.scale : default_scale(s);
+
+    const std::uint64_t rows = std::uint64_t{s.batch} * s.seq;
+    std::uint64_t at = 0;
+    auto place = [&](range& r, std::uint64_t bytes) {
+        if (bytes == 0) return;
+        r = {at, bytes};
+        at = align_up(at + bytes, storage_alignment);
+    };
+    place(p.x, rows * s.d_in * 4);
+    place(p.w, std::uint64_t{s.d_in} * p.ld * 4);
+    place(p.b, p.bias ? std::uint64_t{p.ld} * 4 : 0);
+    place(p.wo, std::uint64_t{s.d_v} * s.d_out * 4);
+    place(p.bo, problem.bo.empty() ? 0 : std::uint64_t{s.d_out} * 4);
+    place(p.mask_bits, p.mask ? (problem.mask.size() + 31) / 32 * 4 : 0);
+    place(p.additive_mask, problem.additive_mask.size() * 4);
+    p.inputs_bytes = at;
+
+    p.qkv_bytes = rows * p.ld * (p.fp16 ? 2 : 4);
+    p.scores_bytes = p.impl == implementation::staged ? std::uint64_t{s.batch} * s.heads * nn * 4 : 0;
+    p.concat_bytes = s.d_out ? rows * s.d_v * 4 : 0;
+    p.out_bytes = rows * s.out_width() * 4;
+    p.weights_bytes = o.return_weights ? p.scores_bytes : 0;
+    p.readback_bytes = p.out_bytes + p.weights_bytes;
+
+    check_range("the input x (batch x seq x d_in floats)", p.x.size, info, "");
+    check_range("the packed projection weights (d_in x (2 d_k + d_v) floats)", p.w.size, info, "");
+    check_range("the additive mask", p.additive_mask.size, info, "");
+    check_range("the projected Q|K|V (batch x seq x (2 d_k + d_v))", p.qkv_bytes, info,
+                "; split the batch into several calls");
+    check_range("the staged implementation's score matrix (batch x heads x seq x seq floats)", p.scores_bytes, info,
+                "; use the fused implementation, which never stores the scores, or split the batch");
+    check_range("the output", p.out_bytes, info, "; split the batch into several calls");
+    check_range("the concatenated heads (batch x seq x d_v floats)", p.concat_bytes, info, "");
+
+    p.softmax_workgroup = softmax_workgroup(info, p.seq);
+    if (p.impl == implementation::staged && info.type == device_type::cpu) {
+        // One softmax invocation strides over a whole row; CPU implementations end an
+        // invocation's loops after 65,535 iterations (the products split K instead).
+        const std::uint64_t loops =
+            softmax_loop_iterations(p.softmax_workgroup, p.seq, info.subgroup_size, info.subgroup_arithmetic);
+        if (loops >= cpu_loop_limit)
+            throw limit_exceeded("the staged softmax over rows of " + std::to_string(p.seq) + " scores needs " +
+                                 std::to_string(loops) + " loop iterations per invocation, more than the 65,535 that " +
+                                 info.name + " runs; use the fused implementation");
+    }
+
+    const std::uint64_t total = p.inputs_bytes + p.qkv_bytes + p.scores_bytes + p.concat_bytes + p.out_bytes;
+    if (info.device_local_memory && total > info.device_local_memory)
+        throw limit_exceeded("this call needs " + mib(total) + " of device memory, more than the " +
+                             mib(info.device_local_memory) + " of " + info.name);
+    return p;
+}
+
+kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal) {
+    if (asked == kernel_family::gpu) return kernel_family::gpu;
+    if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::gpu;
+    const family_refusal no = refusal ? refusal() : family_refusal{"the cpu kernel family is not available", false};
+    if (no.why.empty()) return kernel_family::cpu;
+    if (asked == kernel_family::automatic) return kernel_family::gpu;
+    if (no.limit) throw limit_exceeded(no.why);
+    throw unavailable(no.why);
+}
+
+void choose_kernels(plan& p, const device_info& info, const device_facts& facts, kernel_family asked) {
+    const std::uint32_t N = p.seq, dh = p.d_k / p.heads, dvh = p.d_v / p.heads;
+    const bool fused = p.impl == implementation::fused;
+    // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
+    const kernel_family fused_asked =
+        facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::gpu : asked;
+    p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_family_refusal) : kernel_family::automatic;
+    const bool cpu_family = p.family == kernel_family::cpu;
+    p.flash_chunk_keys =
+        !fused       ? N
+        : cpu_family ? facts.cpu_chunk_keys
+                     : flash_chunk_keys(info, facts.subgroups, N, dh, dvh, facts.max_fused_keys, facts.fused_tiles_as);
+    const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
+    const std::uint64_t dispatches =
+        (std::uint64_t{N} + p.flash_chunk_keys - 1) / p.flash_chunk_keys * dispatches_per_chunk;
+    if (dispatches > 1000)
+        throw limit_exceeded("the fused kernel would need " + std::to_string(dispatches) + " dispatches of " +
+                             std::to_string(p.flash_chunk_keys) + " keys each for seq = " + std::to_string(N) + " on " +
+                             info.name + " (at most 1000 per call)");
+
+    p.cpu_gemm = cpu_kernels(info, asked);
+    p.project = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::project_f16 : shader_id::project,
+                          std::uint64_t{p.batch} * N, p.ld, p.d_in);
+    if (!fused) {
+        p.scores = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::scores_f16 : shader_id::scores, N, N, dh);
+        p.aggregate = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate, N, dvh, N);
+        p.softmax = info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax;
+    }
+    if (p.d_out)
+        p.out_projection = plan_gemm(info, p.cpu_gemm, shader_id::project, std::uint64_t{p.batch} * N, p.d_out, p.d_v);
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,89 @@
+// The plan of one call: where every tensor lives on the device, which kernels run with which
+// per-device parameters (tiles, K and key chunks, workgroup sizes, the fused kernel's family),
+// and the limit checks that run before any work is submitted. Pure functions of the problem and a
+// device description, so the choices are unit-tested against fake devices (tests/plan_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/flash_tiles.hpp"
+#include "kernels/gemm_tiles.hpp"
+#include "qkv/vulkan/device_info.hpp"
+#include "qkv/vulkan/problem.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// A byte range inside a buffer.
+struct range {
+    std::uint64_t offset = 0, size = 0;
+    [[nodiscard]] bool empty() const { return size == 0; }
+};
+
+struct plan {
+    implementation impl = implementation::staged;
+    bool fp16 = false;
+    std::uint32_t batch = 0, seq = 0, d_in = 0, d_k = 0, d_v = 0, heads = 1, d_out = 0;
+    std::uint32_t ld = 0;  ///< width of a projected Q|K|V row: 2·d_k + d_v
+    bool bias = false, mask = false, additive = false, causal = false;
+    bool mask_batched = false, additive_batched = false;
+    float scale = 1.0f;
+
+    // The inputs buffer: every host input, packed, each part aligned for a storage binding.
+    range x, w, b, wo, bo, mask_bits, additive_mask;
+    std::uint64_t inputs_bytes = 0;
+    // Device-side tensors, one buffer each.
+    std::uint64_t qkv_bytes = 0;     ///< batch x seq x ld, float32 or float16
+    std::uint64_t scores_bytes = 0;  ///< batch x heads x seq x seq (staged only)
+    std::uint64_t concat_bytes = 0;  ///< batch x seq x d_v (only with an output projection)
+    std::uint64_t out_bytes = 0;     ///< batch x seq x out_width
+    std::uint64_t readback_bytes = 0;
+    std::uint64_t weights_bytes = 0;  ///< returned weights (0 unless requested)
+
+    // The kernels (choose_kernels).
+    kernel_family family = kernel_family::automatic;  ///< the fused kernel's family (automatic: staged)
+    bool cpu_gemm = false;                            ///< the matrix products' family (QKV_GEMM_CPU)
+    gemm_step project;                                ///< Q|K|V = X · [Wq|Wk|Wv] + b
+    gemm_step scores, aggregate;                      ///< staged only
+    gemm_step out_projection;                         ///< only with d_out
+    shader_id softmax = shader_id::softmax;           ///< staged only, with softmax_workgroup invocations
+    std::uint32_t softmax_workgroup = 0;
+    std::uint32_t flash_chunk_keys = 0;  ///< fused: keys per dispatch (seq: one dispatch); staged: seq
+};
+
+/// Why the fused kernel's CPU family cannot run a call (empty: it can), and whether that is a
+/// device limit (limit_exceeded) or a missing feature (unavailable). See flash_cpu.hpp.
+struct family_refusal {
+    std::string why;
+    bool limit = false;
+};
+
+/// What the kernel choices need to know about the device besides its device_info.
+struct device_facts {
+    subgroup_control subgroups;                   ///< subgroup size control (device::subgroups())
+    std::uint32_t max_fused_keys = 0;             ///< context_options::max_fused_keys_per_dispatch
+    const device_info* fused_tiles_as = nullptr;  ///< context_options::fused_tiles_as (test hook)
+    std::uint32_t cpu_chunk_keys = 0;             ///< keys per dispatch of the CPU family (plan_flash_cpu)
+    /// Asked only where the CPU family is a candidate (it may query the device).
+    std::function<family_refusal()> cpu_family_refusal;
+};
+
+/// Which family of the fused kernel runs (run_options::kernel):
+///   asked for   device         runs
+///   automatic   CPU            cpu, or gpu where the cpu family cannot run here
+///   automatic   GPU, other     gpu
+///   cpu         any            cpu, or a typed error saying why it cannot
+///   gpu         any            gpu (shaders/flash.comp)
+kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal);
+
+/// Makes the kernel choices of `p` (laid out by make_plan) for this device: the family, tiles and
+/// chunks of every product, the softmax's workgroup, the fused kernel's family and key chunks.
+/// Throws limit_exceeded (too many dispatches) or unavailable (the CPU family asked for cannot run).
+void choose_kernels(plan& p, const device_info& info, const device_facts& facts, kernel_family asked);
+
+/// Lays out a validated problem. Throws limit_exceeded when a tensor is larger than
+/// maxStorageBufferRange or everything together larger than the device's memory, and
+/// unavailable when fp16 is asked of a device without 16-bit storage.
+plan make_plan(const attention_problem& problem, const device_info& info, std::uint64_t storage_alignment);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,69 @@
+// The CPU-device family of the fused attention kernel (shaders/flash_cpu.comp): its tile choice,
+// its texel-buffer layout, the checks that decide whether it can run, and its recording.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/flash_layout.hpp"
+#include "vk/executor.hpp"
+#include "vk/memory.hpp"
+#include "vk/pipelines.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// Shape and layout of one call of the CPU-device kernel.
+struct flash_cpu_plan {
+    // Tiles (specialization constants): invocations per workgroup (the subgroup size), query rows
+    // per invocation, keys per step, and the head widths in texels of 4 values.
+    std::uint32_t wg = 8, rpi = 4, kps = 8, d4 = 1, dv4 = 1;
+    std::uint32_t npad_q = 0;      ///< Q rows per (batch, query head) in the texel buffer
+    std::uint32_t npad_kv = 0;     ///< K and V rows per (batch, K/V head)
+    std::uint32_t chunk_keys = 0;  ///< keys per dispatch (a multiple of kps)
+    bool half = false;             ///< RGBA16F texels (fp16 precision), else RGBA32F
+    VkFormat format = VK_FORMAT_R32G32B32A32_SFLOAT;
+    // The texel buffer: per-(batch, K/V head) flags, then Q, K and V, each region aligned for a view.
+    std::uint64_t flags_bytes = 0, q_offset = 0, k_offset = 0, v_offset = 0, bytes = 0;
+    std::uint64_t q_texels = 0, k_texels = 0, v_texels = 0;  ///< elements of the three views
+
+    [[nodiscard]] std::uint32_t block() const { return wg * rpi; }
+    [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }
+    [[nodiscard]] std::vector<std::uint32_t> spec() const { return {wg, rpi, kps, d4, dv4}; }
+    /// Dispatches of the kernel for kv_len keys (two per key chunk: plain and careful pipelines).
+    [[nodiscard]] std::uint32_t dispatches(std::uint32_t kv_len) const {
+        return 2 * (kv_len == 0 ? 1 : (kv_len + chunk_keys - 1) / chunk_keys);
+    }
+};
+
+/// Plans the kernel for `layout` (its fp16 flag picks RGBA16F texels); `at_most` (if not 0) caps
+/// the keys per dispatch (context_options::max_fused_keys_per_dispatch).
+flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& layout, std::uint32_t at_most = 0);
+
+/// Why this device cannot run the plan, or an empty `why` when it can: a texel format it lacks
+/// (limit = false), or a size beyond maxTexelBufferElements / maxStorageBufferRange (limit = true).
+struct flash_cpu_refusal {
+    std::string why;
+    bool limit = false;
+};
+flash_cpu_refusal check_flash_cpu(const device& dev, const flash_cpu_plan& plan);
+
+struct flash_cpu_views {
+    buffer_view q, k, v;
+};
+flash_cpu_views make_flash_cpu_views(const device& dev, const buffer& texels, const flash_cpu_plan& plan);
+
+/// Where the kernel's packed texels live: `texels` (at least plan.bytes, created with
+/// VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT) and its views from make_flash_cpu_views.
+struct flash_cpu_texels {
+    VkBuffer texels = VK_NULL_HANDLE;
+    VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+};
+
+/// Records the packing of Q, K and V (from io.qkv, as `layout` addresses them) into the texel
+/// buffer, then the kernel over every (batch, query head) and row block, one dispatch pair per
+/// plan.chunk_keys keys. `stats`: the last chunk also stores each row's final (max, sum).
+void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& layout, const flash_cpu_plan& plan,
+                      const flash_io& io, const flash_cpu_texels& texels, bool stats = false);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,77 @@
+#include "kernels/flash_gpu.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
+
+bool all_multiples_of_4(std::initializer_list<std::uint32_t> values) {
+    return std::all_of(values.begin(), values.end(), [](std::uint32_t v) { return v % 4 == 0; });
+}
+
+}  // namespace
+
+flash_gpu_plan plan_flash_gpu(const device& dev, const flash_layout& l, std::uint32_t at_most,
+                              const device_info* tiles_as) {
+    const device_info& info = dev.info();
+    flash_gpu_plan plan;
+    plan.tiles = choose_flash_tiles(flash_tiles_device(info, tiles_as), l.q_len, l.d, l.dv, dev.subgroups());
+    const flash_tiles& t = plan.tiles;
+    if (t.shared_bytes() > info.max_shared_memory || t.wg > info.max_workgroup_invocations)
+        throw limit_exceeded(
+            "the fused kernel needs " + std::to_string(t.shared_bytes()) + " bytes of shared memory and " +
+            std::to_string(t.wg) + " invocations per workgroup for head widths " + std::to_string(l.d) + " / " +
+            std::to_string(l.dv) + "; " + info.name + " has " + std::to_string(info.max_shared_memory) + " bytes and " +
+            std::to_string(info.max_workgroup_invocations) + " invocations");
+    // vec4 loads need every element offset the shader forms to be a multiple of 4.
+    plan.tiles.vec4 = all_multiples_of_4({l.d, l.dv, l.q.bs, l.q.hs, l.q.rs, l.k.bs, l.k.hs, l.k.rs, l.v.bs, l.v.hs,
+                                          l.v.rs, l.k_off, l.v_off})
+                          ? 1
+                          : 0;
+    plan.chunk_keys = std::max(1u, flash_chunk_keys(info, t, l.kv_len, at_most));
+    return plan;
+}
+
+void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_gpu_plan& plan,
+                      const flash_io& io, bool stats) {
+    const flash_tiles& t = plan.tiles;
+    const shader_id shader = t.subgroup ? (l.fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
+                                        : (l.fp16 ? shader_id::flash_f16 : shader_id::flash);
+    const pipeline& p =
+        pipes.get(shader, contract::FLASH_BINDINGS, sizeof(contract::flash_push), t.spec(), t.required_subgroup);
+    const std::uint32_t groups[3] = {ceil_div(l.q_len, t.br), 1, l.q_batches()};
+    const contract::flash_push push = l.push();
+    for (std::uint32_t begin = 0; begin < std::max(l.kv_len, 1u); begin += plan.chunk_keys) {
+        contract::flash_push part = push;
+        part.kv_begin = begin;
+        part.kv_stop = std::min(l.kv_len, begin + plan.chunk_keys);
+        if (begin > 0) part.flags |= contract::FLASH_RESUME;
+        if (part.kv_stop < l.kv_len)
+            part.flags |= contract::FLASH_PARTIAL;
+        else if (stats)
+            part.flags |= contract::FLASH_STATS;
+        if (begin > 0) exec.compute_barrier();
+        exec.dispatch(p, {io.qkv, io.mask_bits, io.additive, io.out, io.state}, &part, groups);
+    }
+}
+
+void record_flash_weights(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_io& io,
+                          binding weights) {
+    // One loop of E iterations per invocation: far below llvmpipe's 65,535 for any head the fused
+    // kernels take (fused_max_head).
+    if (l.d > 4096)
+        throw limit_exceeded(
+            "the attention weights kernel takes heads of at most 4096 columns (d_qk = " + std::to_string(l.d) + ")");
+    const pipeline& p = pipes.get(l.fp16 ? shader_id::flash_weights_f16 : shader_id::flash_weights,
+                                  contract::FLASH_WEIGHTS_BINDINGS, sizeof(contract::flash_push), {});
+    const std::uint32_t groups[3] = {ceil_div(l.kv_len, contract::FLASH_WEIGHTS_WORKGROUP), l.q_len, l.q_batches()};
+    const contract::flash_push push = l.push();
+    exec.dispatch(p, {io.qkv, io.mask_bits, io.additive, io.state, weights}, &push, groups);
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,68 @@
+// One call of a fused attention kernel, as both kernel families (flash_gpu, flash_cpu) and the
+// weights kernel see it: shapes, element strides of every tensor, the masks' broadcast strides,
+// the causal offset and the scale. The self-attention path (dispatch.cpp) describes its projected
+// Q|K|V rows this way, SDPA (sdpa_dispatch.cpp) its (B, H, L, E) tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "contract/flash.h"
+#include "vk/executor.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// Element strides of a (batch, head, row, column) tensor; columns are contiguous.
+struct tensor_strides {
+    std::uint32_t bs = 0, hs = 0, rs = 0;
+};
+
+struct flash_layout {
+    std::uint32_t batch = 1, heads = 1, kv_heads = 1;  ///< B, Hq, Hkv (Hkv divides Hq)
+    std::uint32_t q_len = 0, kv_len = 0;               ///< L, S
+    std::uint32_t d = 0, dv = 0;                       ///< E (Q, K), Ev (V, O)
+    tensor_strides q, k, v, o;
+    std::uint32_t k_off = 0, v_off = 0;                    ///< first element of K and V in the Q|K|V binding (Q at 0)
+    std::uint32_t m_bs = 0, m_hs = 0, m_rs = 0, m_cs = 0;  ///< mask strides (0 = broadcast)
+    std::uint32_t a_bs = 0;  ///< the additive mask's batch stride (m_bs unless the masks differ there)
+    bool causal = false, mask = false, additive = false;
+    std::int32_t causal_offset = 0;  ///< key j is visible from row i when j <= i + causal_offset
+    float scale = 1.0f;
+    bool fp16 = false;  ///< the Q|K|V binding holds float16
+
+    [[nodiscard]] std::uint32_t group() const { return heads / kv_heads; }
+    [[nodiscard]] std::uint32_t q_batches() const { return batch * heads; }
+    [[nodiscard]] std::uint32_t kv_batches() const { return batch * kv_heads; }
+    /// The kernels take the output's batch stride to be heads·L·Ev.
+    [[nodiscard]] bool output_contiguous_per_batch() const {
+        return std::uint64_t{o.bs} == std::uint64_t{heads} * q_len * dv;
+    }
+    [[nodiscard]] std::uint32_t mask_flags() const {
+        return (causal ? contract::FLASH_CAUSAL : 0u) | (mask ? contract::FLASH_MASK : 0u) |
+               (additive ? contract::FLASH_ADDITIVE : 0u);
+    }
+    /// The push block of flash.comp and flash_weights.comp (keys: all of them; no chunk flags).
+    [[nodiscard]] contract::flash_push push() const {
+        contract::flash_push p{};
+        p.q_len = q_len, p.kv_len = kv_len, p.d = d, p.dv = dv;
+        p.q_bs = q.bs, p.q_hs = q.hs, p.q_rs = q.rs;
+        p.k_bs = k.bs, p.k_hs = k.hs, p.k_rs = k.rs;
+        p.v_bs = v.bs, p.v_hs = v.hs, p.v_rs = v.rs;
+        p.a_bs = a_bs, p.o_hs = o.hs, p.o_rs = o.rs;  // o.bs is heads·L·Ev (checked by the planners)
+        p.k_off = k_off, p.v_off = v_off;
+        p.heads = heads, p.group = group();
+        p.causal_offset = causal_offset;
+        p.m_bs = m_bs, p.m_hs = m_hs, p.m_rs = m_rs, p.m_cs = m_cs;
+        p.scale = scale;
+        p.flags = mask_flags();
+        p.kv_begin = 0, p.kv_stop = kv_len;
+        return p;
+    }
+};
+
+/// The buffers a fused kernel reads and writes. `state` holds (max, sum) per (batch, head, row):
+/// needed when the keys are split into chunks or the weights are asked for.
+struct flash_io {
+    binding qkv, mask_bits, additive, out, state;
+};
+
+}  // namespace qkv::vulkan::detail

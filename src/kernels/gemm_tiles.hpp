@@ -1,0 +1,70 @@
+// The matrix products' and the staged softmax's per-device choices (tiles, K chunks, workgroup
+// sizes): pure functions of a device description, so they are unit-tested against fake devices
+// without one (tests/plan_test.cpp). make_plan (src/plan.cpp) makes every choice of a call.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qkv/vulkan/device_info.hpp"
+#include "qkv/vulkan/problem.hpp"
+#include "vk/shaders.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// The most loop iterations one invocation may run on a CPU implementation: llvmpipe ends every
+/// loop of an invocation silently once 65,535 iterations have run in total (LP_MAX_TGSI_LOOP_ITERATIONS).
+inline constexpr std::uint64_t cpu_loop_limit = 65535;
+
+/// True when the matrix products use the CPU-device family (gemm_core.glsl, QKV_GEMM_CPU).
+bool cpu_kernels(const device_info& info, qkv::kernel_family requested);
+
+/// Tile shape of the matrix product (specialization constants GEMM_SPEC_*, contract/gemm.h).
+/// GPU family: BM x BN tiles through shared memory, BK deep, TM x TN per invocation.
+/// CPU family (`cpu`): `lanes` invocations, BM rows x BN = lanes·TN columns per workgroup, the k
+/// loop unrolled BK times, no shared memory (TM = BM).
+struct gemm_tiles {
+    std::uint32_t bm = 64, bn = 64, bk = 16, tm = 4, tn = 4;
+    bool cpu = false;
+    [[nodiscard]] std::uint32_t threads() const { return (bm / tm) * (bn / tn); }
+    [[nodiscard]] std::uint32_t shared_bytes() const { return cpu ? 0 : (bm + bn) * bk * 4; }
+    [[nodiscard]] std::vector<std::uint32_t> spec() const;
+    /// Loop iterations one invocation runs (an upper bound, counting every loop the shader keeps
+    /// as a loop) for an inner dimension of `k`.
+    [[nodiscard]] std::uint64_t loop_iterations(std::uint64_t k) const;
+};
+
+/// Tiles for an M x N product on this device: the largest of a few shapes that fits the
+/// device's shared memory and workgroup limits, smaller when the product itself is small.
+/// `cpu`: the CPU-device family, one subgroup per workgroup.
+gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint64_t n, bool cpu = false);
+
+/// Tiles of the projection's CPU-family kernel (project.comp's rows variant): one subgroup per
+/// workgroup, each lane owning TM rows, every lane sharing the BN = TN columns.
+gemm_tiles choose_projection_tiles_cpu(const device_info& info, std::uint64_t m, std::uint64_t n);
+
+/// How much of K one dispatch of the product covers: all of it, except on CPU implementations,
+/// where each dispatch covers as many BK steps as keep one invocation under cpu_loop_limit.
+std::uint32_t gemm_chunk_k(const device_info& info, const gemm_tiles& tiles, std::uint32_t k);
+
+/// Loop iterations one softmax invocation runs for rows of `cols` (an upper bound).
+std::uint64_t softmax_loop_iterations(std::uint32_t workgroup, std::uint32_t cols, std::uint32_t subgroup_size,
+                                      bool subgroup_arithmetic);
+
+/// Workgroup size of the softmax: a power of two no larger than the row needs or the device allows.
+std::uint32_t softmax_workgroup(const device_info& info, std::uint64_t cols);
+
+/// One matrix product of a call as the plan chose it: the shader (of the chosen family), its
+/// tiles, and how much of K each dispatch covers.
+struct gemm_step {
+    shader_id shader = shader_id::project;
+    gemm_tiles tiles;
+    std::uint32_t chunk_k = 1;
+};
+
+/// The product C (m x n) = A (m x k) · B with `shader` (project, scores, aggregate, or their
+/// _f16): its CPU-family twin where `cpu`, the projection's rows variant there, tiles and K chunk.
+gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::uint64_t m, std::uint64_t n,
+                    std::uint32_t k);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,233 @@
+#include "kernels/range_guard.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+using contract::range_guard_push;  // shaders/contract/range_guard.h
+
+constexpr std::uint32_t chunk_columns = 4096;  // 2 x 4096 loop iterations per invocation at most
+constexpr std::uint32_t workgroup = contract::RANGE_GUARD_WORKGROUP;
+constexpr std::uint32_t header_words = contract::RANGE_GUARD_HEADER_WORDS;
+constexpr std::uint32_t no_index = contract::RANGE_GUARD_NO_INDEX;
+constexpr double two_to_32 = 4294967296.0;
+constexpr double score_limit = 0x1p127;  // scores and value sums: FLT_MAX / 2, a factor 2 of headroom
+constexpr double float_max = FLT_MAX;
+// A float32 sum rounds to inf only from FLT_MAX + half an ulp (2^103) on; a quarter ulp keeps a
+// margin. So a mask of -FLT_MAX (torch.finfo(float32).min) stays legal next to ordinary scores.
+constexpr double sum_limit = float_max + 0x1p102;
+
+std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
+
+std::uint64_t result_bytes(const plan& p) { return 4 * (header_words + 3ull * p.batch * p.heads); }
+
+void ensure(allocator& alloc, buffer& b, std::uint64_t need, memory_use use, const char* what) {
+    if (b && b.size() >= need && b.size() <= 2 * need + 4096) return;
+    b.reset();
+    b = alloc.create((need + 255) / 256 * 256, use, what);
+}
+
+bool all_finite(std::span<const float> values) {
+    // Branch-free over the bits, so the compiler can vectorise it: exponent all ones = inf or NaN.
+    std::uint32_t bad = 0;
+    for (const float f : values) {
+        const auto u = std::bit_cast<std::uint32_t>(f);
+        bad |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+std::string number(double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g", v);
+    return text;
+}
+
+const char* advice(const plan& p) {
+    return p.fp16 ? "use precision fp32 instead of fp16, scale the inputs down, or use the float64 cpu backend "
+                    "(qkv::cpu::attention; qkv attention --backend cpu)"
+                  : "scale the inputs down, or use the float64 cpu backend (qkv::cpu::attention; qkv attention "
+                    "--backend cpu)";
+}
+
+/// The exact (float64) value of element `col` of projected row `row`: Q, K or V.
+double exact_projection(const attention_problem& problem, std::size_t row, std::size_t col) {
+    const attention_shape& s = problem.shape;
+    std::span<const float> w = problem.wq, b = problem.bq;
+    std::size_t width = s.d_k;
+    if (col >= 2 * s.d_k) {
+        col -= 2 * s.d_k;
+        w = problem.wv, b = problem.bv, width = s.d_v;
+    } else if (col >= s.d_k) {
+        col -= s.d_k;
+        w = problem.wk, b = problem.bk;
+    }
+    double sum = b.empty() ? 0.0 : static_cast<double>(b[col]);
+    for (std::size_t k = 0; k < s.d_in; ++k)
+        sum += static_cast<double>(problem.x[row * s.d_in + k]) * static_cast<double>(w[k * width + col]);
+    return sum;
+}
+
+[[noreturn]] void nonfinite_projection(const plan& p, const attention_problem& problem, std::uint32_t index) {
+    const std::size_t row = index / p.ld, col = index % p.ld;
+    const std::size_t b = row / p.seq, i = row % p.seq;
+    const char* which = col < p.d_k ? "Q" : col < 2ull * p.d_k ? "K" : "V";
+    const std::size_t c = col < p.d_k ? col : col < 2ull * p.d_k ? col - p.d_k : col - 2ull * p.d_k;
+    const double exact = exact_projection(problem, row, col);
+    const double limit = p.fp16 ? 65504.0 : float_max;
+    std::string message = std::string("numeric overflow in the Q|K|V projection: ") + which + "[batch " +
+                          std::to_string(b) + ", position " + std::to_string(i) + ", column " + std::to_string(c) +
+                          "] is " + number(exact) + " (computed in float64)";
+    if (std::fabs(exact) > limit)
+        message += p.fp16 ? ", beyond float16's largest value 65504, so it cannot be stored in fp16"
+                          : ", beyond float32's largest value " + number(float_max);
+    else
+        message +=
+            ", but its float32 sum over d_in overflowed on the way (a partial sum beyond " + number(float_max) + ")";
+    throw numeric_overflow(message + "; every input is finite; " + advice(p));
+}
+
+}  // namespace
+
+input_facts scan_inputs(const attention_problem& problem) {
+    input_facts f;
+    f.projection_inputs_finite = all_finite(problem.x) && all_finite(problem.wq) && all_finite(problem.wk) &&
+                                 all_finite(problem.wv) && all_finite(problem.bq) && all_finite(problem.bk) &&
+                                 all_finite(problem.bv);
+    f.output_inputs_finite = all_finite(problem.wo) && all_finite(problem.bo);
+    float largest = 0.0f;
+    bool poison = false;
+    for (const float a : problem.additive_mask) {
+        const float m = std::fabs(a);
+        if (m <= FLT_MAX) {
+            largest = std::max(largest, m);
+        } else if (!(a < 0.0f)) {
+            poison = true;  // NaN or +inf (-inf masks)
+        }
+    }
+    f.additive_max = largest;
+    f.additive_nan_or_pos_inf = poison;
+    return f;
+}
+
+void prepare_range_guard(allocator& alloc, range_guard_buffers& bufs, const plan& p) {
+    const std::uint64_t bytes = result_bytes(p);
+    ensure(alloc, bufs.device, bytes, memory_use::device, "range guard result");
+    ensure(alloc, bufs.host, bytes, memory_use::readback, "range guard readback");
+}
+
+void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
+                        binding qkv) {
+    const std::uint64_t bytes = result_bytes(p);
+    auto* words = reinterpret_cast<std::uint32_t*>(bufs.host.mapped());
+    std::fill(words, words + bytes / 4, 0u);
+    words[0] = no_index;
+    bufs.host.flush();
+
+    range_guard_push push{};
+    push.rows = p.batch * p.seq;
+    push.seq = p.seq;
+    push.ld = p.ld;
+    push.heads = p.heads;
+    push.d_k = p.d_k;
+    push.dh = p.d_k / p.heads;
+    push.dvh = p.d_v / p.heads;
+    push.chunk = chunk_columns;
+    push.chunks_k = ceil_div(push.dh, chunk_columns);
+    push.chunks_v = ceil_div(push.dvh, chunk_columns);
+    const std::uint64_t segments = std::uint64_t{p.heads} * (2ull * push.chunks_k + push.chunks_v);
+    if (segments > 0xffffffffull) throw limit_exceeded("range guard: too many heads and chunks in one call");
+
+    exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    const pipeline& pipe = pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, {});
+    const std::uint32_t groups[3] = {ceil_div(push.rows, workgroup), static_cast<std::uint32_t>(segments), 1};
+    exec.dispatch(pipe, {qkv, {bufs.device.handle(), 0, bytes}}, &push, groups);
+    exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                 VK_ACCESS_TRANSFER_READ_BIT);
+    exec.copy(bufs.device.handle(), 0, bufs.host.handle(), 0, bytes);
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                 VK_ACCESS_HOST_READ_BIT);
+}
+
+void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem& problem,
+                       const input_facts& facts) {
+    bufs.host.invalidate();
+    const auto* words = reinterpret_cast<const std::uint32_t*>(bufs.host.mapped());
+    if (words[0] != no_index && facts.projection_inputs_finite) nonfinite_projection(p, problem, words[0]);
+
+    const std::uint32_t dh = p.d_k / p.heads;
+    const double chunks = std::ceil(static_cast<double>(dh) / chunk_columns);
+    // Rounding in the guard's own float32 norms (and in the kernels' sums): a relative margin.
+    const double margin = 1.0 + (2.0 * std::min(dh, chunk_columns) + 16.0) * 0x1p-24;
+    const double scale = std::max(1.0, std::fabs(static_cast<double>(p.scale)));
+    const auto value_of = [&](std::size_t word) { return static_cast<double>(std::bit_cast<float>(words[word])); };
+    for (std::uint32_t b = 0; b < p.batch; ++b)
+        for (std::uint32_t h = 0; h < p.heads; ++h) {
+            const std::size_t at = header_words + 3ull * (std::size_t{b} * p.heads + h);
+            const double q = value_of(at) * two_to_32, k = value_of(at + 1) * two_to_32, v = value_of(at + 2);
+            const double scores = scale * q * k * chunks * margin;
+            // Kernels may multiply Q (or K) by the scale before the dot products.
+            const double scaled_rows = scale * std::max(q, k) * std::sqrt(chunks) * margin;
+            if (!(scaled_rows <= score_limit))
+                throw numeric_overflow("numeric overflow in the attention scores: max(1, |scale|) x the largest " +
+                                       std::string(q >= k ? "Q" : "K") + " row norm of batch " + std::to_string(b) +
+                                       ", head " + std::to_string(h) + " is " + number(scaled_rows) +
+                                       ", beyond 2^127 = " + number(score_limit) +
+                                       ", the most the Vulkan backend computes a score to in float32; every input "
+                                       "is finite; " +
+                                       advice(p));
+            const std::string where = "batch " + std::to_string(b) + ", head " + std::to_string(h);
+            if (!(scores <= score_limit) || !(scores + facts.additive_max <= sum_limit)) {
+                std::string message = "numeric overflow in the attention scores: |Q·Kᵀ·scale| of " + where +
+                                      " can reach " + number(scores) + " (largest row norms |q| " + number(q) +
+                                      " and |k| " + number(k) + ", scale " + number(p.scale) + ")";
+                if (scores <= score_limit)
+                    message += ", plus the additive mask's largest finite entry " + number(facts.additive_max) +
+                               ", which leaves float32's range (" + number(float_max) + ")";
+                else
+                    message += ", beyond 2^127 = " + number(score_limit) +
+                               ", the most the Vulkan backend computes a score to in float32";
+                throw numeric_overflow(message + "; every input is finite; " + advice(p));
+            }
+            const double values = static_cast<double>(p.seq) * v * margin;
+            if (!(values <= score_limit))
+                throw numeric_overflow("numeric overflow in the value sums: seq x max|V| of " + where + " is " +
+                                       std::to_string(p.seq) + " x " + number(v) + " = " + number(values) +
+                                       ", beyond 2^127 = " + number(score_limit) +
+                                       ", the most the Vulkan backend accumulates to in float32; " + advice(p));
+        }
+}
+
+void check_outputs(const attention_output& result, const plan& p, const input_facts& facts) {
+    if (!facts.every_output_defined()) return;
+    const auto bad = [](float f) { return !std::isfinite(f); };
+    if (const auto it = std::find_if(result.output.begin(), result.output.end(), bad); it != result.output.end()) {
+        const std::size_t index = static_cast<std::size_t>(it - result.output.begin());
+        const std::size_t width = result.shape.out_width();
+        throw numeric_overflow("numeric overflow: output[batch " + std::to_string(index / width / p.seq) +
+                               ", position " + std::to_string(index / width % p.seq) + ", column " +
+                               std::to_string(index % width) + "] is " + number(*it) +
+                               " though every input is finite (" +
+                               (p.d_out ? "the output projection or an earlier float32 sum" : "a float32 sum") +
+                               " left float32's range); " + advice(p));
+    }
+    if (std::any_of(result.weights.begin(), result.weights.end(), bad))
+        throw numeric_overflow(std::string("numeric overflow: a returned attention weight is not finite though every "
+                                           "input is finite; ") +
+                               advice(p));
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,186 @@
+#include "kernels/sdpa_decode.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+using namespace qkv::contract;
+
+std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
+bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+std::uint32_t next_power_of_two(std::uint32_t v) {
+    std::uint32_t p = 1;
+    while (p < v) p *= 2;
+    return p;
+}
+
+// llvmpipe ends every loop of an invocation after 65,535 iterations in all, silently. Each plan
+// keeps its bound (decode_plan::max_loop) at or below this, a quarter of the limit.
+constexpr std::uint32_t loop_budget = 16384;
+// The merge loops twice over a row's chunks.
+constexpr std::uint32_t max_chunks_total = 4096;
+// Workgroups a call aims for (row blocks x chunks x groups): enough for every thread of a CPU
+// device (llvmpipe gives each thread a contiguous range), and for the compute units of a GPU.
+constexpr std::uint32_t target_groups_cpu = 64, target_groups_gpu = 512;
+// No chunk shorter than this (unless the keys run out): below it the partials cost more than the
+// parallelism gains.
+constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
+
+}  // namespace
+
+std::vector<std::uint32_t> decode_plan::spec() const {
+    std::vector<std::uint32_t> s(DECODE_SPEC_COUNT);
+    s[DECODE_SPEC_WG] = wg;
+    s[DECODE_SPEC_RPI] = rpi;
+    s[DECODE_SPEC_KPS] = kps;
+    s[DECODE_SPEC_E4] = e4;
+    s[DECODE_SPEC_EV4] = ev4;
+    s[DECODE_SPEC_MASKS] = masks;
+    s[DECODE_SPEC_SUBGROUP] = subgroup ? 1u : 0u;
+    return s;
+}
+
+decode_plan plan_decode(const device_info& info, const decode_request& r) {
+    const sdpa_shape& s = r.shape;
+    decode_plan p;
+    p.family = r.kernel != kernel_family::automatic ? r.kernel
+               : info.type == device_type::cpu      ? kernel_family::cpu
+                                                    : kernel_family::gpu;
+    const std::uint64_t rows = std::uint64_t{s.q_heads / s.kv_heads} * s.q_len;
+    const std::uint64_t groups = std::uint64_t{s.batch} * s.kv_heads;
+    if (rows > 0xffffu || groups * rows > 0xffffffu || s.d_qk > 4096 || s.d_v > 4096 || s.kv_len > 0x7fffffffu)
+        throw limit_exceeded("the decode kernel takes at most 65,535 query rows per K/V head (G x q_len = " +
+                             std::to_string(rows) + "), head widths of at most 4,096 and 2^31 keys");
+    p.rows = static_cast<std::uint32_t>(rows);
+    p.groups = static_cast<std::uint32_t>(groups);
+    p.q_len = static_cast<std::uint32_t>(s.q_len);
+    p.kv_len = static_cast<std::uint32_t>(s.kv_len);
+    p.kv_stride = std::max(r.kv_stride, p.kv_len);
+    p.dv = static_cast<std::uint32_t>(s.d_v);
+    p.e4 = ceil_div(s.d_qk, 4);
+    p.ev4 = ceil_div(s.d_v, 4);
+    p.masks = r.masks;
+    const std::uint32_t max_wg = std::max<std::uint32_t>(info.max_workgroup_invocations, 1);
+    const std::uint32_t widest = std::max(p.e4, p.ev4);
+
+    std::uint32_t step = 0;            // keys per loop iteration
+    std::uint32_t per_step_loops = 1;  // loop iterations per step
+    std::uint32_t target = 0, min_chunk = 0;
+    if (p.family == kernel_family::cpu) {
+        // One subgroup per workgroup (never assumed: 8 where the device reports none usable).
+        p.wg = info.subgroup_size;
+        if (!power_of_two(p.wg) || p.wg > max_wg) {
+            p.wg = 8;
+            while (p.wg > max_wg) p.wg /= 2;
+        }
+        // Rows per lane: enough for the group's rows in one block, within the unrolled body that
+        // LLVM builds in a few seconds (rows x texels per row <= 32, as the fused cpu family).
+        p.rpi = 1;
+        while (p.rpi * p.wg < p.rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
+        p.kps = p.rpi <= 2 ? 8 : 4;
+        p.row_blocks = ceil_div(p.rows, std::uint64_t{p.wg} * p.rpi);
+        step = p.kps;
+        target = target_groups_cpu, min_chunk = min_chunk_cpu;
+    } else {
+        p.wg = std::max<std::uint32_t>(64, power_of_two(info.subgroup_size) ? info.subgroup_size : 1);
+        while (p.wg > max_wg) p.wg /= 2;
+        p.subgroup = info.subgroup_arithmetic && power_of_two(info.subgroup_size);
+        p.rpi = std::min<std::uint32_t>(8, next_power_of_two(p.rows));
+        const std::uint32_t shared = std::max<std::uint32_t>(info.max_shared_memory, 16384);
+        while (p.rpi > 1 && p.rpi * p.e4 * 16 + 2 * p.rpi * p.wg * 4 > shared) p.rpi /= 2;
+        if (p.rpi * p.e4 * 16 + 2 * p.rpi * p.wg * 4 > shared)
+            throw limit_exceeded("the gpu decode kernel needs more shared memory than " + std::to_string(shared) +
+                                 " bytes for d_qk = " + std::to_string(s.d_qk));
+        p.kps = p.wg;
+        p.row_blocks = ceil_div(p.rows, p.rpi);
+        step = p.wg;
+        // Per tile: the value loop (wg keys per output the invocation owns), the maxima (rows x
+        // subgroups, or log2 wg), the tile itself.
+        const std::uint32_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
+        per_step_loops = outs * p.wg + p.rpi * p.wg + 32 + 1;
+        target = target_groups_gpu, min_chunk = min_chunk_gpu;
+    }
+
+    // The split: P chunks of `chunk` keys.
+    const std::uint32_t keys = std::max<std::uint32_t>(p.kv_len, 1);
+    const std::uint64_t max_chunk =
+        std::max<std::uint64_t>(step, std::uint64_t{loop_budget / per_step_loops} * step);  // loop limit
+    const std::uint64_t base = std::uint64_t{p.row_blocks} * p.groups;
+    std::uint64_t want = r.max_chunks ? r.max_chunks : std::max<std::uint64_t>(1, (target + base - 1) / base);
+    want = std::min<std::uint64_t>(want, r.max_chunks ? want : std::max<std::uint64_t>(1, keys / min_chunk));
+    want = std::max<std::uint64_t>(want, (keys + max_chunk - 1) / max_chunk);
+    std::uint64_t chunk = (keys + want - 1) / want;
+    chunk = (chunk + step - 1) / step * step;
+    p.chunk = static_cast<std::uint32_t>(chunk);
+    p.chunks = ceil_div(keys, chunk);
+    if (p.chunks > max_chunks_total)
+        throw limit_exceeded("the decode kernel would split kv_len = " + std::to_string(p.kv_len) + " into " +
+                             std::to_string(p.chunks) + " chunks; at most " + std::to_string(max_chunks_total));
+    p.max_loop = std::max<std::uint32_t>(ceil_div(p.chunk, step) * per_step_loops, p.chunks);
+    return p;
+}
+
+bool decode_suits(const sdpa_shape& s, bool return_weights) {
+    if (return_weights || s.kv_heads == 0) return false;
+    const std::size_t rows = s.q_heads / s.kv_heads * s.q_len;
+    return s.q_len <= 16 && rows <= 64 && s.kv_len >= 1024;
+}
+
+contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem) {
+    decode_push c{};
+    c.rows = plan.rows;
+    c.q_len = plan.q_len;
+    c.kv_len = plan.kv_len;
+    c.kv_stride = plan.kv_stride;
+    c.chunk = plan.chunk;
+    c.chunks = plan.chunks;
+    c.row_blocks = plan.row_blocks;
+    c.scale = problem.options.scale ? *problem.options.scale : default_scale(problem.shape);
+    c.causal_offset = static_cast<int>(causal_offset(problem.shape, problem.options.alignment));
+    c.q_heads = static_cast<std::uint32_t>(problem.shape.q_heads);
+    c.kv_heads = static_cast<std::uint32_t>(problem.shape.kv_heads);
+    if (!problem.mask.empty() || !problem.additive_mask.empty()) {
+        const mask_strides m = broadcast_strides(problem.mask_shape, problem.shape);
+        c.mask_b = static_cast<std::uint32_t>(m.batch);
+        c.mask_h = static_cast<std::uint32_t>(m.head);
+        c.mask_i = static_cast<std::uint32_t>(m.row);
+        c.mask_j = static_cast<std::uint32_t>(m.col);
+    }
+    return c;
+}
+
+void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                   const contract::decode_push& push) {
+    std::vector<VkDescriptorType> types(DECODE_BINDINGS, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER);
+    types[DECODE_BINDING_Q] = types[DECODE_BINDING_K] = types[DECODE_BINDING_V] =
+        VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    const shader_id id = plan.family == kernel_family::cpu ? shader_id::sdpa_decode_cpu : shader_id::sdpa_decode_gpu;
+    const pipeline& kernel = pipes.get(id, types, sizeof(decode_push), plan.spec());
+    static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
+                      DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
+                      DECODE_BINDINGS == 7,
+                  "the binding list below follows the contract's order");
+    const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
+    exec.dispatch(kernel, {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc}, &push,
+                  groups);
+    exec.compute_barrier();
+
+    decode_merge_push m{};
+    m.rows = plan.rows;
+    m.q_len = plan.q_len;
+    m.chunks = plan.chunks;
+    m.dv = plan.dv;
+    m.dv_stride = plan.ev4 * 4;
+    m.groups = plan.groups;
+    static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 && MERGE_BINDINGS == 3);
+    const pipeline& merge = pipes.get(shader_id::sdpa_merge, MERGE_BINDINGS, sizeof m, {});
+    const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
+                                           1, 1};
+    exec.dispatch(merge, {io.stats, io.acc, io.out}, &m, merge_groups);
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,81 @@
+// Split-S decode (flash-decoding) for small q_len and long kv_len: shaders/sdpa_decode.comp (cpu
+// and gpu variants) writes partial softmax states per chunk of keys, shaders/sdpa_merge.comp
+// combines them in a fixed order. Plan in (a pure function of the shape and the device
+// description, unit-testable with fake devices), commands recorded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../shaders/contract/decode.h"
+#include "qkv/runtime/sdpa.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "vk/executor.hpp"
+#include "vk/pipelines.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// What a decode call asks for.
+struct decode_request {
+    sdpa_shape shape{};
+    std::uint32_t kv_stride = 0;  ///< rows per (batch, kv head) in the K/V texel buffers (>= kv_len)
+    std::uint32_t masks = 0;      ///< contract::DECODE_MASK_* bits
+    kernel_family kernel = kernel_family::automatic;
+    /// 0: the split is chosen for the device; n > 0: at most n chunks (1 = no split), unless the
+    /// per-invocation loop limit needs more.
+    std::uint32_t max_chunks = 0;
+};
+
+/// The decode kernel's shape for one call.
+struct decode_plan {
+    kernel_family family = kernel_family::cpu;
+    bool subgroup = false;  ///< gpu variant: tile maxima by subgroupMax (else a shared-memory tree)
+    std::uint32_t wg = 8;   ///< invocations per workgroup
+    std::uint32_t rpi = 1;  ///< cpu: rows per invocation; gpu: rows per workgroup
+    std::uint32_t kps = 8;  ///< cpu: keys per step; gpu: keys per tile (= wg)
+    std::uint32_t e4 = 1, ev4 = 1, masks = 0;
+    std::uint32_t groups = 0;  ///< batch x kv_heads
+    std::uint32_t rows = 0;    ///< G x q_len rows per group
+    std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, dv = 0;
+    std::uint32_t row_blocks = 0;  ///< per group
+    std::uint32_t chunk = 0;       ///< keys per chunk, a multiple of kps
+    std::uint32_t chunks = 0;      ///< P
+    std::uint32_t max_loop = 0;    ///< an upper bound of the loop iterations of one invocation
+
+    [[nodiscard]] std::uint64_t q_texels() const { return std::uint64_t{groups} * rows * e4; }
+    [[nodiscard]] std::uint64_t partials() const { return std::uint64_t{groups} * rows * chunks; }
+    [[nodiscard]] std::uint64_t stats_bytes() const { return partials() * 8; }
+    [[nodiscard]] std::uint64_t acc_bytes() const { return partials() * ev4 * 16; }
+    [[nodiscard]] std::uint64_t out_bytes() const { return std::uint64_t{groups} * rows * dv * 4; }
+    [[nodiscard]] std::vector<std::uint32_t> spec() const;
+};
+
+/// Plans a decode call on a device described by `info`. Throws limit_exceeded when the shape
+/// cannot be run (more chunks or rows than the kernel supports).
+decode_plan plan_decode(const device_info& info, const decode_request& request);
+
+/// Whether the split-S decode kernels suit this problem better than the fused ones: few query
+/// rows per K/V head (small q_len), many keys, no attention weights requested.
+bool decode_suits(const sdpa_shape& shape, bool return_weights);
+
+/// Runs a validated problem with host K/V through the decode kernels: K and V go into a
+/// temporary kv_cache of ctx (src/kv_cache.cpp), then context::sdpa(problem, cache). For
+/// context::sdpa when decode_suits the problem.
+sdpa_output sdpa_through_cache(context& ctx, const sdpa_problem& problem);
+
+/// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), the cache's K and V views, the
+/// masks (bound to any buffer when absent), the partial states and the output (B, Hq, L, Ev).
+struct decode_io {
+    VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    binding mask, additive, stats, acc, out;
+};
+
+/// The push block's per-problem fields: scale, causal offset, head counts and mask strides.
+contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem);
+
+/// Records the decode dispatch, a barrier and the merge dispatch.
+void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                   const contract::decode_push& push);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,46 @@
+#include "kernels/stages.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
+
+}  // namespace
+
+void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
+                 const gemm_push& push, std::uint32_t batches) {
+    const pipeline& p = pipes.get(step.shader, step.tiles.spec());
+    const std::uint32_t groups[3] = {ceil_div(push.M, step.tiles.bm), ceil_div(push.N, step.tiles.bn), batches};
+    const std::uint32_t chunk = step.chunk_k;
+    // A K of 0 (no inner dimension) is one dispatch that stores zeros (plus bias, scale, masks).
+    for (std::uint32_t begin = 0; begin < std::max(push.K, 1u); begin += chunk) {
+        gemm_push part = push;
+        part.k_begin = begin;
+        part.K = std::min(push.K - std::min(push.K, begin), chunk);
+        part.a_off = push.a_off + begin;              // A's columns are contiguous
+        part.b_off = push.b_off + begin * push.b_rs;  // B's rows are b_rs apart
+        if (begin > 0) part.flags |= flag_gemm_accumulate;
+        if (std::uint64_t{begin} + chunk < push.K) part.flags |= flag_gemm_partial;
+        if (begin > 0) exec.compute_barrier();
+        exec.dispatch(p, bindings, &part, groups);
+    }
+}
+
+void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
+                    std::uint32_t rows, std::uint32_t cols) {
+    std::vector<std::uint32_t> spec(1);
+    spec[contract::SOFTMAX_SPEC_WORKGROUP] = workgroup;
+    const pipeline& p = pipes.get(shader, spec);
+    softmax_push push{};
+    push.cols = cols;
+    push.rows = rows;
+    const std::uint32_t groups[3] = {rows, 1, 1};
+    exec.dispatch(p, {scores}, &push, groups);
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,222 @@
+// qkv::cpu — the float64 reference backend. Straight loops, every sum in double, results rounded
+// to the caller's type once, when stored. No state outside a call.
+#include "qkv/runtime/cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/runtime/error.hpp"
+#include "runtime/parallel_for.hpp"
+
+namespace qkv::cpu {
+namespace {
+
+using detail::parallel_for;
+using detail::rows_per_item;
+
+/// out (rows x d) = in (rows x d_in) · w (d_in x d) + b, row by row, in double. `In` is float
+/// or double (the caller's inputs, or the concatenated heads); `W`, the caller's weight type.
+/// For each output element the sum runs over k in order, starting from the bias.
+template <class In, class W>
+void project(std::span<const In> in, std::size_t rows, std::size_t d_in, std::span<const W> w, std::span<const W> b,
+             std::size_t d, std::span<double> out) {
+    const std::size_t work = rows * d_in * d;
+    const std::size_t items = (rows + rows_per_item - 1) / rows_per_item;
+    parallel_for(items, work, [&](std::size_t item) {
+        const std::size_t first = item * rows_per_item, last = std::min(rows, first + rows_per_item);
+        for (std::size_t i = first; i < last; ++i) {
+            double* acc = out.data() + i * d;
+            for (std::size_t c = 0; c < d; ++c) acc[c] = b.empty() ? 0.0 : static_cast<double>(b[c]);
+            // i-k-c order: row k of w is read contiguously.
+            for (std::size_t k = 0; k < d_in; ++k) {
+                const double xv = static_cast<double>(in[i * d_in + k]);
+                const W* wk = w.data() + k * d;
+                for (std::size_t c = 0; c < d; ++c) acc[c] += xv * static_cast<double>(wk[c]);
+            }
+        }
+    });
+}
+
+/// The shared computation: `T` is the type results are stored in (float or double).
+template <class T>
+struct results {
+    std::vector<T> output;
+    std::vector<T> weights;
+};
+
+/// `T`: the type results are stored in; `Problem`: attention_problem or attention_problem_f64.
+template <class T, class Problem>
+results<T> compute(const Problem& p) {
+    using input = typename decltype(p.x)::value_type;  // float or double
+    validate(p);
+
+    const attention_shape& s = p.shape;
+    const run_options& opt = p.options;
+    const std::size_t B = s.batch, N = s.seq, H = s.heads;
+    const std::size_t dk = s.d_k, dv = s.d_v;
+    const std::size_t dkh = dk / H, dvh = dv / H;  // per-head widths
+    const std::size_t rows = B * N;
+    // The exact default scale (default_scale() returns it rounded to float).
+    const double scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(dkh));
+    const bool batched_mask = p.mask.size() == B * N * N;
+    const bool batched_additive = p.additive_mask.size() == B * N * N;
+    constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
+    // Projections for every batch element: Q, K (rows x d_k) and V (rows x d_v).
+    std::vector<double> q(rows * dk), k(rows * dk), v(rows * dv);
+    project<input, input>(p.x, rows, s.d_in, p.wq, p.bq, dk, q);
+    project<input, input>(p.x, rows, s.d_in, p.wk, p.bk, dk, k);
+    project<input, input>(p.x, rows, s.d_in, p.wv, p.bv, dv, v);
+    // Kᵀ per batch element (d_k x seq), so a row's scores are built a column of K at a time,
+    // contiguous over the keys j: the loop vectorises and each dot still sums c in order.
+    std::vector<double> kt(k.size());
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t j = 0; j < N; ++j)
+            for (std::size_t c = 0; c < dk; ++c) kt[(b * dk + c) * N + j] = k[(b * N + j) * dk + c];
+    k = {};
+
+    results<T> r;
+    if (opt.return_weights) r.weights.assign(B * H * N * N, T{});
+    std::vector<double> concat(rows * dv, 0.0);  // head outputs side by side; zero = fully masked
+
+    // Work item = (batch element, head, block of query rows); items write disjoint rows of
+    // `concat` and `r.weights`.
+    const std::size_t blocks = (N + rows_per_item - 1) / rows_per_item;
+    const std::size_t items = B * H * blocks;
+    const std::size_t work = B * H * N * N * (dkh + dvh + 1);
+    parallel_for(items, work, [&](std::size_t item) {
+        const std::size_t b = item / (H * blocks), h = (item / blocks) % H, block = item % blocks;
+        const std::size_t first = block * rows_per_item, last = std::min(N, first + rows_per_item);
+        const double* qb = q.data() + b * N * dk + h * dkh;      // row i of head h: qb + i * dk
+        const double* ktb = kt.data() + (b * dk + h * dkh) * N;  // column c of head h's keys: ktb + c * N
+        const double* vb = v.data() + b * N * dv + h * dvh;
+        const std::uint8_t* mask = p.mask.empty() ? nullptr : p.mask.data() + (batched_mask ? b * N * N : 0);
+        const input* additive =
+            p.additive_mask.empty() ? nullptr : p.additive_mask.data() + (batched_additive ? b * N * N : 0);
+
+        std::vector<double> score(N);           // this row's scores; then exp(score - max)
+        std::vector<unsigned char> allowed(N);  // not vector<bool>: plain bytes
+        std::vector<double> acc(dvh);
+        for (std::size_t i = first; i < last; ++i) {
+            // Scores of row i: (q_i · k_j) · scale + additive; an entry is allowed if the boolean
+            // mask and causality allow it and its final score is not -inf.
+            const double* qi = qb + i * dk;
+            const std::size_t keys = opt.causal ? i + 1 : N;  // later keys are masked anyway
+            std::fill(score.begin(), score.end(), 0.0);
+            for (std::size_t c = 0; c < dkh; ++c) {
+                const double qc = qi[c];
+                const double* kc = ktb + c * N;
+                for (std::size_t j = 0; j < keys; ++j) score[j] += qc * kc[j];
+            }
+            bool any = false, has_nan = false;
+            double max = neg_inf;
+            for (std::size_t j = 0; j < N; ++j) {
+                const double sc = score[j] * scale + (additive ? static_cast<double>(additive[i * N + j]) : 0.0);
+                const bool ok = (!mask || mask[i * N + j] != 0) && (!opt.causal || j <= i) && sc != neg_inf;
+                score[j] = sc;
+                allowed[j] = ok;
+                if (!ok) continue;
+                if (std::isnan(sc)) has_nan = true;
+                if (!any || sc > max) max = sc;
+                any = true;
+            }
+
+            T* wrow = r.weights.empty() ? nullptr : r.weights.data() + ((b * H + h) * N + i) * N;
+            double* out = concat.data() + (b * N + i) * dv + h * dvh;
+            if (!any) continue;  // fully masked: zero weights, zero head output (already zero)
+            if (has_nan) {       // as PyTorch: a NaN among the allowed scores poisons the row
+                if (wrow) std::fill(wrow, wrow + N, static_cast<T>(nan));
+                std::fill(out, out + dvh, nan);
+                continue;
+            }
+
+            // Stable softmax: subtracting the row's max keeps every exponent <= 0.
+            double sum = 0.0;
+            for (std::size_t j = 0; j < N; ++j) {
+                score[j] = allowed[j] ? std::exp(score[j] - max) : 0.0;
+                sum += score[j];
+            }
+            // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf).
+            std::fill(acc.begin(), acc.end(), 0.0);
+            for (std::size_t j = 0; j < N; ++j) {
+                if (!allowed[j]) continue;
+                const double w = score[j] / sum;
+                if (wrow) wrow[j] = static_cast<T>(w);
+                const double* vj = vb + j * dv;
+                for (std::size_t c = 0; c < dvh; ++c) acc[c] += w * vj[c];
+            }
+            std::copy(acc.begin(), acc.end(), out);
+        }
+    });
+
+    // Optional output projection, then the single rounding to T.
+    if (s.d_out) {
+        std::vector<double> projected(rows * s.d_out);
+        project<double, input>(concat, rows, dv, p.wo, p.bo, s.d_out, projected);
+        concat = std::move(projected);
+    }
+    r.output.resize(concat.size());
+    std::transform(concat.begin(), concat.end(), r.output.begin(), [](double e) { return static_cast<T>(e); });
+    return r;
+}
+
+/// compute<T>(p), with a failed allocation reported with the sizes that caused it.
+template <class T, class Problem>
+results<T> compute_or_explain(const Problem& p) {
+    try {
+        return compute<T>(p);
+    } catch (const std::bad_alloc&) {
+        const attention_shape& s = p.shape;
+        const auto gib = [](double bytes) {
+            char text[40];
+            std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
+            return std::string(text);
+        };
+        const double n = static_cast<double>(s.batch) * static_cast<double>(s.seq);
+        std::string what = "cpu backend: out of host memory for batch " + std::to_string(s.batch) + ", seq " +
+                           std::to_string(s.seq) + ", d_in " + std::to_string(s.d_in) + ", d_k " +
+                           std::to_string(s.d_k) + ", d_v " + std::to_string(s.d_v) + ", heads " +
+                           std::to_string(s.heads) + ": Q, K, V in double need " +
+                           gib(n * static_cast<double>(2 * s.d_k + s.d_v) * 8.0);
+        if (p.options.return_weights)
+            what += ", the weights (batch x heads x seq x seq) " +
+                    gib(static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
+                        static_cast<double>(s.seq) * static_cast<double>(sizeof(T)));
+        throw error(what);
+    }
+}
+
+}  // namespace
+
+attention_output attention(const attention_problem& problem) {
+    results<float> r = compute_or_explain<float>(problem);
+    attention_output out;
+    out.output = std::move(r.output);
+    out.weights = std::move(r.weights);
+    out.shape = problem.shape;
+    out.implementation = resolve_implementation(problem.options);
+    out.device = "CPU reference (float64)";
+    return out;
+}
+
+attention_output_f64 attention_f64(const attention_problem& problem) {
+    results<double> r = compute_or_explain<double>(problem);
+    return {std::move(r.output), std::move(r.weights)};
+}
+
+attention_output_f64 attention(const attention_problem_f64& problem) {
+    results<double> r = compute_or_explain<double>(problem);
+    return {std::move(r.output), std::move(r.weights)};
+}
+
+}  // namespace qkv::cpu

@@ -1,0 +1,120 @@
+// qkv::validate for SDPA problems, the default scale and mask broadcasting: the checks every
+// backend runs before it touches an SDPA problem's data.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "qkv/runtime/error.hpp"
+#include "qkv/runtime/sdpa.hpp"
+#include "runtime/shape_checks.hpp"
+
+namespace qkv {
+namespace {
+
+using namespace shape_checks;
+
+std::string dims_of(const std::vector<std::size_t>& dims) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+    return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+std::string target_of(const sdpa_shape& s) {
+    return "(batch, q_heads, q_len, kv_len) = " + dims_of({s.batch, s.q_heads, s.q_len, s.kv_len});
+}
+
+/// The mask's dimensions: mask_shape, or L x S when it is empty.
+std::vector<std::size_t> mask_dims(const std::vector<std::size_t>& mask_shape, const sdpa_shape& s) {
+    return mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : mask_shape;
+}
+
+template <class T>
+void check_sdpa(const basic_sdpa_problem<T>& problem) {
+    const sdpa_shape& s = problem.shape;
+    const sdpa_options& opt = problem.options;
+
+    expect_positive("batch", s.batch);
+    expect_positive("q_heads", s.q_heads);
+    expect_positive("kv_heads", s.kv_heads);
+    expect_positive("q_len", s.q_len);
+    expect_positive("kv_len", s.kv_len);
+    expect_positive("d_qk", s.d_qk);
+    expect_positive("d_v", s.d_v);
+    if (s.q_heads % s.kv_heads != 0)
+        fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide q_heads (" + std::to_string(s.q_heads) +
+             "): q is " + dims_of({s.batch, s.q_heads, s.q_len, s.d_qk}) + ", k is " +
+             dims_of({s.batch, s.kv_heads, s.kv_len, s.d_qk}));
+
+    expect_size("q", problem.q, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_qk", s.d_qk}});
+    expect_size("k", problem.k, {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_qk", s.d_qk}});
+    expect_size("v", problem.v, {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_v", s.d_v}});
+    (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_v", s.d_v}});
+    if (opt.return_weights)
+        (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"kv_len", s.kv_len}});
+
+    const bool has_mask = !problem.mask.empty() || !problem.additive_mask.empty();
+    if (!has_mask && !problem.mask_shape.empty())
+        fail("mask_shape " + dims_of(problem.mask_shape) + " given without a mask");
+    if (has_mask) {
+        const std::vector<std::size_t> dims = mask_dims(problem.mask_shape, s);
+        (void)broadcast_strides(dims, s);  // throws if it does not broadcast
+        std::size_t want = 1;
+        for (std::size_t d : dims) want *= d;  // no overflow: each d is 1 or a checked dimension
+        auto expect = [&](const char* what, std::size_t have) {
+            if (have != 0 && have != want)
+                fail(std::string(what) + " has " + std::to_string(have) + " elements, expected its shape " +
+                     dims_of(dims) + " = " + std::to_string(want));
+        };
+        expect("mask", problem.mask.size());
+        expect("additive_mask", problem.additive_mask.size());
+    }
+    for (std::size_t i = 0; i < problem.mask.size(); ++i)
+        if (problem.mask[i] > 1)
+            fail("mask values must be 0 or 1 (element " + std::to_string(i) + " is " +
+                 std::to_string(static_cast<unsigned>(problem.mask[i])) + ")");
+
+    if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0))
+        fail("scale must be finite and positive (it is " + std::to_string(*opt.scale) + ")");
+    if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
+        fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
+    if (opt.precision != precision::fp32 && opt.precision != precision::fp16)
+        fail("unknown precision (" + std::to_string(static_cast<int>(opt.precision)) + ")");
+    if (opt.kernel != kernel_family::automatic && opt.kernel != kernel_family::cpu && opt.kernel != kernel_family::gpu)
+        fail("unknown kernel family (" + std::to_string(static_cast<int>(opt.kernel)) + ")");
+}
+
+}  // namespace
+
+void validate(const sdpa_problem& problem) { check_sdpa(problem); }
+void validate(const sdpa_problem_f64& problem) { check_sdpa(problem); }
+
+float default_scale(const sdpa_shape& shape) {
+    if (shape.d_qk == 0) throw invalid_argument("default_scale needs d_qk >= 1");
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.d_qk)));
+}
+
+mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape, const sdpa_shape& s) {
+    const std::size_t target[4] = {s.batch, s.q_heads, s.q_len, s.kv_len};
+    static const char* const names[4] = {"batch", "q_heads", "q_len", "kv_len"};
+    const std::vector<std::size_t> dims = mask_dims(mask_shape, s);
+    if (dims.size() > 4)
+        fail("mask shape " + dims_of(dims) + " has " + std::to_string(dims.size()) +
+             " dimensions; at most 4 broadcast to " + target_of(s));
+    std::size_t strides[4] = {0, 0, 0, 0};
+    std::size_t stride = 1;
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+        const std::size_t from_end = dims.size() - 1 - i;  // dims[from_end] meets target[3 - i]
+        const std::size_t d = dims[from_end];
+        const std::size_t t = target[3 - i];
+        if (d != 1 && d != t)
+            fail("mask shape " + dims_of(dims) + " does not broadcast to " + target_of(s) + ": dimension " +
+                 std::to_string(from_end) + " is " + std::to_string(d) + ", expected 1 or " + names[3 - i] + " = " +
+                 std::to_string(t));
+        strides[3 - i] = d == 1 ? 0 : stride;
+        stride = checked_product({{"mask elements", stride}, {names[3 - i], d}});
+    }
+    return {strides[0], strides[1], strides[2], strides[3]};
+}
+
+}  // namespace qkv

@@ -1,0 +1,113 @@
+#include "vk/device.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "vk/check.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+bool has_extension(const instance_table& fn, VkPhysicalDevice pd, const char* name) {
+    std::vector<VkExtensionProperties> props;
+    if (enumerate(props, fn.vkEnumerateDeviceExtensionProperties, pd, static_cast<const char*>(nullptr)) < 0)
+        return false;
+    for (const auto& p : props)
+        if (std::strcmp(p.extensionName, name) == 0) return true;
+    return false;
+}
+
+}  // namespace
+
+device::device(std::shared_ptr<const instance> inst, std::size_t index)
+    : instance_(std::move(inst)),
+      physical_(instance_->physical_devices().at(index)),
+      info_(instance_->devices().at(index)) {
+    const instance_table& ifn = instance_->fn();
+    if (!info_.has_compute_queue)
+        throw unavailable("device " + std::to_string(index) + " (" + info_.name +
+                          ") cannot run qkv: it needs Vulkan 1.1 and a compute queue");
+    family_ = compute_queue_family(ifn, physical_);
+    ifn.vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
+    VkPhysicalDeviceProperties props{};
+    ifn.vkGetPhysicalDeviceProperties(physical_, &props);
+    limits_ = props.limits;
+
+    const float priority = 1.0f;
+    auto queue_info = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+    queue_info.queueFamilyIndex = family_;
+    queue_info.queueCount = 1;
+    queue_info.pQueuePriorities = &priority;
+
+    // Enable only what the device has: 16-bit storage for the fp16 precision path.
+    auto storage16 =
+        vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+    storage16.storageBuffer16BitAccess = info_.fp16_storage ? VK_TRUE : VK_FALSE;
+    auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    features.pNext = &storage16;
+
+    std::vector<const char*> extensions;
+    // A portability (MoltenVK) device must enable the subset extension.
+    if (has_extension(ifn, physical_, "VK_KHR_portability_subset")) extensions.push_back("VK_KHR_portability_subset");
+
+    // Subgroup size control (VK_EXT_subgroup_size_control; drivers keep listing it in 1.3), optional:
+    // the fused kernel then requires its row-team size as the subgroup size, with full subgroups,
+    // so its subgroup reductions apply. Enabled only where the device has it.
+    const bool size_ext = has_extension(ifn, physical_, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    auto size_features = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeatures>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES);
+    if (size_ext) {
+        auto size_props = vk_struct<VkPhysicalDeviceSubgroupSizeControlProperties>(
+            VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
+        auto props2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+        props2.pNext = &size_props;
+        ifn.vkGetPhysicalDeviceProperties2(physical_, &props2);
+        auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+        query.pNext = &size_features;
+        ifn.vkGetPhysicalDeviceFeatures2(physical_, &query);
+        size_features.pNext = nullptr;
+        if (size_features.subgroupSizeControl == VK_TRUE &&
+            (size_props.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && size_props.minSubgroupSize > 0) {
+            subgroups_.min_size = size_props.minSubgroupSize;
+            subgroups_.max_size = size_props.maxSubgroupSize;
+            subgroups_.required_size = true;
+            subgroups_.full_subgroups = size_features.computeFullSubgroups == VK_TRUE;
+            subgroups_.max_subgroups = size_props.maxComputeWorkgroupSubgroups;
+            storage16.pNext = &size_features;
+            extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+        } else {
+            size_features.subgroupSizeControl = VK_FALSE;
+            size_features.computeFullSubgroups = VK_FALSE;
+        }
+    }
+
+    auto info = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+    info.pNext = &features;
+    info.queueCreateInfoCount = 1;
+    info.pQueueCreateInfos = &queue_info;
+    info.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+    info.ppEnabledExtensionNames = extensions.data();
+    check(ifn.vkCreateDevice(physical_, &info, nullptr, &handle_), "vkCreateDevice (" + info_.name + ")");
+    try {
+        fn_.load(ifn, handle_);
+    } catch (...) {
+        auto destroy = reinterpret_cast<PFN_vkDestroyDevice>(ifn.vkGetDeviceProcAddr(handle_, "vkDestroyDevice"));
+        if (destroy) destroy(handle_, nullptr);
+        throw;
+    }
+    fn_.vkGetDeviceQueue(handle_, family_, 0, &queue_);
+    fp16_storage_ = info_.fp16_storage;
+}
+
+bool device::uniform_texel_format(VkFormat format) const {
+    VkFormatProperties props{};
+    instance_->fn().vkGetPhysicalDeviceFormatProperties(physical_, format, &props);
+    return (props.bufferFeatures & VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT) != 0;
+}
+
+device::~device() {
+    fn_.vkDeviceWaitIdle(handle_);
+    fn_.vkDestroyDevice(handle_, nullptr);
+}
+
+}  // namespace qkv::vulkan::detail

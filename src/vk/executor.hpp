@@ -1,0 +1,83 @@
+// Records one call's work into a single command buffer and submits it once: uploads, every
+// dispatch of every stage (split where a grid exceeds maxComputeWorkGroupCount), barriers,
+// downloads, and timestamps where the queue supports them.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "vk/device.hpp"
+#include "vk/memory.hpp"
+#include "vk/pipelines.hpp"
+#include "vk/vk_handle.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct binding {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceSize offset = 0;
+    VkDeviceSize range = VK_WHOLE_SIZE;
+    VkBufferView view = VK_NULL_HANDLE;  ///< for a texel-buffer binding (then buffer/offset/range unused)
+};
+
+inline binding texel(VkBufferView view) {
+    binding b;
+    b.view = view;
+    return b;
+}
+
+/// Every push-constant block starts with these three: the workgroup offset of a split dispatch.
+struct group_offset {
+    std::uint32_t x = 0, y = 0, z = 0;
+};
+
+class executor {
+public:
+    executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit = 0);
+    executor(const executor&) = delete;
+    executor& operator=(const executor&) = delete;
+
+    void begin();
+    void fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value);
+    void copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size);
+    /// A global memory barrier from `src` stage/access to `dst` stage/access.
+    void barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                 VkAccessFlags dst_access);
+    /// Shader writes visible to later shader reads and writes.
+    void compute_barrier();
+    /// Dispatches `groups` workgroups, split into several dispatches where a dimension exceeds
+    /// the device's (or the configured) maximum; `push` must start with a group_offset.
+    void dispatch(const pipeline& p, std::initializer_list<binding> bindings, const void* push,
+                  const std::uint32_t (&groups)[3]);
+    /// Ends, submits, waits. Returns the device time in milliseconds (0 without timestamps).
+    double submit_and_wait();
+
+    /// Marks the end of a phase of the work recorded so far (a timestamp once every earlier
+    /// command has finished); at most max_marks per call, no-op without timestamps.
+    void mark();
+    static constexpr std::uint32_t max_marks = 6;
+    /// After submit_and_wait: device time from the start of the command buffer to each mark, in
+    /// milliseconds, in order (empty without timestamps).
+    [[nodiscard]] const std::vector<double>& marks_ms() const { return marks_ms_; }
+
+    [[nodiscard]] std::uint32_t dispatches_recorded() const { return dispatches_; }
+    [[nodiscard]] std::uint32_t max_groups(int dim) const { return max_groups_[dim]; }
+
+private:
+    const device& dev_;
+    command_pool_handle pool_;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // freed with pool_
+    descriptor_pool_handle descriptors_;
+    fence_handle fence_;
+    query_pool_handle queries_;
+    std::uint32_t max_groups_[3] = {0, 0, 0};
+    std::uint32_t dispatches_ = 0;
+    std::uint32_t sets_ = 0;
+    std::uint32_t submits_ = 0, lose_at_submit_ = 0;
+    std::uint32_t stamps_ = 0;  // timestamps written in this command buffer
+    std::vector<double> marks_ms_;
+    std::vector<std::byte> push_copy_;
+};
+
+}  // namespace qkv::vulkan::detail

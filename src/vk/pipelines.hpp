@@ -1,0 +1,55 @@
+// Compute pipelines, built once per device (through a pipeline cache) for each shader and set of
+// specialization constants, and kept for the context's lifetime.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "vk/device.hpp"
+#include "vk/shaders.hpp"
+#include "vk/vk_handle.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct pipeline {
+    set_layout_handle set_layout;  // destroyed last (members are destroyed in reverse order)
+    pipeline_layout_handle layout;
+    pipeline_handle handle;
+    std::uint32_t bindings = 0;
+    std::uint32_t push_size = 0;
+    std::vector<VkDescriptorType> types;  ///< of bindings 0..n-1
+};
+
+class pipeline_set {
+public:
+    explicit pipeline_set(const device& dev);
+    pipeline_set(const pipeline_set&) = delete;
+    pipeline_set& operator=(const pipeline_set&) = delete;
+
+    /// The pipeline for `shader` with specialization constants 0..k-1 = `spec`; its bindings and
+    /// push-constant size come from the shader's row in shaders/shader_table.def.
+    /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
+    /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
+    const pipeline& get(shader_id shader, const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+    /// The same, for callers that still state the layout: `bindings` storage buffers (or bindings
+    /// of the given descriptor types) and a `push_size`-byte block, which must match the table
+    /// (an internal error otherwise).
+    const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
+                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+    const pipeline& get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
+                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+
+    [[nodiscard]] const device& dev() const { return dev_; }
+
+    [[nodiscard]] std::size_t size() const { return pipelines_.size(); }
+
+private:
+    const device& dev_;
+    pipeline_cache_handle cache_;  // destroyed after the pipelines
+    // Keyed by shader, then the specialization constants followed by the required subgroup size.
+    std::map<std::pair<shader_id, std::vector<std::uint32_t>>, pipeline> pipelines_;
+};
+
+}  // namespace qkv::vulkan::detail
