@@ -33,11 +33,11 @@
 // and sum go to `state` (NaN maximum = poisoned row) and the unnormalised accumulator to the
 // output (FLASH_PARTIAL, more chunks follow); the next dispatch resumes from them (FLASH_RESUME).
 // The host splits long key ranges this way on CPU devices (llvmpipe ends every loop of a shader
-// after 65,535 iterations in total, silently); see flash_chunk_keys in src/flash_tiles.cpp. With
+// after 65,535 iterations in total, silently); see flash_chunk_keys in src/kernels/flash_tiles.cpp. With
 // FLASH_STATS the last dispatch also stores each row's final (max, sum), from which
 // flash_weights.comp forms the attention weights.
 //
-// Specialization constants (chosen per device by src/flash_tiles.cpp, choose_flash_tiles): see
+// Specialization constants (chosen per device by src/kernels/flash_tiles.cpp, choose_flash_tiles): see
 // below. QKV_SUBGROUP (a compile-time define: the capability must not appear in a module a
 // device cannot run) enables the subgroup reductions.
 #include "precision.glsl"

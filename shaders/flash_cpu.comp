@@ -35,7 +35,7 @@
 // (m, l) in `state` and the accumulator in the output (FLASH_RESUME) and handing them on (FLASH_PARTIAL); FLASH_STATS stores the last chunk's
 // (m, l) for flash_weights.comp.
 // llvmpipe ends every loop of an invocation after 65,535 iterations in total; the host keeps the
-// steps of one dispatch below that (src/flash_cpu.cpp).
+// steps of one dispatch below that (src/kernels/flash_cpu.cpp).
 //
 // Causal balance: llvmpipe gives each thread a contiguous range of workgroups. With a causal
 // mask, workgroup w takes row block w/2 (w even) or nb-1-w/2 (w odd), so every pair of

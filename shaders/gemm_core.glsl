@@ -12,8 +12,8 @@
 // counter, which the driver loads once and broadcasts; then BM·TN vector multiply-adds. The k loop
 // is unrolled BK times (a constant), so one loop iteration does BK steps.
 //
-// Tile sizes are specialization constants chosen per device by the host (src/plan.cpp, through
-// choose_gemm_tiles in src/stages.cpp). Shapes
+// Tile sizes are specialization constants chosen per device by the host (src/api/plan.cpp, through
+// choose_gemm_tiles in src/kernels/stages.cpp). Shapes
 // and strides come in push constants, so one pipeline serves every shape. A long K is split over
 // several dispatches by the host (CPU drivers end every loop after 65,535 iterations): each covers
 // K columns from k_begin; GEMM_FLAG_ACCUMULATE adds to C, GEMM_FLAG_PARTIAL says more columns follow, so the

@@ -7,7 +7,7 @@
 //   - per (batch, head): the largest Euclidean norm of a Q row and of a K row, each times 2^-32
 //     so that it cannot overflow, and the largest |V| (atomicMax on the bits of non-negative
 //     floats, which order like the floats). The host turns these into a bound on every score
-//     and on the value accumulator (src/range_guard.cpp).
+//     and on the value accumulator (src/kernels/range_guard.cpp).
 // Non-finite elements are left out of the maxima: where the inputs themselves hold NaN or inf
 // the host ignores the first flag, and NaN propagates as documented.
 //

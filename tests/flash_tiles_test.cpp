@@ -1,4 +1,4 @@
-// The fused kernel's per-device tile choice (src/flash_tiles.cpp), a pure function of the device
+// The fused kernel's per-device tile choice (src/kernels/flash_tiles.cpp), a pure function of the device
 // description, against fake devices: discrete GPUs with subgroups of 32 and 64, an integrated GPU,
 // a CPU implementation, and the smallest device the Vulkan spec allows. No Vulkan device needed.
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Finite inputs at and just past the range the Vulkan backend computes in: the answer equals the
 // float64 reference, or the call throws qkv::vulkan::numeric_overflow. Never zeros or NaN with
-// success. The rule (README, Guarantees; src/range_guard.hpp): every Q, K, V element finite after
+// success. The rule (README, Guarantees; src/kernels/range_guard.hpp): every Q, K, V element finite after
 // the projection (float16: at most 65,504), scores bounded by 2^127, seq x max|V| by 2^127.
 #include <qkv/vulkan/runtime.hpp>
 

@@ -1,4 +1,4 @@
-// The plan's per-device choices (src/plan.cpp, src/gemm_tiles.cpp), pure functions of a device
+// The plan's per-device choices (src/api/plan.cpp, src/kernels/gemm_tiles.cpp), pure functions of a device
 // description, against fake devices: discrete GPUs with subgroups of 32 and 64, an integrated GPU,
 // a CPU implementation like lavapipe, and the smallest device the Vulkan spec allows. No Vulkan
 // device needed, so the GPU choices run in CI too.

@@ -1,5 +1,5 @@
 // Contract of the device-ceiling shaders (ceiling_fma.comp, ceiling_copy.comp) with the host
-// (src/ceiling.cpp). See common.h.
+// (src/api/ceiling.cpp). See common.h.
 #ifndef QKV_CONTRACT_CEILING_H
 #define QKV_CONTRACT_CEILING_H
 #include "common.h"

@@ -1,5 +1,5 @@
 // Host–shader contract of the split-S decode family (flash-decoding): shaders/sdpa_decode.comp
-// (cpu and gpu variants) and shaders/sdpa_merge.comp, recorded by src/sdpa_decode.cpp.
+// (cpu and gpu variants) and shaders/sdpa_merge.comp, recorded by src/kernels/sdpa_decode.cpp.
 //
 // The G = Hq / Hkv query heads × L query rows that read one K/V head form R = G·L "rows" of one
 // group z = (batch, kv head); row r is query head kv_head·G + r / L, query row r % L. Keys

@@ -1,5 +1,5 @@
 // Contract of the matrix-product family (gemm_core.glsl and its stages: project.comp, scores.comp,
-// aggregate.comp) with the host (src/stages.cpp, src/dispatch.cpp). See common.h.
+// aggregate.comp) with the host (src/kernels/stages.cpp, src/api/dispatch.cpp). See common.h.
 #ifndef QKV_CONTRACT_GEMM_H
 #define QKV_CONTRACT_GEMM_H
 #include "common.h"
@@ -48,7 +48,7 @@ QKV_CONST uint AGGREGATE_BINDING_P = 0u;
 QKV_CONST uint AGGREGATE_BINDING_QKV = 1u;
 QKV_CONST uint AGGREGATE_BINDING_O = 2u;
 
-// Specialization constants: the workgroup size, then the tile shape (src/stages.hpp, gemm_tiles).
+// Specialization constants: the workgroup size, then the tile shape (src/kernels/stages.hpp, gemm_tiles).
 QKV_CONST uint GEMM_SPEC_WORKGROUP = 0u;
 QKV_CONST uint GEMM_SPEC_BM = 1u;
 QKV_CONST uint GEMM_SPEC_BN = 2u;

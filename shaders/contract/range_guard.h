@@ -1,4 +1,4 @@
-// Contract of the range guard (range_guard.comp) with the host (src/range_guard.cpp). See common.h.
+// Contract of the range guard (range_guard.comp) with the host (src/kernels/range_guard.cpp). See common.h.
 #ifndef QKV_CONTRACT_RANGE_GUARD_H
 #define QKV_CONTRACT_RANGE_GUARD_H
 #include "common.h"

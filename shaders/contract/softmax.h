@@ -1,4 +1,4 @@
-// Contract of the staged softmax (softmax.comp) with the host (src/stages.cpp). See common.h.
+// Contract of the staged softmax (softmax.comp) with the host (src/kernels/stages.cpp). See common.h.
 #ifndef QKV_CONTRACT_SOFTMAX_H
 #define QKV_CONTRACT_SOFTMAX_H
 #include "common.h"
@@ -13,7 +13,7 @@ struct softmax_push {
     uint rows;                       // batch * heads * seq
 };
 QKV_CONST uint SOFTMAX_BINDING_S = 0u;       // the scores, turned into weights in place
-QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/stages.cpp, softmax_workgroup)
+QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/kernels/stages.cpp, softmax_workgroup)
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_push) == 5u * 4u)

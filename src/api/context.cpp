@@ -59,7 +59,7 @@ attention_output context::attention(const attention_problem& problem) {
 sdpa_output context::sdpa(const sdpa_problem& problem) {
     validate(problem);
     const auto start = std::chrono::steady_clock::now();
-    // Few query rows per K/V head against many keys: the split-S decode kernels (src/sdpa_decode.hpp),
+    // Few query rows per K/V head against many keys: the split-S decode kernels (src/kernels/sdpa_decode.hpp),
     // unless a test hook of the fused kernels is set. Where the decode path cannot run here
     // (limits, texel formats) the fused kernels take the problem.
     if (decode_suits(problem.shape, problem.options.return_weights) && !impl_->options.fused_tiles_as &&

@@ -1,5 +1,5 @@
 // qkv::vulkan::kv_cache (K and V resident on the device) and context::sdpa over it, which runs
-// the split-S decode kernels (src/sdpa_decode.cpp).
+// the split-S decode kernels (src/kernels/sdpa_decode.cpp).
 #include "qkv/vulkan/kv_cache.hpp"
 
 #include <algorithm>

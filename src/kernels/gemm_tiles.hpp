@@ -1,6 +1,6 @@
 // The matrix products' and the staged softmax's per-device choices (tiles, K chunks, workgroup
 // sizes): pure functions of a device description, so they are unit-tested against fake devices
-// without one (tests/plan_test.cpp). make_plan (src/plan.cpp) makes every choice of a call.
+// without one (tests/plan_test.cpp). make_plan (src/api/plan.cpp) makes every choice of a call.
 #pragma once
 
 #include <cstdint>

@@ -60,7 +60,7 @@ decode_plan plan_decode(const device_info& info, const decode_request& request);
 bool decode_suits(const sdpa_shape& shape, bool return_weights);
 
 /// Runs a validated problem with host K/V through the decode kernels: K and V go into a
-/// temporary kv_cache of ctx (src/kv_cache.cpp), then context::sdpa(problem, cache). For
+/// temporary kv_cache of ctx (src/api/kv_cache.cpp), then context::sdpa(problem, cache). For
 /// context::sdpa when decode_suits the problem.
 sdpa_output sdpa_through_cache(context& ctx, const sdpa_problem& problem);
 
