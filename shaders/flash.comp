@@ -127,9 +127,9 @@ void locate() {
     head = z % pc.heads;
     const uint kv_head = head / pc.group;
     t = gl_LocalInvocationID.x;
-    causal = (pc.flags & FLASH_CAUSAL) != 0u;
-    has_mask = (pc.flags & FLASH_MASK) != 0u;
-    has_add = (pc.flags & FLASH_ADDITIVE) != 0u;
+    causal = (pc.flags & MASK_FLAG_CAUSAL) != 0u;
+    has_mask = (pc.flags & MASK_FLAG_BOOLEAN) != 0u;
+    has_add = (pc.flags & MASK_FLAG_ADDITIVE) != 0u;
     q_base = batch * pc.q_bs + head * pc.q_hs;
     k_base = pc.k_off + batch * pc.k_bs + kv_head * pc.k_hs;
     v_base = pc.v_off + batch * pc.v_bs + kv_head * pc.v_hs;

@@ -48,7 +48,7 @@ layout(constant_id = 1) const uint RPI = 4;   // query rows per invocation
 layout(constant_id = 2) const uint KPS = 8;   // keys per step
 layout(constant_id = 3) const uint D4 = 16;   // texels (4 floats) per Q/K row: ceil(d / 4)
 layout(constant_id = 4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
-layout(constant_id = 5) const uint MASKS = 0;  // FLASH_CAUSAL | FLASH_MASK | FLASH_ADDITIVE
+layout(constant_id = 5) const uint MASKS = 0;  // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE
 layout(constant_id = 6) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
 
 layout(binding = FLASH_CPU_BINDING_Q) uniform samplerBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
@@ -66,8 +66,8 @@ const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
 
 void main() {
-    const bool causal = (MASKS & FLASH_CAUSAL) != 0u, has_mask = (MASKS & FLASH_MASK) != 0u;
-    const bool has_add = (MASKS & FLASH_ADDITIVE) != 0u;
+    const bool causal = (MASKS & MASK_FLAG_CAUSAL) != 0u, has_mask = (MASKS & MASK_FLAG_BOOLEAN) != 0u;
+    const bool has_add = (MASKS & MASK_FLAG_ADDITIVE) != 0u;
     const bool resume = (pc.flags & FLASH_RESUME) != 0u, partial = (pc.flags & FLASH_PARTIAL) != 0u;
     const bool stats = (pc.flags & FLASH_STATS) != 0u;
     const float neg_inf = uintBitsToFloat(0xff800000u);

@@ -32,9 +32,9 @@ void main() {
     const uint out_at = (z * pc.q_len + i) * pc.kv_len + j;
 
     const float m = state[2u * (z * pc.q_len + i)], l = state[2u * (z * pc.q_len + i) + 1u];
-    bool allowed = (pc.flags & FLASH_CAUSAL) == 0u || int(j) <= int(i) + pc.causal_offset;
+    bool allowed = (pc.flags & MASK_FLAG_CAUSAL) == 0u || int(j) <= int(i) + pc.causal_offset;
     const uint mi = head * pc.m_hs + i * pc.m_rs + j * pc.m_cs, bit = batch * pc.m_bs + mi;
-    if ((pc.flags & FLASH_MASK) != 0u) allowed = allowed && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+    if ((pc.flags & MASK_FLAG_BOOLEAN) != 0u) allowed = allowed && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
     if (isnan(m) || isnan(l)) {  // a poisoned row (a NaN or +inf score): NaN, as its output
         weights[out_at] = uintBitsToFloat(0x7fc00000u);
         return;
@@ -48,6 +48,6 @@ void main() {
     float dot_qk = 0.0;
     for (uint c = 0; c < pc.d; ++c) dot_qk += (float(qkv[q_at + c]) * pc.scale) * float(qkv[k_at + c]);
     float score = dot_qk;
-    if ((pc.flags & FLASH_ADDITIVE) != 0u) score += additive[batch * pc.a_bs + mi];
+    if ((pc.flags & MASK_FLAG_ADDITIVE) != 0u) score += additive[batch * pc.a_bs + mi];
     weights[out_at] = score == uintBitsToFloat(0xff800000u) ? 0.0 : exp(score - m) / l;
 }

@@ -45,9 +45,9 @@ layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out
 layout(push_constant) uniform Push { decode_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
-const bool CAUSAL = (MASKS & DECODE_MASK_CAUSAL) != 0u;
-const bool HAS_MASK = (MASKS & DECODE_MASK_BOOL) != 0u;
-const bool HAS_ADD = (MASKS & DECODE_MASK_ADDITIVE) != 0u;
+const bool CAUSAL = (MASKS & MASK_FLAG_CAUSAL) != 0u;
+const bool HAS_MASK = (MASKS & MASK_FLAG_BOOLEAN) != 0u;
+const bool HAS_ADD = (MASKS & MASK_FLAG_ADDITIVE) != 0u;
 
 /// The score of (row r, key j) after the causal limit and the masks: -inf where not allowed.
 float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head) {

@@ -9,6 +9,7 @@
 #define QKV_CONTRACT_DECODE_H
 
 #include "common.h"
+#include "mask.h"
 
 QKV_CONTRACT_BEGIN
 struct decode_push {
@@ -38,13 +39,12 @@ QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: row
 QKV_CONST uint DECODE_SPEC_KPS = 2u;       // cpu: keys per step (gpu: unused, keys per tile = WG)
 QKV_CONST uint DECODE_SPEC_E4 = 3u;        // texels per Q/K row, ceil(E / 4)
 QKV_CONST uint DECODE_SPEC_EV4 = 4u;       // texels per V row, ceil(Ev / 4)
-QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // DECODE_MASK_* bits
+QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // mask.h's MASK_FLAG_* bits
 QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
 QKV_CONST uint DECODE_SPEC_COUNT = 7u;
 
-QKV_CONST uint DECODE_MASK_CAUSAL = 1u;
-QKV_CONST uint DECODE_MASK_BOOL = 2u;      // one uint (0/1) per mask element
-QKV_CONST uint DECODE_MASK_ADDITIVE = 4u;  // one float per mask element
+// The masks (DECODE_SPEC_MASKS): MASK_FLAG_BOOLEAN reads one uint (0/1) per mask element (not
+// bits), MASK_FLAG_ADDITIVE one float per mask element.
 
 QKV_CONST uint DECODE_BINDING_Q = 0u;         // uniform texel buffer, [z][R][E4], unscaled
 QKV_CONST uint DECODE_BINDING_K = 1u;         // uniform texel buffer, [z][kv_stride][E4]

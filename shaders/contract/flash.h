@@ -14,12 +14,13 @@
 //     one bit of the bool mask (bit n of word n / 32), and for the additive mask's floats the
 //     same with a_bs for m_bs (the self-attention path lets a (N, N) bool mask meet a (B, N, N)
 //     additive one; SDPA's two masks share one shape, a_bs = m_bs).
-// Query row i sees key j when j <= i + causal_offset (with FLASH_CAUSAL), the mask bit is set
-// (FLASH_MASK) and the additive mask is not -inf (FLASH_ADDITIVE).
+// Query row i sees key j when j <= i + causal_offset (with MASK_FLAG_CAUSAL), the mask bit is
+// set (MASK_FLAG_BOOLEAN) and the additive mask is not -inf (MASK_FLAG_ADDITIVE).
 #ifndef QKV_CONTRACT_FLASH_H
 #define QKV_CONTRACT_FLASH_H
 
 #include "common.h"
+#include "mask.h"
 
 QKV_CONTRACT_BEGIN
 
@@ -72,10 +73,9 @@ struct flash_pack_push {
     uint mark_nonfinite;  // 1: flag each (batch, head) whose rows hold a NaN or Inf (V)
 };
 
-// flags of flash_push / flash_cpu_push (MASKS, spec constant 5 of flash_cpu.comp, takes the first three)
-QKV_CONST uint FLASH_CAUSAL = 1u;    // j <= i + causal_offset
-QKV_CONST uint FLASH_MASK = 2u;      // the bool mask (bits)
-QKV_CONST uint FLASH_ADDITIVE = 4u;  // the additive float mask
+// flags of flash_push / flash_cpu_push: the mask kinds are mask.h's MASK_FLAG_CAUSAL (j <= i +
+// causal_offset), MASK_FLAG_BOOLEAN (the bool mask, as bits) and MASK_FLAG_ADDITIVE (the float
+// mask); flash_cpu.comp takes those three as its spec constant MASKS instead. Then the chunking:
 QKV_CONST uint FLASH_RESUME = 8u;    // continue from the chunk state and the partial output
 QKV_CONST uint FLASH_PARTIAL = 16u;  // more key chunks follow: hand the state and the accumulator on
 QKV_CONST uint FLASH_STATS = 32u;    // last chunk: also store each row's final (max, sum) in the state

@@ -336,9 +336,9 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
         decode_request req;
         req.shape = s;
         req.kv_stride = static_cast<std::uint32_t>(std::min<std::size_t>(c.shape.capacity, 0xffffffffu));
-        req.masks = (problem.options.causal ? contract::DECODE_MASK_CAUSAL : 0u) |
-                    (problem.mask.empty() ? 0u : contract::DECODE_MASK_BOOL) |
-                    (problem.additive_mask.empty() ? 0u : contract::DECODE_MASK_ADDITIVE);
+        req.masks = (problem.options.causal ? contract::MASK_FLAG_CAUSAL : 0u) |
+                    (problem.mask.empty() ? 0u : contract::MASK_FLAG_BOOLEAN) |
+                    (problem.additive_mask.empty() ? 0u : contract::MASK_FLAG_ADDITIVE);
         req.kernel = problem.options.kernel;
         req.max_chunks = impl_->options.max_decode_chunks;
         device_info plan_info = dev.info();

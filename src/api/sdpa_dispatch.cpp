@@ -192,53 +192,62 @@ kernel_family choose_sdpa_family(kernel_family asked, const device& dev, const f
     throw unavailable("sdpa: " + no.why);
 }
 
-}  // namespace
+/// The fused kernel that runs a call: its family and that family's plan (key chunks, tiles), and
+/// whether the row statistics must be kept (key chunks, or the weights on request).
+struct sdpa_kernels {
+    kernel_family family = kernel_family::gpu;
+    flash_cpu_plan cpu;
+    flash_gpu_plan gpu;
+    bool weights = false;
+    bool need_state = false;
+    std::uint64_t state_bytes = 0;
+    [[nodiscard]] bool cpu_family() const { return family == kernel_family::cpu; }
+};
 
-sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
+sdpa_kernels choose_sdpa_kernels(const dispatch_environment& env, const sdpa_plan& p, const sdpa_problem& problem) {
     const device_info& info = env.dev.info();
-    const sdpa_plan p = make_sdpa_plan(problem, env.dev);
     const flash_layout& l = p.layout;
-
-    // ---- the kernel family and its plan ----
     const kernel_family asked = env.fused_tiles_as && problem.options.kernel == kernel_family::automatic
                                     ? kernel_family::gpu  // the GPU-tile test hook is for the gpu family
                                     : problem.options.kernel;
-    const flash_cpu_plan cpu_plan = plan_flash_cpu(env.dev, l, env.max_fused_keys);
-    const kernel_family family = choose_sdpa_family(asked, env.dev, cpu_plan);
-    const bool cpu_family = family == kernel_family::cpu;
-    const flash_gpu_plan gpu_plan =
-        cpu_family ? flash_gpu_plan{} : plan_flash_gpu(env.dev, l, env.max_fused_keys, env.fused_tiles_as);
-    const std::uint32_t chunk = cpu_family ? cpu_plan.chunk_keys : gpu_plan.chunk_keys;
-    const std::uint32_t dispatches = cpu_family ? cpu_plan.dispatches(l.kv_len) : gpu_plan.dispatches(l.kv_len);
+    sdpa_kernels k;
+    k.cpu = plan_flash_cpu(env.dev, l, env.max_fused_keys);
+    k.family = choose_sdpa_family(asked, env.dev, k.cpu);
+    if (!k.cpu_family()) k.gpu = plan_flash_gpu(env.dev, l, env.max_fused_keys, env.fused_tiles_as);
+    const std::uint32_t chunk = k.cpu_family() ? k.cpu.chunk_keys : k.gpu.chunk_keys;
+    const std::uint32_t dispatches = k.cpu_family() ? k.cpu.dispatches(l.kv_len) : k.gpu.dispatches(l.kv_len);
     if (dispatches > 1000)
         throw limit_exceeded("sdpa: the fused kernel would need " + std::to_string(dispatches) + " dispatches of " +
                              std::to_string(chunk) + " keys each for kv_len = " + std::to_string(l.kv_len) + " on " +
                              info.name + " (at most 1000 per call)");
-    const bool weights = p.weights_bytes > 0;
-    const bool need_state = chunk < l.kv_len || weights;
-    const std::uint64_t state_bytes = need_state ? 8 * std::uint64_t{l.q_batches()} * l.q_len : 0;
-    fits_range("the softmax statistics", state_bytes, info);
+    k.weights = p.weights_bytes > 0;
+    k.need_state = chunk < l.kv_len || k.weights;
+    k.state_bytes = k.need_state ? 8 * std::uint64_t{l.q_batches()} * l.q_len : 0;
+    fits_range("the softmax statistics", k.state_bytes, info);
     if (!l.output_contiguous_per_batch()) throw error("sdpa: internal: the output layout is not (B, H, L, Ev)");
+    return k;
+}
 
-    // ---- buffers (the context's, reused between calls of similar size) ----
+/// The context's buffers (reused between calls of similar size) sized for this call; returns
+/// whether the inputs and outputs go through staging buffers.
+bool ensure_sdpa_buffers(dispatch_environment& env, const sdpa_plan& p, const sdpa_kernels& k) {
     buffer_cache& bufs = env.buffers;
-    bool staged_io = false;
     try {
         ensure(env.alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "sdpa inputs");
         ensure(env.alloc, bufs.out, p.out_bytes, memory_use::device, "sdpa output");
-        if (weights) ensure(env.alloc, bufs.scores, p.weights_bytes, memory_use::device, "sdpa weights");
-        if (need_state)
-            ensure(env.alloc, bufs.flash_state, state_bytes, memory_use::device, "fused-attention state");
+        if (k.weights) ensure(env.alloc, bufs.scores, p.weights_bytes, memory_use::device, "sdpa weights");
+        if (k.need_state)
+            ensure(env.alloc, bufs.flash_state, k.state_bytes, memory_use::device, "fused-attention state");
         else
             bufs.flash_state.reset();
         bufs.flash_views = {};
-        if (cpu_family)
-            ensure(env.alloc, bufs.flash_texels, cpu_plan.bytes, memory_use::device, "fused-attention texels",
+        if (k.cpu_family())
+            ensure(env.alloc, bufs.flash_texels, k.cpu.bytes, memory_use::device, "fused-attention texels",
                    VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
         else
             bufs.flash_texels.reset();
-        staged_io =
-            env.force_staging || !bufs.inputs.mapped() || !bufs.out.mapped() || (weights && !bufs.scores.mapped());
+        const bool staged_io =
+            env.force_staging || !bufs.inputs.mapped() || !bufs.out.mapped() || (k.weights && !bufs.scores.mapped());
         if (staged_io) {
             ensure(env.alloc, bufs.staging_in, p.inputs_bytes, memory_use::upload, "upload staging");
             ensure(env.alloc, bufs.staging_out, p.out_bytes + p.weights_bytes, memory_use::readback,
@@ -247,47 +256,59 @@ sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
             bufs.staging_in.reset();
             bufs.staging_out.reset();
         }
+        return staged_io;
     } catch (const out_of_memory&) {
         bufs = buffer_cache{};
         throw;
     }
+}
 
-    // ---- upload ----
+/// Writes the inputs where the device (or the upload staging buffer) reads them.
+void write_sdpa_inputs(buffer_cache& bufs, const sdpa_plan& p, const sdpa_problem& problem, bool staged_io) {
     const buffer& upload = staged_io ? bufs.staging_in : bufs.inputs;
     pack_sdpa_inputs(upload.mapped(), p, problem);
     upload.flush();
+}
 
-    // ---- record ----
-    executor& exec = env.exec;
-    exec.begin();
-    if (staged_io) {
-        exec.copy(bufs.staging_in.handle(), 0, bufs.inputs.handle(), 0, p.inputs_bytes);
-        exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                     VK_ACCESS_SHADER_READ_BIT);
-    }
-    exec.mark();  // inputs on the device
+void record_sdpa_upload(executor& exec, const buffer_cache& bufs, const sdpa_plan& p, bool staged_io) {
+    if (!staged_io) return;
+    exec.copy(bufs.staging_in.handle(), 0, bufs.inputs.handle(), 0, p.inputs_bytes);
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT);
+}
+
+/// The kernels' bindings: parts of the inputs buffer, the output and the row statistics (unused
+/// ones bound to Q|K|V).
+flash_io bind_sdpa(const buffer_cache& bufs, const sdpa_plan& p, const sdpa_kernels& k) {
     const binding qkv = part(bufs.inputs, 0, p.qkv_bytes);
     flash_io io;
     io.qkv = qkv;
     io.mask_bits = p.bits_bytes ? part(bufs.inputs, p.bits_at, p.bits_bytes) : qkv;
     io.additive = p.additive_bytes ? part(bufs.inputs, p.additive_at, p.additive_bytes) : qkv;
     io.out = part(bufs.out, 0, p.out_bytes);
-    io.state = need_state ? part(bufs.flash_state, 0, state_bytes) : qkv;
-    if (cpu_family) {
-        bufs.flash_views = make_flash_cpu_views(env.dev, bufs.flash_texels, cpu_plan);
+    io.state = k.need_state ? part(bufs.flash_state, 0, k.state_bytes) : qkv;
+    return io;
+}
+
+/// The chosen fused kernel, then the weights kernel on request.
+void record_sdpa_kernels(dispatch_environment& env, const sdpa_plan& p, const sdpa_kernels& k, const flash_io& io) {
+    buffer_cache& bufs = env.buffers;
+    const flash_layout& l = p.layout;
+    if (k.cpu_family()) {
+        bufs.flash_views = make_flash_cpu_views(env.dev, bufs.flash_texels, k.cpu);
         const flash_cpu_texels tx{bufs.flash_texels.handle(), bufs.flash_views.q.handle(), bufs.flash_views.k.handle(),
                                   bufs.flash_views.v.handle()};
-        record_flash_cpu(exec, env.pipes, l, cpu_plan, io, tx, weights);
+        record_flash_cpu(env.exec, env.pipes, l, k.cpu, io, tx, k.weights);
     } else {
-        record_flash_gpu(exec, env.pipes, l, gpu_plan, io, weights);
+        record_flash_gpu(env.exec, env.pipes, l, k.gpu, io, k.weights);
     }
-    if (weights) {
-        exec.compute_barrier();
-        record_flash_weights(exec, env.pipes, l, io, part(bufs.scores, 0, p.weights_bytes));
+    if (k.weights) {
+        env.exec.compute_barrier();
+        record_flash_weights(env.exec, env.pipes, l, io, part(bufs.scores, 0, p.weights_bytes));
     }
-    exec.mark();  // attention done
+}
 
-    // ---- download ----
+void record_sdpa_download(executor& exec, const buffer_cache& bufs, const sdpa_plan& p, bool weights, bool staged_io) {
     if (staged_io) {
         exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
                      VK_ACCESS_TRANSFER_READ_BIT);
@@ -299,28 +320,51 @@ sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
         exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                      VK_ACCESS_HOST_READ_BIT);
     }
-    sdpa_run run;
-    run.device_ms = exec.submit_and_wait();
-    if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 2) run.attention_ms = m[1] - m[0];
+}
 
-    sdpa_output& result = run.output;
+/// The output (and the weights) read back into the result.
+sdpa_output assemble_sdpa(const buffer_cache& bufs, const sdpa_plan& p, const sdpa_problem& problem,
+                          const sdpa_kernels& k, const device_info& info, bool staged_io) {
+    sdpa_output result;
     result.shape = problem.shape;
-    result.kernel = family;
+    result.kernel = k.family;
     result.device = info.name;
     result.output.resize(p.out_count);
-    if (weights) result.weights.resize(p.weights_count);
+    if (k.weights) result.weights.resize(p.weights_count);
     if (staged_io) {
         bufs.staging_out.invalidate();
         std::memcpy(result.output.data(), bufs.staging_out.mapped(), p.out_bytes);
-        if (weights) std::memcpy(result.weights.data(), bufs.staging_out.mapped() + p.out_bytes, p.weights_bytes);
+        if (k.weights) std::memcpy(result.weights.data(), bufs.staging_out.mapped() + p.out_bytes, p.weights_bytes);
     } else {
         bufs.out.invalidate();
         std::memcpy(result.output.data(), bufs.out.mapped(), p.out_bytes);
-        if (weights) {
+        if (k.weights) {
             bufs.scores.invalidate();
             std::memcpy(result.weights.data(), bufs.scores.mapped(), p.weights_bytes);
         }
     }
+    return result;
+}
+
+}  // namespace
+
+sdpa_run run_sdpa(dispatch_environment& env, const sdpa_problem& problem) {
+    const sdpa_plan p = make_sdpa_plan(problem, env.dev);
+    const sdpa_kernels k = choose_sdpa_kernels(env, p, problem);
+    const bool staged_io = ensure_sdpa_buffers(env, p, k);
+    write_sdpa_inputs(env.buffers, p, problem, staged_io);
+    executor& exec = env.exec;
+    exec.begin();
+    record_sdpa_upload(exec, env.buffers, p, staged_io);
+    exec.mark();  // inputs on the device
+    record_sdpa_kernels(env, p, k, bind_sdpa(env.buffers, p, k));
+    exec.mark();  // attention done
+    record_sdpa_download(exec, env.buffers, p, k.weights, staged_io);
+
+    sdpa_run run;
+    run.device_ms = exec.submit_and_wait();
+    if (const std::vector<double>& m = exec.marks_ms(); m.size() >= 2) run.attention_ms = m[1] - m[0];
+    run.output = assemble_sdpa(env.buffers, p, problem, k, env.dev.info(), staged_io);
     return run;
 }
 

@@ -37,8 +37,8 @@ struct flash_layout {
         return std::uint64_t{o.bs} == std::uint64_t{heads} * q_len * dv;
     }
     [[nodiscard]] std::uint32_t mask_flags() const {
-        return (causal ? contract::FLASH_CAUSAL : 0u) | (mask ? contract::FLASH_MASK : 0u) |
-               (additive ? contract::FLASH_ADDITIVE : 0u);
+        return (causal ? contract::MASK_FLAG_CAUSAL : 0u) | (mask ? contract::MASK_FLAG_BOOLEAN : 0u) |
+               (additive ? contract::MASK_FLAG_ADDITIVE : 0u);
     }
     /// The push block of flash.comp and flash_weights.comp (keys: all of them; no chunk flags).
     [[nodiscard]] contract::flash_push push() const {

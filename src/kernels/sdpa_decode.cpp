@@ -155,15 +155,15 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 
 void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push) {
-    std::vector<VkDescriptorType> types(DECODE_BINDINGS, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER);
-    types[DECODE_BINDING_Q] = types[DECODE_BINDING_K] = types[DECODE_BINDING_V] =
-        VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
     const shader_id id = plan.family == kernel_family::cpu ? shader_id::sdpa_decode_cpu : shader_id::sdpa_decode_gpu;
-    const pipeline& kernel = pipes.get(id, types, sizeof(decode_push), plan.spec());
+    const pipeline& kernel = pipes.get(id, plan.spec());
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
                       DECODE_BINDINGS == 7,
                   "the binding list below follows the contract's order");
+    static_assert(row_matches<decode_push>(shader_id::sdpa_decode_cpu, "tttssss") &&
+                      row_matches<decode_push>(shader_id::sdpa_decode_gpu, "tttssss"),
+                  "Q, K and V are uniform texel buffers, the rest storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
     exec.dispatch(kernel, {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc}, &push,
                   groups);
@@ -176,8 +176,9 @@ void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan,
     m.dv = plan.dv;
     m.dv_stride = plan.ev4 * 4;
     m.groups = plan.groups;
-    static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 && MERGE_BINDINGS == 3);
-    const pipeline& merge = pipes.get(shader_id::sdpa_merge, MERGE_BINDINGS, sizeof m, {});
+    static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 && MERGE_BINDINGS == 3 &&
+                  row_matches<decode_merge_push>(shader_id::sdpa_merge, "sss"));
+    const pipeline& merge = pipes.get(shader_id::sdpa_merge, {});
     const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
                                            1, 1};
     exec.dispatch(merge, {io.stats, io.acc, io.out}, &m, merge_groups);

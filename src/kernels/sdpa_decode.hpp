@@ -20,7 +20,7 @@ namespace qkv::vulkan::detail {
 struct decode_request {
     sdpa_shape shape{};
     std::uint32_t kv_stride = 0;  ///< rows per (batch, kv head) in the K/V texel buffers (>= kv_len)
-    std::uint32_t masks = 0;      ///< contract::DECODE_MASK_* bits
+    std::uint32_t masks = 0;      ///< contract::MASK_FLAG_* bits (mask.h)
     kernel_family kernel = kernel_family::automatic;
     /// 0: the split is chosen for the device; n > 0: at most n chunks (1 = no split), unless the
     /// per-invocation loop limit needs more.

@@ -24,20 +24,6 @@ std::vector<VkDescriptorType> binding_types(shader_id shader) {
 
 }  // namespace
 
-const pipeline& pipeline_set::get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
-                                  const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup) {
-    return get(shader, std::vector<VkDescriptorType>(bindings, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER), push_size, spec,
-               required_subgroup);
-}
-
-const pipeline& pipeline_set::get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
-                                  const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup) {
-    if (types != binding_types(shader) || push_size != describe(shader).push_bytes)
-        throw error(std::string("internal: the bindings or push-constant size given for shader ") +
-                    shader_name(shader) + " differ from its row in shaders/shader_table.def");
-    return get(shader, spec, required_subgroup);
-}
-
 const pipeline& pipeline_set::get(shader_id shader, const std::vector<std::uint32_t>& spec,
                                   std::uint32_t required_subgroup) {
     auto key = std::make_pair(shader, spec);

@@ -33,13 +33,6 @@ public:
     /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
     /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
     const pipeline& get(shader_id shader, const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
-    /// The same, for callers that still state the layout: `bindings` storage buffers (or bindings
-    /// of the given descriptor types) and a `push_size`-byte block, which must match the table
-    /// (an internal error otherwise).
-    const pipeline& get(shader_id shader, std::uint32_t bindings, std::uint32_t push_size,
-                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
-    const pipeline& get(shader_id shader, const std::vector<VkDescriptorType>& types, std::uint32_t push_size,
-                        const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
 
     [[nodiscard]] const device& dev() const { return dev_; }
 

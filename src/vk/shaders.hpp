@@ -41,6 +41,27 @@ inline constexpr shader_row shader_table[] = {
 
 constexpr const shader_row& describe(shader_id id) { return shader_table[static_cast<std::size_t>(id)]; }
 
+/// Every row names only binding types pipeline_set knows, and a push block every device offers.
+constexpr bool table_well_formed() {
+    for (const shader_row& row : shader_table) {
+        if (row.bindings.empty() || row.push_bytes > ::qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED) return false;
+        for (const char c : row.bindings)
+            if (c != 's' && c != 't') return false;
+    }
+    return true;
+}
+static_assert(table_well_formed(),
+              "shaders/shader_table.def: a row with a binding letter other than s or t, or a "
+              "push block over 128 bytes");
+
+/// Whether a shader's row states exactly these bindings (one letter each, as in the table) and
+/// the push block `Push`. Recorders static_assert it for the struct they push and the bindings
+/// they bind, so a row that disagrees with its recorder fails the build.
+template <class Push>
+constexpr bool row_matches(shader_id id, std::string_view bindings) {
+    return describe(id).bindings == bindings && describe(id).push_bytes == sizeof(Push);
+}
+
 /// The SPIR-V words of a shader.
 std::span<const std::uint32_t> spirv(shader_id id);
 inline const char* shader_name(shader_id id) { return describe(id).name; }
