@@ -4,18 +4,29 @@
 // Used for Q|K|V = X · [Wq | Wk | Wv] in one pass over X (the three weights side by side), and for
 // the output projection concat · Wo + bo. With QKV_FP16 the result is stored as float16 (a K split
 // over several dispatches then rounds to float16 once per dispatch).
-// The CPU family uses the rows variant of the matrix product (lanes own rows, B is broadcast).
+// The CPU family uses the rows variant of the matrix product (lanes own rows, B is broadcast);
+// with QKV_GEMM_TEXELS it reads A and B through RGBA32F uniform texel buffers.
 #define QKV_GEMM_CPU_ROWS
 #include "precision.glsl"
 #include "gemm_core.glsl"
 
+#ifdef QKV_GEMM_TEXELS
+// RGBA32F views: texel t holds elements 4t..4t+3 (the host keeps every offset and row stride a
+// multiple of 4, contract/gemm.h).
+layout(binding = PROJECT_BINDING_A) uniform samplerBuffer a_tex;
+layout(binding = PROJECT_BINDING_B) uniform samplerBuffer b_tex;
+vec4 load_a4(uint texel) { return texelFetch(a_tex, int(texel)); }
+vec4 load_b4(uint texel) { return texelFetch(b_tex, int(texel)); }
+#else
 layout(std430, binding = PROJECT_BINDING_A) readonly buffer A { float a[]; };
 layout(std430, binding = PROJECT_BINDING_B) readonly buffer B { float b[]; };
-layout(std430, binding = PROJECT_BINDING_BIAS) readonly buffer Bias { float bias[]; };
-layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T c[]; };
 
 float load_a(uint base, uint row, uint k) { return a[base + row * pc.a_rs + k]; }
 float load_b(uint base, uint k, uint col) { return b[base + k * pc.b_rs + col * pc.b_cs]; }
+#endif
+layout(std430, binding = PROJECT_BINDING_BIAS) readonly buffer Bias { float bias[]; };
+layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T c[]; };
+
 void store_c(uint base, uint row, uint col, float value) {
     const uint at = base + row * pc.c_rs + col;
     if ((pc.flags & GEMM_FLAG_ACCUMULATE) != 0u) value += float(c[at]);
