@@ -62,10 +62,11 @@ uint k_limit(uint row0);
 // Per texel step (4 values of k) a lane fetches TM texels of A (its rows) and 4·TN/4 texels of B
 // (lane-uniform), then 4·TM·TN multiply-adds. The including shader defines
 //   vec4 load_a4(uint texel), vec4 load_b4(uint texel)
-// The host guarantees (plan_gemm, contract/gemm.h): K, every A and B offset, a_rs and b_rs are
-// multiples of 4, b_cs = 1, N is a multiple of 4, TN a multiple of 4 and BK a multiple of 4.
+// The host guarantees (choose_kernels in src/api/plan.cpp): K, every A and B offset, a_rs and b_rs are
+// multiples of 4, b_cs = 1, N, c_rs and C's offset are multiples of 4, TN and BK multiples of 4.
 vec4 load_a4(uint texel);
 vec4 load_b4(uint texel);
+void store_c4(uint base, uint row, uint col, vec4 value);  // columns col..col+3 of row
 
 const uint WG = gl_WorkGroupSize.x;
 const uint TN4 = TN / 4;
@@ -109,10 +110,8 @@ void gemm_main() {
 
     [[unroll]] for (uint i = 0; i < TM; ++i) {
         [[unroll]] for (uint j = 0; j < TN4; ++j) {
-            [[unroll]] for (uint c4 = 0; c4 < 4; ++c4) {
-                const uint r = row0 + lane + i * WG, c = col0 + 4u * j + c4;
-                if (r < pc.M && c < pc.N) store_c(c_base, r, c, acc[i * TN4 + j][c4]);
-            }
+            const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
+            if (r < pc.M && c < pc.N) store_c4(c_base, r, c, acc[i * TN4 + j]);
         }
     }
 }

@@ -25,6 +25,25 @@ float load_a(uint base, uint row, uint k) { return a[base + row * pc.a_rs + k]; 
 float load_b(uint base, uint k, uint col) { return b[base + k * pc.b_rs + col * pc.b_cs]; }
 #endif
 layout(std430, binding = PROJECT_BINDING_BIAS) readonly buffer Bias { float bias[]; };
+#ifdef QKV_GEMM_TEXELS
+// Four columns per store (C's rows and offset are whole groups of 4 here): a store at a
+// lane-varying address is one scalar loop over the lanes on lavapipe, so a vec4 store costs a
+// quarter of four float stores.
+#ifdef QKV_FP16
+#define QKV_T4 f16vec4
+#else
+#define QKV_T4 vec4
+#endif
+layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T4 c4[]; };
+
+void store_c4(uint base, uint row, uint col, vec4 value) {
+    const uint at = (base + row * pc.c_rs + col) / 4u;
+    if ((pc.flags & GEMM_FLAG_ACCUMULATE) != 0u) value += vec4(c4[at]);
+    if ((pc.flags & (PROJECT_FLAG_BIAS | GEMM_FLAG_PARTIAL)) == PROJECT_FLAG_BIAS)
+        value += vec4(bias[col], bias[col + 1u], bias[col + 2u], bias[col + 3u]);
+    c4[at] = QKV_T4(value);
+}
+#else
 layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T c[]; };
 
 void store_c(uint base, uint row, uint col, float value) {
@@ -33,6 +52,7 @@ void store_c(uint base, uint row, uint col, float value) {
     if ((pc.flags & (PROJECT_FLAG_BIAS | GEMM_FLAG_PARTIAL)) == PROJECT_FLAG_BIAS) value += bias[col];
     c[at] = QKV_TO_T(value);
 }
+#endif
 bool tile_is_masked(uint row0, uint col0) { return false; }
 uint k_limit(uint row0) { return pc.K; }
 
