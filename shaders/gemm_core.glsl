@@ -53,7 +53,70 @@ uint k_limit(uint row0);
 #define QKV_MADD(a, b, acc) fma((a), (b), (acc))
 #endif
 
-#if defined(QKV_GEMM_CPU) && defined(QKV_GEMM_CPU_ROWS)
+#if defined(QKV_GEMM_CPU) && defined(QKV_GEMM_CPU_ROWS) && defined(QKV_GEMM_TEXELS)
+
+// CPU family, rows variant through texel buffers (the Q|K|V projection where the device offers
+// RGBA32F uniform texel buffers): as below, lane l owns the rows row0 + l + WG·i (i < TM) and
+// every lane the same TN columns, but A and B are read four elements at a time with texelFetch,
+// which llvmpipe serves far more cheaply than a storage-buffer load at a lane-varying address.
+// Per texel step (4 values of k) a lane fetches TM texels of A (its rows) and 4·TN/4 texels of B
+// (lane-uniform), then 4·TM·TN multiply-adds. The including shader defines
+//   vec4 load_a4(uint texel), vec4 load_b4(uint texel)
+// The host guarantees (choose_kernels in src/api/plan.cpp): K, every A and B offset, a_rs and b_rs are
+// multiples of 4, b_cs = 1, N, c_rs and C's offset are multiples of 4, TN and BK multiples of 4.
+vec4 load_a4(uint texel);
+vec4 load_b4(uint texel);
+void store_c4(uint base, uint row, uint col, vec4 value);  // columns col..col+3 of row
+
+const uint WG = gl_WorkGroupSize.x;
+const uint TN4 = TN / 4;
+const uint BK4 = BK / 4;
+
+void gemm_main() {
+    const uint lane = gl_LocalInvocationID.x;
+    const uint row0 = (gl_WorkGroupID.x + pc.group_x) * BM;
+    const uint col0 = (gl_WorkGroupID.y + pc.group_y) * BN;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.heads, head = z % pc.heads;
+    const uint a_base = pc.a_off + batch * pc.a_bs + head * pc.a_hs;
+    const uint b_base = pc.b_off + batch * pc.b_bs + head * pc.b_hs;
+    const uint c_base = pc.c_off + batch * pc.c_bs + head * pc.c_hs;
+    if (row0 >= pc.M || col0 >= pc.N) return;
+
+    // Rows past M read the last row (in bounds) and are never stored; columns past N likewise.
+    uint arow[TM];  // texel index of (row, k = 0)
+    [[unroll]] for (uint i = 0; i < TM; ++i) arow[i] = (a_base + min(row0 + lane + i * WG, pc.M - 1u) * pc.a_rs) / 4u;
+    uint bcol[TN4];  // texel index of (k = 0, column group j)
+    [[unroll]] for (uint j = 0; j < TN4; ++j) bcol[j] = (b_base + min(col0 + 4u * j, pc.N - 4u)) / 4u;
+    const uint b_rs4 = pc.b_rs / 4u;
+
+    vec4 acc[TM * TN4];
+    [[unroll]] for (uint i = 0; i < TM * TN4; ++i) acc[i] = vec4(0.0);
+
+    const uint k4max = pc.K / 4u;
+    for (uint k4 = 0; k4 < k4max; k4 += BK4) {
+        [[unroll]] for (uint u = 0; u < BK4; ++u) {
+            vec4 a[TM];
+            [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = load_a4(arow[i] + k4 + u);
+            [[unroll]] for (uint kk = 0; kk < 4; ++kk) {
+                const uint brow = (4u * (k4 + u) + kk) * b_rs4;
+                [[unroll]] for (uint j = 0; j < TN4; ++j) {
+                    const vec4 b = load_b4(bcol[j] + brow);
+                    [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN4 + j] = fma(vec4(a[i][kk]), b, acc[i * TN4 + j]);
+                }
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0; i < TM; ++i) {
+        [[unroll]] for (uint j = 0; j < TN4; ++j) {
+            const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
+            if (r < pc.M && c < pc.N) store_c4(c_base, r, c, acc[i * TN4 + j]);
+        }
+    }
+}
+
+#elif defined(QKV_GEMM_CPU) && defined(QKV_GEMM_CPU_ROWS)
 
 // CPU family, rows variant (the projection): lane l owns the rows row0 + l + WG·i (i < TM) and
 // every lane the same BN = TN columns col0 + j. Per k, each lane gathers TM values of A (one per

@@ -84,6 +84,39 @@ TEST_CASE("each kernel family of the products matches the reference on odd shape
     }
 }
 
+TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm]") {
+    // d_in and 2·d_k + d_v multiples of 4: on a CPU device that reads RGBA32F texel buffers the
+    // cpu family's projection reads X and the weights through texel views (project_cpu_tx).
+    // Row counts that leave a partial row block, widths that leave a partial column block, a K
+    // past the loop limit (two dispatches, whole texels each), biases, batches and fp16 storage.
+    auto ctx = qkv_test::make_context({});
+    std::uint64_t seed = 9000;
+    struct shape {
+        std::size_t seq, d_in, d_k, d_v, heads, batch;
+    };
+    for (const shape& sh : {shape{1, 4, 4, 4, 1, 1}, shape{3, 8, 2, 8, 1, 2}, shape{17, 64, 64, 64, 1, 1},
+                            shape{113, 20, 6, 8, 2, 1}, shape{113, 64, 64, 64, 4, 2}, shape{5, 270'000, 4, 4, 1, 1}}) {
+        problem_spec s;
+        s.seq = sh.seq, s.d_in = sh.d_in, s.d_k = sh.d_k, s.d_v = sh.d_v, s.heads = sh.heads, s.batch = sh.batch;
+        s.biases = sh.seq % 2 == 1;
+        s.causal = sh.seq == 113;
+        auto p = make_problem(s, seed++);
+        p.options.kernel = kernel_family::cpu;
+        for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
+            p.options.implementation = impl;
+            p.options.precision = qkv::precision::fp32;
+            INFO(qkv_test::describe(s) << (impl == qkv::implementation::staged ? " staged" : " fused"));
+            check(ctx, p, 1e-10);
+            if (ctx.device().fp16_storage) {
+                p.options.precision = qkv::precision::fp16;
+                INFO("fp16");
+                check(ctx, p, 1e-5);
+            }
+        }
+    }
+    require_clean(ctx);
+}
+
 TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][gemm][loop_limit]") {
     // Just past 65,535, and 270,000: past the point where the shared-memory tiles of a short
     // product fail on lavapipe without the split (16 k per step, 5 loop iterations per step:

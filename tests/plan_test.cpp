@@ -166,6 +166,49 @@ TEST_CASE("plan: the products' family and shaders follow the device and the requ
     }
 }
 
+TEST_CASE("plan: the projection's texel variant where the device reads RGBA32F texel buffers", "[plan]") {
+    for (const fake& f : fakes()) {
+        INFO(f.name);
+        const bool cpu = f.info.type == device_type::cpu;
+        device_facts texels = facts_for(f, 64);
+        texels.projection_texels = true;
+        const auto pr = problem(1, 113, 32, 32, 2, 16, qkv::implementation::staged);
+        const plan p = plan_for(f, pr, texels);
+        CHECK(p.project.shader == (cpu ? shader_id::project_cpu_tx : shader_id::project));
+        CHECK(p.out_projection.shader == (cpu ? shader_id::project_cpu : shader_id::project));
+        if (cpu) {
+            // Whole texels: TN and BK multiples of 4, the K chunk too.
+            CHECK(p.project.tiles.tn % 4 == 0);
+            CHECK(p.project.tiles.bk % 4 == 0);
+            CHECK(p.project.chunk_k % 4 == 0);
+            CHECK(p.project.tiles.bm == p.project.tiles.threads() * p.project.tiles.tm);
+            check_step(f, p.project, p.d_in, "project (texels)");
+        }
+        // The view ends after X and the weights, on a whole texel.
+        CHECK(projection_view_bytes(p) % 16 == 0);
+        CHECK(projection_view_bytes(p) >= p.w.offset + p.w.size);
+        CHECK(projection_view_bytes(p) >= p.x.offset + p.x.size);
+        auto half = pr;
+        half.options.precision = qkv::precision::fp16;
+        CHECK(plan_for(f, half, texels).project.shader ==
+              (cpu ? shader_id::project_cpu_tx_f16 : shader_id::project_f16));
+        // Without the facts, or with rows that do not start on whole texels: the storage-buffer variant.
+        CHECK(plan_for(f, pr, facts_for(f, 64)).project.shader == (cpu ? shader_id::project_cpu : shader_id::project));
+        CHECK(plan_for(f, problem(1, 113, 17, 32, 2, 0, qkv::implementation::fused), texels).project.shader ==
+              (cpu ? shader_id::project_cpu : shader_id::project));
+        CHECK(plan_for(f, problem(1, 113, 32, 3, 1, 0, qkv::implementation::fused), texels).project.shader ==
+              (cpu ? shader_id::project_cpu : shader_id::project));
+        // A long K is split into whole texels, each dispatch under the loop limit.
+        const plan big = plan_for(f, problem(1, 17, 300000, 8, 1, 0, qkv::implementation::staged), texels);
+        if (cpu) {
+            CHECK(big.project.shader == shader_id::project_cpu_tx);
+            CHECK(big.project.chunk_k < big.d_in);
+            CHECK(big.project.chunk_k % 4 == 0);
+            CHECK(big.project.tiles.loop_iterations(big.project.chunk_k) < cpu_loop_limit - 1000);
+        }
+    }
+}
+
 TEST_CASE("plan: the fused kernel's family", "[plan]") {
     const auto pr = problem(2, 113, 16, 32, 2, 0, qkv::implementation::fused);
     for (const fake& f : fakes()) {

@@ -1,6 +1,7 @@
 #include "api/dispatch.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -107,6 +108,12 @@ plan plan_call(const dispatch_environment& env, const attention_problem& problem
         const flash_cpu_refusal no = check_flash_cpu(env.dev, cpu_plan);
         return family_refusal{no.why, no.limit};
     };
+    // QKV_PROJECT_TEXELS=0 keeps the storage-buffer variant (for before/after measurements).
+    const char* texels_env = std::getenv("QKV_PROJECT_TEXELS");
+    facts.projection_texels = !(texels_env && std::string(texels_env) == "0") &&
+                              env.dev.uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT) &&
+                              projection_view_bytes(p) >= 16 &&
+                              projection_view_bytes(p) / 16 <= env.dev.limits().maxTexelBufferElements;
     choose_kernels(p, info, facts, problem.options.kernel);
     return p;
 }
@@ -119,7 +126,9 @@ bool ensure_buffers(dispatch_environment& env, const plan& p, const flash_cpu_pl
     buffer_cache& bufs = env.buffers;
     allocator& alloc = env.alloc;
     try {
-        ensure(alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "inputs");
+        // Texel usage too: the projection's texel variant reads X and the weights through a view.
+        ensure(alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "inputs",
+               VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
         ensure(alloc, bufs.qkv, p.qkv_bytes, memory_use::device, "Q|K|V");
         if (p.scores_bytes) ensure(alloc, bufs.scores, p.scores_bytes, memory_use::device, "scores");
         if (p.concat_bytes) ensure(alloc, bufs.concat, p.concat_bytes, memory_use::device, "concatenated heads");
@@ -163,15 +172,28 @@ void upload(executor& exec, const buffer_cache& bufs, const plan& p, const atten
                  VK_ACCESS_SHADER_READ_BIT);
 }
 
+bool texel_projection(const plan& p) {
+    return p.project.shader == shader_id::project_cpu_tx || p.project.shader == shader_id::project_cpu_tx_f16;
+}
+
 /// Stage 1: Q|K|V = X · [Wq|Wk|Wv] + [bq|bk|bv], one product for all three, then the range guard.
-void record_projection(dispatch_environment& env, const buffer_cache& bufs, const plan& p, const call_bindings& b) {
+/// The texel variant reads X and the weights through `view` (RGBA32F, the inputs from offset 0,
+/// made here; it must live until the submit), at their element offsets in the inputs.
+void record_projection(dispatch_environment& env, const buffer_cache& bufs, const plan& p, const call_bindings& b,
+                       buffer_view& view) {
     gemm_push g = gemm_push_defaults();
     g.M = p.batch * p.seq, g.N = p.ld, g.K = p.d_in;
     g.a_rs = p.d_in, g.b_rs = p.ld, g.b_cs = 1, g.c_rs = p.ld;
     g.flags = p.bias ? flag_bias : 0;
-    record_gemm(env.exec, env.pipes, p.project,
-                {part(bufs.inputs, p.x), part(bufs.inputs, p.w), p.bias ? part(bufs.inputs, p.b) : b.any_input, b.qkv},
-                g, 1);
+    const binding bias = p.bias ? part(bufs.inputs, p.b) : b.any_input;
+    if (texel_projection(p)) {
+        view = buffer_view(env.dev, bufs.inputs, VK_FORMAT_R32G32B32A32_SFLOAT, 0, projection_view_bytes(p));
+        g.a_off = static_cast<std::uint32_t>(p.x.offset / 4), g.b_off = static_cast<std::uint32_t>(p.w.offset / 4);
+        record_gemm(env.exec, env.pipes, p.project, {texel(view.handle()), texel(view.handle()), bias, b.qkv}, g, 1);
+    } else {
+        record_gemm(env.exec, env.pipes, p.project, {part(bufs.inputs, p.x), part(bufs.inputs, p.w), bias, b.qkv}, g,
+                    1);
+    }
     env.exec.compute_barrier();
     // Finite inputs too large for float32 / float16: checked here, reported after the submit.
     record_range_guard(env.exec, env.pipes, bufs.guard, p, b.qkv);
@@ -299,8 +321,9 @@ attention_run run_attention(dispatch_environment& env, const attention_problem& 
     executor& exec = env.exec;
     exec.begin();
     upload(exec, env.buffers, p, problem, staged_io);
-    exec.mark();  // inputs on the device
-    record_projection(env, env.buffers, p, b);
+    exec.mark();                  // inputs on the device
+    buffer_view projection_view;  // the projection's texel view, where it takes the texel variant
+    record_projection(env, env.buffers, p, b, projection_view);
     exec.mark();  // projections done
     if (p.impl == implementation::fused)
         record_fused(env, p, cpu_plan, b);

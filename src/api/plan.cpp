@@ -1,5 +1,6 @@
 #include "api/plan.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/stages.hpp"
@@ -118,6 +119,10 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
     return p;
 }
 
+std::uint64_t projection_view_bytes(const plan& p) {
+    return (std::max(p.x.offset + p.x.size, p.w.offset + p.w.size) + 15) / 16 * 16;
+}
+
 kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal) {
     if (asked == kernel_family::gpu) return kernel_family::gpu;
     if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::gpu;
@@ -151,6 +156,11 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     p.cpu_gemm = cpu_kernels(info, asked);
     p.project = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::project_f16 : shader_id::project,
                           std::uint64_t{p.batch} * N, p.ld, p.d_in);
+    // The texel variant reads whole texels of 4 floats: X's rows, the weights' rows and both
+    // offsets must start on one (the fallback is the storage-buffer variant planned above).
+    if (p.cpu_gemm && facts.projection_texels && p.d_in % 4 == 0 && p.ld % 4 == 0 && p.x.offset % 16 == 0 &&
+        p.w.offset % 16 == 0)
+        p.project = plan_projection_texels(info, p.fp16, std::uint64_t{p.batch} * N, p.ld, p.d_in);
     if (!fused) {
         p.scores = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::scores_f16 : shader_id::scores, N, N, dh);
         p.aggregate = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate, N, dvh, N);

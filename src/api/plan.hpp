@@ -66,7 +66,15 @@ struct device_facts {
     std::uint32_t cpu_chunk_keys = 0;             ///< keys per dispatch of the CPU family (plan_flash_cpu)
     /// Asked only where the CPU family is a candidate (it may query the device).
     std::function<family_refusal()> cpu_family_refusal;
+    /// The device reads R32G32B32A32_SFLOAT uniform texel buffers and one such view of the inputs
+    /// from offset 0 through X and [Wq|Wk|Wv] fits maxTexelBufferElements (projection_view_bytes):
+    /// the CPU-family projection may take its texel variant (project_cpu_tx).
+    bool projection_texels = false;
 };
+
+/// Bytes of the texel view of the inputs buffer that the projection's texel variant reads: from
+/// offset 0 through the end of X and of the packed weights, in whole 16-byte texels.
+std::uint64_t projection_view_bytes(const plan& p);
 
 /// Which family of the fused kernel runs (run_options::kernel):
 ///   asked for   device         runs

@@ -1,6 +1,8 @@
 #include "kernels/gemm_tiles.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "contract/gemm.h"
 
@@ -170,6 +172,27 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
     s.shader = cpu ? cpu_twin(shader) : shader;
     s.tiles = rows ? choose_projection_tiles_cpu(info, m, n) : choose_gemm_tiles(info, m, n, cpu);
     s.chunk_k = gemm_chunk_k(info, s.tiles, k);
+    return s;
+}
+
+gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n,
+                                 std::uint32_t k) {
+    gemm_step s;
+    s.shader = fp16 ? shader_id::project_cpu_tx_f16 : shader_id::project_cpu_tx;
+    gemm_tiles& t = s.tiles;
+    t.cpu = true;
+    const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
+    t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, 8));
+    t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(n / 4 * 4, 4, 16));
+    if (const char* env = std::getenv("QKV_PROJECT_TILES")) {
+        unsigned tm = 0, tn = 0;
+        if (std::sscanf(env, "%u,%u", &tm, &tn) == 2 && tm >= 1 && tm <= 16 && tn >= 4 && tn <= 32 && tn % 4 == 0)
+            t.tm = tm, t.tn = tn;
+    }
+    t.bm = lanes * t.tm;
+    t.bn = t.tn;
+    t.bk = 4;  // one texel of k per loop iteration: any chunk of whole texels needs no tail
+    s.chunk_k = gemm_chunk_k(info, t, k);
     return s;
 }
 

@@ -67,4 +67,10 @@ struct gemm_step {
 gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::uint64_t m, std::uint64_t n,
                     std::uint32_t k);
 
+/// The projection's texel variant (project_cpu_tx, or project_cpu_tx_f16 where `fp16`): X and
+/// the packed weights through RGBA32F uniform texel buffers, each lane owning TM rows, every lane
+/// sharing BN = TN columns (a multiple of 4). The caller checks that the device reads such texel
+/// buffers, that n and k are multiples of 4 and that the operands start on whole texels.
+gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n, std::uint32_t k);
+
 }  // namespace qkv::vulkan::detail
