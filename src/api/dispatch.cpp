@@ -110,8 +110,10 @@ plan plan_call(const dispatch_environment& env, const attention_problem& problem
     };
     // QKV_PROJECT_TEXELS=0 keeps the storage-buffer variant (for before/after measurements).
     const char* texels_env = std::getenv("QKV_PROJECT_TEXELS");
-    facts.projection_texels = !(texels_env && std::string(texels_env) == "0") &&
-                              env.dev.uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT) &&
+    const std::string texels = texels_env ? texels_env : "";
+    if (!texels.empty() && texels != "0" && texels != "1")
+        throw invalid_argument("QKV_PROJECT_TEXELS=" + texels + ": expected 0 or 1");
+    facts.projection_texels = texels != "0" && env.dev.uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT) &&
                               projection_view_bytes(p) >= 16 &&
                               projection_view_bytes(p) / 16 <= env.dev.limits().maxTexelBufferElements;
     choose_kernels(p, info, facts, problem.options.kernel);

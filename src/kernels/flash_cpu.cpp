@@ -1,6 +1,7 @@
 #include "kernels/flash_cpu.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "qkv/vulkan/error.hpp"
@@ -45,11 +46,13 @@ flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& l, std::uin
     while (p.rpi > 1 && p.rpi * widest > 32) p.rpi /= 2;
     p.kps = p.rpi <= 2 ? 8 : 4;
     if (const char* t = std::getenv("QKV_FLASH_CPU_TILES"); t && *t) {  // tuning: "rpi,kps"
-        char* end = nullptr;
-        const unsigned long r = std::strtoul(t, &end, 10);
-        const unsigned long k = (end && *end == ',') ? std::strtoul(end + 1, nullptr, 10) : 0;
-        if (power_of_two(static_cast<std::uint32_t>(r)) && r <= 16) p.rpi = static_cast<std::uint32_t>(r);
-        if (power_of_two(static_cast<std::uint32_t>(k)) && k <= 32) p.kps = static_cast<std::uint32_t>(k);
+        unsigned r = 0, k = 0;
+        char tail = 0;
+        if (std::sscanf(t, "%u,%u%c", &r, &k, &tail) != 2 || !power_of_two(r) || r > 16 || !power_of_two(k) || k > 32)
+            throw invalid_argument(std::string("QKV_FLASH_CPU_TILES=") + t +
+                                   ": expected rows,keys, powers of two with rows <= 16 and keys <= 32 (e.g. 8,4)");
+        p.rpi = r;
+        p.kps = k;
     }
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), p.block()));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), p.kps));

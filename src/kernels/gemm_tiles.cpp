@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "contract/gemm.h"
+#include "qkv/runtime/error.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -184,10 +186,13 @@ gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64
     const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
     t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, 8));
     t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(n / 4 * 4, 4, 16));
-    if (const char* env = std::getenv("QKV_PROJECT_TILES")) {
+    if (const char* env = std::getenv("QKV_PROJECT_TILES"); env && *env) {  // tuning: "rows,cols"
         unsigned tm = 0, tn = 0;
-        if (std::sscanf(env, "%u,%u", &tm, &tn) == 2 && tm >= 1 && tm <= 16 && tn >= 4 && tn <= 32 && tn % 4 == 0)
-            t.tm = tm, t.tn = tn;
+        char tail = 0;
+        if (std::sscanf(env, "%u,%u%c", &tm, &tn, &tail) != 2 || tm < 1 || tm > 16 || tn < 4 || tn > 32 || tn % 4 != 0)
+            throw invalid_argument(std::string("QKV_PROJECT_TILES=") + env +
+                                   ": expected rows,cols with 1 <= rows <= 16 and cols a multiple of 4 in 4..32");
+        t.tm = tm, t.tn = tn;
     }
     t.bm = lanes * t.tm;
     t.bn = t.tn;
