@@ -33,7 +33,7 @@ double time_ms(executor& exec, Record&& record) {
 
 device_ceiling context::measure_ceiling() {
     std::lock_guard lock(impl_->mutex);
-    if (impl_->lost) throw device_lost("the Vulkan device of this context was lost earlier; create a new context");
+    impl_->check_alive();
     executor& exec = *impl_->exec;
     pipeline_set& pipes = *impl_->pipes;
     allocator& alloc = *impl_->alloc;

@@ -27,18 +27,9 @@ attention_output context::attention(const attention_problem& problem) {
     validate(problem);
     const auto start = std::chrono::steady_clock::now();
     std::lock_guard lock(impl_->mutex);
-    if (impl_->lost)
-        throw device_lost(
-            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    impl_->check_alive();
     try {
-        dispatch_environment env{*impl_->dev,
-                                 *impl_->alloc,
-                                 *impl_->pipes,
-                                 *impl_->exec,
-                                 impl_->buffers,
-                                 impl_->options.force_staging,
-                                 impl_->options.max_fused_keys_per_dispatch};
-        if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
+        dispatch_environment env = impl_->environment();
         attention_run run = run_attention(env, problem);
         impl_->last.host_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -75,18 +66,9 @@ sdpa_output context::sdpa(const sdpa_problem& problem) {
         }
     }
     std::lock_guard lock(impl_->mutex);
-    if (impl_->lost)
-        throw device_lost(
-            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    impl_->check_alive();
     try {
-        dispatch_environment env{*impl_->dev,
-                                 *impl_->alloc,
-                                 *impl_->pipes,
-                                 *impl_->exec,
-                                 impl_->buffers,
-                                 impl_->options.force_staging,
-                                 impl_->options.max_fused_keys_per_dispatch};
-        if (impl_->options.fused_tiles_as) env.fused_tiles_as = &*impl_->options.fused_tiles_as;
+        dispatch_environment env = impl_->environment();
         sdpa_run run = run_sdpa(env, problem);
         impl_->last = call_stats{};
         impl_->last.host_ms =

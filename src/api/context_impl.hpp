@@ -51,6 +51,21 @@ struct context::impl {
         pipes = std::make_unique<pipeline_set>(*dev);
         exec = std::make_unique<executor>(*dev, opts.max_workgroup_count, opts.simulate_device_lost_at_submit);
     }
+
+    /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
+    void check_alive() const {
+        if (lost)
+            throw device_lost(
+                "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    }
+
+    /// What the dispatchers (run_attention, run_sdpa) work with. Call with `mutex` held.
+    dispatch_environment environment() {
+        dispatch_environment env{
+            *dev, *alloc, *pipes, *exec, buffers, options.force_staging, options.max_fused_keys_per_dispatch};
+        if (options.fused_tiles_as) env.fused_tiles_as = &*options.fused_tiles_as;
+        return env;
+    }
 };
 
 }  // namespace qkv::vulkan

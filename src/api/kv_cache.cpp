@@ -215,9 +215,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                                            ") is beyond float16's range (65504) of this fp16 cache; nothing was "
                                            "appended; use an fp32 cache or scale the inputs");
     std::lock_guard lock(c.ctx->mutex);
-    if (c.ctx->lost)
-        throw device_lost(
-            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    c.ctx->check_alive();
     const std::uint64_t tb = c.texel_bytes;
     const std::size_t groups = c.groups();
     try {
@@ -326,9 +324,7 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     const sdpa_shape& s = problem.shape;
     const auto start = std::chrono::steady_clock::now();
     std::lock_guard lock(impl_->mutex);
-    if (impl_->lost)
-        throw device_lost(
-            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+    impl_->check_alive();
     kv_cache::impl& c = *cache.impl_;
     const detail::device& dev = *impl_->dev;
     allocator& alloc = *impl_->alloc;
