@@ -47,6 +47,7 @@ struct plan {
     gemm_step scores, aggregate;                      ///< staged only
     gemm_step out_projection;                         ///< only with d_out
     shader_id softmax = shader_id::softmax;           ///< staged only, with softmax_workgroup invocations
+    shader_id range_guard = shader_id::range_guard;   ///< after the projection (subgroup-reduced where offered)
     std::uint32_t softmax_workgroup = 0;
     std::uint32_t flash_chunk_keys = 0;  ///< fused: keys per dispatch (seq: one dispatch); staged: seq
 };

@@ -17,7 +17,9 @@ namespace {
 
 using contract::range_guard_push;  // shaders/contract/range_guard.h
 
-constexpr std::uint32_t chunk_columns = 4096;  // 2 x 4096 loop iterations per invocation at most
+constexpr std::uint32_t chunk_columns = 4096;  // 2 x 4096 loop iterations per row at most
+constexpr std::uint64_t loop_budget = 60000;    // loop iterations per invocation (llvmpipe: 65,535)
+constexpr std::uint64_t rows_target = 512;      // invocations per (batch, segment) the rows are spread over
 constexpr std::uint32_t workgroup = contract::RANGE_GUARD_WORKGROUP;
 constexpr std::uint32_t header_words = contract::RANGE_GUARD_HEADER_WORDS;
 constexpr std::uint32_t no_index = contract::RANGE_GUARD_NO_INDEX;
@@ -148,12 +150,24 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     push.chunks_v = ceil_div(push.dvh, chunk_columns);
     const std::uint64_t segments = std::uint64_t{p.heads} * (2ull * push.chunks_k + push.chunks_v);
     if (segments > 0xffffffffull) throw limit_exceeded("range guard: too many heads and chunks in one call");
+    // Four elements per load where every row, head and column offset is a multiple of 4 (the
+    // chunk, 4096, is one too).
+    const bool vec4 = p.ld % 4 == 0 && p.d_k % 4 == 0 && push.dh % 4 == 0 && push.dvh % 4 == 0;
+    // Rows per invocation: about rows_target invocations per (batch, segment), so that few of
+    // them meet at the same result word, within the per-invocation loop budget.
+    const std::uint64_t widest = std::min<std::uint64_t>(std::max(push.dh, push.dvh), chunk_columns);
+    const std::uint64_t per_row = 2 * ((widest + (vec4 ? 3 : 0)) / (vec4 ? 4 : 1)) + 2;
+    const std::uint64_t budget = std::max<std::uint64_t>(1, loop_budget / per_row);
+    push.rows_per_invocation =
+        static_cast<std::uint32_t>(std::clamp<std::uint64_t>((std::uint64_t{p.seq} + rows_target - 1) / rows_target, 1,
+                                                             budget));
 
     exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    const pipeline& pipe = pipes.get(p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard, {});
-    const std::uint32_t groups[3] = {ceil_div(push.rows, workgroup), static_cast<std::uint32_t>(segments), 1};
+    const pipeline& pipe = pipes.get(p.range_guard, {vec4 ? 1u : 0u});
+    const std::uint32_t groups[3] = {ceil_div(ceil_div(p.seq, push.rows_per_invocation), workgroup),
+                                     static_cast<std::uint32_t>(segments), p.batch};
     exec.dispatch(pipe, {qkv, {bufs.device.handle(), 0, bytes}}, &push, groups);
     exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
                  VK_ACCESS_TRANSFER_READ_BIT);
