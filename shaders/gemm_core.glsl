@@ -68,6 +68,8 @@ vec4 load_a4(uint texel);
 vec4 load_b4(uint texel);
 void store_c4(uint base, uint row, uint col, vec4 value);  // columns col..col+3 of row
 
+layout(constant_id = GEMM_SPEC_EXACT) const uint EXACT = 0;  // 1: no bounds checks (contract/gemm.h)
+
 const uint WG = gl_WorkGroupSize.x;
 const uint TN4 = TN / 4;
 const uint BK4 = BK / 4;
@@ -81,7 +83,8 @@ void gemm_main() {
     const uint a_base = pc.a_off + batch * pc.a_bs + head * pc.a_hs;
     const uint b_base = pc.b_off + batch * pc.b_bs + head * pc.b_hs;
     const uint c_base = pc.c_off + batch * pc.c_bs + head * pc.c_hs;
-    if (row0 >= pc.M || col0 >= pc.N) return;
+    // No early return where EXACT: a returned invocation leaves every later store under a mask.
+    if (EXACT == 0u && (row0 >= pc.M || col0 >= pc.N)) return;
 
     // Rows past M read the last row (in bounds) and are never stored; columns past N likewise.
     uint arow[TM];  // texel index of (row, k = 0)
@@ -111,7 +114,7 @@ void gemm_main() {
     [[unroll]] for (uint i = 0; i < TM; ++i) {
         [[unroll]] for (uint j = 0; j < TN4; ++j) {
             const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
-            if (r < pc.M && c < pc.N) store_c4(c_base, r, c, acc[i * TN4 + j]);
+            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c4(c_base, r, c, acc[i * TN4 + j]);
         }
     }
 }

@@ -36,10 +36,13 @@ layout(std430, binding = PROJECT_BINDING_BIAS) readonly buffer Bias { float bias
 #endif
 layout(std430, binding = PROJECT_BINDING_C) buffer C { QKV_T4 c4[]; };
 
+layout(constant_id = GEMM_SPEC_STORE) const uint STORE_FLAGS = GEMM_STORE_RUNTIME;
+
 void store_c4(uint base, uint row, uint col, vec4 value) {
     const uint at = (base + row * pc.c_rs + col) / 4u;
-    if ((pc.flags & GEMM_FLAG_ACCUMULATE) != 0u) value += vec4(c4[at]);
-    if ((pc.flags & (PROJECT_FLAG_BIAS | GEMM_FLAG_PARTIAL)) == PROJECT_FLAG_BIAS)
+    const uint flags = STORE_FLAGS == GEMM_STORE_RUNTIME ? pc.flags : STORE_FLAGS;
+    if ((flags & GEMM_FLAG_ACCUMULATE) != 0u) value += vec4(c4[at]);
+    if ((flags & (PROJECT_FLAG_BIAS | GEMM_FLAG_PARTIAL)) == PROJECT_FLAG_BIAS)
         value += vec4(bias[col], bias[col + 1u], bias[col + 2u], bias[col + 3u]);
     c4[at] = QKV_T4(value);
 }
