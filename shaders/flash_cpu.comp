@@ -1,6 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
+#ifdef QKV_SHUFFLE
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // Fused attention, CPU-device family (lavapipe / llvmpipe and other VK_PHYSICAL_DEVICE_TYPE_CPU
 // drivers): the same results as flash.comp, shaped for a device that runs one workgroup on one
 // CPU thread with the invocations of a subgroup as the lanes of a SIMD vector.
@@ -10,8 +14,13 @@
 //   - each invocation owns RPI query rows (row0 + i·WG + lane) with their own online softmax
 //     (running maximum m, sum l, accumulator) in registers;
 //   - every step takes KPS keys; K and V rows are read through uniform texel buffers (RGBA32F or
-//     RGBA16F, prepared by flash_cpu_pack.comp) at addresses that are the same for every lane, so
-//     a load is one fetch and a broadcast, not a per-lane gather;
+//     RGBA16F, prepared by flash_cpu_pack.comp). The texel a step needs is the same for every
+//     lane, but inside a loop llvmpipe cannot prove that the first lane is active, so it fetches
+//     such a texel once per lane, like any gather. With QKV_SHUFFLE (the host's choice where the
+//     workgroup is one subgroup that offers subgroupShuffle, src/kernels/flash_cpu.cpp) lane i
+//     fetches texel c of key j0 + i, one gather for up to WG keys, and subgroupShuffle(x, j), with
+//     j a constant once unrolled, hands key j's texel to every lane: an extract and a broadcast.
+//     That made the kernel 1.6x faster on lavapipe (docs/devices.md);
 //   - every inner loop has a constant trip count (specialization constants), so it is unrolled:
 //     the key-step loop is the only loop of the shader.
 //
@@ -64,6 +73,11 @@ layout(push_constant) uniform Push { flash_cpu_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
+
+#ifdef QKV_SHUFFLE
+// Keys fetched per round: one per lane, KPS in ROUNDS rounds (KPS may exceed WG).
+const uint ROUNDS = (KPS + WG - 1u) / WG;
+#endif
 
 void main() {
     const bool causal = (MASKS & MASK_FLAG_CAUSAL) != 0u, has_mask = (MASKS & MASK_FLAG_BOOLEAN) != 0u;
@@ -122,9 +136,23 @@ void main() {
         // scores of RPI rows x KPS keys
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
+#ifdef QKV_SHUFFLE
+        // Lane i fetches key j0 + r·WG + i (the last key of the step where that is past it).
+        uint mine[ROUNDS];
+        [[unroll]] for (uint r = 0; r < ROUNDS; ++r)
+            mine[r] = kvbase + j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u);
+#endif
         [[unroll]] for (uint c = 0; c < D4; ++c) {
+#ifdef QKV_SHUFFLE
+            vec4 fetched[ROUNDS];
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(k_tex, int(mine[r] * D4 + c));
+#endif
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                const vec4 kv = subgroupShuffle(fetched[j / WG], j % WG);
+#else
                 const vec4 kv = texelFetch(k_tex, int((kvbase + j0 + j) * D4 + c));
+#endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const vec4 qv = q[i * D4 + c];
                     s[i * KPS + j] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
@@ -168,8 +196,16 @@ void main() {
         // values
         if (CAREFUL != 0u) {  // a masked key's NaN or Inf value must add nothing, not 0·NaN
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
+#ifdef QKV_SHUFFLE
+                vec4 fetched[ROUNDS];
+                [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(v_tex, int(mine[r] * DV4 + c));
+#endif
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                    const vec4 vv = subgroupShuffle(fetched[j / WG], j % WG);
+#else
                     const vec4 vv = texelFetch(v_tex, int((kvbase + j0 + j) * DV4 + c));
+#endif
                     [[unroll]] for (uint i = 0; i < RPI; ++i) {
                         const float p = s[i * KPS + j];
                         if (p != 0.0) acc[i * DV4 + c] += p * vv;
@@ -178,8 +214,16 @@ void main() {
             }
         } else {
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
+#ifdef QKV_SHUFFLE
+                vec4 fetched[ROUNDS];
+                [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(v_tex, int(mine[r] * DV4 + c));
+#endif
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                    const vec4 vv = subgroupShuffle(fetched[j / WG], j % WG);
+#else
                     const vec4 vv = texelFetch(v_tex, int((kvbase + j0 + j) * DV4 + c));
+#endif
                     [[unroll]] for (uint i = 0; i < RPI; ++i) acc[i * DV4 + c] += s[i * KPS + j] * vv;
                 }
             }

@@ -5,6 +5,12 @@
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #endif
+#ifdef QKV_SHUFFLE
+// cpu variant: each lane fetches one key's texel and subgroupShuffle hands it to every lane
+// (as flash_cpu.comp; the host's choice, src/kernels/sdpa_decode.cpp).
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // Split-S decode (flash-decoding): one workgroup takes one block of rows of one group
 // z = (batch, kv head) and one chunk of keys, and writes each row's partial softmax state
 // (m = running maximum, l = running sum, acc = sum of weights · V) for sdpa_merge.comp.
@@ -101,13 +107,28 @@ void main() {
     const uvec2 range = key_range(chunk);
     const uint last = max(range.y, 1u) - 1u;  // keys past the end re-read the last key, with weight 0
     for (uint j0 = range.x; j0 < range.y; j0 += KPS) {
+#ifdef QKV_SHUFFLE
+        const uint ROUNDS = (KPS + WG - 1u) / WG;
+        uint mine[ROUNDS];  // lane i fetches key j0 + r·WG + i of the step (clamped)
+        [[unroll]] for (uint r = 0; r < ROUNDS; ++r)
+            mine[r] = kbase + min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last);
+#else
         uint at[KPS];
         [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = kbase + min(j0 + j, last);
+#endif
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
         [[unroll]] for (uint c = 0; c < E4; ++c) {
+#ifdef QKV_SHUFFLE
+            vec4 fetched[ROUNDS];
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(k_tex, int(mine[r] * E4 + c));
+#endif
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                const vec4 kv = subgroupShuffle(fetched[j / WG], j % WG);
+#else
                 const vec4 kv = texelFetch(k_tex, int(at[j] * E4 + c));
+#endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) s[i * KPS + j] += dot(q[i * E4 + c], kv);
             }
         }
@@ -134,8 +155,16 @@ void main() {
             [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] *= alpha;
         }
         [[unroll]] for (uint c = 0; c < EV4; ++c) {
+#ifdef QKV_SHUFFLE
+            vec4 fetched[ROUNDS];
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(v_tex, int(mine[r] * EV4 + c));
+#endif
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                const vec4 vv = subgroupShuffle(fetched[j / WG], j % WG);
+#else
                 const vec4 vv = texelFetch(v_tex, int(at[j] * EV4 + c));
+#endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const float p = s[i * KPS + j];
                     if (MASKS != 0u)

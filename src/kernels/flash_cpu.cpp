@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
+#include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -54,6 +56,7 @@ flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& l, std::uin
         p.rpi = r;
         p.kps = k;
     }
+    p.shuffle = cpu_shuffle(info, p.wg);
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), p.block()));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), p.kps));
     std::uint64_t chunk = std::uint64_t{max_steps_per_dispatch} * p.kps;
@@ -146,13 +149,15 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     // 2. The kernel, one dispatch pair per key chunk.
     // Q, K, V as uniform texel buffers, then five storage buffers (contract/flash.h's order).
     static_assert(contract::FLASH_CPU_BINDINGS == 8 && contract::FLASH_CPU_BINDING_V == 2 &&
-                  row_matches<contract::flash_cpu_push>(shader_id::flash_cpu, "tttsssss"));
+                  row_matches<contract::flash_cpu_push>(shader_id::flash_cpu, "tttsssss") &&
+                  row_matches<contract::flash_cpu_push>(shader_id::flash_cpu_shuffle, "tttsssss"));
+    const shader_id kernel = plan.shuffle ? shader_id::flash_cpu_shuffle : shader_id::flash_cpu;
     std::vector<std::uint32_t> spec = plan.spec();
     spec.push_back(l.mask_flags());
     spec.push_back(0);
-    const pipeline& plain = pipes.get(shader_id::flash_cpu, spec);
+    const pipeline& plain = pipes.get(kernel, spec);
     spec.back() = 1;
-    const pipeline& careful = pipes.get(shader_id::flash_cpu, spec);
+    const pipeline& careful = pipes.get(kernel, spec);
     const std::uint32_t blocks = ceil_div(l.q_len, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
     contract::flash_cpu_push push{};

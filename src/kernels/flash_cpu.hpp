@@ -18,6 +18,9 @@ struct flash_cpu_plan {
     // Tiles (specialization constants): invocations per workgroup (the subgroup size), query rows
     // per invocation, keys per step, and the head widths in texels of 4 values.
     std::uint32_t wg = 8, rpi = 4, kps = 8, d4 = 1, dv4 = 1;
+    /// K and V rows shared by subgroupShuffle (flash_cpu_shuffle): only on a CPU device whose
+    /// workgroup is exactly one subgroup of the size it reports, with shuffles in compute.
+    bool shuffle = false;
     std::uint32_t npad_q = 0;      ///< Q rows per (batch, query head) in the texel buffer
     std::uint32_t npad_kv = 0;     ///< K and V rows per (batch, K/V head)
     std::uint32_t chunk_keys = 0;  ///< keys per dispatch (a multiple of kps)

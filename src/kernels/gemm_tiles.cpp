@@ -22,6 +22,20 @@ bool cpu_kernels(const device_info& info, qkv::kernel_family requested) {
     return requested == qkv::kernel_family::cpu;
 }
 
+bool cpu_shuffle(const device_info& info, std::uint32_t workgroup) {
+    // The workgroup must be one subgroup of the reported size: sure on a CPU device, whose
+    // subgroup is its SIMD vector (lavapipe: 8 lanes of AVX2); not on a GPU, which may compile a
+    // workgroup into subgroups of another size unless asked otherwise.
+    bool allowed = info.type == device_type::cpu && info.subgroup_shuffle && workgroup == info.subgroup_size;
+    if (const char* t = std::getenv("QKV_CPU_SHUFFLE"); t && *t) {
+        const std::string v = t;
+        if (v != "0" && v != "1")
+            throw invalid_argument("QKV_CPU_SHUFFLE=" + v + ": expected 0 (never) or 1 (where the device allows)");
+        if (v == "0") allowed = false;
+    }
+    return allowed;
+}
+
 std::vector<std::uint32_t> gemm_tiles::spec() const {
     std::vector<std::uint32_t> s(contract::GEMM_SPEC_COUNT);
     s[contract::GEMM_SPEC_WORKGROUP] = threads();

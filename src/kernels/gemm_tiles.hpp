@@ -19,6 +19,13 @@ inline constexpr std::uint64_t cpu_loop_limit = 65535;
 /// True when the matrix products use the CPU-device family (gemm_core.glsl, QKV_GEMM_CPU).
 bool cpu_kernels(const device_info& info, qkv::kernel_family requested);
 
+/// Whether the cpu family's kernels (flash_cpu, sdpa_decode's cpu variant) with a workgroup of
+/// `workgroup` invocations may share K and V rows by subgroupShuffle: only on a CPU device whose
+/// subgroup is its SIMD vector and equals the workgroup, with shuffles in compute shaders.
+/// QKV_CPU_SHUFFLE=0 says never (for before/after measurements, and to test both variants); a
+/// value other than 0 or 1 throws invalid_argument.
+bool cpu_shuffle(const device_info& info, std::uint32_t workgroup);
+
 /// Tile shape of the matrix product (specialization constants GEMM_SPEC_*, contract/gemm.h).
 /// GPU family: BM x BN tiles through shared memory, BK deep, TM x TN per invocation.
 /// CPU family (`cpu`): `lanes` invocations, BM rows x BN = lanes·TN columns per workgroup, the k

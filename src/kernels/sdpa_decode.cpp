@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -83,6 +84,7 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
         while (p.rpi * p.wg < p.rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
         p.kps = p.rpi <= 2 ? 8 : 4;
         p.row_blocks = ceil_div(p.rows, std::uint64_t{p.wg} * p.rpi);
+        p.shuffle = cpu_shuffle(info, p.wg);
         step = p.kps;
         target = target_groups_cpu, min_chunk = min_chunk_cpu;
     } else {
@@ -155,13 +157,16 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 
 void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push) {
-    const shader_id id = plan.family == kernel_family::cpu ? shader_id::sdpa_decode_cpu : shader_id::sdpa_decode_gpu;
+    const shader_id id = plan.family != kernel_family::cpu ? shader_id::sdpa_decode_gpu
+                         : plan.shuffle                     ? shader_id::sdpa_decode_cpu_shuffle
+                                                            : shader_id::sdpa_decode_cpu;
     const pipeline& kernel = pipes.get(id, plan.spec());
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
                       DECODE_BINDINGS == 7,
                   "the binding list below follows the contract's order");
     static_assert(row_matches<decode_push>(shader_id::sdpa_decode_cpu, "tttssss") &&
+                      row_matches<decode_push>(shader_id::sdpa_decode_cpu_shuffle, "tttssss") &&
                       row_matches<decode_push>(shader_id::sdpa_decode_gpu, "tttssss"),
                   "Q, K and V are uniform texel buffers, the rest storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};

@@ -31,6 +31,7 @@ struct decode_request {
 struct decode_plan {
     kernel_family family = kernel_family::cpu;
     bool subgroup = false;  ///< gpu variant: tile maxima by subgroupMax (else a shared-memory tree)
+    bool shuffle = false;   ///< cpu variant: K and V rows shared by subgroupShuffle (cpu_shuffle in flash_cpu.hpp)
     std::uint32_t wg = 8;   ///< invocations per workgroup
     std::uint32_t rpi = 1;  ///< cpu: rows per invocation; gpu: rows per workgroup
     std::uint32_t kps = 8;  ///< cpu: keys per step; gpu: keys per tile (= wg)

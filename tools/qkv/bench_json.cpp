@@ -15,6 +15,7 @@ json device_json(const qkv::vulkan::device_info& d) {
             {"vendor_id", d.vendor_id},
             {"subgroup_size", d.subgroup_size},
             {"subgroup_arithmetic", d.subgroup_arithmetic},
+            {"subgroup_shuffle", d.subgroup_shuffle},
             {"shared_memory_bytes", d.max_shared_memory},
             {"device_local_bytes", d.device_local_memory},
             {"fp16_storage", d.fp16_storage},
