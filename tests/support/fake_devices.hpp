@@ -46,10 +46,13 @@ enum fake_index : std::size_t {
     integrated_16 = 3,
     cpu_8 = 4,
     minimal = 5,
+    cpu_16 = 6,
+    cpu_4 = 7,
 };
 
 /// Discrete GPUs with subgroups of 32 and 64, an integrated GPU, a CPU implementation like
-/// lavapipe, and the smallest device the Vulkan spec allows, in the order of fake_index.
+/// lavapipe (8 lanes, also 16 and 4), and the smallest device the Vulkan spec allows, in the
+/// order of fake_index.
 inline std::vector<fake_device> fake_devices() {
     using vulkan::device_type;
     return {
@@ -71,6 +74,10 @@ inline std::vector<fake_device> fake_devices() {
         {"cpu, subgroup 8", describe_device(device_type::cpu, 8, true, 32768, 1024), {8, 8, true, true, 128}},
         // the Vulkan minimum: 16 KiB, 128 invocations, no subgroup arithmetic, size unknown
         {"minimal", describe_device(device_type::other, 0, false, 16384, 128), {}},
+        // lavapipe's subgroup is its vector width / 32: 16 lanes with 512-bit vectors, 4 with 128-bit
+        // ones (LP_NATIVE_VECTOR_WIDTH=512 or 128)
+        {"cpu, subgroup 16", describe_device(device_type::cpu, 16, true, 32768, 1024), {16, 16, true, true, 64}},
+        {"cpu, subgroup 4", describe_device(device_type::cpu, 4, true, 32768, 1024), {4, 4, true, true, 256}},
     };
 }
 
