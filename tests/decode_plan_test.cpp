@@ -142,12 +142,15 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
     CHECK(std::uint64_t{p.chunks} * p.chunk >= keys);
     CHECK(std::uint64_t{p.chunks - 1} * p.chunk < keys);
 
-    // The loops: max_loop bounds what one invocation of either shader runs, within the budget, and
-    // on a CPU device under llvmpipe's limit.
+    // The loops: max_loop bounds the decode kernel's loops in one invocation, within the budget; on
+    // a CPU device both shaders stay under llvmpipe's limit.
     CHECK(p.max_loop >= kernel_loops(p, p.chunk));
-    CHECK(p.max_loop >= p.chunks);  // the merge's loops over a row's chunks
+    CHECK(p.max_loop >= p.chunks);  // the planner counts the merge as one loop over a row's chunks
     CHECK(p.max_loop <= loop_budget);
-    if (f.info.type == device_type::cpu) CHECK(p.max_loop < lavapipe_loop_limit);
+    if (f.info.type == device_type::cpu) {
+        CHECK(p.max_loop < lavapipe_loop_limit);
+        CHECK(2ull * p.chunks < lavapipe_loop_limit);  // sdpa_merge.comp's two loops over a row's chunks
+    }
 
     // At most max_chunks chunks, unless the loop budget needs more; then the fewest that keep it. "Needs"
     // by the plan's own bound per key step (max_loop / key steps of a chunk, a true bound by the checks
