@@ -1,7 +1,7 @@
 // The plan's per-device choices (src/api/plan.cpp, src/kernels/gemm_tiles.cpp), pure functions of a device
-// description, against fake devices: discrete GPUs with subgroups of 32 and 64, an integrated GPU,
-// a CPU implementation like lavapipe, and the smallest device the Vulkan spec allows. No Vulkan
-// device needed, so the GPU choices run in CI too.
+// description, against the fake devices of support/fake_devices.hpp: discrete GPUs with subgroups of
+// 32 and 64, an integrated GPU, a CPU implementation like lavapipe, and the smallest device the Vulkan
+// spec allows. No Vulkan device needed, so the GPU choices run in CI too.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,6 +9,7 @@
 #include "api/plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
+#include "support/fake_devices.hpp"
 
 using qkv::kernel_family;
 using qkv::vulkan::device_info;
@@ -17,41 +18,8 @@ using namespace qkv::vulkan::detail;
 
 namespace {
 
-struct fake {
-    std::string name;
-    device_info info;
-    subgroup_control control;
-};
-
-device_info describe_device(device_type type, std::uint32_t subgroup, bool arithmetic, std::uint32_t shared,
-                            std::uint32_t invocations) {
-    device_info d;
-    d.name = "fake";
-    d.type = type;
-    d.subgroup_size = subgroup;
-    d.subgroup_arithmetic = arithmetic;
-    d.max_shared_memory = shared;
-    d.max_workgroup_invocations = invocations;
-    d.max_workgroup_count[0] = d.max_workgroup_count[1] = d.max_workgroup_count[2] = 65535;
-    d.max_storage_buffer_range = 0xffffffffu;
-    d.device_local_memory = 16ull << 30;
-    d.fp16_storage = true;
-    return d;
-}
-
-std::vector<fake> fakes() {
-    return {
-        {"discrete, subgroup 32",
-         describe_device(device_type::discrete_gpu, 32, true, 49152, 1024),
-         {32, 32, true, true, 32}},
-        {"discrete, subgroup 64",
-         describe_device(device_type::discrete_gpu, 64, true, 65536, 1024),
-         {32, 64, true, true, 16}},
-        {"integrated, subgroup 16", describe_device(device_type::integrated_gpu, 16, true, 65536, 512), {}},
-        {"cpu, subgroup 8", describe_device(device_type::cpu, 8, true, 32768, 1024), {8, 8, true, true, 128}},
-        {"minimal", describe_device(device_type::other, 0, false, 16384, 128), {}},
-    };
-}
+using fake = qkv::test::fake_device;
+using qkv::test::fake_devices;
 
 qkv::attention_problem problem(std::size_t batch, std::size_t seq, std::size_t d_in, std::size_t d, std::size_t heads,
                                std::size_t d_out, qkv::implementation impl) {
@@ -105,7 +73,7 @@ void check_step(const fake& f, const gemm_step& s, std::uint32_t k, const char* 
 }  // namespace
 
 TEST_CASE("plan: products' tiles and K chunks fit every fake device", "[plan]") {
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         for (std::size_t seq : {1u, 3u, 17u, 113u, 2048u}) {
             for (std::size_t d_in : {1u, 64u, 100000u}) {
                 const auto pr = problem(2, seq, d_in, 64, 4, 48, qkv::implementation::staged);
@@ -129,7 +97,7 @@ TEST_CASE("plan: products' tiles and K chunks fit every fake device", "[plan]") 
 }
 
 TEST_CASE("plan: a K long enough to pass the CPU loop limit is split, elsewhere it is not", "[plan]") {
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         const plan p = plan_for(f, problem(1, 17, 300000, 8, 1, 0, qkv::implementation::staged), facts_for(f, 64));
         INFO(f.name);
         if (f.info.type == device_type::cpu) {
@@ -143,7 +111,7 @@ TEST_CASE("plan: a K long enough to pass the CPU loop limit is split, elsewhere 
 }
 
 TEST_CASE("plan: the products' family and shaders follow the device and the request", "[plan]") {
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         const auto pr = problem(1, 113, 32, 32, 2, 16, qkv::implementation::staged);
         const bool cpu = f.info.type == device_type::cpu;
         INFO(f.name);
@@ -167,7 +135,7 @@ TEST_CASE("plan: the products' family and shaders follow the device and the requ
 }
 
 TEST_CASE("plan: the projection's texel variant where the device reads RGBA32F texel buffers", "[plan]") {
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         INFO(f.name);
         const bool cpu = f.info.type == device_type::cpu;
         device_facts texels = facts_for(f, 64);
@@ -211,7 +179,7 @@ TEST_CASE("plan: the projection's texel variant where the device reads RGBA32F t
 
 TEST_CASE("plan: the fused kernel's family", "[plan]") {
     const auto pr = problem(2, 113, 16, 32, 2, 0, qkv::implementation::fused);
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         INFO(f.name);
         const bool cpu = f.info.type == device_type::cpu;
         // Automatic: the CPU family on CPU devices where it can run, the GPU family elsewhere.
@@ -231,7 +199,7 @@ TEST_CASE("plan: the fused kernel's family", "[plan]") {
 }
 
 TEST_CASE("plan: the fused kernel's key chunks", "[plan]") {
-    for (const fake& f : fakes()) {
+    for (const fake& f : fake_devices()) {
         INFO(f.name);
         const auto pr = problem(1, 16384, 16, 64, 1, 0, qkv::implementation::fused);
         // The CPU family takes its chunk from its own plan (flash_cpu.cpp).

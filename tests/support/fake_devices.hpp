@@ -1,0 +1,84 @@
+// Fake Vulkan devices for the tests of the pure planning code (the fused kernel's tiles, the plan,
+// the split-S decode plan): device descriptions as src/vk/instance.cpp would fill them in, with
+// the subgroup size control a device offers, and no Vulkan device behind them. One list, so that
+// every planner is checked against the same devices.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/flash_tiles.hpp"
+#include "qkv/vulkan/device_info.hpp"
+
+namespace qkv::test {
+
+struct fake_device {
+    std::string name;
+    vulkan::device_info info;
+    vulkan::detail::subgroup_control control;
+};
+
+/// A device description with the given subgroup, shared-memory and workgroup limits; the other
+/// limits generous (65,535 workgroups per dimension, 4 GiB storage buffers, 16 GiB of device-local
+/// memory, 16-bit storage).
+inline vulkan::device_info describe_device(vulkan::device_type type, std::uint32_t subgroup, bool arithmetic,
+                                           std::uint32_t shared, std::uint32_t invocations) {
+    vulkan::device_info d;
+    d.name = "fake";
+    d.type = type;
+    d.subgroup_size = subgroup;
+    d.subgroup_arithmetic = arithmetic;
+    d.max_shared_memory = shared;
+    d.max_workgroup_invocations = invocations;
+    d.max_workgroup_count[0] = d.max_workgroup_count[1] = d.max_workgroup_count[2] = 65535;
+    d.max_storage_buffer_range = 0xffffffffu;
+    d.device_local_memory = 16ull << 30;
+    d.fp16_storage = true;
+    return d;
+}
+
+/// Index of each device in fake_devices(), for tests that expect a particular device's choice.
+enum fake_index : std::size_t {
+    discrete_32 = 0,
+    discrete_64 = 1,
+    discrete_64_only = 2,
+    integrated_16 = 3,
+    cpu_8 = 4,
+    minimal = 5,
+    cpu_16 = 6,
+    cpu_4 = 7,
+};
+
+/// Discrete GPUs with subgroups of 32 and 64, an integrated GPU, a CPU implementation like
+/// lavapipe (8 lanes, also 16 and 4), and the smallest device the Vulkan spec allows, in the
+/// order of fake_index.
+inline std::vector<fake_device> fake_devices() {
+    using vulkan::device_type;
+    return {
+        // NVIDIA: warps of 32, 48 KiB of static shared memory per workgroup
+        {"discrete, subgroup 32",
+         describe_device(device_type::discrete_gpu, 32, true, 49152, 1024),
+         {32, 32, true, true, 32}},
+        // AMD (GCN / RDNA wave64 default): 64 KiB of LDS, wave32..64 selectable
+        {"discrete, subgroup 64",
+         describe_device(device_type::discrete_gpu, 64, true, 65536, 1024),
+         {32, 64, true, true, 16}},
+        // AMD GCN: wave64 only
+        {"discrete, subgroup 64 only",
+         describe_device(device_type::discrete_gpu, 64, true, 65536, 1024),
+         {64, 64, true, true, 16}},
+        // Intel integrated: SIMD8..32, no subgroup size control offered here
+        {"integrated, subgroup 16", describe_device(device_type::integrated_gpu, 16, true, 65536, 512), {}},
+        // lavapipe: 8 lanes per AVX2 vector, 32 KiB
+        {"cpu, subgroup 8", describe_device(device_type::cpu, 8, true, 32768, 1024), {8, 8, true, true, 128}},
+        // the Vulkan minimum: 16 KiB, 128 invocations, no subgroup arithmetic, size unknown
+        {"minimal", describe_device(device_type::other, 0, false, 16384, 128), {}},
+        // lavapipe's subgroup is its vector width / 32: 16 lanes with 512-bit vectors, 4 with 128-bit
+        // ones (LP_NATIVE_VECTOR_WIDTH=512 or 128)
+        {"cpu, subgroup 16", describe_device(device_type::cpu, 16, true, 32768, 1024), {16, 16, true, true, 64}},
+        {"cpu, subgroup 4", describe_device(device_type::cpu, 4, true, 32768, 1024), {4, 4, true, true, 256}},
+    };
+}
+
+}  // namespace qkv::test
