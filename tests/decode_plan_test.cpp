@@ -247,6 +247,16 @@ TEST_CASE("decode plan: the K/V row stride and the chunk cap", "[decode_plan]") 
         CHECK(forced.max_loop < lavapipe_loop_limit);
         // An explicit cap of n chunks gives n where the keys allow it.
         CHECK(plan_decode(f.info, request(1, 1, 1, 1, 4096, 64, 64, 0, kernel_family::automatic, 4)).chunks == 4);
+        // A cap above the merge's 4,096 chunks is a cap of 4,096, not a refusal.
+        for (std::uint32_t cap : {5000u, 100000u}) {
+            const decode_request capped = request(1, 1, 1, 1, 600000, 64, 64, 0, kernel_family::automatic, cap);
+            const decode_plan big = plan_decode(f.info, capped);
+            CHECK(big.chunks <= max_chunks_total);
+            CHECK(big.chunks == plan_decode(f.info, request(1, 1, 1, 1, 600000, 64, 64, 0, kernel_family::automatic,
+                                                            max_chunks_total))
+                                    .chunks);
+            check_plan(f, capped, big);
+        }
     }
 }
 

@@ -114,6 +114,7 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
     const std::uint64_t base = std::uint64_t{p.row_blocks} * p.groups;
     std::uint64_t want = r.max_chunks ? r.max_chunks : std::max<std::uint64_t>(1, (target + base - 1) / base);
     want = std::min<std::uint64_t>(want, r.max_chunks ? want : std::max<std::uint64_t>(1, keys / min_chunk));
+    want = std::min<std::uint64_t>(want, max_chunks_total);  // a cap above what the merge takes is no cap
     want = std::max<std::uint64_t>(want, (keys + max_chunk - 1) / max_chunk);
     std::uint64_t chunk = (keys + want - 1) / want;
     chunk = (chunk + step - 1) / step * step;
@@ -158,8 +159,8 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push) {
     const shader_id id = plan.family != kernel_family::cpu ? shader_id::sdpa_decode_gpu
-                         : plan.shuffle                     ? shader_id::sdpa_decode_cpu_shuffle
-                                                            : shader_id::sdpa_decode_cpu;
+                         : plan.shuffle                    ? shader_id::sdpa_decode_cpu_shuffle
+                                                           : shader_id::sdpa_decode_cpu;
     const pipeline& kernel = pipes.get(id, plan.spec());
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
