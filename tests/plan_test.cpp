@@ -3,6 +3,7 @@
 // 32 and 64, an integrated GPU, a CPU implementation like lavapipe, and the smallest device the Vulkan
 // spec allows. No Vulkan device needed, so the GPU choices run in CI too.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -217,5 +218,74 @@ TEST_CASE("plan: the fused kernel's key chunks", "[plan]") {
         CHECK(
             plan_for(f, problem(1, 17, 16, 64, 1, 0, qkv::implementation::staged), facts_for(f, 8)).flash_chunk_keys ==
             17);
+    }
+}
+
+namespace {
+// Sets (or, with nullptr, clears) an environment variable for the rest of a scope.
+class scoped_env {
+public:
+    scoped_env(const char* name, const char* value) : name_(name) { put(value); }
+    ~scoped_env() { put(nullptr); }
+    scoped_env(const scoped_env&) = delete;
+    scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+    void put(const char* value) const {
+#ifdef _WIN32
+        _putenv_s(name_, value ? value : "");
+#else
+        if (value)
+            setenv(name_, value, 1);
+        else
+            unsetenv(name_);
+#endif
+    }
+    const char* name_;
+};
+}  // namespace
+
+TEST_CASE("plan: subgroupShuffle in the cpu family only where a workgroup is surely one subgroup", "[plan]") {
+    for (const fake& f : fake_devices()) {
+        INFO(f.name);
+        device_info with = f.info, without = f.info;
+        with.subgroup_shuffle = true;
+        without.subgroup_shuffle = false;
+        const std::uint32_t wg = f.info.subgroup_size;
+        const bool cpu = f.info.type == device_type::cpu;
+        // A CPU device's subgroup is its SIMD vector; a GPU may compile a workgroup into
+        // subgroups of another size, so the shuffles could read another subgroup's lanes.
+        CHECK(cpu_shuffle(with, wg) == (cpu && wg > 0));
+        CHECK_FALSE(cpu_shuffle(without, wg));
+        CHECK_FALSE(cpu_shuffle(with, wg * 2));  // a workgroup of two subgroups
+        {
+            const scoped_env never("QKV_CPU_SHUFFLE", "0");
+            CHECK_FALSE(cpu_shuffle(with, wg));
+        }
+        {
+            const scoped_env allowed("QKV_CPU_SHUFFLE", "1");
+            CHECK(cpu_shuffle(with, wg) == (cpu && wg > 0));
+            CHECK_FALSE(cpu_shuffle(without, wg));  // 1 allows, it does not force
+        }
+        {
+            const scoped_env bad("QKV_CPU_SHUFFLE", "yes");
+            CHECK_THROWS_WITH(cpu_shuffle(with, wg), Catch::Matchers::Contains("QKV_CPU_SHUFFLE=yes: expected 0"));
+        }
+    }
+}
+
+TEST_CASE("plan: the range guard folds by subgroup where the device has subgroup arithmetic", "[plan]") {
+    for (const fake& f : fake_devices()) {
+        INFO(f.name);
+        for (const bool fp16 : {false, true}) {
+            auto pr = problem(2, 17, 8, 8, 2, 0, qkv::implementation::fused);
+            if (fp16) pr.options.precision = qkv::precision::fp16;
+            const plan p = plan_for(f, pr, facts_for(f, 64));
+            const shader_id expected =
+                f.info.subgroup_arithmetic
+                    ? (fp16 ? shader_id::range_guard_subgroup_f16 : shader_id::range_guard_subgroup)
+                    : (fp16 ? shader_id::range_guard_f16 : shader_id::range_guard);
+            CHECK(p.range_guard == expected);
+        }
     }
 }

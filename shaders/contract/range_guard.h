@@ -13,10 +13,10 @@ struct range_guard_push {
     uint seq;
     uint ld;  // width of a Q|K|V row: 2·d_k + d_v
     uint heads;
-    uint d_k;                 // all heads
-    uint dh, dvh;             // one head's Q/K and V width
-    uint chunk;               // columns per invocation
-    uint chunks_k, chunks_v;  // chunks per head of Q (and of K), and of V
+    uint d_k;                  // all heads
+    uint dh, dvh;              // one head's Q/K and V width
+    uint chunk;                // columns per invocation
+    uint chunks_k, chunks_v;   // chunks per head of Q (and of K), and of V
     uint rows_per_invocation;  // consecutive rows of one batch per invocation (fewer atomics)
 };
 QKV_CONST uint RANGE_GUARD_BINDING_QKV = 0u;

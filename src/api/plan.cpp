@@ -154,8 +154,9 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
                              info.name + " (at most 1000 per call)");
 
     p.cpu_gemm = cpu_kernels(info, asked);
-    p.range_guard = info.subgroup_arithmetic ? (p.fp16 ? shader_id::range_guard_subgroup_f16 : shader_id::range_guard_subgroup)
-                                             : (p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard);
+    p.range_guard = info.subgroup_arithmetic
+                        ? (p.fp16 ? shader_id::range_guard_subgroup_f16 : shader_id::range_guard_subgroup)
+                        : (p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard);
     p.project = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::project_f16 : shader_id::project,
                           std::uint64_t{p.batch} * N, p.ld, p.d_in);
     // The texel variant reads whole texels of 4 floats: X's rows, the weights' rows and both

@@ -18,8 +18,8 @@ namespace {
 using contract::range_guard_push;  // shaders/contract/range_guard.h
 
 constexpr std::uint32_t chunk_columns = 4096;  // 2 x 4096 loop iterations per row at most
-constexpr std::uint64_t loop_budget = 60000;    // loop iterations per invocation (llvmpipe: 65,535)
-constexpr std::uint64_t rows_target = 512;      // invocations per (batch, segment) the rows are spread over
+constexpr std::uint64_t loop_budget = 60000;   // loop iterations per invocation (llvmpipe: 65,535)
+constexpr std::uint64_t rows_target = 512;     // invocations per (batch, segment) the rows are spread over
 constexpr std::uint32_t workgroup = contract::RANGE_GUARD_WORKGROUP;
 constexpr std::uint32_t header_words = contract::RANGE_GUARD_HEADER_WORDS;
 constexpr std::uint32_t no_index = contract::RANGE_GUARD_NO_INDEX;
@@ -158,9 +158,8 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     const std::uint64_t widest = std::min<std::uint64_t>(std::max(push.dh, push.dvh), chunk_columns);
     const std::uint64_t per_row = 2 * ((widest + (vec4 ? 3 : 0)) / (vec4 ? 4 : 1)) + 2;
     const std::uint64_t budget = std::max<std::uint64_t>(1, loop_budget / per_row);
-    push.rows_per_invocation =
-        static_cast<std::uint32_t>(std::clamp<std::uint64_t>((std::uint64_t{p.seq} + rows_target - 1) / rows_target, 1,
-                                                             budget));
+    push.rows_per_invocation = static_cast<std::uint32_t>(
+        std::clamp<std::uint64_t>((std::uint64_t{p.seq} + rows_target - 1) / rows_target, 1, budget));
 
     exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,

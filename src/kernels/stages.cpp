@@ -33,8 +33,8 @@ void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std
         if (std::uint64_t{begin} + chunk < push.K) part.flags |= flag_gemm_partial;
         if (begin > 0) exec.compute_barrier();
         if (texels)
-            spec[contract::GEMM_SPEC_STORE] =
-                part.flags & (contract::GEMM_FLAG_ACCUMULATE | contract::GEMM_FLAG_PARTIAL | contract::PROJECT_FLAG_BIAS);
+            spec[contract::GEMM_SPEC_STORE] = part.flags & (contract::GEMM_FLAG_ACCUMULATE |
+                                                            contract::GEMM_FLAG_PARTIAL | contract::PROJECT_FLAG_BIAS);
         exec.dispatch(pipes.get(step.shader, spec), bindings, &part, groups);
     }
 }
