@@ -269,8 +269,10 @@ TEST_CASE("decode plan: requests the kernels cannot run are refused with limit_e
             std::string m = refusal(f.info, request(1, 1, 1, 1, 100, 4097, 64, 0, kernel));
             INFO(m);
             CHECK(mentions(m, "head widths of at most 4,096"));
+            CHECK(mentions(m, "d_qk = 4097"));
             m = refusal(f.info, request(1, 1, 1, 1, 100, 64, 5000, 0, kernel));
             CHECK(mentions(m, "head widths of at most 4,096"));
+            CHECK(mentions(m, "d_v = 5000"));
             // More query rows per K/V head (G x q_len) than 65,535.
             m = refusal(f.info, request(1, 8, 1, 8192, 100, 64, 64, 0, kernel));
             CHECK(mentions(m, "65,535 query rows"));
@@ -278,10 +280,13 @@ TEST_CASE("decode plan: requests the kernels cannot run are refused with limit_e
             // 2^31 keys.
             m = refusal(f.info, request(1, 1, 1, 1, std::size_t{1} << 31, 64, 64, 0, kernel));
             CHECK(mentions(m, "2^31 keys"));
-            // More rows in all (B x Hkv x G x q_len) than 2^24: refused (the message is checked
-            // nowhere: it names the per-head limit, not this one).
-            CHECK_THROWS_AS(plan_decode(f.info, request(512, 1, 1, 40000, 100, 64, 64, 0, kernel)),
-                            qkv::vulkan::limit_exceeded);
+            CHECK(mentions(m, "kv_len = 2147483648"));
+            // More rows in all (B x Hkv x G x q_len) than 2^24, each K/V head's within its limit:
+            // the message names this limit and the count, not the per-head one.
+            m = refusal(f.info, request(512, 1, 1, 40000, 100, 64, 64, 0, kernel));
+            CHECK(mentions(m, "2^24 = 16,777,216 query rows in all"));
+            CHECK(mentions(m, "= 20480000"));
+            CHECK_FALSE(mentions(m, "per K/V head"));
         }
         // More chunks than the merge reads: 2^31 - 1 keys at 131,072 keys per cpu chunk.
         const std::string m = refusal(f.info, request(1, 1, 1, 1, 0x7fffffffu, 16, 16, 0, kernel_family::cpu, 0));

@@ -53,9 +53,20 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
                                                     : kernel_family::gpu;
     const std::uint64_t rows = std::uint64_t{s.q_heads / s.kv_heads} * s.q_len;
     const std::uint64_t groups = std::uint64_t{s.batch} * s.kv_heads;
-    if (rows > 0xffffu || groups * rows > 0xffffffu || s.d_qk > 4096 || s.d_v > 4096 || s.kv_len > 0x7fffffffu)
+    // Each limit its own message, naming the value that passed it.
+    if (rows > 0xffffu)
         throw limit_exceeded("the decode kernel takes at most 65,535 query rows per K/V head (G x q_len = " +
-                             std::to_string(rows) + "), head widths of at most 4,096 and 2^31 keys");
+                             std::to_string(rows) + ")");
+    if (groups * rows > 0xffffffu)
+        throw limit_exceeded(
+            "the decode kernel takes at most 2^24 = 16,777,216 query rows in all (batch x kv_heads x "
+            "G x q_len = " +
+            std::to_string(groups * rows) + ")");
+    if (s.d_qk > 4096 || s.d_v > 4096)
+        throw limit_exceeded("the decode kernel takes head widths of at most 4,096 (d_qk = " + std::to_string(s.d_qk) +
+                             ", d_v = " + std::to_string(s.d_v) + ")");
+    if (s.kv_len > 0x7fffffffu)
+        throw limit_exceeded("the decode kernel takes at most 2^31 keys (kv_len = " + std::to_string(s.kv_len) + ")");
     p.rows = static_cast<std::uint32_t>(rows);
     p.groups = static_cast<std::uint32_t>(groups);
     p.q_len = static_cast<std::uint32_t>(s.q_len);
