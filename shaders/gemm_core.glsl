@@ -60,13 +60,26 @@ uint k_limit(uint row0);
 // every lane the same TN columns, but A and B are read four elements at a time with texelFetch,
 // which llvmpipe serves far more cheaply than a storage-buffer load at a lane-varying address.
 // Per texel step (4 values of k) a lane fetches TM texels of A (its rows) and 4·TN/4 texels of B
-// (lane-uniform), then 4·TM·TN multiply-adds. The including shader defines
+// (lane-uniform), then 4·TM·TN multiply-adds. Inside the k loop llvmpipe fetches a lane-uniform
+// texel once per lane (docs/devices.md). With QKV_SHUFFLE (the host's choice where the workgroup
+// is one subgroup with shuffles, cpu_shuffle in src/kernels/gemm_tiles.cpp) lane l fetches texel
+// l of the step's TN texels of B (4 rows of k x TN/4 column groups; then l + WG, ...), one gather
+// for WG texels, and subgroupShuffle(x, t), t a constant once unrolled, hands texel t to every
+// lane; and each accumulator takes its 4 multiply-adds of the step in a row, so that where the
+// accumulators outnumber the registers each is loaded and stored once per step, not 4 times.
+// At N = 4096, d_in = d = 64 on lavapipe those two took the projection from 2.6 to 1.6 ms.
+// With QKV_WIDE_STORE the including shader stores eight columns at a time (TN % 8 == 0).
+// The including shader defines
 //   vec4 load_a4(uint texel), vec4 load_b4(uint texel)
 // The host guarantees (choose_kernels in src/api/plan.cpp): K, every A and B offset, a_rs and b_rs are
 // multiples of 4, b_cs = 1, N, c_rs and C's offset are multiples of 4, TN and BK multiples of 4.
 vec4 load_a4(uint texel);
 vec4 load_b4(uint texel);
+#ifdef QKV_WIDE_STORE
+void store_c8(uint base, uint row, uint col, vec4 lo, vec4 hi);  // columns col..col+7 of row (TN % 8 == 0)
+#else
 void store_c4(uint base, uint row, uint col, vec4 value);  // columns col..col+3 of row
+#endif
 
 layout(constant_id = GEMM_SPEC_EXACT) const uint EXACT = 0;  // 1: no bounds checks (contract/gemm.h)
 
@@ -97,10 +110,35 @@ void gemm_main() {
     [[unroll]] for (uint i = 0; i < TM * TN4; ++i) acc[i] = vec4(0.0);
 
     const uint k4max = pc.K / 4u;
+#ifdef QKV_SHUFFLE
+    const uint BT = 4u * TN4;             // B texels per texel step of k: 4 rows of k x TN4 column groups
+    const uint BR = (BT + WG - 1u) / WG;  // gathers per step
+    uint boff[BR];                        // this lane's B texels, t = r·WG + lane (the last one past BT)
+    [[unroll]] for (uint r = 0; r < BR; ++r) {
+        const uint t = min(r * WG + gl_SubgroupInvocationID, BT - 1u);
+        boff[r] = bcol[t % TN4] + (t / TN4) * b_rs4;
+    }
+#endif
     for (uint k4 = 0; k4 < k4max; k4 += BK4) {
         [[unroll]] for (uint u = 0; u < BK4; ++u) {
             vec4 a[TM];
             [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = load_a4(arow[i] + k4 + u);
+#ifdef QKV_SHUFFLE
+            vec4 fetched[BR];
+            [[unroll]] for (uint r = 0; r < BR; ++r) fetched[r] = load_b4(boff[r] + 4u * (k4 + u) * b_rs4);
+            [[unroll]] for (uint j = 0; j < TN4; ++j) {
+                vec4 b[4];
+                [[unroll]] for (uint kk = 0; kk < 4; ++kk) {
+                    const uint t = kk * TN4 + j;
+                    b[kk] = subgroupShuffle(fetched[t / WG], t % WG);
+                }
+                [[unroll]] for (uint i = 0; i < TM; ++i) {
+                    vec4 c = acc[i * TN4 + j];
+                    [[unroll]] for (uint kk = 0; kk < 4; ++kk) c = fma(vec4(a[i][kk]), b[kk], c);
+                    acc[i * TN4 + j] = c;
+                }
+            }
+#else
             [[unroll]] for (uint kk = 0; kk < 4; ++kk) {
                 const uint brow = (4u * (k4 + u) + kk) * b_rs4;
                 [[unroll]] for (uint j = 0; j < TN4; ++j) {
@@ -108,14 +146,22 @@ void gemm_main() {
                     [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN4 + j] = fma(vec4(a[i][kk]), b, acc[i * TN4 + j]);
                 }
             }
+#endif
         }
     }
 
     [[unroll]] for (uint i = 0; i < TM; ++i) {
+#ifdef QKV_WIDE_STORE
+        [[unroll]] for (uint j = 0; j < TN4; j += 2u) {
+            const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
+            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c8(c_base, r, c, acc[i * TN4 + j], acc[i * TN4 + j + 1u]);
+        }
+#else
         [[unroll]] for (uint j = 0; j < TN4; ++j) {
             const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
             if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c4(c_base, r, c, acc[i * TN4 + j]);
         }
+#endif
     }
 }
 

@@ -84,18 +84,21 @@ TEST_CASE("each kernel family of the products matches the reference on odd shape
     }
 }
 
-TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm]") {
+TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm][texels]") {
     // d_in and 2·d_k + d_v multiples of 4: on a CPU device that reads RGBA32F texel buffers the
     // cpu family's projection reads X and the weights through texel views (project_cpu_tx).
     // Row counts that leave a partial row block, widths that leave a partial column block, a K
-    // past the loop limit (two dispatches, whole texels each), biases, batches and fp16 storage.
+    // past the loop limit (two dispatches, whole texels each), biases, batches and fp16 storage;
+    // Q|K|V rows of whole groups of 8 columns (the eight-column stores where the device shuffles:
+    // 24, 40 with a partial column block, 192) and of 12 and 20 (four-column stores).
     auto ctx = qkv_test::make_context({});
     std::uint64_t seed = 9000;
     struct shape {
         std::size_t seq, d_in, d_k, d_v, heads, batch;
     };
     for (const shape& sh : {shape{1, 4, 4, 4, 1, 1}, shape{3, 8, 2, 8, 1, 2}, shape{17, 64, 64, 64, 1, 1},
-                            shape{113, 20, 6, 8, 2, 1}, shape{113, 64, 64, 64, 4, 2}, shape{5, 270'000, 4, 4, 1, 1}}) {
+                            shape{113, 20, 6, 8, 2, 1}, shape{113, 64, 64, 64, 4, 2}, shape{33, 16, 12, 16, 2, 1},
+                            shape{5, 270'000, 4, 4, 1, 1}, shape{5, 270'000, 8, 8, 1, 1}}) {
         problem_spec s;
         s.seq = sh.seq, s.d_in = sh.d_in, s.d_k = sh.d_k, s.d_v = sh.d_v, s.heads = sh.heads, s.batch = sh.batch;
         s.biases = sh.seq % 2 == 1;
@@ -106,7 +109,8 @@ TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm
             p.options.implementation = impl;
             p.options.precision = qkv::precision::fp32;
             INFO(qkv_test::describe(s) << (impl == qkv::implementation::staged ? " staged" : " fused"));
-            check(ctx, p, 1e-10);
+            // A float32 sum over 270,000 terms rounds more (as in the loop-limit test below).
+            check(ctx, p, sh.d_in > 65'535 ? 1e-8 : 1e-10);
             if (ctx.device().fp16_storage) {
                 p.options.precision = qkv::precision::fp16;
                 INFO("fp16");

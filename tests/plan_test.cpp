@@ -274,6 +274,64 @@ TEST_CASE("plan: subgroupShuffle in the cpu family only where a workgroup is sur
     }
 }
 
+TEST_CASE("plan: the projection shares the weights by shuffles, and stores eight columns where it can", "[plan]") {
+    for (const fake& f : fake_devices()) {
+        INFO(f.name);
+        const bool cpu = f.info.type == device_type::cpu;
+        device_facts texels = facts_for(f, 64);
+        texels.projection_texels = true;
+        for (const bool int64 : {false, true}) {
+            INFO("shaderInt64 " << int64);
+            fake d = f;
+            d.info.subgroup_shuffle = true;
+            d.info.shader_int64 = int64;
+            const bool shuffle = cpu && d.info.subgroup_size > 0;
+            // d = 32: Q|K|V rows of 96 columns, whole groups of 8.
+            auto pr = problem(1, 113, 32, 32, 2, 0, qkv::implementation::fused);
+            auto half = pr;
+            half.options.precision = qkv::precision::fp16;
+            const plan p = plan_for(d, pr, texels), h = plan_for(d, half, texels);
+            if (!cpu) {
+                CHECK(p.project.shader == shader_id::project);
+                continue;
+            }
+            CHECK(p.project.shader == (!shuffle ? shader_id::project_cpu_tx
+                                       : int64  ? shader_id::project_cpu_tx_wide
+                                                : shader_id::project_cpu_tx_shuffle));
+            // float16 packs two halves in 32 bits: no 64-bit integers needed.
+            CHECK(h.project.shader == (shuffle ? shader_id::project_cpu_tx_wide_f16 : shader_id::project_cpu_tx_f16));
+            for (const plan* q : {&p, &h}) {
+                CHECK(projection_texels(q->project.shader));
+                check_step(d, q->project, q->d_in, "project (texels)");
+                if (q->project.shader == shader_id::project_cpu_tx_wide ||
+                    q->project.shader == shader_id::project_cpu_tx_wide_f16)
+                    CHECK(q->project.tiles.tn % 8 == 0);
+            }
+            // d = 4 (and 12): rows of 12 (36) columns, not whole groups of 8: four-column stores.
+            for (const std::size_t width : {4u, 12u}) {
+                const plan narrow = plan_for(d, problem(1, 17, 8, width, 1, 0, qkv::implementation::fused), texels);
+                CHECK(narrow.project.shader ==
+                      (shuffle ? shader_id::project_cpu_tx_shuffle : shader_id::project_cpu_tx));
+                CHECK(narrow.project.tiles.tn % 4 == 0);
+                CHECK(narrow.project.tiles.tn <= narrow.ld);
+            }
+            // A tile wider than 8 columns but not a multiple of 8 keeps the four-column stores.
+            {
+                const scoped_env tiles("QKV_PROJECT_TILES", "2,12");
+                const plan odd = plan_for(d, pr, texels);
+                CHECK(odd.project.tiles.tn == 12);
+                CHECK(odd.project.shader == (shuffle ? shader_id::project_cpu_tx_shuffle : shader_id::project_cpu_tx));
+            }
+            // QKV_CPU_SHUFFLE=0: the weights per lane, four-column stores.
+            {
+                const scoped_env never("QKV_CPU_SHUFFLE", "0");
+                CHECK(plan_for(d, pr, texels).project.shader == shader_id::project_cpu_tx);
+                CHECK(plan_for(d, half, texels).project.shader == shader_id::project_cpu_tx_f16);
+            }
+        }
+    }
+}
+
 TEST_CASE("plan: the range guard folds by subgroup where the device has subgroup arithmetic", "[plan]") {
     for (const fake& f : fake_devices()) {
         INFO(f.name);

@@ -174,10 +174,6 @@ void upload(executor& exec, const buffer_cache& bufs, const plan& p, const atten
                  VK_ACCESS_SHADER_READ_BIT);
 }
 
-bool texel_projection(const plan& p) {
-    return p.project.shader == shader_id::project_cpu_tx || p.project.shader == shader_id::project_cpu_tx_f16;
-}
-
 /// Stage 1: Q|K|V = X · [Wq|Wk|Wv] + [bq|bk|bv], one product for all three, then the range guard.
 /// The texel variant reads X and the weights through `view` (RGBA32F, the inputs from offset 0,
 /// made here; it must live until the submit), at their element offsets in the inputs.
@@ -188,7 +184,7 @@ void record_projection(dispatch_environment& env, const buffer_cache& bufs, cons
     g.a_rs = p.d_in, g.b_rs = p.ld, g.b_cs = 1, g.c_rs = p.ld;
     g.flags = p.bias ? flag_bias : 0;
     const binding bias = p.bias ? part(bufs.inputs, p.b) : b.any_input;
-    if (texel_projection(p)) {
+    if (projection_texels(p.project.shader)) {
         view = buffer_view(env.dev, bufs.inputs, VK_FORMAT_R32G32B32A32_SFLOAT, 0, projection_view_bytes(p));
         g.a_off = static_cast<std::uint32_t>(p.x.offset / 4), g.b_off = static_cast<std::uint32_t>(p.w.offset / 4);
         record_gemm(env.exec, env.pipes, p.project, {texel(view.handle()), texel(view.handle()), bias, b.qkv}, g, 1);

@@ -194,12 +194,20 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
 gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n,
                                  std::uint32_t k) {
     gemm_step s;
-    s.shader = fp16 ? shader_id::project_cpu_tx_f16 : shader_id::project_cpu_tx;
     gemm_tiles& t = s.tiles;
     t.cpu = true;
     const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
-    t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, 8));
-    t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(n / 4 * 4, 4, 16));
+    const bool shuffle = cpu_shuffle(info, lanes);
+    // Eight-column stores where every store lands on whole groups of 8 (C's offset is 0 here) and
+    // fp32 can be packed into 64-bit integers (TN a multiple of 8 as well, below).
+    const bool wide = shuffle && n % 8 == 0 && (fp16 || info.shader_int64);
+    // Rows per lane x columns, measured on lavapipe at N = 4096, d_in = d = 64 (docs/devices.md):
+    // with the weights fetched per lane, 8 x 16; shared by shuffles, 4 x 32 (the k loop's
+    // accumulators are reloaded once per texel step, so the wider tile costs no more spills and
+    // fetches fewer rows of X per FMA). Rows as many as M fills.
+    const std::uint64_t rows = shuffle ? 4 : 8, cols = shuffle ? 32 : 16;
+    t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, rows));
+    t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(wide ? n / 8 * 8 : n / 4 * 4, wide ? 8 : 4, cols));
     if (const char* env = std::getenv("QKV_PROJECT_TILES"); env && *env) {  // tuning: "rows,cols"
         unsigned tm = 0, tn = 0;
         char tail = 0;
@@ -212,7 +220,27 @@ gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64
     t.bn = t.tn;
     t.bk = 4;  // one texel of k per loop iteration: any chunk of whole texels needs no tail
     s.chunk_k = gemm_chunk_k(info, t, k);
+    if (!shuffle)
+        s.shader = fp16 ? shader_id::project_cpu_tx_f16 : shader_id::project_cpu_tx;
+    else if (wide && t.tn % 8 == 0)
+        s.shader = fp16 ? shader_id::project_cpu_tx_wide_f16 : shader_id::project_cpu_tx_wide;
+    else
+        s.shader = fp16 ? shader_id::project_cpu_tx_shuffle_f16 : shader_id::project_cpu_tx_shuffle;
     return s;
+}
+
+bool projection_texels(shader_id shader) {
+    switch (shader) {
+        case shader_id::project_cpu_tx:
+        case shader_id::project_cpu_tx_f16:
+        case shader_id::project_cpu_tx_shuffle:
+        case shader_id::project_cpu_tx_shuffle_f16:
+        case shader_id::project_cpu_tx_wide:
+        case shader_id::project_cpu_tx_wide_f16:
+            return true;
+        default:
+            return false;
+    }
 }
 
 }  // namespace qkv::vulkan::detail

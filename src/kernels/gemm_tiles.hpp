@@ -76,8 +76,14 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
 
 /// The projection's texel variant (project_cpu_tx, or project_cpu_tx_f16 where `fp16`): X and
 /// the packed weights through RGBA32F uniform texel buffers, each lane owning TM rows, every lane
-/// sharing BN = TN columns (a multiple of 4). The caller checks that the device reads such texel
-/// buffers, that n and k are multiples of 4 and that the operands start on whole texels.
+/// sharing BN = TN columns (a multiple of 4). Where cpu_shuffle allows, the _shuffle twin, which
+/// fetches the weights' texels one per lane and shares them by subgroupShuffle. The caller checks
+/// that the device reads such texel buffers, that n and k are multiples of 4 and that the
+/// operands start on whole texels.
 gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n, std::uint32_t k);
+
+/// Whether `shader` is one of the projection's texel variants (A and B bound as texel views,
+/// bounds and store flags as specialization constants).
+bool projection_texels(shader_id shader);
 
 }  // namespace qkv::vulkan::detail

@@ -14,7 +14,7 @@ std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<st
 
 void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
                  const gemm_push& push, std::uint32_t batches) {
-    const bool texels = step.shader == shader_id::project_cpu_tx || step.shader == shader_id::project_cpu_tx_f16;
+    const bool texels = projection_texels(step.shader);
     std::vector<std::uint32_t> spec = step.tiles.spec();
     if (texels) {  // contract/gemm.h: the dispatch's bounds and store flags as constants
         spec.resize(contract::GEMM_SPEC_TEXEL_COUNT);

@@ -39,12 +39,14 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     queue_info.queueCount = 1;
     queue_info.pQueuePriorities = &priority;
 
-    // Enable only what the device has: 16-bit storage for the fp16 precision path.
+    // Enable only what the device has: 16-bit storage for the fp16 precision path, 64-bit integers
+    // for the projection's eight-column stores on CPU devices (project_cpu_tx_wide).
     auto storage16 =
         vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
     storage16.storageBuffer16BitAccess = info_.fp16_storage ? VK_TRUE : VK_FALSE;
     auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     features.pNext = &storage16;
+    features.features.shaderInt64 = info_.shader_int64 ? VK_TRUE : VK_FALSE;
 
     std::vector<const char*> extensions;
     // A portability (MoltenVK) device must enable the subset extension.

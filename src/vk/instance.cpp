@@ -124,6 +124,7 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
             d.device_local_memory = std::max<std::uint64_t>(d.device_local_memory, mem.memoryHeaps[h].size);
     d.fp16_storage = storage16.storageBuffer16BitAccess == VK_TRUE;
     d.fp16_arithmetic = f16.shaderFloat16 == VK_TRUE;
+    d.shader_int64 = features.features.shaderInt64 == VK_TRUE;
     d.timestamp_period_ns = static_cast<double>(base.limits.timestampPeriod);
     const std::uint32_t family = compute_queue_family(fn, pd);
     d.has_compute_queue = family != UINT32_MAX && base.apiVersion >= VK_API_VERSION_1_1;

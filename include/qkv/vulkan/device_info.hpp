@@ -33,6 +33,7 @@ struct device_info {
     std::uint64_t device_local_memory = 0;  ///< size of the largest device-local heap
     bool fp16_storage = false;              ///< storageBuffer16BitAccess
     bool fp16_arithmetic = false;           ///< shaderFloat16
+    bool shader_int64 = false;              ///< shaderInt64: 64-bit integers in shaders
     bool timestamps = false;                ///< timestampComputeAndGraphics
     double timestamp_period_ns = 0;
     bool has_compute_queue = false;
