@@ -305,3 +305,41 @@ TEST_CASE("a scale above 1 times a large Q row is refused even when the scores a
     }
     require_clean(ctx);
 }
+
+TEST_CASE("the device range check runs only where the host cannot prove the inputs in range", "[overflow][vulkan]") {
+    auto& ctx = gpu();
+    for (auto impl : implementations) {
+        for (auto prec : {qkv::precision::fp32, qkv::precision::fp16}) {
+            if (prec == qkv::precision::fp16 && !ctx.device().fp16_storage) continue;
+            INFO(name_of(impl) << (prec == qkv::precision::fp16 ? ", fp16" : ", fp32"));
+            // Ordinary inputs: the host's bound proves them, no device pass; the answer is right.
+            auto p = qkv_test::make_problem(
+                {.batch = 2, .seq = 17, .d_in = 12, .d_k = 8, .d_v = 12, .heads = 2, .biases = true}, 143);
+            p.options.implementation = impl;
+            p.options.precision = prec;
+            require_matches_reference(ctx, p, prec == qkv::precision::fp16 ? 1e-5 : 1e-10);
+            CHECK_FALSE(ctx.last_call().device_range_check);
+            // Legal inputs the bound cannot prove: x rows (t, t) with wq = (1, -1) give Q = 0, so
+            // every score is 0, but the bound |q| <= ||x||·||wq|| = 2t gives scores up to 4t², past
+            // 2^127 for t = 1e19. The device checks, and the answer is right (fp32; float16
+            // cannot hold such values).
+            if (prec == qkv::precision::fp32) {
+                qkv_test::owned_problem big;
+                big.shape = {.batch = 1, .seq = 3, .d_in = 2, .d_k = 1, .d_v = 1};
+                big.x = {1e19f, 1e19f, -2e19f, -2e19f, 5e18f, 5e18f};
+                big.wq = {1.0f, -1.0f};
+                big.wk = {1.0f, 1.0f};
+                big.wv = {1.0f, 0.0f};
+                big.options.implementation = impl;
+                require_matches_reference(ctx, big, 1e-10);
+                CHECK(ctx.last_call().device_range_check);
+            }
+            // NaN in the input: the device applies the documented rules.
+            auto nan = p;
+            nan.x[5] = std::numeric_limits<float>::quiet_NaN();
+            (void)ctx.attention(nan.view());
+            CHECK(ctx.last_call().device_range_check);
+        }
+    }
+    require_clean(ctx);
+}

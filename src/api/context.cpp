@@ -37,6 +37,7 @@ attention_output context::attention(const attention_problem& problem) {
         impl_->last.projection_ms = run.projection_ms;
         impl_->last.attention_ms = run.attention_ms;
         impl_->last.output_projection_ms = run.output_projection_ms;
+        impl_->last.device_range_check = run.range_guard;
         impl_->last.device_bytes = impl_->alloc->allocated();
         return std::move(run.output);
     } catch (const device_lost&) {

@@ -38,6 +38,7 @@ struct attention_run {
     attention_output output;
     double device_ms = 0;                                                  ///< the whole command buffer
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;  ///< its phases
+    bool range_guard = false;  ///< whether the range guard ran on the device (range_guard.hpp)
 };
 
 /// Runs a validated problem. Throws limit_exceeded / unavailable before any work is submitted,

@@ -50,6 +50,31 @@ bool all_finite(std::span<const float> values) {
     return bad == 0;
 }
 
+/// The largest Euclidean norm of the rows of a row-major matrix `cols` wide, in float64: +inf or
+/// NaN where an element is not finite (a float's square cannot overflow a double).
+double largest_row_norm(std::span<const float> m, std::size_t cols) {
+    double largest = 0.0;
+    for (std::size_t at = 0; cols > 0 && at + cols <= m.size(); at += cols) {
+        double s[4] = {0.0, 0.0, 0.0, 0.0};  // four independent sums, so the loop vectorises
+        std::size_t k = 0;
+        for (; k + 4 <= cols; k += 4)
+            for (std::size_t j = 0; j < 4; ++j) s[j] += static_cast<double>(m[at + k + j]) * m[at + k + j];
+        for (; k < cols; ++k) s[0] += static_cast<double>(m[at + k]) * m[at + k];
+        const double row = (s[0] + s[1]) + (s[2] + s[3]);
+        if (!std::isfinite(row)) return row;  // inf or NaN: some element is not finite
+        largest = std::max(largest, row);
+    }
+    return std::sqrt(largest);
+}
+
+/// The squared Euclidean norm of each column of a row-major matrix `cols` wide, in float64.
+std::vector<double> column_squares(std::span<const float> m, std::size_t cols) {
+    std::vector<double> s(cols, 0.0);
+    for (std::size_t at = 0; cols > 0 && at + cols <= m.size(); at += cols)
+        for (std::size_t c = 0; c < cols; ++c) s[c] += static_cast<double>(m[at + c]) * m[at + c];
+    return s;
+}
+
 std::string number(double v) {
     char text[32];
     std::snprintf(text, sizeof text, "%.3g", v);
@@ -104,7 +129,9 @@ double exact_projection(const attention_problem& problem, std::size_t row, std::
 
 input_facts scan_inputs(const attention_problem& problem) {
     input_facts f;
-    f.projection_inputs_finite = all_finite(problem.x) && all_finite(problem.wq) && all_finite(problem.wk) &&
+    // One pass over x gives both its finiteness and the norm that range_proven_on_host needs.
+    f.x_row_norm = largest_row_norm(problem.x, problem.shape.d_in);
+    f.projection_inputs_finite = std::isfinite(f.x_row_norm) && all_finite(problem.wq) && all_finite(problem.wk) &&
                                  all_finite(problem.wv) && all_finite(problem.bq) && all_finite(problem.bk) &&
                                  all_finite(problem.bv);
     f.output_inputs_finite = all_finite(problem.wo) && all_finite(problem.bo);
@@ -121,6 +148,46 @@ input_facts scan_inputs(const attention_problem& problem) {
     f.additive_max = largest;
     f.additive_nan_or_pos_inf = poison;
     return f;
+}
+
+bool range_proven_on_host(const plan& p, const attention_problem& problem, const input_facts& facts) {
+    if (!facts.projection_inputs_finite) return false;  // the documented NaN rules: the device's verdicts
+    // float16 rounds every partial sum of a split projection once more: leave those to the device.
+    if (p.fp16 && p.project.chunk_k < p.d_in) return false;
+    const double x = facts.x_row_norm;
+    // The device's float32 sums differ from the exact ones by at most (d_in + 1)·2^-24 of the sum
+    // of |terms| (plus the bias), which Cauchy-Schwarz bounds too; float16 storage rounds once more
+    // (2^-11). The margin covers both, and the float64 arithmetic here, with room to spare.
+    const double margin = (1.0 + (static_cast<double>(p.d_in) + 8.0) * 0x1p-23) * (p.fp16 ? 1.0 + 0x1p-10 : 1.0);
+    double element = 0.0, q = 0.0, k = 0.0, v = 0.0;  // bounds on |element|, ||q_i||, ||k_j||, |v_jc|
+    // One of Q, K, V: `w` d_in x width, `b` empty or width; heads of width / p.heads columns.
+    const auto bound = [&](std::span<const float> w, std::span<const float> b, std::uint32_t width, double* norm) {
+        const std::vector<double> cols = column_squares(w, width);
+        const std::uint32_t head_width = width / p.heads;
+        for (std::uint32_t h = 0; h < p.heads; ++h) {
+            double w_sq = 0.0, b_sq = 0.0;
+            for (std::uint32_t c = h * head_width; c < (h + 1) * head_width; ++c) {
+                const double bias = b.empty() ? 0.0 : std::fabs(static_cast<double>(b[c]));
+                const double e = x * std::sqrt(cols[c]) + bias;
+                element = std::max(element, e);
+                if (!norm) v = std::max(v, e);
+                w_sq += cols[c];
+                b_sq += bias * bias;
+            }
+            if (norm) *norm = std::max(*norm, x * std::sqrt(w_sq) + std::sqrt(b_sq));
+        }
+    };
+    bound(problem.wq, problem.bq, p.d_k, &q);
+    bound(problem.wk, problem.bk, p.d_k, &k);
+    bound(problem.wv, problem.bv, p.d_v, nullptr);
+    element *= margin, q *= margin, k *= margin, v *= margin;
+    const double scale = std::max(1.0, std::fabs(static_cast<double>(p.scale)));
+    const double scores = scale * q * k;
+    const bool elements = element <= (p.fp16 ? 65504.0 : score_limit);  // check 1 (every partial sum too)
+    const bool rows = scale * std::max(q, k) <= score_limit;            // check 2: Q or K scaled first,
+    const bool dots = scores <= score_limit && scores + facts.additive_max <= sum_limit;  // and the scores
+    const bool sums = static_cast<double>(p.seq) * v <= score_limit;                      // check 3
+    return elements && rows && dots && sums;
 }
 
 void prepare_range_guard(allocator& alloc, range_guard_buffers& bufs, const plan& p) {

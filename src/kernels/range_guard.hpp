@@ -18,6 +18,13 @@
 // Where the inputs themselves hold NaN or inf the documented NaN rules apply and check 1 and the
 // output check are skipped; checks 2 and 3 use the finite elements only. -inf mask entries are
 // always legal.
+//
+// Most calls never need the device: from one host pass over the inputs (which the finiteness
+// check makes anyway) the host bounds every projected element and row norm by Cauchy-Schwarz,
+// |q_ij| <= ||x_i||·||Wq[:, j]|| + |bq_j| and ||q_i (head h)|| <= ||x_i||·||Wq_h||_F + ||bq_h||,
+// with a margin for the float32 sums; where those bounds already pass checks 1-3, the guard is not
+// recorded (range_proven_on_host). Only inputs near the limits, or holding NaN or inf, pay for the
+// device pass, and those get its exact verdicts and messages as before.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +40,7 @@ namespace qkv::vulkan::detail {
 /// What the host knows about a call's inputs, from one pass over them.
 struct input_facts {
     bool projection_inputs_finite = true;  ///< x, wq, wk, wv and their biases
+    double x_row_norm = 0;                 ///< the largest Euclidean norm of a row of x (inf if not finite)
     bool output_inputs_finite = true;      ///< wo and bo
     bool additive_nan_or_pos_inf = false;  ///< an additive-mask entry that makes its row NaN
     double additive_max = 0;               ///< largest |finite additive-mask entry|
@@ -42,6 +50,12 @@ struct input_facts {
 };
 
 input_facts scan_inputs(const attention_problem& problem);
+
+/// Whether the host's bounds (see above) prove that every check of the guard passes for this call,
+/// so that the device guard need not run. False where they cannot: inputs that are not all
+/// finite, bounds beyond a limit (the exact values may still be within it), or a projection split
+/// over several dispatches in float16 (each rounds its partial sums).
+[[nodiscard]] bool range_proven_on_host(const plan& p, const attention_problem& problem, const input_facts& facts);
 
 /// The guard's buffers, kept between calls in the dispatcher's buffer cache.
 struct range_guard_buffers {

@@ -91,6 +91,9 @@ struct call_stats {
     /// (scores, softmax and aggregation, or the fused kernel); the output projection (0 if none).
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
     std::uint64_t device_bytes = 0;  ///< device memory held by the context after the call
+    /// Whether the range check of the projected Q, K, V ran on the device (README, Guarantees):
+    /// false where the host proved from the inputs alone that nothing can overflow.
+    bool device_range_check = false;
 };
 
 /// What the device itself can do, measured by microbenchmarks in the same process: the yardstick
