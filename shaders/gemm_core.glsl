@@ -55,24 +55,35 @@ uint k_limit(uint row0);
 
 #if defined(QKV_GEMM_CPU) && defined(QKV_GEMM_CPU_ROWS) && defined(QKV_GEMM_TEXELS)
 
-// CPU family, rows variant through texel buffers (the Q|K|V projection where the device offers
-// RGBA32F uniform texel buffers): as below, lane l owns the rows row0 + l + WG·i (i < TM) and
-// every lane the same TN columns, but A and B are read four elements at a time with texelFetch,
-// which llvmpipe serves far more cheaply than a storage-buffer load at a lane-varying address.
-// Per texel step (4 values of k) a lane fetches TM texels of A (its rows) and 4·TN/4 texels of B
-// (lane-uniform), then 4·TM·TN multiply-adds. Inside the k loop llvmpipe fetches a lane-uniform
-// texel once per lane (docs/devices.md). With QKV_SHUFFLE (the host's choice where the workgroup
-// is one subgroup with shuffles, cpu_shuffle in src/kernels/gemm_tiles.cpp) lane l fetches texel
-// l of the step's TN texels of B (4 rows of k x TN/4 column groups; then l + WG, ...), one gather
-// for WG texels, and subgroupShuffle(x, t), t a constant once unrolled, hands texel t to every
-// lane; and each accumulator takes its 4 multiply-adds of the step in a row, so that where the
-// accumulators outnumber the registers each is loaded and stored once per step, not 4 times.
-// At N = 4096, d_in = d = 64 on lavapipe those two took the projection from 2.6 to 1.6 ms.
-// With QKV_WIDE_STORE the including shader stores eight columns at a time (TN % 8 == 0).
+// CPU family, rows variant through texel buffers (the Q|K|V projection, and the staged scores and
+// aggregation, where the device offers the texel formats): as below, lane l owns the rows
+// row0 + l + WG·i (i < TM) and every lane the same TN columns, but A and B are read four elements
+// at a time with texelFetch, which llvmpipe serves far more cheaply than a storage-buffer load at
+// a lane-varying address. Per texel step (4 values of k) a lane fetches TM texels of A (its rows)
+// and the step's texels of B (the same for every lane), then 4·TM·TN multiply-adds.
+// Inside the k loop llvmpipe fetches a lane-uniform texel once per lane (docs/devices.md). With
+// QKV_SHUFFLE (the host's choice where the workgroup is one subgroup with shuffles, cpu_shuffle in
+// src/kernels/gemm_tiles.cpp) lane l fetches texel l of the step's B texels (then l + WG, ...),
+// one gather for WG texels, and subgroupShuffle(x, t), t a constant once unrolled, hands texel t
+// to every lane; and each accumulator takes its 4 multiply-adds of the step in a row, so that
+// where the accumulators outnumber the registers each is loaded and stored once per step, not 4
+// times. At N = 4096, d_in = d = 64 on lavapipe those two took the projection from 2.6 to 1.6 ms.
+//
+// B comes in two layouts:
+//   - rows (projection: W; aggregation: V): B's row k holds the columns, a texel 4 columns of one
+//     k; the step's B texels are 4 rows of k x TN/4 column groups; acc[i][j] is a vec4 of columns;
+//   - QKV_GEMM_B_KEYS (scores: B = Kᵀ): column n of B is row n of K (b_cs apart, b_rs = 1), a
+//     texel 4 values of k of one key; the step's B texels are the TN keys' texels; acc[i][n] a
+//     float, each step adding the dot product of two texels (needs QKV_SHUFFLE).
+// tile_is_masked() (a causal tile of the scores) and k_limit() (a causal tile of the aggregation)
+// empty or shorten the k loop rather than branch around it: a branch would put the stores under
+// an execution mask. With QKV_WIDE_STORE the including shader stores eight columns at a time
+// (TN % 8 == 0), else four (store_c4 handles N % 4 != 0 itself where VEC_STORE says so).
 // The including shader defines
 //   vec4 load_a4(uint texel), vec4 load_b4(uint texel)
-// The host guarantees (choose_kernels in src/api/plan.cpp): K, every A and B offset, a_rs and b_rs are
-// multiples of 4, b_cs = 1, N, c_rs and C's offset are multiples of 4, TN and BK multiples of 4.
+// The host guarantees (src/kernels/gemm_tiles.cpp, src/api/plan.cpp): K, every A and B offset,
+// a_rs, and b_rs (rows) or b_cs (keys) are multiples of 4; rows: b_cs = 1, N a multiple of 4;
+// TN and BK multiples of 4.
 vec4 load_a4(uint texel);
 vec4 load_b4(uint texel);
 #ifdef QKV_WIDE_STORE
@@ -80,12 +91,19 @@ void store_c8(uint base, uint row, uint col, vec4 lo, vec4 hi);  // columns col.
 #else
 void store_c4(uint base, uint row, uint col, vec4 value);  // columns col..col+3 of row
 #endif
+#if defined(QKV_GEMM_B_KEYS) && !defined(QKV_SHUFFLE)
+#error "QKV_GEMM_B_KEYS needs QKV_SHUFFLE"
+#endif
 
 layout(constant_id = GEMM_SPEC_EXACT) const uint EXACT = 0;  // 1: no bounds checks (contract/gemm.h)
+// 1: an exact 0 of A adds nothing, not 0·NaN (the aggregation, where V may hold NaN or inf).
+layout(constant_id = GEMM_SPEC_SKIP_ZERO) const uint SKIP_ZERO = 0;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint TN4 = TN / 4;
 const uint BK4 = BK / 4;
+
+vec4 madd4(float a, vec4 b, vec4 acc) { return SKIP_ZERO != 0u && a == 0.0 ? acc : fma(vec4(a), b, acc); }
 
 void gemm_main() {
     const uint lane = gl_LocalInvocationID.x;
@@ -102,6 +120,33 @@ void gemm_main() {
     // Rows past M read the last row (in bounds) and are never stored; columns past N likewise.
     uint arow[TM];  // texel index of (row, k = 0)
     [[unroll]] for (uint i = 0; i < TM; ++i) arow[i] = (a_base + min(row0 + lane + i * WG, pc.M - 1u) * pc.a_rs) / 4u;
+    // Texel steps of this tile: none for a tile the masks cover, up to the last k that can count.
+    const uint k4max = tile_is_masked(row0, col0) ? 0u : (k_limit(row0) + 3u) / 4u;
+#ifdef QKV_GEMM_B_KEYS
+    const uint BR = (TN + WG - 1u) / WG;  // gathers per step
+    uint bkey[BR];                        // texel index of (k = 0) of this lane's keys col0 + r·WG + lane
+    [[unroll]] for (uint r = 0; r < BR; ++r)
+        bkey[r] = (b_base + min(col0 + r * WG + gl_SubgroupInvocationID, pc.N - 1u) * pc.b_cs) / 4u;
+    float acc[TM * TN];
+    [[unroll]] for (uint i = 0; i < TM * TN; ++i) acc[i] = 0.0;
+    for (uint k4 = 0; k4 < k4max; ++k4) {
+        vec4 a[TM];
+        [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = load_a4(arow[i] + k4);
+        vec4 fetched[BR];
+        [[unroll]] for (uint r = 0; r < BR; ++r) fetched[r] = load_b4(bkey[r] + k4);
+        [[unroll]] for (uint j = 0; j < TN; ++j) {
+            const vec4 b = subgroupShuffle(fetched[j / WG], j % WG);
+            [[unroll]] for (uint i = 0; i < TM; ++i) {
+                float c = acc[i * TN + j];
+                c = fma(a[i].x, b.x, c);
+                c = fma(a[i].y, b.y, c);
+                c = fma(a[i].z, b.z, c);
+                acc[i * TN + j] = fma(a[i].w, b.w, c);
+            }
+        }
+    }
+#define QKV_ACC4(i, j) vec4(acc[(i) * TN + 4u * (j)], acc[(i) * TN + 4u * (j) + 1u], acc[(i) * TN + 4u * (j) + 2u], acc[(i) * TN + 4u * (j) + 3u])
+#else
     uint bcol[TN4];  // texel index of (k = 0, column group j)
     [[unroll]] for (uint j = 0; j < TN4; ++j) bcol[j] = (b_base + min(col0 + 4u * j, pc.N - 4u)) / 4u;
     const uint b_rs4 = pc.b_rs / 4u;
@@ -109,7 +154,6 @@ void gemm_main() {
     vec4 acc[TM * TN4];
     [[unroll]] for (uint i = 0; i < TM * TN4; ++i) acc[i] = vec4(0.0);
 
-    const uint k4max = pc.K / 4u;
 #ifdef QKV_SHUFFLE
     const uint BT = 4u * TN4;             // B texels per texel step of k: 4 rows of k x TN4 column groups
     const uint BR = (BT + WG - 1u) / WG;  // gathers per step
@@ -134,7 +178,7 @@ void gemm_main() {
                 }
                 [[unroll]] for (uint i = 0; i < TM; ++i) {
                     vec4 c = acc[i * TN4 + j];
-                    [[unroll]] for (uint kk = 0; kk < 4; ++kk) c = fma(vec4(a[i][kk]), b[kk], c);
+                    [[unroll]] for (uint kk = 0; kk < 4; ++kk) c = madd4(a[i][kk], b[kk], c);
                     acc[i * TN4 + j] = c;
                 }
             }
@@ -143,23 +187,25 @@ void gemm_main() {
                 const uint brow = (4u * (k4 + u) + kk) * b_rs4;
                 [[unroll]] for (uint j = 0; j < TN4; ++j) {
                     const vec4 b = load_b4(bcol[j] + brow);
-                    [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN4 + j] = fma(vec4(a[i][kk]), b, acc[i * TN4 + j]);
+                    [[unroll]] for (uint i = 0; i < TM; ++i) acc[i * TN4 + j] = madd4(a[i][kk], b, acc[i * TN4 + j]);
                 }
             }
 #endif
         }
     }
+#define QKV_ACC4(i, j) acc[(i) * TN4 + (j)]
+#endif
 
     [[unroll]] for (uint i = 0; i < TM; ++i) {
 #ifdef QKV_WIDE_STORE
         [[unroll]] for (uint j = 0; j < TN4; j += 2u) {
             const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
-            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c8(c_base, r, c, acc[i * TN4 + j], acc[i * TN4 + j + 1u]);
+            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c8(c_base, r, c, QKV_ACC4(i, j), QKV_ACC4(i, j + 1u));
         }
 #else
         [[unroll]] for (uint j = 0; j < TN4; ++j) {
             const uint r = row0 + lane + i * WG, c = col0 + 4u * j;
-            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c4(c_base, r, c, acc[i * TN4 + j]);
+            if (EXACT != 0u || (r < pc.M && c < pc.N)) store_c4(c_base, r, c, QKV_ACC4(i, j));
         }
 #endif
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,68 @@ TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm
     require_clean(ctx);
 }
 
+TEST_CASE("the staged scores and aggregation through texel views match the reference", "[vulkan][gemm][texels]") {
+    // Where the device shuffles (lavapipe), the cpu family's staged scores read Q and K through a
+    // texel view of Q|K|V when every head starts on whole texels (d_k / H and 2·d_k + d_v
+    // multiples of 4), and the aggregation reads the weights and V through texel views when N and
+    // d_v / H are multiples of 4 too (scores_cpu_tx, aggregate_cpu_tx; with QKV_CPU_SHUFFLE=0,
+    // as CTest also runs this, the storage-buffer variants). N = 17 and 113 leave the score rows
+    // off whole texels (four scalar stores instead of one vec4); 260 and 36 leave partial tiles.
+    auto ctx = qkv_test::make_context({});
+    std::uint64_t seed = 9100;
+    const problem_spec specs[] = {
+        {.seq = 4, .d_in = 8, .d_k = 4, .d_v = 4},
+        {.batch = 2, .seq = 36, .d_in = 12, .d_k = 8, .d_v = 16, .heads = 2, .biases = true, .causal = true},
+        {.batch = 2,
+         .seq = 64,
+         .d_in = 16,
+         .d_k = 16,
+         .d_v = 8,
+         .heads = 2,
+         .mask = mask_kind::boolean,
+         .batched_mask = true},
+        {.seq = 100,
+         .d_in = 20,
+         .d_k = 32,
+         .d_v = 32,
+         .heads = 4,
+         .causal = true,
+         .mask = mask_kind::both,
+         .fully_masked_row = true},
+        {.seq = 17, .d_in = 8, .d_k = 8, .d_v = 8, .mask = mask_kind::additive},
+        {.seq = 113, .d_in = 12, .d_k = 12, .d_v = 4, .causal = true, .mask = mask_kind::boolean},
+        {.seq = 260, .d_in = 16, .d_k = 64, .d_v = 64, .mask = mask_kind::additive, .fully_masked_row = true},
+    };
+    for (const auto& s : specs) {
+        auto p = make_problem(s, seed++);
+        p.options.kernel = kernel_family::cpu;
+        p.options.implementation = qkv::implementation::staged;
+        p.options.return_weights = seed % 2 == 0;
+        INFO(qkv_test::describe(s));
+        check(ctx, p, 1e-10);
+        if (ctx.device().fp16_storage) {  // Q|K|V as float16: an RGBA16F view
+            p.options.precision = qkv::precision::fp16;
+            INFO("fp16");
+            check(ctx, p, 1e-5);
+        }
+    }
+    // NaN in one input row makes that row's V NaN: rows that never attend to it (causal) must
+    // stay right, so a zero weight adds nothing rather than 0·NaN.
+    auto p = make_problem({.seq = 8, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, seed++);
+    p.options.kernel = kernel_family::cpu;
+    p.options.implementation = qkv::implementation::staged;
+    p.x[5 * 4 + 2] = std::numeric_limits<float>::quiet_NaN();
+    const auto want = qkv::cpu::attention_f64(p.view()).output;
+    const auto got = ctx.attention(p.view()).output;
+    for (std::size_t i = 0; i < 8; ++i)
+        for (std::size_t c = 0; c < 4; ++c) {
+            INFO("row " << i << ", column " << c);
+            CHECK(std::isnan(got[i * 4 + c]) == (i >= 5));
+            if (i < 5) CHECK(std::fabs(got[i * 4 + c] - want[i * 4 + c]) <= 1e-5 * (1.0 + std::fabs(want[i * 4 + c])));
+        }
+    require_clean(ctx);
+}
+
 TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][gemm][loop_limit]") {
     // Just past 65,535, and 270,000: past the point where the shared-memory tiles of a short
     // product fail on lavapipe without the split (16 k per step, 5 loop iterations per step:
@@ -155,8 +218,10 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
             check(ctx, p, 1e-8);
         }
         SECTION("scores: a head of d_k past 65,535") {
+            // d_v = 4: at d_k = 270,000 the Q|K|V rows are whole texels, so the cpu family's
+            // scores take their texel variant where the device shuffles, split in two dispatches.
             problem_spec s;
-            s.seq = 3, s.d_in = 2, s.d_k = wide, s.d_v = 2, s.causal = true;
+            s.seq = 3, s.d_in = 2, s.d_k = wide, s.d_v = 4, s.causal = true;
             auto p = make_problem(s, 13);
             p.options.kernel = family;
             p.options.implementation = qkv::implementation::staged;

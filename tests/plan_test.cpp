@@ -332,6 +332,66 @@ TEST_CASE("plan: the projection shares the weights by shuffles, and stores eight
     }
 }
 
+TEST_CASE("plan: the staged scores and aggregation through texel views where the device shuffles", "[plan]") {
+    for (const fake& f : fake_devices()) {
+        INFO(f.name);
+        const bool cpu = f.info.type == device_type::cpu;
+        fake d = f;
+        d.info.subgroup_shuffle = true;
+        const bool shuffle = cpu && d.info.subgroup_size > 0;
+        device_facts texels = facts_for(d, 64);
+        texels.staged_texels = true;
+        const auto staged = [](std::size_t seq, std::size_t d_k, std::size_t d_v, std::size_t heads) {
+            auto pr = problem(1, seq, 8, d_k, heads, 0, qkv::implementation::staged);
+            pr.shape.d_v = d_v;
+            return pr;
+        };
+        // N, d_k / H and d_v / H multiples of 4 (and so 2·d_k + d_v): both.
+        const plan both = plan_for(d, staged(36, 16, 8, 2), texels);
+        CHECK(both.scores.shader == (shuffle ? shader_id::scores_cpu_tx
+                                     : cpu   ? shader_id::scores_cpu
+                                             : shader_id::scores));
+        CHECK(both.aggregate.shader == (shuffle ? shader_id::aggregate_cpu_tx
+                                        : cpu   ? shader_id::aggregate_cpu
+                                                : shader_id::aggregate));
+        if (shuffle) {
+            for (const gemm_step* s : {&both.scores, &both.aggregate}) {
+                CHECK(texel_gemm(s->shader));
+                CHECK_FALSE(projection_texels(s->shader));
+                check_step(d, *s, s == &both.scores ? 8u : 36u, "staged (texels)");
+                CHECK(s->tiles.tn % 4 == 0);
+                CHECK(s->tiles.bk == 4);
+                CHECK(s->vec_store);
+                CHECK_FALSE(s->skip_zero);  // set per call, from the inputs
+            }
+        }
+        // N = 17: the scores still (rows of 17 scores: four scalar stores per group), the
+        // aggregation not (rows of the weights off whole texels).
+        const plan odd = plan_for(d, staged(17, 16, 8, 2), texels);
+        CHECK(odd.scores.shader == (shuffle ? shader_id::scores_cpu_tx
+                                    : cpu   ? shader_id::scores_cpu
+                                            : shader_id::scores));
+        if (shuffle) CHECK_FALSE(odd.scores.vec_store);
+        CHECK(odd.aggregate.shader == (cpu ? shader_id::aggregate_cpu : shader_id::aggregate));
+        // Q and K heads off whole texels (d_k / H = 6): the scores through storage buffers, the
+        // aggregation (V heads of 4) still through texels.
+        const plan q6 = plan_for(d, staged(36, 12, 8, 2), texels);
+        CHECK_FALSE(texel_gemm(q6.scores.shader));
+        CHECK(texel_gemm(q6.aggregate.shader) == shuffle);
+        // Q|K|V rows of 2·8 + 6 = 22: nothing starts on whole texels.
+        const plan rows22 = plan_for(d, staged(36, 8, 6, 1), texels);
+        CHECK_FALSE(texel_gemm(rows22.scores.shader));
+        CHECK_FALSE(texel_gemm(rows22.aggregate.shader));
+        // Without the facts (formats, view sizes), or without shuffles: storage buffers.
+        CHECK_FALSE(texel_gemm(plan_for(d, staged(36, 16, 8, 2), facts_for(d, 64)).scores.shader));
+        CHECK_FALSE(texel_gemm(plan_for(f, staged(36, 16, 8, 2), texels).scores.shader));
+        {
+            const scoped_env never("QKV_CPU_SHUFFLE", "0");
+            CHECK_FALSE(texel_gemm(plan_for(d, staged(36, 16, 8, 2), texels).aggregate.shader));
+        }
+    }
+}
+
 TEST_CASE("plan: the range guard folds by subgroup where the device has subgroup arithmetic", "[plan]") {
     for (const fake& f : fake_devices()) {
         INFO(f.name);

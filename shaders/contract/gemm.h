@@ -56,13 +56,16 @@ QKV_CONST uint GEMM_SPEC_BK = 3u;
 QKV_CONST uint GEMM_SPEC_TM = 4u;
 QKV_CONST uint GEMM_SPEC_TN = 5u;
 QKV_CONST uint GEMM_SPEC_COUNT = 6u;
-// The projection's texel variant only (project_cpu_tx): facts of one dispatch known to the host,
-// as constants, so that llvmpipe compiles no branch for them. A branch, even one every lane takes
-// the same way, puts the stores under an execution mask, and a masked store at lane-varying
-// addresses costs a load, a select and a store per lane instead of a store.
-QKV_CONST uint GEMM_SPEC_EXACT = 6u;  // 1: every workgroup's tile lies inside C (M % BM == 0, N % BN == 0)
-QKV_CONST uint GEMM_SPEC_STORE = 7u;  // GEMM_STORE_RUNTIME, or this dispatch's flags (ACCUMULATE, PARTIAL, BIAS)
-QKV_CONST uint GEMM_SPEC_TEXEL_COUNT = 8u;
+// The texel variants only (project_cpu_tx*, scores_cpu_tx, aggregate_cpu_tx): facts of one
+// dispatch known to the host, as constants, so that llvmpipe compiles no branch for them. A
+// branch, even one every lane takes the same way, puts the stores under an execution mask, and a
+// masked store at lane-varying addresses costs a load, a select and a store per lane instead of
+// a store.
+QKV_CONST uint GEMM_SPEC_EXACT = 6u;      // 1: every workgroup's tile lies inside C (M % BM == 0, N % BN == 0)
+QKV_CONST uint GEMM_SPEC_STORE = 7u;      // GEMM_STORE_RUNTIME, or this dispatch's flags (stage's, ACCUMULATE, PARTIAL)
+QKV_CONST uint GEMM_SPEC_SKIP_ZERO = 8u;  // 1: a zero of A adds nothing, not 0·NaN (aggregation with non-finite V)
+QKV_CONST uint GEMM_SPEC_VEC_STORE = 9u;  // 1: C's rows, offset and N are multiples of 4: vec4 stores
+QKV_CONST uint GEMM_SPEC_TEXEL_COUNT = 10u;
 QKV_CONST uint GEMM_STORE_RUNTIME = 0xffffffffu;  // the store reads pc.flags
 QKV_CONTRACT_END
 

@@ -93,6 +93,11 @@ flash_layout attention_layout(const plan& p) {
     return l;
 }
 
+/// The format of a texel view of Q|K|V: four of its elements (float32, or float16 with fp16).
+VkFormat qkv_texel_format(const plan& p) {
+    return p.fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+}
+
 /// Lays the call out and chooses its kernels (plan.hpp); `cpu_plan` is the CPU family's layout.
 plan plan_call(const dispatch_environment& env, const attention_problem& problem, flash_cpu_plan& cpu_plan) {
     const device_info& info = env.dev.info();
@@ -116,6 +121,11 @@ plan plan_call(const dispatch_environment& env, const attention_problem& problem
     facts.projection_texels = texels != "0" && env.dev.uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT) &&
                               projection_view_bytes(p) >= 16 &&
                               projection_view_bytes(p) / 16 <= env.dev.limits().maxTexelBufferElements;
+    // The staged products' views: all of Q|K|V (texels of 4 elements) and all of the scores.
+    const std::uint64_t max_texels = env.dev.limits().maxTexelBufferElements;
+    facts.staged_texels = env.dev.uniform_texel_format(qkv_texel_format(p)) &&
+                          env.dev.uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT) &&
+                          std::uint64_t{p.batch} * p.seq * p.ld / 4 <= max_texels && p.scores_bytes / 16 <= max_texels;
     choose_kernels(p, info, facts, problem.options.kernel);
     return p;
 }
@@ -131,8 +141,11 @@ bool ensure_buffers(dispatch_environment& env, const plan& p, const flash_cpu_pl
         // Texel usage too: the projection's texel variant reads X and the weights through a view.
         ensure(alloc, bufs.inputs, p.inputs_bytes, memory_use::device, "inputs",
                VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
-        ensure(alloc, bufs.qkv, p.qkv_bytes, memory_use::device, "Q|K|V");
-        if (p.scores_bytes) ensure(alloc, bufs.scores, p.scores_bytes, memory_use::device, "scores");
+        // Texel usage too: the staged products' texel variants read Q|K|V and the scores through views.
+        ensure(alloc, bufs.qkv, p.qkv_bytes, memory_use::device, "Q|K|V", VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+        if (p.scores_bytes)
+            ensure(alloc, bufs.scores, p.scores_bytes, memory_use::device, "scores",
+                   VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
         if (p.concat_bytes) ensure(alloc, bufs.concat, p.concat_bytes, memory_use::device, "concatenated heads");
         ensure(alloc, bufs.out, p.out_bytes, memory_use::device, "output");
         prepare_range_guard(alloc, bufs.guard, p);
@@ -220,8 +233,17 @@ void record_fused(dispatch_environment& env, const plan& p, const flash_cpu_plan
     }
 }
 
+/// Texel views of Q|K|V and of the scores for the staged products' texel variants, made when
+/// recording; they must live until the submit.
+struct staged_views {
+    buffer_view qkv, scores;
+};
+
 /// The staged attention: scores, softmax in place, weights · V into each head's columns.
-void record_staged(dispatch_environment& env, const buffer_cache& bufs, const plan& p, const call_bindings& b) {
+/// `v_finite`: every input of the projection is finite, so V is (or the call fails its range
+/// check): the aggregation's texel variant then needs no zero-weight rule against 0·NaN.
+void record_staged(dispatch_environment& env, const buffer_cache& bufs, const plan& p, const call_bindings& b,
+                   bool v_finite, staged_views& views) {
     const std::uint32_t N = p.seq, H = p.heads, dh = p.d_k / H, dvh = p.d_v / H;
     gemm_push g = gemm_push_defaults();
     g.M = N, g.N = N, g.K = dh, g.heads = H;
@@ -233,7 +255,14 @@ void record_staged(dispatch_environment& env, const buffer_cache& bufs, const pl
     g.mask_bs = p.mask_batched ? N * N : 0;
     g.add_bs = p.additive_batched ? N * N : 0;
     const binding scores = whole(bufs.scores, p.scores_bytes);
-    record_gemm(env.exec, env.pipes, p.scores, {b.qkv, b.mask_bits, b.additive, scores}, g, p.batch * H);
+    const std::uint64_t qkv_view_bytes = std::uint64_t{p.batch} * N * p.ld * (p.fp16 ? 2 : 4);
+    if ((texel_gemm(p.scores.shader) || texel_gemm(p.aggregate.shader)))
+        views.qkv = buffer_view(env.dev, bufs.qkv, qkv_texel_format(p), 0, qkv_view_bytes);
+    if (texel_gemm(p.scores.shader))
+        record_gemm(env.exec, env.pipes, p.scores, {texel(views.qkv.handle()), b.mask_bits, b.additive, scores}, g,
+                    p.batch * H);
+    else
+        record_gemm(env.exec, env.pipes, p.scores, {b.qkv, b.mask_bits, b.additive, scores}, g, p.batch * H);
     env.exec.compute_barrier();
     record_softmax(env.exec, env.pipes, p.softmax, p.softmax_workgroup, scores, p.batch * H * N, N);
     env.exec.compute_barrier();
@@ -243,7 +272,15 @@ void record_staged(dispatch_environment& env, const buffer_cache& bufs, const pl
     a.b_off = 2 * p.d_k, a.b_bs = N * p.ld, a.b_hs = dvh, a.b_rs = p.ld, a.b_cs = 1;  // V_h
     a.c_bs = N * p.d_v, a.c_hs = dvh, a.c_rs = p.d_v;
     a.flags = p.causal ? flag_causal : 0;
-    record_gemm(env.exec, env.pipes, p.aggregate, {scores, b.qkv, b.attn_out}, a, p.batch * H);
+    if (texel_gemm(p.aggregate.shader)) {
+        views.scores = buffer_view(env.dev, bufs.scores, VK_FORMAT_R32G32B32A32_SFLOAT, 0, p.scores_bytes);
+        gemm_step step = p.aggregate;
+        step.skip_zero = !v_finite;
+        record_gemm(env.exec, env.pipes, step, {texel(views.scores.handle()), texel(views.qkv.handle()), b.attn_out}, a,
+                    p.batch * H);
+    } else {
+        record_gemm(env.exec, env.pipes, p.aggregate, {scores, b.qkv, b.attn_out}, a, p.batch * H);
+    }
 }
 
 /// The output projection: concat · Wo + bo.
@@ -324,11 +361,12 @@ attention_run run_attention(dispatch_environment& env, const attention_problem& 
     exec.mark();                  // inputs on the device
     buffer_view projection_view;  // the projection's texel view, where it takes the texel variant
     record_projection(env, env.buffers, p, b, projection_view, guard);
-    exec.mark();  // projections done
+    exec.mark();         // projections done
+    staged_views views;  // the staged products' texel views, where they take the texel variants
     if (p.impl == implementation::fused)
         record_fused(env, p, cpu_plan, b);
     else
-        record_staged(env, env.buffers, p, b);
+        record_staged(env, env.buffers, p, b, facts.projection_inputs_finite, views);
     exec.mark();  // attention done
     if (p.d_out) {
         record_output_projection(env, env.buffers, p, b);

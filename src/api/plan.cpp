@@ -168,6 +168,13 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
         p.scores = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::scores_f16 : shader_id::scores, N, N, dh);
         p.aggregate = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate, N, dvh, N);
         p.softmax = info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax;
+        // Texel variants: Q and K (scores), P and V (aggregation) must start and stride on whole
+        // texels of 4 elements: Q|K|V rows of ld, heads of dh and dvh columns, P rows of N.
+        if (p.cpu_gemm && facts.staged_texels && cpu_shuffle(info, cpu_lanes(info)) && p.ld % 4 == 0) {
+            if (dh % 4 == 0) p.scores = plan_staged_texels(info, shader_id::scores_cpu_tx, N, N, dh);
+            if (dvh % 4 == 0 && N % 4 == 0)
+                p.aggregate = plan_staged_texels(info, shader_id::aggregate_cpu_tx, N, dvh, N);
+        }
     }
     if (p.d_out)
         p.out_projection = plan_gemm(info, p.cpu_gemm, shader_id::project, std::uint64_t{p.batch} * N, p.d_out, p.d_v);

@@ -71,6 +71,11 @@ struct device_facts {
     /// from offset 0 through X and [Wq|Wk|Wv] fits maxTexelBufferElements (projection_view_bytes):
     /// the CPU-family projection may take its texel variant (project_cpu_tx).
     bool projection_texels = false;
+    /// The device reads uniform texel buffers of Q|K|V's format (R32G32B32A32_SFLOAT, or
+    /// R16G16B16A16_SFLOAT with fp16) and of R32G32B32A32_SFLOAT, and views of the whole Q|K|V and
+    /// scores buffers fit maxTexelBufferElements: the CPU-family scores and aggregation may take
+    /// their texel variants (scores_cpu_tx, aggregate_cpu_tx) where the device shuffles.
+    bool staged_texels = false;
 };
 
 /// Bytes of the texel view of the inputs buffer that the projection's texel variant reads: from

@@ -36,6 +36,10 @@ bool cpu_shuffle(const device_info& info, std::uint32_t workgroup) {
     return allowed;
 }
 
+std::uint32_t cpu_lanes(const device_info& info) {
+    return std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
+}
+
 std::vector<std::uint32_t> gemm_tiles::spec() const {
     std::vector<std::uint32_t> s(contract::GEMM_SPEC_COUNT);
     s[contract::GEMM_SPEC_WORKGROUP] = threads();
@@ -63,7 +67,7 @@ gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint
         // gathered values of B per lane and k. Fewer rows and columns for small products.
         gemm_tiles t;
         t.cpu = true;
-        const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
+        const std::uint32_t lanes = cpu_lanes(info);
         // Measured on lavapipe (N = 4096 x 64 x 192): 8 rows x 4 lane-columns beat 8x2, 16x2, 4x8.
         t.tn = n > 2 * lanes ? 4 : (n > lanes ? 2 : 1);
         t.bm = m >= 8 ? 8 : (m >= 4 ? 4 : 1);
@@ -91,7 +95,7 @@ gemm_tiles choose_gemm_tiles(const device_info& info, std::uint64_t m, std::uint
 gemm_tiles choose_projection_tiles_cpu(const device_info& info, std::uint64_t m, std::uint64_t n) {
     gemm_tiles t;
     t.cpu = true;
-    const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
+    const std::uint32_t lanes = cpu_lanes(info);
     // Measured on lavapipe (N = 4096 x 64 x 192, loaded machine): 8 rows per lane x 16 columns
     // took 20 ms against 31-45 ms for the columns variant (8 x 4); 2x8, 4x16, 16x8, 16x16 and 8x32
     // were slower. Rows: as many as M fills, at most 8 per lane; columns: at most 16.
@@ -196,7 +200,7 @@ gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64
     gemm_step s;
     gemm_tiles& t = s.tiles;
     t.cpu = true;
-    const std::uint32_t lanes = std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
+    const std::uint32_t lanes = cpu_lanes(info);
     const bool shuffle = cpu_shuffle(info, lanes);
     // Eight-column stores where every store lands on whole groups of 8 (C's offset is 0 here) and
     // fp32 can be packed into 64-bit integers (TN a multiple of 8 as well, below).
@@ -227,6 +231,28 @@ gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64
     else
         s.shader = fp16 ? shader_id::project_cpu_tx_shuffle_f16 : shader_id::project_cpu_tx_shuffle;
     return s;
+}
+
+gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uint64_t m, std::uint64_t n,
+                             std::uint32_t k) {
+    gemm_step s;
+    s.shader = shader;
+    gemm_tiles& t = s.tiles;
+    t.cpu = true;
+    const std::uint32_t lanes = cpu_lanes(info);
+    // As the projection's shuffle variants: 4 rows per lane x 32 columns (docs/devices.md).
+    t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, 4));
+    t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((n + 3) / 4 * 4, 4, 32));
+    t.bm = lanes * t.tm;
+    t.bn = t.tn;
+    t.bk = 4;  // one texel of k per loop iteration
+    s.chunk_k = gemm_chunk_k(info, t, k);
+    s.vec_store = n % 4 == 0;  // rows of C n wide (scores: the keys; aggregation: a head of V, always)
+    return s;
+}
+
+bool texel_gemm(shader_id shader) {
+    return projection_texels(shader) || shader == shader_id::scores_cpu_tx || shader == shader_id::aggregate_cpu_tx;
 }
 
 bool projection_texels(shader_id shader) {

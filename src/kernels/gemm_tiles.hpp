@@ -26,6 +26,10 @@ bool cpu_kernels(const device_info& info, qkv::kernel_family requested);
 /// value other than 0 or 1 throws invalid_argument.
 bool cpu_shuffle(const device_info& info, std::uint32_t workgroup);
 
+/// The workgroup of the CPU family's products: one subgroup of the device's reported size (at
+/// least 1, at most the device's workgroup limit).
+std::uint32_t cpu_lanes(const device_info& info);
+
 /// Tile shape of the matrix product (specialization constants GEMM_SPEC_*, contract/gemm.h).
 /// GPU family: BM x BN tiles through shared memory, BK deep, TM x TN per invocation.
 /// CPU family (`cpu`): `lanes` invocations, BM rows x BN = lanes·TN columns per workgroup, the k
@@ -67,6 +71,9 @@ struct gemm_step {
     shader_id shader = shader_id::project;
     gemm_tiles tiles;
     std::uint32_t chunk_k = 1;
+    // Texel variants only (texel_gemm), as specialization constants (contract/gemm.h):
+    bool vec_store = true;   ///< C's rows, offset and N multiples of 4 (GEMM_SPEC_VEC_STORE)
+    bool skip_zero = false;  ///< a zero of A adds nothing, not 0·NaN (GEMM_SPEC_SKIP_ZERO; set per call)
 };
 
 /// The product C (m x n) = A (m x k) · B with `shader` (project, scores, aggregate, or their
@@ -82,8 +89,18 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
 /// operands start on whole texels.
 gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n, std::uint32_t k);
 
-/// Whether `shader` is one of the projection's texel variants (A and B bound as texel views,
-/// bounds and store flags as specialization constants).
+/// The staged scores (`scores`: S = Q·Kᵀ, m queries x n keys, k = head width) or aggregation
+/// (`aggregate`: O = P·V, m queries x n = head width of V, k = keys) through texel views, lanes
+/// owning rows, B's texels shared by shuffles: scores_cpu_tx, aggregate_cpu_tx. The caller checks
+/// that the device shuffles (cpu_shuffle), reads the views' formats, and that every operand starts
+/// and strides on whole texels (choose_kernels in src/api/plan.cpp).
+gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uint64_t m, std::uint64_t n,
+                             std::uint32_t k);
+
+/// Whether `shader` is one of the projection's texel variants (X and W through one view of the inputs).
 bool projection_texels(shader_id shader);
+/// Whether `shader` is any texel variant of a matrix product (the projection's, scores_cpu_tx,
+/// aggregate_cpu_tx): A and B bound as texel views, bounds and store flags as specialization constants.
+bool texel_gemm(shader_id shader);
 
 }  // namespace qkv::vulkan::detail

@@ -14,11 +14,13 @@ std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<st
 
 void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
                  const gemm_push& push, std::uint32_t batches) {
-    const bool texels = projection_texels(step.shader);
+    const bool texels = texel_gemm(step.shader);
     std::vector<std::uint32_t> spec = step.tiles.spec();
-    if (texels) {  // contract/gemm.h: the dispatch's bounds and store flags as constants
+    if (texels) {  // contract/gemm.h: the dispatch's bounds, layout and store flags as constants
         spec.resize(contract::GEMM_SPEC_TEXEL_COUNT);
         spec[contract::GEMM_SPEC_EXACT] = push.M % step.tiles.bm == 0 && push.N % step.tiles.bn == 0 ? 1 : 0;
+        spec[contract::GEMM_SPEC_SKIP_ZERO] = step.skip_zero ? 1 : 0;
+        spec[contract::GEMM_SPEC_VEC_STORE] = step.vec_store ? 1 : 0;
     }
     const std::uint32_t groups[3] = {ceil_div(push.M, step.tiles.bm), ceil_div(push.N, step.tiles.bn), batches};
     const std::uint32_t chunk = step.chunk_k;
@@ -32,9 +34,7 @@ void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std
         if (begin > 0) part.flags |= flag_gemm_accumulate;
         if (std::uint64_t{begin} + chunk < push.K) part.flags |= flag_gemm_partial;
         if (begin > 0) exec.compute_barrier();
-        if (texels)
-            spec[contract::GEMM_SPEC_STORE] = part.flags & (contract::GEMM_FLAG_ACCUMULATE |
-                                                            contract::GEMM_FLAG_PARTIAL | contract::PROJECT_FLAG_BIAS);
+        if (texels) spec[contract::GEMM_SPEC_STORE] = part.flags;
         exec.dispatch(pipes.get(step.shader, spec), bindings, &part, groups);
     }
 }
