@@ -561,6 +561,26 @@ TEST_CASE("cpu backend: fully masked rows give zero weights and a zero head outp
     check_against_reference(o);
 }
 
+TEST_CASE("cpu backend: a +inf score makes its whole row NaN, masked weights included, as PyTorch", "[cpu]") {
+    // torch.softmax([inf, 1, -inf]) is [nan, nan, nan]: inf - inf is NaN, and 0 / NaN too.
+    std::mt19937_64 rng(6);
+    owned_problem o = random_problem({.batch = 1, .seq = 3, .d_in = 2, .d_k = 2, .d_v = 2, .heads = 1}, rng, true);
+    o.additive = {f_inf, 0, -f_inf, 0, 0, 0, 0, 0, 0};
+    o.options.return_weights = true;
+    const auto got = qkv::cpu::attention(o.view());
+    const auto got64 = qkv::cpu::attention_f64(o.view());
+    for (std::size_t i = 0; i < 3; ++i) {
+        for (std::size_t j = 0; j < 3; ++j) {
+            CHECK(std::isnan(got.weights[i * 3 + j]) == (i == 0));
+            CHECK(std::isnan(got64.weights[i * 3 + j]) == (i == 0));
+        }
+        for (std::size_t c = 0; c < 2; ++c) {
+            CHECK(std::isnan(got.output[i * 2 + c]) == (i == 0));
+            CHECK(std::isnan(got64.output[i * 2 + c]) == (i == 0));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // validate(), default_scale(), resolve_implementation().
 

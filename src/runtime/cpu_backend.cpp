@@ -70,6 +70,7 @@ results<T> compute(const Problem& p) {
     const bool batched_mask = p.mask.size() == B * N * N;
     const bool batched_additive = p.additive_mask.size() == B * N * N;
     constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+    constexpr double pos_inf = std::numeric_limits<double>::infinity();
     constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
     // Projections for every batch element: Q, K (rows x d_k) and V (rows x d_v).
@@ -126,7 +127,7 @@ results<T> compute(const Problem& p) {
                 score[j] = sc;
                 allowed[j] = ok;
                 if (!ok) continue;
-                if (std::isnan(sc)) has_nan = true;
+                if (std::isnan(sc) || sc == pos_inf) has_nan = true;  // as PyTorch: +inf - +inf is NaN
                 if (!any || sc > max) max = sc;
                 any = true;
             }
@@ -134,7 +135,7 @@ results<T> compute(const Problem& p) {
             T* wrow = r.weights.empty() ? nullptr : r.weights.data() + ((b * H + h) * N + i) * N;
             double* out = concat.data() + (b * N + i) * dv + h * dvh;
             if (!any) continue;  // fully masked: zero weights, zero head output (already zero)
-            if (has_nan) {       // as PyTorch: a NaN among the allowed scores poisons the row
+            if (has_nan) {       // as PyTorch: a NaN or +inf among the allowed scores poisons the row
                 if (wrow) std::fill(wrow, wrow + N, static_cast<T>(nan));
                 std::fill(out, out + dvh, nan);
                 continue;

@@ -42,6 +42,7 @@ basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
     const In* const additive = p.additive_mask.empty() ? nullptr : p.additive_mask.data();
     const mask_strides ms = (mask || additive) ? broadcast_strides(p.mask_shape, s) : mask_strides{};
     constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+    constexpr double pos_inf = std::numeric_limits<double>::infinity();
     constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
     basic_sdpa_output<T> r;
@@ -90,7 +91,7 @@ basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
                 score[j] = sc;
                 allowed[j] = ok;
                 if (!ok) continue;
-                if (std::isnan(sc)) has_nan = true;
+                if (std::isnan(sc) || sc == pos_inf) has_nan = true;  // as PyTorch: +inf - +inf is NaN
                 if (!any || sc > max) max = sc;
                 any = true;
             }
@@ -98,7 +99,7 @@ basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
             T* const wrow = r.weights.empty() ? nullptr : r.weights.data() + ((b * Hq + h) * L + i) * S;
             T* const out = r.output.data() + ((b * Hq + h) * L + i) * Ev;
             if (!any) continue;  // nothing to attend to: zero weights, zero output (already zero)
-            if (has_nan) {       // as PyTorch: a NaN among the allowed scores poisons the row
+            if (has_nan) {       // as PyTorch: a NaN or +inf among the allowed scores poisons the row
                 if (wrow) std::fill(wrow, wrow + S, static_cast<T>(nan));
                 std::fill(out, out + Ev, static_cast<T>(nan));
                 continue;
