@@ -167,6 +167,29 @@ TEST_CASE("the staged scores and aggregation through texel views match the refer
             check(ctx, p, 1e-5);
         }
     }
+    // The softmax's rules with a row per lane (softmax_cpu_tx, rows of whole texels): a fully
+    // masked row is zeros, a NaN or +inf score makes its row NaN, the other rows are right.
+    {
+        auto m = make_problem({.seq = 12, .d_in = 4, .d_k = 4, .d_v = 4, .mask = mask_kind::additive}, seed++);
+        m.options.kernel = kernel_family::cpu;
+        m.options.implementation = qkv::implementation::staged;
+        m.options.return_weights = true;
+        for (std::size_t j = 0; j < 12; ++j) m.additive[2 * 12 + j] = -std::numeric_limits<float>::infinity();
+        m.additive[5 * 12 + 7] = std::numeric_limits<float>::quiet_NaN();
+        m.additive[7 * 12 + 0] = std::numeric_limits<float>::infinity();
+        const auto want = qkv::cpu::attention_f64(m.view());
+        const auto got = ctx.attention(m.view());
+        for (std::size_t i = 0; i < 12; ++i)
+            for (std::size_t j = 0; j < 12; ++j) {
+                INFO("weight " << i << ", " << j);
+                const double w = want.weights[i * 12 + j];
+                const float g = got.weights[i * 12 + j];
+                CHECK(std::isnan(g) == (i == 5 || i == 7));
+                CHECK(std::isnan(w) == (i == 5 || i == 7));
+                if (i == 2) CHECK(g == 0.0f);
+                if (!std::isnan(w)) CHECK(std::fabs(g - w) <= 1e-6);
+            }
+    }
     // NaN in one input row makes that row's V NaN: rows that never attend to it (causal) must
     // stay right, so a zero weight adds nothing rather than 0·NaN.
     auto p = make_problem({.seq = 8, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, seed++);

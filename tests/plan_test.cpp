@@ -365,14 +365,23 @@ TEST_CASE("plan: the staged scores and aggregation through texel views where the
                 CHECK_FALSE(s->skip_zero);  // set per call, from the inputs
             }
         }
+        // The softmax with a row per lane on any CPU device (no shuffles needed), one subgroup a
+        // workgroup, its two passes of N / 4 steps under the loop limit.
+        const plan unshuffled = plan_for(f, staged(36, 16, 8, 2), texels);
+        for (const plan* q : {&both, &unshuffled}) {
+            CHECK((q->softmax == shader_id::softmax_cpu_tx) == cpu);
+            if (cpu) CHECK(q->softmax_workgroup == cpu_lanes(f.info));
+        }
+        CHECK(plan_for(d, staged(36, 16, 8, 2), facts_for(d, 64)).softmax != shader_id::softmax_cpu_tx);
         // N = 17: the scores still (rows of 17 scores: four scalar stores per group), the
-        // aggregation not (rows of the weights off whole texels).
+        // aggregation and the softmax not (rows of the weights off whole texels).
         const plan odd = plan_for(d, staged(17, 16, 8, 2), texels);
         CHECK(odd.scores.shader == (shuffle ? shader_id::scores_cpu_tx
                                     : cpu   ? shader_id::scores_cpu
                                             : shader_id::scores));
         if (shuffle) CHECK_FALSE(odd.scores.vec_store);
         CHECK(odd.aggregate.shader == (cpu ? shader_id::aggregate_cpu : shader_id::aggregate));
+        CHECK(odd.softmax != shader_id::softmax_cpu_tx);
         // Q and K heads off whole texels (d_k / H = 6): the scores through storage buffers, the
         // aggregation (V heads of 4) still through texels.
         const plan q6 = plan_for(d, staged(36, 12, 8, 2), texels);

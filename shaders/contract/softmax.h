@@ -14,6 +14,10 @@ struct softmax_push {
 };
 QKV_CONST uint SOFTMAX_BINDING_S = 0u;       // the scores, turned into weights in place
 QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/kernels/stages.cpp, softmax_workgroup)
+// softmax_cpu.comp (a row per lane, CPU devices): the scores again, as an RGBA32F texel view, and
+// whether the rows fill every workgroup (no bounds check on the stores).
+QKV_CONST uint SOFTMAX_BINDING_TEXELS = 1u;
+QKV_CONST uint SOFTMAX_SPEC_EXACT = 1u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_push) == 5u * 4u)

@@ -264,7 +264,10 @@ void record_staged(dispatch_environment& env, const buffer_cache& bufs, const pl
     else
         record_gemm(env.exec, env.pipes, p.scores, {b.qkv, b.mask_bits, b.additive, scores}, g, p.batch * H);
     env.exec.compute_barrier();
-    record_softmax(env.exec, env.pipes, p.softmax, p.softmax_workgroup, scores, p.batch * H * N, N);
+    if (p.softmax == shader_id::softmax_cpu_tx || texel_gemm(p.aggregate.shader))
+        views.scores = buffer_view(env.dev, bufs.scores, VK_FORMAT_R32G32B32A32_SFLOAT, 0, p.scores_bytes);
+    const binding scores_texels = views.scores ? texel(views.scores.handle()) : binding{};
+    record_softmax(env.exec, env.pipes, p.softmax, p.softmax_workgroup, scores, scores_texels, p.batch * H * N, N);
     env.exec.compute_barrier();
     gemm_push a = gemm_push_defaults();
     a.M = N, a.N = dvh, a.K = N, a.heads = H;
@@ -273,11 +276,9 @@ void record_staged(dispatch_environment& env, const buffer_cache& bufs, const pl
     a.c_bs = N * p.d_v, a.c_hs = dvh, a.c_rs = p.d_v;
     a.flags = p.causal ? flag_causal : 0;
     if (texel_gemm(p.aggregate.shader)) {
-        views.scores = buffer_view(env.dev, bufs.scores, VK_FORMAT_R32G32B32A32_SFLOAT, 0, p.scores_bytes);
         gemm_step step = p.aggregate;
         step.skip_zero = !v_finite;
-        record_gemm(env.exec, env.pipes, step, {texel(views.scores.handle()), texel(views.qkv.handle()), b.attn_out}, a,
-                    p.batch * H);
+        record_gemm(env.exec, env.pipes, step, {scores_texels, texel(views.qkv.handle()), b.attn_out}, a, p.batch * H);
     } else {
         record_gemm(env.exec, env.pipes, p.aggregate, {scores, b.qkv, b.attn_out}, a, p.batch * H);
     }

@@ -175,6 +175,12 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
             if (dvh % 4 == 0 && N % 4 == 0)
                 p.aggregate = plan_staged_texels(info, shader_id::aggregate_cpu_tx, N, dvh, N);
         }
+        // The softmax with a row per lane, read through a texel view of the scores (rows of whole
+        // texels; each lane walks its row twice, N / 4 steps each, under the loop limit).
+        if (p.cpu_gemm && facts.staged_texels && N % 4 == 0 && std::uint64_t{N} / 2 + 4 < cpu_loop_limit - 1024) {
+            p.softmax = shader_id::softmax_cpu_tx;
+            p.softmax_workgroup = cpu_lanes(info);
+        }
     }
     if (p.d_out)
         p.out_projection = plan_gemm(info, p.cpu_gemm, shader_id::project, std::uint64_t{p.batch} * N, p.d_out, p.d_v);

@@ -40,15 +40,23 @@ void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std
 }
 
 void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
-                    std::uint32_t rows, std::uint32_t cols) {
-    std::vector<std::uint32_t> spec(1);
-    spec[contract::SOFTMAX_SPEC_WORKGROUP] = workgroup;
-    const pipeline& p = pipes.get(shader, spec);
+                    binding texels, std::uint32_t rows, std::uint32_t cols) {
     softmax_push push{};
     push.cols = cols;
     push.rows = rows;
+    if (shader == shader_id::softmax_cpu_tx) {
+        static_assert(row_matches<softmax_push>(shader_id::softmax_cpu_tx, "st"));
+        std::vector<std::uint32_t> spec(2);
+        spec[contract::SOFTMAX_SPEC_WORKGROUP] = workgroup;
+        spec[contract::SOFTMAX_SPEC_EXACT] = rows % workgroup == 0 ? 1 : 0;
+        const std::uint32_t groups[3] = {ceil_div(rows, workgroup), 1, 1};
+        exec.dispatch(pipes.get(shader, spec), {scores, texels}, &push, groups);
+        return;
+    }
+    std::vector<std::uint32_t> spec(1);
+    spec[contract::SOFTMAX_SPEC_WORKGROUP] = workgroup;
     const std::uint32_t groups[3] = {rows, 1, 1};
-    exec.dispatch(p, {scores}, &push, groups);
+    exec.dispatch(pipes.get(shader, spec), {scores}, &push, groups);
 }
 
 }  // namespace qkv::vulkan::detail

@@ -47,8 +47,10 @@ void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std
                  const gemm_push& push, std::uint32_t batches);
 
 /// Records the in-place softmax of `rows` rows of `cols` scores with `shader` (softmax or
-/// softmax_subgroup) and `workgroup` invocations (make_plan chose both and checked the loop budget).
+/// softmax_subgroup: a workgroup per row; softmax_cpu_tx: a row per invocation, which reads
+/// `texels`, an RGBA32F view of the scores) and `workgroup` invocations (make_plan chose both and
+/// checked the loop budget).
 void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
-                    std::uint32_t rows, std::uint32_t cols);
+                    binding texels, std::uint32_t rows, std::uint32_t cols);
 
 }  // namespace qkv::vulkan::detail
