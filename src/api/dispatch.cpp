@@ -256,7 +256,7 @@ void record_staged(dispatch_environment& env, const buffer_cache& bufs, const pl
     g.add_bs = p.additive_batched ? N * N : 0;
     const binding scores = whole(bufs.scores, p.scores_bytes);
     const std::uint64_t qkv_view_bytes = std::uint64_t{p.batch} * N * p.ld * (p.fp16 ? 2 : 4);
-    if ((texel_gemm(p.scores.shader) || texel_gemm(p.aggregate.shader)))
+    if (texel_gemm(p.scores.shader) || texel_gemm(p.aggregate.shader))
         views.qkv = buffer_view(env.dev, bufs.qkv, qkv_texel_format(p), 0, qkv_view_bytes);
     if (texel_gemm(p.scores.shader))
         record_gemm(env.exec, env.pipes, p.scores, {texel(views.qkv.handle()), b.mask_bits, b.additive, scores}, g,
