@@ -8,7 +8,8 @@
 // in qkv's own code still fails the test.
 //
 // Linked (as a shared library, so it sits in the global symbol scope ahead of libc) only into the
-// Vulkan test executables of a QKV_SANITIZE=address build; never part of the library.
+// Vulkan test executables and the qkv tool of a QKV_SANITIZE=address build; never part of the
+// library.
 extern "C" {
 __attribute__((visibility("default"))) int dlclose(void* handle);
 __attribute__((visibility("default"))) int dlclose(void* handle) {
