@@ -16,31 +16,27 @@
 #define QKV_SKIP_ZERO_A
 #include "gemm_core.glsl"
 
-layout(std430, binding = AGGREGATE_BINDING_O) buffer O { float o[]; };
-
 #ifdef QKV_GEMM_TEXELS
 layout(binding = AGGREGATE_BINDING_P) uniform samplerBuffer p_tex;
 layout(binding = AGGREGATE_BINDING_QKV) uniform samplerBuffer v_tex;
 vec4 load_a4(uint texel) { return texelFetch(p_tex, int(texel)); }
 vec4 load_b4(uint texel) { return texelFetch(v_tex, int(texel)); }
 
+// The host takes this variant only where a head of V is whole texels (d_v / H % 4 == 0), so
+// every row, head offset and column group of O is too: always four columns per store.
 layout(std430, binding = AGGREGATE_BINDING_O) buffer O4 { vec4 o4[]; };
 layout(constant_id = GEMM_SPEC_STORE) const uint STORE_FLAGS = GEMM_STORE_RUNTIME;
-layout(constant_id = GEMM_SPEC_VEC_STORE) const uint VEC_STORE = 0;
 
-void store_c4(uint base, uint row, uint col, vec4 value) {  // columns col..col+3 of row (N % 4 == 0)
-    const uint at = base + row * pc.c_rs + col;
+void store_c4(uint base, uint row, uint col, vec4 value) {  // columns col..col+3 of row
+    const uint at = (base + row * pc.c_rs + col) / 4u;
     const uint flags = STORE_FLAGS == GEMM_STORE_RUNTIME ? pc.flags : STORE_FLAGS;
-    if (VEC_STORE != 0u) {
-        if ((flags & GEMM_FLAG_ACCUMULATE) != 0u) value += o4[at / 4u];
-        o4[at / 4u] = value;
-    } else {
-        [[unroll]] for (uint e = 0; e < 4; ++e) o[at + e] = (flags & GEMM_FLAG_ACCUMULATE) != 0u ? o[at + e] + value[e] : value[e];
-    }
+    if ((flags & GEMM_FLAG_ACCUMULATE) != 0u) value += o4[at];
+    o4[at] = value;
 }
 #else
 layout(std430, binding = AGGREGATE_BINDING_P) readonly buffer P { float p[]; };
 layout(std430, binding = AGGREGATE_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
+layout(std430, binding = AGGREGATE_BINDING_O) buffer O { float o[]; };
 
 float load_a(uint base, uint row, uint k) { return p[base + row * pc.a_rs + k]; }
 float load_b(uint base, uint k, uint col) { return float(qkv[base + k * pc.b_rs + col * pc.b_cs]); }

@@ -64,7 +64,7 @@ QKV_CONST uint GEMM_SPEC_COUNT = 6u;
 QKV_CONST uint GEMM_SPEC_EXACT = 6u;      // 1: every workgroup's tile lies inside C (M % BM == 0, N % BN == 0)
 QKV_CONST uint GEMM_SPEC_STORE = 7u;      // GEMM_STORE_RUNTIME, or this dispatch's flags (stage's, ACCUMULATE, PARTIAL)
 QKV_CONST uint GEMM_SPEC_SKIP_ZERO = 8u;  // 1: a zero of A adds nothing, not 0·NaN (aggregation with non-finite V)
-QKV_CONST uint GEMM_SPEC_VEC_STORE = 9u;  // 1: C's rows, offset and N are multiples of 4: vec4 stores
+QKV_CONST uint GEMM_SPEC_VEC_STORE = 9u;  // scores_cpu_tx: 1 where C's rows and N are multiples of 4 (vec4 stores)
 QKV_CONST uint GEMM_SPEC_TEXEL_COUNT = 10u;
 QKV_CONST uint GEMM_STORE_RUNTIME = 0xffffffffu;  // the store reads pc.flags
 QKV_CONTRACT_END

@@ -247,7 +247,7 @@ gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uin
     t.bn = t.tn;
     t.bk = 4;  // one texel of k per loop iteration
     s.chunk_k = gemm_chunk_k(info, t, k);
-    s.vec_store = n % 4 == 0;  // rows of C n wide (scores: the keys; aggregation: a head of V, always)
+    s.vec_store = n % 4 == 0;  // rows of C n wide (scores: the keys; the aggregation, always 4k: ignores it)
     return s;
 }
 
