@@ -52,15 +52,15 @@
 #define QKV4_T vec4
 #endif
 
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint BR = 16;      // query rows per workgroup
-layout(constant_id = 2) const uint BC = 32;      // key/value rows per tile
-layout(constant_id = 3) const uint D_MAX = 64;   // >= head width of Q and K, a multiple of 4
-layout(constant_id = 4) const uint DV_MAX = 64;  // >= head width of V, a multiple of 4 (see host)
-layout(constant_id = 5) const uint T = 32;       // lanes per row team (the subgroup size aimed at)
-layout(constant_id = 6) const uint Q_REGS = 0;   // 1: each lane keeps its team's query rows in registers
-layout(constant_id = 7) const uint VEC4 = 0;     // 1: widths, strides and offsets are multiples of 4: vec4 loads
-layout(constant_id = 8) const uint FALLBACK = 1; // 0: the pipeline requires subgroups of T lanes, all full
+layout(local_size_x_id = FLASH_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = FLASH_SPEC_BR) const uint BR = 16;      // query rows per workgroup
+layout(constant_id = FLASH_SPEC_BC) const uint BC = 32;      // key/value rows per tile
+layout(constant_id = FLASH_SPEC_D_MAX) const uint D_MAX = 64;   // >= head width of Q and K, a multiple of 4
+layout(constant_id = FLASH_SPEC_DV_MAX) const uint DV_MAX = 64;  // >= head width of V, a multiple of 4 (see host)
+layout(constant_id = FLASH_SPEC_TEAM) const uint T = 32;       // lanes per row team (the subgroup size aimed at)
+layout(constant_id = FLASH_SPEC_Q_REGS) const uint Q_REGS = 0;   // 1: each lane keeps its team's query rows in registers
+layout(constant_id = FLASH_SPEC_VEC4) const uint VEC4 = 0;     // 1: widths, strides and offsets are multiples of 4: vec4 loads
+layout(constant_id = FLASH_SPEC_FALLBACK) const uint FALLBACK = 1; // 0: the pipeline requires subgroups of T lanes, all full
 
 layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
 layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV4 { QKV4_T qkv4[]; };  // the same, 4 at a time

@@ -52,13 +52,13 @@
 
 #include "contract/flash.h"
 
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint RPI = 4;   // query rows per invocation
-layout(constant_id = 2) const uint KPS = 8;   // keys per step
-layout(constant_id = 3) const uint D4 = 16;   // texels (4 floats) per Q/K row: ceil(d / 4)
-layout(constant_id = 4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
-layout(constant_id = 5) const uint MASKS = 0;  // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE
-layout(constant_id = 6) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
+layout(local_size_x_id = FLASH_CPU_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = FLASH_CPU_SPEC_RPI) const uint RPI = 4;   // query rows per invocation
+layout(constant_id = FLASH_CPU_SPEC_KPS) const uint KPS = 8;   // keys per step
+layout(constant_id = FLASH_CPU_SPEC_D4) const uint D4 = 16;   // texels (4 floats) per Q/K row: ceil(d / 4)
+layout(constant_id = FLASH_CPU_SPEC_DV4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
+layout(constant_id = FLASH_CPU_SPEC_MASKS) const uint MASKS = 0;  // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE
+layout(constant_id = FLASH_CPU_SPEC_CAREFUL) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
 
 layout(binding = FLASH_CPU_BINDING_Q) uniform samplerBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
 layout(binding = FLASH_CPU_BINDING_K) uniform samplerBuffer k_tex;  // [batch·kv_heads][npad_kv][D4]

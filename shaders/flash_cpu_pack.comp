@@ -9,8 +9,8 @@
 #include "precision.glsl"
 #include "contract/flash.h"
 
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint HALF = 0;
+layout(local_size_x_id = FLASH_PACK_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = FLASH_PACK_SPEC_FP16) const uint HALF = 0;
 
 layout(std430, binding = FLASH_PACK_BINDING_SRC) readonly buffer Src { QKV_T src[]; };
 layout(std430, binding = FLASH_PACK_BINDING_TEXELS) writeonly buffer Packed { uint packed[]; };

@@ -33,13 +33,13 @@
 // where its value is NaN); a row with nothing to attend keeps m = -inf, l = 0.
 #include "contract/decode.h"
 
-layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
-layout(constant_id = 1) const uint RPI = 1;
-layout(constant_id = 2) const uint KPS = 8;
-layout(constant_id = 3) const uint E4 = 16;
-layout(constant_id = 4) const uint EV4 = 16;
-layout(constant_id = 5) const uint MASKS = 0;
-layout(constant_id = 6) const uint SUBGROUP = 0;
+layout(local_size_x_id = DECODE_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
+layout(constant_id = DECODE_SPEC_RPI) const uint RPI = 1;
+layout(constant_id = DECODE_SPEC_KPS) const uint KPS = 8;
+layout(constant_id = DECODE_SPEC_E4) const uint E4 = 16;
+layout(constant_id = DECODE_SPEC_EV4) const uint EV4 = 16;
+layout(constant_id = DECODE_SPEC_MASKS) const uint MASKS = 0;
+layout(constant_id = DECODE_SPEC_SUBGROUP) const uint SUBGROUP = 0;
 
 layout(binding = DECODE_BINDING_Q) uniform samplerBuffer q_tex;
 layout(binding = DECODE_BINDING_K) uniform samplerBuffer k_tex;

@@ -166,15 +166,14 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
     }
 
     // The specialization constants are the plan's.
-    const std::vector<std::uint32_t> spec = p.spec();
-    REQUIRE(spec.size() == qkv::contract::DECODE_SPEC_COUNT);
-    CHECK(spec[qkv::contract::DECODE_SPEC_WG] == p.wg);
-    CHECK(spec[qkv::contract::DECODE_SPEC_RPI] == p.rpi);
-    CHECK(spec[qkv::contract::DECODE_SPEC_KPS] == p.kps);
-    CHECK(spec[qkv::contract::DECODE_SPEC_E4] == p.e4);
-    CHECK(spec[qkv::contract::DECODE_SPEC_EV4] == p.ev4);
-    CHECK(spec[qkv::contract::DECODE_SPEC_MASKS] == p.masks);
-    CHECK(spec[qkv::contract::DECODE_SPEC_SUBGROUP] == (p.subgroup ? 1u : 0u));
+    const qkv::contract::decode_spec spec = p.spec();
+    CHECK(spec.wg == p.wg);
+    CHECK(spec.rpi == p.rpi);
+    CHECK(spec.kps == p.kps);
+    CHECK(spec.e4 == p.e4);
+    CHECK(spec.ev4 == p.ev4);
+    CHECK(spec.masks == p.masks);
+    CHECK(spec.subgroup == (p.subgroup ? 1u : 0u));
     CHECK(p.partials() == std::uint64_t{p.groups} * p.rows * p.chunks);
 }
 

@@ -17,6 +17,9 @@ QKV_CONST uint CEILING_FMA_BINDING_OUT = 0u;
 QKV_CONST uint CEILING_FMA_SPEC_WORKGROUP = 0u;
 QKV_CONST uint CEILING_FMA_SPEC_CHAINS = 1u;
 QKV_CONST uint CEILING_FMA_SPEC_UNROLL = 2u;
+struct ceiling_fma_spec {
+    uint workgroup, chains, unroll;
+};
 
 struct ceiling_copy_push {
     uint group_x, group_y, group_z;
@@ -29,5 +32,7 @@ QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::ceiling_fma_push) == 5u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::ceiling_copy_push) == 4u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::ceiling_fma_spec) == 3u * 4u &&
+                   offsetof(qkv::contract::ceiling_fma_spec, unroll) == qkv::contract::CEILING_FMA_SPEC_UNROLL * 4u)
 
 #endif

@@ -9,6 +9,9 @@
 #define QKV_CONTRACT_DECODE_H
 
 #include "common.h"
+#ifdef __cplusplus
+#include <cstddef>  // offsetof
+#endif
 #include "mask.h"
 
 QKV_CONTRACT_BEGIN
@@ -33,7 +36,17 @@ struct decode_merge_push {
     uint groups;                              // B·Hkv
 };
 
-/// Specialization constants of sdpa_decode.comp, in this order (ids 0..).
+/// Specialization constants of sdpa_decode.comp: the struct the host fills (decode_plan::spec), and
+/// each member's constant_id.
+struct decode_spec {
+    uint wg;        // invocations per workgroup
+    uint rpi;       // cpu: rows per invocation; gpu: rows per workgroup
+    uint kps;       // cpu: keys per step (gpu: unused, keys per tile = wg)
+    uint e4;        // texels per Q/K row, ceil(E / 4)
+    uint ev4;       // texels per V row, ceil(Ev / 4)
+    uint masks;     // mask.h's MASK_FLAG_* bits
+    uint subgroup;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+};
 QKV_CONST uint DECODE_SPEC_WG = 0u;        // invocations per workgroup
 QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: rows per workgroup
 QKV_CONST uint DECODE_SPEC_KPS = 2u;       // cpu: keys per step (gpu: unused, keys per tile = WG)
@@ -64,6 +77,9 @@ QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 18u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
+                   offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&
+                   offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

@@ -20,6 +20,9 @@
 #define QKV_CONTRACT_FLASH_H
 
 #include "common.h"
+#ifdef __cplusplus
+#include <cstddef>  // offsetof
+#endif
 #include "mask.h"
 
 QKV_CONTRACT_BEGIN
@@ -80,6 +83,55 @@ QKV_CONST uint FLASH_RESUME = 8u;    // continue from the chunk state and the pa
 QKV_CONST uint FLASH_PARTIAL = 16u;  // more key chunks follow: hand the state and the accumulator on
 QKV_CONST uint FLASH_STATS = 32u;    // last chunk: also store each row's final (max, sum) in the state
 
+// Specialization constants of flash.comp (chosen per device by src/kernels/flash_tiles.cpp,
+// choose_flash_tiles): the struct the host fills, and each member's constant_id.
+struct flash_spec {
+    uint wg;          // invocations per workgroup
+    uint br;          // query rows per workgroup
+    uint bc;          // key/value rows per tile
+    uint d_max;       // >= head width of Q and K, a multiple of 4
+    uint dv_max;      // >= head width of V, a multiple of 4
+    uint team;        // lanes per row team (the subgroup size aimed at)
+    uint q_regs;      // 1: each lane keeps its team's query rows in registers
+    uint vec4_loads;  // 1: widths, strides and offsets are multiples of 4: vec4 loads
+    uint fallback;    // 0: the pipeline requires subgroups of `team` lanes, all full
+};
+QKV_CONST uint FLASH_SPEC_WG = 0u;
+QKV_CONST uint FLASH_SPEC_BR = 1u;
+QKV_CONST uint FLASH_SPEC_BC = 2u;
+QKV_CONST uint FLASH_SPEC_D_MAX = 3u;
+QKV_CONST uint FLASH_SPEC_DV_MAX = 4u;
+QKV_CONST uint FLASH_SPEC_TEAM = 5u;
+QKV_CONST uint FLASH_SPEC_Q_REGS = 6u;
+QKV_CONST uint FLASH_SPEC_VEC4 = 7u;
+QKV_CONST uint FLASH_SPEC_FALLBACK = 8u;
+
+// Specialization constants of flash_cpu.comp (src/kernels/flash_cpu.cpp, plan_flash_cpu).
+struct flash_cpu_spec {
+    uint wg;       // invocations per workgroup: one subgroup
+    uint rpi;      // query rows per invocation
+    uint kps;      // keys per step
+    uint d4;       // texels (4 values) per Q/K row: ceil(d / 4)
+    uint dv4;      // texels per V row: ceil(dv / 4)
+    uint masks;    // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE (mask.h)
+    uint careful;  // 1: the pipeline for the (batch, head)s whose V holds a NaN or Inf
+};
+QKV_CONST uint FLASH_CPU_SPEC_WG = 0u;
+QKV_CONST uint FLASH_CPU_SPEC_RPI = 1u;
+QKV_CONST uint FLASH_CPU_SPEC_KPS = 2u;
+QKV_CONST uint FLASH_CPU_SPEC_D4 = 3u;
+QKV_CONST uint FLASH_CPU_SPEC_DV4 = 4u;
+QKV_CONST uint FLASH_CPU_SPEC_MASKS = 5u;
+QKV_CONST uint FLASH_CPU_SPEC_CAREFUL = 6u;
+
+// Specialization constants of flash_cpu_pack.comp.
+struct flash_pack_spec {
+    uint wg;    // invocations per workgroup
+    uint fp16;  // 1: RGBA16F texels (2 words each), else RGBA32F (4 words)
+};
+QKV_CONST uint FLASH_PACK_SPEC_WG = 0u;
+QKV_CONST uint FLASH_PACK_SPEC_FP16 = 1u;
+
 // bindings of flash.comp
 QKV_CONST uint FLASH_BINDING_QKV = 0u;
 QKV_CONST uint FLASH_BINDING_MASK = 1u;
@@ -120,5 +172,14 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_push) == 32u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_cpu_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_pack_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_spec) == 9u * 4u &&
+                   offsetof(qkv::contract::flash_spec, fallback) == qkv::contract::FLASH_SPEC_FALLBACK * 4u &&
+                   offsetof(qkv::contract::flash_spec, br) == qkv::contract::FLASH_SPEC_BR * 4u &&
+                   offsetof(qkv::contract::flash_spec, vec4_loads) == qkv::contract::FLASH_SPEC_VEC4 * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_cpu_spec) == 7u * 4u &&
+                   offsetof(qkv::contract::flash_cpu_spec, masks) == qkv::contract::FLASH_CPU_SPEC_MASKS * 4u &&
+                   offsetof(qkv::contract::flash_cpu_spec, careful) == qkv::contract::FLASH_CPU_SPEC_CAREFUL * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_pack_spec) == 2u * 4u &&
+                   offsetof(qkv::contract::flash_pack_spec, fp16) == qkv::contract::FLASH_PACK_SPEC_FP16 * 4u)
 
 #endif

@@ -67,6 +67,16 @@ QKV_CONST uint GEMM_SPEC_SKIP_ZERO = 8u;  // 1: a zero of A adds nothing, not 0Â
 QKV_CONST uint GEMM_SPEC_VEC_STORE = 9u;  // scores_cpu_tx: 1 where C's rows and N are multiples of 4 (vec4 stores)
 QKV_CONST uint GEMM_SPEC_TEXEL_COUNT = 10u;
 QKV_CONST uint GEMM_STORE_RUNTIME = 0xffffffffu;  // the store reads pc.flags
+
+/// The specialization constants of the plain variants (GEMM_SPEC_WORKGROUP .. GEMM_SPEC_TN) ...
+struct gemm_spec {
+    uint workgroup, bm, bn, bk, tm, tn;
+};
+/// ... and of the texel variants, which add GEMM_SPEC_EXACT .. GEMM_SPEC_VEC_STORE.
+struct gemm_texel_spec {
+    uint workgroup, bm, bn, bk, tm, tn;
+    uint exact, store, skip_zero, vec_store;
+};
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::gemm_push) == 25u * 4u)
@@ -75,5 +85,13 @@ QKV_CONTRACT_CHECK(offsetof(qkv::contract::gemm_push, group_x) == 0u &&
 QKV_CONTRACT_CHECK(offsetof(qkv::contract::gemm_push, scale) == 20u * 4u &&
                    offsetof(qkv::contract::gemm_push, k_begin) == 24u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::gemm_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::gemm_spec) == qkv::contract::GEMM_SPEC_COUNT * 4u &&
+                   offsetof(qkv::contract::gemm_spec, tn) == qkv::contract::GEMM_SPEC_TN * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::gemm_texel_spec) == qkv::contract::GEMM_SPEC_TEXEL_COUNT * 4u &&
+                   offsetof(qkv::contract::gemm_texel_spec, bm) == qkv::contract::GEMM_SPEC_BM * 4u &&
+                   offsetof(qkv::contract::gemm_texel_spec, exact) == qkv::contract::GEMM_SPEC_EXACT * 4u &&
+                   offsetof(qkv::contract::gemm_texel_spec, store) == qkv::contract::GEMM_SPEC_STORE * 4u &&
+                   offsetof(qkv::contract::gemm_texel_spec, skip_zero) == qkv::contract::GEMM_SPEC_SKIP_ZERO * 4u &&
+                   offsetof(qkv::contract::gemm_texel_spec, vec_store) == qkv::contract::GEMM_SPEC_VEC_STORE * 4u)
 
 #endif

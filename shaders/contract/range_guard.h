@@ -27,6 +27,9 @@ QKV_CONST uint RANGE_GUARD_WORKGROUP = 64u;  // local_size_x
 QKV_CONST uint RANGE_GUARD_HEADER_WORDS = 4u;
 QKV_CONST uint RANGE_GUARD_SPEC_VEC4 = 0u;  // 1: read Q|K|V four elements at a time (offsets multiples of 4)
 QKV_CONST uint RANGE_GUARD_NO_INDEX = 0xffffffffu;
+struct range_guard_spec {
+    uint vec4_loads;  // RANGE_GUARD_SPEC_VEC4
+};
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::range_guard_push) == 14u * 4u)

@@ -17,10 +17,19 @@ QKV_CONST uint SOFTMAX_SPEC_WORKGROUP = 0u;  // a power of two (src/kernels/stag
 // softmax_cpu.comp (a row per lane, CPU devices): the scores again, as an RGBA32F texel view, and
 // whether the rows fill every workgroup (no bounds check on the stores).
 QKV_CONST uint SOFTMAX_BINDING_TEXELS = 1u;
-QKV_CONST uint SOFTMAX_SPEC_EXACT = 1u;
+QKV_CONST uint SOFTMAX_SPEC_EXACT = 1u;  // softmax_cpu_tx: 1 = rows is a multiple of the workgroup
+/// softmax.comp's specialization constants, and softmax_cpu.comp's (which adds SOFTMAX_SPEC_EXACT).
+struct softmax_spec {
+    uint workgroup;
+};
+struct softmax_cpu_spec {
+    uint workgroup, exact;
+};
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_push) == 5u * 4u)
 QKV_CONTRACT_CHECK(offsetof(qkv::contract::softmax_push, rows) == 16u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::softmax_cpu_spec) == 2u * 4u &&
+                   offsetof(qkv::contract::softmax_cpu_spec, exact) == qkv::contract::SOFTMAX_SPEC_EXACT * 4u)
 
 #endif

@@ -60,10 +60,10 @@ device_ceiling context::measure_ceiling() {
         std::uint32_t groups = info.type == device_type::cpu ? 256 : 4096;
         const std::uint32_t max_groups = 1u << 16;
         buffer out = alloc.create(std::uint64_t{max_groups} * local * 4, memory_use::device, "ceiling");
-        std::vector<std::uint32_t> spec(3);
-        spec[contract::CEILING_FMA_SPEC_WORKGROUP] = local;
-        spec[contract::CEILING_FMA_SPEC_CHAINS] = chains;
-        spec[contract::CEILING_FMA_SPEC_UNROLL] = unroll;
+        contract::ceiling_fma_spec spec{};
+        spec.workgroup = local, spec.chains = chains, spec.unroll = unroll;
+        static_assert(detail::row_matches<contract::ceiling_fma_push, contract::ceiling_fma_spec>(
+            detail::shader_id::ceiling_fma, "s"));
         const pipeline& p = pipes.get(detail::shader_id::ceiling_fma, spec);
         ceiling_fma_push push{};
         push.iterations = 16;
@@ -96,7 +96,9 @@ device_ceiling context::measure_ceiling() {
         bytes = bytes / 4096 * 4096;
         buffer src = alloc.create(bytes, memory_use::device, "ceiling source");
         buffer dst = alloc.create(bytes, memory_use::device, "ceiling destination");
-        const pipeline& p = pipes.get(detail::shader_id::ceiling_copy, {});
+        static_assert(
+            detail::row_matches<contract::ceiling_copy_push, detail::no_spec>(detail::shader_id::ceiling_copy, "ss"));
+        const pipeline& p = pipes.get(detail::shader_id::ceiling_copy);
         ceiling_copy_push push{};
         push.count = static_cast<std::uint32_t>(bytes / 16);
         constexpr std::uint32_t wg = contract::CEILING_COPY_WORKGROUP;

@@ -114,11 +114,12 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     exec.fill(tx.texels, 0, plan.flags_bytes, 0);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    static_assert(contract::FLASH_PACK_BINDINGS == 3 &&
-                  row_matches<contract::flash_pack_push>(shader_id::flash_cpu_pack, "sss") &&
-                  row_matches<contract::flash_pack_push>(shader_id::flash_cpu_pack_f16, "sss"));
+    static_assert(
+        contract::FLASH_PACK_BINDINGS == 3 &&
+        row_matches<contract::flash_pack_push, contract::flash_pack_spec>(shader_id::flash_cpu_pack, "sss") &&
+        row_matches<contract::flash_pack_push, contract::flash_pack_spec>(shader_id::flash_cpu_pack_f16, "sss"));
     const pipeline& pack = pipes.get(l.fp16 ? shader_id::flash_cpu_pack_f16 : shader_id::flash_cpu_pack,
-                                     {pack_workgroup, plan.half ? 1u : 0u});
+                                     contract::flash_pack_spec{pack_workgroup, plan.half ? 1u : 0u});
     const std::uint64_t tb = plan.texel_bytes();
     struct tensor {
         std::uint32_t rows, npad, width, w4, off, heads;
@@ -148,16 +149,13 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& l
 
     // 2. The kernel, one dispatch pair per key chunk.
     // Q, K, V as uniform texel buffers, then five storage buffers (contract/flash.h's order).
-    static_assert(contract::FLASH_CPU_BINDINGS == 8 && contract::FLASH_CPU_BINDING_V == 2 &&
-                  row_matches<contract::flash_cpu_push>(shader_id::flash_cpu, "tttsssss") &&
-                  row_matches<contract::flash_cpu_push>(shader_id::flash_cpu_shuffle, "tttsssss"));
+    static_assert(
+        contract::FLASH_CPU_BINDINGS == 8 && contract::FLASH_CPU_BINDING_V == 2 &&
+        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu, "tttsssss") &&
+        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu_shuffle, "tttsssss"));
     const shader_id kernel = plan.shuffle ? shader_id::flash_cpu_shuffle : shader_id::flash_cpu;
-    std::vector<std::uint32_t> spec = plan.spec();
-    spec.push_back(l.mask_flags());
-    spec.push_back(0);
-    const pipeline& plain = pipes.get(kernel, spec);
-    spec.back() = 1;
-    const pipeline& careful = pipes.get(kernel, spec);
+    const pipeline& plain = pipes.get(kernel, plan.spec(l.mask_flags(), false));
+    const pipeline& careful = pipes.get(kernel, plan.spec(l.mask_flags(), true));
     const std::uint32_t blocks = ceil_div(l.q_len, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
     contract::flash_cpu_push push{};

@@ -32,7 +32,10 @@ struct flash_cpu_plan {
 
     [[nodiscard]] std::uint32_t block() const { return wg * rpi; }
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }
-    [[nodiscard]] std::vector<std::uint32_t> spec() const { return {wg, rpi, kps, d4, dv4}; }
+    /// The kernel's constants for these tiles and mask kinds (`careful`: the pipeline for V with NaN or Inf).
+    [[nodiscard]] contract::flash_cpu_spec spec(std::uint32_t masks, bool careful) const {
+        return {wg, rpi, kps, d4, dv4, masks, careful ? 1u : 0u};
+    }
     /// Dispatches of the kernel for kv_len keys (two per key chunk: plain and careful pipelines).
     [[nodiscard]] std::uint32_t dispatches(std::uint32_t kv_len) const {
         return 2 * (kv_len == 0 ? 1 : (kv_len + chunk_keys - 1) / chunk_keys);

@@ -42,10 +42,11 @@ void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     const flash_tiles& t = plan.tiles;
     const shader_id shader = t.subgroup ? (l.fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
                                         : (l.fp16 ? shader_id::flash_f16 : shader_id::flash);
-    static_assert(contract::FLASH_BINDINGS == 5 && row_matches<contract::flash_push>(shader_id::flash, "sssss") &&
-                  row_matches<contract::flash_push>(shader_id::flash_f16, "sssss") &&
-                  row_matches<contract::flash_push>(shader_id::flash_subgroup, "sssss") &&
-                  row_matches<contract::flash_push>(shader_id::flash_subgroup_f16, "sssss"));
+    static_assert(contract::FLASH_BINDINGS == 5 &&
+                  row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash, "sssss") &&
+                  row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash_f16, "sssss") &&
+                  row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash_subgroup, "sssss") &&
+                  row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash_subgroup_f16, "sssss"));
     const pipeline& p = pipes.get(shader, t.spec(), t.required_subgroup);
     const std::uint32_t groups[3] = {ceil_div(l.q_len, t.br), 1, l.q_batches()};
     const contract::flash_push push = l.push();
@@ -71,9 +72,9 @@ void record_flash_weights(executor& exec, pipeline_set& pipes, const flash_layou
         throw limit_exceeded(
             "the attention weights kernel takes heads of at most 4096 columns (d_qk = " + std::to_string(l.d) + ")");
     static_assert(contract::FLASH_WEIGHTS_BINDINGS == 5 &&
-                  row_matches<contract::flash_push>(shader_id::flash_weights, "sssss") &&
-                  row_matches<contract::flash_push>(shader_id::flash_weights_f16, "sssss"));
-    const pipeline& p = pipes.get(l.fp16 ? shader_id::flash_weights_f16 : shader_id::flash_weights, {});
+                  row_matches<contract::flash_push, no_spec>(shader_id::flash_weights, "sssss") &&
+                  row_matches<contract::flash_push, no_spec>(shader_id::flash_weights_f16, "sssss"));
+    const pipeline& p = pipes.get(l.fp16 ? shader_id::flash_weights_f16 : shader_id::flash_weights);
     const std::uint32_t groups[3] = {ceil_div(l.kv_len, contract::FLASH_WEIGHTS_WORKGROUP), l.q_len, l.q_batches()};
     const contract::flash_push push = l.push();
     exec.dispatch(p, {io.qkv, io.mask_bits, io.additive, io.state, weights}, &push, groups);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "contract/flash.h"
 #include "qkv/vulkan/context.hpp"
 
 namespace qkv::vulkan::detail {
@@ -36,7 +37,7 @@ struct flash_tiles {
         return 16 * (bc * (d4 + 1) + bc * dv4 + (q_regs ? 1 : br * d4)) +
                4 * (br * bc + br + 2 * (fallback ? br * team : 1)) + 8;
     }
-    [[nodiscard]] std::vector<std::uint32_t> spec() const {
+    [[nodiscard]] contract::flash_spec spec() const {
         return {wg, br, bc, d_max, dv_max, team, q_regs, vec4, fallback};
     }
 };

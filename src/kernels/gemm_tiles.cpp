@@ -40,14 +40,10 @@ std::uint32_t cpu_lanes(const device_info& info) {
     return std::clamp<std::uint32_t>(info.subgroup_size, 1, info.max_workgroup_invocations);
 }
 
-std::vector<std::uint32_t> gemm_tiles::spec() const {
-    std::vector<std::uint32_t> s(contract::GEMM_SPEC_COUNT);
-    s[contract::GEMM_SPEC_WORKGROUP] = threads();
-    s[contract::GEMM_SPEC_BM] = bm;
-    s[contract::GEMM_SPEC_BN] = bn;
-    s[contract::GEMM_SPEC_BK] = bk;
-    s[contract::GEMM_SPEC_TM] = tm;
-    s[contract::GEMM_SPEC_TN] = tn;
+contract::gemm_spec gemm_tiles::spec() const {
+    contract::gemm_spec s{};
+    s.workgroup = threads();
+    s.bm = bm, s.bn = bn, s.bk = bk, s.tm = tm, s.tn = tn;
     return s;
 }
 
@@ -249,24 +245,6 @@ gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uin
     s.chunk_k = gemm_chunk_k(info, t, k);
     s.vec_store = n % 4 == 0;  // rows of C n wide (scores: the keys; the aggregation, always 4k: ignores it)
     return s;
-}
-
-bool texel_gemm(shader_id shader) {
-    return projection_texels(shader) || shader == shader_id::scores_cpu_tx || shader == shader_id::aggregate_cpu_tx;
-}
-
-bool projection_texels(shader_id shader) {
-    switch (shader) {
-        case shader_id::project_cpu_tx:
-        case shader_id::project_cpu_tx_f16:
-        case shader_id::project_cpu_tx_shuffle:
-        case shader_id::project_cpu_tx_shuffle_f16:
-        case shader_id::project_cpu_tx_wide:
-        case shader_id::project_cpu_tx_wide_f16:
-            return true;
-        default:
-            return false;
-    }
 }
 
 }  // namespace qkv::vulkan::detail

@@ -39,7 +39,7 @@ struct gemm_tiles {
     bool cpu = false;
     [[nodiscard]] std::uint32_t threads() const { return (bm / tm) * (bn / tn); }
     [[nodiscard]] std::uint32_t shared_bytes() const { return cpu ? 0 : (bm + bn) * bk * 4; }
-    [[nodiscard]] std::vector<std::uint32_t> spec() const;
+    [[nodiscard]] contract::gemm_spec spec() const;
     /// Loop iterations one invocation runs (an upper bound, counting every loop the shader keeps
     /// as a loop) for an inner dimension of `k`.
     [[nodiscard]] std::uint64_t loop_iterations(std::uint64_t k) const;
@@ -98,9 +98,23 @@ gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uin
                              std::uint32_t k);
 
 /// Whether `shader` is one of the projection's texel variants (X and W through one view of the inputs).
-bool projection_texels(shader_id shader);
+constexpr bool projection_texels(shader_id shader) {
+    switch (shader) {
+        case shader_id::project_cpu_tx:
+        case shader_id::project_cpu_tx_f16:
+        case shader_id::project_cpu_tx_shuffle:
+        case shader_id::project_cpu_tx_shuffle_f16:
+        case shader_id::project_cpu_tx_wide:
+        case shader_id::project_cpu_tx_wide_f16:
+            return true;
+        default:
+            return false;
+    }
+}
 /// Whether `shader` is any texel variant of a matrix product (the projection's, scores_cpu_tx,
 /// aggregate_cpu_tx): A and B bound as texel views, bounds and store flags as specialization constants.
-bool texel_gemm(shader_id shader);
+constexpr bool texel_gemm(shader_id shader) {
+    return projection_texels(shader) || shader == shader_id::scores_cpu_tx || shader == shader_id::aggregate_cpu_tx;
+}
 
 }  // namespace qkv::vulkan::detail

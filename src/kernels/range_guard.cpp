@@ -231,7 +231,12 @@ void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_b
     exec.copy(bufs.host.handle(), 0, bufs.device.handle(), 0, bytes);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    const pipeline& pipe = pipes.get(p.range_guard, {vec4 ? 1u : 0u});
+    static_assert(
+        row_matches<contract::range_guard_push, contract::range_guard_spec>(shader_id::range_guard, "ss") &&
+        row_matches<contract::range_guard_push, contract::range_guard_spec>(shader_id::range_guard_f16, "ss") &&
+        row_matches<contract::range_guard_push, contract::range_guard_spec>(shader_id::range_guard_subgroup, "ss") &&
+        row_matches<contract::range_guard_push, contract::range_guard_spec>(shader_id::range_guard_subgroup_f16, "ss"));
+    const pipeline& pipe = pipes.get(p.range_guard, contract::range_guard_spec{vec4 ? 1u : 0u});
     const std::uint32_t groups[3] = {ceil_div(ceil_div(p.seq, push.rows_per_invocation), workgroup),
                                      static_cast<std::uint32_t>(segments), p.batch};
     exec.dispatch(pipe, {qkv, {bufs.device.handle(), 0, bytes}}, &push, groups);

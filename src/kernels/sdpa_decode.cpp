@@ -33,17 +33,7 @@ constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
 
 }  // namespace
 
-std::vector<std::uint32_t> decode_plan::spec() const {
-    std::vector<std::uint32_t> s(DECODE_SPEC_COUNT);
-    s[DECODE_SPEC_WG] = wg;
-    s[DECODE_SPEC_RPI] = rpi;
-    s[DECODE_SPEC_KPS] = kps;
-    s[DECODE_SPEC_E4] = e4;
-    s[DECODE_SPEC_EV4] = ev4;
-    s[DECODE_SPEC_MASKS] = masks;
-    s[DECODE_SPEC_SUBGROUP] = subgroup ? 1u : 0u;
-    return s;
-}
+contract::decode_spec decode_plan::spec() const { return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u}; }
 
 decode_plan plan_decode(const device_info& info, const decode_request& r) {
     const sdpa_shape& s = r.shape;
@@ -177,9 +167,9 @@ void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan,
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
                       DECODE_BINDINGS == 7,
                   "the binding list below follows the contract's order");
-    static_assert(row_matches<decode_push>(shader_id::sdpa_decode_cpu, "tttssss") &&
-                      row_matches<decode_push>(shader_id::sdpa_decode_cpu_shuffle, "tttssss") &&
-                      row_matches<decode_push>(shader_id::sdpa_decode_gpu, "tttssss"),
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttssss"),
                   "Q, K and V are uniform texel buffers, the rest storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
     exec.dispatch(kernel, {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc}, &push,
@@ -194,8 +184,8 @@ void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan,
     m.dv_stride = plan.ev4 * 4;
     m.groups = plan.groups;
     static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 && MERGE_BINDINGS == 3 &&
-                  row_matches<decode_merge_push>(shader_id::sdpa_merge, "sss"));
-    const pipeline& merge = pipes.get(shader_id::sdpa_merge, {});
+                  row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sss"));
+    const pipeline& merge = pipes.get(shader_id::sdpa_merge);
     const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
                                            1, 1};
     exec.dispatch(merge, {io.stats, io.acc, io.out}, &m, merge_groups);

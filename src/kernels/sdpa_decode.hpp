@@ -49,7 +49,7 @@ struct decode_plan {
     [[nodiscard]] std::uint64_t stats_bytes() const { return partials() * 8; }
     [[nodiscard]] std::uint64_t acc_bytes() const { return partials() * ev4 * 16; }
     [[nodiscard]] std::uint64_t out_bytes() const { return std::uint64_t{groups} * rows * dv * 4; }
-    [[nodiscard]] std::vector<std::uint32_t> spec() const;
+    [[nodiscard]] contract::decode_spec spec() const;
 };
 
 /// Plans a decode call on a device described by `info`. Throws limit_exceeded when the shape

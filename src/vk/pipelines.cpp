@@ -24,8 +24,12 @@ std::vector<VkDescriptorType> binding_types(shader_id shader) {
 
 }  // namespace
 
-const pipeline& pipeline_set::get(shader_id shader, const std::vector<std::uint32_t>& spec,
-                                  std::uint32_t required_subgroup) {
+const pipeline& pipeline_set::get_words(shader_id shader, const std::vector<std::uint32_t>& spec,
+                                        std::uint32_t required_subgroup) {
+    if (spec.size() * 4 != describe(shader).spec_bytes)
+        throw error(std::string("internal: ") + std::to_string(spec.size()) + " specialization constants for shader " +
+                    shader_name(shader) + ", whose row in shader_table.def has " +
+                    std::to_string(describe(shader).spec_bytes / 4));
     auto key = std::make_pair(shader, spec);
     key.second.push_back(required_subgroup);
     if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "vk/device.hpp"
@@ -28,17 +30,31 @@ public:
     pipeline_set(const pipeline_set&) = delete;
     pipeline_set& operator=(const pipeline_set&) = delete;
 
-    /// The pipeline for `shader` with specialization constants 0..k-1 = `spec`; its bindings and
-    /// push-constant size come from the shader's row in shaders/shader_table.def.
+    /// The pipeline for `shader` specialised with `spec`, the contract's struct for it (member n is
+    /// constant_id n; its row in shaders/shader_table.def names the struct, and the size is checked
+    /// against it); its bindings and push-constant size come from the same row.
     /// `required_subgroup` (not 0): the pipeline runs with exactly that subgroup size and full
     /// subgroups (VK_EXT_subgroup_size_control; only where device::subgroups() allows it).
-    const pipeline& get(shader_id shader, const std::vector<std::uint32_t>& spec, std::uint32_t required_subgroup = 0);
+    template <class Spec>
+    const pipeline& get(shader_id shader, const Spec& spec, std::uint32_t required_subgroup = 0) {
+        static_assert(std::is_trivially_copyable_v<Spec> && sizeof(Spec) % 4 == 0,
+                      "a specialization struct holds 32-bit members only");
+        std::vector<std::uint32_t> words(sizeof(Spec) / 4);
+        std::memcpy(words.data(), &spec, sizeof(Spec));
+        return get_words(shader, words, required_subgroup);
+    }
+    /// The pipeline of a shader without specialization constants (QKV_NO_SPEC).
+    const pipeline& get(shader_id shader) { return get_words(shader, {}, 0); }
 
     [[nodiscard]] const device& dev() const { return dev_; }
 
     [[nodiscard]] std::size_t size() const { return pipelines_.size(); }
 
 private:
+    /// Throws error (internal) when `spec` is not as many words as the shader's row says.
+    const pipeline& get_words(shader_id shader, const std::vector<std::uint32_t>& spec,
+                              std::uint32_t required_subgroup);
+
     const device& dev_;
     pipeline_cache_handle cache_;  // destroyed after the pipelines
     // Keyed by shader, then the specialization constants followed by the required subgroup size.

@@ -1,7 +1,7 @@
 #include "vk/shaders.hpp"
 
 // Defined in the generated spv_*.cpp files (cmake/qkv_shaders.cmake).
-#define QKV_SHADER(id, source, defines, bindings, push) \
+#define QKV_SHADER(id, source, defines, bindings, push, spec) \
     extern "C" const std::uint32_t qkv_spv_##id[];      \
     extern "C" const std::size_t qkv_spv_##id##_words;
 #include "shader_table.def"
@@ -11,7 +11,7 @@ namespace qkv::vulkan::detail {
 
 std::span<const std::uint32_t> spirv(shader_id id) {
     switch (id) {
-#define QKV_SHADER(id, source, defines, bindings, push) \
+#define QKV_SHADER(id, source, defines, bindings, push, spec) \
     case shader_id::id:                                 \
         return {qkv_spv_##id, qkv_spv_##id##_words};
 #include "shader_table.def"
