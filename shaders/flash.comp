@@ -42,6 +42,7 @@
 // device cannot run) enables the subgroup reductions.
 #include "precision.glsl"
 #include "contract/flash.h"
+#include "values.glsl"
 #ifdef QKV_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -293,7 +294,7 @@ void probabilities() {
         float sum = 0.0;
         [[unroll]] for (uint n = 0; n < KPL; ++n) {
             const float sv = s[i * KPL + n];
-            const float p = (live && sv != neg_inf) ? exp(sv - m_new) : 0.0;
+            const float p = (live && sv != neg_inf) ? exp(sv - m_new) : MASKED_WEIGHT;
             const uint j = lane + n * T;
             if (j < BC) p_tile[(r_first + i) * BC + j] = p;
             sum += p;
@@ -327,16 +328,15 @@ void reduce_sum() {
 void accumulate(bool careful, uint bc) {
     [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
         const float a = alpha_tile[r_first + min(o_group + k * O_GROUPS, RPG - 1)];
-        [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] *= a;
+        // rescaled(): an earlier careful tile may have left an infinity that an underflowed alpha must keep
+        [[unroll]] for (uint m = 0; m < O_COLS; ++m) o[k * O_COLS + m] = rescaled(o[k * O_COLS + m], a);
     }
-    if (careful) {  // uniform: a masked key's NaN value must add nothing, not 0·NaN
+    if (careful) {  // uniform; values.glsl: a masked key adds nothing, an underflowed weight keeps infinities
         for (uint j = 0; j < bc; ++j) {
             [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
                 const float p = p_tile[(r_first + min(o_group + k * O_GROUPS, RPG - 1)) * BC + j];
-                if (p != 0.0) {
-                    [[unroll]] for (uint m = 0; m < O_COLS; ++m)
-                        o[k * O_COLS + m] += p * v_tile[j * DV4 + o_lane + m * O_LANES];
-                }
+                [[unroll]] for (uint m = 0; m < O_COLS; ++m)
+                    o[k * O_COLS + m] += weighted(p, v_tile[j * DV4 + o_lane + m * O_LANES]);
             }
         }
     } else {  // keys beyond bc have p = 0 and a zero V row

@@ -51,6 +51,7 @@
 // neighbouring workgroups costs the same and the threads finish together.
 
 #include "contract/flash.h"
+#include "values.glsl"
 
 layout(local_size_x_id = FLASH_CPU_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = FLASH_CPU_SPEC_RPI) const uint RPI = 4;   // query rows per invocation
@@ -185,16 +186,19 @@ void main() {
             float sum = 0.0;
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
                 const float x = s[i * KPS + j];
-                const float p = x == neg_inf ? 0.0 : exp(x - m_use);
+                const float p = x == neg_inf ? MASKED_WEIGHT : exp(x - m_use);
                 s[i * KPS + j] = p;
                 sum += p;
             }
             l[i] = l[i] * alpha + sum;
             m[i] = m_new;
-            [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] *= alpha;
+            if (CAREFUL != 0u)
+                [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] = rescaled(acc[i * DV4 + c], alpha);
+            else
+                [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] *= alpha;
         }
         // values
-        if (CAREFUL != 0u) {  // a masked key's NaN or Inf value must add nothing, not 0·NaN
+        if (CAREFUL != 0u) {  // values.glsl: a masked key adds nothing, an underflowed weight keeps infinities
             [[unroll]] for (uint c = 0; c < DV4; ++c) {
 #ifdef QKV_SHUFFLE
                 vec4 fetched[ROUNDS];
@@ -206,10 +210,7 @@ void main() {
 #else
                     const vec4 vv = texelFetch(v_tex, int((kvbase + j0 + j) * DV4 + c));
 #endif
-                    [[unroll]] for (uint i = 0; i < RPI; ++i) {
-                        const float p = s[i * KPS + j];
-                        if (p != 0.0) acc[i * DV4 + c] += p * vv;
-                    }
+                    [[unroll]] for (uint i = 0; i < RPI; ++i) acc[i * DV4 + c] += weighted(s[i * KPS + j], vv);
                 }
             }
         } else {

@@ -32,6 +32,7 @@
 // Semantics as the fused kernels: a masked key has weight 0 (and, with masks, adds nothing even
 // where its value is NaN); a row with nothing to attend keeps m = -inf, l = 0.
 #include "contract/decode.h"
+#include "values.glsl"
 
 layout(local_size_x_id = DECODE_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = DECODE_SPEC_RPI) const uint RPI = 1;
@@ -40,11 +41,12 @@ layout(constant_id = DECODE_SPEC_E4) const uint E4 = 16;
 layout(constant_id = DECODE_SPEC_EV4) const uint EV4 = 16;
 layout(constant_id = DECODE_SPEC_MASKS) const uint MASKS = 0;
 layout(constant_id = DECODE_SPEC_SUBGROUP) const uint SUBGROUP = 0;
+layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // 1: V may hold NaN or Inf (values.glsl)
 
 layout(binding = DECODE_BINDING_Q) uniform samplerBuffer q_tex;
 layout(binding = DECODE_BINDING_K) uniform samplerBuffer k_tex;
 layout(binding = DECODE_BINDING_V) uniform samplerBuffer v_tex;
-layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskValues { uint mask_values[]; };
+layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };  // bit n of word n / 32
 layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
 layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
 layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out[]; };
@@ -65,7 +67,7 @@ float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_h
     if (CAUSAL) ok = ok && int(key) <= int(i) + pc.causal_offset;
     const uint kk = min(key, pc.kv_len - 1u);
     const uint mi = batch * pc.mask_b + h * pc.mask_h + i * pc.mask_i + kk * pc.mask_j;
-    if (HAS_MASK) ok = ok && mask_values[mi] != 0u;
+    if (HAS_MASK) ok = ok && ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
     if (HAS_ADD) s += additive[mi];
     return ok ? s : neg_inf;
 }
@@ -146,13 +148,16 @@ void main() {
             float sum = 0.0;
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
                 const float x = s[i * KPS + j];
-                const float p = x == neg_inf ? 0.0 : exp(x - m_use);
-                s[i * KPS + j] = p;
+                const float p = x == neg_inf ? MASKED_WEIGHT : exp(x - m_use);
+                s[i * KPS + j] = p * pc.v_scale;  // the values accumulate scaled (exact: a power of two)
                 sum += p;
             }
             l[i] = l[i] * alpha + sum;
             m[i] = m_new;
-            [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] *= alpha;
+            if (CAREFUL != 0u)
+                [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] = rescaled(acc[i * EV4 + c], alpha);
+            else
+                [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] *= alpha;
         }
         [[unroll]] for (uint c = 0; c < EV4; ++c) {
 #ifdef QKV_SHUFFLE
@@ -167,8 +172,8 @@ void main() {
 #endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const float p = s[i * KPS + j];
-                    if (MASKS != 0u)
-                        acc[i * EV4 + c] += p != 0.0 ? p * vv : vec4(0.0);
+                    if (CAREFUL != 0u)
+                        acc[i * EV4 + c] += weighted(p, vv);
                     else
                         acc[i * EV4 + c] += p * vv;
                 }
@@ -265,7 +270,7 @@ void main() {
             const float m_use = m_new == neg_inf ? 0.0 : m_new;
             alpha[r] = exp(m[r] - m_use);
             m[r] = m_new;
-            p_sh[r * WG + t] = s[r] == neg_inf ? 0.0 : exp(s[r] - m_use);
+            p_sh[r * WG + t] = s[r] == neg_inf ? MASKED_WEIGHT : exp(s[r] - m_use);
         }
         barrier();
 
@@ -277,15 +282,16 @@ void main() {
                 float a_r = 1.0;
                 [[unroll]] for (uint rr = 0; rr < RPI; ++rr)
                     if (rr == r) a_r = alpha[rr];
-                vec4 a = acc[k] * a_r;
+                vec4 a = CAREFUL != 0u ? rescaled(acc[k], a_r) : acc[k] * a_r;
                 float ls = l[k] * a_r;
                 for (uint j = 0; j < WG; ++j) {
                     const float p = p_sh[r * WG + j];
                     const vec4 vv = texelFetch(v_tex, int((kbase + min(j0 + j, last)) * EV4 + c));
-                    if (MASKS != 0u)
-                        a += p != 0.0 ? p * vv : vec4(0.0);
+                    // the values accumulate scaled by pc.v_scale (exact: a power of two)
+                    if (CAREFUL != 0u)
+                        a += weighted(p * pc.v_scale, vv);
                     else
-                        a += p * vv;
+                        a += (p * pc.v_scale) * vv;
                     ls += p;
                 }
                 acc[k] = a;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/plan.hpp"
+#include "api/settings.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 #include "support/fake_devices.hpp"
@@ -39,7 +40,7 @@ device_facts facts_for(const fake& f, std::uint32_t cpu_chunk_keys, family_refus
     device_facts facts;
     facts.subgroups = f.control;
     facts.cpu_chunk_keys = cpu_chunk_keys;
-    facts.cpu_family_refusal = [refusal] { return refusal; };
+    facts.cpu_refusal = refusal;
     return facts;
 }
 
@@ -255,21 +256,22 @@ TEST_CASE("plan: subgroupShuffle in the cpu family only where a workgroup is sur
         const bool cpu = f.info.type == device_type::cpu;
         // A CPU device's subgroup is its SIMD vector; a GPU may compile a workgroup into
         // subgroups of another size, so the shuffles could read another subgroup's lanes.
-        CHECK(cpu_shuffle(with, wg) == (cpu && wg > 0));
-        CHECK_FALSE(cpu_shuffle(without, wg));
-        CHECK_FALSE(cpu_shuffle(with, wg * 2));  // a workgroup of two subgroups
+        const settings defaults;
+        CHECK(cpu_shuffle(with, wg, defaults) == (cpu && wg > 0));
+        CHECK_FALSE(cpu_shuffle(without, wg, defaults));
+        CHECK_FALSE(cpu_shuffle(with, wg * 2, defaults));  // a workgroup of two subgroups
         {
             const scoped_env never("QKV_CPU_SHUFFLE", "0");
-            CHECK_FALSE(cpu_shuffle(with, wg));
+            CHECK_FALSE(cpu_shuffle(with, wg, read_settings({})));
         }
         {
             const scoped_env allowed("QKV_CPU_SHUFFLE", "1");
-            CHECK(cpu_shuffle(with, wg) == (cpu && wg > 0));
-            CHECK_FALSE(cpu_shuffle(without, wg));  // 1 allows, it does not force
+            CHECK(cpu_shuffle(with, wg, read_settings({})) == (cpu && wg > 0));
+            CHECK_FALSE(cpu_shuffle(without, wg, read_settings({})));  // 1 allows, it does not force
         }
         {
             const scoped_env bad("QKV_CPU_SHUFFLE", "yes");
-            CHECK_THROWS_WITH(cpu_shuffle(with, wg), Catch::Matchers::Contains("QKV_CPU_SHUFFLE=yes: expected 0"));
+            CHECK_THROWS_WITH(read_settings({}), Catch::Matchers::Contains("QKV_CPU_SHUFFLE=yes: expected 0"));
         }
     }
 }
@@ -318,15 +320,21 @@ TEST_CASE("plan: the projection shares the weights by shuffles, and stores eight
             // A tile wider than 8 columns but not a multiple of 8 keeps the four-column stores.
             {
                 const scoped_env tiles("QKV_PROJECT_TILES", "2,12");
-                const plan odd = plan_for(d, pr, texels);
+                const settings tuned = read_settings({});
+                device_facts with_tiles = texels;
+                with_tiles.set = &tuned;
+                const plan odd = plan_for(d, pr, with_tiles);
                 CHECK(odd.project.tiles.tn == 12);
                 CHECK(odd.project.shader == (shuffle ? shader_id::project_cpu_tx_shuffle : shader_id::project_cpu_tx));
             }
             // QKV_CPU_SHUFFLE=0: the weights per lane, four-column stores.
             {
                 const scoped_env never("QKV_CPU_SHUFFLE", "0");
-                CHECK(plan_for(d, pr, texels).project.shader == shader_id::project_cpu_tx);
-                CHECK(plan_for(d, half, texels).project.shader == shader_id::project_cpu_tx_f16);
+                const settings tuned = read_settings({});
+                device_facts unshuffled = texels;
+                unshuffled.set = &tuned;
+                CHECK(plan_for(d, pr, unshuffled).project.shader == shader_id::project_cpu_tx);
+                CHECK(plan_for(d, half, unshuffled).project.shader == shader_id::project_cpu_tx_f16);
             }
         }
     }
@@ -396,7 +404,10 @@ TEST_CASE("plan: the staged scores and aggregation through texel views where the
         CHECK_FALSE(texel_gemm(plan_for(f, staged(36, 16, 8, 2), texels).scores.shader));
         {
             const scoped_env never("QKV_CPU_SHUFFLE", "0");
-            CHECK_FALSE(texel_gemm(plan_for(d, staged(36, 16, 8, 2), texels).aggregate.shader));
+            const settings tuned = read_settings({});
+            device_facts no_shuffle = texels;
+            no_shuffle.set = &tuned;
+            CHECK_FALSE(texel_gemm(plan_for(d, staged(36, 16, 8, 2), no_shuffle).aggregate.shader));
         }
     }
 }

@@ -28,6 +28,7 @@ struct decode_push {
     int causal_offset;                    // key j is visible from query row i when j <= i + causal_offset
     uint q_heads, kv_heads;               // Hq, Hkv (z = batch·Hkv + kv head)
     uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
+    float v_scale;                        // the values accumulate multiplied by this power of two
 };
 
 struct decode_merge_push {
@@ -46,6 +47,7 @@ struct decode_spec {
     uint ev4;       // texels per V row, ceil(Ev / 4)
     uint masks;     // mask.h's MASK_FLAG_* bits
     uint subgroup;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+    uint careful;   // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
 };
 QKV_CONST uint DECODE_SPEC_WG = 0u;        // invocations per workgroup
 QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: rows per workgroup
@@ -54,15 +56,16 @@ QKV_CONST uint DECODE_SPEC_E4 = 3u;        // texels per Q/K row, ceil(E / 4)
 QKV_CONST uint DECODE_SPEC_EV4 = 4u;       // texels per V row, ceil(Ev / 4)
 QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // mask.h's MASK_FLAG_* bits
 QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-QKV_CONST uint DECODE_SPEC_COUNT = 7u;
+QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;   // 1: V may hold NaN or Inf (shaders/values.glsl)
+QKV_CONST uint DECODE_SPEC_COUNT = 8u;
 
-// The masks (DECODE_SPEC_MASKS): MASK_FLAG_BOOLEAN reads one uint (0/1) per mask element (not
-// bits), MASK_FLAG_ADDITIVE one float per mask element.
+// The masks (DECODE_SPEC_MASKS): MASK_FLAG_BOOLEAN reads one bit per mask element (bit n of word
+// n / 32, as the fused kernels), MASK_FLAG_ADDITIVE one float per mask element.
 
 QKV_CONST uint DECODE_BINDING_Q = 0u;         // uniform texel buffer, [z][R][E4], unscaled
 QKV_CONST uint DECODE_BINDING_K = 1u;         // uniform texel buffer, [z][kv_stride][E4]
 QKV_CONST uint DECODE_BINDING_V = 2u;         // uniform texel buffer, [z][kv_stride][EV4]
-QKV_CONST uint DECODE_BINDING_MASK = 3u;      // storage, uint per element
+QKV_CONST uint DECODE_BINDING_MASK = 3u;      // storage, a bit per element
 QKV_CONST uint DECODE_BINDING_ADDITIVE = 4u;  // storage, float per element
 QKV_CONST uint DECODE_BINDING_STATS = 5u;     // storage, (m, l) per (z, row, chunk)
 QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk)
@@ -75,7 +78,7 @@ QKV_CONST uint MERGE_BINDINGS = 3u;
 QKV_CONST uint MERGE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 18u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 19u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&

@@ -6,7 +6,7 @@
 
 QKV_CONTRACT_BEGIN
 QKV_CONST uint MASK_FLAG_CAUSAL = 1u;    // key j > query i is masked
-QKV_CONST uint MASK_FLAG_BOOLEAN = 2u;   // a boolean mask (1 = may attend; bits, or a uint each in decode)
+QKV_CONST uint MASK_FLAG_BOOLEAN = 2u;   // a boolean mask (1 = may attend), a bit per element
 QKV_CONST uint MASK_FLAG_ADDITIVE = 4u;  // a float mask added to the scaled scores
 QKV_CONTRACT_END
 

@@ -8,6 +8,9 @@
 #include "kernels/stages.hpp"
 
 namespace qkv::vulkan {
+
+using namespace detail;
+
 namespace {
 
 using contract::ceiling_copy_push;  // shaders/contract/ceiling.h
@@ -31,13 +34,13 @@ double time_ms(executor& exec, Record&& record) {
 
 }  // namespace
 
-device_ceiling context::measure_ceiling() {
-    std::lock_guard lock(impl_->mutex);
-    impl_->check_alive();
-    executor& exec = *impl_->exec;
-    pipeline_set& pipes = *impl_->pipes;
-    allocator& alloc = *impl_->alloc;
-    const device_info& info = impl_->dev->info();
+namespace {
+
+device_ceiling measure(detail::device_core& core) {
+    executor& exec = *core.exec;
+    pipeline_set& pipes = *core.pipes;
+    allocator& alloc = *core.alloc;
+    const device_info& info = core.dev->info();
     device_ceiling c;
     c.device_timestamps = info.timestamps;
 
@@ -114,6 +117,20 @@ device_ceiling context::measure_ceiling() {
         c.copy_gb_per_s = 2.0 * static_cast<double>(bytes) / (median(runs) * 1e6);
     }
     return c;
+}
+
+}  // namespace
+
+device_ceiling context::measure_ceiling() {
+    detail::device_core& core = *alive(impl_).core;
+    std::lock_guard lock(core.mutex);
+    core.check_alive();
+    try {
+        return measure(core);
+    } catch (const device_lost&) {
+        core.lost = true;
+        throw;
+    }
 }
 
 }  // namespace qkv::vulkan

@@ -1,71 +1,68 @@
 // The inside of qkv::vulkan::context, shared by the files that run work on it (context.cpp,
-// ceiling.cpp). Private to src/.
+// kv_cache.cpp, ceiling.cpp). Private to src/.
 #pragma once
 
-#include <cstdlib>
+#include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
+#include <new>
 #include <string>
 
-#include "api/dispatch.hpp"
+#include "api/call_io.hpp"
+#include "api/device_core.hpp"
+#include "api/runs.hpp"
+#include "kernels/settings.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
-#include "vk/device.hpp"
-#include "vk/executor.hpp"
-#include "vk/instance.hpp"
-#include "vk/memory.hpp"
-#include "vk/pipelines.hpp"
 
 namespace qkv::vulkan {
 
-using namespace detail;
-
 struct context::impl {
-    context_options options;
-    std::shared_ptr<const instance> inst;
-    std::unique_ptr<detail::device> dev;
-    std::unique_ptr<allocator> alloc;
-    std::unique_ptr<pipeline_set> pipes;
-    std::unique_ptr<executor> exec;
-    buffer_cache buffers;  // declared last: released before the allocator and device
-    std::mutex mutex;      // serialises every use of the device, buffers and executor
-    bool lost = false;
-    call_stats last{};
+    std::shared_ptr<detail::device_core> core;  // declared first: outlives the buffers below
+    detail::settings set;
+    detail::call_buffers buffers;  // guarded by core->mutex
+    call_stats last{};             // guarded by core->mutex
 
-    explicit impl(const context_options& opts) : options(opts) {
-        inst = std::make_shared<const instance>(opts.validation || validation_from_environment());
-        std::optional<std::string> selector = opts.device;
-        const bool from_environment = !selector;
-        if (!selector)
-            if (const char* env = std::getenv("QKV_DEVICE"); env && *env) selector = env;
-        std::size_t chosen = 0;
+    explicit impl(const context_options& options);
+    ~impl();
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
+
+    [[nodiscard]] detail::call_env env() { return {*core, set, buffers}; }
+
+    /// The call skeleton's frame: the device's lock, the check that the device is alive, the
+    /// bookkeeping of device loss and host allocation failure, and the statistics of the run that
+    /// `body` (a function of call_env returning a call_run) returns. Returns its output.
+    template <class Body>
+    auto call(const char* what, Body&& body) {
+        const auto start = std::chrono::steady_clock::now();
+        std::lock_guard lock(core->mutex);
+        core->check_alive();
         try {
-            chosen = select_device(inst->devices(), selector);
-        } catch (const no_matching_device& e) {
-            if (!from_environment) throw;
-            throw no_matching_device("QKV_DEVICE=" + *selector + " (environment variable): " + e.what());
+            detail::call_env e = env();
+            auto run = body(e);
+            last = call_stats{};
+            last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            last.device_ms = run.times.device_ms;
+            last.projection_ms = run.times.projection_ms;
+            last.attention_ms = run.times.attention_ms;
+            last.output_projection_ms = run.times.output_projection_ms;
+            last.device_range_check = run.times.device_range_check;
+            last.device_bytes = core->alloc->allocated();
+            return std::move(run.output);
+        } catch (const device_lost&) {
+            core->lost = true;
+            throw;
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory(std::string("host memory allocation failed while running ") + what);
         }
-        dev = std::make_unique<detail::device>(inst, chosen);
-        alloc = std::make_unique<allocator>(*dev, opts.device_memory_limit);
-        pipes = std::make_unique<pipeline_set>(*dev);
-        exec = std::make_unique<executor>(*dev, opts.max_workgroup_count, opts.simulate_device_lost_at_submit);
-    }
-
-    /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
-    void check_alive() const {
-        if (lost)
-            throw device_lost(
-                "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
-    }
-
-    /// What the dispatchers (run_attention, run_sdpa) work with. Call with `mutex` held.
-    dispatch_environment environment() {
-        dispatch_environment env{
-            *dev, *alloc, *pipes, *exec, buffers, options.force_staging, options.max_fused_keys_per_dispatch};
-        if (options.fused_tiles_as) env.fused_tiles_as = &*options.fused_tiles_as;
-        return env;
     }
 };
+
+/// The inside of a context, or qkv::error for a moved-from one.
+inline context::impl& alive(const std::unique_ptr<context::impl>& impl) {
+    if (!impl) throw qkv::error("qkv::vulkan::context used after move: it holds no device any more");
+    return *impl;
+}
 
 }  // namespace qkv::vulkan

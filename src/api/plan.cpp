@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/stages.hpp"
+#include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -123,10 +124,9 @@ std::uint64_t projection_view_bytes(const plan& p) {
     return (std::max(p.x.offset + p.x.size, p.w.offset + p.w.size) + 15) / 16 * 16;
 }
 
-kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal) {
+kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& no) {
     if (asked == kernel_family::gpu) return kernel_family::gpu;
     if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::gpu;
-    const family_refusal no = refusal ? refusal() : family_refusal{"the cpu kernel family is not available", false};
     if (no.why.empty()) return kernel_family::cpu;
     if (asked == kernel_family::automatic) return kernel_family::gpu;
     if (no.limit) throw limit_exceeded(no.why);
@@ -139,7 +139,7 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
     const kernel_family fused_asked =
         facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::gpu : asked;
-    p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_family_refusal) : kernel_family::automatic;
+    p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_refusal) : kernel_family::automatic;
     const bool cpu_family = p.family == kernel_family::cpu;
     p.flash_chunk_keys =
         !fused       ? N
@@ -157,20 +157,21 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     p.range_guard = info.subgroup_arithmetic
                         ? (p.fp16 ? shader_id::range_guard_subgroup_f16 : shader_id::range_guard_subgroup)
                         : (p.fp16 ? shader_id::range_guard_f16 : shader_id::range_guard);
+    const settings& set = facts.set ? *facts.set : settings{};
     p.project = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::project_f16 : shader_id::project,
                           std::uint64_t{p.batch} * N, p.ld, p.d_in);
     // The texel variant reads whole texels of 4 floats: X's rows, the weights' rows and both
     // offsets must start on one (the fallback is the storage-buffer variant planned above).
     if (p.cpu_gemm && facts.projection_texels && p.d_in % 4 == 0 && p.ld % 4 == 0 && p.x.offset % 16 == 0 &&
         p.w.offset % 16 == 0)
-        p.project = plan_projection_texels(info, p.fp16, std::uint64_t{p.batch} * N, p.ld, p.d_in);
+        p.project = plan_projection_texels(info, set, p.fp16, std::uint64_t{p.batch} * N, p.ld, p.d_in);
     if (!fused) {
         p.scores = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::scores_f16 : shader_id::scores, N, N, dh);
         p.aggregate = plan_gemm(info, p.cpu_gemm, p.fp16 ? shader_id::aggregate_f16 : shader_id::aggregate, N, dvh, N);
         p.softmax = info.subgroup_arithmetic ? shader_id::softmax_subgroup : shader_id::softmax;
         // Texel variants: Q and K (scores), P and V (aggregation) must start and stride on whole
         // texels of 4 elements: Q|K|V rows of ld, heads of dh and dvh columns, P rows of N.
-        if (p.cpu_gemm && facts.staged_texels && cpu_shuffle(info, cpu_lanes(info)) && p.ld % 4 == 0) {
+        if (p.cpu_gemm && facts.staged_texels && cpu_shuffle(info, cpu_lanes(info), set) && p.ld % 4 == 0) {
             if (dh % 4 == 0) p.scores = plan_staged_texels(info, shader_id::scores_cpu_tx, N, N, dh);
             if (dvh % 4 == 0 && N % 4 == 0)
                 p.aggregate = plan_staged_texels(info, shader_id::aggregate_cpu_tx, N, dvh, N);
@@ -184,6 +185,51 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     }
     if (p.d_out)
         p.out_projection = plan_gemm(info, p.cpu_gemm, shader_id::project, std::uint64_t{p.batch} * N, p.d_out, p.d_v);
+}
+
+flash_layout attention_layout(const plan& p) {
+    flash_layout l;
+    const std::uint32_t N = p.seq, dh = p.d_k / p.heads, dvh = p.d_v / p.heads;
+    l.batch = p.batch, l.heads = l.kv_heads = p.heads, l.q_len = l.kv_len = N, l.d = dh, l.dv = dvh;
+    l.q = l.k = {N * p.ld, dh, p.ld};
+    l.v = {N * p.ld, dvh, p.ld};
+    l.o = {N * p.d_v, dvh, p.d_v};
+    l.k_off = p.d_k, l.v_off = 2 * p.d_k;
+    l.m_bs = p.mask_batched ? N * N : 0, l.a_bs = p.additive_batched ? N * N : 0;
+    l.m_hs = 0, l.m_rs = N, l.m_cs = 1;
+    l.causal = p.causal, l.mask = p.mask, l.additive = p.additive;
+    l.scale = p.scale;
+    l.fp16 = p.fp16;
+    return l;
+}
+
+device_facts device_facts_for(const plan& p, const device_desc& desc, const settings& set) {
+    device_facts facts;
+    facts.subgroups = desc.subgroups;
+    facts.max_fused_keys = set.max_fused_keys;
+    facts.fused_tiles_as = set.tiles_as();
+    facts.cpu_chunk_keys = p.cpu.chunk_keys;
+    const flash_cpu_refusal no = check_flash_cpu(desc, p.cpu);
+    facts.cpu_refusal = {no.why, no.limit};
+    facts.set = &set;
+    // The projection's texel variant reads one RGBA32F view of the inputs from offset 0 through
+    // X and the packed weights (settings::project_texels false keeps the storage-buffer variant).
+    facts.projection_texels = set.project_texels && desc.texels_rgba32f && projection_view_bytes(p) >= 16 &&
+                              projection_view_bytes(p) / 16 <= desc.max_texel_elements;
+    // The staged products' views: all of Q|K|V (texels of 4 elements) and all of the scores.
+    facts.staged_texels = desc.uniform_texels(p.fp16) && desc.texels_rgba32f &&
+                          std::uint64_t{p.batch} * p.seq * p.ld / 4 <= desc.max_texel_elements &&
+                          p.scores_bytes / 16 <= desc.max_texel_elements;
+    return facts;
+}
+
+plan plan_attention(const attention_problem& problem, const device_desc& desc, const settings& set) {
+    plan p = make_plan(problem, desc.info, desc.storage_alignment);
+    p.layout = attention_layout(p);
+    p.cpu = plan_flash_cpu(desc, p.layout, set);
+    choose_kernels(p, desc.info, device_facts_for(p, desc, set), problem.options.kernel);
+    if (p.impl == implementation::fused && p.family == kernel_family::gpu) p.gpu = plan_flash_gpu(desc, p.layout, set);
+    return p;
 }
 
 }  // namespace qkv::vulkan::detail

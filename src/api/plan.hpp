@@ -1,16 +1,23 @@
-// The plan of one call: where every tensor lives on the device, which kernels run with which
-// per-device parameters (tiles, K and key chunks, workgroup sizes, the fused kernel's family),
-// and the limit checks that run before any work is submitted. Pure functions of the problem and a
-// device description, so the choices are unit-tested against fake devices (tests/plan_test.cpp).
+// The plan of one attention call (context::attention): where every tensor lives on the device,
+// which kernels run with which per-device parameters (tiles, K and key chunks, workgroup sizes, the
+// fused kernel's family and its own plan), and the limit checks that run before any work is
+// submitted. plan_attention is a pure function of the problem's shape and options (no data is
+// read), a device description and the settings, so every choice is unit-tested against fake
+// devices (tests/plan_test.cpp). The sdpa and decode calls have theirs in sdpa_plan.hpp.
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <string>
 
+#include "kernels/flash_cpu.hpp"
+#include "kernels/flash_gpu.hpp"
+#include "kernels/flash_layout.hpp"
 #include "kernels/flash_tiles.hpp"
 #include "kernels/gemm_tiles.hpp"
+#include "kernels/settings.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/problem.hpp"
+#include "vk/device_desc.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -50,6 +57,9 @@ struct plan {
     shader_id range_guard = shader_id::range_guard;   ///< after the projection (subgroup-reduced where offered)
     std::uint32_t softmax_workgroup = 0;
     std::uint32_t flash_chunk_keys = 0;  ///< fused: keys per dispatch (seq: one dispatch); staged: seq
+    flash_layout layout;                 ///< fused: the kernels' view of Q|K|V and the output
+    flash_cpu_plan cpu;                  ///< fused, cpu family: its tiles, texels and chunks
+    flash_gpu_plan gpu;                  ///< fused, gpu family: its tiles and chunks
 };
 
 /// Why the fused kernel's CPU family cannot run a call (empty: it can), and whether that is a
@@ -59,14 +69,15 @@ struct family_refusal {
     bool limit = false;
 };
 
-/// What the kernel choices need to know about the device besides its device_info.
+/// What the kernel choices need to know besides the device_info: facts derived from the device
+/// description and the call (device_facts_for), as plain values.
 struct device_facts {
-    subgroup_control subgroups;                   ///< subgroup size control (device::subgroups())
-    std::uint32_t max_fused_keys = 0;             ///< context_options::max_fused_keys_per_dispatch
-    const device_info* fused_tiles_as = nullptr;  ///< context_options::fused_tiles_as (test hook)
+    subgroup_control subgroups;                   ///< subgroup size control (device_desc::subgroups)
+    std::uint32_t max_fused_keys = 0;             ///< settings::max_fused_keys (test hook)
+    const device_info* fused_tiles_as = nullptr;  ///< settings::fused_tiles_as (test hook)
     std::uint32_t cpu_chunk_keys = 0;             ///< keys per dispatch of the CPU family (plan_flash_cpu)
-    /// Asked only where the CPU family is a candidate (it may query the device).
-    std::function<family_refusal()> cpu_family_refusal;
+    family_refusal cpu_refusal;                   ///< why the CPU family cannot run (check_flash_cpu); empty: it can
+    const settings* set = nullptr;  ///< tuning (cpu_shuffle, the projection's tiles); nullptr: the defaults
     /// The device reads R32G32B32A32_SFLOAT uniform texel buffers and one such view of the inputs
     /// from offset 0 through X and [Wq|Wk|Wv] fits maxTexelBufferElements (projection_view_bytes):
     /// the CPU-family projection may take its texel variant (project_cpu_tx).
@@ -82,13 +93,13 @@ struct device_facts {
 /// offset 0 through the end of X and of the packed weights, in whole 16-byte texels.
 std::uint64_t projection_view_bytes(const plan& p);
 
-/// Which family of the fused kernel runs (run_options::kernel):
+/// Which family of the fused kernel runs (run_options::kernel, sdpa_options::kernel):
 ///   asked for   device         runs
 ///   automatic   CPU            cpu, or gpu where the cpu family cannot run here
 ///   automatic   GPU, other     gpu
-///   cpu         any            cpu, or a typed error saying why it cannot
+///   cpu         any            cpu, or a typed error saying why it cannot (`refusal`)
 ///   gpu         any            gpu (shaders/flash.comp)
-kernel_family choose_family(kernel_family asked, device_type type, const std::function<family_refusal()>& refusal);
+kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& refusal);
 
 /// Makes the kernel choices of `p` (laid out by make_plan) for this device: the family, tiles and
 /// chunks of every product, the softmax's workgroup, the fused kernel's family and key chunks.
@@ -99,5 +110,16 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
 /// maxStorageBufferRange or everything together larger than the device's memory, and
 /// unavailable when fp16 is asked of a device without 16-bit storage.
 plan make_plan(const attention_problem& problem, const device_info& info, std::uint64_t storage_alignment);
+
+/// The facts choose_kernels needs for `p` (laid out by make_plan, with p.cpu planned) on `desc`.
+device_facts device_facts_for(const plan& p, const device_desc& desc, const settings& set);
+
+/// The whole plan of an attention call: make_plan, the fused families' plans, choose_kernels.
+/// Pure: reads the problem's shapes and options, never its data.
+plan plan_attention(const attention_problem& problem, const device_desc& desc, const settings& set);
+
+/// The fused kernels' view of the projected Q|K|V rows of `p`: head h of Q, K and V at columns
+/// h·d, d_k + h·d, 2·d_k + h·dv of each row; the output's rows are d_v wide, head h at column h·dv.
+flash_layout attention_layout(const plan& p);
 
 }  // namespace qkv::vulkan::detail

@@ -1,8 +1,6 @@
 #include "kernels/flash_cpu.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/gemm_tiles.hpp"
@@ -23,12 +21,12 @@ bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
-flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& l, std::uint32_t at_most) {
-    const device_info& info = dev.info();
+flash_cpu_plan plan_flash_cpu(const device_desc& desc, const flash_layout& l, const settings& set) {
+    const device_info& info = desc.info;
     flash_cpu_plan p;
     // One subgroup per workgroup: the lanes of one SIMD vector on a CPU device. A device that
     // reports no usable subgroup size gets 8 (or fewer, if its workgroups are smaller).
-    const std::uint32_t max_wg = std::min(info.max_workgroup_invocations, dev.limits().maxComputeWorkGroupSize[0]);
+    const std::uint32_t max_wg = desc.max_workgroup_x();
     p.wg = info.subgroup_size;
     if (!power_of_two(p.wg) || p.wg > max_wg) {
         p.wg = 8;
@@ -42,31 +40,24 @@ flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& l, std::uin
     // cache off (docs/devices.md), rows x texels-per-row of 32 compile in ~3.5 s, 64 in ~9 s and
     // 128 (8 rows of d = 64) in ~32 s for each new shape and mask. So the tile is capped at 32:
     // at d = 64 that is 2 rows x 8 keys, about 25 % slower per call than 8 x 4 but 8x faster to
-    // build. QKV_FLASH_CPU_TILES=rows,keys overrides it (e.g. 8,4 for long-running work).
+    // build. settings::flash_cpu_rows/keys (QKV_FLASH_CPU_TILES=rows,keys) override it (e.g. 8,4
+    // for long-running work).
     const std::uint32_t widest = std::max(p.d4, p.dv4);
     p.rpi = 8;
     while (p.rpi > 1 && p.rpi * widest > 32) p.rpi /= 2;
     p.kps = p.rpi <= 2 ? 8 : 4;
-    if (const char* t = std::getenv("QKV_FLASH_CPU_TILES"); t && *t) {  // tuning: "rpi,kps"
-        unsigned r = 0, k = 0;
-        char tail = 0;
-        if (std::sscanf(t, "%u,%u%c", &r, &k, &tail) != 2 || !power_of_two(r) || r > 16 || !power_of_two(k) || k > 32)
-            throw invalid_argument(std::string("QKV_FLASH_CPU_TILES=") + t +
-                                   ": expected rows,keys, powers of two with rows <= 16 and keys <= 32 (e.g. 8,4)");
-        p.rpi = r;
-        p.kps = k;
-    }
-    p.shuffle = cpu_shuffle(info, p.wg);
+    if (set.flash_cpu_rows) p.rpi = set.flash_cpu_rows, p.kps = set.flash_cpu_keys;
+    p.shuffle = cpu_shuffle(info, p.wg, set);
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), p.block()));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), p.kps));
     std::uint64_t chunk = std::uint64_t{max_steps_per_dispatch} * p.kps;
-    if (at_most) chunk = std::min<std::uint64_t>(chunk, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
+    if (const std::uint32_t at_most = set.max_fused_keys)
+        chunk = std::min<std::uint64_t>(chunk, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
     p.chunk_keys = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, p.npad_kv));
 
     p.half = l.fp16;
     p.format = l.fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-    const std::uint64_t align = std::max<std::uint64_t>(
-        {16, dev.limits().minTexelBufferOffsetAlignment, dev.limits().minStorageBufferOffsetAlignment});
+    const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
     p.q_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.d4;
     p.k_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.d4;
     p.v_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.dv4;
@@ -78,13 +69,13 @@ flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& l, std::uin
     return p;
 }
 
-flash_cpu_refusal check_flash_cpu(const device& dev, const flash_cpu_plan& p) {
-    const device_info& info = dev.info();
-    if (!dev.uniform_texel_format(p.format))
+flash_cpu_refusal check_flash_cpu(const device_desc& desc, const flash_cpu_plan& p) {
+    const device_info& info = desc.info;
+    if (!desc.uniform_texels(p.half))
         return {std::string("the cpu kernel family needs ") + (p.half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") +
                     " uniform texel buffers, which " + info.name + " does not support; use the gpu kernel family",
                 false};
-    const std::uint64_t max_texels = dev.limits().maxTexelBufferElements;
+    const std::uint64_t max_texels = desc.max_texel_elements;
     const std::uint64_t texels = std::max({p.q_texels, p.k_texels, p.v_texels});
     if (texels > max_texels)
         return {"the cpu kernel family would read " + std::to_string(texels) +
@@ -168,24 +159,16 @@ void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     push.m_bs = l.m_bs, push.m_hs = l.m_hs, push.m_rs = l.m_rs, push.m_cs = l.m_cs;
     push.scale = l.scale;
     push.blocks = blocks;
-    for (std::uint32_t begin = 0; begin < std::max(l.kv_len, 1u); begin += plan.chunk_keys) {
-        contract::flash_cpu_push part = push;
-        part.kv_begin = begin;
-        part.kv_stop = std::min(l.kv_len, begin + plan.chunk_keys);
-        if (begin > 0) part.flags |= contract::FLASH_RESUME;
-        if (part.kv_stop < l.kv_len)
-            part.flags |= contract::FLASH_PARTIAL;
-        else if (stats)
-            part.flags |= contract::FLASH_STATS;
+    for_each_key_chunk(push, l.kv_len, plan.chunk_keys, stats, [&](const contract::flash_cpu_push& part, bool first) {
         // The (batch, head)s without, then those with, a NaN or Inf in V (see flash_cpu.comp).
         for (const pipeline* p : {&plain, &careful}) {
-            if (begin > 0 || p == &careful) exec.compute_barrier();
+            if (!first || p == &careful) exec.compute_barrier();
             exec.dispatch(*p,
                           {texel(tx.q), texel(tx.k), texel(tx.v), io.mask_bits, io.additive, io.out, io.state,
                            binding{tx.texels, 0, plan.flags_bytes}},
                           &part, groups);
         }
-    }
+    });
 }
 
 }  // namespace qkv::vulkan::detail

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kernels/flash_layout.hpp"
+#include "kernels/settings.hpp"
+#include "vk/device_desc.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
 #include "vk/pipelines.hpp"
@@ -42,9 +44,10 @@ struct flash_cpu_plan {
     }
 };
 
-/// Plans the kernel for `layout` (its fp16 flag picks RGBA16F texels); `at_most` (if not 0) caps
-/// the keys per dispatch (context_options::max_fused_keys_per_dispatch).
-flash_cpu_plan plan_flash_cpu(const device& dev, const flash_layout& layout, std::uint32_t at_most = 0);
+/// Plans the kernel for `layout` (its fp16 flag picks RGBA16F texels) on the device `desc`
+/// describes; settings::max_fused_keys (if not 0) caps the keys per dispatch, flash_cpu_rows/keys
+/// override the tile. A pure function.
+flash_cpu_plan plan_flash_cpu(const device_desc& desc, const flash_layout& layout, const settings& set);
 
 /// Why this device cannot run the plan, or an empty `why` when it can: a texel format it lacks
 /// (limit = false), or a size beyond maxTexelBufferElements / maxStorageBufferRange (limit = true).
@@ -52,7 +55,7 @@ struct flash_cpu_refusal {
     std::string why;
     bool limit = false;
 };
-flash_cpu_refusal check_flash_cpu(const device& dev, const flash_cpu_plan& plan);
+flash_cpu_refusal check_flash_cpu(const device_desc& desc, const flash_cpu_plan& plan);
 
 struct flash_cpu_views {
     buffer_view q, k, v;

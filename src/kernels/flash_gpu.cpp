@@ -16,11 +16,10 @@ bool all_multiples_of_4(std::initializer_list<std::uint32_t> values) {
 
 }  // namespace
 
-flash_gpu_plan plan_flash_gpu(const device& dev, const flash_layout& l, std::uint32_t at_most,
-                              const device_info* tiles_as) {
-    const device_info& info = dev.info();
+flash_gpu_plan plan_flash_gpu(const device_desc& desc, const flash_layout& l, const settings& set) {
+    const device_info& info = desc.info;
     flash_gpu_plan plan;
-    plan.tiles = choose_flash_tiles(flash_tiles_device(info, tiles_as), l.q_len, l.d, l.dv, dev.subgroups());
+    plan.tiles = choose_flash_tiles(flash_tiles_device(info, set.tiles_as()), l.q_len, l.d, l.dv, desc.subgroups);
     const flash_tiles& t = plan.tiles;
     if (t.shared_bytes() > info.max_shared_memory || t.wg > info.max_workgroup_invocations)
         throw limit_exceeded(
@@ -33,7 +32,7 @@ flash_gpu_plan plan_flash_gpu(const device& dev, const flash_layout& l, std::uin
                                           l.v.rs, l.k_off, l.v_off})
                           ? 1
                           : 0;
-    plan.chunk_keys = std::max(1u, flash_chunk_keys(info, t, l.kv_len, at_most));
+    plan.chunk_keys = std::max(1u, flash_chunk_keys(info, t, l.kv_len, set.max_fused_keys));
     return plan;
 }
 
@@ -50,18 +49,10 @@ void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     const pipeline& p = pipes.get(shader, t.spec(), t.required_subgroup);
     const std::uint32_t groups[3] = {ceil_div(l.q_len, t.br), 1, l.q_batches()};
     const contract::flash_push push = l.push();
-    for (std::uint32_t begin = 0; begin < std::max(l.kv_len, 1u); begin += plan.chunk_keys) {
-        contract::flash_push part = push;
-        part.kv_begin = begin;
-        part.kv_stop = std::min(l.kv_len, begin + plan.chunk_keys);
-        if (begin > 0) part.flags |= contract::FLASH_RESUME;
-        if (part.kv_stop < l.kv_len)
-            part.flags |= contract::FLASH_PARTIAL;
-        else if (stats)
-            part.flags |= contract::FLASH_STATS;
-        if (begin > 0) exec.compute_barrier();
+    for_each_key_chunk(push, l.kv_len, plan.chunk_keys, stats, [&](const contract::flash_push& part, bool first) {
+        if (!first) exec.compute_barrier();
         exec.dispatch(p, {io.qkv, io.mask_bits, io.additive, io.out, io.state}, &part, groups);
-    }
+    });
 }
 
 void record_flash_weights(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_io& io,

@@ -7,6 +7,7 @@
 
 #include "kernels/flash_layout.hpp"
 #include "kernels/flash_tiles.hpp"
+#include "kernels/settings.hpp"
 #include "vk/device.hpp"
 #include "vk/executor.hpp"
 #include "vk/pipelines.hpp"
@@ -21,11 +22,10 @@ struct flash_gpu_plan {
     }
 };
 
-/// Tiles and key chunks for `layout` on `dev` (`tiles_as`: context_options::fused_tiles_as;
-/// `at_most`: context_options::max_fused_keys_per_dispatch). Throws limit_exceeded when the
-/// tiles for these head widths do not fit the device's shared memory or workgroup size.
-flash_gpu_plan plan_flash_gpu(const device& dev, const flash_layout& layout, std::uint32_t at_most = 0,
-                              const device_info* tiles_as = nullptr);
+/// Tiles and key chunks for `layout` on the device `desc` describes (settings::fused_tiles_as and
+/// max_fused_keys: the test hooks). Throws limit_exceeded when the tiles for these head widths do
+/// not fit the device's shared memory or workgroup size. A pure function.
+flash_gpu_plan plan_flash_gpu(const device_desc& desc, const flash_layout& layout, const settings& set);
 
 /// Records the kernel over every (batch, query head) and row block, one dispatch per key chunk.
 /// `stats`: the last dispatch also stores each row's final (max, sum) in io.state (for the weights).

@@ -59,6 +59,25 @@ struct flash_layout {
     }
 };
 
+/// One dispatch per key chunk of `chunk_keys` keys (one dispatch for no keys): calls
+/// `dispatch(push, first)` with `push` covering the chunk, its chunking flags set (FLASH_RESUME
+/// after the first, FLASH_PARTIAL before the last, FLASH_STATS on the last where `stats`).
+template <class Push, class Dispatch>
+void for_each_key_chunk(const Push& push, std::uint32_t kv_len, std::uint32_t chunk_keys, bool stats,
+                        Dispatch&& dispatch) {
+    for (std::uint32_t begin = 0; begin < (kv_len > 0 ? kv_len : 1u); begin += chunk_keys) {
+        Push part = push;
+        part.kv_begin = begin;
+        part.kv_stop = kv_len - begin < chunk_keys ? kv_len : begin + chunk_keys;
+        if (begin > 0) part.flags |= contract::FLASH_RESUME;
+        if (part.kv_stop < kv_len)
+            part.flags |= contract::FLASH_PARTIAL;
+        else if (stats)
+            part.flags |= contract::FLASH_STATS;
+        dispatch(part, begin == 0);
+    }
+}
+
 /// The buffers a fused kernel reads and writes. `state` holds (max, sum) per (batch, head, row):
 /// needed when the keys are split into chunks or the weights are asked for.
 struct flash_io {

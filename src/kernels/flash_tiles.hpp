@@ -6,19 +6,9 @@
 #include <vector>
 
 #include "contract/flash.h"
-#include "qkv/vulkan/context.hpp"
+#include "vk/device_desc.hpp"
 
 namespace qkv::vulkan::detail {
-
-/// What a device offers for choosing the subgroup size of a pipeline (VK_EXT_subgroup_size_control,
-/// core in Vulkan 1.3): the range, and whether a compute pipeline may require a size (and full
-/// subgroups). All zero / false where the device does not offer it.
-struct subgroup_control {
-    std::uint32_t min_size = 0, max_size = 0;
-    bool required_size = false;       ///< subgroupSizeControl, with the compute stage in requiredSubgroupSizeStages
-    bool full_subgroups = false;      ///< computeFullSubgroups
-    std::uint32_t max_subgroups = 0;  ///< maxComputeWorkgroupSubgroups
-};
 
 /// Tile shape of the fused kernel (GPU family, shaders/flash.comp): WG invocations in WG / team
 /// row teams of `team` lanes; BR query rows per workgroup (br / (wg / team) per team); BC keys per

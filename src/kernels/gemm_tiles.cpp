@@ -1,8 +1,6 @@
 #include "kernels/gemm_tiles.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "contract/gemm.h"
@@ -22,18 +20,11 @@ bool cpu_kernels(const device_info& info, qkv::kernel_family requested) {
     return requested == qkv::kernel_family::cpu;
 }
 
-bool cpu_shuffle(const device_info& info, std::uint32_t workgroup) {
+bool cpu_shuffle(const device_info& info, std::uint32_t workgroup, const settings& set) {
     // The workgroup must be one subgroup of the reported size: sure on a CPU device, whose
     // subgroup is its SIMD vector (lavapipe: 8 lanes of AVX2); not on a GPU, which may compile a
     // workgroup into subgroups of another size unless asked otherwise.
-    bool allowed = info.type == device_type::cpu && info.subgroup_shuffle && workgroup == info.subgroup_size;
-    if (const char* t = std::getenv("QKV_CPU_SHUFFLE"); t && *t) {
-        const std::string v = t;
-        if (v != "0" && v != "1")
-            throw invalid_argument("QKV_CPU_SHUFFLE=" + v + ": expected 0 (never) or 1 (where the device allows)");
-        if (v == "0") allowed = false;
-    }
-    return allowed;
+    return set.cpu_shuffle && info.type == device_type::cpu && info.subgroup_shuffle && workgroup == info.subgroup_size;
 }
 
 std::uint32_t cpu_lanes(const device_info& info) {
@@ -191,13 +182,13 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
     return s;
 }
 
-gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n,
-                                 std::uint32_t k) {
+gemm_step plan_projection_texels(const device_info& info, const settings& set, bool fp16, std::uint64_t m,
+                                 std::uint64_t n, std::uint32_t k) {
     gemm_step s;
     gemm_tiles& t = s.tiles;
     t.cpu = true;
     const std::uint32_t lanes = cpu_lanes(info);
-    const bool shuffle = cpu_shuffle(info, lanes);
+    const bool shuffle = cpu_shuffle(info, lanes, set);
     // Eight-column stores where every store lands on whole groups of 8 (C's offset is 0 here) and
     // fp32 can be packed into 64-bit integers (TN a multiple of 8 as well, below).
     const bool wide = shuffle && n % 8 == 0 && (fp16 || info.shader_int64);
@@ -208,14 +199,7 @@ gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64
     const std::uint64_t rows = shuffle ? 4 : 8, cols = shuffle ? 32 : 16;
     t.tm = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((m + lanes - 1) / lanes, 1, rows));
     t.tn = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(wide ? n / 8 * 8 : n / 4 * 4, wide ? 8 : 4, cols));
-    if (const char* env = std::getenv("QKV_PROJECT_TILES"); env && *env) {  // tuning: "rows,cols"
-        unsigned tm = 0, tn = 0;
-        char tail = 0;
-        if (std::sscanf(env, "%u,%u%c", &tm, &tn, &tail) != 2 || tm < 1 || tm > 16 || tn < 4 || tn > 32 || tn % 4 != 0)
-            throw invalid_argument(std::string("QKV_PROJECT_TILES=") + env +
-                                   ": expected rows,cols with 1 <= rows <= 16 and cols a multiple of 4 in 4..32");
-        t.tm = tm, t.tn = tn;
-    }
+    if (set.project_rows) t.tm = set.project_rows, t.tn = set.project_cols;  // QKV_PROJECT_TILES
     t.bm = lanes * t.tm;
     t.bn = t.tn;
     t.bk = 4;  // one texel of k per loop iteration: any chunk of whole texels needs no tail

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/settings.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/problem.hpp"
 #include "vk/shaders.hpp"
@@ -22,9 +23,9 @@ bool cpu_kernels(const device_info& info, qkv::kernel_family requested);
 /// Whether the cpu family's kernels (flash_cpu, sdpa_decode's cpu variant) with a workgroup of
 /// `workgroup` invocations may share K and V rows by subgroupShuffle: only on a CPU device whose
 /// subgroup is its SIMD vector and equals the workgroup, with shuffles in compute shaders.
-/// QKV_CPU_SHUFFLE=0 says never (for before/after measurements, and to test both variants); a
-/// value other than 0 or 1 throws invalid_argument.
-bool cpu_shuffle(const device_info& info, std::uint32_t workgroup);
+/// settings::cpu_shuffle false (QKV_CPU_SHUFFLE=0) says never (for before/after measurements,
+/// and to test both variants).
+bool cpu_shuffle(const device_info& info, std::uint32_t workgroup, const settings& set);
 
 /// The workgroup of the CPU family's products: one subgroup of the device's reported size (at
 /// least 1, at most the device's workgroup limit).
@@ -87,7 +88,8 @@ gemm_step plan_gemm(const device_info& info, bool cpu, shader_id shader, std::ui
 /// fetches the weights' texels one per lane and shares them by subgroupShuffle. The caller checks
 /// that the device reads such texel buffers, that n and k are multiples of 4 and that the
 /// operands start on whole texels.
-gemm_step plan_projection_texels(const device_info& info, bool fp16, std::uint64_t m, std::uint64_t n, std::uint32_t k);
+gemm_step plan_projection_texels(const device_info& info, const settings& set, bool fp16, std::uint64_t m,
+                                 std::uint64_t n, std::uint32_t k);
 
 /// The staged scores (`scores`: S = Q·Kᵀ, m queries x n keys, k = head width) or aggregation
 /// (`aggregate`: O = P·V, m queries x n = head width of V, k = keys) through texel views, lanes

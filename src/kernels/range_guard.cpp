@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/range_rule.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -24,21 +25,10 @@ constexpr std::uint32_t workgroup = contract::RANGE_GUARD_WORKGROUP;
 constexpr std::uint32_t header_words = contract::RANGE_GUARD_HEADER_WORDS;
 constexpr std::uint32_t no_index = contract::RANGE_GUARD_NO_INDEX;
 constexpr double two_to_32 = 4294967296.0;
-constexpr double score_limit = 0x1p127;  // scores and value sums: FLT_MAX / 2, a factor 2 of headroom
-constexpr double float_max = FLT_MAX;
-// A float32 sum rounds to inf only from FLT_MAX + half an ulp (2^103) on; a quarter ulp keeps a
-// margin. So a mask of -FLT_MAX (torch.finfo(float32).min) stays legal next to ordinary scores.
-constexpr double sum_limit = float_max + 0x1p102;
 
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
 
 std::uint64_t result_bytes(const plan& p) { return 4 * (header_words + 3ull * p.batch * p.heads); }
-
-void ensure(allocator& alloc, buffer& b, std::uint64_t need, memory_use use, const char* what) {
-    if (b && b.size() >= need && b.size() <= 2 * need + 4096) return;
-    b.reset();
-    b = alloc.create((need + 255) / 256 * 256, use, what);
-}
 
 bool all_finite(std::span<const float> values) {
     // Branch-free over the bits, so the compiler can vectorise it: exponent all ones = inf or NaN.
@@ -75,12 +65,6 @@ std::vector<double> column_squares(std::span<const float> m, std::size_t cols) {
     return s;
 }
 
-std::string number(double v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.3g", v);
-    return text;
-}
-
 const char* advice(const plan& p) {
     return p.fp16 ? "use precision fp32 instead of fp16, scale the inputs down, or use the float64 cpu backend "
                     "(qkv::cpu::attention; qkv attention --backend cpu)"
@@ -115,13 +99,13 @@ double exact_projection(const attention_problem& problem, std::size_t row, std::
     const double limit = p.fp16 ? 65504.0 : float_max;
     std::string message = std::string("numeric overflow in the Q|K|V projection: ") + which + "[batch " +
                           std::to_string(b) + ", position " + std::to_string(i) + ", column " + std::to_string(c) +
-                          "] is " + number(exact) + " (computed in float64)";
+                          "] is " + format_number(exact) + " (computed in float64)";
     if (std::fabs(exact) > limit)
         message += p.fp16 ? ", beyond float16's largest value 65504, so it cannot be stored in fp16"
-                          : ", beyond float32's largest value " + number(float_max);
+                          : ", beyond float32's largest value " + format_number(float_max);
     else
-        message +=
-            ", but its float32 sum over d_in overflowed on the way (a partial sum beyond " + number(float_max) + ")";
+        message += ", but its float32 sum over d_in overflowed on the way (a partial sum beyond " +
+                   format_number(float_max) + ")";
     throw numeric_overflow(message + "; every input is finite; " + advice(p));
 }
 
@@ -192,8 +176,8 @@ bool range_proven_on_host(const plan& p, const attention_problem& problem, const
 
 void prepare_range_guard(allocator& alloc, range_guard_buffers& bufs, const plan& p) {
     const std::uint64_t bytes = result_bytes(p);
-    ensure(alloc, bufs.device, bytes, memory_use::device, "range guard result");
-    ensure(alloc, bufs.host, bytes, memory_use::readback, "range guard readback");
+    alloc.ensure(bufs.device, bytes, memory_use::device, "range guard result");
+    alloc.ensure(bufs.host, bytes, memory_use::readback, "range guard readback");
 }
 
 void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
@@ -266,33 +250,13 @@ void check_range_guard(const range_guard_buffers& bufs, const plan& p, const att
             const double scores = scale * q * k * chunks * margin;
             // Kernels may multiply Q (or K) by the scale before the dot products.
             const double scaled_rows = scale * std::max(q, k) * std::sqrt(chunks) * margin;
-            if (!(scaled_rows <= score_limit))
-                throw numeric_overflow("numeric overflow in the attention scores: max(1, |scale|) x the largest " +
-                                       std::string(q >= k ? "Q" : "K") + " row norm of batch " + std::to_string(b) +
-                                       ", head " + std::to_string(h) + " is " + number(scaled_rows) +
-                                       ", beyond 2^127 = " + number(score_limit) +
-                                       ", the most the Vulkan backend computes a score to in float32; every input "
-                                       "is finite; " +
-                                       advice(p));
             const std::string where = "batch " + std::to_string(b) + ", head " + std::to_string(h);
-            if (!(scores <= score_limit) || !(scores + facts.additive_max <= sum_limit)) {
-                std::string message = "numeric overflow in the attention scores: |Q·Kᵀ·scale| of " + where +
-                                      " can reach " + number(scores) + " (largest row norms |q| " + number(q) +
-                                      " and |k| " + number(k) + ", scale " + number(p.scale) + ")";
-                if (scores <= score_limit)
-                    message += ", plus the additive mask's largest finite entry " + number(facts.additive_max) +
-                               ", which leaves float32's range (" + number(float_max) + ")";
-                else
-                    message += ", beyond 2^127 = " + number(score_limit) +
-                               ", the most the Vulkan backend computes a score to in float32";
-                throw numeric_overflow(message + "; every input is finite; " + advice(p));
-            }
+            if (std::string why = score_verdict({q, k, scaled_rows, scores}, p.scale, facts.additive_max, where);
+                !why.empty())
+                throw numeric_overflow(why + "; every input is finite; " + advice(p));
             const double values = static_cast<double>(p.seq) * v * margin;
-            if (!(values <= score_limit))
-                throw numeric_overflow("numeric overflow in the value sums: seq x max|V| of " + where + " is " +
-                                       std::to_string(p.seq) + " x " + number(v) + " = " + number(values) +
-                                       ", beyond 2^127 = " + number(score_limit) +
-                                       ", the most the Vulkan backend accumulates to in float32; " + advice(p));
+            if (std::string why = value_verdict(p.seq, v, values, where); !why.empty())
+                throw numeric_overflow(why + "; " + advice(p));
         }
 }
 
@@ -304,7 +268,7 @@ void check_outputs(const attention_output& result, const plan& p, const input_fa
         const std::size_t width = result.shape.out_width();
         throw numeric_overflow("numeric overflow: output[batch " + std::to_string(index / width / p.seq) +
                                ", position " + std::to_string(index / width % p.seq) + ", column " +
-                               std::to_string(index % width) + "] is " + number(*it) +
+                               std::to_string(index % width) + "] is " + format_number(*it) +
                                " though every input is finite (" +
                                (p.d_out ? "the output projection or an earlier float32 sum" : "a float32 sum") +
                                " left float32's range); " + advice(p));

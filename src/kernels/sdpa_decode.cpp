@@ -33,11 +33,17 @@ constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
 
 }  // namespace
 
-contract::decode_spec decode_plan::spec() const { return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u}; }
+contract::decode_spec decode_plan::spec(bool careful) const {
+    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful ? 1u : 0u};
+}
 
-decode_plan plan_decode(const device_info& info, const decode_request& r) {
+decode_plan try_plan_decode(const device_info& info, const decode_request& r, const settings& set) {
     const sdpa_shape& s = r.shape;
     decode_plan p;
+    const auto refuse = [&p](std::string why) {
+        p.refusal = std::move(why);
+        return p;
+    };
     p.family = r.kernel != kernel_family::automatic ? r.kernel
                : info.type == device_type::cpu      ? kernel_family::cpu
                                                     : kernel_family::gpu;
@@ -45,18 +51,18 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
     const std::uint64_t groups = std::uint64_t{s.batch} * s.kv_heads;
     // Each limit its own message, naming the value that passed it.
     if (rows > 0xffffu)
-        throw limit_exceeded("the decode kernel takes at most 65,535 query rows per K/V head (G x q_len = " +
-                             std::to_string(rows) + ")");
+        return refuse("the decode kernel takes at most 65,535 query rows per K/V head (G x q_len = " +
+                      std::to_string(rows) + ")");
     if (groups * rows > 0xffffffu)
-        throw limit_exceeded(
+        return refuse(
             "the decode kernel takes at most 2^24 = 16,777,216 query rows in all (batch x kv_heads x "
             "G x q_len = " +
             std::to_string(groups * rows) + ")");
     if (s.d_qk > 4096 || s.d_v > 4096)
-        throw limit_exceeded("the decode kernel takes head widths of at most 4,096 (d_qk = " + std::to_string(s.d_qk) +
-                             ", d_v = " + std::to_string(s.d_v) + ")");
+        return refuse("the decode kernel takes head widths of at most 4,096 (d_qk = " + std::to_string(s.d_qk) +
+                      ", d_v = " + std::to_string(s.d_v) + ")");
     if (s.kv_len > 0x7fffffffu)
-        throw limit_exceeded("the decode kernel takes at most 2^31 keys (kv_len = " + std::to_string(s.kv_len) + ")");
+        return refuse("the decode kernel takes at most 2^31 keys (kv_len = " + std::to_string(s.kv_len) + ")");
     p.rows = static_cast<std::uint32_t>(rows);
     p.groups = static_cast<std::uint32_t>(groups);
     p.q_len = static_cast<std::uint32_t>(s.q_len);
@@ -85,7 +91,7 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
         while (p.rpi * p.wg < p.rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
         p.kps = p.rpi <= 2 ? 8 : 4;
         p.row_blocks = ceil_div(p.rows, std::uint64_t{p.wg} * p.rpi);
-        p.shuffle = cpu_shuffle(info, p.wg);
+        p.shuffle = cpu_shuffle(info, p.wg, set);
         step = p.kps;
         target = target_groups_cpu, min_chunk = min_chunk_cpu;
     } else {
@@ -96,8 +102,8 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
         const std::uint32_t shared = std::max<std::uint32_t>(info.max_shared_memory, 16384);
         while (p.rpi > 1 && p.rpi * p.e4 * 16 + 2 * p.rpi * p.wg * 4 > shared) p.rpi /= 2;
         if (p.rpi * p.e4 * 16 + 2 * p.rpi * p.wg * 4 > shared)
-            throw limit_exceeded("the gpu decode kernel needs more shared memory than " + std::to_string(shared) +
-                                 " bytes for d_qk = " + std::to_string(s.d_qk));
+            return refuse("the gpu decode kernel needs more shared memory than " + std::to_string(shared) +
+                          " bytes for d_qk = " + std::to_string(s.d_qk));
         p.kps = p.wg;
         p.row_blocks = ceil_div(p.rows, p.rpi);
         step = p.wg;
@@ -122,9 +128,15 @@ decode_plan plan_decode(const device_info& info, const decode_request& r) {
     p.chunk = static_cast<std::uint32_t>(chunk);
     p.chunks = ceil_div(keys, chunk);
     if (p.chunks > max_chunks_total)
-        throw limit_exceeded("the decode kernel would split kv_len = " + std::to_string(p.kv_len) + " into " +
-                             std::to_string(p.chunks) + " chunks; at most " + std::to_string(max_chunks_total));
+        return refuse("the decode kernel would split kv_len = " + std::to_string(p.kv_len) + " into " +
+                      std::to_string(p.chunks) + " chunks; at most " + std::to_string(max_chunks_total));
     p.max_loop = std::max<std::uint32_t>(ceil_div(p.chunk, step) * per_step_loops, p.chunks);
+    return p;
+}
+
+decode_plan plan_decode(const device_info& info, const decode_request& r, const settings& set) {
+    decode_plan p = try_plan_decode(info, r, set);
+    if (!p.refusal.empty()) throw limit_exceeded(p.refusal);
     return p;
 }
 
@@ -134,7 +146,7 @@ bool decode_suits(const sdpa_shape& s, bool return_weights) {
     return s.q_len <= 16 && rows <= 64 && s.kv_len >= 1024;
 }
 
-contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem) {
+contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem, float v_scale) {
     decode_push c{};
     c.rows = plan.rows;
     c.q_len = plan.q_len;
@@ -147,6 +159,7 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
     c.causal_offset = static_cast<int>(causal_offset(problem.shape, problem.options.alignment));
     c.q_heads = static_cast<std::uint32_t>(problem.shape.q_heads);
     c.kv_heads = static_cast<std::uint32_t>(problem.shape.kv_heads);
+    c.v_scale = v_scale;
     if (!problem.mask.empty() || !problem.additive_mask.empty()) {
         const mask_strides m = broadcast_strides(problem.mask_shape, problem.shape);
         c.mask_b = static_cast<std::uint32_t>(m.batch);
@@ -158,11 +171,11 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 }
 
 void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
-                   const contract::decode_push& push) {
+                   const contract::decode_push& push, bool careful) {
     const shader_id id = plan.family != kernel_family::cpu ? shader_id::sdpa_decode_gpu
                          : plan.shuffle                    ? shader_id::sdpa_decode_cpu_shuffle
                                                            : shader_id::sdpa_decode_cpu;
-    const pipeline& kernel = pipes.get(id, plan.spec());
+    const pipeline& kernel = pipes.get(id, plan.spec(careful));
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
                       DECODE_BINDINGS == 7,

@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../shaders/contract/decode.h"
+#include "contract/decode.h"
+#include "kernels/settings.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "vk/executor.hpp"
@@ -43,27 +44,28 @@ struct decode_plan {
     std::uint32_t chunk = 0;       ///< keys per chunk, a multiple of kps
     std::uint32_t chunks = 0;      ///< P
     std::uint32_t max_loop = 0;    ///< an upper bound of the loop iterations of one invocation
+    /// Why the kernel cannot run this request (a limit of the kernel, named with its value); empty
+    /// when it can. Only try_plan_decode returns a plan with a refusal.
+    std::string refusal;
 
     [[nodiscard]] std::uint64_t q_texels() const { return std::uint64_t{groups} * rows * e4; }
     [[nodiscard]] std::uint64_t partials() const { return std::uint64_t{groups} * rows * chunks; }
     [[nodiscard]] std::uint64_t stats_bytes() const { return partials() * 8; }
     [[nodiscard]] std::uint64_t acc_bytes() const { return partials() * ev4 * 16; }
     [[nodiscard]] std::uint64_t out_bytes() const { return std::uint64_t{groups} * rows * dv * 4; }
-    [[nodiscard]] contract::decode_spec spec() const;
+    /// The kernel's constants; `careful`: V may hold NaN or Inf (shaders/values.glsl).
+    [[nodiscard]] contract::decode_spec spec(bool careful) const;
 };
 
-/// Plans a decode call on a device described by `info`. Throws limit_exceeded when the shape
-/// cannot be run (more chunks or rows than the kernel supports).
-decode_plan plan_decode(const device_info& info, const decode_request& request);
+/// Plans a decode call on a device described by `info`: a pure function. Where the shape cannot
+/// be run (more chunks or rows than the kernel supports), the plan's `refusal` says why.
+decode_plan try_plan_decode(const device_info& info, const decode_request& request, const settings& set = {});
+/// The same, throwing limit_exceeded with the refusal.
+decode_plan plan_decode(const device_info& info, const decode_request& request, const settings& set = {});
 
 /// Whether the split-S decode kernels suit this problem better than the fused ones: few query
 /// rows per K/V head (small q_len), many keys, no attention weights requested.
 bool decode_suits(const sdpa_shape& shape, bool return_weights);
-
-/// Runs a validated problem with host K/V through the decode kernels: K and V go into a
-/// temporary kv_cache of ctx (src/api/kv_cache.cpp), then context::sdpa(problem, cache). For
-/// context::sdpa when decode_suits the problem.
-sdpa_output sdpa_through_cache(context& ctx, const sdpa_problem& problem);
 
 /// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), the cache's K and V views, the
 /// masks (bound to any buffer when absent), the partial states and the output (B, Hq, L, Ev).
@@ -72,11 +74,12 @@ struct decode_io {
     binding mask, additive, stats, acc, out;
 };
 
-/// The push block's per-problem fields: scale, causal offset, head counts and mask strides.
-contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem);
+/// The push block's per-problem fields: scale, causal offset, head counts, mask strides, and the
+/// power of two the values accumulate scaled by (sdpa_guard.hpp: value_scale).
+contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem, float v_scale);
 
-/// Records the decode dispatch, a barrier and the merge dispatch.
+/// Records the decode dispatch, a barrier and the merge dispatch. `careful`: V may hold NaN or Inf.
 void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
-                   const contract::decode_push& push);
+                   const contract::decode_push& push, bool careful);
 
 }  // namespace qkv::vulkan::detail

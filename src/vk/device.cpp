@@ -1,5 +1,6 @@
 #include "vk/device.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -99,6 +100,16 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     }
     fn_.vkGetDeviceQueue(handle_, family_, 0, &queue_);
     fp16_storage_ = info_.fp16_storage;
+
+    desc_.info = info_;
+    desc_.subgroups = subgroups_;
+    desc_.storage_alignment = std::max<std::uint64_t>(16, limits_.minStorageBufferOffsetAlignment);
+    desc_.texel_alignment = std::max<std::uint64_t>(16, limits_.minTexelBufferOffsetAlignment);
+    desc_.max_texel_elements = limits_.maxTexelBufferElements;
+    desc_.max_push_bytes = limits_.maxPushConstantsSize;
+    desc_.max_workgroup_size_x = limits_.maxComputeWorkGroupSize[0];
+    desc_.texels_rgba32f = uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT);
+    desc_.texels_rgba16f = uniform_texel_format(VK_FORMAT_R16G16B16A16_SFLOAT);
 }
 
 bool device::uniform_texel_format(VkFormat format) const {

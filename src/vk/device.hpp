@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "kernels/flash_tiles.hpp"
+#include "vk/device_desc.hpp"
 #include "vk/instance.hpp"
 #include "vk/vk.hpp"
 
@@ -31,6 +31,8 @@ public:
     [[nodiscard]] const subgroup_control& subgroups() const { return subgroups_; }
     /// The format can back a uniform texel buffer (VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT).
     [[nodiscard]] bool uniform_texel_format(VkFormat format) const;
+    /// Everything the planners read, as a value (device_desc.hpp).
+    [[nodiscard]] const device_desc& desc() const { return desc_; }
 
 private:
     std::shared_ptr<const instance> instance_;
@@ -44,6 +46,7 @@ private:
     VkPhysicalDeviceLimits limits_{};
     bool fp16_storage_ = false;
     subgroup_control subgroups_;
+    device_desc desc_;
 };
 
 }  // namespace qkv::vulkan::detail

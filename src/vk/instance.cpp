@@ -148,11 +148,6 @@ std::vector<std::string> message_sink::take() {
     return std::exchange(messages, {});
 }
 
-bool validation_from_environment() {
-    const char* v = std::getenv("QKV_VALIDATION");
-    return v && *v && std::string_view(v) != "0";
-}
-
 std::uint32_t compute_queue_family(const instance_table& fn, VkPhysicalDevice device) {
     std::vector<VkQueueFamilyProperties> families;
     enumerate(families, fn.vkGetPhysicalDeviceQueueFamilyProperties, device);

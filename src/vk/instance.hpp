@@ -45,9 +45,6 @@ private:
     std::vector<device_info> infos_;
 };
 
-/// True when the environment variable QKV_VALIDATION is set to something other than 0.
-bool validation_from_environment();
-
 /// The queue family qkv uses on `device`: one with compute, preferring one that also does
 /// graphics (the universal family); UINT32_MAX if none.
 std::uint32_t compute_queue_family(const instance_table& fn, VkPhysicalDevice device);

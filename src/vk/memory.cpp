@@ -1,5 +1,6 @@
 #include "vk/memory.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -41,6 +42,13 @@ void buffer::invalidate() const {
     range.size = VK_WHOLE_SIZE;
     check(owner_->dev_.fn().vkInvalidateMappedMemoryRanges(owner_->dev_.handle(), 1, &range),
           "vkInvalidateMappedMemoryRanges");
+}
+
+void allocator::ensure(buffer& b, VkDeviceSize need, memory_use use, const char* what, VkBufferUsageFlags extra_usage) {
+    need = std::max<VkDeviceSize>(need, 16);
+    if (b && b.size() >= need && b.size() <= 2 * need + 4096) return;
+    b.reset();
+    b = create((need + 4095) / 4096 * 4096, use, what, extra_usage);
 }
 
 buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range) {

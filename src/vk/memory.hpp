@@ -78,6 +78,13 @@ public:
     [[nodiscard]] buffer create(VkDeviceSize size, memory_use use, const char* what,
                                 VkBufferUsageFlags extra_usage = 0);
 
+    /// The one reuse policy of buffers kept between calls: `b` stays while it holds at least
+    /// `need` bytes and at most twice that (plus a page), so memory follows the calls' sizes in
+    /// both directions; otherwise it is freed first (its memory is then free for the new one) and
+    /// created anew, rounded up to 4 KiB. `need` 0 counts as 16 bytes. Throws out_of_memory (`b`
+    /// is then empty).
+    void ensure(buffer& b, VkDeviceSize need, memory_use use, const char* what, VkBufferUsageFlags extra_usage = 0);
+
     [[nodiscard]] std::uint64_t allocated() const { return allocated_.load(); }
     [[nodiscard]] std::uint64_t peak() const { return peak_.load(); }
     void reset_peak() { peak_ = allocated_.load(); }

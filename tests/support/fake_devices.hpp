@@ -10,6 +10,7 @@
 
 #include "kernels/flash_tiles.hpp"
 #include "qkv/vulkan/device_info.hpp"
+#include "vk/device_desc.hpp"
 
 namespace qkv::test {
 
@@ -79,6 +80,22 @@ inline std::vector<fake_device> fake_devices() {
         {"cpu, subgroup 16", describe_device(device_type::cpu, 16, true, 32768, 1024), {16, 16, true, true, 64}},
         {"cpu, subgroup 4", describe_device(device_type::cpu, 4, true, 32768, 1024), {4, 4, true, true, 256}},
     };
+}
+
+/// The planners' description of a fake device: its info and subgroup control, with the limits the
+/// Vulkan spec guarantees or common drivers report (alignments of 16 and 64, 2^27 texels, 128
+/// bytes of push constants) and both texel formats, unless the test changes them.
+inline vulkan::detail::device_desc desc_of(const fake_device& f) {
+    vulkan::detail::device_desc d;
+    d.info = f.info;
+    d.subgroups = f.control;
+    d.storage_alignment = 64;
+    d.texel_alignment = 16;
+    d.max_texel_elements = 1u << 27;
+    d.max_push_bytes = 128;
+    d.max_workgroup_size_x = f.info.max_workgroup_invocations;
+    d.texels_rgba32f = d.texels_rgba16f = true;
+    return d;
 }
 
 }  // namespace qkv::test

@@ -4,6 +4,8 @@
 
 #include <qkv/vulkan/context.hpp>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,9 +19,29 @@ inline qkv::vulkan::context& gpu() {
     return ctx;
 }
 
-/// A separate context with `options`, validation forced on.
-inline qkv::vulkan::context make_context(qkv::vulkan::context_options options) {
+/// What a test may set of a context: the memory cap and the test hooks (context_options::testing),
+/// in the order the tests' designated initialisers name them.
+struct context_setup {
+    std::uint64_t device_memory_limit = 0;
+    std::uint32_t max_workgroup_count = 0;
+    std::uint32_t max_fused_keys_per_dispatch = 0;
+    bool force_staging = false;
+    std::uint32_t simulate_device_lost_at_submit = 0;
+    std::optional<qkv::vulkan::device_info> fused_tiles_as{};
+    std::uint32_t max_decode_chunks = 0;
+};
+
+/// A context with the validation layer (and synchronisation validation) on.
+inline qkv::vulkan::context make_context(const context_setup& setup) {
+    qkv::vulkan::context_options options;
     options.validation = true;
+    options.device_memory_limit = setup.device_memory_limit;
+    options.testing = {.max_workgroup_count = setup.max_workgroup_count,
+                       .max_fused_keys_per_dispatch = setup.max_fused_keys_per_dispatch,
+                       .force_staging = setup.force_staging,
+                       .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
+                       .fused_tiles_as = setup.fused_tiles_as,
+                       .max_decode_chunks = setup.max_decode_chunks};
     return qkv::vulkan::context(options);
 }
 

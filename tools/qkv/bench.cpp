@@ -186,7 +186,7 @@ void run(bench_options o) {
             continue;
         }
         if (!c.split && !unsplit)
-            unsplit.emplace(qkv::vulkan::context_options{.device = device, .max_decode_chunks = 1});
+            unsplit.emplace(qkv::vulkan::context_options{.device = device, .testing = {.max_decode_chunks = 1}});
         // The same seed for a shape with and without the split: the same data.
         results.push_back(
             run_decode(c.split ? ctx : *unsplit, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));

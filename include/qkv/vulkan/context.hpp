@@ -9,6 +9,10 @@
 // Thread safety: a context may be shared by any number of threads. Calls on one context are
 // serialised (one queue, one set of reusable buffers); use one context per thread to overlap
 // host work. Different contexts are independent.
+//
+// Lifetime: a moved-from context holds nothing; every call on it throws qkv::error ("used after
+// move"), and destroying it is safe. The device itself is shared by the context and the kv_caches
+// made from it, and lives until the last of them is gone.
 #pragma once
 
 #include <cstdint>
@@ -42,18 +46,9 @@ QKV_VULKAN_API std::vector<device_info> list_devices(const instance_options& opt
 QKV_VULKAN_API std::size_t select_device(const std::vector<device_info>& devices,
                                          const std::optional<std::string>& selector);
 
-struct context_options {
-    /// Which device: a decimal index, or a case-insensitive substring of the device name.
-    /// Unset: the QKV_DEVICE environment variable, else the best device (discrete > integrated >
-    /// virtual > CPU > other; ties by memory, then enumeration order).
-    std::optional<std::string> device{};
-    bool validation = false;  ///< see instance_options::validation
-
-    /// Caps the device memory this context may hold (bytes; 0 = the device heap). An allocation
-    /// beyond it fails with out_of_memory as VK_ERROR_OUT_OF_DEVICE_MEMORY would. For tests and
-    /// for sharing a GPU politely.
-    std::uint64_t device_memory_limit = 0;
-
+/// Hooks for tests and measurements. Each changes which path a call takes (never its result
+/// beyond rounding); production code leaves them all at their defaults.
+struct testing_hooks {
     /// Pretend maxComputeWorkGroupCount is at most this in every dimension (0 = the device's own):
     /// exercises the dispatch-splitting path without enormous inputs.
     std::uint32_t max_workgroup_count = 0;
@@ -81,6 +76,22 @@ struct context_options {
     /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
     /// For measurements and tests.
     std::uint32_t max_decode_chunks = 0;
+};
+
+struct context_options {
+    /// Which device: a decimal index, or a case-insensitive substring of the device name.
+    /// Unset: the QKV_DEVICE environment variable, else the best device (discrete > integrated >
+    /// virtual > CPU > other; ties by memory, then enumeration order).
+    std::optional<std::string> device{};
+    bool validation = false;  ///< see instance_options::validation
+
+    /// Caps the device memory this context may hold (bytes; 0 = the device heap). An allocation
+    /// beyond it fails with out_of_memory as VK_ERROR_OUT_OF_DEVICE_MEMORY would. For tests and
+    /// for sharing a GPU politely.
+    std::uint64_t device_memory_limit = 0;
+
+    /// Test and measurement hooks (see testing_hooks); leave them alone in production.
+    testing_hooks testing{};
 };
 
 /// Per-call timing, filled by context::attention.
@@ -114,6 +125,7 @@ public:
     context(const context&) = delete;
     context& operator=(const context&) = delete;
 
+    /// Throws qkv::error on a moved-from context (as every call below does).
     [[nodiscard]] const device_info& device() const;
 
     /// Runs the attention. Validates first (qkv::invalid_argument), then checks device limits

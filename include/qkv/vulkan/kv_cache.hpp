@@ -9,9 +9,13 @@
 // stores K and V as texels of 4 values (RGBA32F, or RGBA16F with precision::fp16), one run of
 // `capacity` rows per (batch, kv head): the layout the decode kernels read through texel buffers.
 //
-// A cache belongs to the context it was created from, which must outlive it; calls on the two
-// are serialised by the context. Device memory is allocated once, at creation, and counts towards
-// context_options::device_memory_limit.
+// A cache shares the device of the context it was created from and keeps it alive: destroying,
+// moving or move-assigning over that context first is safe, and the cache keeps working (append,
+// clear, size; and context::sdpa on the context it was moved to). Every member function is
+// thread-safe: checks and writes happen under the device's lock, so concurrent appends either
+// both fit or one throws limit_exceeded with nothing appended. A moved-from cache throws
+// qkv::error ("used after move") on every call and is safe to destroy. Device memory is allocated
+// once, at creation, and counts towards context_options::device_memory_limit.
 #pragma once
 
 #include <cstddef>
@@ -52,9 +56,10 @@ public:
     /// appended.
     void append(std::span<const float> k, std::span<const float> v, std::size_t rows);
 
-    /// Rows held per (batch, kv head).
+    /// Rows held per (batch, kv head): at most capacity(), whatever other threads do.
     [[nodiscard]] std::size_t size() const;
     [[nodiscard]] std::size_t capacity() const;
+    /// The shape it was created with (it never changes).
     [[nodiscard]] const kv_cache_shape& shape() const;
     /// Forgets every row (the memory is kept for the next appends).
     void clear();

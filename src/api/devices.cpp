@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "api/settings.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "vk/instance.hpp"
@@ -26,7 +27,7 @@ const char* to_string(device_type type) {
 }
 
 std::vector<device_info> list_devices(const instance_options& options) {
-    const detail::instance inst(options.validation || detail::validation_from_environment());
+    const detail::instance inst(detail::validation_requested(options.validation));
     return inst.devices();
 }
 

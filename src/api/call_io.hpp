@@ -1,0 +1,110 @@
+// The call I/O layer every operation (run_attention, run_sdpa, run_decode) shares: the device
+// buffers a context keeps between calls, by role, under one reuse policy; where the host writes a
+// call's inputs (the mapped inputs buffer, or upload staging) and how each kind of host tensor is
+// packed there (float32, float16, mask bits, rows of whole texels); the upload and download
+// commands; and reading the results back.
+//
+// A plan says what a call needs (a buffer_plan: bytes per role, and the regions to download); the
+// run function packs its inputs at the plan's offsets, records its kernels between
+// record_upload() and record_download(), submits, and reads each download.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/range_guard.hpp"
+#include "vk/executor.hpp"
+#include "vk/memory.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// The device buffers of a call, by what they hold. Every one is a storage buffer that may also be
+/// read through texel views.
+enum class role : std::uint8_t {
+    inputs,         ///< every host input of the call, packed at the plan's offsets
+    qkv,            ///< attention: the projected Q|K|V rows
+    scores,         ///< staged attention: the scores, then the weights; sdpa: the returned weights
+    concat,         ///< attention with an output projection: the heads side by side
+    out,            ///< the output
+    state,          ///< the fused kernels' (max, sum) per row between key chunks / for the weights
+    texels,         ///< the fused cpu family's Q, K, V as texels (flash_cpu_pack.comp)
+    partial_stats,  ///< decode: (max, sum) per (row, chunk)
+    partial_acc,    ///< decode: the accumulator per (row, chunk)
+};
+inline constexpr std::size_t role_count = 9;
+const char* role_name(role r);
+
+/// What one call needs of the buffers: bytes per role (0: not used; the buffer is released, so
+/// that memory follows the calls).
+struct buffer_plan {
+    std::array<std::uint64_t, role_count> bytes{};
+    void need(role r, std::uint64_t size) { bytes[static_cast<std::size_t>(r)] = size; }
+    [[nodiscard]] std::uint64_t of(role r) const { return bytes[static_cast<std::size_t>(r)]; }
+};
+
+/// A region of a call buffer the host reads after the call.
+struct download {
+    role from = role::out;
+    std::uint64_t offset = 0, bytes = 0;
+};
+
+/// The buffers a context keeps between calls.
+class call_buffers {
+public:
+    /// Allocates or reuses every buffer `plan` asks for (allocator::ensure) and releases the rest;
+    /// decides whether inputs and results go through staging buffers (where the device memory is
+    /// not mapped, or `force_staging`) and sizes those for `downloads`. An allocation failure
+    /// releases every buffer, so a failed call keeps nothing, and rethrows out_of_memory.
+    void prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, bool force_staging);
+
+    [[nodiscard]] buffer& operator[](role r) { return buffers_[static_cast<std::size_t>(r)]; }
+    [[nodiscard]] const buffer& operator[](role r) const { return buffers_[static_cast<std::size_t>(r)]; }
+    /// A binding of `bytes` of a role's buffer from `offset`.
+    [[nodiscard]] binding bind(role r, std::uint64_t offset, std::uint64_t bytes) const {
+        return {(*this)[r].handle(), offset, bytes};
+    }
+    [[nodiscard]] bool staged() const { return staged_; }
+
+    /// Where the host writes the call's inputs (plan.of(role::inputs) bytes).
+    [[nodiscard]] std::byte* inputs() const;
+    /// Makes the host's writes visible to the device: flushes, and records the staging copy where
+    /// there is one, then a barrier to compute reads.
+    void record_upload(executor& exec, std::uint64_t bytes) const;
+    /// Records what makes `downloads` readable by the host (a barrier; the copies into staging).
+    void record_download(executor& exec, std::span<const download> downloads) const;
+    /// After the submit: copies the bytes of downloads[i] to `to`.
+    void read(std::span<const download> downloads, std::size_t i, void* to) const;
+
+    /// Releases everything (context::trim, and after an allocation failure).
+    void release();
+
+    range_guard_buffers guard;  ///< the attention range guard's result (kernels/range_guard.hpp)
+
+private:
+    std::array<buffer, role_count> buffers_;
+    buffer staging_in_, staging_out_;
+    bool staged_ = false;
+};
+
+// ---- packing host tensors at a call's offsets -------------------------------------------------
+
+/// float32 values, each multiplied by `scale` (a power of two: exact, see sdpa_guard.hpp).
+void put_floats(std::byte* at, std::span<const float> values, float scale = 1.0f);
+/// float16 values (nearest even); a finite value beyond float16's range throws numeric_overflow
+/// naming `what` and the element, never stored as infinity.
+void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale = 1.0f);
+/// A bool mask (0/1 bytes) as bits: bit n of word n / 32.
+void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask);
+/// `rows` rows of `width` values from `src`, each written as `texels` texels of 4 (zero-padded),
+/// float32 or (`fp16`) float16 as put_halves.
+void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
+                    const char* what, float scale = 1.0f);
+
+/// Bytes of the bits of a mask of `elements` values (whole 32-bit words).
+[[nodiscard]] constexpr std::uint64_t mask_bits_bytes(std::uint64_t elements) { return (elements + 31) / 32 * 4; }
+[[nodiscard]] constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace qkv::vulkan::detail

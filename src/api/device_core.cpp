@@ -1,0 +1,32 @@
+#include "api/device_core.hpp"
+
+#include "api/settings.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+
+device_core::device_core(const context_options& options) {
+    inst = std::make_shared<const instance>(validation_requested(options.validation));
+    bool from_environment = false;
+    const std::optional<std::string> selector = device_selector(options.device, from_environment);
+    std::size_t chosen = 0;
+    try {
+        chosen = select_device(inst->devices(), selector);
+    } catch (const no_matching_device& e) {
+        if (!from_environment) throw;
+        throw no_matching_device("QKV_DEVICE=" + *selector + " (environment variable): " + e.what());
+    }
+    dev = std::make_unique<device>(inst, chosen);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit);
+    pipes = std::make_unique<pipeline_set>(*dev);
+    exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
+                                      options.testing.simulate_device_lost_at_submit);
+}
+
+void device_core::check_alive() const {
+    if (lost)
+        throw device_lost(
+            "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+}
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,36 @@
+// The device side every call shares: instance, device, memory, pipelines and the executor, with
+// the lock that serialises their use. Owned jointly (std::shared_ptr) by a context and every
+// kv_cache made from it, so whichever of them goes last releases the device.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "qkv/vulkan/context.hpp"
+#include "vk/device.hpp"
+#include "vk/executor.hpp"
+#include "vk/instance.hpp"
+#include "vk/memory.hpp"
+#include "vk/pipelines.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct device_core {
+    std::shared_ptr<const instance> inst;
+    std::unique_ptr<device> dev;
+    std::unique_ptr<allocator> alloc;
+    std::unique_ptr<pipeline_set> pipes;
+    std::unique_ptr<executor> exec;
+    /// Serialises every use of the device, its queue, the executor and the buffers of the contexts
+    /// and caches that share this core.
+    std::mutex mutex;
+    bool lost = false;  ///< an earlier call lost the device (VK_ERROR_DEVICE_LOST); guarded by `mutex`
+
+    /// Picks and opens the device `options` asks for (QKV_DEVICE where unset).
+    explicit device_core(const context_options& options);
+
+    /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
+    void check_alive() const;
+};
+
+}  // namespace qkv::vulkan::detail

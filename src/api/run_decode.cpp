@@ -1,0 +1,76 @@
+// run_decode: the split-S decode route (kernels/sdpa_decode.hpp) of an sdpa call, with K and V
+// from the host (packed into the call's inputs as texel rows) or from a kv_cache.
+#include "api/runs.hpp"
+#include "kernels/sdpa_decode.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+VkFormat texel_format(bool fp16) { return fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; }
+
+/// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row; the masks.
+void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, bool host_kv) {
+    const decode_plan& d = p.decode;
+    const sdpa_shape& s = problem.shape;
+    put_texel_rows(in + p.q.at, problem.q.data(), std::size_t{d.groups} * d.rows, s.d_qk, d.e4, p.q_fp16, "sdpa: q");
+    if (host_kv) {
+        put_texel_rows(in + p.k.at, problem.k.data(), std::size_t{d.groups} * d.kv_len, s.d_qk, d.e4, p.kv_fp16,
+                       "sdpa: k");
+        put_texel_rows(in + p.v.at, problem.v.data(), std::size_t{d.groups} * d.kv_len, s.d_v, d.ev4, p.kv_fp16,
+                       "sdpa: v");
+    }
+    if (p.mask_bits.bytes) put_mask_bits(in + p.mask_bits.at, problem.mask);
+    if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
+}
+
+}  // namespace
+
+call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
+                                 const cache_kv* cache) {
+    const sdpa_shape& s = problem.shape;
+    // check: the overflow rule on the host's norms (a cache's from its appends); the values' scale
+    const sdpa_facts facts = cache ? scan_sdpa(problem, *cache->stats) : scan_sdpa(problem);
+    check_sdpa_scores(facts, s, p.scale, p.q_fp16 || p.kv_fp16);
+    const float v_scale = value_scale(facts, s.kv_len);
+    const bool careful = !facts.inputs_finite;  // V (or Q, K) may hold NaN or Inf
+    // prepare, write
+    call_session session(env, p.buffers, p.downloads);
+    write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
+    // record
+    const call_buffers& b = session.buffers();
+    const device& dev = session.dev();
+    const buffer& inputs = b[role::inputs];
+    const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
+    buffer_view k_view, v_view;  // host K/V: views of the inputs
+    if (!cache) {
+        k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
+        v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
+    }
+    const decode_plan& d = p.decode;
+    decode_io io;
+    io.q = q_view.handle();
+    io.k = cache ? cache->k : k_view.handle();
+    io.v = cache ? cache->v : v_view.handle();
+    const binding any = b.bind(role::inputs, 0, 16);  // bound where a kernel reads nothing
+    io.mask = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : any;
+    io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : any;
+    io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
+    io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
+    io.out = b.bind(role::out, 0, d.out_bytes());
+    session.begin();
+    record_decode(session.exec(), session.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+    session.mark();  // attention done
+    call_run<sdpa_output> run;
+    run.times = session.submit();
+    if (const std::vector<double>& m = session.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
+    // read
+    run.output.shape = s;
+    run.output.kernel = d.family;
+    run.output.device = dev.info().name;
+    run.output.output.resize(p.out_count);
+    session.read(0, run.output.output.data());
+    finish_sdpa_output(run.output.output, facts, v_scale, s);
+    return run;
+}
+
+}  // namespace qkv::vulkan::detail

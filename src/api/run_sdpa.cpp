@@ -1,0 +1,111 @@
+// run_sdpa: scaled dot-product attention over Q, K and V from the host, on the route plan_sdpa
+// chose; and the fused route itself. Also the call session every run shares (runs.hpp).
+#include <cstring>
+
+#include "api/runs.hpp"
+#include "kernels/flash_cpu.hpp"
+#include "kernels/flash_gpu.hpp"
+
+namespace qkv::vulkan::detail {
+
+call_session::call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads)
+    : env_(env), plan_(buffers), downloads_(downloads) {
+    env.buffers.prepare(*env.core.alloc, buffers, downloads, env.set.force_staging);
+}
+
+void call_session::begin() {
+    exec().begin();
+    env_.buffers.record_upload(exec(), plan_.of(role::inputs));
+    exec().mark();  // inputs on the device
+}
+
+phase_times call_session::submit() {
+    env_.buffers.record_download(exec(), downloads_);
+    phase_times t;
+    t.device_ms = exec().submit_and_wait();
+    return t;
+}
+
+namespace {
+
+/// q, k and v (float32, or float16 with fp16; V scaled by `v_scale`) and the masks.
+void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, float v_scale) {
+    if (p.q_fp16) {
+        put_halves(in + p.q.at, problem.q, "sdpa: q");
+        put_halves(in + p.k.at, problem.k, "sdpa: k");
+        put_halves(in + p.v.at, problem.v, "sdpa: v", v_scale);
+    } else {
+        put_floats(in + p.q.at, problem.q);
+        put_floats(in + p.k.at, problem.k);
+        put_floats(in + p.v.at, problem.v, v_scale);
+    }
+    if (p.mask_bits.bytes) put_mask_bits(in + p.mask_bits.at, problem.mask);
+    if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
+}
+
+/// The chosen fused kernel, then the weights kernel on request. `views`: the cpu family's texel
+/// views, made here; they must live until the submit.
+void record_fused(const call_session& s, const sdpa_plan& p, flash_cpu_views& views) {
+    const call_buffers& b = s.buffers();
+    const binding qkv = b.bind(role::inputs, 0, p.v.at + p.v.bytes);
+    flash_io io;
+    io.qkv = qkv;  // unused bindings alias it
+    io.mask_bits = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : qkv;
+    io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : qkv;
+    io.out = b.bind(role::out, 0, p.out_count * 4);
+    io.state = p.state_bytes ? b.bind(role::state, 0, p.state_bytes) : qkv;
+    if (p.cpu_family()) {
+        views = make_flash_cpu_views(s.dev(), b[role::texels], p.cpu);
+        const flash_cpu_texels tx{b[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
+        record_flash_cpu(s.exec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights);
+    } else {
+        record_flash_gpu(s.exec(), s.pipes(), p.layout, p.gpu, io, p.weights);
+    }
+    if (p.weights) {
+        s.exec().compute_barrier();
+        record_flash_weights(s.exec(), s.pipes(), p.layout, io, b.bind(role::scores, 0, p.weights_count * 4));
+    }
+}
+
+sdpa_output new_output(const sdpa_plan& p, const sdpa_problem& problem, const device& dev) {
+    sdpa_output out;
+    out.shape = problem.shape;
+    out.kernel = p.kernel();
+    out.device = dev.info().name;
+    out.output.resize(p.out_count);
+    out.weights.resize(p.weights_count);
+    return out;
+}
+
+}  // namespace
+
+call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
+    // check: the overflow rule on the host's exact norms; the values' scale
+    const sdpa_facts facts = scan_sdpa(problem);
+    check_sdpa_scores(facts, problem.shape, p.scale, p.q_fp16);
+    const float v_scale = value_scale(facts, problem.shape.kv_len);
+    // prepare, write
+    call_session s(env, p.buffers, p.downloads);
+    write_fused_inputs(s.inputs(), p, problem, v_scale);
+    // record
+    s.begin();
+    flash_cpu_views views;
+    record_fused(s, p, views);
+    s.mark();  // attention done
+    call_run<sdpa_output> run;
+    run.times = s.submit();
+    if (const std::vector<double>& m = s.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
+    // read
+    run.output = new_output(p, problem, s.dev());
+    s.read(0, run.output.output.data());
+    if (p.weights) s.read(1, run.output.weights.data());
+    finish_sdpa_output(run.output.output, facts, v_scale, problem.shape);
+    return run;
+}
+
+call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem) {
+    const sdpa_plan p = plan_sdpa(problem, env.core.dev->desc(), env.set);
+    return p.fused() ? run_fused_sdpa(env, p, problem) : run_decode(env, p, problem, nullptr);
+}
+
+}  // namespace qkv::vulkan::detail

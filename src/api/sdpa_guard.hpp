@@ -1,0 +1,53 @@
+// The overflow rule (kernels/range_rule.hpp) for sdpa and decode calls, whose Q, K and V the host
+// holds (or, for a kv_cache, saw when they were appended): one pass over the inputs gives their
+// finiteness and the row norms the rule needs, exactly, so no device pass is needed. Where
+// kv_len · max|v| could leave float32, the values are accumulated scaled by a power of two
+// (exact) and the output scaled back when read, so a finite answer comes back finite.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "qkv/runtime/sdpa.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// What the host knows of an sdpa call's inputs.
+struct sdpa_facts {
+    bool inputs_finite = true;             ///< every element of q, k and v is finite
+    bool additive_nan_or_pos_inf = false;  ///< an additive-mask entry that makes its row NaN
+    double additive_max = 0;               ///< largest |finite additive-mask entry|
+    std::vector<double> q_norm;            ///< (B·Hq): largest row norm of q's finite elements
+    std::vector<double> k_norm;            ///< (B·Hkv): the same for k
+    double v_max = 0;                      ///< largest |finite element of v|
+    [[nodiscard]] bool every_output_defined() const { return inputs_finite && !additive_nan_or_pos_inf; }
+};
+
+/// What a kv_cache keeps of the rows appended to it (the same facts, for K and V).
+struct kv_stats {
+    bool finite = true;
+    std::vector<double> k_norm;  ///< (B·Hkv)
+    double v_max = 0;
+    void add(std::span<const float> k, std::span<const float> v, std::size_t groups, std::size_t rows, std::size_t d_qk,
+             std::size_t d_v);
+};
+
+/// One pass over q, k, v and the additive mask.
+sdpa_facts scan_sdpa(const sdpa_problem& problem);
+/// One pass over q and the additive mask; k and v as a cache saw them.
+sdpa_facts scan_sdpa(const sdpa_problem& problem, const kv_stats& cache);
+
+/// Throws numeric_overflow where a score could leave float32 (the rule, per batch and head).
+/// `fp16`: Q, K and V are stored as float16 (a margin for their rounding).
+void check_sdpa_scores(const sdpa_facts& facts, const sdpa_shape& shape, float scale, bool fp16);
+
+/// The power of two the values are multiplied by while accumulated: 1 where kv_len · max|v| stays
+/// within 2^126, else the largest that brings it there.
+float value_scale(const sdpa_facts& facts, std::uint64_t kv_len);
+
+/// After the readback: multiplies the output by 1 / `scale` (exact), then throws numeric_overflow
+/// for a non-finite element where every input was finite (the result left float32's range).
+void finish_sdpa_output(std::vector<float>& out, const sdpa_facts& facts, float scale, const sdpa_shape& shape);
+
+}  // namespace qkv::vulkan::detail

@@ -1,0 +1,243 @@
+#include "api/sdpa_plan.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "api/plan.hpp"
+#include "kernels/stages.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+std::uint32_t u32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
+
+/// Why a count cannot be indexed by the kernels' 32-bit indices (empty: it can).
+std::string beyond_u32(const char* what, std::uint64_t count, const std::string& device) {
+    if (count < (std::uint64_t{1} << 32)) return {};
+    return std::string(what) + " has " + std::to_string(count) + " elements; the kernels on " + device +
+           " index at most 2^32 - 1 (split the batch or the heads into several calls)";
+}
+
+/// Why one binding of `bytes` does not fit the device (empty: it does).
+std::string beyond_range(const char* what, std::uint64_t bytes, const device_info& info) {
+    if (bytes <= info.max_storage_buffer_range) return {};
+    return std::string(what) + " needs " + std::to_string(bytes) +
+           " bytes in one binding, more than maxStorageBufferRange (" + std::to_string(info.max_storage_buffer_range) +
+           ") of " + info.name + "; split the batch or the heads into several calls";
+}
+
+void refuse_if(const std::string& why) {
+    if (!why.empty()) throw limit_exceeded("sdpa: " + why);
+}
+
+/// The checks and facts both routes share.
+void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& desc) {
+    const device_info& info = desc.info;
+    const sdpa_shape& s = problem.shape;
+    const sdpa_options& opt = problem.options;
+    p.out_count = std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_v;
+    p.weights_count = opt.return_weights ? std::uint64_t{s.batch} * s.q_heads * s.q_len * s.kv_len : 0;
+    const std::uint64_t mask_count =
+        !problem.mask.empty() ? problem.mask.size() : problem.additive_mask.size();  // the masks share a shape
+    refuse_if(beyond_u32("q", std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_qk, info.name));
+    refuse_if(beyond_u32("k", std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_qk, info.name));
+    refuse_if(beyond_u32("v", std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_v, info.name));
+    refuse_if(beyond_u32("the output", p.out_count, info.name));
+    refuse_if(beyond_u32("the weights", p.weights_count, info.name));
+    refuse_if(beyond_u32("the mask", mask_count, info.name));
+    refuse_if(beyond_u32("the softmax statistics", 2 * std::uint64_t{s.batch} * s.q_heads * s.q_len, info.name));
+    if (s.q_len > 0x7fffffffu || s.kv_len > 0x7fffffffu)
+        throw limit_exceeded("sdpa: q_len and kv_len must be below 2^31 on the device");
+    const std::ptrdiff_t offset = causal_offset(s, opt.alignment);
+    if (offset > std::numeric_limits<std::int32_t>::max() || offset < std::numeric_limits<std::int32_t>::min())
+        throw limit_exceeded("sdpa: the causal offset kv_len - q_len does not fit 32 bits");
+    // One convention on every route (README, "fp16"): precision fp16 stores Q, K and V as float16.
+    p.q_fp16 = p.kv_fp16 = opt.precision == precision::fp16;
+    if (p.q_fp16 && !info.fp16_storage)
+        throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
+                          info.name + " does not offer; use fp32");
+    p.scale = opt.scale ? *opt.scale : default_scale(s);
+    refuse_if(beyond_range("the output", p.out_count * 4, info));
+    refuse_if(beyond_range("the weights", p.weights_count * 4, info));
+    refuse_if(beyond_range("the additive mask", problem.additive_mask.size() * 4, info));
+}
+
+/// Places the masks after `at` in the inputs buffer; returns the end.
+std::uint64_t place_masks(sdpa_plan& p, const sdpa_problem& problem, std::uint64_t at, std::uint64_t align) {
+    p.mask_bits = {align_up(at, align), problem.mask.empty() ? 0 : mask_bits_bytes(problem.mask.size())};
+    p.additive = {align_up(p.mask_bits.at + p.mask_bits.bytes, align), problem.additive_mask.size() * 4};
+    return p.additive.at + p.additive.bytes;
+}
+
+std::uint32_t mask_kinds(const sdpa_problem& problem) {
+    return (problem.options.causal ? contract::MASK_FLAG_CAUSAL : 0u) |
+           (problem.mask.empty() ? 0u : contract::MASK_FLAG_BOOLEAN) |
+           (problem.additive_mask.empty() ? 0u : contract::MASK_FLAG_ADDITIVE);
+}
+
+/// The fused route: [q | k | v] as elements of one binding (the kernels' Q|K|V), then the masks.
+void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& desc, const settings& set) {
+    const device_info& info = desc.info;
+    const sdpa_shape& s = problem.shape;
+    p.route = sdpa_route::fused;
+    if (s.d_qk > fused_max_head || s.d_v > fused_max_head)
+        throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(fused_max_head) +
+                             " (d_qk = " + std::to_string(s.d_qk) + ", d_v = " + std::to_string(s.d_v) +
+                             "); use the cpu backend for wider heads");
+    if (desc.max_push_bytes < sizeof(contract::flash_push))
+        throw limit_exceeded("sdpa: the fused kernels push " + std::to_string(sizeof(contract::flash_push)) +
+                             " bytes of constants; " + info.name + " takes " + std::to_string(desc.max_push_bytes));
+    const std::uint64_t eb = p.q_fp16 ? 2 : 4;
+    const std::uint64_t qn = std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_qk;
+    const std::uint64_t kn = std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_qk;
+    const std::uint64_t vn = std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_v;
+    p.q = {0, qn * eb};
+    p.k = {align_up(p.q.bytes, 16), kn * eb};
+    p.v = {align_up(p.k.at + p.k.bytes, 16), vn * eb};
+    const std::uint64_t qkv_bytes = p.v.at + p.v.bytes;
+    refuse_if(beyond_range("q, k and v together", qkv_bytes, info));
+    refuse_if(beyond_u32("q, k and v together", qkv_bytes / eb, info.name));
+    const std::uint64_t inputs = place_masks(p, problem, qkv_bytes, desc.storage_alignment);
+
+    flash_layout& l = p.layout;
+    l.batch = u32(s.batch), l.heads = u32(s.q_heads), l.kv_heads = u32(s.kv_heads);
+    l.q_len = u32(s.q_len), l.kv_len = u32(s.kv_len), l.d = u32(s.d_qk), l.dv = u32(s.d_v);
+    l.q = {u32(s.q_heads * s.q_len * s.d_qk), u32(s.q_len * s.d_qk), u32(s.d_qk)};
+    l.k = {u32(s.kv_heads * s.kv_len * s.d_qk), u32(s.kv_len * s.d_qk), u32(s.d_qk)};
+    l.v = {u32(s.kv_heads * s.kv_len * s.d_v), u32(s.kv_len * s.d_v), u32(s.d_v)};
+    l.o = {u32(s.q_heads * s.q_len * s.d_v), u32(s.q_len * s.d_v), u32(s.d_v)};
+    l.k_off = u32(p.k.at / eb), l.v_off = u32(p.v.at / eb);
+    if (!problem.mask.empty() || !problem.additive_mask.empty()) {
+        const mask_strides m = broadcast_strides(problem.mask_shape, s);
+        l.m_bs = u32(m.batch), l.m_hs = u32(m.head), l.m_rs = u32(m.row), l.m_cs = u32(m.col);
+        l.a_bs = l.m_bs;
+    }
+    l.mask = !problem.mask.empty(), l.additive = !problem.additive_mask.empty();
+    l.causal = problem.options.causal;
+    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options.alignment));
+    l.scale = p.scale;
+    l.fp16 = p.q_fp16;
+
+    // The family (as for attention, plan.hpp: choose_family), and its plan.
+    const kernel_family asked = set.fused_tiles_as && problem.options.kernel == kernel_family::automatic
+                                    ? kernel_family::gpu  // the GPU-tile test hook is for the gpu family
+                                    : problem.options.kernel;
+    p.cpu = plan_flash_cpu(desc, l, set);
+    const flash_cpu_refusal no = check_flash_cpu(desc, p.cpu);
+    try {
+        p.family = choose_family(asked, info.type, {no.why, no.limit});
+    } catch (const limit_exceeded& e) {
+        throw limit_exceeded(std::string("sdpa: ") + e.what());
+    } catch (const unavailable& e) {
+        throw unavailable(std::string("sdpa: ") + e.what());
+    }
+    if (!p.cpu_family()) p.gpu = plan_flash_gpu(desc, l, set);
+    const std::uint32_t chunk = p.cpu_family() ? p.cpu.chunk_keys : p.gpu.chunk_keys;
+    const std::uint32_t dispatches = p.cpu_family() ? p.cpu.dispatches(l.kv_len) : p.gpu.dispatches(l.kv_len);
+    if (dispatches > 1000)
+        throw limit_exceeded("sdpa: the fused kernel would need " + std::to_string(dispatches) + " dispatches of " +
+                             std::to_string(chunk) + " keys each for kv_len = " + std::to_string(l.kv_len) + " on " +
+                             info.name + " (at most 1000 per call)");
+    p.weights = p.weights_count > 0;
+    const bool need_state = chunk < l.kv_len || p.weights;
+    p.state_bytes = need_state ? 8 * std::uint64_t{l.q_batches()} * l.q_len : 0;
+    refuse_if(beyond_range("the softmax statistics", p.state_bytes, info));
+
+    p.buffers.need(role::inputs, inputs);
+    p.buffers.need(role::out, p.out_count * 4);
+    p.buffers.need(role::scores, p.weights_count * 4);
+    p.buffers.need(role::state, p.state_bytes);
+    p.buffers.need(role::texels, p.cpu_family() ? p.cpu.bytes : 0);
+    p.downloads = {{role::out, 0, p.out_count * 4}};
+    if (p.weights) p.downloads.push_back({role::scores, 0, p.weights_count * 4});
+}
+
+/// The decode route: Q (and K, V from the host) as rows of whole texels, then the masks. Returns
+/// why the decode kernels cannot run the call here (empty: `p` is their plan): a limit, or (not
+/// `limit`) a texel format the device lacks.
+family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, const device_desc& desc,
+                                 const settings& set, const cache_desc* cache) {
+    const device_info& info = desc.info;
+    const sdpa_shape& s = problem.shape;
+    decode_request r;
+    r.shape = s;
+    r.kv_stride = cache ? cache->capacity : u32(s.kv_len);
+    r.masks = mask_kinds(problem);
+    r.kernel = problem.options.kernel;
+    r.max_chunks = set.max_decode_chunks;
+    device_info plan_info = info;
+    if (set.fused_tiles_as)  // the test hook: plan as for that device (within this one)
+        plan_info.subgroup_arithmetic = plan_info.subgroup_arithmetic && set.fused_tiles_as->subgroup_arithmetic;
+    decode_plan d = try_plan_decode(plan_info, r, set);
+    if (!d.refusal.empty()) return {d.refusal, true};
+    if (cache) p.kv_fp16 = cache->fp16;
+    const char* q_format = p.q_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
+    const char* kv_format = p.kv_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
+    if (!desc.uniform_texels(p.q_fp16))
+        return {std::string("the decode kernels read q through ") + q_format + " uniform texel buffers, which " +
+                    info.name + " does not support",
+                false};
+    if (!desc.uniform_texels(p.kv_fp16))
+        return {std::string("the decode kernels read k and v through ") + kv_format + " uniform texel buffers, which " +
+                    info.name + " does not support",
+                false};
+    const std::uint64_t q_tb = p.q_fp16 ? 8 : 16, kv_tb = p.kv_fp16 ? 8 : 16;
+    const std::uint64_t k_texels = cache ? 0 : std::uint64_t{d.groups} * d.kv_len * d.e4;
+    const std::uint64_t v_texels = cache ? 0 : std::uint64_t{d.groups} * d.kv_len * d.ev4;
+    for (const auto& [what, texels] :
+         {std::pair{"q", d.q_texels()}, std::pair{"k", k_texels}, std::pair{"v", v_texels}})
+        if (texels > desc.max_texel_elements)
+            return {std::string(what) + " needs " + std::to_string(texels) + " texels, more than " + info.name +
+                        "'s maxTexelBufferElements of " + std::to_string(desc.max_texel_elements),
+                    true};
+    for (const auto& [what, bytes] :
+         {std::pair{"the partial accumulators", d.acc_bytes()}, std::pair{"the partial statistics", d.stats_bytes()},
+          std::pair{"the output", d.out_bytes()}})
+        if (std::string why = beyond_range(what, bytes, info); !why.empty()) return {why, true};
+
+    const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
+    p.q = {0, d.q_texels() * q_tb};
+    p.k = {align_up(p.q.bytes, align), k_texels * kv_tb};
+    p.v = {align_up(p.k.at + p.k.bytes, align), v_texels * kv_tb};
+    const std::uint64_t inputs = place_masks(p, problem, p.v.at + p.v.bytes, align);
+    if (std::string why = beyond_range("the decode inputs", inputs, info); !why.empty()) return {why, true};
+
+    p.route = sdpa_route::decode;
+    p.decode = d;
+    p.buffers = {};
+    p.buffers.need(role::inputs, inputs);
+    p.buffers.need(role::partial_stats, d.stats_bytes());
+    p.buffers.need(role::partial_acc, d.acc_bytes());
+    p.buffers.need(role::out, d.out_bytes());
+    p.downloads = {{role::out, 0, d.out_bytes()}};
+    return {};
+}
+
+}  // namespace
+
+sdpa_plan plan_sdpa(const sdpa_problem& problem, const device_desc& desc, const settings& set) {
+    sdpa_plan p;
+    plan_common(p, problem, desc);
+    // The test hooks of the fused kernels ask for them.
+    if (decode_suits(problem.shape, problem.options.return_weights) && !set.fused_hooks()) {
+        sdpa_plan d = p;
+        if (plan_decode_route(d, problem, desc, set, nullptr).why.empty()) return d;
+    }
+    plan_fused(p, problem, desc, set);
+    return p;
+}
+
+sdpa_plan plan_sdpa_cache(const sdpa_problem& problem, const cache_desc& cache, const device_desc& desc,
+                          const settings& set) {
+    sdpa_plan p;
+    plan_common(p, problem, desc);
+    if (const family_refusal no = plan_decode_route(p, problem, desc, set, &cache); !no.why.empty()) {
+        if (no.limit) throw limit_exceeded("sdpa with a kv_cache: " + no.why);
+        throw unavailable("sdpa with a kv_cache: " + no.why);
+    }
+    return p;
+}
+
+}  // namespace qkv::vulkan::detail

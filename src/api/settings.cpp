@@ -1,0 +1,77 @@
+#include "api/settings.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "qkv/runtime/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+/// The value of an environment variable, or empty.
+std::string environment(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+bool power_of_two(unsigned v) { return v != 0 && (v & (v - 1)) == 0; }
+
+/// "a,b" as two numbers, nothing after them.
+bool two_numbers(const std::string& text, unsigned& a, unsigned& b) {
+    char tail = 0;
+    return std::sscanf(text.c_str(), "%u,%u%c", &a, &b, &tail) == 2;
+}
+
+/// 0 or 1, else invalid_argument naming the variable.
+bool flag(const char* name, const std::string& v, const char* meaning) {
+    if (v != "0" && v != "1") throw invalid_argument(std::string(name) + "=" + v + ": expected " + meaning);
+    return v == "1";
+}
+
+}  // namespace
+
+settings read_settings(const testing_hooks& hooks) {
+    settings s;
+    if (const std::string v = environment("QKV_CPU_SHUFFLE"); !v.empty())
+        s.cpu_shuffle = flag("QKV_CPU_SHUFFLE", v, "0 (never) or 1 (where the device allows)");
+    if (const std::string v = environment("QKV_FLASH_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
+        unsigned r = 0, k = 0;
+        if (!two_numbers(v, r, k) || !power_of_two(r) || r > 16 || !power_of_two(k) || k > 32)
+            throw invalid_argument("QKV_FLASH_CPU_TILES=" + v +
+                                   ": expected rows,keys, powers of two with rows <= 16 and keys <= 32 (e.g. 8,4)");
+        s.flash_cpu_rows = r, s.flash_cpu_keys = k;
+    }
+    if (const std::string v = environment("QKV_PROJECT_TILES"); !v.empty()) {  // tuning: "rows,cols"
+        unsigned tm = 0, tn = 0;
+        if (!two_numbers(v, tm, tn) || tm < 1 || tm > 16 || tn < 4 || tn > 32 || tn % 4 != 0)
+            throw invalid_argument("QKV_PROJECT_TILES=" + v +
+                                   ": expected rows,cols with 1 <= rows <= 16 and cols a multiple of 4 in 4..32");
+        s.project_rows = tm, s.project_cols = tn;
+    }
+    if (const std::string v = environment("QKV_PROJECT_TEXELS"); !v.empty())
+        s.project_texels = flag("QKV_PROJECT_TEXELS", v, "0 or 1");
+    s.max_fused_keys = hooks.max_fused_keys_per_dispatch;
+    s.fused_tiles_as = hooks.fused_tiles_as;
+    s.max_decode_chunks = hooks.max_decode_chunks;
+    s.force_staging = hooks.force_staging;
+    return s;
+}
+
+bool validation_requested(bool requested) {
+    const std::string v = environment("QKV_VALIDATION");
+    return requested || (!v.empty() && v != "0");
+}
+
+std::optional<std::string> device_selector(const std::optional<std::string>& requested, bool& from_environment) {
+    from_environment = false;
+    if (requested) return requested;
+    if (std::string v = environment("QKV_DEVICE"); !v.empty()) {
+        from_environment = true;
+        return v;
+    }
+    return std::nullopt;
+}
+
+}  // namespace qkv::vulkan::detail

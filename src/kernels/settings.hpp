@@ -1,0 +1,40 @@
+// The settings of a context that the planners read: tuning overrides (from the environment) and
+// the test hooks of context_options::testing. One value, made once when a context is created
+// (src/api/settings.cpp: read_settings, the one place that reads the tuning variables), and passed
+// to every plan, so that every plan stays a pure function of the problem, a device description
+// and these settings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qkv/vulkan/device_info.hpp"
+
+namespace qkv::vulkan::detail {
+
+struct settings {
+    // ---- tuning, from the environment (for measurements; each refuses a value it cannot use) ----
+    /// QKV_CPU_SHUFFLE=0: the cpu family's kernels never share rows by subgroupShuffle (1, the
+    /// default: where the device allows it, cpu_shuffle in gemm_tiles.hpp).
+    bool cpu_shuffle = true;
+    /// QKV_FLASH_CPU_TILES=rows,keys: the fused cpu family's rows per invocation and keys per step
+    /// (0: chosen by plan_flash_cpu).
+    std::uint32_t flash_cpu_rows = 0, flash_cpu_keys = 0;
+    /// QKV_PROJECT_TILES=rows,cols: the projection's texel variant's tile (0: chosen).
+    std::uint32_t project_rows = 0, project_cols = 0;
+    /// QKV_PROJECT_TEXELS=0: the projection keeps its storage-buffer variant.
+    bool project_texels = true;
+
+    // ---- test hooks (context_options::testing) ----
+    std::uint32_t max_fused_keys = 0;           ///< testing_hooks::max_fused_keys_per_dispatch
+    std::optional<device_info> fused_tiles_as;  ///< testing_hooks::fused_tiles_as
+    std::uint32_t max_decode_chunks = 0;        ///< testing_hooks::max_decode_chunks
+    bool force_staging = false;                 ///< testing_hooks::force_staging
+
+    /// The device description the gpu family's tiles are chosen for (nullptr: the real one).
+    [[nodiscard]] const device_info* tiles_as() const { return fused_tiles_as ? &*fused_tiles_as : nullptr; }
+    /// Whether a hook of the fused kernels is set: such a call is meant for them, not for decode.
+    [[nodiscard]] bool fused_hooks() const { return max_fused_keys != 0 || fused_tiles_as.has_value(); }
+};
+
+}  // namespace qkv::vulkan::detail

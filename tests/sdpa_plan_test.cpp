@@ -1,0 +1,152 @@
+// The sdpa and decode plans (src/api/sdpa_plan.cpp: plan_sdpa, plan_sdpa_cache), pure functions of
+// the problem's shapes and options, a device description and the settings, against the fake
+// devices of support/fake_devices.hpp: the route (fused or decode), the family, the buffers.
+#include <cstdint>
+#include <vector>
+
+#include "api/sdpa_plan.hpp"
+#include "qkv/vulkan/error.hpp"
+#include "support/catch.hpp"
+#include "support/fake_devices.hpp"
+
+using qkv::kernel_family;
+using qkv::vulkan::device_type;
+using namespace qkv::vulkan::detail;
+
+namespace {
+
+using qkv::test::desc_of;
+using qkv::test::fake_devices;
+
+/// A problem of this shape; its spans only have the sizes (a plan never reads data).
+struct sized_problem {
+    std::vector<float> q, k, v;
+    std::vector<std::uint8_t> mask;
+    qkv::sdpa_problem p;
+    sized_problem(std::size_t b, std::size_t hq, std::size_t hkv, std::size_t L, std::size_t S, std::size_t E,
+                  std::size_t Ev, bool with_mask = false)
+        : q(b * hq * L * E), k(b * hkv * S * E), v(b * hkv * S * Ev) {
+        p.shape = {.batch = b, .q_heads = hq, .kv_heads = hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev};
+        p.q = q, p.k = k, p.v = v;
+        if (with_mask) {
+            mask.assign(L * S, 1);
+            p.mask = mask;
+        }
+    }
+};
+
+/// The regions of the inputs buffer do not overlap, each starts aligned, and the buffer holds them.
+void check_regions(const sdpa_plan& p, const device_desc& d) {
+    const region all[] = {p.q, p.k, p.v, p.mask_bits, p.additive};
+    std::uint64_t end = 0;
+    for (const region& r : all) {
+        if (r.bytes == 0) continue;
+        CHECK(r.at >= end);
+        CHECK(r.at % 16 == 0);
+        end = r.at + r.bytes;
+    }
+    if (p.mask_bits.bytes) CHECK(p.mask_bits.at % d.storage_alignment == 0);
+    if (!p.fused())
+        for (const region& r : {p.q, p.k, p.v})
+            if (r.bytes) CHECK(r.at % d.texel_alignment == 0);
+    CHECK(p.buffers.of(role::inputs) == end);
+    REQUIRE_FALSE(p.downloads.empty());
+    CHECK(p.downloads[0].from == role::out);
+    CHECK(p.downloads[0].bytes == p.out_count * 4);
+    CHECK(p.buffers.of(role::out) >= p.out_count * 4);
+}
+
+}  // namespace
+
+TEST_CASE("sdpa plan: decode shapes take the decode route, others the fused kernels", "[plan][sdpa]") {
+    const settings set;
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        const device_desc d = desc_of(f);
+        // One query row per head of 8 against 4096 keys: decode.
+        const sized_problem decode(1, 8, 2, 1, 4096, 64, 64, true);
+        const sdpa_plan p = plan_sdpa(decode.p, d, set);
+        CHECK(p.route == sdpa_route::decode);
+        CHECK(p.kernel() == (f.info.type == device_type::cpu ? kernel_family::cpu : kernel_family::gpu));
+        CHECK(p.decode.refusal.empty());
+        CHECK(p.buffers.of(role::partial_acc) == p.decode.acc_bytes());
+        CHECK(p.buffers.of(role::texels) == 0);
+        check_regions(p, d);
+        // The same call again: the same plan (nothing but its arguments decides it).
+        const sdpa_plan again = plan_sdpa(decode.p, d, set);
+        CHECK(again.route == p.route);
+        CHECK(again.decode.chunks == p.decode.chunks);
+        CHECK(again.buffers.bytes == p.buffers.bytes);
+        // Many query rows, few keys: the fused kernels, of the device's family.
+        const sized_problem square(2, 4, 2, 113, 113, 32, 16);
+        const sdpa_plan s = plan_sdpa(square.p, d, set);
+        CHECK(s.route == sdpa_route::fused);
+        CHECK(s.family == (f.info.type == device_type::cpu ? kernel_family::cpu : kernel_family::gpu));
+        CHECK(s.buffers.of(role::texels) == (s.cpu_family() ? s.cpu.bytes : 0));
+        check_regions(s, d);
+        // The weights, or a test hook of the fused kernels, keep a decode shape on the fused route.
+        sized_problem weights(1, 8, 2, 1, 4096, 64, 64);
+        weights.p.options.return_weights = true;
+        const sdpa_plan w = plan_sdpa(weights.p, d, set);
+        CHECK(w.route == sdpa_route::fused);
+        REQUIRE(w.downloads.size() == 2);
+        CHECK(w.downloads[1].bytes == w.weights_count * 4);
+        CHECK(w.weights_count == 4096 * 8);
+        settings hooked;
+        hooked.max_fused_keys = 512;
+        CHECK(plan_sdpa(decode.p, d, hooked).route == sdpa_route::fused);
+    }
+}
+
+TEST_CASE("sdpa plan: where the decode kernels cannot run, the plan says so instead of throwing", "[plan][sdpa]") {
+    const settings set;
+    const sized_problem decode(1, 8, 2, 1, 4096, 64, 64);
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        // No RGBA32F texel buffers: the fused gpu family takes it; against a cache: unavailable.
+        device_desc no_texels = desc_of(f);
+        no_texels.texels_rgba32f = no_texels.texels_rgba16f = false;
+        const sdpa_plan p = plan_sdpa(decode.p, no_texels, set);
+        CHECK(p.route == sdpa_route::fused);
+        CHECK(p.family == kernel_family::gpu);
+        sized_problem cached = decode;
+        cached.p.k = {}, cached.p.v = {};
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, no_texels, set), qkv::vulkan::unavailable);
+        // Too few texels for K: fused from the host; limit_exceeded against a cache too large for Q.
+        device_desc few = desc_of(f);
+        few.max_texel_elements = 1000;
+        CHECK(plan_sdpa(decode.p, few, set).route == sdpa_route::fused);
+        few.max_texel_elements = 10;
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, few, set), qkv::vulkan::limit_exceeded);
+        // A cache: always decode, K and V not in the inputs.
+        const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, true}, desc_of(f), set);
+        CHECK(c.route == sdpa_route::decode);
+        CHECK(c.kv_fp16);
+        CHECK(c.k.bytes == 0);
+        CHECK(c.v.bytes == 0);
+        CHECK(c.decode.kv_stride == 8192);
+        check_regions(c, desc_of(f));
+    }
+}
+
+TEST_CASE("sdpa plan: fp16 stores Q, K and V as float16 on both routes", "[plan][sdpa]") {
+    const settings set;
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        for (const std::size_t L : {1u, 113u}) {  // decode, fused
+            sized_problem half(1, 4, 4, L, 4096, 64, 64);
+            half.p.options.precision = qkv::precision::fp16;
+            const sdpa_plan p = plan_sdpa(half.p, desc_of(f), set);
+            CHECK(p.route == (L == 1 ? sdpa_route::decode : sdpa_route::fused));
+            CHECK(p.q_fp16);
+            CHECK(p.kv_fp16);
+            if (p.fused())
+                CHECK(p.q.bytes == half.q.size() * 2);
+            else
+                CHECK(p.q.bytes == p.decode.q_texels() * 8);  // RGBA16F texels
+            device_desc no16 = desc_of(f);
+            no16.info.fp16_storage = false;
+            CHECK_THROWS_AS(plan_sdpa(half.p, no16, set), qkv::vulkan::unavailable);
+        }
+    }
+}
