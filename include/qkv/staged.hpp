@@ -24,9 +24,9 @@
 // Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
 // `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
 // 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
-// matmul_row, and the row kernels of qkv::scaled_dot_product_attention in sdpa.hpp: allowed_row,
-// scores_row, add_mask_row, weights_output_row) on the same rows in the same order, so the
-// results are identical, not just close.
+// matmul_row, and the row kernel of qkv::scaled_dot_product_attention in sdpa.hpp, attend_row,
+// under the same head_rules) on the same rows in the same order, so the results are identical,
+// not just close.
 //
 // attend_block takes Q, K and V themselves (any static constexpr matrices, L queries and S keys),
 // so scaled dot-product attention of given Q, K, V is the same chain without the projections:
@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -101,6 +102,12 @@ constexpr void copy_block(matrix<T, R, C>& dst, std::size_t first, const matrix<
     for (std::size_t r = 0; r < RB; ++r) copy_row(dst.elems[first + r], block.elems[r], std::make_index_sequence<C>{});
 }
 
+/// Copy the `C` entries of `src` into `dst` from entry `first` on.
+template <class T, std::size_t N, std::size_t C>
+constexpr void copy_entries(T (&dst)[N], std::size_t first, const T (&src)[C]) {
+    for (std::size_t c = 0; c < C; ++c) dst[first + c] = src[c];
+}
+
 // ---- Options ------------------------------------------------------------------------------------
 
 inline constexpr int which_q = 0, which_k = 1, which_v = 2;
@@ -153,24 +160,38 @@ constexpr causal_mode causal_of(const Opt& opt) {
         return opt.causal ? causal_mode::top_left : causal_mode::none;
 }
 
-/// Row i of the "may attend" mask over NK keys: Opt's bool mask (all true without one) and its
-/// causal mode, by qkv::detail::allowed_row: the same booleans as qkv::self_attention and
-/// qkv::scaled_dot_product_attention use.
-template <std::size_t NK, class Opt>
-constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
-    if constexpr (is_default<Opt>) {
-        for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
-    } else {
-        qkv::detail::allowed_row(opt.mask, causal_of(opt), i, allowed);
-    }
+/// An empty optional matrix, for options that have no such mask.
+template <class T, std::size_t R, std::size_t C>
+inline constexpr std::optional<matrix<T, R, C>> no_matrix{};
+
+/// Opt's bool mask over NQ queries and NK keys (empty for the default options).
+template <std::size_t NQ, std::size_t NK, class Opt>
+constexpr const std::optional<matrix<bool, NQ, NK>>& mask_of(const Opt& opt) {
+    if constexpr (is_default<Opt>)
+        return no_matrix<bool, NQ, NK>;
+    else
+        return opt.mask;
 }
 
-/// Add row i of Opt's additive mask, if it has one, to a row of scores (-inf entries clear their
-/// keys), as qkv::scaled_dot_product_attention does.
-template <class T, std::size_t NK, class Opt>
-constexpr void add_mask_row(const Opt& opt, std::size_t i, T (&scores)[NK], bool (&allowed)[NK]) {
+/// Opt's additive mask (an sdpa_options' own; empty for the others).
+template <class T, std::size_t NQ, std::size_t NK, class Opt>
+constexpr const std::optional<matrix<T, NQ, NK>>& additive_of(const Opt& opt) {
+    if constexpr (is_sdpa<Opt>)
+        return opt.additive_mask;
+    else
+        return no_matrix<T, NQ, NK>;
+}
+
+/// The head rules of Opt, as qkv::scaled_dot_product_attention and qkv::self_attention resolve
+/// them: an sdpa_options' (checked: an option out of range stops the evaluation), or the scale
+/// and causal mode of the others.
+template <class T, std::size_t DK, class Opt>
+constexpr qkv::detail::head_rules<T> rules_of(const Opt& opt) {
     if constexpr (is_sdpa<Opt>) {
-        if (opt.additive_mask) qkv::detail::add_mask_row(opt.additive_mask->elems[i], scores, allowed);
+        qkv::detail::check_options(opt);
+        return qkv::detail::head_rules_of<1>(opt, 0, scale_of<T, DK>(opt));
+    } else {
+        return qkv::detail::plain_rules(scale_of<T, DK>(opt), causal_of(opt));
     }
 }
 
@@ -218,12 +239,13 @@ inline constexpr auto projection = make_projection<X, W, Opt, Which, RowsPerBloc
 
 // ---- Attention of Q, K, V: by blocks of query rows ------------------------------------------------
 
-/// Rows of one block of query positions: scores (before masking), weights and output.
+/// Rows of one block of query positions: scores (before masking), weights, output and lse.
 template <class T, std::size_t RB, std::size_t NK, std::size_t DV>
 struct attend_rows {
     matrix<T, RB, NK> scores;
     matrix<T, RB, NK> weights;
     matrix<T, RB, DV> output;
+    row_vector<T, RB> lse;
 };
 
 /// Score entries (each an exp call and the softmax bookkeeping) one attention evaluation may
@@ -253,22 +275,20 @@ constexpr auto make_attend_block() {
     constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
     constexpr std::size_t RB = block_rows(QT::rows, per, B);
     constexpr std::size_t NK = KT::rows;
-    const T scale = scale_of<T, KT::cols>(Opt);
+    const qkv::detail::head_rules<T> rules = rules_of<T, KT::cols>(Opt);
     attend_rows<T, RB, NK, VT::cols> out{};
     for (std::size_t r = 0; r < RB; ++r) {
         const std::size_t i = B * per + r;
-        bool allowed[NK]{};
-        allowed_row(Opt, i, allowed);
-        qkv::detail::scores_row(Q.elems[i], K.elems, scale, out.scores.elems[r]);
-        add_mask_row(Opt, i, out.scores.elems[r], allowed);
-        qkv::detail::weights_output_row(out.scores.elems[r], allowed, V.elems, out.weights.elems[r],
-                                        out.output.elems[r]);
+        out.lse.elems[0][r] = qkv::detail::attend_row(rules, i, Q.elems[i], K.elems, V.elems,
+                                                      mask_of<QT::rows, NK>(Opt), additive_of<T, QT::rows, NK>(Opt),
+                                                      out.scores.elems[r], out.weights.elems[r], out.output.elems[r]);
     }
     return out;
 }
 
-/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, masks
-/// and causal mode (an attention_options' biases are not used here), h = attend_rows_per_block.
+/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, masks,
+/// causal mode and (sdpa options) softcap, ALiBi, window and sink (an attention_options' biases
+/// are not used here), h = attend_rows_per_block.
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 inline constexpr auto attend_block = make_attend_block<Q, K, V, Opt, RowsPerBlock, B>();
 
@@ -307,6 +327,7 @@ constexpr auto assemble_sdpa(std::index_sequence<B...>) {
     (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
     (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
     (copy_block(r.output, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.output), ...);
+    (copy_entries(r.lse.elems[0], B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.lse.elems[0]), ...);
     return r;
 }
 
