@@ -40,15 +40,15 @@
 // Every result has lse: log Σ e^(s_j) over the keys the query may attend (the sink not included),
 // -inf for a query with none. An option out of range (a window side below -1, a negative or
 // non-finite softcap, slope or max_bias, both ALiBi forms at once, a NaN or +inf sink, an
-// alignment that contradicts the causal mode) throws std::invalid_argument, which at compile
-// time makes the call not a constant expression.
+// alignment that contradicts the causal mode) throws qkv::option_error, which at compile time
+// makes the call not a constant expression.
 #pragma once
 
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <exception>
 #include <optional>
-#include <stdexcept>
 #include <type_traits>
 
 #include "qkv/math.hpp"
@@ -62,6 +62,19 @@ enum class causal_mode {
     none,          ///< no causal mask
     top_left,      ///< query i sees keys j <= i (PyTorch's is_causal=True)
     bottom_right,  ///< query i sees keys j <= i + S - L (the last query sees every key)
+};
+
+/// What scaled_dot_product_attention and alibi_slope throw for an option or argument out of range
+/// (at compile time the throw makes the call not a constant expression, and the diagnostic shows
+/// the throw and its message). A std::exception whose what() names the option; light, so that the
+/// core's headers need not include <stdexcept> and <string>.
+class option_error : public std::exception {
+public:
+    explicit option_error(const char* what) noexcept : what_(what) {}
+    [[nodiscard]] const char* what() const noexcept override { return what_; }
+
+private:
+    const char* what_;
 };
 
 /// Where query i sits among the S keys, for the sliding window and the ALiBi distance: at key
@@ -171,10 +184,10 @@ concept sdpa_options_for_heads =
 /// ALiBi's slope for query head h of `heads` with maximum bias b, ggml's: n = 2^⌊log2 heads⌋,
 /// m0 = 2^(-b/n), m1 = 2^(-b/(2n)); m0^(h+1) for h < n, else m1^(2(h-n)+1). Computed as one
 /// power of two in double (its exponent is exact for float b) and rounded once to T. Throws
-/// std::invalid_argument (at compile time: not a constant expression) unless h < heads.
+/// qkv::option_error (at compile time: not a constant expression) unless h < heads.
 template <std::floating_point T>
 constexpr T alibi_slope(T max_bias, std::size_t h, std::size_t heads) {
-    if (h >= heads) throw std::invalid_argument("qkv::alibi_slope: head h must be below the head count");
+    if (h >= heads) throw option_error("qkv::alibi_slope: head h must be below the head count");
     std::size_t n = 1;
     while (n * 2 <= heads) n *= 2;
     const double b = static_cast<double>(max_bias);
@@ -250,26 +263,26 @@ constexpr position_alignment alignment_of(causal_mode causal) {
     return causal == causal_mode::bottom_right ? position_alignment::bottom_right : position_alignment::top_left;
 }
 
-/// Every option value in range, or std::invalid_argument naming the option (at compile time the
-/// throw makes the call not a constant expression, and the diagnostic shows this line).
+/// Every option value in range, or qkv::option_error naming the option (at compile time the throw
+/// makes the call not a constant expression, and the diagnostic shows this line).
 template <class T, std::size_t L, std::size_t S, std::size_t H>
 constexpr void check_options(const sdpa_matrix_options<T, L, S, H>& opt) {
     if (!(opt.softcap >= T{}) || !qkv::isfinite(opt.softcap))
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: softcap must be finite and >= 0 (0 = off)");
+        throw option_error("qkv::scaled_dot_product_attention: softcap must be finite and >= 0 (0 = off)");
     if (!(opt.alibi_slope >= T{}) || !qkv::isfinite(opt.alibi_slope))
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: alibi_slope must be finite and >= 0");
+        throw option_error("qkv::scaled_dot_product_attention: alibi_slope must be finite and >= 0");
     if (!(opt.alibi_max_bias >= T{}) || !qkv::isfinite(opt.alibi_max_bias))
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: alibi_max_bias must be finite and >= 0");
+        throw option_error("qkv::scaled_dot_product_attention: alibi_max_bias must be finite and >= 0");
     if (opt.alibi_slope != T{} && opt.alibi_max_bias != T{})
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: give alibi_slope or alibi_max_bias, not both");
+        throw option_error("qkv::scaled_dot_product_attention: give alibi_slope or alibi_max_bias, not both");
     if (opt.window.left < -1 || opt.window.right < -1)
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: window sides must be >= -1 (-1 = unbounded)");
+        throw option_error("qkv::scaled_dot_product_attention: window sides must be >= -1 (-1 = unbounded)");
     if (opt.alignment && opt.causal != causal_mode::none && *opt.alignment != alignment_of(opt.causal))
-        throw std::invalid_argument("qkv::scaled_dot_product_attention: alignment differs from the causal mode's");
+        throw option_error("qkv::scaled_dot_product_attention: alignment differs from the causal mode's");
     if (opt.sinks)
         for (std::size_t h = 0; h < H; ++h)
             if (qkv::isnan(opt.sinks->elems[0][h]) || opt.sinks->elems[0][h] == infinity<T>())
-                throw std::invalid_argument("qkv::scaled_dot_product_attention: sinks must be finite or -inf");
+                throw option_error("qkv::scaled_dot_product_attention: sinks must be finite or -inf");
 }
 
 /// The rules of query head h of HQ under opt (checked by check_options), with the scale used
@@ -376,7 +389,7 @@ constexpr T default_scale() {
 }  // namespace detail
 
 /// Scaled dot-product attention of q (L x E) over keys k (S x E) and values v (S x Ev). Throws
-/// std::invalid_argument for an option out of range (at compile time: not a constant expression).
+/// qkv::option_error for an option out of range (at compile time: not a constant expression).
 template <any_matrix Q, any_matrix K, any_matrix V>
 requires sdpa_operands<Q, K, V> && query_key_widths_match<Q, K> && key_value_lengths_match<K, V>
 constexpr auto scaled_dot_product_attention(const Q& q, const K& k, const V& v,

@@ -1,4 +1,4 @@
-// Must not compile: a window side below -1 (the library throws std::invalid_argument, which at
+// Must not compile: a window side below -1 (the library throws qkv::option_error, which at
 // compile time makes the initialiser not a constant expression; the diagnostic shows the reason).
 #include <qkv/sdpa.hpp>
 constexpr qkv::matrix<float, 3, 4> q{};
