@@ -22,11 +22,11 @@
 //   self_attention<...>                          the blocks assembled into an attention_result
 //
 // Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
-// `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
-// 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
-// matmul_row, and the row kernel of qkv::scaled_dot_product_attention in sdpa.hpp, attend_row,
-// under the same head_rules) on the same rows in the same order, so the results are identical,
-// not just close.
+// `detail::entry_budget` score entries (half as many with a softcap): far under GCC's and
+// Clang's default limits, and under 100,000 Clang steps. The row kernels are the ones
+// qkv::self_attention runs (qkv::detail::dot, matmul_row, and the row kernel of
+// qkv::scaled_dot_product_attention in sdpa.hpp, attend_row, under the same head_rules) on the
+// same rows in the same order, so the results are identical, not just close.
 //
 // attend_block takes Q, K and V themselves (any static constexpr matrices, L queries and S keys),
 // so scaled dot-product attention of given Q, K, V is the same chain without the projections:
@@ -253,18 +253,31 @@ struct attend_rows {
 /// evaluation also fits MSVC's default /constexpr:steps (100,000) if MSVC counts like Clang.
 inline constexpr std::size_t entry_budget = 1536;
 
+/// Score entries one attention evaluation under Opt may compute: entry_budget, halved with a
+/// softcap, whose tanh per entry costs Clang 14 about as many steps again as the rest of the entry
+/// (with every option of sdpa.hpp on, a block of entry_budget / 2 entries stays near 55,000 steps).
+template <class Opt>
+constexpr std::size_t entries_for(const Opt& opt) {
+    if constexpr (is_sdpa<Opt>) {
+        if (opt.softcap != 0) return entry_budget / 2;
+    }
+    return entry_budget;
+}
+
 /// Query rows per attention block: one row costs NK·(d_k + d_v) multiply-adds and NK score
 /// entries, and a block stays within both budgets.
-constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::size_t dk, std::size_t dv) {
-    const std::size_t by_macs = block_budget / (nk * (dk + dv)), by_entries = entry_budget / nk;
+constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::size_t dk, std::size_t dv,
+                                        std::size_t entries) {
+    const std::size_t by_macs = block_budget / (nk * (dk + dv)), by_entries = entries / nk;
     return clamp_rows(by_macs < by_entries ? by_macs : by_entries, nq);
 }
 
-/// Query rows per attention block (RowsPerBlock overrides the budgets; 0 = from the budgets).
-template <class Q, class K, class V, std::size_t RowsPerBlock>
-inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0
-                                                         ? clamp_rows(RowsPerBlock, Q::rows)
-                                                         : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
+/// Query rows per attention block under Opt (RowsPerBlock overrides the budgets; 0 = from the
+/// budgets).
+template <class Q, class K, class V, const auto& Opt, std::size_t RowsPerBlock>
+inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows)
+                                                                       : attend_block_rows(Q::rows, K::rows, K::cols,
+                                                                                           V::cols, entries_for(Opt));
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_attend_block() {
@@ -272,7 +285,7 @@ constexpr auto make_attend_block() {
     using KT = type_of<K>;
     using VT = type_of<V>;
     using T = typename QT::value_type;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     constexpr std::size_t RB = block_rows(QT::rows, per, B);
     constexpr std::size_t NK = KT::rows;
     const qkv::detail::head_rules<T> rules = rules_of<T, KT::cols>(Opt);
@@ -300,7 +313,7 @@ constexpr auto assemble_attention(std::index_sequence<B...>) {
     using QT = type_of<Q>;
     using KT = type_of<K>;
     using VT = type_of<V>;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     attention_result<typename QT::value_type, QT::rows, QT::cols, VT::cols> r{Q, K, V, {}, {}, {}};
     (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
     (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
@@ -310,7 +323,7 @@ constexpr auto assemble_attention(std::index_sequence<B...>) {
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
 constexpr auto make_attention() {
-    constexpr std::size_t per = attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, Opt, RowsPerBlock>;
     return assemble_attention<Q, K, V, Opt, RowsPerBlock>(
         std::make_index_sequence<block_count(type_of<Q>::rows, per)>{});
 }
@@ -322,7 +335,7 @@ constexpr auto assemble_sdpa(std::index_sequence<B...>) {
     using QT = type_of<Q>;
     using KT = type_of<K>;
     using VT = type_of<V>;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     sdpa_result<typename QT::value_type, QT::rows, KT::rows, VT::cols> r{};
     (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
     (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
@@ -335,8 +348,8 @@ constexpr auto assemble_sdpa(std::index_sequence<B...>) {
 /// from the budgets), for tests.
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
 inline constexpr auto sdpa_blocked = assemble_sdpa<Q, K, V, Opt, RowsPerBlock>(
-    std::make_index_sequence<block_count(type_of<Q>::rows,
-                                         attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>)>{});
+    std::make_index_sequence<
+        block_count(type_of<Q>::rows, attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, Opt, RowsPerBlock>)>{});
 
 /// qkv::staged::self_attention with a chosen number of rows per block, for the projections and
 /// the attention alike (0: from the budget). For tests, which cut small problems into several
