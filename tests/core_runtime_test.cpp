@@ -180,4 +180,6 @@ TEST_CASE("scaled_dot_product_attention's issue-24 options at run time: the comp
     o.sinks = qkv::row_of<float>({std::numeric_limits<float>::quiet_NaN()});
     CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
     CHECK_THROWS_AS(qkv::alibi_slope(8.f, 12, 12), qkv::option_error);
+    CHECK_THROWS_AS(qkv::alibi_slope(-1.0, 0, 12), qkv::option_error);
+    CHECK(qkv::alibi_slope(8.0, 0, ~std::size_t{0}) == 1.0);  // n = 2^63: the slope rounds to 1, no overflow
 }

@@ -184,15 +184,18 @@ concept sdpa_options_for_heads =
 /// ALiBi's slope for query head h of `heads` with maximum bias b, ggml's: n = 2^⌊log2 heads⌋,
 /// m0 = 2^(-b/n), m1 = 2^(-b/(2n)); m0^(h+1) for h < n, else m1^(2(h-n)+1). Computed as one
 /// power of two in double (its exponent is exact for float b) and rounded once to T. Throws
-/// qkv::option_error (at compile time: not a constant expression) unless h < heads.
+/// qkv::option_error (at compile time: not a constant expression) unless h < heads and b is
+/// finite and >= 0.
 template <std::floating_point T>
 constexpr T alibi_slope(T max_bias, std::size_t h, std::size_t heads) {
     if (h >= heads) throw option_error("qkv::alibi_slope: head h must be below the head count");
+    if (!(max_bias >= T{}) || !qkv::isfinite(max_bias))
+        throw option_error("qkv::alibi_slope: max_bias must be finite and >= 0");
     std::size_t n = 1;
-    while (n * 2 <= heads) n *= 2;
-    const double b = static_cast<double>(max_bias);
-    const double exponent = h < n ? -(b / static_cast<double>(n)) * static_cast<double>(h + 1)
-                                  : -(b / static_cast<double>(2 * n)) * static_cast<double>(2 * (h - n) + 1);
+    while (n <= heads / 2) n *= 2;  // 2^floor(log2 heads), without overflow
+    const double b = static_cast<double>(max_bias), nd = static_cast<double>(n);
+    const double exponent =
+        h < n ? -(b / nd) * static_cast<double>(h + 1) : -(b / (2.0 * nd)) * static_cast<double>(2 * (h - n) + 1);
     return static_cast<T>(qkv::exp2(exponent));
 }
 
