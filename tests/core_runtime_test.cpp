@@ -146,3 +146,40 @@ TEST_CASE("softmax keeps large scores finite and propagates NaN like PyTorch", "
     CHECK(std::isnan(wn(0, 2)));
     CHECK(std::isfinite(wn(1, 0)));
 }
+
+TEST_CASE("scaled_dot_product_attention's issue-24 options at run time: the compile-time bits, option_error",
+          "[core][sdpa]") {
+    static constexpr auto q = qkv::matrix_of<float>({{0.5f, -1.f, 0.25f}, {1.5f, 0.75f, -0.5f}, {-1.f, 0.5f, 1.f}});
+    static constexpr auto k = qkv::matrix_of<float>(
+        {{1.f, 0.5f, -0.5f}, {-0.25f, 1.f, 0.75f}, {0.5f, -1.5f, 1.f}, {1.25f, 0.25f, 0.5f}, {-1.f, -0.5f, 0.25f}});
+    static constexpr auto v =
+        qkv::matrix_of<float>({{1.f, -1.f}, {0.5f, 2.f}, {-1.5f, 0.25f}, {2.f, 1.f}, {0.f, -0.5f}});
+    static constexpr qkv::sdpa_options_for<decltype(q), decltype(k)> opt{.causal = qkv::causal_mode::bottom_right,
+                                                                         .softcap = 2.f,
+                                                                         .alibi_slope = 0.25f,
+                                                                         .window = {2, 0},
+                                                                         .sinks = qkv::row_of<float>({0.5f})};
+    constexpr auto at_compile_time = qkv::scaled_dot_product_attention(q, k, v, opt);
+    volatile float cap = 2.f;  // volatile: the run-time path through the same functions
+    auto o = opt;
+    o.softcap = cap;
+    CHECK(qkv::scaled_dot_product_attention(q, k, v, o) == at_compile_time);
+    CHECK(qkv::staged::scaled_dot_product_attention<q, k, v, opt> == at_compile_time);
+    o.window = {-2, 0};
+    CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
+    o.window = {2, 0};
+    o.alibi_max_bias = 1.f;  // next to alibi_slope
+    CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
+    o.alibi_max_bias = 0.f;
+    o.alignment = qkv::position_alignment::top_left;  // contradicts causal bottom-right
+    CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
+    o.alignment.reset();
+    o.softcap = -cap;
+    CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
+    o.softcap = cap;
+    o.sinks = qkv::row_of<float>({std::numeric_limits<float>::quiet_NaN()});
+    CHECK_THROWS_AS(qkv::scaled_dot_product_attention(q, k, v, o), qkv::option_error);
+    CHECK_THROWS_AS(qkv::alibi_slope(8.f, 12, 12), qkv::option_error);
+    CHECK_THROWS_AS(qkv::alibi_slope(-1.0, 0, 12), qkv::option_error);
+    CHECK(qkv::alibi_slope(8.0, 0, ~std::size_t{0}) == 1.0);  // n = 2^63: the slope rounds to 1, no overflow
+}

@@ -1,6 +1,6 @@
 // Run-time accuracy and special-value tests for qkv/math.hpp.
 //
-// qkv::exp and qkv::sqrt run the same code at compile time and at run time, so
+// qkv::exp, exp2, log, tanh and sqrt run the same code at compile time and at run time, so
 // these run-time measurements describe the constexpr results as well (the
 // "constant evaluation matches run time" test checks that on sample points).
 //
@@ -9,6 +9,11 @@
 //   exp(float):   std::exp in double, rounded to float.
 //   exp(double):  std::exp in long double rounded to double when long double
 //                 has more than 53 mantissa bits (x86: 64), else std::exp.
+//   exp2, log, tanh (float and double): std::exp2 / std::log / std::tanh in
+//                 long double rounded to the type when long double has more
+//                 than 53 mantissa bits, else the double function (then the
+//                 reference itself may be an ulp off, and the bound checked
+//                 is one ulp wider).
 //   sqrt(float):  std::sqrt in double rounded to float (provably correctly
 //                 rounded: 53 >= 2 * 24 + 2).
 //   sqrt(double): std::sqrt(double) -- IEEE 754 requires sqrt to be correctly
@@ -26,6 +31,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -78,6 +84,34 @@ double ref_exp(double x) {
     }
 }
 
+// True when the long double references below are correctly rounded for double (x86: 64 bits).
+constexpr bool extended_reference = std::numeric_limits<long double>::digits > 53;
+
+// f in long double (or double), rounded to T.
+template <typename T, typename F>
+T ref_wide(F f, T x) {
+    if constexpr (extended_reference) {
+        return static_cast<T>(f(static_cast<long double>(x)));
+    } else {
+        return static_cast<T>(f(static_cast<double>(x)));
+    }
+}
+template <typename T>
+T ref_exp2(T x) {
+    return ref_wide([](auto v) { return std::exp2(v); }, x);
+}
+template <typename T>
+T ref_log(T x) {
+    return ref_wide([](auto v) { return std::log(v); }, x);
+}
+template <typename T>
+T ref_tanh(T x) {
+    return ref_wide([](auto v) { return std::tanh(v); }, x);
+}
+
+// The ulp bound the new functions are held to: 1 against an extended reference, 2 otherwise.
+constexpr std::int64_t wide_bound = extended_reference ? 1 : 2;
+
 float ref_sqrt(float x) { return static_cast<float>(std::sqrt(static_cast<double>(x))); }
 double ref_sqrt(double x) { return std::sqrt(x); }
 
@@ -119,6 +153,21 @@ struct Stats {
 template <typename T>
 void check_exp(Stats<T>& st, T x) {
     st.add(x, qkv::exp(x), ref_exp(x));
+}
+
+template <typename T>
+void check_exp2(Stats<T>& st, T x) {
+    st.add(x, qkv::exp2(x), ref_exp2(x));
+}
+
+template <typename T>
+void check_log(Stats<T>& st, T x) {
+    st.add(x, qkv::log(x), ref_log(x));
+}
+
+template <typename T>
+void check_tanh(Stats<T>& st, T x) {
+    st.add(x, qkv::tanh(x), ref_tanh(x));
 }
 
 template <typename T>
@@ -271,6 +320,219 @@ TEST_CASE("qkv::exp special values", "[math][exp]") {
 }
 
 // ---------------------------------------------------------------------------
+// exp2
+// ---------------------------------------------------------------------------
+
+TEST_CASE("qkv::exp2(double) accuracy over the whole range", "[math][exp2]") {
+    std::mt19937_64 rng(0x3c6ef372fe94f82bull);
+    Stats<double> st;
+    // 1. the whole range with a finite, non-zero result, uniformly
+    for (int i = 0; i < 400000; ++i) check_exp2(st, uniform<double>(rng, -1075.0, 1024.0));
+    // 2. dense near 0 (the reduced argument itself) and log-uniform down to 2^-80
+    for (int i = 0; i < 100000; ++i) check_exp2(st, uniform<double>(rng, -1.0, 1.0));
+    for (int i = 0; i < 100000; ++i) check_exp2(st, log_uniform_signed<double>(rng, -80, 0));
+    // 3. next to the integers (the reduction's switch points) and the halves (largest |f|)
+    for (int i = 0; i < 50000; ++i) {
+        const double n = std::floor(uniform<double>(rng, -1074.0, 1023.0));
+        for (const double c : {n, n + 0.5})
+            for (double x = next_down(next_down(c)), e = next_up(next_up(c)); x <= e; x = next_up(x)) check_exp2(st, x);
+    }
+    // 4. the overflow edge, the subnormal results and the underflow-to-zero edge
+    {
+        double x = next_down(1024.0);
+        for (int i = 0; i < 2000; ++i, x = next_down(x)) check_exp2(st, x);
+    }
+    for (int i = 0; i < 50000; ++i) check_exp2(st, uniform<double>(rng, -1075.0, -1022.0));
+    for (const double c : {-1022.0, -1074.0, -1075.0}) {
+        double x = c;
+        for (int i = 0; i < 1000; ++i) x = next_down(x);
+        for (int i = 0; i < 2000; ++i, x = next_up(x)) check_exp2(st, x);
+    }
+    WARN(st.report("exp2(double)"));
+    CHECK(st.points >= 700000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::exp2(float) accuracy over the whole range", "[math][exp2]") {
+    std::mt19937_64 rng(0xa54ff53a5f1d36f1ull);
+    Stats<float> st;
+    // 1. every float in [1/2, 1), both signs (the reduced argument's range), then the whole range
+    //    and log-uniform towards 0
+    for (float x = 0.5f; x < 1.0f; x = next_up(x)) {
+        check_exp2(st, x);
+        check_exp2(st, -x);
+    }
+    for (int i = 0; i < 100000; ++i) check_exp2(st, log_uniform_signed<float>(rng, -40, 0));
+    for (int i = 0; i < 400000; ++i) check_exp2(st, uniform<float>(rng, -150.0, 128.0));
+    // 2. every float in the subnormal-result range and at the overflow edge
+    for (float x = -150.0f; x <= -126.0f; x = next_up(x)) check_exp2(st, x);
+    for (float x = 127.0f; x < 128.0f; x = next_up(x)) check_exp2(st, x);
+    WARN(st.report("exp2(float)"));
+    CHECK(st.points >= 1000000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::exp2 special values", "[math][exp2]") {
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    constexpr float finf = std::numeric_limits<float>::infinity();
+    CHECK(std::isnan(qkv::exp2(std::numeric_limits<double>::quiet_NaN())));
+    CHECK(std::isnan(qkv::exp2(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(bits(qkv::exp2(dinf)) == bits(dinf));
+    CHECK(bits(qkv::exp2(finf)) == bits(finf));
+    CHECK(bits(qkv::exp2(-dinf)) == bits(0.0));
+    CHECK(bits(qkv::exp2(-finf)) == bits(0.0f));
+    CHECK(bits(qkv::exp2(0.0)) == bits(1.0));
+    CHECK(bits(qkv::exp2(-0.0f)) == bits(1.0f));
+    // every integer power of two is exact, subnormals included
+    for (int n = -1074; n <= 1023; ++n) CHECK(qkv::exp2(static_cast<double>(n)) == std::ldexp(1.0, n));
+    for (int n = -149; n <= 127; ++n) CHECK(qkv::exp2(static_cast<float>(n)) == std::ldexp(1.0f, n));
+    // overflow and underflow edges
+    CHECK(qkv::isfinite(qkv::exp2(next_down(1024.0))));
+    CHECK(bits(qkv::exp2(1024.0)) == bits(dinf));
+    CHECK(qkv::isfinite(qkv::exp2(next_down(128.0f))));
+    CHECK(bits(qkv::exp2(128.0f)) == bits(finf));
+    CHECK(bits(qkv::exp2(-1075.0)) == bits(0.0));  // 2^-1075: a tie, rounded to even (0)
+    CHECK(qkv::exp2(next_up(-1075.0)) == std::numeric_limits<double>::denorm_min());
+    CHECK(bits(qkv::exp2(-150.0f)) == bits(0.0f));
+    CHECK(qkv::exp2(next_up(-150.0f)) == std::numeric_limits<float>::denorm_min());
+    CHECK(bits(qkv::exp2(-2000.0)) == bits(0.0));
+    CHECK(ulp_distance(qkv::exp2(0.5), 1.4142135623730951) <= 1);
+    CHECK(qkv::exp2(-0.5f) == 0.70710677f);
+}
+
+// ---------------------------------------------------------------------------
+// log
+// ---------------------------------------------------------------------------
+
+TEST_CASE("qkv::log(double) accuracy over the whole range", "[math][log]") {
+    std::mt19937_64 rng(0x510e527fade682d1ull);
+    Stats<double> st;
+    // 1. random bit patterns over every positive finite double (incl. subnormals)
+    std::uniform_int_distribution<std::uint64_t> all_pos(1, 0x7FEF'FFFF'FFFF'FFFFull);
+    for (int i = 0; i < 300000; ++i) check_log(st, std::bit_cast<double>(all_pos(rng)));
+    // 2. near 1, where the result is small: uniform in [1/2, 2] and 1 +- 2^-e
+    for (int i = 0; i < 200000; ++i) check_log(st, uniform<double>(rng, 0.5, 2.0));
+    for (int i = 0; i < 100000; ++i) check_log(st, 1.0 + log_uniform_signed<double>(rng, -52, -1));
+    {
+        double x = 1.0;
+        for (int i = 0; i < 1000; ++i) x = next_down(x);
+        for (int i = 0; i < 2000; ++i, x = next_up(x)) check_log(st, x);
+    }
+    // 3. next to sqrt(2) and sqrt(2)/2 (the reduction's switch) in several binades
+    for (int e = -1000; e <= 1000; e += 50) {
+        double x = std::ldexp(1.4142135623730951, e);
+        for (int i = 0; i < 200; ++i) x = next_down(x);
+        for (int i = 0; i < 400; ++i, x = next_up(x)) check_log(st, x);
+    }
+    // 4. subnormals, powers of two, the largest values
+    std::uniform_int_distribution<std::uint64_t> subn(1, 0x000F'FFFF'FFFF'FFFFull);
+    for (int i = 0; i < 50000; ++i) check_log(st, std::bit_cast<double>(subn(rng)));
+    for (int e = -1074; e <= 1023; ++e) check_log(st, std::ldexp(1.0, e));
+    {
+        double x = std::numeric_limits<double>::max();
+        for (int i = 0; i < 1000; ++i, x = next_down(x)) check_log(st, x);
+    }
+    WARN(st.report("log(double)"));
+    CHECK(st.points >= 600000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::log(float) accuracy over the whole range", "[math][log]") {
+    std::mt19937_64 rng(0x9b05688c2b3e6c1full);
+    Stats<float> st;
+    // 1. every float in [1/2, 2): the reduced range of every binade, and the results near 0
+    for (float x = 0.5f; x < 2.0f; x = next_up(x)) check_log(st, x);
+    // 2. random bit patterns over every positive finite float (incl. subnormals)
+    std::uniform_int_distribution<std::uint32_t> all_pos(1, 0x7F7F'FFFFu);
+    for (int i = 0; i < 400000; ++i) check_log(st, std::bit_cast<float>(all_pos(rng)));
+    for (int e = -149; e <= 127; ++e) check_log(st, std::ldexp(1.0f, e));
+    WARN(st.report("log(float)"));
+    CHECK(st.points >= 1000000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::log special values", "[math][log]") {
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    constexpr float finf = std::numeric_limits<float>::infinity();
+    CHECK(std::isnan(qkv::log(std::numeric_limits<double>::quiet_NaN())));
+    CHECK(std::isnan(qkv::log(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(std::isnan(qkv::log(-1.0)));
+    CHECK(std::isnan(qkv::log(-1.0f)));
+    CHECK(std::isnan(qkv::log(-dinf)));
+    CHECK(std::isnan(qkv::log(-std::numeric_limits<double>::denorm_min())));
+    CHECK(bits(qkv::log(0.0)) == bits(-dinf));
+    CHECK(bits(qkv::log(-0.0)) == bits(-dinf));
+    CHECK(bits(qkv::log(0.0f)) == bits(-finf));
+    CHECK(bits(qkv::log(dinf)) == bits(dinf));
+    CHECK(bits(qkv::log(finf)) == bits(finf));
+    CHECK(bits(qkv::log(1.0)) == bits(0.0));
+    CHECK(bits(qkv::log(1.0f)) == bits(0.0f));
+    CHECK(qkv::log(2.0) == 0.6931471805599453);
+    CHECK(qkv::log(std::numeric_limits<double>::denorm_min()) == ref_log(std::numeric_limits<double>::denorm_min()));
+    CHECK(qkv::log(std::numeric_limits<double>::max()) == 709.782712893384);
+}
+
+// ---------------------------------------------------------------------------
+// tanh
+// ---------------------------------------------------------------------------
+
+TEST_CASE("qkv::tanh(double) accuracy", "[math][tanh]") {
+    std::mt19937_64 rng(0x1f83d9abfb41bd6bull);
+    Stats<double> st;
+    // 1. where tanh is not +-1: uniform over [-20, 20], dense over [-1, 1], log-uniform to 2^-80
+    for (int i = 0; i < 300000; ++i) check_tanh(st, uniform<double>(rng, -20.0, 20.0));
+    for (int i = 0; i < 300000; ++i) check_tanh(st, uniform<double>(rng, -1.0, 1.0));
+    for (int i = 0; i < 100000; ++i) check_tanh(st, log_uniform_signed<double>(rng, -80, 0));
+    // 2. next to the method's switch (0.55) and to where the result rounds to 1 (19.1)
+    for (const double c : {0.55, -0.55, 19.1, 19.0}) {
+        double x = c;
+        for (int i = 0; i < 1000; ++i) x = next_down(x);
+        for (int i = 0; i < 2000; ++i, x = next_up(x)) check_tanh(st, x);
+    }
+    // 3. subnormals and huge values
+    for (const double x : {std::numeric_limits<double>::denorm_min(), 1e-310, 1e-300, 30.0, 400.0, 1e300})
+        check_tanh(st, x);
+    WARN(st.report("tanh(double)"));
+    CHECK(st.points >= 700000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::tanh(float) accuracy", "[math][tanh]") {
+    std::mt19937_64 rng(0x5be0cd19137e2179ull);
+    Stats<float> st;
+    // 1. every float in [1/2, 1) (the method's switch at 0.55 included; tanh(-x) is -tanh(x) by
+    //    construction) and in [8, 9.1] (the approach to 1)
+    for (float x = 0.5f; x < 1.0f; x = next_up(x)) check_tanh(st, x);
+    for (float x = 8.0f; x <= 9.1f; x = next_up(x)) check_tanh(st, x);
+    // 2. random over [-10, 10] and log-uniform down to 2^-100 (subnormal results below 2^-126)
+    for (int i = 0; i < 300000; ++i) check_tanh(st, uniform<float>(rng, -10.0, 10.0));
+    for (int i = 0; i < 100000; ++i) check_tanh(st, log_uniform_signed<float>(rng, -140, 0));
+    WARN(st.report("tanh(float)"));
+    CHECK(st.points >= 1000000);
+    REQUIRE(st.max_ulp <= wide_bound);
+}
+
+TEST_CASE("qkv::tanh special values", "[math][tanh]") {
+    constexpr double dinf = std::numeric_limits<double>::infinity();
+    constexpr float finf = std::numeric_limits<float>::infinity();
+    CHECK(std::isnan(qkv::tanh(std::numeric_limits<double>::quiet_NaN())));
+    CHECK(std::isnan(qkv::tanh(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(bits(qkv::tanh(0.0)) == bits(0.0));
+    CHECK(bits(qkv::tanh(-0.0)) == bits(-0.0));
+    CHECK(bits(qkv::tanh(-0.0f)) == bits(-0.0f));
+    CHECK(qkv::tanh(dinf) == 1.0);
+    CHECK(qkv::tanh(-dinf) == -1.0);
+    CHECK(qkv::tanh(finf) == 1.0f);
+    CHECK(qkv::tanh(-finf) == -1.0f);
+    CHECK(qkv::tanh(19.1) == 1.0);
+    CHECK(qkv::tanh(-1e300) == -1.0);
+    CHECK(qkv::tanh(std::numeric_limits<double>::denorm_min()) == std::numeric_limits<double>::denorm_min());
+    CHECK(qkv::tanh(1e-30f) == 1e-30f);
+    // odd: tanh(-x) == -tanh(x) bit for bit
+    for (const double x : {0.1, 0.55, 0.7, 3.0, 18.0}) CHECK(bits(qkv::tanh(-x)) == bits(-qkv::tanh(x)));
+}
+
+// ---------------------------------------------------------------------------
 // sqrt
 // ---------------------------------------------------------------------------
 
@@ -398,6 +660,41 @@ TEST_CASE("qkv math helpers", "[math]") {
     CHECK(qkv::isnan(qkv::abs(dnan)));
     CHECK(qkv::signbit(-0.0));
     CHECK_FALSE(qkv::signbit(0.0f));
+}
+
+TEST_CASE("qkv::exp2, qkv::log, qkv::tanh: constant evaluation matches run time", "[math]") {
+    constexpr double dx[] = {-1074.5, -1030.25, -3.7, -0.3, 1e-9, 0.5, 0.55, 1.0, 19.0, 1023.9};
+    constexpr double dexp2[] = {qkv::exp2(dx[0]), qkv::exp2(dx[1]), qkv::exp2(dx[2]), qkv::exp2(dx[3]),
+                                qkv::exp2(dx[4]), qkv::exp2(dx[5]), qkv::exp2(dx[6]), qkv::exp2(dx[7]),
+                                qkv::exp2(dx[8]), qkv::exp2(dx[9])};
+    constexpr double dtanh[] = {qkv::tanh(dx[0]), qkv::tanh(dx[1]), qkv::tanh(dx[2]), qkv::tanh(dx[3]),
+                                qkv::tanh(dx[4]), qkv::tanh(dx[5]), qkv::tanh(dx[6]), qkv::tanh(dx[7]),
+                                qkv::tanh(dx[8]), qkv::tanh(dx[9])};
+    constexpr double lx[] = {5e-324, 1e-310, 0.3, 0.9999, 1.0, 1.5, 2.0, 3.0, 1e300, 1.7e308};
+    constexpr double dlog[] = {qkv::log(lx[0]), qkv::log(lx[1]), qkv::log(lx[2]), qkv::log(lx[3]), qkv::log(lx[4]),
+                               qkv::log(lx[5]), qkv::log(lx[6]), qkv::log(lx[7]), qkv::log(lx[8]), qkv::log(lx[9])};
+    constexpr float fx[] = {-149.5f, -130.25f, -3.7f, -0.3f, 1e-9f, 0.5f, 0.55f, 1.0f, 9.0f, 127.9f};
+    constexpr float fexp2[] = {qkv::exp2(fx[0]), qkv::exp2(fx[1]), qkv::exp2(fx[2]), qkv::exp2(fx[3]),
+                               qkv::exp2(fx[4]), qkv::exp2(fx[5]), qkv::exp2(fx[6]), qkv::exp2(fx[7]),
+                               qkv::exp2(fx[8]), qkv::exp2(fx[9])};
+    constexpr float ftanh[] = {qkv::tanh(fx[0]), qkv::tanh(fx[1]), qkv::tanh(fx[2]), qkv::tanh(fx[3]),
+                               qkv::tanh(fx[4]), qkv::tanh(fx[5]), qkv::tanh(fx[6]), qkv::tanh(fx[7]),
+                               qkv::tanh(fx[8]), qkv::tanh(fx[9])};
+    constexpr float flx[] = {1e-45f, 1e-40f, 0.3f, 0.9999f, 1.0f, 1.5f, 2.0f, 3.0f, 1e30f, 3e38f};
+    constexpr float flog[] = {qkv::log(flx[0]), qkv::log(flx[1]), qkv::log(flx[2]), qkv::log(flx[3]), qkv::log(flx[4]),
+                              qkv::log(flx[5]), qkv::log(flx[6]), qkv::log(flx[7]), qkv::log(flx[8]), qkv::log(flx[9])};
+    for (int i = 0; i < 10; ++i) {
+        volatile double vd = dx[i];  // volatile: force evaluation at run time
+        volatile double vl = lx[i];
+        volatile float vf = fx[i];
+        volatile float vfl = flx[i];
+        CHECK(bits(qkv::exp2(vd)) == bits(dexp2[i]));
+        CHECK(bits(qkv::tanh(vd)) == bits(dtanh[i]));
+        CHECK(bits(qkv::log(vl)) == bits(dlog[i]));
+        CHECK(bits(qkv::exp2(vf)) == bits(fexp2[i]));
+        CHECK(bits(qkv::tanh(vf)) == bits(ftanh[i]));
+        CHECK(bits(qkv::log(vfl)) == bits(flog[i]));
+    }
 }
 
 TEST_CASE("qkv::exp and qkv::sqrt: constant evaluation matches run time", "[math]") {

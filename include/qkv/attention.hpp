@@ -100,8 +100,10 @@ constexpr auto self_attention(const X& x, const WQ& wq, const WK& wk, const WV& 
     r.keys = detail::with_bias(matmul(x, wk), opt.bias_k);
     r.values = detail::with_bias(matmul(x, wv), opt.bias_v);
     // scaled_dot_product_attention(Q, K, V), computed in place into r (no copies of its result).
-    detail::sdpa_into(r.queries, r.keys, r.values, detail::scale_of(opt, DK), detail::causal_of(opt), opt.mask,
-                      std::optional<matrix<T, N, N>>{}, r.scores, r.weights, r.output);
+    T lse[N]{};  // not part of attention_result
+    detail::sdpa_into(r.queries, r.keys, r.values,
+                      detail::plain_rules(detail::scale_of(opt, DK), detail::causal_of(opt)), opt.mask,
+                      std::optional<matrix<T, N, N>>{}, r.scores, r.weights, r.output, lse);
     return r;
 }
 

@@ -1,7 +1,8 @@
-// qkv/math.hpp -- constexpr exp and sqrt for float and double.
+// qkv/math.hpp -- constexpr exp, exp2, log, tanh and sqrt for float and double.
 //
 // <cmath> is not constexpr in C++20, but compile-time attention needs exp
-// (softmax) and sqrt (1/sqrt(d) scaling).  The functions here are usable in
+// (softmax), sqrt (1/sqrt(d) scaling), tanh (logit softcapping), log (the
+// log-sum-exp of a row) and exp2 (ALiBi's slopes).  The functions here are usable in
 // constant expressions on GCC >= 12, Clang >= 14 and MSVC (C++20), and the
 // very same code runs at run time: there is no std::is_constant_evaluated()
 // switch, so the run-time accuracy tests measure exactly what constant
@@ -30,6 +31,12 @@
 // tests/math_accuracy_test.cpp; see each function):
 //   exp(float)   <= 1 ulp, in practice correctly rounded
 //   exp(double)  <= 1 ulp, ~98% correctly rounded
+//   exp2(float)  <= 1 ulp, in practice correctly rounded
+//   exp2(double) <= 1 ulp, ~97% correctly rounded
+//   log(float)   <= 1 ulp, in practice correctly rounded
+//   log(double)  <= 1 ulp, ~98% correctly rounded
+//   tanh(float)  <= 1 ulp, in practice correctly rounded
+//   tanh(double) <= 1 ulp, ~93% correctly rounded
 //   sqrt(float)  correctly rounded
 //   sqrt(double) correctly rounded
 #pragma once
@@ -129,6 +136,35 @@ inline constexpr double inv_fact10 = 1.0 / 3628800.0;
 inline constexpr double inv_fact11 = 1.0 / 39916800.0;
 inline constexpr double inv_fact12 = 1.0 / 479001600.0;
 inline constexpr double inv_fact13 = 1.0 / 6227020800.0;
+inline constexpr double inv_fact14 = 1.0 / 87178291200.0;
+inline constexpr double inv_fact15 = 1.0 / 1307674368000.0;
+inline constexpr double inv_fact16 = 1.0 / 20922789888000.0;
+inline constexpr double inv_fact17 = 1.0 / 355687428096000.0;
+inline constexpr double inv_fact18 = 1.0 / 6402373705728000.0;
+inline constexpr double inv_fact19 = 1.0 / 121645100408832000.0;
+inline constexpr double inv_fact20 = 1.0 / 2432902008176640000.0;
+
+// ln 2 as a double-double: ln2_d (ln 2 rounded to double) + ln2_tail (the rest, rounded), and
+// ln2_d split into two halves of 26 significant bits each (ln2_d_hi + ln2_d_lo == ln2_d exactly),
+// whose products with another 26-bit half are exact (Dekker's product).
+inline constexpr double ln2_d = 0x1.62e42fefa39efp-1;      // 0.6931471805599453
+inline constexpr double ln2_tail = 0x1.abc9e3b39803fp-56;  // 2.3190468138462996e-17
+inline constexpr double ln2_d_hi = 0x1.62e43p-1;           // 26 bits
+inline constexpr double ln2_d_lo = -0x1.05c611p-29;        // 26 bits
+
+// The upper 26 significant bits of a (|a| < 2^1000), Veltkamp's split: a - split_hi(a) holds the
+// remaining bits exactly, and the products of two such halves are exact.
+[[nodiscard]] constexpr double split_hi(double a) noexcept {
+    const double c = 134217729.0 * a;  // 2^27 + 1
+    return c - (c - a);
+}
+
+// The rounding error of p = f * ln2_d: f * ln2_d - p, exactly (Dekker's two-product).
+[[nodiscard]] constexpr double ln2_product_error(double f, double p) noexcept {
+    const double f_hi = split_hi(f);
+    const double f_lo = f - f_hi;
+    return (((f_hi * ln2_d_hi - p) + f_hi * ln2_d_lo) + f_lo * ln2_d_hi) + f_lo * ln2_d_lo;
+}
 
 // p * 2^k for p in [0.7, 1.5) and k in [-1075, 1024].  When 2^k is not a normal
 // double (k < -1022 or k > 1023) or the product is subnormal, the scaling is
@@ -174,6 +210,41 @@ inline constexpr std::uint64_t hidden_bit_d = 0x0010'0000'0000'0000ull;
     return 0.51855462778 + m * (0.52600969119 + m * -0.03954011280);
 }
 
+// exp(r + c) * 2^k for |r| <= 0.3466 and c a correction far below ulp(r) (r + c is the reduced
+// argument to about 2^-106), k in [-1075, 1024]; the method is exp(double)'s, below.
+[[nodiscard]] constexpr double exp_kernel(double r, double c, int k) noexcept {
+    const double one_r = 1.0 + r;  // 1 + r == one_r + ((1 - one_r) + r) exactly
+    // q(r) = (exp(r) - 1 - r) / r^2, Taylor to r^13 (truncation < 2^-57).
+    const double q =
+        inv_fact2 +
+        r * (inv_fact3 +
+             r * (inv_fact4 +
+                  r * (inv_fact5 +
+                       r * (inv_fact6 +
+                            r * (inv_fact7 +
+                                 r * (inv_fact8 + r * (inv_fact9 + r * (inv_fact10 +
+                                                                        r * (inv_fact11 +
+                                                                             r * (inv_fact12 + r * inv_fact13))))))))));
+    // exp(r + c) = 1 + r + c + r c + r^2 q(r) + O(c^2, c r^2): everything but
+    // the leading 1 + r is small and is summed first, so only the last
+    // addition rounds at the result's scale.
+    return scale_pow2(one_r + (((1.0 - one_r) + r) + (c + r * (c + r * q))), k);
+}
+
+// exp(r) for |r| <= 0.3466 to about 2^-46 (the degree-11 Taylor polynomial), for the float
+// functions, which round it once.
+[[nodiscard]] constexpr double exp_poly_f(double r) noexcept {
+    return 1.0 +
+           r * (1.0 + r * (inv_fact2 +
+                           r * (inv_fact3 +
+                                r * (inv_fact4 +
+                                     r * (inv_fact5 +
+                                          r * (inv_fact6 +
+                                               r * (inv_fact7 +
+                                                    r * (inv_fact8 +
+                                                         r * (inv_fact9 + r * (inv_fact10 + r * inv_fact11))))))))));
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------
@@ -202,24 +273,7 @@ inline constexpr std::uint64_t hidden_bit_d = 0x0010'0000'0000'0000ull;
     const double t = x - kd * detail::ln2_hi;        // exact
     const double r = t - kd * detail::ln2_lo;        // reduced argument, |r| <= 0.3466
     const double c = (t - r) - kd * detail::ln2_lo;  // rounding error of r
-    const double one_r = 1.0 + r;                    // 1 + r == one_r + ((1 - one_r) + r) exactly
-    // q(r) = (exp(r) - 1 - r) / r^2, Taylor to r^13 (truncation < 2^-57).
-    const double q =
-        detail::inv_fact2 +
-        r * (detail::inv_fact3 +
-             r * (detail::inv_fact4 +
-                  r * (detail::inv_fact5 +
-                       r * (detail::inv_fact6 +
-                            r * (detail::inv_fact7 +
-                                 r * (detail::inv_fact8 +
-                                      r * (detail::inv_fact9 +
-                                           r * (detail::inv_fact10 +
-                                                r * (detail::inv_fact11 +
-                                                     r * (detail::inv_fact12 + r * detail::inv_fact13))))))))));
-    // exp(r + c) = 1 + r + c + r c + r^2 q(r) + O(c^2, c r^2): everything but
-    // the leading 1 + r is small and is summed first, so only the last
-    // addition rounds at the result's scale.
-    return detail::scale_pow2(one_r + (((1.0 - one_r) + r) + (c + r * (c + r * q))), k);
+    return detail::exp_kernel(r, c, k);
 }
 
 /// e^x for float.
@@ -240,19 +294,176 @@ inline constexpr std::uint64_t hidden_bit_d = 0x0010'0000'0000'0000ull;
     const int k = detail::round_to_int(static_cast<double>(x) * detail::inv_ln2);
     const double kd = static_cast<double>(k);
     const double r = (static_cast<double>(x) - kd * detail::ln2_hi) - kd * detail::ln2_lo;
-    const double p =
-        1.0 +
-        r * (1.0 + r * (detail::inv_fact2 +
-                        r * (detail::inv_fact3 +
-                             r * (detail::inv_fact4 +
-                                  r * (detail::inv_fact5 +
-                                       r * (detail::inv_fact6 +
-                                            r * (detail::inv_fact7 +
-                                                 r * (detail::inv_fact8 +
-                                                      r * (detail::inv_fact9 +
-                                                           r * (detail::inv_fact10 + r * detail::inv_fact11))))))))));
-    return static_cast<float>(p * detail::pow2(k));
+    return static_cast<float>(detail::exp_poly_f(r) * detail::pow2(k));
 }
+
+// ---------------------------------------------------------------------------
+// exp2
+// ---------------------------------------------------------------------------
+
+/// 2^x for double.
+/// Method: x = k + f with k = round(x) and |f| <= 1/2, f exact; f ln2 as a
+/// double-double p + e (Dekker's exact product with ln2_d, plus f * ln2_tail),
+/// so the reduced argument r = f ln2 (|r| <= 0.3466) is known to ~2^-106;
+/// then exp(double)'s kernel: 2^x = exp(r) * 2^k with an exact power of two.
+/// Specials: NaN -> NaN, +inf -> +inf, -inf -> +0, x >= 1024 -> +inf,
+/// x < -1075 -> +0 (2^-1075 itself rounds to +0), exp2(n) == 2^n exactly for
+/// every integer n in [-1074, 1023], exp2(+-0) == 1.
+/// Accuracy: <= 1 ulp measured against an 80-bit reference
+/// (tests/math_accuracy_test.cpp); ~97% of inputs are correctly rounded.
+[[nodiscard]] constexpr double exp2(double x) noexcept {
+    if (!(x < 1024.0)) return isnan(x) ? x : infinity<double>();
+    if (x < -1075.0) return 0.0;
+    const int k = detail::round_to_int(x);
+    const double f = x - static_cast<double>(k);  // exact, |f| <= 1/2
+    const double p = f * detail::ln2_d;
+    const double e = detail::ln2_product_error(f, p) + f * detail::ln2_tail;  // f ln2 = p + e
+    const double r = p + e;
+    return detail::exp_kernel(r, (p - r) + e, k);
+}
+
+/// 2^x for float.
+/// Method: as exp(float): computed in double, x = k + f with f exact, exp(f ln2)
+/// by the degree-11 polynomial (f ln2 rounded once: 2^-53 relative), times an
+/// exact 2^k, rounded once to float (also for subnormal results).
+/// Specials: NaN -> NaN, +inf -> +inf, -inf -> +0, x >= 128 -> +inf,
+/// x < -150 -> +0, exp2(n) == 2^n exactly for integers n in [-149, 127].
+/// Accuracy: <= 1 ulp, in practice correctly rounded (tests/math_accuracy_test.cpp).
+[[nodiscard]] constexpr float exp2(float x) noexcept {
+    if (!(x < 128.0f)) return isnan(x) ? x : infinity<float>();
+    if (x < -150.0f) return 0.0f;
+    const int k = detail::round_to_int(static_cast<double>(x));
+    const double r = (static_cast<double>(x) - static_cast<double>(k)) * detail::ln2_d;
+    return static_cast<float>(detail::exp_poly_f(r) * detail::pow2(k));
+}
+
+// ---------------------------------------------------------------------------
+// log
+// ---------------------------------------------------------------------------
+
+namespace detail {
+
+// The larger mantissa of log's reduction: 1.m at or above it is halved (m in [sqrt2/2, sqrt2)).
+inline constexpr std::uint64_t sqrt2_frac = 0x6'A09E'667F'3BCDull;  // sqrt(2) = 0x1.6a09e667f3bcdp+0
+
+// R(z) = (log((1 + s) / (1 - s)) - 2s) / s for z = s^2: 2z/3 + 2z^2/5 + ... + 2z^11/23, the
+// Taylor series to s^23. |s| <= 3 - 2 sqrt2 = 0.1716, z <= 0.0295, so the first term left out,
+// 2 s^25 / 25, is below 2^-65 relative to the result 2s + s R(z).
+[[nodiscard]] constexpr double log_r(double z) noexcept {
+    return z * (2.0 / 3.0 +
+                z * (2.0 / 5.0 +
+                     z * (2.0 / 7.0 +
+                          z * (2.0 / 9.0 +
+                               z * (2.0 / 11.0 +
+                                    z * (2.0 / 13.0 +
+                                         z * (2.0 / 15.0 +
+                                              z * (2.0 / 17.0 +
+                                                   z * (2.0 / 19.0 + z * (2.0 / 21.0 + z * (2.0 / 23.0)))))))))));
+}
+
+}  // namespace detail
+
+/// Natural logarithm for double.
+/// Method (fdlibm's e_log.c, with Taylor coefficients): subnormals are first
+/// multiplied by 2^54 (exact); x = 2^k * m with m in [sqrt2/2, sqrt2) taken from
+/// the bits, f = m - 1 (exact), s = f / (2 + f), so log(m) = log((1+s)/(1-s))
+/// = 2s + s R(s^2); written as f - (f^2/2 - s (f^2/2 + R)) (2s = f - s f),
+/// the rounding errors stay far below the leading f; then
+/// log(x) = k ln2_hi + (that + k ln2_lo), with k * ln2_hi exact.
+/// Specials: NaN -> NaN, x < 0 (incl. -inf) -> NaN, +-0 -> -inf, +inf -> +inf,
+/// log(1) == +0.
+/// Accuracy: <= 1 ulp measured against an 80-bit reference
+/// (tests/math_accuracy_test.cpp); ~98% of inputs are correctly rounded.
+[[nodiscard]] constexpr double log(double x) noexcept {
+    if (!(x > 0.0)) return x == 0.0 ? -infinity<double>() : (isnan(x) ? x : quiet_nan<double>());
+    if (x > detail::dbl_max) return x;  // +inf
+    const bool sub = x < detail::dbl_min;
+    const std::uint64_t bits = std::bit_cast<std::uint64_t>(sub ? x * 0x1p54 : x);
+    const std::uint64_t frac = bits & detail::frac_mask_d;
+    const bool high = frac >= detail::sqrt2_frac;  // 1.frac >= sqrt2: use m = 1.frac / 2
+    const int k = static_cast<int>(bits >> 52) - 1023 - (sub ? 54 : 0) + (high ? 1 : 0);
+    const double m = std::bit_cast<double>(frac | (static_cast<std::uint64_t>(high ? 1022 : 1023) << 52));
+    const double f = m - 1.0;  // exact (Sterbenz)
+    const double s = f / (2.0 + f);
+    const double hfsq = 0.5 * f * f;
+    const double kd = static_cast<double>(k);
+    return kd * detail::ln2_hi + (f - (hfsq - (s * (hfsq + detail::log_r(s * s)) + kd * detail::ln2_lo)));
+}
+
+/// Natural logarithm for float: log(double) of the (exact) double value, rounded
+/// once to float.
+/// Specials: NaN -> NaN, x < 0 -> NaN, +-0 -> -inf, +inf -> +inf, log(1) == +0.
+/// Accuracy: <= 1 ulp; wrong rounding only when log(x) lies within ~2^-52
+/// (relative) of a midpoint between two floats (tests/math_accuracy_test.cpp).
+[[nodiscard]] constexpr float log(float x) noexcept { return static_cast<float>(log(static_cast<double>(x))); }
+
+// ---------------------------------------------------------------------------
+// tanh
+// ---------------------------------------------------------------------------
+
+namespace detail {
+
+// (e^y - 1 - y - y^2/2) / y^3 for |y| <= 1.1: its Taylor series to y^17 (the first term left out,
+// y^18/21!, is below 2^-62 relative to 1/6).
+[[nodiscard]] constexpr double expm1_cubic(double y) noexcept {
+    return inv_fact3 +
+           y * (inv_fact4 +
+                y * (inv_fact5 +
+                     y * (inv_fact6 +
+                          y * (inv_fact7 +
+                               y * (inv_fact8 +
+                                    y * (inv_fact9 +
+                                         y * (inv_fact10 +
+                                              y * (inv_fact11 +
+                                                   y * (inv_fact12 +
+                                                        y * (inv_fact13 +
+                                                             y * (inv_fact14 +
+                                                                  y * (inv_fact15 +
+                                                                       y * (inv_fact16 +
+                                                                            y * (inv_fact17 +
+                                                                                 y * (inv_fact18 +
+                                                                                      y * (inv_fact19 +
+                                                                                           y * inv_fact20))))))))))))))));
+}
+
+// Below this |x|, tanh uses e^(2|x|) - 1 directly; at and above, 1 - 2 / (e^(2|x|) + 1).
+inline constexpr double tanh_switch = 0.55;
+// At and above this |x|, tanh(x) rounds to +-1 in double (1 - tanh(19.1) < 2^-54).
+inline constexpr double tanh_one = 19.1;
+
+}  // namespace detail
+
+/// Hyperbolic tangent for double.
+/// Method: odd, computed on |x|. For |x| < 0.55, with y = 2|x|, u = e^y - 1
+/// and p = (e^y - 1 - y - y^2/2) / y^3 (Taylor, no cancellation), tanh =
+/// u / (u + 2) is written as |x| + |x|^3 (8p(1 - |x|) - 2) / (u + 2): exact
+/// algebra, and the correction, about -|x|^3/3, is small beside |x|, so its
+/// rounding errors stay below half an ulp of the result; for 0.55 <= |x| < 19.1,
+/// tanh = 1 - 2 / (e^(2|x|) + 1) with exp(double), where 2 / (e + 1) <= 0.4995
+/// so the subtraction loses at most one bit; above, +-1.
+/// Specials: NaN -> NaN, +-0 -> +-0, +-inf -> +-1, tiny x -> x.
+/// Accuracy: <= 1 ulp measured against an 80-bit reference
+/// (tests/math_accuracy_test.cpp); ~93% of inputs are correctly rounded.
+[[nodiscard]] constexpr double tanh(double x) noexcept {
+    if (isnan(x) || x == 0.0) return x;
+    const double ax = abs(x);
+    double t = 1.0;
+    if (ax < detail::tanh_switch) {
+        const double y = 2.0 * ax;
+        const double p = detail::expm1_cubic(y);
+        const double u = y + y * (y * (0.5 + y * p));  // e^y - 1
+        t = ax + ax * ax * ax * (8.0 * p * (1.0 - ax) - 2.0) / (u + 2.0);
+    } else if (ax < detail::tanh_one) {
+        t = 1.0 - 2.0 / (exp(2.0 * ax) + 1.0);
+    }
+    return signbit(x) ? -t : t;
+}
+
+/// Hyperbolic tangent for float: tanh(double) of the (exact) double value,
+/// rounded once to float.
+/// Specials: NaN -> NaN, +-0 -> +-0, +-inf -> +-1.
+/// Accuracy: <= 1 ulp, in practice correctly rounded (tests/math_accuracy_test.cpp).
+[[nodiscard]] constexpr float tanh(float x) noexcept { return static_cast<float>(tanh(static_cast<double>(x))); }
 
 // ---------------------------------------------------------------------------
 // sqrt

@@ -50,8 +50,11 @@ namespace detail {
 /// The attention of the projected heads: scaled_dot_product_attention<H, H> (sdpa.hpp), in place.
 template <std::size_t H, class T, std::size_t N, std::size_t DK, std::size_t DV, std::size_t DO>
 constexpr void multi_head_core(multi_head_result<T, H, N, DK, DV, DO>& r, const attention_options<T, N, DK, DV>& opt) {
-    multi_head_sdpa_into<H, H>(r.queries, r.keys, r.values, scale_of(opt, DK / H), causal_of(opt), opt.mask,
-                               std::optional<matrix<T, N, N>>{}, r.scores, r.weights, r.concat);
+    const head_rules<T> rules = plain_rules(scale_of(opt, DK / H), causal_of(opt));
+    matrix<T, H, N> lse{};  // not part of multi_head_result
+    multi_head_sdpa_into<H, H>(
+        r.queries, r.keys, r.values, [&](std::size_t) { return rules; }, opt.mask, std::optional<matrix<T, N, N>>{},
+        r.scores, r.weights, r.concat, lse);
 }
 
 template <std::size_t H, class X, class WQ, class WK, class WV, std::size_t DO>

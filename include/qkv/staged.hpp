@@ -22,11 +22,11 @@
 //   self_attention<...>                          the blocks assembled into an attention_result
 //
 // Block heights keep each evaluation within `detail::block_budget` multiply-adds and (attention)
-// `detail::entry_budget` score entries: far under GCC's and Clang's default limits, and under
-// 100,000 Clang steps. The row kernels are the ones qkv::self_attention runs (qkv::detail::dot,
-// matmul_row, and the row kernels of qkv::scaled_dot_product_attention in sdpa.hpp: allowed_row,
-// scores_row, add_mask_row, weights_output_row) on the same rows in the same order, so the
-// results are identical, not just close.
+// `detail::entry_budget` score entries (half as many with a softcap): far under GCC's and
+// Clang's default limits, and under 100,000 Clang steps. The row kernels are the ones
+// qkv::self_attention runs (qkv::detail::dot, matmul_row, and the row kernel of
+// qkv::scaled_dot_product_attention in sdpa.hpp, attend_row, under the same head_rules) on the
+// same rows in the same order, so the results are identical, not just close.
 //
 // attend_block takes Q, K and V themselves (any static constexpr matrices, L queries and S keys),
 // so scaled dot-product attention of given Q, K, V is the same chain without the projections:
@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -101,6 +102,12 @@ constexpr void copy_block(matrix<T, R, C>& dst, std::size_t first, const matrix<
     for (std::size_t r = 0; r < RB; ++r) copy_row(dst.elems[first + r], block.elems[r], std::make_index_sequence<C>{});
 }
 
+/// Copy the `C` entries of `src` into `dst` from entry `first` on.
+template <class T, std::size_t N, std::size_t C>
+constexpr void copy_entries(T (&dst)[N], std::size_t first, const T (&src)[C]) {
+    for (std::size_t c = 0; c < C; ++c) dst[first + c] = src[c];
+}
+
 // ---- Options ------------------------------------------------------------------------------------
 
 inline constexpr int which_q = 0, which_k = 1, which_v = 2;
@@ -153,24 +160,38 @@ constexpr causal_mode causal_of(const Opt& opt) {
         return opt.causal ? causal_mode::top_left : causal_mode::none;
 }
 
-/// Row i of the "may attend" mask over NK keys: Opt's bool mask (all true without one) and its
-/// causal mode, by qkv::detail::allowed_row: the same booleans as qkv::self_attention and
-/// qkv::scaled_dot_product_attention use.
-template <std::size_t NK, class Opt>
-constexpr void allowed_row(const Opt& opt, std::size_t i, bool (&allowed)[NK]) {
-    if constexpr (is_default<Opt>) {
-        for (std::size_t j = 0; j < NK; ++j) allowed[j] = true;
-    } else {
-        qkv::detail::allowed_row(opt.mask, causal_of(opt), i, allowed);
-    }
+/// An empty optional matrix, for options that have no such mask.
+template <class T, std::size_t R, std::size_t C>
+inline constexpr std::optional<matrix<T, R, C>> no_matrix{};
+
+/// Opt's bool mask over NQ queries and NK keys (empty for the default options).
+template <std::size_t NQ, std::size_t NK, class Opt>
+constexpr const std::optional<matrix<bool, NQ, NK>>& mask_of(const Opt& opt) {
+    if constexpr (is_default<Opt>)
+        return no_matrix<bool, NQ, NK>;
+    else
+        return opt.mask;
 }
 
-/// Add row i of Opt's additive mask, if it has one, to a row of scores (-inf entries clear their
-/// keys), as qkv::scaled_dot_product_attention does.
-template <class T, std::size_t NK, class Opt>
-constexpr void add_mask_row(const Opt& opt, std::size_t i, T (&scores)[NK], bool (&allowed)[NK]) {
+/// Opt's additive mask (an sdpa_options' own; empty for the others).
+template <class T, std::size_t NQ, std::size_t NK, class Opt>
+constexpr const std::optional<matrix<T, NQ, NK>>& additive_of(const Opt& opt) {
+    if constexpr (is_sdpa<Opt>)
+        return opt.additive_mask;
+    else
+        return no_matrix<T, NQ, NK>;
+}
+
+/// The head rules of Opt, as qkv::scaled_dot_product_attention and qkv::self_attention resolve
+/// them: an sdpa_options' (checked: an option out of range stops the evaluation), or the scale
+/// and causal mode of the others.
+template <class T, std::size_t DK, class Opt>
+constexpr qkv::detail::head_rules<T> rules_of(const Opt& opt) {
     if constexpr (is_sdpa<Opt>) {
-        if (opt.additive_mask) qkv::detail::add_mask_row(opt.additive_mask->elems[i], scores, allowed);
+        qkv::detail::check_options(opt);
+        return qkv::detail::head_rules_of<1>(opt, 0, scale_of<T, DK>(opt));
+    } else {
+        return qkv::detail::plain_rules(scale_of<T, DK>(opt), causal_of(opt));
     }
 }
 
@@ -218,12 +239,13 @@ inline constexpr auto projection = make_projection<X, W, Opt, Which, RowsPerBloc
 
 // ---- Attention of Q, K, V: by blocks of query rows ------------------------------------------------
 
-/// Rows of one block of query positions: scores (before masking), weights and output.
+/// Rows of one block of query positions: scores (before masking), weights, output and lse.
 template <class T, std::size_t RB, std::size_t NK, std::size_t DV>
 struct attend_rows {
     matrix<T, RB, NK> scores;
     matrix<T, RB, NK> weights;
     matrix<T, RB, DV> output;
+    row_vector<T, RB> lse;
 };
 
 /// Score entries (each an exp call and the softmax bookkeeping) one attention evaluation may
@@ -231,18 +253,31 @@ struct attend_rows {
 /// evaluation also fits MSVC's default /constexpr:steps (100,000) if MSVC counts like Clang.
 inline constexpr std::size_t entry_budget = 1536;
 
+/// Score entries one attention evaluation under Opt may compute: entry_budget, halved with a
+/// softcap, whose tanh per entry costs Clang 14 about as many steps again as the rest of the entry
+/// (with every option of sdpa.hpp on, a block of entry_budget / 2 entries stays near 55,000 steps).
+template <class Opt>
+constexpr std::size_t entries_for(const Opt& opt) {
+    if constexpr (is_sdpa<Opt>) {
+        if (opt.softcap != 0) return entry_budget / 2;
+    }
+    return entry_budget;
+}
+
 /// Query rows per attention block: one row costs NK·(d_k + d_v) multiply-adds and NK score
 /// entries, and a block stays within both budgets.
-constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::size_t dk, std::size_t dv) {
-    const std::size_t by_macs = block_budget / (nk * (dk + dv)), by_entries = entry_budget / nk;
+constexpr std::size_t attend_block_rows(std::size_t nq, std::size_t nk, std::size_t dk, std::size_t dv,
+                                        std::size_t entries) {
+    const std::size_t by_macs = block_budget / (nk * (dk + dv)), by_entries = entries / nk;
     return clamp_rows(by_macs < by_entries ? by_macs : by_entries, nq);
 }
 
-/// Query rows per attention block (RowsPerBlock overrides the budgets; 0 = from the budgets).
-template <class Q, class K, class V, std::size_t RowsPerBlock>
-inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0
-                                                         ? clamp_rows(RowsPerBlock, Q::rows)
-                                                         : attend_block_rows(Q::rows, K::rows, K::cols, V::cols);
+/// Query rows per attention block under Opt (RowsPerBlock overrides the budgets; 0 = from the
+/// budgets).
+template <class Q, class K, class V, const auto& Opt, std::size_t RowsPerBlock>
+inline constexpr std::size_t attend_rows_per_block = RowsPerBlock != 0 ? clamp_rows(RowsPerBlock, Q::rows)
+                                                                       : attend_block_rows(Q::rows, K::rows, K::cols,
+                                                                                           V::cols, entries_for(Opt));
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 constexpr auto make_attend_block() {
@@ -250,25 +285,23 @@ constexpr auto make_attend_block() {
     using KT = type_of<K>;
     using VT = type_of<V>;
     using T = typename QT::value_type;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     constexpr std::size_t RB = block_rows(QT::rows, per, B);
     constexpr std::size_t NK = KT::rows;
-    const T scale = scale_of<T, KT::cols>(Opt);
+    const qkv::detail::head_rules<T> rules = rules_of<T, KT::cols>(Opt);
     attend_rows<T, RB, NK, VT::cols> out{};
     for (std::size_t r = 0; r < RB; ++r) {
         const std::size_t i = B * per + r;
-        bool allowed[NK]{};
-        allowed_row(Opt, i, allowed);
-        qkv::detail::scores_row(Q.elems[i], K.elems, scale, out.scores.elems[r]);
-        add_mask_row(Opt, i, out.scores.elems[r], allowed);
-        qkv::detail::weights_output_row(out.scores.elems[r], allowed, V.elems, out.weights.elems[r],
-                                        out.output.elems[r]);
+        out.lse.elems[0][r] = qkv::detail::attend_row(rules, i, Q.elems[i], K.elems, V.elems,
+                                                      mask_of<QT::rows, NK>(Opt), additive_of<T, QT::rows, NK>(Opt),
+                                                      out.scores.elems[r], out.weights.elems[r], out.output.elems[r]);
     }
     return out;
 }
 
-/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, masks
-/// and causal mode (an attention_options' biases are not used here), h = attend_rows_per_block.
+/// Query rows [B·h, B·h + h) of scaled dot-product attention of Q, K, V under Opt's scale, masks,
+/// causal mode and (sdpa options) softcap, ALiBi, window and sink (an attention_options' biases
+/// are not used here), h = attend_rows_per_block.
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock, std::size_t B>
 inline constexpr auto attend_block = make_attend_block<Q, K, V, Opt, RowsPerBlock, B>();
 
@@ -280,7 +313,7 @@ constexpr auto assemble_attention(std::index_sequence<B...>) {
     using QT = type_of<Q>;
     using KT = type_of<K>;
     using VT = type_of<V>;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     attention_result<typename QT::value_type, QT::rows, QT::cols, VT::cols> r{Q, K, V, {}, {}, {}};
     (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
     (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
@@ -290,7 +323,7 @@ constexpr auto assemble_attention(std::index_sequence<B...>) {
 
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
 constexpr auto make_attention() {
-    constexpr std::size_t per = attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, Opt, RowsPerBlock>;
     return assemble_attention<Q, K, V, Opt, RowsPerBlock>(
         std::make_index_sequence<block_count(type_of<Q>::rows, per)>{});
 }
@@ -302,11 +335,12 @@ constexpr auto assemble_sdpa(std::index_sequence<B...>) {
     using QT = type_of<Q>;
     using KT = type_of<K>;
     using VT = type_of<V>;
-    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, RowsPerBlock>;
+    constexpr std::size_t per = attend_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     sdpa_result<typename QT::value_type, QT::rows, KT::rows, VT::cols> r{};
     (copy_block(r.scores, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.scores), ...);
     (copy_block(r.weights, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.weights), ...);
     (copy_block(r.output, B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.output), ...);
+    (copy_entries(r.lse.elems[0], B * per, attend_block<Q, K, V, Opt, RowsPerBlock, B>.lse.elems[0]), ...);
     return r;
 }
 
@@ -314,8 +348,8 @@ constexpr auto assemble_sdpa(std::index_sequence<B...>) {
 /// from the budgets), for tests.
 template <const auto& Q, const auto& K, const auto& V, const auto& Opt, std::size_t RowsPerBlock>
 inline constexpr auto sdpa_blocked = assemble_sdpa<Q, K, V, Opt, RowsPerBlock>(
-    std::make_index_sequence<block_count(type_of<Q>::rows,
-                                         attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, RowsPerBlock>)>{});
+    std::make_index_sequence<
+        block_count(type_of<Q>::rows, attend_rows_per_block<type_of<Q>, type_of<K>, type_of<V>, Opt, RowsPerBlock>)>{});
 
 /// qkv::staged::self_attention with a chosen number of rows per block, for the projections and
 /// the attention alike (0: from the budget). For tests, which cut small problems into several

@@ -127,3 +127,40 @@ constexpr double softmax_denominator(int n) {
 }
 }  // namespace
 static_assert(softmax_denominator(256) > 185.46 && softmax_denominator(256) < 185.47);
+
+// ---- exp2 ----------------------------------------------------------------------
+static_assert(bits(qkv::exp2(0.0)) == bits(1.0) && bits(qkv::exp2(-0.0f)) == bits(1.0f));
+static_assert(qkv::exp2(10.0) == 1024.0 && qkv::exp2(-3.0f) == 0.125f);  // integers are exact
+static_assert(qkv::exp2(-1074.0) == std::numeric_limits<double>::denorm_min());
+static_assert(qkv::exp2(-149.0f) == std::numeric_limits<float>::denorm_min());
+static_assert(ulps(qkv::exp2(0.5), 1.4142135623730951) <= 1);
+static_assert(ulps(qkv::exp2(-0.125), 0.9170040432046712) <= 1);  // ALiBi's m0 for max_bias 1, 8 heads
+static_assert(ulps(qkv::exp2(-7.5), 0.005524271728019903) <= 1);
+static_assert(ulps(qkv::exp2(1023.5), 1.2711610061536464e308) <= 1);
+static_assert(ulps(qkv::exp2(0.5f), 1.4142135f) <= 1 && ulps(qkv::exp2(-0.0625f), 0.95760328f) <= 1);
+static_assert(qkv::exp2(1024.0) == dinf && qkv::exp2(128.0f) == finf && qkv::exp2(dinf) == dinf);
+static_assert(bits(qkv::exp2(-1075.0)) == 0 && bits(qkv::exp2(-150.0f)) == 0 && bits(qkv::exp2(-dinf)) == 0);
+static_assert(qkv::isnan(qkv::exp2(dnan)) && qkv::isnan(qkv::exp2(fnan)));
+
+// ---- log -----------------------------------------------------------------------
+static_assert(bits(qkv::log(1.0)) == 0 && bits(qkv::log(1.0f)) == 0);
+static_assert(ulps(qkv::log(2.0), 0.6931471805599453) <= 1);
+static_assert(ulps(qkv::log(2.718281828459045), 1.0) <= 1);
+static_assert(ulps(qkv::log(10.0), 2.302585092994046) <= 1);
+static_assert(ulps(qkv::log(1e-300), -690.7755278982137) <= 1);
+static_assert(ulps(qkv::log(17.0f), 2.8332133f) <= 1 && ulps(qkv::log(0.3f), -1.2039728f) <= 1);
+static_assert(qkv::log(0.5) == -qkv::log(2.0));
+static_assert(ulps(-qkv::log(std::numeric_limits<double>::denorm_min()), 744.4400719213812) <= 1);  // subnormal
+static_assert(qkv::log(0.0) == -dinf && qkv::log(-0.0f) == -finf && qkv::log(dinf) == dinf);
+static_assert(qkv::isnan(qkv::log(-1.0)) && qkv::isnan(qkv::log(-1.0f)) && qkv::isnan(qkv::log(dnan)));
+
+// ---- tanh ----------------------------------------------------------------------
+static_assert(bits(qkv::tanh(0.0)) == 0 && bits(qkv::tanh(-0.0)) == bits(-0.0) && bits(qkv::tanh(0.0f)) == 0);
+static_assert(ulps(qkv::tanh(0.5), 0.46211715726000974) <= 1);
+static_assert(ulps(qkv::tanh(1.0), 0.7615941559557649) <= 1);
+static_assert(ulps(qkv::tanh(0.125), 0.1243530017715962) <= 1);
+static_assert(ulps(qkv::tanh(5.0), 0.9999092042625951) <= 1);
+static_assert(ulps(qkv::tanh(0.5f), 0.46211717f) <= 1 && ulps(qkv::tanh(2.0f), 0.96402758f) <= 1);
+static_assert(qkv::tanh(-0.5) == -qkv::tanh(0.5) && qkv::tanh(-0.5f) == -qkv::tanh(0.5f));
+static_assert(qkv::tanh(1e-200) == 1e-200 && qkv::tanh(20.0) == 1.0 && qkv::tanh(-dinf) == -1.0);
+static_assert(qkv::tanh(finf) == 1.0f && qkv::isnan(qkv::tanh(dnan)) && qkv::isnan(qkv::tanh(fnan)));
