@@ -77,7 +77,7 @@ void call_buffers::release() {
 
 std::byte* call_buffers::inputs() const { return staged_ ? staging_in_.mapped() : (*this)[role::inputs].mapped(); }
 
-void call_buffers::record_upload(executor& exec, std::uint64_t bytes) const {
+void call_buffers::record_upload(recorder& exec, std::uint64_t bytes) const {
     if (bytes == 0) return;
     (staged_ ? staging_in_ : (*this)[role::inputs]).flush();
     if (!staged_) return;  // host-visible device memory: the submit makes the writes visible
@@ -86,7 +86,7 @@ void call_buffers::record_upload(executor& exec, std::uint64_t bytes) const {
                  VK_ACCESS_SHADER_READ_BIT);
 }
 
-void call_buffers::record_download(executor& exec, std::span<const download> downloads) const {
+void call_buffers::record_download(recorder& exec, std::span<const download> downloads) const {
     if (!staged_) {
         exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                      VK_ACCESS_HOST_READ_BIT);

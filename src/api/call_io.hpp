@@ -72,9 +72,9 @@ public:
     [[nodiscard]] std::byte* inputs() const;
     /// Makes the host's writes visible to the device: flushes, and records the staging copy where
     /// there is one, then a barrier to compute reads.
-    void record_upload(executor& exec, std::uint64_t bytes) const;
+    void record_upload(recorder& exec, std::uint64_t bytes) const;
     /// Records what makes `downloads` readable by the host (a barrier; the copies into staging).
-    void record_download(executor& exec, std::span<const download> downloads) const;
+    void record_download(recorder& exec, std::span<const download> downloads) const;
     /// After the submit: copies the bytes of downloads[i] to `to`.
     void read(std::span<const download> downloads, std::size_t i, void* to) const;
 

@@ -99,7 +99,7 @@ flash_cpu_views make_flash_cpu_views(const device& dev, const buffer& texels, co
     return v;
 }
 
-void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_cpu_plan& plan,
+void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_cpu_plan& plan,
                       const flash_io& io, const flash_cpu_texels& tx, bool stats) {
     // 1. Q, K, V into whole texels; the V flags zeroed first.
     exec.fill(tx.texels, 0, plan.flags_bytes, 0);

@@ -72,7 +72,7 @@ struct flash_cpu_texels {
 /// Records the packing of Q, K and V (from io.qkv, as `layout` addresses them) into the texel
 /// buffer, then the kernel over every (batch, query head) and row block, one dispatch pair per
 /// plan.chunk_keys keys. `stats`: the last chunk also stores each row's final (max, sum).
-void record_flash_cpu(executor& exec, pipeline_set& pipes, const flash_layout& layout, const flash_cpu_plan& plan,
+void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_cpu_plan& plan,
                       const flash_io& io, const flash_cpu_texels& texels, bool stats = false);
 
 }  // namespace qkv::vulkan::detail

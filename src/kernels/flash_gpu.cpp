@@ -36,7 +36,7 @@ flash_gpu_plan plan_flash_gpu(const device_desc& desc, const flash_layout& l, co
     return plan;
 }
 
-void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_gpu_plan& plan,
+void record_flash_gpu(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_gpu_plan& plan,
                       const flash_io& io, bool stats) {
     const flash_tiles& t = plan.tiles;
     const shader_id shader = t.subgroup ? (l.fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
@@ -55,7 +55,7 @@ void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& l
     });
 }
 
-void record_flash_weights(executor& exec, pipeline_set& pipes, const flash_layout& l, const flash_io& io,
+void record_flash_weights(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_io& io,
                           binding weights) {
     // One loop of E iterations per invocation: far below llvmpipe's 65,535 for any head the fused
     // kernels take (fused_max_head).

@@ -29,12 +29,12 @@ flash_gpu_plan plan_flash_gpu(const device_desc& desc, const flash_layout& layou
 
 /// Records the kernel over every (batch, query head) and row block, one dispatch per key chunk.
 /// `stats`: the last dispatch also stores each row's final (max, sum) in io.state (for the weights).
-void record_flash_gpu(executor& exec, pipeline_set& pipes, const flash_layout& layout, const flash_gpu_plan& plan,
+void record_flash_gpu(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_gpu_plan& plan,
                       const flash_io& io, bool stats = false);
 
 /// Records flash_weights.comp: weights (batch, heads, L, S) into `weights` from the state a
 /// kernel of either family stored with `stats`. Throws limit_exceeded when the grid or E is too large.
-void record_flash_weights(executor& exec, pipeline_set& pipes, const flash_layout& layout, const flash_io& io,
+void record_flash_weights(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_io& io,
                           binding weights);
 
 }  // namespace qkv::vulkan::detail

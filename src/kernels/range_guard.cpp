@@ -180,7 +180,7 @@ void prepare_range_guard(allocator& alloc, range_guard_buffers& bufs, const plan
     alloc.ensure(bufs.host, bytes, memory_use::readback, "range guard readback");
 }
 
-void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
+void record_range_guard(recorder& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
                         binding qkv) {
     const std::uint64_t bytes = result_bytes(p);
     auto* words = reinterpret_cast<std::uint32_t*>(bufs.host.mapped());

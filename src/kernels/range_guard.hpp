@@ -67,7 +67,7 @@ void prepare_range_guard(allocator& alloc, range_guard_buffers& bufs, const plan
 
 /// Records the guard after the projection (whose writes must already be visible to compute
 /// reads): an init copy, one dispatch over every (row, head, Q/K/V chunk), and the readback.
-void record_range_guard(executor& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
+void record_range_guard(recorder& exec, pipeline_set& pipes, const range_guard_buffers& bufs, const plan& p,
                         binding qkv);
 
 /// After the submit: throws numeric_overflow when the guard found a problem (see above).

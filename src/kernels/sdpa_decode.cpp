@@ -170,7 +170,7 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
     return c;
 }
 
-void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push, bool careful) {
     const shader_id id = plan.family != kernel_family::cpu ? shader_id::sdpa_decode_gpu
                          : plan.shuffle                    ? shader_id::sdpa_decode_cpu_shuffle

@@ -79,7 +79,7 @@ struct decode_io {
 contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_problem& problem, float v_scale);
 
 /// Records the decode dispatch, a barrier and the merge dispatch. `careful`: V may hold NaN or Inf.
-void record_decode(executor& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push, bool careful);
 
 }  // namespace qkv::vulkan::detail

@@ -28,7 +28,7 @@ static_assert(gemm_rows_match(), "shader_table.def: a matrix-product row that re
 
 }  // namespace
 
-void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
+void record_gemm(recorder& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
                  const gemm_push& push, std::uint32_t batches) {
     const bool texels = texel_gemm(step.shader);
     const contract::gemm_spec spec = step.tiles.spec();
@@ -56,7 +56,7 @@ void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std
     }
 }
 
-void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
+void record_softmax(recorder& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
                     binding texels, std::uint32_t rows, std::uint32_t cols) {
     softmax_push push{};
     push.cols = cols;

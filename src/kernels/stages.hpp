@@ -43,14 +43,14 @@ inline constexpr std::uint32_t flag_gemm_partial = contract::GEMM_FLAG_PARTIAL; 
 
 /// Records the product over `batches` (batch x heads) grids as `step` (plan_gemm) says: one
 /// dispatch per K chunk, with a barrier between them.
-void record_gemm(executor& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
+void record_gemm(recorder& exec, pipeline_set& pipes, const gemm_step& step, std::initializer_list<binding> bindings,
                  const gemm_push& push, std::uint32_t batches);
 
 /// Records the in-place softmax of `rows` rows of `cols` scores with `shader` (softmax or
 /// softmax_subgroup: a workgroup per row; softmax_cpu_tx: a row per invocation, which reads
 /// `texels`, an RGBA32F view of the scores) and `workgroup` invocations (make_plan chose both and
 /// checked the loop budget).
-void record_softmax(executor& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
+void record_softmax(recorder& exec, pipeline_set& pipes, shader_id shader, std::uint32_t workgroup, binding scores,
                     binding texels, std::uint32_t rows, std::uint32_t cols);
 
 }  // namespace qkv::vulkan::detail

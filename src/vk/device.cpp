@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "qkv/runtime/error.hpp"
 #include "vk/check.hpp"
 
 namespace qkv::vulkan::detail {
@@ -100,7 +101,56 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     }
     fn_.vkGetDeviceQueue(handle_, family_, 0, &queue_);
     fp16_storage_ = info_.fp16_storage;
+    describe_for_planners();
+}
 
+device::device(std::shared_ptr<const instance> inst, const external_handles& h)
+    : instance_(std::move(inst)),
+      physical_(instance_->physical_devices().at(0)),
+      info_(instance_->devices().at(0)),
+      owned_(false) {
+    const instance_table& ifn = instance_->fn();
+    if (!h.device || !h.queue) throw qkv::invalid_argument("external_device: device and queue must be given");
+    if (info_.api_version < VK_API_VERSION_1_1)
+        throw unavailable("external_device: " + info_.name + " reports Vulkan " + info_.api_version_string +
+                          "; qkv needs Vulkan 1.1 or newer");
+    std::vector<VkQueueFamilyProperties> families;
+    enumerate(families, ifn.vkGetPhysicalDeviceQueueFamilyProperties, physical_);
+    if (h.queue_family >= families.size() || !(families[h.queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT))
+        throw unavailable("external_device: queue family " + std::to_string(h.queue_family) + " of " + info_.name +
+                          " does not support compute; qkv needs a compute queue");
+    handle_ = h.device;
+    queue_ = h.queue;
+    family_ = h.queue_family;
+    ifn.vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
+    VkPhysicalDeviceProperties props{};
+    ifn.vkGetPhysicalDeviceProperties(physical_, &props);
+    limits_ = props.limits;
+    fn_.load(ifn, handle_);
+    // Only what the caller enabled counts: a feature the device has but was not created with is
+    // not there (fp16 precision is then refused, naming storageBuffer16BitAccess).
+    info_.fp16_storage = info_.fp16_storage && h.storage_16bit;
+    info_.shader_int64 = info_.shader_int64 && h.shader_int64;
+    info_.timestamps = info_.timestamps && families[h.queue_family].timestampValidBits > 0;
+    if (h.subgroup_size_control && has_extension(ifn, physical_, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
+        auto size_props = vk_struct<VkPhysicalDeviceSubgroupSizeControlProperties>(
+            VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
+        auto props2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+        props2.pNext = &size_props;
+        ifn.vkGetPhysicalDeviceProperties2(physical_, &props2);
+        if ((size_props.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && size_props.minSubgroupSize > 0) {
+            subgroups_.min_size = size_props.minSubgroupSize;
+            subgroups_.max_size = size_props.maxSubgroupSize;
+            subgroups_.required_size = true;
+            subgroups_.full_subgroups = h.compute_full_subgroups;
+            subgroups_.max_subgroups = size_props.maxComputeWorkgroupSubgroups;
+        }
+    }
+    fp16_storage_ = info_.fp16_storage;
+    describe_for_planners();
+}
+
+void device::describe_for_planners() {
     desc_.info = info_;
     desc_.subgroups = subgroups_;
     desc_.storage_alignment = std::max<std::uint64_t>(16, limits_.minStorageBufferOffsetAlignment);
@@ -119,6 +169,7 @@ bool device::uniform_texel_format(VkFormat format) const {
 }
 
 device::~device() {
+    if (!owned_) return;  // the caller's: never waited on or destroyed here (each call waited for its own work)
     fn_.vkDeviceWaitIdle(handle_);
     fn_.vkDestroyDevice(handle_, nullptr);
 }

@@ -9,9 +9,24 @@
 
 namespace qkv::vulkan::detail {
 
+/// A device the caller created (context from an external_device): its handles and what it was
+/// created with, as far as qkv needs to know.
+struct external_handles {
+    VkDevice device = VK_NULL_HANDLE;
+    std::uint32_t queue_family = 0;
+    VkQueue queue = VK_NULL_HANDLE;
+    bool storage_16bit = false;          ///< storageBuffer16BitAccess enabled
+    bool shader_int64 = false;           ///< shaderInt64 enabled
+    bool subgroup_size_control = false;  ///< subgroupSizeControl enabled (and the extension, or Vulkan 1.3)
+    bool compute_full_subgroups = false;  ///< computeFullSubgroups enabled
+};
+
 class device {
 public:
     device(std::shared_ptr<const instance> inst, std::size_t index);
+    /// The caller's device (never destroyed here), on `inst`'s only physical device. Throws
+    /// unavailable naming what qkv needs that the device lacks (Vulkan 1.1, a compute queue).
+    device(std::shared_ptr<const instance> inst, const external_handles& handles);
     ~device();
     device(const device&) = delete;
     device& operator=(const device&) = delete;
@@ -47,6 +62,9 @@ private:
     bool fp16_storage_ = false;
     subgroup_control subgroups_;
     device_desc desc_;
+    bool owned_ = true;
+
+    void describe_for_planners();
 };
 
 }  // namespace qkv::vulkan::detail

@@ -11,19 +11,42 @@ namespace {
 constexpr std::uint32_t max_sets = 1024;  // descriptor sets per call (one per stage dispatch or key chunk)
 }
 
-executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit)
-    : dev_(dev), lose_at_submit_(lose_device_at_submit) {
+recorder::recorder(const device& dev, std::uint32_t max_workgroup_count) : dev_(dev) {
     for (int i = 0; i < 3; ++i) {
         max_groups_[i] = dev_.limits().maxComputeWorkGroupCount[i];
         if (max_workgroup_count) max_groups_[i] = std::min(max_groups_[i], max_workgroup_count);
     }
+}
+
+void recorder::start(VkCommandBuffer cmd, VkDescriptorPool descriptors, VkQueryPool queries) {
+    cmd_ = cmd;
+    descriptors_ = descriptors;
+    queries_ = queries;
+    dispatches_ = 0;
+    sets_ = 0;
+    stamps_ = 0;
+}
+
+descriptor_pool_handle make_descriptor_pool(const device& dev) {
+    descriptor_pool_handle pool(dev.fn(), dev.handle());
+    const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8},
+                                          {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, max_sets * 3}};
+    auto dp = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+    dp.maxSets = max_sets;
+    dp.poolSizeCount = 2;
+    dp.pPoolSizes = sizes;
+    check(dev.fn().vkCreateDescriptorPool(dev.handle(), &dp, nullptr, pool.put()), "vkCreateDescriptorPool");
+    return pool;
+}
+
+executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::uint32_t lose_device_at_submit)
+    : recorder(dev, max_workgroup_count), lose_at_submit_(lose_device_at_submit) {
     const auto& fn = dev_.fn();
     const VkDevice d = dev_.handle();
     // Each object is owned as soon as it exists: a failure below destroys those made before it.
     pool_ = command_pool_handle(fn, d);
-    descriptors_ = descriptor_pool_handle(fn, d);
     fence_ = fence_handle(fn, d);
-    queries_ = query_pool_handle(fn, d);
+    query_pool_ = query_pool_handle(fn, d);
     auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
     pool.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
     pool.queueFamilyIndex = dev_.queue_family();
@@ -32,15 +55,8 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
     alloc.commandPool = pool_.get();
     alloc.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     alloc.commandBufferCount = 1;
-    check(fn.vkAllocateCommandBuffers(d, &alloc, &cmd_), "vkAllocateCommandBuffers");
-
-    const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_sets * 8},
-                                          {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, max_sets * 3}};
-    auto dp = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
-    dp.maxSets = max_sets;
-    dp.poolSizeCount = 2;
-    dp.pPoolSizes = sizes;
-    check(fn.vkCreateDescriptorPool(d, &dp, nullptr, descriptors_.put()), "vkCreateDescriptorPool");
+    check(fn.vkAllocateCommandBuffers(d, &alloc, &own_cmd_), "vkAllocateCommandBuffers");
+    descriptor_pool_ = make_descriptor_pool(dev_);
 
     auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     check(fn.vkCreateFence(d, &fence, nullptr, fence_.put()), "vkCreateFence");
@@ -49,43 +65,51 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
         auto q = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
         q.queryType = VK_QUERY_TYPE_TIMESTAMP;
         q.queryCount = max_marks + 2;
-        check(fn.vkCreateQueryPool(d, &q, nullptr, queries_.put()), "vkCreateQueryPool");
+        check(fn.vkCreateQueryPool(d, &q, nullptr, query_pool_.put()), "vkCreateQueryPool");
     }
 }
 
 void executor::begin() {
     const auto& fn = dev_.fn();
     check(fn.vkResetCommandPool(dev_.handle(), pool_.get(), 0), "vkResetCommandPool");
-    check(fn.vkResetDescriptorPool(dev_.handle(), descriptors_.get(), 0), "vkResetDescriptorPool");
-    dispatches_ = 0;
-    sets_ = 0;
-    stamps_ = 0;
+    check(fn.vkResetDescriptorPool(dev_.handle(), descriptor_pool_.get(), 0), "vkResetDescriptorPool");
+    start(own_cmd_, descriptor_pool_.get(), query_pool_ ? query_pool_.get() : VK_NULL_HANDLE);
     marks_ms_.clear();
     auto info = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
     info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(fn.vkBeginCommandBuffer(cmd_, &info), "vkBeginCommandBuffer");
     if (queries_) {
-        fn.vkCmdResetQueryPool(cmd_, queries_.get(), 0, max_marks + 2);
-        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_.get(), stamps_++);
+        fn.vkCmdResetQueryPool(cmd_, queries_, 0, max_marks + 2);
+        fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, stamps_++);
     }
 }
 
-void executor::mark() {
-    if (!queries_) return;
-    if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
-    dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_.get(), stamps_++);
+external_recorder::external_recorder(const device& dev, std::uint32_t max_workgroup_count, VkCommandBuffer cmd)
+    : recorder(dev, max_workgroup_count), descriptor_pool_(make_descriptor_pool(dev)) {
+    start(cmd, descriptor_pool_.get(), VK_NULL_HANDLE);
 }
 
-void executor::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
+void recorder::mark() {
+    if (!queries_) return;
+    if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
+    dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
+}
+
+void recorder::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
     dev_.fn().vkCmdFillBuffer(cmd_, dst, offset, size, value);
 }
 
-void executor::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
+void recorder::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
     const VkBufferCopy region{src_offset, dst_offset, size};
     dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
 }
 
-void executor::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+void recorder::copy(VkBuffer src, VkBuffer dst, const std::vector<VkBufferCopy>& regions) {
+    if (!regions.empty())
+        dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, static_cast<std::uint32_t>(regions.size()), regions.data());
+}
+
+void recorder::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
                        VkAccessFlags dst_access) {
     auto b = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
     b.srcAccessMask = src_access;
@@ -93,21 +117,22 @@ void executor::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPip
     dev_.fn().vkCmdPipelineBarrier(cmd_, src, dst, 0, 1, &b, 0, nullptr, 0, nullptr);
 }
 
-void executor::compute_barrier() {
+void recorder::compute_barrier() {
     barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
 }
 
-void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindings, const void* push,
+void recorder::dispatch(const pipeline& p, std::initializer_list<binding> bindings, const void* push,
                         const std::uint32_t (&groups)[3]) {
     const auto& fn = dev_.fn();
     if (bindings.size() != p.bindings) throw error("internal: binding count does not match the pipeline");
+    if (cmd_ == VK_NULL_HANDLE) throw error("internal: recording without a command buffer");
     if (sets_ == max_sets) throw error("internal: too many dispatches in one call");
     ++sets_;
 
     VkDescriptorSet set = VK_NULL_HANDLE;
     auto alloc = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
-    alloc.descriptorPool = descriptors_.get();
+    alloc.descriptorPool = descriptors_;
     alloc.descriptorSetCount = 1;
     const VkDescriptorSetLayout set_layout = p.set_layout.get();
     alloc.pSetLayouts = &set_layout;
@@ -157,7 +182,7 @@ void executor::dispatch(const pipeline& p, std::initializer_list<binding> bindin
 double executor::submit_and_wait() {
     const auto& fn = dev_.fn();
     const VkFence fence = fence_.get();
-    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_.get(), stamps_++);
+    if (queries_) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
     check(fn.vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
     check(fn.vkResetFences(dev_.handle(), 1, &fence), "vkResetFences");
     auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
@@ -168,7 +193,7 @@ double executor::submit_and_wait() {
     check(fn.vkWaitForFences(dev_.handle(), 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     if (!queries_) return 0.0;
     std::uint64_t stamps[max_marks + 2] = {};
-    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_.get(), 0, stamps_, sizeof stamps, stamps,
+    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, stamps_, sizeof stamps, stamps,
                                    sizeof(std::uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
           "vkGetQueryPoolResults");
     const double to_ms = dev_.info().timestamp_period_ns * 1e-6;

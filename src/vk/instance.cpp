@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "qkv/runtime/error.hpp"
 #include "vk/check.hpp"
 
 namespace qkv::vulkan::detail {
@@ -234,7 +235,7 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
     check(created, "vkCreateInstance");
 
     try {
-        fn_.load(l, handle_);
+        fn_.load(l.vkGetInstanceProcAddr, handle_);
         if (validation_) {
             check(fn_.vkCreateDebugUtilsMessengerEXT(handle_, &messenger_info, nullptr, &messenger_),
                   "vkCreateDebugUtilsMessengerEXT");
@@ -253,7 +254,18 @@ instance::instance(bool validation) : validation_(validation), sink_(std::make_u
     }
 }
 
+instance::instance(VkInstance external, PFN_vkGetInstanceProcAddr get, VkPhysicalDevice physical)
+    : handle_(external), owned_(false), sink_(std::make_unique<message_sink>()) {
+    if (!external || !get || !physical)
+        throw qkv::invalid_argument(
+            "external_device: instance, physical_device and get_instance_proc_addr must all be given");
+    fn_.load(get, handle_);
+    physical_.push_back(physical);
+    infos_.push_back(describe(fn_, physical, 0));
+}
+
 instance::~instance() {
+    if (!owned_) return;  // the caller's: never destroyed here
     if (messenger_) fn_.vkDestroyDebugUtilsMessengerEXT(handle_, messenger_, nullptr);
     fn_.vkDestroyInstance(handle_, nullptr);
 }

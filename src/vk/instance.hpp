@@ -23,6 +23,9 @@ struct message_sink {
 class instance {
 public:
     explicit instance(bool validation);
+    /// The caller's instance (never destroyed here), seen through `get`, with `physical` as its
+    /// only device. No validation messages are collected: the caller's messenger has them.
+    instance(VkInstance external, PFN_vkGetInstanceProcAddr get, VkPhysicalDevice physical);
     ~instance();
     instance(const instance&) = delete;
     instance& operator=(const instance&) = delete;
@@ -40,6 +43,7 @@ private:
     VkInstance handle_ = VK_NULL_HANDLE;
     VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
     bool validation_ = false;
+    bool owned_ = true;
     std::unique_ptr<message_sink> sink_;
     std::vector<VkPhysicalDevice> physical_;
     std::vector<device_info> infos_;

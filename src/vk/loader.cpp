@@ -103,8 +103,8 @@ const loader& loader::get() {
     return instance;
 }
 
-void instance_table::load(const loader& l, VkInstance instance) {
-#define QKV_VK_INSTANCE(name, need) name = reinterpret_cast<PFN_##name>(l.vkGetInstanceProcAddr(instance, #name));
+void instance_table::load(PFN_vkGetInstanceProcAddr get, VkInstance instance) {
+#define QKV_VK_INSTANCE(name, need) name = reinterpret_cast<PFN_##name>(get(instance, #name));
 #include "vk/vk_functions.inl"
     if (!vkEnumeratePhysicalDevices || !vkCreateDevice || !vkGetDeviceProcAddr)
         throw unavailable("the Vulkan instance lacks core entry points (vkEnumeratePhysicalDevices, vkCreateDevice)");

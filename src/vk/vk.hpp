@@ -32,7 +32,7 @@ private:
 struct instance_table {
 #define QKV_VK_INSTANCE(name, need) PFN_##name name = nullptr;
 #include "vk/vk_functions.inl"
-    void load(const loader& l, VkInstance instance);
+    void load(PFN_vkGetInstanceProcAddr get, VkInstance instance);
 };
 
 struct device_table {

@@ -1,0 +1,61 @@
+// The host–shader contract of the tensor kernels (see common.h for the convention): copies between
+// a caller's tensor and a call's buffers (tensor_copy.comp), and the device side of the overflow
+// rule for calls whose inputs the host never sees (sdpa_guard.comp), recorded by
+// src/api/sdpa_call.cpp.
+#ifndef QKV_CONTRACT_TENSOR_H
+#define QKV_CONTRACT_TENSOR_H
+
+#include "common.h"
+#ifdef __cplusplus
+#include <cstddef>  // offsetof
+#endif
+
+QKV_CONTRACT_BEGIN
+
+/// tensor_copy.comp: dst[dst_off + i] = src[src_off + i] for i < count, elements of 32 bits
+/// (tensor_copy) or 16 bits (tensor_copy_16).
+struct tensor_copy_push {
+    uint group_x, group_y, group_z;
+    uint count;
+    uint src_off, dst_off;  // in elements, from each binding's start
+};
+QKV_CONST uint TENSOR_COPY_BINDING_SRC = 0u;
+QKV_CONST uint TENSOR_COPY_BINDING_DST = 1u;
+QKV_CONST uint TENSOR_COPY_WORKGROUP = 64u;  // local_size_x; each invocation copies TENSOR_COPY_PER_INVOCATION
+QKV_CONST uint TENSOR_COPY_PER_INVOCATION = 16u;
+
+/// sdpa_guard.comp, its rows pass: the largest row norm of q per (batch, query head), of k per
+/// (batch, K/V head), the largest |v| per (batch, K/V head), all over finite elements, and whether
+/// any element is NaN or infinite. Its output pass (GUARD_PASS_OUTPUT): whether any output
+/// element is NaN or infinite.
+struct sdpa_guard_push {
+    uint group_x, group_y, group_z;
+    uint pass;          // GUARD_PASS_ROWS or GUARD_PASS_OUTPUT
+    uint q_rows, k_rows;  // B·Hq·L and B·Hkv·S (v has k_rows rows too)
+    uint q_len, kv_len;   // L, S: rows per head
+    uint d, dv;           // E, Ev
+    uint q_off, k_off, v_off;  // first element of each in its binding
+    uint out_count;            // B·Hq·L·Ev (output pass)
+    uint out_off;
+};
+QKV_CONST uint GUARD_PASS_ROWS = 0u;
+QKV_CONST uint GUARD_PASS_OUTPUT = 1u;
+QKV_CONST uint SDPA_GUARD_BINDING_Q = 0u;
+QKV_CONST uint SDPA_GUARD_BINDING_K = 1u;
+QKV_CONST uint SDPA_GUARD_BINDING_V = 2u;
+QKV_CONST uint SDPA_GUARD_BINDING_OUT = 3u;     // float32 output (output pass)
+QKV_CONST uint SDPA_GUARD_BINDING_RESULT = 4u;  // uint words, zeroed before the rows pass
+QKV_CONST uint SDPA_GUARD_WORKGROUP = 64u;
+// The result words: flags, then float bits (non-negative, so ordered as uints: atomicMax) of the
+// q norms (B·Hq), the k norms (B·Hkv) and the largest |v| (B·Hkv).
+QKV_CONST uint GUARD_WORD_FLAGS = 0u;
+QKV_CONST uint GUARD_FLAG_INPUT_NONFINITE = 1u;
+QKV_CONST uint GUARD_FLAG_OUTPUT_NONFINITE = 2u;
+QKV_CONST uint GUARD_HEADER_WORDS = 4u;
+
+QKV_CONTRACT_END
+
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_copy_push) == 6u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::sdpa_guard_push) == 16u * 4u)
+
+#endif
