@@ -74,8 +74,8 @@ void check_sdpa(const basic_sdpa_problem<T>& problem) {
             fail("mask values must be 0 or 1 (element " + std::to_string(i) + " is " +
                  std::to_string(static_cast<unsigned>(problem.mask[i])) + ")");
 
-    if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0))
-        fail("scale must be finite and positive (it is " + std::to_string(*opt.scale) + ")");
+    // Any finite scale, negative and zero included, as PyTorch's scale=.
+    if (opt.scale && !std::isfinite(*opt.scale)) fail("scale must be finite (it is " + std::to_string(*opt.scale) + ")");
     if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
         fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
     if (opt.precision != precision::fp32 && opt.precision != precision::fp16)

@@ -6,10 +6,13 @@ cmake_path(NORMAL_PATH sdpa_data)
 
 set(sdpa_backends cpu vulkan)
 
-# qkv_cli_sdpa_parity(<case> [MAX_NMSE x]): the case on every backend, OUT (and W, where the case
-# has expected weights) against the reference.
+# qkv_cli_sdpa_parity(<case> [MAX_NMSE x] [BACKENDS b...]): the case on every backend (or on those
+# named), OUT (and W, where the case has expected weights) against the reference.
 function(qkv_cli_sdpa_parity case)
-  cmake_parse_arguments(ARG "" "MAX_NMSE" "" ${ARGN})
+  cmake_parse_arguments(ARG "" "MAX_NMSE" "BACKENDS" ${ARGN})
+  if(NOT ARG_BACKENDS)
+    set(ARG_BACKENDS ${sdpa_backends})
+  endif()
   set(dir ${sdpa_data}/${case})
   set(args sdpa --q ${dir}/q.npy --k ${dir}/k.npy --v ${dir}/v.npy --out out.npy)
   if(EXISTS ${dir}/mask.npy)
@@ -27,7 +30,7 @@ function(qkv_cli_sdpa_parity case)
   if(ARG_MAX_NMSE)
     set(extra MAX_NMSE ${ARG_MAX_NMSE})
   endif()
-  foreach(backend IN LISTS sdpa_backends)
+  foreach(backend IN LISTS ARG_BACKENDS)
     if(backend STREQUAL "cpu" OR NOT case STREQUAL "float64")
       qkv_cli_test(sdpa.parity.${case}.${backend} ARGS ${args} --backend ${backend} COMPARE ${compare} ${extra})
     endif()
@@ -78,8 +81,13 @@ qkv_cli_test(sdpa.bad.mask_columns ARGS sdpa --q ${q2} --k ${k2} --v ${v2}
              STDERR "dimension 1 is 5000, expected 1 or kv_len = 300")
 qkv_cli_test(sdpa.bad.bool_q ARGS sdpa --q ${sdpa_data}/bool_mask_empty_row/mask.npy --k ${k2} --v ${v2} --backend cpu
              --out out.npy EXIT 2 STDERR "mask\\.npy has dtype bool: q must be float32 or float64")
-qkv_cli_test(sdpa.bad.scale_zero ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale 0 --backend cpu --out out.npy EXIT 2
-             STDERR "scale must be finite and positive")
+# Any finite float32 scale, negative and zero included, as PyTorch (the fixtures' args.txt hold it).
+qkv_cli_sdpa_parity(scale_negative BACKENDS cpu)
+qkv_cli_sdpa_parity(scale_zero BACKENDS cpu)
+foreach(bad IN ITEMS nan inf -inf 1e39)
+  qkv_cli_test(sdpa.bad.scale_${bad} ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale ${bad} --backend cpu --out out.npy
+               EXIT 2 STDERR "--scale ${bad}: ")
+endforeach()
 qkv_cli_test(sdpa.bad.scale_text ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale abc --backend cpu --out out.npy EXIT 2
              STDERR "--scale abc: expected a number")
 qkv_cli_test(sdpa.bad.align_without_causal ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal-align bottom-right

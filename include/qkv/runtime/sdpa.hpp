@@ -94,7 +94,8 @@ using sdpa_output_f64 = basic_sdpa_output<double>;
 /// Throws qkv::invalid_argument naming the inputs and their shapes when the problem is not
 /// well-formed: a zero dimension, kv_heads not dividing q_heads, a span whose size does not fit its
 /// shape, a mask that does not broadcast to (B, Hq, L, S), a mask value other than 0/1, a
-/// non-finite or non-positive scale, a size product that overflows.
+/// non-finite scale (any finite scale is valid, negative and zero included, as PyTorch's), a size
+/// product that overflows.
 QKV_RUNTIME_API void validate(const sdpa_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
 
