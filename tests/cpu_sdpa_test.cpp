@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "npy/npy.hpp"
@@ -545,6 +546,23 @@ TEST_CASE("validate(sdpa): mask values and scale", "[cpu][sdpa][validate]") {
     owned_sdpa<float> a = valid_sdpa();
     a.options.alignment = static_cast<qkv::causal_alignment>(7);
     expect_invalid(a, {"unknown causal alignment (7)"});
+}
+
+// One causal enum: the run-time API's causal_alignment is the core's causal_mode.
+static_assert(std::is_same_v<qkv::causal_alignment, qkv::causal_mode>);
+static_assert(qkv::causal_alignment::bottom_right == qkv::causal_mode::bottom_right);
+
+TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never causal_mode::none", "[cpu][sdpa][validate]") {
+    owned_sdpa<float> o = valid_sdpa();
+    o.options = {.causal = true, .alignment = qkv::causal_mode::bottom_right};
+    CHECK_NOTHROW(qkv::validate(o.view()));
+    for (const bool causal : {true, false}) {
+        o.options.causal = causal;
+        o.options.alignment = qkv::causal_mode::none;
+        expect_invalid(o, {"causal_mode::none", "top_left or bottom_right", "causal = false"});
+    }
+    qkv::sdpa_shape s{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 7, .d_qk = 1, .d_v = 1};
+    CHECK(qkv::causal_offset(s, qkv::causal_mode::none) == 0);
 }
 
 TEST_CASE("validate(sdpa): size products must not overflow", "[cpu][sdpa][validate]") {

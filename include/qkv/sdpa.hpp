@@ -30,18 +30,12 @@
 #include <optional>
 #include <type_traits>
 
+#include "qkv/causal.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
 #include "qkv/softmax.hpp"
 
 namespace qkv {
-
-/// Which causal mask, if any: see the header comment.
-enum class causal_mode {
-    none,          ///< no causal mask
-    top_left,      ///< query i sees keys j <= i (PyTorch's is_causal=True)
-    bottom_right,  ///< query i sees keys j <= i + S - L (the last query sees every key)
-};
 
 /// Options of scaled_dot_product_attention for L queries and S keys of element type T. Every
 /// member has a default, so designated initialisers read naturally: `{.scale = 1.f}`,

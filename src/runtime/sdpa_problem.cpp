@@ -76,6 +76,9 @@ void check_sdpa(const basic_sdpa_problem<T>& problem) {
 
     // Any finite scale, negative and zero included, as PyTorch's scale=.
     if (opt.scale && !std::isfinite(*opt.scale)) fail("scale must be finite (it is " + std::to_string(*opt.scale) + ")");
+    if (opt.alignment == causal_alignment::none)
+        fail("alignment is causal_mode::none, which is not an alignment: use top_left or bottom_right (no causal "
+             "mask is causal = false)");
     if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
         fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
     if (opt.precision != precision::fp32 && opt.precision != precision::fp16)

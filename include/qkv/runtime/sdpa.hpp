@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/causal.hpp"
 #include "qkv/runtime/export.hpp"
 #include "qkv/runtime/problem.hpp"
 
@@ -50,10 +51,13 @@ struct sdpa_shape {
     friend constexpr bool operator==(const sdpa_shape&, const sdpa_shape&) = default;
 };
 
-enum class causal_alignment {
-    top_left,      ///< query i sees keys j <= i (PyTorch is_causal=True)
-    bottom_right,  ///< query i sees keys j <= i + kv_len - q_len (the last query sees all keys)
-};
+/// Where the causal diagonal starts: top_left (query i sees keys j <= i, PyTorch's is_causal=True)
+/// or bottom_right (j <= i + kv_len - q_len: the last query sees every key). The core's
+/// qkv::causal_mode (qkv/causal.hpp) under the run-time API's name: one enum, so
+/// `causal_alignment::bottom_right` and `causal_mode::bottom_right` are the same value. Its third
+/// value, `none`, is not an alignment: validate() refuses it (say "no causal mask" with
+/// `causal = false`).
+using causal_alignment = causal_mode;
 
 struct sdpa_options {
     std::optional<float> scale{};  ///< multiplies q·k; default 1/sqrt(d_qk)
@@ -110,11 +114,12 @@ struct mask_strides {
 [[nodiscard]] QKV_RUNTIME_API mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape,
                                                              const sdpa_shape& shape);
 
-/// The causal offset: key j is visible from query i when j <= i + offset (may be negative).
+/// The causal offset: key j is visible from query i when j <= i + offset (may be negative):
+/// kv_len - q_len for bottom_right, 0 otherwise.
 [[nodiscard]] constexpr std::ptrdiff_t causal_offset(const sdpa_shape& shape, causal_alignment alignment) {
-    return alignment == causal_alignment::top_left
-               ? 0
-               : static_cast<std::ptrdiff_t>(shape.kv_len) - static_cast<std::ptrdiff_t>(shape.q_len);
+    return alignment == causal_alignment::bottom_right
+               ? static_cast<std::ptrdiff_t>(shape.kv_len) - static_cast<std::ptrdiff_t>(shape.q_len)
+               : 0;
 }
 
 }  // namespace qkv
