@@ -645,3 +645,159 @@ TEST_CASE("validate_queries: every check of validate but K and V, which must be 
     o.options.scale = -0.f;
     CHECK_NOTHROW(qkv::validate_queries(o.view()));
 }
+
+// ---- merge_attention ---------------------------------------------------------------------------------
+
+namespace {
+
+/// Every element within `rel` of the expected, relative to the largest magnitude of its row of
+/// `width` elements (at least `floor`); the same NaN, -inf and zeros exactly.
+void check_merged(const std::vector<double>& got, const std::vector<double>& want, std::size_t width, double floor,
+                  double rel, const char* what) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    std::size_t bad = 0;
+    for (std::size_t row = 0; row < want.size() / width; ++row) {
+        double scale = floor;
+        for (std::size_t c = 0; c < width; ++c)
+            if (std::isfinite(want[row * width + c])) scale = std::max(scale, std::abs(want[row * width + c]));
+        for (std::size_t c = 0; c < width; ++c) {
+            const std::size_t i = row * width + c;
+            if (std::isnan(want[i]) || std::isinf(want[i]) || want[i] == 0.0) {
+                if (!(std::isnan(want[i]) ? std::isnan(got[i]) : got[i] == want[i])) ++bad;
+                continue;
+            }
+            worst = std::max(worst, std::abs(got[i] - want[i]) / scale);
+        }
+    }
+    INFO(what << ": worst error " << worst << " of the row's largest value, " << bad << " special values differ");
+    CHECK(bad == 0);
+    CHECK(worst <= rel);
+}
+
+}  // namespace
+
+TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole call", "[cpu][sdpa][merge]") {
+    std::mt19937_64 rng(77);
+    std::size_t checked = 0;
+    for (const bool interleaved : {false, true})
+        for (const std::size_t n_parts : sizes{1, 2, 3, 4})
+            for (const bool sinks : {false, true}) {
+                owned<double> o;
+                o.shape = {.batch = 2, .q_heads = 6, .kv_heads = 3, .q_len = 17, .kv_len = 113, .d_qk = 32, .d_v = 24};
+                const qkv::sdpa_shape& s = o.shape;
+                o.q = qkv_test::normal_values(2 * 6 * 17 * 32, rng);
+                o.k = qkv_test::normal_values(2 * 3 * 113 * 32, rng);
+                o.v = qkv_test::normal_values(2 * 3 * 113 * 24, rng);
+                o.options.causal = true;
+                o.options.alignment = qkv::causal_mode::bottom_right;
+                o.options.window_left = 60;
+                o.options.alibi_max_bias = 4.f;
+                o.options.softcap = 5.f;
+                o.options.return_lse = true;
+                o.mask.resize(2 * 17 * 113);
+                std::bernoulli_distribution keep(0.8);
+                for (auto& m : o.mask) m = keep(rng) ? 1 : 0;
+                for (std::size_t j = 0; j < 113; ++j) o.mask[5 * 113 + j] = 0;  // batch 0, row 5: no key at all
+                o.mask_shape = {2, 1, 17, 113};
+                std::vector<double> sink_values;
+                if (sinks) {
+                    sink_values = qkv_test::normal_values(6, rng, 2.0);
+                    sink_values[1] = -inf;
+                    sink_values[4] = 40.0;  // far above every score
+                }
+                owned<double> whole = o;
+                whole.sinks = sink_values;
+                const qkv::sdpa_output_f64 want = qkv::cpu::sdpa(whole.view());
+
+                // Part p: the keys j with part(j) == p, as a bool mask ANDed with the call's (the
+                // positions, and so causal, the window and ALiBi, are unchanged).
+                const auto part_of = [&](std::size_t j) {
+                    return interleaved ? j % n_parts : j * n_parts / s.kv_len;
+                };
+                std::vector<qkv::sdpa_output_f64> outs;
+                for (std::size_t p = 0; p < n_parts; ++p) {
+                    owned<double> part = o;
+                    for (std::size_t b = 0; b < 2; ++b)
+                        for (std::size_t i = 0; i < 17; ++i)
+                            for (std::size_t j = 0; j < 113; ++j)
+                                if (part_of(j) != p) part.mask[(b * 17 + i) * 113 + j] = 0;
+                    outs.push_back(qkv::cpu::sdpa(part.view()));
+                }
+                std::vector<qkv::attention_part_f64> parts;
+                for (const auto& out : outs) parts.push_back({out.output, out.lse});
+                const qkv::merge_shape ms{.batch = 2, .q_heads = 6, .q_len = 17, .d_v = 24};
+                const qkv::merged_attention_f64 merged = qkv::merge_attention(parts, ms, sink_values);
+                INFO("interleaved " << interleaved << ", parts " << n_parts << ", sinks " << sinks);
+                check_merged(merged.out, want.output, 24, 1e-300, 1e-14, "out");
+                check_merged(merged.lse, want.lse, 1, 1.0, 1e-15, "lse");  // absolute below 1
+                // Row 5 of batch 0 had no key: zeros and -inf, sinks or not.
+                for (std::size_t h = 0; h < 6; ++h) {
+                    CHECK(merged.lse[h * 17 + 5] == -inf);
+                    CHECK(merged.out[(h * 17 + 5) * 24] == 0.0);
+                }
+                // The float32 merge of the float32-rounded parts is as close as float32 allows.
+                std::vector<std::vector<float>> out32, lse32;
+                for (const auto& out : outs) {
+                    out32.push_back(convert<float>(out.output));
+                    lse32.push_back(convert<float>(out.lse));
+                }
+                std::vector<qkv::attention_part> parts32;
+                for (std::size_t p = 0; p < n_parts; ++p) parts32.push_back({out32[p], lse32[p]});
+                const std::vector<float> sinks32 = convert<float>(sink_values);
+                const qkv::merged_attention m32 = qkv::merge_attention(parts32, ms, sinks32);
+                CHECK(qkv_test::nmse(m32.out, want.output) < 1e-12);
+                ++checked;
+            }
+    CHECK(checked == 16);
+}
+
+TEST_CASE("merge_attention: one part is the part; sinks are applied once; refusals", "[cpu][sdpa][merge]") {
+    const std::vector<double> out = {1, 2, 3, 4, 5, 6}, lse = {0.5, -inf, 2};  // (1, 1, 3, 2)
+    const qkv::merge_shape s{.batch = 1, .q_heads = 1, .q_len = 3, .d_v = 2};
+    const qkv::attention_part_f64 one{out, lse};
+    const qkv::merged_attention_f64 m = qkv::merge_attention(std::span(&one, 1), s);
+    CHECK(m.out == std::vector<double>{1, 2, 0, 0, 5, 6});  // the row without keys: zeros
+    CHECK(m.lse == lse);
+    // A sink σ scales a row by e^lse / (e^lse + e^σ): with σ = lse, by exactly one half.
+    const std::vector<double> sink = {2.0};
+    const qkv::merged_attention_f64 h = qkv::merge_attention(std::span(&one, 1), s, std::span(sink));
+    CHECK(h.out[4] == 2.5);
+    CHECK(h.out[5] == 3.0);
+    CHECK(h.out[2] == 0.0);  // no key: zeros, sink or not
+    CHECK(h.lse == lse);     // the lse never includes the sink
+    // Two equal parts: the same rows, the lse plus log 2.
+    const std::vector<qkv::attention_part_f64> two = {one, one};
+    const qkv::merged_attention_f64 t = qkv::merge_attention(two, s);
+    CHECK(t.out == std::vector<double>{1, 2, 0, 0, 5, 6});
+    CHECK(t.lse[0] == 0.5 + std::log(2.0));
+    CHECK(t.lse[1] == -inf);
+    // A NaN lse poisons its row only.
+    std::vector<double> nan_lse = lse;
+    nan_lse[0] = NAN;
+    const std::vector<qkv::attention_part_f64> poisoned = {one, {out, nan_lse}};
+    const qkv::merged_attention_f64 p = qkv::merge_attention(poisoned, s);
+    CHECK(std::isnan(p.out[0]));
+    CHECK(std::isnan(p.lse[0]));
+    CHECK(p.out[4] == 5.0);
+
+    const auto refused = [&](auto call, const char* words) {
+        INFO(words);
+        CHECK_THROWS_WITH(call(), Catch::Matchers::Contains(words));
+    };
+    refused([&] { return qkv::merge_attention(std::span<const qkv::attention_part_f64>{}, s); }, "no parts");
+    refused([&] { return qkv::merge_attention(std::span(&one, 1), {.batch = 1, .q_heads = 1, .q_len = 2, .d_v = 2}); },
+            "part 0 out has 6 elements");
+    const std::vector<double> short_lse = {0.5, 1};
+    const qkv::attention_part_f64 bad_lse{out, short_lse};
+    refused([&] { return qkv::merge_attention(std::span(&bad_lse, 1), s); }, "part 0 lse has 2 elements");
+    std::vector<double> inf_lse = lse;
+    inf_lse[2] = inf;
+    const qkv::attention_part_f64 big{out, inf_lse};
+    refused([&] { return qkv::merge_attention(std::span(&big, 1), s); }, "lse element 2 is +inf");
+    const std::vector<double> two_sinks = {1, 2}, nan_sink = {NAN};
+    refused([&] { return qkv::merge_attention(std::span(&one, 1), s, std::span(two_sinks)); }, "sinks has 2 elements");
+    refused([&] { return qkv::merge_attention(std::span(&one, 1), s, std::span(nan_sink)); }, "sinks[0] is nan");
+    refused([&] { return qkv::merge_attention(std::span(&one, 1), {.batch = 1, .q_heads = 1, .q_len = 3, .d_v = 0}); },
+            "d_v must be at least 1");
+}

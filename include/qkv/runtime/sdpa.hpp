@@ -47,6 +47,7 @@
 // A row left with no key to attend to gets zero weights, a zero output (PyTorch gives NaN) and
 // lse = -inf, sinks or not. A NaN or +inf among a row's allowed scores makes its weights, output
 // and lse NaN (as PyTorch); a masked key contributes nothing, even a NaN value.
+// Partial results over disjoint key sets merge into the whole: merge_attention below.
 #pragma once
 
 #include <algorithm>
@@ -207,5 +208,58 @@ struct key_range {
 /// n = 2^floor(log2 q_heads), m0 = 2^(-b/n), m1 = 2^(-b/(2n)); m0^(head+1) for head < n, else
 /// m1^(2(head-n)+1). 0 when b is 0.
 [[nodiscard]] QKV_RUNTIME_API double alibi_slope(float max_bias, std::size_t q_heads, std::size_t head);
+
+// ---- Merging partial results -------------------------------------------------------------------
+//
+// Attention over a key set split into disjoint parts P_1 ... P_n (key shards, devices, machines),
+// each part computed on its own WITHOUT sinks, with return_lse: part p gives, for every row,
+// o_p = Σ_{j∈P_p} e^(s_j - lse_p) · v_j and lse_p = log Σ_{j∈P_p} e^(s_j). Then, per row, with
+// the parts whose lse_p is -inf (no key of the row in that part) left out, and M = max_p lse_p:
+//   lse = M + log Σ_p e^(lse_p - M)                                     (log Σ over every key)
+//   without sinks:  o = Σ_p e^(lse_p - M) · o_p / Σ_p e^(lse_p - M)
+//   with sinks, applied once here:  M' = max(M, σ_h),
+//                   o = Σ_p e^(lse_p - M') · o_p / (Σ_p e^(lse_p - M') + e^(σ_h - M'))
+// which is the whole call's output (sinks included) and lse (sinks excluded), up to rounding.
+// A row where every part's lse is -inf gets a zero output and lse -inf (as the whole call: no key,
+// zeros, sinks or not). A row where some part's lse is NaN gets NaN (a NaN poisoned that part's
+// row). An lse of +inf is refused (qkv::invalid_argument): it only arises when a float32 lse left
+// float32's range, and the merge could not be exact.
+
+/// One partial result: out (B, Hq, L, Ev) and lse (B, Hq, L), as sdpa_output's output and lse.
+template <class T>
+struct basic_attention_part {
+    std::span<const T> out{};
+    std::span<const T> lse{};
+};
+using attention_part = basic_attention_part<float>;
+using attention_part_f64 = basic_attention_part<double>;
+
+/// The shape of the rows being merged: out is (batch, q_heads, q_len, d_v), lse (batch, q_heads, q_len).
+struct merge_shape {
+    std::size_t batch = 1;
+    std::size_t q_heads = 1;
+    std::size_t q_len = 0;
+    std::size_t d_v = 0;
+    friend constexpr bool operator==(const merge_shape&, const merge_shape&) = default;
+};
+
+template <class T>
+struct basic_merged_attention {
+    std::vector<T> out;  ///< (B, Hq, L, Ev)
+    std::vector<T> lse;  ///< (B, Hq, L), sinks not included
+};
+using merged_attention = basic_merged_attention<float>;
+using merged_attention_f64 = basic_merged_attention<double>;
+
+/// Merges partial results over disjoint key sets (the rule above), in float64; float32 results are
+/// rounded once. `sinks`: empty, or one logit per query head (finite or -inf), applied once.
+/// Throws qkv::invalid_argument for no parts, a zero dimension, spans whose sizes do not fit
+/// `shape`, sinks of the wrong size or NaN/+inf, an lse of +inf.
+[[nodiscard]] QKV_RUNTIME_API merged_attention merge_attention(std::span<const attention_part> parts,
+                                                               const merge_shape& shape,
+                                                               std::span<const float> sinks = {});
+[[nodiscard]] QKV_RUNTIME_API merged_attention_f64 merge_attention(std::span<const attention_part_f64> parts,
+                                                                   const merge_shape& shape,
+                                                                   std::span<const double> sinks = {});
 
 }  // namespace qkv
