@@ -306,7 +306,8 @@ TEST_CASE("cpu backend: any finite scale, negative and zero included, matches th
                     for (std::size_t j = 0; j <= i; ++j) allowed += o.mask[(b * 17 + i) * 17 + j];
                     for (std::size_t j = 0; j < 17; ++j) {
                         const bool ok = j <= i && o.mask[(b * 17 + i) * 17 + j] != 0;
-                        CHECK(r.weights[((b * 2) * 17 + i) * 17 + j] == (ok ? 1.0 / static_cast<double>(allowed) : 0.0));
+                        CHECK(r.weights[((b * 2) * 17 + i) * 17 + j] ==
+                              (ok ? 1.0 / static_cast<double>(allowed) : 0.0));
                     }
                 }
         }

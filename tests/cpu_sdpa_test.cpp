@@ -552,7 +552,8 @@ TEST_CASE("validate(sdpa): mask values and scale", "[cpu][sdpa][validate]") {
 static_assert(std::is_same_v<qkv::causal_alignment, qkv::causal_mode>);
 static_assert(qkv::causal_alignment::bottom_right == qkv::causal_mode::bottom_right);
 
-TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never causal_mode::none", "[cpu][sdpa][validate]") {
+TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never causal_mode::none",
+          "[cpu][sdpa][validate]") {
     owned_sdpa<float> o = valid_sdpa();
     o.options = {.causal = true, .alignment = qkv::causal_mode::bottom_right};
     CHECK_NOTHROW(qkv::validate(o.view()));

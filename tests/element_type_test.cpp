@@ -151,7 +151,8 @@ TEST_CASE("float16: rounding to nearest, ties to even, and every pattern back", 
         const double err_below = std::abs(below - static_cast<double>(x));
         const double err_above = (h & 0x7fff) == 0x7bff ? INFINITY : std::abs(above - static_cast<double>(x));
         const bool nearest = err <= err_below && err <= err_above;
-        const bool tie_ok = (err != err_below || (h & 0x7fff) == 0 || (h & 1) == 0) && (err != err_above || (h & 1) == 0);
+        const bool tie_ok =
+            (err != err_below || (h & 0x7fff) == 0 || (h & 1) == 0) && (err != err_above || (h & 1) == 0);
         if (!(nearest && tie_ok) && bad++ < 5) FAIL_CHECK("x = " << x << " gave " << h);
     }
     CHECK(bad == 0);
@@ -259,8 +260,7 @@ TEST_CASE("round_trip: the values as stored, within each format's rounding", "[e
         for (float& e : x) e = normal(rng) * scale;
         CHECK(qkv::round_trip(element_type::f32, x) == x);
         const std::vector<float> h = qkv::round_trip(element_type::f16, x);
-        for (std::size_t i = 0; i < x.size(); ++i)
-            CHECK(std::abs(h[i] - x[i]) <= std::abs(x[i]) * 0x1p-11f + 0x1p-25f);
+        for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::abs(h[i] - x[i]) <= std::abs(x[i]) * 0x1p-11f + 0x1p-25f);
         for (const element_type t : {element_type::q8_0, element_type::q4_0}) {
             const std::vector<float> r = qkv::round_trip(t, x);
             std::vector<std::byte> b = stored(t, x);
@@ -295,7 +295,8 @@ TEST_CASE("quantize refuses what it cannot store, writing nothing", "[element_ty
     // q8_0 8.3e6 (d = 65,354), q4_0 5.2e5 (d = 65,000).
     x.assign(64, 1.0f);
     x[40] = 9e6f;
-    expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); }, {"q8_0", "block 1", "elements 32 to 63", "float16"});
+    expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); },
+                   {"q8_0", "block 1", "elements 32 to 63", "float16"});
     CHECK(out == before);
     x[40] = 8.3e6f;
     CHECK_NOTHROW(qkv::quantize(element_type::q8_0, x, out));

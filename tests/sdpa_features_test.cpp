@@ -80,10 +80,10 @@ struct reference_result {
 reference_result reference(const owned<double>& p) {
     const qkv::sdpa_shape& s = p.shape;
     const qkv::sdpa_options& o = p.options;
-    const std::size_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, L = s.q_len, S = s.kv_len, E = s.d_qk,
-                      Ev = s.d_v;
+    const std::size_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, L = s.q_len, S = s.kv_len, E = s.d_qk, Ev = s.d_v;
     const double scale = o.scale ? static_cast<double>(*o.scale) : 1.0 / std::sqrt(static_cast<double>(E));
-    const double off = o.alignment == qkv::causal_mode::bottom_right ? static_cast<double>(S) - static_cast<double>(L) : 0.0;
+    const double off =
+        o.alignment == qkv::causal_mode::bottom_right ? static_cast<double>(S) - static_cast<double>(L) : 0.0;
     // ALiBi slopes: n = 2^floor(log2 Hq), m0 = 2^(-b/n), m1 = 2^(-b/(2n)).
     std::vector<double> slope(Hq, 0.0);
     if (o.alibi_max_bias > 0) {
@@ -91,7 +91,8 @@ reference_result reference(const owned<double>& p) {
         const double n = std::exp2(std::floor(std::log2(static_cast<double>(Hq))));
         for (std::size_t h = 0; h < Hq; ++h) {
             const double hd = static_cast<double>(h);
-            slope[h] = hd < n ? std::pow(std::pow(2.0, -b / n), hd + 1) : std::pow(std::pow(2.0, -b / (2 * n)), 2 * (hd - n) + 1);
+            slope[h] = hd < n ? std::pow(std::pow(2.0, -b / n), hd + 1)
+                              : std::pow(std::pow(2.0, -b / (2 * n)), 2 * (hd - n) + 1);
         }
     }
     const bool any_mask = !p.mask.empty() || !p.additive.empty();
@@ -152,7 +153,8 @@ reference_result reference(const owned<double>& p) {
                     if (!ok[j]) continue;
                     const double w = std::exp(score[j] - top) / denominator;
                     r.weights[row * S + j] = w;
-                    for (std::size_t c = 0; c < Ev; ++c) r.output[row * Ev + c] += w * p.v[((b * Hkv + g) * S + j) * Ev + c];
+                    for (std::size_t c = 0; c < Ev; ++c)
+                        r.output[row * Ev + c] += w * p.v[((b * Hkv + g) * S + j) * Ev + c];
                 }
             }
     return r;
@@ -199,7 +201,12 @@ fixture load(const std::string& name) {
         return out;
     };
     const dims qs = four(q.shape), ks = four(k.shape), vs = four(v.shape);
-    o.shape = {.batch = qs[0], .q_heads = qs[1], .kv_heads = ks[1], .q_len = qs[2], .kv_len = ks[2], .d_qk = qs[3],
+    o.shape = {.batch = qs[0],
+               .q_heads = qs[1],
+               .kv_heads = ks[1],
+               .q_len = qs[2],
+               .kv_len = ks[2],
+               .d_qk = qs[3],
                .d_v = vs[3]};
     o.q = q.to_float(), o.k = k.to_float(), o.v = v.to_float();
     if (fs::exists(dir / "mask.npy")) {
@@ -307,7 +314,8 @@ owned<float> valid() {
 
 }  // namespace
 
-TEST_CASE("cpu sdpa: windows, sinks, softcap, ALiBi, K/V types and lse match the NumPy fixtures", "[cpu][sdpa][features]") {
+TEST_CASE("cpu sdpa: windows, sinks, softcap, ALiBi, K/V types and lse match the NumPy fixtures",
+          "[cpu][sdpa][features]") {
     for (const char* name : feature_fixtures) {
         INFO("fixture " << name);
         const fixture f = load(name);
@@ -343,8 +351,13 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                 const std::size_t heads[4][2] = {{1, 1}, {4, 2}, {12, 4}, {20, 5}};
                 const std::size_t* hh = heads[cases % 4];
                 owned<double> o;
-                o.shape = {.batch = 1 + cases % 2, .q_heads = hh[0], .kv_heads = hh[1], .q_len = L, .kv_len = S,
-                           .d_qk = E, .d_v = E == 96 ? 32 : E + 32};
+                o.shape = {.batch = 1 + cases % 2,
+                           .q_heads = hh[0],
+                           .kv_heads = hh[1],
+                           .q_len = L,
+                           .kv_len = S,
+                           .d_qk = E,
+                           .d_v = E == 96 ? 32 : E + 32};
                 const qkv::sdpa_shape& s = o.shape;
                 o.q = qkv_test::normal_values(s.batch * s.q_heads * L * E, rng);
                 o.k = qkv_test::normal_values(s.batch * s.kv_heads * S * E, rng);
@@ -441,8 +454,8 @@ TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[
     }
     o.options.kv_type = element_type::q4_0;
     o.v[40] = std::numeric_limits<float>::quiet_NaN();
-    CHECK_THROWS_WITH(qkv::cpu::sdpa(o.view()), Catch::Matchers::Contains("v stored as kv_type q4_0") &&
-                                                    Catch::Matchers::Contains("element 40"));
+    CHECK_THROWS_WITH(qkv::cpu::sdpa(o.view()),
+                      Catch::Matchers::Contains("v stored as kv_type q4_0") && Catch::Matchers::Contains("element 40"));
     // f16 stores the NaN as NaN: it reaches column 8 (v[40] is key 1, column 8 of K/V head 0) of
     // the rows that attend key 1, and no other column.
     o.options.kv_type = element_type::f16;
@@ -458,7 +471,7 @@ TEST_CASE("cpu sdpa: sinks, softcap and ALiBi switched off give exactly the plai
     o.options.return_lse = true;
     o.options.causal = true;
     const qkv::sdpa_output_f64 plain = qkv::cpu::sdpa_f64(o.view());
-    o.sinks.assign(4, -std::numeric_limits<float>::infinity());  // -inf: no sink
+    o.sinks.assign(4, -std::numeric_limits<float>::infinity());        // -inf: no sink
     o.options.window_left = std::numeric_limits<std::int64_t>::max();  // no overflow, no effect
     o.options.window_right = std::numeric_limits<std::int64_t>::max();
     const qkv::sdpa_output_f64 same = qkv::cpu::sdpa_f64(o.view());
@@ -490,7 +503,7 @@ TEST_CASE("cpu sdpa: a row with no key gets zeros and lse -inf, sinks or not; a 
     o.options.return_weights = true;
     o.sinks = {1.f, 2.f, 3.f, 4.f};
     o.options.window_left = 0;
-    o.options.window_right = 0;   // only key i (top-left) ...
+    o.options.window_right = 0;  // only key i (top-left) ...
     o.mask.assign(3 * 5, 1);
     o.mask[1 * 5 + 1] = 0;  // ... and row 1 may not attend key 1: nothing left
     o.mask_shape = {3, 5};
@@ -712,9 +725,7 @@ TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole ca
 
                 // Part p: the keys j with part(j) == p, as a bool mask ANDed with the call's (the
                 // positions, and so causal, the window and ALiBi, are unchanged).
-                const auto part_of = [&](std::size_t j) {
-                    return interleaved ? j % n_parts : j * n_parts / s.kv_len;
-                };
+                const auto part_of = [&](std::size_t j) { return interleaved ? j % n_parts : j * n_parts / s.kv_len; };
                 std::vector<qkv::sdpa_output_f64> outs;
                 for (std::size_t p = 0; p < n_parts; ++p) {
                     owned<double> part = o;

@@ -63,8 +63,8 @@ std::uint16_t checked_scale(element_type type, float d, std::size_t block, const
     if ((bits & half_exponent_mask) == half_exponent_mask)
         fail("quantize to " + name_of(type) + ": block " + std::to_string(block) + " (elements " +
              std::to_string(block * 32) + " to " + std::to_string(block * 32 + 31) + ") needs the scale d = " + rule +
-             " = " + number(static_cast<double>(d)) + ", beyond float16's range (65504); the block's values must stay " +
-             limit);
+             " = " + number(static_cast<double>(d)) +
+             ", beyond float16's range (65504); the block's values must stay " + limit);
     return bits;
 }
 
@@ -107,8 +107,7 @@ void quantize_q4_0_block(const float* x, std::byte* out, std::size_t block) {
         const float shifted = v * id + 8.5f;  // in [0.5, 16.5]: truncation is the C cast's
         return std::min(15u, static_cast<unsigned>(static_cast<int>(shifted)));
     };
-    for (std::size_t j = 0; j < 16; ++j)
-        out[2 + j] = static_cast<std::byte>(code(x[j]) | (code(x[j + 16]) << 4));
+    for (std::size_t j = 0; j < 16; ++j) out[2 + j] = static_cast<std::byte>(code(x[j]) | (code(x[j + 16]) << 4));
 }
 
 }  // namespace
@@ -122,7 +121,7 @@ std::uint16_t to_half_bits(float value) {
         return static_cast<std::uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
     }
     if (magnitude >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
-    if (magnitude >= 0x38800000u) {  // >= 2^-14: a normal float16
+    if (magnitude >= 0x38800000u) {                                                   // >= 2^-14: a normal float16
         // Rebias the exponent (127 -> 15), then drop 13 mantissa bits, to nearest, ties to even;
         // a carry out of the mantissa correctly bumps the exponent.
         const std::uint32_t rebased = magnitude - 0x38000000u;

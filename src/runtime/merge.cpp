@@ -50,8 +50,8 @@ basic_merged_attention<T> merge(std::span<const basic_attention_part<T>> parts, 
     }
     if (!sinks.empty()) {
         if (sinks.size() != s.q_heads)
-            fail("sinks has " + std::to_string(sinks.size()) + " elements, expected one per query head, q_heads = " +
-                 std::to_string(s.q_heads) + " (or none)");
+            fail("sinks has " + std::to_string(sinks.size()) +
+                 " elements, expected one per query head, q_heads = " + std::to_string(s.q_heads) + " (or none)");
         for (std::size_t h = 0; h < sinks.size(); ++h) {
             const auto sink = static_cast<double>(sinks[h]);
             if (std::isnan(sink) || sink == pos_inf)

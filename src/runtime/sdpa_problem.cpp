@@ -103,8 +103,8 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
     // Sinks: none, or one finite (or -inf: no sink) logit per query head.
     if (!problem.sinks.empty()) {
         if (problem.sinks.size() != s.q_heads)
-            fail("sinks has " + std::to_string(problem.sinks.size()) + " elements, expected one per query head, q_heads = " +
-                 std::to_string(s.q_heads) + " (or none)");
+            fail("sinks has " + std::to_string(problem.sinks.size()) +
+                 " elements, expected one per query head, q_heads = " + std::to_string(s.q_heads) + " (or none)");
         for (std::size_t h = 0; h < problem.sinks.size(); ++h) {
             const double sink = static_cast<double>(problem.sinks[h]);
             if (std::isnan(sink) || sink == std::numeric_limits<double>::infinity())
@@ -116,15 +116,17 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
     // Any finite scale, negative and zero included, as PyTorch's scale=.
     if (opt.scale && !std::isfinite(*opt.scale)) fail("scale must be finite (it is " + number(*opt.scale) + ")");
     if (opt.alignment == causal_alignment::none)
-        fail("alignment is causal_mode::none, which is not an alignment: use top_left or bottom_right (no causal "
-             "mask is causal = false)");
+        fail(
+            "alignment is causal_mode::none, which is not an alignment: use top_left or bottom_right (no causal "
+            "mask is causal = false)");
     if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
         fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
     if (opt.precision != precision::fp32 && opt.precision != precision::fp16)
         fail("unknown precision (" + std::to_string(static_cast<int>(opt.precision)) + ")");
     if (opt.kernel != kernel_family::automatic && opt.kernel != kernel_family::cpu && opt.kernel != kernel_family::gpu)
         fail("unknown kernel family (" + std::to_string(static_cast<int>(opt.kernel)) + ")");
-    for (const auto& [name, side] : {std::pair{"window_left", opt.window_left}, std::pair{"window_right", opt.window_right}})
+    for (const auto& [name, side] :
+         {std::pair{"window_left", opt.window_left}, std::pair{"window_right", opt.window_right}})
         if (side < -1)
             fail(std::string(name) + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(side) + ")");
     if (!(std::isfinite(opt.softcap) && opt.softcap >= 0))

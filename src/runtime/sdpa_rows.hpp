@@ -20,13 +20,13 @@ namespace qkv::cpu::detail {
 /// What decides one (batch element, query head)'s scores and allowed keys, besides the data.
 /// `shape` and `options` give the causal rule and the window (visible_keys); the rest is resolved.
 struct head_rules {
-    sdpa_shape shape{};       ///< kv_len, d_qk, d_v and q_len (for the alignment's offset)
-    sdpa_options options{};   ///< causal, alignment, window_left, window_right
-    double scale = 1;         ///< exact: the caller's float widened, or 1/sqrt(E) in double
-    double softcap = 0;       ///< 0: off
-    double slope = 0;         ///< this head's ALiBi slope; 0: off
-    bool has_sink = false;    ///< a sink logit joins the denominator
-    double sink = 0;          ///< finite or -inf
+    sdpa_shape shape{};      ///< kv_len, d_qk, d_v and q_len (for the alignment's offset)
+    sdpa_options options{};  ///< causal, alignment, window_left, window_right
+    double scale = 1;        ///< exact: the caller's float widened, or 1/sqrt(E) in double
+    double softcap = 0;      ///< 0: off
+    double slope = 0;        ///< this head's ALiBi slope; 0: off
+    bool has_sink = false;   ///< a sink logit joins the denominator
+    double sink = 0;         ///< finite or -inf
 };
 
 /// The data of one (batch element, query head). Q is read a row at a time, K as its transpose
@@ -115,7 +115,7 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
     if (lse) {
         if (top == max) {
             *lse = max;  // + log(sum), below
-        } else {  // the keys' own sum, shifted by their own max
+        } else {         // the keys' own sum, shifted by their own max
             double own = 0.0;
             for (std::size_t j = keys.first; j < keys.end; ++j)
                 if (s.allowed[j]) own += std::exp(s.score[j] - max);
