@@ -6,13 +6,10 @@ cmake_path(NORMAL_PATH sdpa_data)
 
 set(sdpa_backends cpu vulkan)
 
-# qkv_cli_sdpa_parity(<case> [MAX_NMSE x] [BACKENDS b...]): the case on every backend (or on those
-# named), OUT (and W, where the case has expected weights) against the reference.
+# qkv_cli_sdpa_parity(<case> [MAX_NMSE x]): the case on every backend, OUT (and W, where the case
+# has expected weights) against the reference.
 function(qkv_cli_sdpa_parity case)
-  cmake_parse_arguments(ARG "" "MAX_NMSE" "BACKENDS" ${ARGN})
-  if(NOT ARG_BACKENDS)
-    set(ARG_BACKENDS ${sdpa_backends})
-  endif()
+  cmake_parse_arguments(ARG "" "MAX_NMSE" "" ${ARGN})
   set(dir ${sdpa_data}/${case})
   set(args sdpa --q ${dir}/q.npy --k ${dir}/k.npy --v ${dir}/v.npy --out out.npy)
   if(EXISTS ${dir}/mask.npy)
@@ -30,7 +27,7 @@ function(qkv_cli_sdpa_parity case)
   if(ARG_MAX_NMSE)
     set(extra MAX_NMSE ${ARG_MAX_NMSE})
   endif()
-  foreach(backend IN LISTS ARG_BACKENDS)
+  foreach(backend IN LISTS sdpa_backends)
     if(backend STREQUAL "cpu" OR NOT case STREQUAL "float64")
       qkv_cli_test(sdpa.parity.${case}.${backend} ARGS ${args} --backend ${backend} COMPARE ${compare} ${extra})
     endif()
@@ -82,8 +79,8 @@ qkv_cli_test(sdpa.bad.mask_columns ARGS sdpa --q ${q2} --k ${k2} --v ${v2}
 qkv_cli_test(sdpa.bad.bool_q ARGS sdpa --q ${sdpa_data}/bool_mask_empty_row/mask.npy --k ${k2} --v ${v2} --backend cpu
              --out out.npy EXIT 2 STDERR "mask\\.npy has dtype bool: q must be float32 or float64")
 # Any finite float32 scale, negative and zero included, as PyTorch (the fixtures' args.txt hold it).
-qkv_cli_sdpa_parity(scale_negative BACKENDS cpu)
-qkv_cli_sdpa_parity(scale_zero BACKENDS cpu)
+qkv_cli_sdpa_parity(scale_negative)
+qkv_cli_sdpa_parity(scale_zero)
 foreach(bad IN ITEMS nan inf -inf 1e39)
   qkv_cli_test(sdpa.bad.scale_${bad} ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale ${bad} --backend cpu --out out.npy
                EXIT 2 STDERR "--scale ${bad}: ")
