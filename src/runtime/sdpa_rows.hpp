@@ -65,32 +65,44 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
     constexpr double nan = std::numeric_limits<double>::quiet_NaN();
     const std::size_t S = r.shape.kv_len, E = r.shape.d_qk, Ev = r.shape.d_v;
     const key_range keys = visible_keys(r.shape, r.options, i);  // causal and window
+    const std::size_t first = keys.first, end = keys.end;
     const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(r.shape, r.options.alignment);
+    // Locals, so that the compiler need not reload them after every store (a byte store may alias
+    // anything).
+    const double scale = r.scale, softcap = r.softcap, slope = r.slope;
+    const std::uint8_t* const mask = d.mask;
+    const A* const additive = d.additive;
+    const std::size_t mask_row = d.mask_base + i * d.mask_row, mask_col = d.mask_col;
+    double* const score = s.score.data();
+    unsigned char* const allowed = s.allowed.data();
+    double* const acc = s.acc.data();
+
+    const V* const v = d.v;
+    const std::size_t v_stride = d.v_stride;
 
     // Dot products of the visible keys.
     const Q* const qi = d.q + i * d.q_stride;
-    std::fill(s.score.begin() + static_cast<std::ptrdiff_t>(keys.first),
-              s.score.begin() + static_cast<std::ptrdiff_t>(keys.end), 0.0);
+    std::fill(score + first, score + end, 0.0);
     for (std::size_t c = 0; c < E; ++c) {
         const double qc = static_cast<double>(qi[c]);
         const K* const kc = d.kt + c * d.kt_stride;
-        for (std::size_t j = keys.first; j < keys.end; ++j) s.score[j] += qc * static_cast<double>(kc[j]);
+        for (std::size_t j = first; j < end; ++j) score[j] += qc * static_cast<double>(kc[j]);
     }
 
     // Scores, in the header's order, and which keys the row may attend.
     bool any = false, has_nan = false;
     double max = neg_inf;
-    std::fill(s.allowed.begin(), s.allowed.end(), static_cast<unsigned char>(0));
-    for (std::size_t j = keys.first; j < keys.end; ++j) {
-        const std::size_t m = d.mask_base + i * d.mask_row + j * d.mask_col;
-        if (d.mask && d.mask[m] == 0) continue;
-        double sc = s.score[j] * r.scale;
-        if (r.softcap > 0) sc = r.softcap * std::tanh(sc / r.softcap);
-        if (r.slope != 0) sc -= r.slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)));
-        if (d.additive) sc += static_cast<double>(d.additive[m]);
-        s.score[j] = sc;
+    std::fill(allowed, allowed + S, static_cast<unsigned char>(0));
+    for (std::size_t j = first; j < end; ++j) {
+        const std::size_t m = mask_row + j * mask_col;
+        if (mask && mask[m] == 0) continue;
+        double sc = score[j] * scale;
+        if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
+        if (slope != 0) sc -= slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)));
+        if (additive) sc += static_cast<double>(additive[m]);
+        score[j] = sc;
         if (sc == neg_inf) continue;
-        s.allowed[j] = 1;
+        allowed[j] = 1;
         if (std::isnan(sc) || sc == pos_inf) has_nan = true;  // as PyTorch: +inf - +inf is NaN
         if (!any || sc > max) max = sc;
         any = true;
@@ -117,28 +129,28 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
             *lse = max;  // + log(sum), below
         } else {         // the keys' own sum, shifted by their own max
             double own = 0.0;
-            for (std::size_t j = keys.first; j < keys.end; ++j)
-                if (s.allowed[j]) own += std::exp(s.score[j] - max);
+            for (std::size_t j = first; j < end; ++j)
+                if (allowed[j]) own += std::exp(score[j] - max);
             *lse = max + std::log(own);  // own >= 1: the max's own term is e^0
         }
     }
     double sum = 0.0;
-    for (std::size_t j = keys.first; j < keys.end; ++j) {
-        s.score[j] = s.allowed[j] ? std::exp(s.score[j] - top) : 0.0;
-        sum += s.score[j];
+    for (std::size_t j = first; j < end; ++j) {
+        score[j] = allowed[j] ? std::exp(score[j] - top) : 0.0;
+        sum += score[j];
     }
     if (lse && top == max) *lse += std::log(sum);  // sum >= 1, as above
     const double denominator = r.has_sink ? sum + std::exp(r.sink - top) : sum;
     // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf).
-    std::fill(s.acc.begin(), s.acc.end(), 0.0);
-    for (std::size_t j = keys.first; j < keys.end; ++j) {
-        if (!s.allowed[j]) continue;
-        const double w = s.score[j] / denominator;
+    std::fill(acc, acc + Ev, 0.0);
+    for (std::size_t j = first; j < end; ++j) {
+        if (!allowed[j]) continue;
+        const double w = score[j] / denominator;
         if (weights) weights[j] = static_cast<W>(w);
-        const V* const vj = d.v + j * d.v_stride;
-        for (std::size_t c = 0; c < Ev; ++c) s.acc[c] += w * static_cast<double>(vj[c]);
+        const V* const vj = v + j * v_stride;
+        for (std::size_t c = 0; c < Ev; ++c) acc[c] += w * static_cast<double>(vj[c]);
     }
-    std::copy(s.acc.begin(), s.acc.end(), out);
+    std::copy(acc, acc + Ev, out);
 }
 
 }  // namespace qkv::cpu::detail
