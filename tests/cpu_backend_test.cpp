@@ -286,6 +286,34 @@ TEST_CASE("cpu backend matches the float64 reference over odd shapes", "[cpu][sw
     CHECK(cases == 311);
 }
 
+TEST_CASE("cpu backend: any finite scale, negative and zero included, matches the float64 reference", "[cpu]") {
+    std::mt19937_64 rng(20261124);
+    for (const float scale : {-0.7f, -3.f, 0.f, -0.f}) {
+        INFO("scale " << scale);
+        owned_problem o =
+            random_problem({.batch = 2, .seq = 17, .d_in = 6, .d_k = 8, .d_v = 6, .heads = 2, .d_out = 5}, rng, true);
+        o.options.scale = scale;
+        o.options.causal = true;
+        o.options.return_weights = true;
+        o.mask = random_mask(2, 17, rng);
+        check_against_reference(o);
+        if (scale == 0.f) {
+            // Every score is 0: each row's weights are uniform over the keys it may attend.
+            const qkv::cpu::attention_output_f64 r = qkv::cpu::attention_f64(o.view());
+            for (std::size_t b = 0; b < 2; ++b)
+                for (std::size_t i = 0; i < 17; ++i) {
+                    std::size_t allowed = 0;
+                    for (std::size_t j = 0; j <= i; ++j) allowed += o.mask[(b * 17 + i) * 17 + j];
+                    for (std::size_t j = 0; j < 17; ++j) {
+                        const bool ok = j <= i && o.mask[(b * 17 + i) * 17 + j] != 0;
+                        CHECK(r.weights[((b * 2) * 17 + i) * 17 + j] ==
+                              (ok ? 1.0 / static_cast<double>(allowed) : 0.0));
+                    }
+                }
+        }
+    }
+}
+
 /// A float64 problem that owns its data.
 struct owned_problem_f64 {
     qkv::attention_shape shape{};

@@ -18,11 +18,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "npy/npy.hpp"
 #include "support/catch.hpp"
 #include "support/reference.hpp"
+#include "support/sdpa_reference.hpp"
 
 namespace {
 
@@ -158,7 +160,9 @@ const char* const float32_fixtures[] = {"plain_2d",
                                         "bool_mask_empty_row",
                                         "additive_mask_causal",
                                         "decode_5000",
-                                        "single"};
+                                        "single",
+                                        "scale_negative",
+                                        "scale_zero"};
 
 }  // namespace
 
@@ -187,6 +191,34 @@ TEST_CASE("cpu sdpa matches the float64 NumPy reference on every fixture", "[cpu
         const qkv::sdpa_output_f64 exact = qkv::cpu::sdpa(o64.view());
         CHECK(exact.output == got64.output);
         CHECK(exact.weights == got64.weights);
+    }
+}
+
+TEST_CASE("cpu sdpa: any finite scale, negative and zero included, matches the float64 reference", "[cpu][sdpa]") {
+    std::mt19937_64 rng(20261124);
+    for (const float scale : {-0.35f, -2.f, 0.f, -0.f}) {
+        INFO("scale " << scale);
+        owned_sdpa<float> o;
+        o.shape = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 32, .d_v = 24};
+        const auto floats = [&](std::size_t n) {
+            std::vector<float> f;
+            for (double e : qkv_test::normal_values(n, rng)) f.push_back(static_cast<float>(e));
+            return f;
+        };
+        o.q = floats(2 * 4 * 17 * 32), o.k = floats(2 * 2 * 113 * 32), o.v = floats(2 * 2 * 113 * 24);
+        o.additive = floats(17 * 113);
+        o.mask_shape = {17, 113};
+        o.options.scale = scale;
+        o.options.causal = true;
+        o.options.alignment = qkv::causal_alignment::bottom_right;
+        o.options.return_weights = true;
+        const qkv::sdpa_problem p = o.view();
+        const qkv_test::sdpa_ref_result want = qkv_test::sdpa_reference(p);
+        const qkv::sdpa_output_f64 got = qkv::cpu::sdpa_f64(p);
+        CHECK(qkv_test::nmse(got.output, want.output) <= 1e-26);
+        CHECK(qkv_test::nmse(got.weights, want.weights) <= 1e-26);
+        const qkv::sdpa_output got32 = qkv::cpu::sdpa(p);
+        CHECK(qkv_test::nmse(got32.output, want.output) <= 1e-13);
     }
 }
 
@@ -494,14 +526,44 @@ TEST_CASE("validate(sdpa): mask values and scale", "[cpu][sdpa][validate]") {
     o.mask = {1, 0, 2, 1, 1};
     o.mask_shape = {5};
     expect_invalid(o, {"mask values must be 0 or 1", "element 2 is 2"});
-    for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
         owned_sdpa<float> s = valid_sdpa();
         s.options.scale = bad;
-        expect_invalid(s, {"scale must be finite and positive"});
+        expect_invalid(s, {"scale must be finite"});
+    }
+    // Any finite scale is valid, negative and zero included (PyTorch's scale= takes them).
+    for (float good : {0.f, -0.f, -1.f, -3.4e38f, 1e-45f, 3.4e38f}) {
+        owned_sdpa<float> s = valid_sdpa();
+        s.options.scale = good;
+        CHECK_NOTHROW(qkv::validate(s.view()));
+        owned_sdpa<double> d;
+        d.shape = s.shape;
+        d.q.assign(s.q.begin(), s.q.end()), d.k.assign(s.k.begin(), s.k.end()), d.v.assign(s.v.begin(), s.v.end());
+        d.options = s.options;
+        CHECK_NOTHROW(qkv::validate(d.view()));
     }
     owned_sdpa<float> a = valid_sdpa();
     a.options.alignment = static_cast<qkv::causal_alignment>(7);
     expect_invalid(a, {"unknown causal alignment (7)"});
+}
+
+// One causal enum: the run-time API's causal_alignment is the core's causal_mode.
+static_assert(std::is_same_v<qkv::causal_alignment, qkv::causal_mode>);
+static_assert(qkv::causal_alignment::bottom_right == qkv::causal_mode::bottom_right);
+
+TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never causal_mode::none",
+          "[cpu][sdpa][validate]") {
+    owned_sdpa<float> o = valid_sdpa();
+    o.options = {.causal = true, .alignment = qkv::causal_mode::bottom_right};
+    CHECK_NOTHROW(qkv::validate(o.view()));
+    for (const bool causal : {true, false}) {
+        o.options.causal = causal;
+        o.options.alignment = qkv::causal_mode::none;
+        expect_invalid(o, {"causal_mode::none", "top_left or bottom_right", "causal = false"});
+    }
+    qkv::sdpa_shape s{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 7, .d_qk = 1, .d_v = 1};
+    CHECK(qkv::causal_offset(s, qkv::causal_mode::none) == 0);
 }
 
 TEST_CASE("validate(sdpa): size products must not overflow", "[cpu][sdpa][validate]") {

@@ -51,18 +51,12 @@
 #include <optional>
 #include <type_traits>
 
+#include "qkv/causal.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
 #include "qkv/softmax.hpp"
 
 namespace qkv {
-
-/// Which causal mask, if any: see the header comment.
-enum class causal_mode {
-    none,          ///< no causal mask
-    top_left,      ///< query i sees keys j <= i (PyTorch's is_causal=True)
-    bottom_right,  ///< query i sees keys j <= i + S - L (the last query sees every key)
-};
 
 /// What scaled_dot_product_attention and alibi_slope throw for an option or argument out of range
 /// (at compile time the throw makes the call not a constant expression, and the diagnostic shows
@@ -78,11 +72,10 @@ private:
 };
 
 /// Where query i sits among the S keys, for the sliding window and the ALiBi distance: at key
-/// position i + off, off = 0 (top-left) or S - L (bottom-right, the last query at the last key).
-enum class position_alignment {
-    top_left,      ///< off = 0
-    bottom_right,  ///< off = S - L
-};
+/// position i + off, off = 0 (top_left) or S - L (bottom_right, the last query at the last key).
+/// The one causal enum (qkv/causal.hpp) under the name this use reads best with; `none` is not an
+/// alignment (option_error).
+using position_alignment = causal_mode;
 
 /// Options of scaled_dot_product_attention for L queries and S keys of element type T. Every
 /// member has a default, and the defaults mean "off", so designated initialisers read naturally:
@@ -280,6 +273,8 @@ constexpr void check_options(const sdpa_matrix_options<T, L, S, H>& opt) {
         throw option_error("qkv::scaled_dot_product_attention: give alibi_slope or alibi_max_bias, not both");
     if (opt.window.left < -1 || opt.window.right < -1)
         throw option_error("qkv::scaled_dot_product_attention: window sides must be >= -1 (-1 = unbounded)");
+    if (opt.alignment && *opt.alignment == causal_mode::none)
+        throw option_error("qkv::scaled_dot_product_attention: alignment must be top_left or bottom_right");
     if (opt.alignment && opt.causal != causal_mode::none && *opt.alignment != alignment_of(opt.causal))
         throw option_error("qkv::scaled_dot_product_attention: alignment differs from the causal mode's");
     if (opt.sinks)

@@ -1,5 +1,7 @@
 // qkv::cpu — the float64 reference backend. Straight loops, every sum in double, results rounded
-// to the caller's type once, when stored. No state outside a call.
+// to the caller's type once, when stored. No state outside a call. attention is the projections,
+// then SDPA per head by the one float64 row (runtime/sdpa_rows.hpp, as qkv::cpu::sdpa), then the
+// output projection.
 #include "qkv/runtime/cpu.hpp"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include "qkv/runtime/error.hpp"
 #include "runtime/parallel_for.hpp"
+#include "runtime/sdpa_rows.hpp"
 
 namespace qkv::cpu {
 namespace {
@@ -65,30 +68,33 @@ results<T> compute(const Problem& p) {
     const std::size_t dk = s.d_k, dv = s.d_v;
     const std::size_t dkh = dk / H, dvh = dv / H;  // per-head widths
     const std::size_t rows = B * N;
-    // The exact default scale (default_scale() returns it rounded to float).
-    const double scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(dkh));
     const bool batched_mask = p.mask.size() == B * N * N;
     const bool batched_additive = p.additive_mask.size() == B * N * N;
-    constexpr double neg_inf = -std::numeric_limits<double>::infinity();
-    constexpr double pos_inf = std::numeric_limits<double>::infinity();
-    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
     // Projections for every batch element: Q, K (rows x d_k) and V (rows x d_v).
     std::vector<double> q(rows * dk), k(rows * dk), v(rows * dv);
     project<input, input>(p.x, rows, s.d_in, p.wq, p.bq, dk, q);
     project<input, input>(p.x, rows, s.d_in, p.wk, p.bk, dk, k);
     project<input, input>(p.x, rows, s.d_in, p.wv, p.bv, dv, v);
-    // Kᵀ per batch element (d_k x seq), so a row's scores are built a column of K at a time,
-    // contiguous over the keys j: the loop vectorises and each dot still sums c in order.
+    // Kᵀ per batch element (d_k x seq): the layout the SDPA row reads K in.
     std::vector<double> kt(k.size());
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t j = 0; j < N; ++j)
             for (std::size_t c = 0; c < dk; ++c) kt[(b * dk + c) * N + j] = k[(b * N + j) * dk + c];
     k = {};
 
+    // Each head is SDPA over its slice of the projections (qkv/runtime/sdpa.hpp): N queries and
+    // keys, per-head widths, causal top-left, the masks broadcast over the heads.
+    detail::head_rules rules;
+    rules.shape = {.batch = B, .q_heads = H, .kv_heads = H, .q_len = N, .kv_len = N, .d_qk = dkh, .d_v = dvh};
+    rules.options.causal = opt.causal;
+    rules.options.alignment = causal_alignment::top_left;
+    // The exact default scale (default_scale() returns it rounded to float).
+    rules.scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(dkh));
+
     results<T> r;
     if (opt.return_weights) r.weights.assign(B * H * N * N, T{});
-    std::vector<double> concat(rows * dv, 0.0);  // head outputs side by side; zero = fully masked
+    std::vector<double> concat(rows * dv);  // head outputs side by side
 
     // Work item = (batch element, head, block of query rows); items write disjoint rows of
     // `concat` and `r.weights`.
@@ -98,65 +104,24 @@ results<T> compute(const Problem& p) {
     parallel_for(items, work, [&](std::size_t item) {
         const std::size_t b = item / (H * blocks), h = (item / blocks) % H, block = item % blocks;
         const std::size_t first = block * rows_per_item, last = std::min(N, first + rows_per_item);
-        const double* qb = q.data() + b * N * dk + h * dkh;      // row i of head h: qb + i * dk
-        const double* ktb = kt.data() + (b * dk + h * dkh) * N;  // column c of head h's keys: ktb + c * N
-        const double* vb = v.data() + b * N * dv + h * dvh;
-        const std::uint8_t* mask = p.mask.empty() ? nullptr : p.mask.data() + (batched_mask ? b * N * N : 0);
-        const input* additive =
-            p.additive_mask.empty() ? nullptr : p.additive_mask.data() + (batched_additive ? b * N * N : 0);
+        detail::head_data<double, double, double, input> data;
+        data.q = q.data() + b * N * dk + h * dkh;  // row i of head h: + i * dk
+        data.q_stride = dk;
+        data.kt = kt.data() + (b * dk + h * dkh) * N;  // column c of head h's keys: + c * N
+        data.kt_stride = N;
+        data.v = v.data() + b * N * dv + h * dvh;
+        data.v_stride = dv;
+        // A mask is seq x seq (shared by the batch) or batch x seq x seq: this batch element's slice.
+        data.mask = p.mask.empty() ? nullptr : p.mask.data() + (batched_mask ? b * N * N : 0);
+        data.additive = p.additive_mask.empty() ? nullptr : p.additive_mask.data() + (batched_additive ? b * N * N : 0);
+        data.mask_row = N;
+        data.mask_col = 1;
 
-        std::vector<double> score(N);           // this row's scores; then exp(score - max)
-        std::vector<unsigned char> allowed(N);  // not vector<bool>: plain bytes
-        std::vector<double> acc(dvh);
+        detail::row_scratch scratch(N, dvh);
         for (std::size_t i = first; i < last; ++i) {
-            // Scores of row i: (q_i · k_j) · scale + additive; an entry is allowed if the boolean
-            // mask and causality allow it and its final score is not -inf.
-            const double* qi = qb + i * dk;
-            const std::size_t keys = opt.causal ? i + 1 : N;  // later keys are masked anyway
-            std::fill(score.begin(), score.end(), 0.0);
-            for (std::size_t c = 0; c < dkh; ++c) {
-                const double qc = qi[c];
-                const double* kc = ktb + c * N;
-                for (std::size_t j = 0; j < keys; ++j) score[j] += qc * kc[j];
-            }
-            bool any = false, has_nan = false;
-            double max = neg_inf;
-            for (std::size_t j = 0; j < N; ++j) {
-                const double sc = score[j] * scale + (additive ? static_cast<double>(additive[i * N + j]) : 0.0);
-                const bool ok = (!mask || mask[i * N + j] != 0) && (!opt.causal || j <= i) && sc != neg_inf;
-                score[j] = sc;
-                allowed[j] = ok;
-                if (!ok) continue;
-                if (std::isnan(sc) || sc == pos_inf) has_nan = true;  // as PyTorch: +inf - +inf is NaN
-                if (!any || sc > max) max = sc;
-                any = true;
-            }
-
-            T* wrow = r.weights.empty() ? nullptr : r.weights.data() + ((b * H + h) * N + i) * N;
-            double* out = concat.data() + (b * N + i) * dv + h * dvh;
-            if (!any) continue;  // fully masked: zero weights, zero head output (already zero)
-            if (has_nan) {       // as PyTorch: a NaN or +inf among the allowed scores poisons the row
-                if (wrow) std::fill(wrow, wrow + N, static_cast<T>(nan));
-                std::fill(out, out + dvh, nan);
-                continue;
-            }
-
-            // Stable softmax: subtracting the row's max keeps every exponent <= 0.
-            double sum = 0.0;
-            for (std::size_t j = 0; j < N; ++j) {
-                score[j] = allowed[j] ? std::exp(score[j] - max) : 0.0;
-                sum += score[j];
-            }
-            // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf).
-            std::fill(acc.begin(), acc.end(), 0.0);
-            for (std::size_t j = 0; j < N; ++j) {
-                if (!allowed[j]) continue;
-                const double w = score[j] / sum;
-                if (wrow) wrow[j] = static_cast<T>(w);
-                const double* vj = vb + j * dv;
-                for (std::size_t c = 0; c < dvh; ++c) acc[c] += w * vj[c];
-            }
-            std::copy(acc.begin(), acc.end(), out);
+            T* const weights = r.weights.empty() ? nullptr : r.weights.data() + ((b * H + h) * N + i) * N;
+            detail::attend_row(data, rules, i, scratch, concat.data() + (b * N + i) * dv + h * dvh, weights,
+                               static_cast<double*>(nullptr));
         }
     });
 

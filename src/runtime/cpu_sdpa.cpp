@@ -1,8 +1,8 @@
 // qkv::cpu::sdpa — scaled dot-product attention over caller-held Q, K, V in float64: PyTorch's
-// F.scaled_dot_product_attention semantics (qkv/runtime/sdpa.hpp), GQA, NumPy-broadcast masks,
-// both causal alignments. Straight loops, every sum in double and in a fixed order, the results
-// rounded to the caller's type once, when stored. The arithmetic of one head follows
-// qkv::cpu::attention's step for step, so attention equals projection followed by sdpa.
+// F.scaled_dot_product_attention semantics and the options beyond it (qkv/runtime/sdpa.hpp), GQA,
+// NumPy-broadcast masks, both causal alignments. Every row is computed by the one float64 row of
+// runtime/sdpa_rows.hpp, which qkv::cpu::attention runs on its projections too; the results are
+// rounded to the caller's type once, when stored.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -19,6 +19,7 @@
 #include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "runtime/parallel_for.hpp"
+#include "runtime/sdpa_rows.hpp"
 
 namespace qkv::cpu {
 namespace {
@@ -26,28 +27,56 @@ namespace {
 using detail::parallel_for;
 using detail::rows_per_item;
 
-/// `T`: the type results are stored in; `In`: the problem's element type (float or double).
-template <class T, class In>
-basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
-    validate(p);
+/// K or V as a device storing them as `type` holds them (options.kv_type): narrowed to float32
+/// (a finite double beyond float32's range is refused), then quantize + dequantize.
+template <class In>
+std::vector<float> stored_as(element_type type, std::span<const In> values, const char* what) {
+    std::vector<float> narrowed(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        const auto value = static_cast<double>(values[i]);
+        if (std::isfinite(value) && std::abs(value) > static_cast<double>(std::numeric_limits<float>::max()))
+            throw invalid_argument(std::string(what) + ": element " + std::to_string(i) +
+                                   " is beyond the float32 range, and kv_type " + std::string(to_string(type)) +
+                                   " stores float32 values");
+        narrowed[i] = static_cast<float>(values[i]);
+    }
+    try {
+        return round_trip(type, narrowed);
+    } catch (const invalid_argument& e) {
+        throw invalid_argument(std::string(what) + " stored as kv_type " + std::string(to_string(type)) + ": " +
+                               e.what());
+    }
+}
 
+/// `T`: the type results are stored in; `In`: the problem's element type (float or double);
+/// `KV`: K and V's (In, or float when they are stored as options.kv_type).
+template <class T, class In, class KV>
+basic_sdpa_output<T> compute_over(const basic_sdpa_problem<In>& p, std::span<const KV> k, std::span<const KV> v) {
     const sdpa_shape& s = p.shape;
     const sdpa_options& opt = p.options;
     const std::size_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, L = s.q_len, S = s.kv_len;
     const std::size_t E = s.d_qk, Ev = s.d_v, group = s.group();
+    const mask_strides ms =
+        (!p.mask.empty() || !p.additive_mask.empty()) ? broadcast_strides(p.mask_shape, s) : mask_strides{};
+
+    detail::head_rules rules;
+    rules.shape = s;
+    rules.options = opt;
     // The exact default scale (default_scale() returns it rounded to float).
-    const double scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(E));
-    const std::ptrdiff_t offset = causal_offset(s, opt.alignment);
-    const std::uint8_t* const mask = p.mask.empty() ? nullptr : p.mask.data();
-    const In* const additive = p.additive_mask.empty() ? nullptr : p.additive_mask.data();
-    const mask_strides ms = (mask || additive) ? broadcast_strides(p.mask_shape, s) : mask_strides{};
-    constexpr double neg_inf = -std::numeric_limits<double>::infinity();
-    constexpr double pos_inf = std::numeric_limits<double>::infinity();
-    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+    rules.scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(E));
+    rules.softcap = static_cast<double>(opt.softcap);
+    rules.has_sink = !p.sinks.empty();
+
+    // Kᵀ per (batch element, K/V head): E x S, so a row's scores are built a column at a time.
+    std::vector<KV> kt(k.size());
+    for (std::size_t bh = 0; bh < B * Hkv; ++bh)
+        for (std::size_t j = 0; j < S; ++j)
+            for (std::size_t c = 0; c < E; ++c) kt[(bh * E + c) * S + j] = k[(bh * S + j) * E + c];
 
     basic_sdpa_output<T> r;
-    r.output.assign(B * Hq * L * Ev, T{});  // zero: a fully masked row stays zero
+    r.output.assign(B * Hq * L * Ev, T{});
     if (opt.return_weights) r.weights.assign(B * Hq * L * S, T{});
+    if (opt.return_lse) r.lse.assign(B * Hq * L, T{});
     r.shape = s;
     r.kernel = kernel_family::automatic;
     r.device = "CPU reference (float64)";
@@ -60,70 +89,45 @@ basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
         const std::size_t b = item / (Hq * blocks), h = (item / blocks) % Hq, block = item % blocks;
         const std::size_t kvh = h / group;  // GQA: query head h reads K/V head h / (Hq / Hkv)
         const std::size_t first = block * rows_per_item, last = std::min(L, first + rows_per_item);
-        const In* const qh = p.q.data() + (b * Hq + h) * L * E;
-        const In* const kh = p.k.data() + (b * Hkv + kvh) * S * E;
-        const In* const vh = p.v.data() + (b * Hkv + kvh) * S * Ev;
-        const std::size_t mask_base = b * ms.batch + h * ms.head;
 
-        std::vector<double> score(S);           // this row's scores; then exp(score - max)
-        std::vector<unsigned char> allowed(S);  // not vector<bool>: plain bytes
-        std::vector<double> acc(Ev);
+        detail::head_rules head = rules;
+        head.slope = alibi_slope(opt.alibi_max_bias, Hq, h);
+        if (head.has_sink) head.sink = static_cast<double>(p.sinks[h]);
+        detail::head_data<In, KV, KV, In> data;
+        data.q = p.q.data() + (b * Hq + h) * L * E;
+        data.q_stride = E;
+        data.kt = kt.data() + (b * Hkv + kvh) * E * S;
+        data.kt_stride = S;
+        data.v = v.data() + (b * Hkv + kvh) * S * Ev;
+        data.v_stride = Ev;
+        data.mask = p.mask.empty() ? nullptr : p.mask.data();
+        data.additive = p.additive_mask.empty() ? nullptr : p.additive_mask.data();
+        data.mask_base = b * ms.batch + h * ms.head;
+        data.mask_row = ms.row;
+        data.mask_col = ms.col;
+
+        detail::row_scratch scratch(S, Ev);
+        std::vector<double> out(Ev);
         for (std::size_t i = first; i < last; ++i) {
-            // Keys j < visible pass the causal rule (all of them without it).
-            std::size_t visible = S;
-            if (opt.causal) {
-                const std::ptrdiff_t end = static_cast<std::ptrdiff_t>(i) + offset + 1;
-                visible = end <= 0 ? 0 : std::min(S, static_cast<std::size_t>(end));
-            }
-            const In* const qi = qh + i * E;
-            bool any = false, has_nan = false;
-            double max = neg_inf;
-            for (std::size_t j = 0; j < S; ++j) {
-                const std::size_t m = mask_base + i * ms.row + j * ms.col;
-                bool ok = j < visible && (!mask || mask[m] != 0);
-                double sc = 0.0;
-                if (ok) {
-                    const In* const kj = kh + j * E;
-                    for (std::size_t c = 0; c < E; ++c) sc += static_cast<double>(qi[c]) * static_cast<double>(kj[c]);
-                    sc = sc * scale + (additive ? static_cast<double>(additive[m]) : 0.0);
-                    ok = sc != neg_inf;
-                }
-                score[j] = sc;
-                allowed[j] = ok;
-                if (!ok) continue;
-                if (std::isnan(sc) || sc == pos_inf) has_nan = true;  // as PyTorch: +inf - +inf is NaN
-                if (!any || sc > max) max = sc;
-                any = true;
-            }
-
-            T* const wrow = r.weights.empty() ? nullptr : r.weights.data() + ((b * Hq + h) * L + i) * S;
-            T* const out = r.output.data() + ((b * Hq + h) * L + i) * Ev;
-            if (!any) continue;  // nothing to attend to: zero weights, zero output (already zero)
-            if (has_nan) {       // as PyTorch: a NaN or +inf among the allowed scores poisons the row
-                if (wrow) std::fill(wrow, wrow + S, static_cast<T>(nan));
-                std::fill(out, out + Ev, static_cast<T>(nan));
-                continue;
-            }
-
-            // Stable softmax: subtracting the row's max keeps every exponent <= 0.
-            double sum = 0.0;
-            for (std::size_t j = 0; j < S; ++j) {
-                score[j] = allowed[j] ? std::exp(score[j] - max) : 0.0;
-                sum += score[j];
-            }
-            // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf).
-            std::fill(acc.begin(), acc.end(), 0.0);
-            for (std::size_t j = 0; j < S; ++j) {
-                if (!allowed[j]) continue;
-                const double w = score[j] / sum;
-                if (wrow) wrow[j] = static_cast<T>(w);
-                const In* const vj = vh + j * Ev;
-                for (std::size_t c = 0; c < Ev; ++c) acc[c] += w * static_cast<double>(vj[c]);
-            }
-            std::transform(acc.begin(), acc.end(), out, [](double e) { return static_cast<T>(e); });
+            const std::size_t row = (b * Hq + h) * L + i;
+            T* const weights = r.weights.empty() ? nullptr : r.weights.data() + row * S;
+            double lse = 0;
+            detail::attend_row(data, head, i, scratch, out.data(), weights, opt.return_lse ? &lse : nullptr);
+            std::transform(out.begin(), out.end(), r.output.begin() + static_cast<std::ptrdiff_t>(row * Ev),
+                           [](double e) { return static_cast<T>(e); });
+            if (opt.return_lse) r.lse[row] = static_cast<T>(lse);
         }
     });
     return r;
+}
+
+template <class T, class In>
+basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
+    validate(p);
+    if (!p.options.kv_type) return compute_over<T, In, In>(p, p.k, p.v);
+    const std::vector<float> k = stored_as(*p.options.kv_type, p.k, "k");
+    const std::vector<float> v = stored_as(*p.options.kv_type, p.v, "v");
+    return compute_over<T, In, float>(p, k, v);
 }
 
 /// compute<T>(p), with a failed allocation reported with the sizes that caused it.

@@ -3,7 +3,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -29,8 +33,19 @@ std::vector<std::size_t> mask_dims(const std::vector<std::size_t>& mask_shape, c
     return mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : mask_shape;
 }
 
+/// Where a problem's K and V are: in its k and v spans (validate), or held elsewhere, e.g. a
+/// device K/V cache (validate_queries: the spans must be empty).
+enum class kv_source { spans, elsewhere };
+
+std::string number(double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", value);
+    return text;
+}
+
+/// The checks of validate() and validate_queries(), for float32 and float64 problems alike.
 template <class T>
-void check_sdpa(const basic_sdpa_problem<T>& problem) {
+void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
     const sdpa_shape& s = problem.shape;
     const sdpa_options& opt = problem.options;
 
@@ -47,8 +62,19 @@ void check_sdpa(const basic_sdpa_problem<T>& problem) {
              dims_of({s.batch, s.kv_heads, s.kv_len, s.d_qk}));
 
     expect_size("q", problem.q, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_qk", s.d_qk}});
-    expect_size("k", problem.k, {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_qk", s.d_qk}});
-    expect_size("v", problem.v, {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_v", s.d_v}});
+    if (kv == kv_source::spans) {
+        expect_size("k", problem.k,
+                    {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_qk", s.d_qk}});
+        expect_size("v", problem.v,
+                    {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_v", s.d_v}});
+    } else {
+        if (!problem.k.empty() || !problem.v.empty())
+            fail("k and v must be empty: K and V are held elsewhere (k has " + std::to_string(problem.k.size()) +
+                 " elements, v " + std::to_string(problem.v.size()) + ")");
+        // The K/V store's sizes, as a backend holding them would compute them.
+        (void)checked_product({{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_qk", s.d_qk}});
+        (void)checked_product({{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_v", s.d_v}});
+    }
     (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_v", s.d_v}});
     if (opt.return_weights)
         (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"kv_len", s.kv_len}});
@@ -74,20 +100,70 @@ void check_sdpa(const basic_sdpa_problem<T>& problem) {
             fail("mask values must be 0 or 1 (element " + std::to_string(i) + " is " +
                  std::to_string(static_cast<unsigned>(problem.mask[i])) + ")");
 
-    if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0))
-        fail("scale must be finite and positive (it is " + std::to_string(*opt.scale) + ")");
+    // Sinks: none, or one finite (or -inf: no sink) logit per query head.
+    if (!problem.sinks.empty()) {
+        if (problem.sinks.size() != s.q_heads)
+            fail("sinks has " + std::to_string(problem.sinks.size()) +
+                 " elements, expected one per query head, q_heads = " + std::to_string(s.q_heads) + " (or none)");
+        for (std::size_t h = 0; h < problem.sinks.size(); ++h) {
+            const double sink = static_cast<double>(problem.sinks[h]);
+            if (std::isnan(sink) || sink == std::numeric_limits<double>::infinity())
+                fail("sinks[" + std::to_string(h) + "] is " + number(sink) +
+                     ": a sink must be finite, or -inf for no sink on that head");
+        }
+    }
+
+    // Any finite scale, negative and zero included, as PyTorch's scale=.
+    if (opt.scale && !std::isfinite(*opt.scale)) fail("scale must be finite (it is " + number(*opt.scale) + ")");
+    if (opt.alignment == causal_alignment::none)
+        fail(
+            "alignment is causal_mode::none, which is not an alignment: use top_left or bottom_right (no causal "
+            "mask is causal = false)");
     if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
         fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
     if (opt.precision != precision::fp32 && opt.precision != precision::fp16)
         fail("unknown precision (" + std::to_string(static_cast<int>(opt.precision)) + ")");
     if (opt.kernel != kernel_family::automatic && opt.kernel != kernel_family::cpu && opt.kernel != kernel_family::gpu)
         fail("unknown kernel family (" + std::to_string(static_cast<int>(opt.kernel)) + ")");
+    for (const auto& [name, side] :
+         {std::pair{"window_left", opt.window_left}, std::pair{"window_right", opt.window_right}})
+        if (side < -1)
+            fail(std::string(name) + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(side) + ")");
+    if (!(std::isfinite(opt.softcap) && opt.softcap >= 0))
+        fail("softcap must be finite and at least 0 (0 = off; it is " + number(opt.softcap) + ")");
+    if (!(std::isfinite(opt.alibi_max_bias) && opt.alibi_max_bias >= 0))
+        fail("alibi_max_bias must be finite and at least 0 (0 = off; it is " + number(opt.alibi_max_bias) + ")");
+    if (opt.return_lse) (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}});
+    if (opt.kv_type) {
+        const element_type t = *opt.kv_type;
+        if (!is_known(t)) fail("unknown kv_type (" + std::to_string(static_cast<int>(t)) + ")");
+        if (is_quantized(t) && (s.d_qk % block_size(t) != 0 || s.d_v % block_size(t) != 0))
+            fail("kv_type " + std::string(to_string(t)) + " stores blocks of " + std::to_string(block_size(t)) +
+                 " values along each row: d_qk (" + std::to_string(s.d_qk) + ") and d_v (" + std::to_string(s.d_v) +
+                 ") must be multiples of " + std::to_string(block_size(t)));
+    }
 }
 
 }  // namespace
 
-void validate(const sdpa_problem& problem) { check_sdpa(problem); }
-void validate(const sdpa_problem_f64& problem) { check_sdpa(problem); }
+void validate(const sdpa_problem& problem) { check_sdpa(problem, kv_source::spans); }
+void validate(const sdpa_problem_f64& problem) { check_sdpa(problem, kv_source::spans); }
+void validate_queries(const sdpa_problem& problem) { check_sdpa(problem, kv_source::elsewhere); }
+void validate_queries(const sdpa_problem_f64& problem) { check_sdpa(problem, kv_source::elsewhere); }
+
+double alibi_slope(float max_bias, std::size_t q_heads, std::size_t head) {
+    if (!(std::isfinite(max_bias) && max_bias >= 0))
+        throw invalid_argument("alibi_slope: max_bias must be finite and at least 0 (it is " + number(max_bias) + ")");
+    if (q_heads == 0 || head >= q_heads)
+        throw invalid_argument("alibi_slope: head " + std::to_string(head) + " of " + std::to_string(q_heads) +
+                               " query heads");
+    if (max_bias == 0) return 0.0;
+    std::size_t n = 1;  // 2^floor(log2 q_heads)
+    while (n <= q_heads / 2) n *= 2;
+    const double b = static_cast<double>(max_bias), heads = static_cast<double>(n);
+    if (head < n) return std::pow(std::exp2(-b / heads), static_cast<double>(head + 1));
+    return std::pow(std::exp2(-b / (2 * heads)), static_cast<double>(2 * (head - n) + 1));
+}
 
 float default_scale(const sdpa_shape& shape) {
     if (shape.d_qk == 0) throw invalid_argument("default_scale needs d_qk >= 1");

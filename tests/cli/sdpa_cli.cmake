@@ -78,8 +78,13 @@ qkv_cli_test(sdpa.bad.mask_columns ARGS sdpa --q ${q2} --k ${k2} --v ${v2}
              STDERR "dimension 1 is 5000, expected 1 or kv_len = 300")
 qkv_cli_test(sdpa.bad.bool_q ARGS sdpa --q ${sdpa_data}/bool_mask_empty_row/mask.npy --k ${k2} --v ${v2} --backend cpu
              --out out.npy EXIT 2 STDERR "mask\\.npy has dtype bool: q must be float32 or float64")
-qkv_cli_test(sdpa.bad.scale_zero ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale 0 --backend cpu --out out.npy EXIT 2
-             STDERR "scale must be finite and positive")
+# Any finite float32 scale, negative and zero included, as PyTorch (the fixtures' args.txt hold it).
+qkv_cli_sdpa_parity(scale_negative)
+qkv_cli_sdpa_parity(scale_zero)
+foreach(bad IN ITEMS nan inf -inf 1e39)
+  qkv_cli_test(sdpa.bad.scale_${bad} ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale ${bad} --backend cpu --out out.npy
+               EXIT 2 STDERR "--scale ${bad}: ")
+endforeach()
 qkv_cli_test(sdpa.bad.scale_text ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale abc --backend cpu --out out.npy EXIT 2
              STDERR "--scale abc: expected a number")
 qkv_cli_test(sdpa.bad.align_without_causal ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal-align bottom-right

@@ -98,8 +98,8 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         ->default_str("1")
         ->group(attention);
     o.scale_option = cmd.add_option("--scale", o.scale,
-                                    "Multiplies Q\u00b7K\u1d40; --scale 1 is the tutorial's plain "
-                                    "dot product")
+                                    "Multiplies Q\u00b7K\u1d40 (any finite float32, negative and 0 "
+                                    "included); --scale 1 is the tutorial's plain dot product")
                          ->type_name("S")
                          ->default_str("1/sqrt(d_k/H)")
                          ->group(attention);

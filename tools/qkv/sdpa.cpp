@@ -146,10 +146,11 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
                            ->group(outputs);
 
     const std::string attention = "Attention";
-    o.scale_option = cmd.add_option("--scale", o.scale, "Multiplies Q\u00b7K\u1d40 (positive)")
-                         ->type_name("S")
-                         ->default_str("1/sqrt(E)")
-                         ->group(attention);
+    o.scale_option =
+        cmd.add_option("--scale", o.scale, "Multiplies Q\u00b7K\u1d40: any finite float32, negative and 0 included")
+            ->type_name("S")
+            ->default_str("1/sqrt(E)")
+            ->group(attention);
     cmd.add_flag("--causal", o.causal, "Query i attends only to keys up to its diagonal (combines with --mask)")
         ->group(attention);
     o.align_option =

@@ -1,29 +1,56 @@
 // scaled_dot_product_attention over tensors the caller already holds: PyTorch's
-// F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale, enable_gqa) semantics, for
-// the float64 CPU backend (qkv::cpu::sdpa) and the Vulkan backend (qkv::vulkan::context::sdpa).
+// F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale, enable_gqa) semantics, and
+// the attention of today's models beyond it (sliding windows, sinks, softcap, ALiBi, quantized
+// K/V, log-sum-exp), for the float64 CPU backend (qkv::cpu::sdpa) and the Vulkan backend
+// (qkv::vulkan::context::sdpa).
 //
 // Shapes (row-major, contiguous):
 //   q  batch x q_heads  x q_len  x d_qk        (B, Hq, L, E)
 //   k  batch x kv_heads x kv_len x d_qk        (B, Hkv, S, E)
 //   v  batch x kv_heads x kv_len x d_v         (B, Hkv, S, Ev)
+//   sinks   q_heads                            (Hq,), optional
 //   output  batch x q_heads x q_len x d_v      (B, Hq, L, Ev)
 //   weights batch x q_heads x q_len x kv_len   (B, Hq, L, S), on request
+//   lse     batch x q_heads x q_len            (B, Hq, L), on request
 // The 3-D (H, ·, ·) and 2-D (·, ·) forms are batch = 1 (and heads = 1).
 //
 // Grouped-query attention: kv_heads divides q_heads; query head h uses K/V head
 // h / (q_heads / kv_heads), as PyTorch's enable_gqa=True (repeat_interleave of K and V).
 //
-// score(b, h, i, j) = scale · q[b, h, i] · k[b, h / g, j]  (+ additive_mask, broadcast)
-//   scale defaults to 1 / sqrt(d_qk).
-//   mask (bool, 1 = may attend) and additive_mask (float, added to the scaled score; -inf masks)
-//   have any shape that broadcasts NumPy-style to (B, Hq, L, S): mask_shape lists the mask's
-//   dimensions (at most 4; missing leading dimensions are 1; each is 1 or the target's).
-//   causal keeps j <= i + offset: offset 0 with causal_alignment::top_left (PyTorch's is_causal,
-//   tril(ones(L, S))), S - L with bottom_right (tril(ones(L, S), S - L), the KV-cache convention:
-//   the last query sees every key). Causal and the masks combine: a key must pass all of them.
-// A row left with no key to attend to gets zero weights and a zero output (PyTorch gives NaN).
+// The score of query i and key j of query head h, with off = 0 (alignment top_left) or S - L
+// (bottom_right), in this order:
+//   s = scale · q_i · k_j                     scale defaults to 1 / sqrt(d_qk); any finite value
+//   s = C · tanh(s / C)                       softcap C > 0 (0: off)
+//   s = s - slope_h · |i + off - j|           ALiBi, alibi_max_bias b > 0 (0: off); with
+//                                             n = 2^floor(log2 Hq), m0 = 2^(-b/n), m1 = 2^(-b/(2n)):
+//                                             slope_h = m0^(h+1) for h < n, else m1^(2(h-n)+1)
+//   s = s + additive_mask                     broadcast; an entry of -inf masks
+// Key j may be attended by query i when it passes every rule given (AND):
+//   mask (bool, 1 = may attend)               broadcast
+//   causal                                    j <= i + off (top_left: PyTorch's is_causal,
+//                                             tril(ones(L, S)); bottom_right: tril(ones(L, S), S - L),
+//                                             the KV-cache convention: the last query sees every key)
+//   window (window_left, window_right)        i + off - window_left <= j <= i + off + window_right,
+//                                             -1 leaving that side unbounded (FlashAttention's
+//                                             window_size); off comes from `alignment` whether or
+//                                             not `causal` is set
+//   s != -inf
+// Masks have any shape that broadcasts NumPy-style to (B, Hq, L, S): mask_shape lists the mask's
+// dimensions (at most 4; missing leading dimensions are 1; each is 1 or the target's).
+//
+// With the allowed scores s_j of a row and m = max_j s_j:
+//   without sinks:  w_j = e^(s_j - m) / Σ_j e^(s_j - m),   output = Σ_j w_j · v_j
+//   with sinks:     one logit σ_h per query head joins the denominator and attends to nothing:
+//                   M = max(m, σ_h),  w_j = e^(s_j - M) / (Σ_j e^(s_j - M) + e^(σ_h - M))
+//                   (the weights of a row then sum to less than one)
+//   lse = log Σ_j e^(s_j) = m + log Σ_j e^(s_j - m), sinks not included
+// A row left with no key to attend to gets zero weights, a zero output (PyTorch gives NaN) and
+// lse = -inf, sinks or not. A NaN or +inf among a row's allowed scores makes its weights, output
+// and lse NaN (as PyTorch); a masked key contributes nothing, even a NaN value.
+// Partial results over disjoint key sets merge into the whole: merge_attention below.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -31,6 +58,8 @@
 #include <string>
 #include <vector>
 
+#include "qkv/causal.hpp"
+#include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/export.hpp"
 #include "qkv/runtime/problem.hpp"
 
@@ -50,19 +79,41 @@ struct sdpa_shape {
     friend constexpr bool operator==(const sdpa_shape&, const sdpa_shape&) = default;
 };
 
-enum class causal_alignment {
-    top_left,      ///< query i sees keys j <= i (PyTorch is_causal=True)
-    bottom_right,  ///< query i sees keys j <= i + kv_len - q_len (the last query sees all keys)
-};
+/// Where the causal diagonal starts: top_left (query i sees keys j <= i, PyTorch's is_causal=True)
+/// or bottom_right (j <= i + kv_len - q_len: the last query sees every key). The core's
+/// qkv::causal_mode (qkv/causal.hpp) under the run-time API's name: one enum, so
+/// `causal_alignment::bottom_right` and `causal_mode::bottom_right` are the same value. Its third
+/// value, `none`, is not an alignment: validate() refuses it (say "no causal mask" with
+/// `causal = false`).
+using causal_alignment = causal_mode;
 
 struct sdpa_options {
-    std::optional<float> scale{};  ///< multiplies q·k; default 1/sqrt(d_qk)
+    std::optional<float> scale{};  ///< multiplies q·k; default 1/sqrt(d_qk); any finite value
     bool causal = false;
+    /// Sets off (0 or kv_len - q_len) for the causal rule, the window and ALiBi's distances.
     causal_alignment alignment = causal_alignment::top_left;
     bool return_weights = false;                           ///< also return the attention probabilities (B, Hq, L, S)
-    qkv::precision precision = precision::fp32;            ///< Vulkan: storage of q, k, v
+    qkv::precision precision = precision::fp32;            ///< Vulkan: storage of q (and of k, v unless kv_type)
     qkv::kernel_family kernel = kernel_family::automatic;  ///< Vulkan: which kernel family runs
+    /// Sliding window: query i may attend key j only if i + off - window_left <= j <= i + off +
+    /// window_right; -1 leaves that side unbounded (both -1: no window). Values below -1 are refused.
+    std::int64_t window_left = -1, window_right = -1;
+    float softcap = 0;         ///< C > 0: every score s becomes C · tanh(s / C), first; 0: off
+    float alibi_max_bias = 0;  ///< b > 0: ALiBi with ggml's slopes over q_heads; 0: off
+    bool return_lse = false;   ///< also return the log-sum-exp of every row (B, Hq, L)
+    /// How K and V are stored on the device: f32, f16, q8_0 or q4_0 (d_qk and d_v multiples of
+    /// 32 for the last two). Unset: as `precision` says (fp32: f32, fp16: f16); see
+    /// stored_kv_type. The CPU backend, which ignores `precision`, computes from K and V as the
+    /// device would store them when kv_type is set (round_trip through that type).
+    std::optional<element_type> kv_type{};
 };
+
+/// The element type K and V are stored in on the device: options.kv_type, or f16 for
+/// precision::fp16 and f32 otherwise.
+[[nodiscard]] constexpr element_type stored_kv_type(const sdpa_options& options) {
+    if (options.kv_type) return *options.kv_type;
+    return options.precision == precision::fp16 ? element_type::f16 : element_type::f32;
+}
 
 /// An SDPA problem over host data of element type T (float; double for the CPU backend's float64
 /// path). Spans are read during the call only.
@@ -76,6 +127,10 @@ struct basic_sdpa_problem {
     /// first, at most 4. Empty with a mask: the mask is L x S.
     std::vector<std::size_t> mask_shape{};
     sdpa_options options{};
+    /// Empty, or one logit per query head (q_heads values): joins every row's softmax
+    /// denominator, attends to nothing. Each is finite or -inf (-inf: no sink for that head);
+    /// NaN and +inf are refused.
+    std::span<const T> sinks{};
 };
 using sdpa_problem = basic_sdpa_problem<float>;
 using sdpa_problem_f64 = basic_sdpa_problem<double>;
@@ -84,6 +139,9 @@ template <class T>
 struct basic_sdpa_output {
     std::vector<T> output;   ///< batch x q_heads x q_len x d_v
     std::vector<T> weights;  ///< batch x q_heads x q_len x kv_len, when options.return_weights
+    /// batch x q_heads x q_len, when options.return_lse: log Σ_j e^(s_j) over the keys the row may
+    /// attend, sinks not included; -inf for a row with none, NaN for a row a NaN poisons.
+    std::vector<T> lse;
     sdpa_shape shape{};
     qkv::kernel_family kernel = kernel_family::automatic;  ///< Vulkan: the family that ran
     std::string device;                                    ///< which device (or "cpu reference") ran it
@@ -94,9 +152,19 @@ using sdpa_output_f64 = basic_sdpa_output<double>;
 /// Throws qkv::invalid_argument naming the inputs and their shapes when the problem is not
 /// well-formed: a zero dimension, kv_heads not dividing q_heads, a span whose size does not fit its
 /// shape, a mask that does not broadcast to (B, Hq, L, S), a mask value other than 0/1, a
-/// non-finite or non-positive scale, a size product that overflows.
+/// non-finite scale (any finite scale is valid, negative and zero included, as PyTorch's), a size
+/// product that overflows; an option out of its range, naming it: alignment none or unknown,
+/// window_left or window_right below -1, softcap or alibi_max_bias negative or not finite, an
+/// unknown kv_type, a quantized kv_type (q8_0, q4_0) with d_qk or d_v not a multiple of 32; sinks
+/// other than empty or q_heads values, or a sink that is NaN or +inf.
 QKV_RUNTIME_API void validate(const sdpa_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
+
+/// Every check of validate() but those of the k and v spans, which must be empty: for a call
+/// whose K and V are held elsewhere (a device K/V cache of shape.kv_len rows), checked against
+/// the same shape (kv_len >= 1, d_qk, d_v, kv_heads as the K/V store has them).
+QKV_RUNTIME_API void validate_queries(const sdpa_problem& problem);
+QKV_RUNTIME_API void validate_queries(const sdpa_problem_f64& problem);
 
 /// The scale used when options.scale is not set: 1/sqrt(d_qk).
 [[nodiscard]] QKV_RUNTIME_API float default_scale(const sdpa_shape& shape);
@@ -109,11 +177,89 @@ struct mask_strides {
 [[nodiscard]] QKV_RUNTIME_API mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape,
                                                              const sdpa_shape& shape);
 
-/// The causal offset: key j is visible from query i when j <= i + offset (may be negative).
+/// The causal offset: key j is visible from query i when j <= i + offset (may be negative):
+/// kv_len - q_len for bottom_right, 0 otherwise.
 [[nodiscard]] constexpr std::ptrdiff_t causal_offset(const sdpa_shape& shape, causal_alignment alignment) {
-    return alignment == causal_alignment::top_left
-               ? 0
-               : static_cast<std::ptrdiff_t>(shape.kv_len) - static_cast<std::ptrdiff_t>(shape.q_len);
+    return alignment == causal_alignment::bottom_right
+               ? static_cast<std::ptrdiff_t>(shape.kv_len) - static_cast<std::ptrdiff_t>(shape.q_len)
+               : 0;
 }
+
+/// The keys query i may attend by the causal rule and the window alone: [first, end) (empty when
+/// first >= end). Masks and -inf scores may remove more. Kernels skip key tiles outside it.
+struct key_range {
+    std::size_t first = 0, end = 0;
+};
+[[nodiscard]] constexpr key_range visible_keys(const sdpa_shape& shape, const sdpa_options& options, std::size_t i) {
+    // Signed positions; a window side clamped to kv_len + q_len (beyond it nothing changes), so
+    // that no sum overflows.
+    const auto S = static_cast<std::int64_t>(shape.kv_len), L = static_cast<std::int64_t>(shape.q_len);
+    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(shape, options.alignment);
+    const auto side = [&](std::int64_t w) { return (std::min)(w, S + L); };
+    std::int64_t first = 0, end = S;
+    if (options.causal) end = (std::min)(end, pos + 1);
+    if (options.window_right >= 0) end = (std::min)(end, pos + side(options.window_right) + 1);
+    if (options.window_left >= 0) first = (std::max)(first, pos - side(options.window_left));
+    if (end <= first) return {0, 0};
+    return {static_cast<std::size_t>(first), static_cast<std::size_t>(end)};
+}
+
+/// ALiBi's slope of query head `head` among `q_heads` for max_bias b (ggml's rule, in float64):
+/// n = 2^floor(log2 q_heads), m0 = 2^(-b/n), m1 = 2^(-b/(2n)); m0^(head+1) for head < n, else
+/// m1^(2(head-n)+1). 0 when b is 0.
+[[nodiscard]] QKV_RUNTIME_API double alibi_slope(float max_bias, std::size_t q_heads, std::size_t head);
+
+// ---- Merging partial results -------------------------------------------------------------------
+//
+// Attention over a key set split into disjoint parts P_1 ... P_n (key shards, devices, machines),
+// each part computed on its own WITHOUT sinks, with return_lse: part p gives, for every row,
+// o_p = Σ_{j∈P_p} e^(s_j - lse_p) · v_j and lse_p = log Σ_{j∈P_p} e^(s_j). Then, per row, with
+// the parts whose lse_p is -inf (no key of the row in that part) left out, and M = max_p lse_p:
+//   lse = M + log Σ_p e^(lse_p - M)                                     (log Σ over every key)
+//   without sinks:  o = Σ_p e^(lse_p - M) · o_p / Σ_p e^(lse_p - M)
+//   with sinks, applied once here:  M' = max(M, σ_h),
+//                   o = Σ_p e^(lse_p - M') · o_p / (Σ_p e^(lse_p - M') + e^(σ_h - M'))
+// which is the whole call's output (sinks included) and lse (sinks excluded), up to rounding.
+// A row where every part's lse is -inf gets a zero output and lse -inf (as the whole call: no key,
+// zeros, sinks or not). A row where some part's lse is NaN gets NaN (a NaN poisoned that part's
+// row). An lse of +inf is refused (qkv::invalid_argument): it only arises when a float32 lse left
+// float32's range, and the merge could not be exact.
+
+/// One partial result: out (B, Hq, L, Ev) and lse (B, Hq, L), as sdpa_output's output and lse.
+template <class T>
+struct basic_attention_part {
+    std::span<const T> out{};
+    std::span<const T> lse{};
+};
+using attention_part = basic_attention_part<float>;
+using attention_part_f64 = basic_attention_part<double>;
+
+/// The shape of the rows being merged: out is (batch, q_heads, q_len, d_v), lse (batch, q_heads, q_len).
+struct merge_shape {
+    std::size_t batch = 1;
+    std::size_t q_heads = 1;
+    std::size_t q_len = 0;
+    std::size_t d_v = 0;
+    friend constexpr bool operator==(const merge_shape&, const merge_shape&) = default;
+};
+
+template <class T>
+struct basic_merged_attention {
+    std::vector<T> out;  ///< (B, Hq, L, Ev)
+    std::vector<T> lse;  ///< (B, Hq, L), sinks not included
+};
+using merged_attention = basic_merged_attention<float>;
+using merged_attention_f64 = basic_merged_attention<double>;
+
+/// Merges partial results over disjoint key sets (the rule above), in float64; float32 results are
+/// rounded once. `sinks`: empty, or one logit per query head (finite or -inf), applied once.
+/// Throws qkv::invalid_argument for no parts, a zero dimension, spans whose sizes do not fit
+/// `shape`, sinks of the wrong size or NaN/+inf, an lse of +inf.
+[[nodiscard]] QKV_RUNTIME_API merged_attention merge_attention(std::span<const attention_part> parts,
+                                                               const merge_shape& shape,
+                                                               std::span<const float> sinks = {});
+[[nodiscard]] QKV_RUNTIME_API merged_attention_f64 merge_attention(std::span<const attention_part_f64> parts,
+                                                                   const merge_shape& shape,
+                                                                   std::span<const double> sinks = {});
 
 }  // namespace qkv

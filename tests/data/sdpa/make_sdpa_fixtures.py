@@ -153,6 +153,12 @@ def main():
     add[:, :, ::7] = -1e300
     case("float64", randn(2, 3, 16, dtype=np.float64, scale=1e100), randn(2, 300, 16, dtype=np.float64, scale=1e-100),
          randn(2, 300, 16, dtype=np.float64), mask=add, weights=True)
+    # Any finite scale, as PyTorch: a negative one (GQA, a key-padding mask, bottom-right causal) and
+    # zero (every allowed key gets the same weight).
+    keep = rng.random((2, 1, 1, 113)) < 0.8
+    case("scale_negative", randn(2, 4, 17, 32), randn(2, 2, 113, 32), randn(2, 2, 113, 24), mask=keep, causal=True,
+         align="bottom-right", scale=-0.35, weights=True)
+    case("scale_zero", randn(3, 17, 16), randn(3, 113, 16), randn(3, 113, 8), causal=True, scale=0.0, weights=True)
 
 
 if __name__ == "__main__":
