@@ -261,38 +261,11 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
         fail("the problem's (batch, kv_heads, d_qk, d_v) = " + dims({s.batch, s.kv_heads, s.d_qk, s.d_v}) +
              " differ from the cache's " + dims({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
     if (p.options.return_weights) fail("return_weights is not available with a kv_cache");
-    // The rest of validate()'s checks, for q and the masks (k and v are the cache's).
-    // TODO(merge): replace with qkv::validate_queries from the runtime.
-    if (s.q_heads == 0 || s.q_len == 0) fail("q_heads and q_len must be at least 1");
-    if (s.q_heads % s.kv_heads != 0)
-        fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide q_heads (" + std::to_string(s.q_heads) + ")");
-    const std::size_t qn = product({s.batch, s.q_heads, s.q_len, s.d_qk}, "q");
-    if (p.q.size() != qn)
-        fail("q has " + std::to_string(p.q.size()) + " elements, expected (batch, q_heads, q_len, d_qk) = " +
-             dims({s.batch, s.q_heads, s.q_len, s.d_qk}) + " = " + std::to_string(qn));
-    (void)product({s.batch, s.q_heads, s.q_len, s.d_v}, "output");
-    const bool has_mask = !p.mask.empty() || !p.additive_mask.empty();
-    if (!has_mask && !p.mask_shape.empty()) fail("mask_shape given without a mask");
-    if (has_mask) {
-        (void)broadcast_strides(p.mask_shape, s);
-        std::size_t want = 1;
-        for (std::size_t d : p.mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : p.mask_shape)
-            want *= d;
-        for (const auto& [what, have] :
-             {std::pair{"mask", p.mask.size()}, std::pair{"additive_mask", p.additive_mask.size()}})
-            if (have != 0 && have != want)
-                fail(std::string(what) + " has " + std::to_string(have) + " elements, expected " +
-                     std::to_string(want) + " for its shape");
-        for (std::size_t i = 0; i < p.mask.size(); ++i)
-            if (p.mask[i] > 1) fail("mask values must be 0 or 1 (element " + std::to_string(i) + ")");
+    try {
+        validate_queries(p);  // the runtime's one validator, without k and v (the cache's)
+    } catch (const qkv::invalid_argument& e) {
+        fail(e.what());
     }
-    if (p.options.scale && !(std::isfinite(*p.options.scale) && *p.options.scale > 0))
-        fail("scale must be finite and positive");
-    if (p.options.alignment != causal_alignment::top_left && p.options.alignment != causal_alignment::bottom_right)
-        fail("unknown causal alignment");
-    if (p.options.kernel != kernel_family::automatic && p.options.kernel != kernel_family::cpu &&
-        p.options.kernel != kernel_family::gpu)
-        fail("unknown kernel family");
     return p;
 }
 

@@ -58,6 +58,18 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     if (p.q_fp16 && !info.fp16_storage)
         throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
                           info.name + " does not offer; use fp32");
+    // What the Vulkan kernels do not take yet is refused, never ignored.
+    const auto not_yet = [](const char* what) {
+        throw unavailable(std::string("sdpa: ") + what +
+                          " is not implemented by the Vulkan backend yet; use the cpu backend (qkv::cpu::sdpa)");
+    };
+    if (opt.window_left != -1 || opt.window_right != -1) not_yet("a sliding window");
+    if (opt.softcap != 0) not_yet("softcap");
+    if (opt.alibi_max_bias != 0) not_yet("ALiBi");
+    if (opt.return_lse) not_yet("return_lse");
+    if (!problem.sinks.empty()) not_yet("sinks");
+    if (opt.kv_type && *opt.kv_type != (p.q_fp16 ? element_type::f16 : element_type::f32))
+        not_yet("a kv_type other than the precision's");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
     refuse_if(beyond_range("the output", p.out_count * 4, info));
     refuse_if(beyond_range("the weights", p.weights_count * 4, info));
