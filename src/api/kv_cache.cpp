@@ -15,7 +15,6 @@
 #include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "api/sdpa_plan.hpp"
-#include "runtime/float16.hpp"
 
 namespace qkv::vulkan {
 
@@ -179,7 +178,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     if (half)  // a finite value that float16 cannot hold would become inf: refuse, never silently wrong
         for (const auto& [what, data] : {std::pair{"k", k}, std::pair{"v", v}})
             for (std::size_t i = 0; i < data.size(); ++i)
-                if (qkv::detail::half_overflows(data[i]))
+                if (half_overflows(data[i]))
                     throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
                                            " (" + std::to_string(data[i]) +
                                            ") is beyond float16's range (65504) of this fp16 cache; nothing was "
