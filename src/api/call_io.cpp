@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "qkv/vulkan/error.hpp"
 #include "qkv/runtime/element_type.hpp"
+#include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
 

@@ -25,6 +25,21 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 }  // namespace
 
+void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful) {
+    const call_buffers& b = s.buffers();
+    const decode_plan& d = p.decode;
+    decode_io io;
+    io.q = q, io.k = k, io.v = v;
+    const binding any = b.bind(role::partial_stats, 0, 16);  // bound where a kernel reads nothing
+    io.mask = masks.bits.buffer ? masks.bits : any;
+    io.additive = masks.additive.buffer ? masks.additive : any;
+    io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
+    io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
+    io.out = b.bind(role::out, 0, d.out_bytes());
+    record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+}
+
 call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
                                  const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
@@ -37,35 +52,24 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     call_session session(env, p.buffers, p.downloads);
     write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
     // record
-    const call_buffers& b = session.buffers();
     const device& dev = session.dev();
-    const buffer& inputs = b[role::inputs];
+    const buffer& inputs = session.buffers()[role::inputs];
     const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
     buffer_view k_view, v_view;  // host K/V: views of the inputs
     if (!cache) {
         k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
         v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
     }
-    const decode_plan& d = p.decode;
-    decode_io io;
-    io.q = q_view.handle();
-    io.k = cache ? cache->k : k_view.handle();
-    io.v = cache ? cache->v : v_view.handle();
-    const binding any = b.bind(role::inputs, 0, 16);  // bound where a kernel reads nothing
-    io.mask = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : any;
-    io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : any;
-    io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
-    io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
-    io.out = b.bind(role::out, 0, d.out_bytes());
     session.begin();
-    record_decode(session.exec(), session.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+    record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
+                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, careful);
     session.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = session.submit();
     if (const std::vector<double>& m = session.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read
     run.output.shape = s;
-    run.output.kernel = d.family;
+    run.output.kernel = p.decode.family;
     run.output.device = dev.info().name;
     run.output.output.resize(p.out_count);
     session.read(0, run.output.output.data());

@@ -114,6 +114,7 @@ public:
 
 private:
     friend struct sdpa_call_access;
+    sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* cache);
     std::unique_ptr<impl> impl_;
 };
 
