@@ -223,3 +223,37 @@ TEST_CASE("sdpa_call: tensors that do not fit the description are refused", "[te
     CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, with_data), qkv::invalid_argument);
     require_clean(ctx);
 }
+
+TEST_CASE("sequence: several layers' decode calls in one submit equal the host calls", "[tensor][sequence]") {
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t layers = 3, Hq = 4, Hkv = 2, E = 16, S = 1030;
+    std::mt19937_64 rng(17);
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    std::vector<qkv::vulkan::kv_cache> caches;
+    std::vector<qkv::vulkan::sdpa_call> calls;
+    std::vector<qkv::vulkan::tensor> qs, outs;
+    std::vector<std::vector<float>> host_q;
+    for (std::size_t l = 0; l < layers; ++l) {
+        caches.emplace_back(
+            ctx, qkv::vulkan::kv_cache_shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E});
+        caches.back().append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
+        calls.emplace_back(ctx, desc, caches.back());
+        host_q.push_back(normal(Hq * E, rng));
+        qs.emplace_back(ctx, std::vector<std::size_t>{1, Hq, 1, E});
+        qs.back().upload(host_q.back());
+        outs.emplace_back(ctx, std::vector<std::size_t>{1, Hq, 1, E});
+    }
+    qkv::vulkan::sequence seq(ctx);
+    for (int round = 0; round < 2; ++round) {  // recorded again after a run: the previous scratch goes
+        for (std::size_t l = 0; l < layers; ++l) seq.record(calls[l], {.q = &qs[l], .out = &outs[l]});
+        seq.run();
+        for (std::size_t l = 0; l < layers; ++l) {
+            qkv::sdpa_problem host = desc;
+            host.q = host_q[l];
+            CHECK(outs[l].download() == ctx.sdpa(host, caches[l]).output);  // the same kernels, the same bits
+        }
+    }
+    seq.run();  // nothing recorded: nothing to do
+    require_clean(ctx);
+}

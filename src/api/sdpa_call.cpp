@@ -353,4 +353,94 @@ void recording::impl::check() const {
     check_output_flag(facts, (words.flags & contract::GUARD_FLAG_OUTPUT_NONFINITE) != 0);
 }
 
+// ---- sequence ---------------------------------------------------------------------------------
+
+struct sequence::impl {
+    std::shared_ptr<device_core> core;  // declared first: outlives the rest
+    std::unique_ptr<executor> exec;     // its own command buffer, pool and fence
+    std::vector<std::unique_ptr<recording::impl>> recorded;
+    bool begun = false;
+
+    ~impl() {
+        if (!core) return;
+        recorded.clear();  // each releases under the lock
+        std::lock_guard lock(core->mutex);
+        exec.reset();
+    }
+    /// Releases the previous run's recordings (each takes the lock: call without it).
+    void forget_previous_run() {
+        if (!begun) recorded.clear();
+    }
+    /// The command buffer begun (call with the lock held).
+    void ensure_begun() {
+        if (begun) return;
+        exec->begin();
+        begun = true;
+    }
+};
+
+sequence::sequence(context& ctx) : impl_(std::make_unique<impl>()) {
+    context::impl& owner = context_access::of(ctx);
+    impl_->core = owner.core;
+    std::lock_guard lock(owner.core->mutex);
+    impl_->exec = std::make_unique<executor>(*owner.core->dev, owner.core->exec->max_groups(0));
+}
+sequence::~sequence() = default;
+sequence::sequence(sequence&&) noexcept = default;
+sequence& sequence::operator=(sequence&&) noexcept = default;
+
+void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    sdpa_call::impl& c = sdpa_call_access::of(call);
+    if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    s.forget_previous_run();
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    s.ensure_begun();
+    auto r = std::make_unique<recording::impl>();
+    r->core = s.core;
+    c.record(*s.exec, *r, tensors);
+    s.recorded.push_back(std::move(r));
+}
+
+void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
+    if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
+    s.forget_previous_run();
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    if (rows > c->shape.capacity - c->size)
+        throw limit_exceeded("sequence::record_append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
+                             std::to_string(c->size) + " of its capacity of " + std::to_string(c->shape.capacity) +
+                             " rows; nothing was recorded");
+    s.ensure_begun();
+    if (rows) c->record_append(*s.exec, k, v, rows);
+}
+
+void sequence::run() {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    {
+        std::lock_guard lock(s.core->mutex);
+        s.core->check_alive();
+        if (!s.begun) return;
+        s.begun = false;
+        try {
+            s.exec->barrier(
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                    VK_ACCESS_HOST_READ_BIT);
+            (void)s.exec->submit_and_wait();
+        } catch (const device_lost&) {
+            s.core->lost = true;
+            throw;
+        }
+    }
+    for (const auto& r : s.recorded) r->check();
+}
+
 }  // namespace qkv::vulkan

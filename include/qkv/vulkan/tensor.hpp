@@ -118,4 +118,32 @@ private:
     std::unique_ptr<impl> impl_;
 };
 
+/// Several planned calls (and cache appends) in one command buffer of qkv's, submitted once
+/// (Kompute's "sequence"): what a model does per token, without a Vulkan header of its own. Each
+/// recorded call keeps its scratch until the sequence records again after a run, or is destroyed.
+/// One sequence is used by one thread at a time (different sequences may run concurrently).
+class QKV_VULKAN_API sequence {
+public:
+    explicit sequence(context& ctx);
+    ~sequence();
+    sequence(sequence&&) noexcept;
+    sequence& operator=(sequence&&) noexcept;
+    sequence(const sequence&) = delete;
+    sequence& operator=(const sequence&) = delete;
+
+    /// Records `call` over `tensors` after what is recorded already (in order: each waits for the
+    /// ones before it where they share memory).
+    void record(sdpa_call& call, const sdpa_tensors& tensors);
+    /// Records an append of device rows to `cache` (its size grows now).
+    void record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows);
+    /// Submits everything recorded, once, waits, then checks every call (numeric_overflow as the
+    /// host path). The sequence is empty again afterwards.
+    void run();
+
+    struct impl;
+
+private:
+    std::unique_ptr<impl> impl_;
+};
+
 }  // namespace qkv::vulkan
