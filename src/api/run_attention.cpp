@@ -249,7 +249,12 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
     out.output.resize(p.out_bytes / 4);
     out.weights.resize(p.weights_bytes / 4);
     s.read(0, out.output.data());
-    if (p.weights_bytes) s.read(1, out.weights.data());
+    if (p.weights_bytes) {
+        s.read(1, out.weights.data());
+        // The kernels mark a masked weight -0.0 (shaders/values.glsl); the caller gets 0, as PyTorch.
+        for (float& w : out.weights)
+            if (w == 0.0f) w = 0.0f;
+    }
     check_outputs(out, p, facts);  // throws numeric_overflow
     return run;
 }
