@@ -289,14 +289,10 @@ void sequence::record(attention_call& call, const attention_tensors& tensors) {
     sequence::impl& s = *impl_;
     attention_call::impl& c = attention_call_access::of(call);
     if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
-    s.forget_previous_run();
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     s.ensure_begun();
-    auto r = std::make_unique<recording::impl>();
-    r->core = s.core;
-    c.record(*s.exec, *r, tensors);
-    s.recorded.push_back(std::move(r));
+    c.record(*s.exec, s.next_scratch(), tensors);
 }
 
 }  // namespace qkv::vulkan

@@ -55,7 +55,10 @@ struct recording::impl {
 struct sequence::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the rest
     std::unique_ptr<detail::executor> exec;     // its own command buffer, pool and fence
+    /// The recordings of the current (or last) run, kept for the next: a call recorded at the same
+    /// place reuses its scratch (allocating device memory per token would cost more than the call).
     std::vector<std::unique_ptr<recording::impl>> recorded;
+    std::size_t next = 0;  // the place of the next recording in this run
     bool begun = false;
 
     ~impl() {
@@ -64,15 +67,27 @@ struct sequence::impl {
         std::lock_guard lock(core->mutex);
         exec.reset();
     }
-    /// Releases the previous run's recordings (each takes the lock: call without it).
-    void forget_previous_run() {
-        if (!begun) recorded.clear();
+    /// The scratch of the next recording (call with the lock held, the previous run completed): the
+    /// one recorded at this place last run, its views dropped, or a new one.
+    recording::impl& next_scratch() {
+        if (next == recorded.size()) {
+            recorded.push_back(std::make_unique<recording::impl>());
+            recorded.back()->core = core;
+        }
+        recording::impl& r = *recorded[next++];
+        r.views.clear();
+        r.flash_views = {};
+        r.attention_views = {};
+        r.checks = false;
+        r.attention.reset();
+        return r;
     }
     /// The command buffer begun (call with the lock held).
     void ensure_begun() {
         if (begun) return;
         exec->begin();
         begun = true;
+        next = 0;
     }
 };
 

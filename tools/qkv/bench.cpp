@@ -128,10 +128,54 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
 }
 
+/// `--decode --layers N`: one token of N layers, host calls against one recorded sequence.
+void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
+    const qkv::vulkan::device_info& info = ctx.device();
+    layers_config lc;
+    lc.layers = o.layers;
+    const auto one = [](const std::vector<std::size_t>& v, const char* flag, std::size_t fallback) {
+        if (v.size() > 1) throw usage_error(std::string(flag) + " takes one value with --layers");
+        return v.empty() ? fallback : v[0];
+    };
+    lc.q_heads = one(o.heads, "--heads", 32);
+    lc.kv_heads = one(o.kv_heads, "--kv-heads", 8);
+    lc.kv_len = one(o.kv_seq, "--kv-seq", 1024);
+    lc.dim = one(o.dim, "--dim", 128);
+    if (lc.q_heads % lc.kv_heads != 0)
+        throw usage_error("--kv-heads " + std::to_string(lc.kv_heads) + " must divide --heads " +
+                          std::to_string(lc.q_heads));
+    if (o.precision.size() > 1) throw usage_error("--precision takes one value with --layers");
+    if (!o.precision.empty() && o.precision[0] == "fp16") lc.precision = qkv::precision::fp16;
+    const bool slow = info.type == qkv::vulkan::device_type::cpu;
+    if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
+    if (o.warmup < 0) o.warmup = slow ? 1 : 3;
+    std::ofstream json_out;  // opened first: a bad path fails before the timing
+    if (!o.json_file.empty()) {
+        json_out.open(qkv::npy::path_from_utf8(o.json_file), std::ios::binary);
+        if (!json_out) throw qkv::vulkan::error("cannot write " + o.json_file);
+    }
+    std::cout << "qkv " << qkv::version_string << " bench, " << utc_now() << "\n"
+              << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
+              << "\nTiming: " << o.warmup << " warm-up + " << o.repeat
+              << " timed tokens, host clock around each token's calls\n\n";
+    const json layers = run_layers(ctx, lc, o.warmup, o.repeat, o.seed, std::cout);
+    if (!o.json_file.empty()) {
+        json j;
+        j["qkv_version"] = qkv::version_string;
+        j["device"] = device_json(info);
+        j["layers"] = layers;
+        json_out << j.dump(2) << "\n";
+        if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
+        std::cerr << "qkv bench: wrote " << o.json_file << "\n";
+    }
+}
+
 void run(bench_options o) {
     std::optional<std::string> device;
     if (!o.device.empty()) device = o.device;
+    if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
     qkv::vulkan::context ctx({.device = device});
+    if (o.layers) return run_layers_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
@@ -254,6 +298,10 @@ void add_bench(CLI::App& app) {
     cmd->add_flag("--decode", o->decode,
                   "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
                   "1) against --kv-seq keys of --kv-heads K/V heads");
+    cmd->add_option("--layers", o->layers,
+                    "With --decode: time one token of N layers (L = 1 against --kv-seq keys, default 1024; --heads "
+                    "32, --kv-heads 8, --dim 128 by default) as N host calls and as one recorded sequence")
+        ->check(CLI::Range(1, 4096));
     cmd->add_option("--kv-seq", o->kv_seq,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")

@@ -20,9 +20,10 @@ using json = nlohmann::ordered_json;
 struct options {
     std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
     std::vector<std::string> causal, precision, impl, kernel, split;
-    bool decode = false;  // time context::sdpa against a kv_cache instead of attention()
-    int repeat = 0;       // 0: chosen for the device
-    int warmup = -1;      // -1: chosen for the device
+    bool decode = false;     // time context::sdpa against a kv_cache instead of attention()
+    std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
+    int repeat = 0;          // 0: chosen for the device
+    int warmup = -1;         // -1: chosen for the device
     std::string device, json_file;
     bool skip_ceiling = false;
     std::uint64_t seed = 20261122;

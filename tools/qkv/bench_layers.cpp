@@ -26,18 +26,16 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
     qkv::sdpa_problem desc;
     desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = d, .d_v = d};
     desc.options.precision = lc.precision;
-    const qkv::element_type type = lc.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+    const qkv::element_type type =
+        lc.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
     std::vector<qkv::vulkan::kv_cache> caches;
     std::vector<qkv::vulkan::sdpa_call> calls;
     std::vector<qkv::vulkan::tensor> qs, outs;
     std::vector<std::vector<float>> host_q;
     for (std::size_t l = 0; l < N; ++l) {
-        caches.emplace_back(ctx, qkv::vulkan::kv_cache_shape{.batch = 1,
-                                                              .kv_heads = Hkv,
-                                                              .capacity = S,
-                                                              .d_qk = d,
-                                                              .d_v = d,
-                                                              .precision = lc.precision});
+        caches.emplace_back(
+            ctx, qkv::vulkan::kv_cache_shape{
+                     .batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = d, .d_v = d, .precision = lc.precision});
         caches.back().append(values(Hkv * S * d), values(Hkv * S * d), S);
         calls.emplace_back(ctx, desc, caches.back());
         host_q.push_back(values(Hq * d));
@@ -74,10 +72,14 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
        << "  recorded into one command buffer, one submit:    median " << fixed(recorded.median, 3) << " ms (min "
        << fixed(recorded.min, 3) << ", max " << fixed(recorded.max, 3) << ")\n"
        << "  recorded / host: " << fixed(recorded.median / host.median, 2) << "\n";
-    return json{{"layers", N},       {"kv_len", S},
-                {"q_heads", Hq},     {"kv_heads", Hkv},
-                {"dim", d},          {"precision", lc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
-                {"host_ms", summary_json(host)}, {"recorded_ms", summary_json(recorded)},
+    return json{{"layers", N},
+                {"kv_len", S},
+                {"q_heads", Hq},
+                {"kv_heads", Hkv},
+                {"dim", d},
+                {"precision", lc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
+                {"host_ms", summary_json(host)},
+                {"recorded_ms", summary_json(recorded)},
                 {"recorded_over_host", recorded.median / host.median}};
 }
 
