@@ -37,7 +37,7 @@ struct sized_problem {
 
 /// The regions of the inputs buffer do not overlap, each starts aligned, and the buffer holds them.
 void check_regions(const sdpa_plan& p, const device_desc& d) {
-    const region all[] = {p.q, p.k, p.v, p.mask_bits, p.additive};
+    const region all[] = {p.q, p.k, p.v, p.mask_bits, p.additive, p.params};
     std::uint64_t end = 0;
     for (const region& r : all) {
         if (r.bytes == 0) continue;
@@ -46,6 +46,8 @@ void check_regions(const sdpa_plan& p, const device_desc& d) {
         end = r.at + r.bytes;
     }
     if (p.mask_bits.bytes) CHECK(p.mask_bits.at % d.storage_alignment == 0);
+    CHECK(p.params.at % d.storage_alignment == 0);  // the score params: always, a storage binding
+    CHECK(p.params.bytes == 16 + 8 * p.layout.heads + (p.fused() ? 0 : 8 * (p.decode.q_heads - p.layout.heads)));
     if (!p.fused())
         for (const region& r : {p.q, p.k, p.v})
             if (r.bytes) CHECK(r.at % d.texel_alignment == 0);
@@ -111,15 +113,15 @@ TEST_CASE("sdpa plan: where the decode kernels cannot run, the plan says so inst
         CHECK(p.family == kernel_family::gpu);
         sized_problem cached = decode;
         cached.p.k = {}, cached.p.v = {};
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, no_texels, set), qkv::vulkan::unavailable);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, no_texels, set), qkv::vulkan::unavailable);
         // Too few texels for K: fused from the host; limit_exceeded against a cache too large for Q.
         device_desc few = desc_of(f);
         few.max_texel_elements = 1000;
         CHECK(plan_sdpa(decode.p, few, set).route == sdpa_route::fused);
         few.max_texel_elements = 10;
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, few, set), qkv::vulkan::limit_exceeded);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, few, set), qkv::vulkan::limit_exceeded);
         // A cache: always decode, K and V not in the inputs.
-        const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, true}, desc_of(f), set);
+        const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, qkv::element_type::f16}, desc_of(f), set);
         CHECK(c.route == sdpa_route::decode);
         CHECK(c.kv_fp16);
         CHECK(c.k.bytes == 0);

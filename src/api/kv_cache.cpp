@@ -12,6 +12,7 @@
 
 #include "api/call_io.hpp"
 #include "api/context_impl.hpp"
+#include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "api/sdpa_plan.hpp"
@@ -44,9 +45,11 @@ std::size_t product(std::initializer_list<std::size_t> d, const char* what) {
 struct kv_cache::impl {
     std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
     kv_cache_shape shape{};
+    element_type type = element_type::f32;
     std::uint32_t e4 = 0, ev4 = 0;
     VkFormat format = VK_FORMAT_R32G32B32A32_SFLOAT;
     std::uint64_t texel_bytes = 16;
+    std::uint64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes of one row of K and of V
     // Guarded by core->mutex:
     std::size_t size = 0;
     kv_stats stats;  // what the overflow rule needs of the rows appended (sdpa_guard.hpp)
@@ -65,7 +68,8 @@ struct kv_cache::impl {
     }
 
     [[nodiscard]] std::size_t groups() const { return shape.batch * shape.kv_heads; }
-    [[nodiscard]] bool half() const { return shape.precision == precision::fp16; }
+    [[nodiscard]] bool half() const { return type == element_type::f16; }
+    [[nodiscard]] bool blocks() const { return is_quantized(type); }
 };
 
 namespace {
@@ -92,11 +96,22 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     if (shape.precision != precision::fp32 && shape.precision != precision::fp16)
         throw qkv::invalid_argument("kv_cache: unknown precision (" +
                                     std::to_string(static_cast<int>(shape.precision)) + ")");
+    if (shape.kv_type && !is_known(*shape.kv_type))
+        throw qkv::invalid_argument("kv_cache: unknown kv_type (" + std::to_string(static_cast<int>(*shape.kv_type)) +
+                                    ")");
+    c->type = shape.type();
+    if (c->blocks() && (shape.d_qk % block_size(c->type) != 0 || shape.d_v % block_size(c->type) != 0))
+        throw qkv::invalid_argument("kv_cache: kv_type " + std::string(to_string(c->type)) + " stores blocks of " +
+                                    std::to_string(block_size(c->type)) + " values along each row: d_qk (" +
+                                    std::to_string(shape.d_qk) + ") and d_v (" + std::to_string(shape.d_v) +
+                                    ") must be multiples of " + std::to_string(block_size(c->type)));
     const bool half = c->half();
     c->format = half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
     c->texel_bytes = half ? 8 : 16;
     c->e4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_qk + 3) / 4, 0xffffffu));
     c->ev4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_v + 3) / 4, 0xffffffu));
+    c->k_row_bytes = c->blocks() ? bytes_for(c->type, shape.d_qk) : std::uint64_t{c->e4} * c->texel_bytes;
+    c->v_row_bytes = c->blocks() ? bytes_for(c->type, shape.d_v) : std::uint64_t{c->ev4} * c->texel_bytes;
     c->stats.k_norm.assign(c->groups(), 0.0);
 
     device_core& core = *c->core;
@@ -105,7 +120,7 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     const device& dev = *core.dev;
     const device_desc& desc = dev.desc();
     const std::string& name = desc.info.name;
-    if (!desc.uniform_texels(half))
+    if (!c->blocks() && !desc.uniform_texels(half))
         throw unavailable(std::string("kv_cache: ") + name + " cannot read " +
                           (half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers");
     if (half && !desc.info.fp16_storage)
@@ -120,7 +135,19 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
         product({shape.batch, shape.kv_heads, shape.capacity, std::size_t{c->ev4}}, "kv_cache V");
     const std::uint64_t max_texels = desc.max_texel_elements;
     const std::uint64_t max_bytes = desc.info.max_storage_buffer_range;
+    const std::uint64_t k_total = std::uint64_t{product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache K")} *
+                                  c->k_row_bytes;
+    const std::uint64_t v_total = std::uint64_t{product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache V")} *
+                                  c->v_row_bytes;
     for (const auto& [what, texels] : {std::pair{"K", k_texels}, std::pair{"V", v_texels}}) {
+        if (c->blocks()) {  // rows of blocks in a storage buffer, addressed by 32-bit byte offsets
+            const std::uint64_t bytes = what[0] == 'K' ? k_total : v_total;
+            if (bytes > max_bytes)
+                throw limit_exceeded(std::string("kv_cache: ") + what + " needs " + std::to_string(bytes) +
+                                     " bytes of " + std::string(to_string(c->type)) + " blocks, more than " + name +
+                                     "'s maxStorageBufferRange of " + std::to_string(max_bytes));
+            continue;
+        }
         if (texels > max_texels || texels > 0x7fffffffu)
             throw limit_exceeded(
                 std::string("kv_cache: ") + what + " of shape " +
@@ -132,12 +159,17 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
                                  std::to_string(texels * c->texel_bytes) + " bytes, more than " + name +
                                  "'s maxStorageBufferRange of " + std::to_string(max_bytes));
     }
-    c->k = core.alloc->create(k_texels * c->texel_bytes, memory_use::device, "K/V cache (K)",
-                              VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
-    c->v = core.alloc->create(v_texels * c->texel_bytes, memory_use::device, "K/V cache (V)",
-                              VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
-    c->k_view = buffer_view(dev, c->k, c->format, 0, k_texels * c->texel_bytes);
-    c->v_view = buffer_view(dev, c->v, c->format, 0, v_texels * c->texel_bytes);
+    if (c->blocks()) {
+        c->k = core.alloc->create(k_total, memory_use::device, "K/V cache (K blocks)");
+        c->v = core.alloc->create(v_total, memory_use::device, "K/V cache (V blocks)");
+    } else {
+        c->k = core.alloc->create(k_texels * c->texel_bytes, memory_use::device, "K/V cache (K)",
+                                  VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+        c->v = core.alloc->create(v_texels * c->texel_bytes, memory_use::device, "K/V cache (V)",
+                                  VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+        c->k_view = buffer_view(dev, c->k, c->format, 0, k_texels * c->texel_bytes);
+        c->v_view = buffer_view(dev, c->v, c->format, 0, v_texels * c->texel_bytes);
+    }
     // (On a failure above the lock_guard, declared after `c`, is released first; then ~impl takes it.)
     impl_ = std::move(c);
 }
@@ -194,40 +226,51 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                              std::to_string(c.size) + " of its capacity of " + std::to_string(s.capacity) +
                              " rows; nothing was appended");
     if (rows == 0) return;
-    const std::uint64_t tb = c.texel_bytes;
     const std::size_t groups = c.groups();
+    // One row of (batch, kv head) z's new rows as the cache stores them (texels, or blocks).
+    const auto put_rows = [&](std::byte* at, bool is_k, std::size_t z) {
+        const float* src = is_k ? k.data() + z * rows * s.d_qk : v.data() + z * rows * s.d_v;
+        const std::size_t width = is_k ? s.d_qk : s.d_v;
+        const char* what = is_k ? "kv_cache::append: k" : "kv_cache::append: v";
+        if (c.blocks())
+            put_block_rows(at, c.type, src, rows, width, what);
+        else
+            put_texel_rows(at, src, rows, width, is_k ? c.e4 : c.ev4, half, what);
+    };
     try {
         kv_stats stats = c.stats;  // committed only once the rows are in place
-        stats.add(k, v, groups, rows, s.d_qk, s.d_v);
+        if (c.blocks()) {  // the overflow rule's facts of the values as they dequantize
+            const std::vector<float> kq = stored_values(c.type, k, "kv_cache::append: k");
+            const std::vector<float> vq = stored_values(c.type, v, "kv_cache::append: v");
+            stats.add(kq, vq, groups, rows, s.d_qk, s.d_v);
+        } else {
+            stats.add(k, v, groups, rows, s.d_qk, s.d_v);
+        }
+        const std::uint64_t k_bytes = std::uint64_t{rows} * c.k_row_bytes, v_bytes = std::uint64_t{rows} * c.v_row_bytes;
         if (c.k.mapped() && c.v.mapped()) {
             // The device is idle between calls (every call waits for its work), so the new rows
             // can be written in place.
             for (std::size_t z = 0; z < groups; ++z) {
-                put_texel_rows(c.k.mapped() + (z * s.capacity + c.size) * c.e4 * tb, k.data() + z * rows * s.d_qk, rows,
-                               s.d_qk, c.e4, half, "kv_cache::append: k");
-                put_texel_rows(c.v.mapped() + (z * s.capacity + c.size) * c.ev4 * tb, v.data() + z * rows * s.d_v, rows,
-                               s.d_v, c.ev4, half, "kv_cache::append: v");
+                put_rows(c.k.mapped() + (z * s.capacity + c.size) * c.k_row_bytes, true, z);
+                put_rows(c.v.mapped() + (z * s.capacity + c.size) * c.v_row_bytes, false, z);
             }
             c.k.flush();
             c.v.flush();
         } else {
             // Staged: the new rows of every (batch, kv head) side by side, copied into place.
-            const std::uint64_t k_bytes = std::uint64_t{rows} * c.e4 * tb, v_bytes = std::uint64_t{rows} * c.ev4 * tb;
             core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
             for (std::size_t z = 0; z < groups; ++z) {
-                put_texel_rows(c.staging.mapped() + z * k_bytes, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half,
-                               "kv_cache::append: k");
-                put_texel_rows(c.staging.mapped() + groups * k_bytes + z * v_bytes, v.data() + z * rows * s.d_v, rows,
-                               s.d_v, c.ev4, half, "kv_cache::append: v");
+                put_rows(c.staging.mapped() + z * k_bytes, true, z);
+                put_rows(c.staging.mapped() + groups * k_bytes + z * v_bytes, false, z);
             }
             c.staging.flush();
             executor& exec = *core.exec;
             exec.begin();
             for (std::size_t z = 0; z < groups; ++z) {
-                exec.copy(c.staging.handle(), z * k_bytes, c.k.handle(), (z * s.capacity + c.size) * c.e4 * tb,
+                exec.copy(c.staging.handle(), z * k_bytes, c.k.handle(), (z * s.capacity + c.size) * c.k_row_bytes,
                           k_bytes);
                 exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, c.v.handle(),
-                          (z * s.capacity + c.size) * c.ev4 * tb, v_bytes);
+                          (z * s.capacity + c.size) * c.v_row_bytes, v_bytes);
             }
             exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
@@ -261,6 +304,9 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
         fail("the problem's (batch, kv_heads, d_qk, d_v) = " + dims({s.batch, s.kv_heads, s.d_qk, s.d_v}) +
              " differ from the cache's " + dims({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
     if (p.options.return_weights) fail("return_weights is not available with a kv_cache");
+    if (p.options.kv_type && *p.options.kv_type != cs.type())
+        fail("options.kv_type is " + std::string(to_string(*p.options.kv_type)) + " but the cache stores " +
+             std::string(to_string(cs.type())) + " (leave kv_type unset to take the cache's)");
     try {
         validate_queries(p);  // the runtime's one validator, without k and v (the cache's)
     } catch (const qkv::invalid_argument& e) {
@@ -279,9 +325,10 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     return self.call("sdpa with a kv_cache", [&](call_env& env) {
         // Under the lock: the cache's size and rows cannot change during the call.
         const sdpa_problem problem = checked_decode_problem(given, c.shape, c.size);
-        const cache_desc cd{static_cast<std::uint32_t>(c.shape.capacity), c.half()};
+        const cache_desc cd{static_cast<std::uint32_t>(c.shape.capacity), c.type};
         const sdpa_plan p = plan_sdpa_cache(problem, cd, env.core.dev->desc(), env.set);
-        const cache_kv kv{c.k_view.handle(), c.v_view.handle(), cd, &c.stats};
+        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, cd, &c.stats};
+        if (c.blocks()) kv.k_blocks = {c.k.handle(), 0, c.k.size()}, kv.v_blocks = {c.v.handle(), 0, c.v.size()};
         return run_decode(env, p, problem, &kv);
     });
 }

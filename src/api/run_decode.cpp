@@ -1,5 +1,6 @@
 // run_decode: the split-S decode route (kernels/sdpa_decode.hpp) of an sdpa call, with K and V
 // from the host (packed into the call's inputs as texel rows) or from a kv_cache.
+#include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "kernels/sdpa_decode.hpp"
 
@@ -8,12 +9,16 @@ namespace {
 
 VkFormat texel_format(bool fp16) { return fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; }
 
-/// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row; the masks.
+/// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row (K and V
+/// as rows of blocks where quantized); the masks; the score params.
 void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, bool host_kv) {
     const decode_plan& d = p.decode;
     const sdpa_shape& s = problem.shape;
     put_texel_rows(in + p.q.at, problem.q.data(), std::size_t{d.groups} * d.rows, s.d_qk, d.e4, p.q_fp16, "sdpa: q");
-    if (host_kv) {
+    if (host_kv && p.kv_blocks()) {
+        put_block_rows(in + p.k.at, p.kv_type, problem.k.data(), std::size_t{d.groups} * d.kv_len, s.d_qk, "sdpa: k");
+        put_block_rows(in + p.v.at, p.kv_type, problem.v.data(), std::size_t{d.groups} * d.kv_len, s.d_v, "sdpa: v");
+    } else if (host_kv) {
         put_texel_rows(in + p.k.at, problem.k.data(), std::size_t{d.groups} * d.kv_len, s.d_qk, d.e4, p.kv_fp16,
                        "sdpa: k");
         put_texel_rows(in + p.v.at, problem.v.data(), std::size_t{d.groups} * d.kv_len, s.d_v, d.ev4, p.kv_fp16,
@@ -21,6 +26,7 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
     }
     if (p.mask_bits.bytes) put_mask_bits(in + p.mask_bits.at, problem.mask);
     if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
+    put_score_params(in + p.params.at, problem, p.features);
 }
 
 }  // namespace
@@ -28,8 +34,20 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
                                  const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
-    // check: the overflow rule on the host's norms (a cache's from its appends); the values' scale
-    const sdpa_facts facts = cache ? scan_sdpa(problem, *cache->stats) : scan_sdpa(problem);
+    // check: the overflow rule on the host's norms (a cache's from its appends; quantized K and V
+    // as they dequantize); the values' scale
+    sdpa_facts facts;
+    if (cache) {
+        facts = scan_sdpa(problem, *cache->stats);
+    } else if (p.kv_blocks()) {
+        const std::vector<float> k = stored_values(p.kv_type, problem.k, "sdpa: k");
+        const std::vector<float> v = stored_values(p.kv_type, problem.v, "sdpa: v");
+        sdpa_problem stored = problem;
+        stored.k = k, stored.v = v;
+        facts = scan_sdpa(stored);
+    } else {
+        facts = scan_sdpa(problem);
+    }
     check_sdpa_scores(facts, s, p.scale, p.q_fp16 || p.kv_fp16);
     const float v_scale = value_scale(facts, s.kv_len);
     const bool careful = !facts.inputs_finite;  // V (or Q, K) may hold NaN or Inf
@@ -42,7 +60,7 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     const buffer& inputs = b[role::inputs];
     const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
     buffer_view k_view, v_view;  // host K/V: views of the inputs
-    if (!cache) {
+    if (!cache && !p.kv_blocks()) {
         k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
         v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
     }
@@ -51,12 +69,18 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     io.q = q_view.handle();
     io.k = cache ? cache->k : k_view.handle();
     io.v = cache ? cache->v : v_view.handle();
+    if (p.kv_blocks()) {
+        io.k_blocks = cache ? cache->k_blocks : b.bind(role::inputs, p.k.at, p.k.bytes);
+        io.v_blocks = cache ? cache->v_blocks : b.bind(role::inputs, p.v.at, p.v.bytes);
+    }
     const binding any = b.bind(role::inputs, 0, 16);  // bound where a kernel reads nothing
     io.mask = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : any;
     io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : any;
     io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
     io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
     io.out = b.bind(role::out, 0, d.out_bytes());
+    io.params = b.bind(role::inputs, p.params.at, p.params.bytes);
+    if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
     session.begin();
     record_decode(session.exec(), session.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
     session.mark();  // attention done
@@ -69,6 +93,8 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     run.output.device = dev.info().name;
     run.output.output.resize(p.out_count);
     session.read(0, run.output.output.data());
+    run.output.lse.resize(p.lse_count);
+    if (p.lse_count) session.read(p.lse_download(), run.output.lse.data());
     finish_sdpa_output(run.output.output, facts, v_scale, s);
     return run;
 }

@@ -77,9 +77,11 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
 /// Q, K and V from the host: plan_sdpa's route, fused or decode.
 call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem);
 
-/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them.
+/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them: texel views, or (q8_0,
+/// q4_0) the blocks' storage bindings.
 struct cache_kv {
     VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    binding k_blocks{}, v_blocks{};
     cache_desc desc;
     const kv_stats* stats = nullptr;
 };

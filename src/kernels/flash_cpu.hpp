@@ -34,9 +34,10 @@ struct flash_cpu_plan {
 
     [[nodiscard]] std::uint32_t block() const { return wg * rpi; }
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }
-    /// The kernel's constants for these tiles and mask kinds (`careful`: the pipeline for V with NaN or Inf).
-    [[nodiscard]] contract::flash_cpu_spec spec(std::uint32_t masks, bool careful) const {
-        return {wg, rpi, kps, d4, dv4, masks, careful ? 1u : 0u};
+    /// The kernel's constants for these tiles, mask kinds and score rules (contract/score.h)
+    /// (`careful`: the pipeline for V with NaN or Inf).
+    [[nodiscard]] contract::flash_cpu_spec spec(std::uint32_t masks, bool careful, std::uint32_t features = 0) const {
+        return {wg, rpi, kps, d4, dv4, masks, careful ? 1u : 0u, features};
     }
     /// Dispatches of the kernel for kv_len keys (two per key chunk: plain and careful pipelines).
     [[nodiscard]] std::uint32_t dispatches(std::uint32_t kv_len) const {
