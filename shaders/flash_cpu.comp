@@ -114,6 +114,9 @@ void main() {
         [[unroll]] for (uint c = 0; c < D4; ++c)
             q[i * D4 + c] = texelFetch(q_tex, int((qbase + row0 + i * WG + lane) * D4 + c)) * pc.scale;
 
+    // Output columns: every texel but the last is whole (DV4 = ceil(dv / 4)), so only the last one's
+    // stores and loads test the width: a branch per element would cost LLVM seconds to compile at
+    // wide heads (4·DV4 of them per row; docs/devices.md).
     float m[RPI], l[RPI];
     vec4 acc[RPI * DV4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -128,7 +131,7 @@ void main() {
             const uint ob = obase + row * pc.o_rs;
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) acc[i * DV4 + c][e] = o_out[ob + c * 4u + e];
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv) acc[i * DV4 + c][e] = o_out[ob + c * 4u + e];
         }
     }
 
@@ -260,14 +263,15 @@ void main() {
         if (partial) {
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];
         } else {
             // l = 0: nothing to attend (zeros); l NaN: a NaN or +inf score (NaN row); a sink joins l
             const float inv = row_normaliser(m[i], l[i], FEATURES, sink);
             if ((FEATURES & SCORE_LSE) != 0u) lse_out[z * pc.q_len + row] = row_lse(m[i], l[i], false);
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = isnan(l[i]) ? nan : acc[i * DV4 + c][e] * inv;
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv)
+                        o_out[ob + c * 4u + e] = isnan(l[i]) ? nan : acc[i * DV4 + c][e] * inv;
         }
     }
 }

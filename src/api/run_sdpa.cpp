@@ -47,8 +47,8 @@ void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& p
 }
 
 /// The chosen fused kernel, then the weights kernel on request. `views`: the cpu family's texel
-/// views, made here; they must live until the submit.
-void record_fused(const call_session& s, const sdpa_plan& p, flash_cpu_views& views) {
+/// views, made here; they must live until the submit. `v_finite`: the host saw every input finite.
+void record_fused(const call_session& s, const sdpa_plan& p, flash_cpu_views& views, bool v_finite) {
     const call_buffers& b = s.buffers();
     const binding qkv = b.bind(role::inputs, 0, p.v.at + p.v.bytes);
     flash_io io;
@@ -62,7 +62,7 @@ void record_fused(const call_session& s, const sdpa_plan& p, flash_cpu_views& vi
     if (p.cpu_family()) {
         views = make_flash_cpu_views(s.dev(), b[role::texels], p.cpu);
         const flash_cpu_texels tx{b[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
-        record_flash_cpu(s.exec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights);
+        record_flash_cpu(s.exec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights, v_finite);
     } else {
         record_flash_gpu(s.exec(), s.pipes(), p.layout, p.gpu, io, p.weights);
     }
@@ -104,7 +104,7 @@ call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sd
     // record
     s.begin();
     flash_cpu_views views;
-    record_fused(s, p, views);
+    record_fused(s, p, views, facts.inputs_finite);
     s.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = s.submit();

@@ -100,7 +100,7 @@ flash_cpu_views make_flash_cpu_views(const device& dev, const buffer& texels, co
 }
 
 void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_cpu_plan& plan,
-                      const flash_io& io, const flash_cpu_texels& tx, bool stats) {
+                      const flash_io& io, const flash_cpu_texels& tx, bool stats, bool v_finite) {
     // 1. Q, K, V into whole texels; the V flags zeroed first.
     exec.fill(tx.texels, 0, plan.flags_bytes, 0);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
@@ -147,7 +147,7 @@ void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
         row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu_shuffle, "tttsssssss"));
     const shader_id kernel = plan.shuffle ? shader_id::flash_cpu_shuffle : shader_id::flash_cpu;
     const pipeline& plain = pipes.get(kernel, plan.spec(l.mask_flags(), false, l.features));
-    const pipeline& careful = pipes.get(kernel, plan.spec(l.mask_flags(), true, l.features));
+    const pipeline* careful = v_finite ? nullptr : &pipes.get(kernel, plan.spec(l.mask_flags(), true, l.features));
     const std::uint32_t blocks = ceil_div(l.q_len, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
     contract::flash_cpu_push push{};
@@ -162,8 +162,9 @@ void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
     push.blocks = blocks;
     for_each_key_chunk(push, l.kv_len, plan.chunk_keys, stats, [&](const contract::flash_cpu_push& part, bool first) {
         // The (batch, head)s without, then those with, a NaN or Inf in V (see flash_cpu.comp).
-        for (const pipeline* p : {&plain, &careful}) {
-            if (!first || p == &careful) exec.compute_barrier();
+        for (const pipeline* p : {&plain, careful}) {
+            if (!p) continue;
+            if (!first || p == careful) exec.compute_barrier();
             exec.dispatch(*p,
                           {texel(tx.q), texel(tx.k), texel(tx.v), io.mask_bits, io.additive, io.out, io.state,
                            binding{tx.texels, 0, plan.flags_bytes}, io.params_or_any(), io.lse_or_any()},
