@@ -80,7 +80,9 @@ void run(const merge_command_options& o) {
         throw usage_error("--lse is empty: name the file to write the merged log-sum-exp to, or leave --lse out");
     if (o.sinks_option->count() > 0 && o.sinks.empty())
         throw usage_error("--sinks is empty: name the .npy file of the sink logits, or leave --sinks out");
-    if (o.parts.empty()) throw usage_error("give at least one --part O.npy LSE.npy");
+    if (o.parts.empty() || o.parts.size() % 2 != 0)
+        throw usage_error("--part takes two files, the part's output and its log-sum-exp: --part O.npy LSE.npy (" +
+                          std::to_string(o.parts.size()) + " file" + (o.parts.size() == 1 ? "" : "s") + " given)");
 
     std::vector<named_file> inputs;
     for (std::size_t i = 0; i < o.parts.size(); ++i)

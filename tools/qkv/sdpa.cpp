@@ -89,8 +89,11 @@ void run(const sdpa_command_options& o) {
     if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
     if (o.weights_option->count() > 0 && o.weights.empty())
         throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
-    if (o.align_option->count() > 0 && !o.causal)
-        throw usage_error("--causal-align needs --causal: it chooses where the causal diagonal starts");
+    // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
+    if (o.align_option->count() > 0 && !o.causal && o.window_option->count() == 0 && o.alibi_option->count() == 0)
+        throw usage_error(
+            "--causal-align needs --causal, --window or --alibi: it chooses where the causal diagonal (and the "
+            "window's and ALiBi's position i + off) starts");
     qkv::sdpa_options options;
     if (o.scale_option->count() > 0) options.scale = parse_scale(o.scale);
     options.causal = o.causal;
