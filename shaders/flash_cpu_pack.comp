@@ -24,7 +24,7 @@ void main() {
     if (t >= pc.npad * pc.w4) return;
     const uint row = t / pc.w4, c = t % pc.w4;
     const uint batch = z / pc.heads, head = z % pc.heads;
-    const uint texel = pc.at + (z * pc.npad + row) * pc.w4 + c;
+    const uint texel = pc.at + (z * pc.stride + row) * pc.w4 + c;
     vec4 v = vec4(0.0);
     if (row < pc.rows) {
         const uint base = pc.off + batch * pc.bs + head * pc.hs + row * pc.rs + c * 4u;

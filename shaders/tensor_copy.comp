@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : enable
 // Copies `count` elements from one binding to another, element offsets in the push block: a
 // caller's tensor into a call's inputs, or a call's output into a caller's tensor, as a compute
 // dispatch (so every access of a recorded call is a compute-shader access: README, "Inside your

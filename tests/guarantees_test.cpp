@@ -284,7 +284,7 @@ TEST_CASE("context and kv_cache: moved-from objects throw, orphaned caches keep 
         moved = qkv_test::make_context({});                            // its old device now lives only in the cache
         CHECK_THROWS_WITH(moved.sdpa(q_only, cache), Catch::Matchers::Contains("another context"));
         CHECK(cache.size() == 64);
-        cache.append({}, {}, 0);
+        cache.append(std::span<const float>{}, std::span<const float>{}, 0);
         require_clean(moved);
     }
 }

@@ -77,6 +77,7 @@ struct flash_pack_push {
     uint heads;           // heads of this tensor (the grid's z is batch · heads + head)
     uint at;              // first texel of the destination region
     uint mark_nonfinite;  // 1: flag each (batch, head) whose rows hold a NaN or Inf (V)
+    uint stride;          // rows per (batch, head) of the destination (npad, or a K/V cache's capacity)
 };
 
 // flags of flash_push / flash_cpu_push: the mask kinds are mask.h's MASK_FLAG_CAUSAL (j <= i +

@@ -30,10 +30,10 @@ QKV_CONST uint TENSOR_COPY_PER_INVOCATION = 16u;
 /// element is NaN or infinite.
 struct sdpa_guard_push {
     uint group_x, group_y, group_z;
-    uint pass;          // GUARD_PASS_ROWS or GUARD_PASS_OUTPUT
-    uint q_rows, k_rows;  // B·Hq·L and B·Hkv·S (v has k_rows rows too)
-    uint q_len, kv_len;   // L, S: rows per head
-    uint d, dv;           // E, Ev
+    uint pass;                 // GUARD_PASS_ROWS or GUARD_PASS_OUTPUT
+    uint q_rows, k_rows;       // B·Hq·L and B·Hkv·S (v has k_rows rows too)
+    uint q_len, kv_len;        // L, S: rows per head
+    uint d, dv;                // E, Ev
     uint q_off, k_off, v_off;  // first element of each in its binding
     uint out_count;            // B·Hq·L·Ev (output pass)
     uint out_off;
@@ -56,6 +56,6 @@ QKV_CONST uint GUARD_HEADER_WORDS = 4u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_copy_push) == 6u * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::sdpa_guard_push) == 16u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::sdpa_guard_push) == 15u * 4u)
 
 #endif

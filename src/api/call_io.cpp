@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "qkv/runtime/element_type.hpp"
 #include "qkv/vulkan/error.hpp"
-#include "runtime/float16.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -128,6 +128,10 @@ void put_floats(std::byte* at, std::span<const float> values, float scale) {
     for (std::size_t i = 0; i < values.size(); ++i) f[i] = values[i] * scale;
 }
 
+bool half_overflows(float x) {
+    return std::isfinite(x) && (qkv::to_half_bits(x) & 0x7c00u) == 0x7c00u;  // a finite value that rounds to inf
+}
+
 namespace {
 
 [[noreturn]] void half_overflow(const char* what, std::size_t index, float value) {
@@ -144,8 +148,8 @@ void put_halves(std::byte* at, std::span<const float> values, const char* what, 
     auto* h = reinterpret_cast<std::uint16_t*>(at);
     for (std::size_t i = 0; i < values.size(); ++i) {
         const float v = values[i] * scale;
-        if (qkv::detail::half_overflows(v)) half_overflow(what, i, values[i]);
-        h[i] = qkv::detail::to_half(v);
+        if (half_overflows(v)) half_overflow(what, i, values[i]);
+        h[i] = qkv::to_half_bits(v);
     }
 }
 
@@ -173,8 +177,8 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
         std::uint16_t* row = d + r * padded;
         for (std::size_t c = 0; c < width; ++c) {
             const float v = src[r * width + c] * scale;
-            if (qkv::detail::half_overflows(v)) half_overflow(what, r * width + c, src[r * width + c]);
-            row[c] = qkv::detail::to_half(v);
+            if (half_overflows(v)) half_overflow(what, r * width + c, src[r * width + c]);
+            row[c] = qkv::to_half_bits(v);
         }
         std::fill(row + width, row + padded, std::uint16_t{0});
     }

@@ -103,6 +103,9 @@ void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask);
 void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
                     const char* what, float scale = 1.0f);
 
+/// Whether a float16 cannot hold the finite value x (it would round to infinity: |x| >= 65520).
+[[nodiscard]] bool half_overflows(float x);
+
 /// Bytes of the bits of a mask of `elements` values (whole 32-bit words).
 [[nodiscard]] constexpr std::uint64_t mask_bits_bytes(std::uint64_t elements) { return (elements + 31) / 32 * 4; }
 [[nodiscard]] constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }

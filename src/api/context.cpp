@@ -16,6 +16,11 @@ using namespace detail;
 context::impl::impl(const context_options& options)
     : core(std::make_shared<device_core>(options)), set(read_settings(options.testing)) {}
 
+context::impl::impl(std::shared_ptr<device_core> shared, const context_options& options)
+    : core(std::move(shared)), set(read_settings(options.testing)) {}
+
+context::impl& context_access::of(const context& c) { return alive(c.impl_); }
+
 context::impl::~impl() {
     // The buffers go back to the shared device under its lock: a cache may be using it.
     std::lock_guard lock(core->mutex);
@@ -23,6 +28,7 @@ context::impl::~impl() {
 }
 
 context::context(const context_options& options) : impl_(std::make_unique<impl>(options)) {}
+context::context(std::unique_ptr<impl> i) noexcept : impl_(std::move(i)) {}
 context::~context() = default;
 context::context(context&&) noexcept = default;
 context& context::operator=(context&&) noexcept = default;

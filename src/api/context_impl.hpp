@@ -24,6 +24,8 @@ struct context::impl {
     call_stats last{};             // guarded by core->mutex
 
     explicit impl(const context_options& options);
+    /// A context on a shared device core (a caller's device: interop.cpp).
+    impl(std::shared_ptr<detail::device_core> shared, const context_options& options);
     ~impl();
     impl(const impl&) = delete;
     impl& operator=(const impl&) = delete;
@@ -57,6 +59,11 @@ struct context::impl {
             throw out_of_memory(std::string("host memory allocation failed while running ") + what);
         }
     }
+};
+
+struct context_access {
+    static context make(std::unique_ptr<context::impl> i) { return context(std::move(i)); }
+    static context::impl& of(const context& c);
 };
 
 /// The inside of a context, or qkv::error for a moved-from one.

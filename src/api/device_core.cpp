@@ -23,6 +23,16 @@ device_core::device_core(const context_options& options) {
                                       options.testing.simulate_device_lost_at_submit);
 }
 
+device_core::device_core(std::shared_ptr<const instance> external, const external_handles& handles,
+                         const context_options& options)
+    : inst(std::move(external)) {
+    dev = std::make_unique<device>(inst, handles);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit);
+    pipes = std::make_unique<pipeline_set>(*dev);
+    exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
+                                      options.testing.simulate_device_lost_at_submit);
+}
+
 void device_core::check_alive() const {
     if (lost)
         throw device_lost(

@@ -28,6 +28,8 @@ struct device_core {
 
     /// Picks and opens the device `options` asks for (QKV_DEVICE where unset).
     explicit device_core(const context_options& options);
+    /// The caller's device (interop.hpp: make_context), seen through `inst`.
+    device_core(std::shared_ptr<const instance> inst, const external_handles& handles, const context_options& options);
 
     /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
     void check_alive() const;

@@ -1,22 +1,27 @@
 // qkv::vulkan::kv_cache (K and V resident on the device), and context::sdpa over it: the decode
-// route of the call skeleton (run_decode) with the cache's texel views as K and V.
+// route of the call skeleton (run_decode) with the cache's texel views (or, for q8_0 / q4_0, its
+// blocks) as K and V.
 #include "qkv/vulkan/kv_cache.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "api/call_io.hpp"
 #include "api/context_impl.hpp"
+#include "api/kv_cache_impl.hpp"
 #include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "api/sdpa_plan.hpp"
-#include "runtime/float16.hpp"
+#include "api/tensor_impl.hpp"
+#include "kernels/tensor_ops.hpp"
 
 namespace qkv::vulkan {
 
@@ -42,49 +47,33 @@ std::size_t product(std::initializer_list<std::size_t> d, const char* what) {
 
 }  // namespace
 
-struct kv_cache::impl {
-    std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
-    kv_cache_shape shape{};
-    element_type type = element_type::f32;
-    std::uint32_t e4 = 0, ev4 = 0;
-    VkFormat format = VK_FORMAT_R32G32B32A32_SFLOAT;
-    std::uint64_t texel_bytes = 16;
-    std::uint64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes of one row of K and of V
-    // Guarded by core->mutex:
-    std::size_t size = 0;
-    kv_stats stats;  // what the overflow rule needs of the rows appended (sdpa_guard.hpp)
-    buffer k, v;
-    buffer_view k_view, v_view;
-    buffer staging;  // the upload staging where device memory is not mapped
+kv_cache::impl::~impl() {
+    if (!core) return;  // never attached to a device (the context was moved from)
+    // The views and statistics go back to the shared device under its lock; k and v lock for themselves.
+    std::lock_guard lock(core->mutex);
+    k_view.reset(), v_view.reset(), stats.reset(), staging.reset(), k_blocks.reset(), v_blocks.reset();
+}
 
-    impl() = default;
-    impl(const impl&) = delete;
-    impl& operator=(const impl&) = delete;
-    ~impl() {
-        if (!core) return;  // never attached to a device (the context was moved from)
-        // The buffers go back to the shared device under its lock: a call may be using it.
-        std::lock_guard lock(core->mutex);
-        k_view.reset(), v_view.reset(), k.reset(), v.reset(), staging.reset();
-    }
+kv_stats kv_cache::impl::read_stats() const {
+    stats.invalidate();
+    return stats_of(guard_words::read(stats.mapped(), 0, groups()));
+}
 
-    [[nodiscard]] std::size_t groups() const { return shape.batch * shape.kv_heads; }
-    [[nodiscard]] bool half() const { return type == element_type::f16; }
-    [[nodiscard]] bool blocks() const { return is_quantized(type); }
-};
+std::shared_ptr<kv_cache::impl> kv_cache_access::of(const kv_cache& c) {
+    if (!c.impl_) throw qkv::error("qkv::vulkan::kv_cache used after move: it holds no keys or values any more");
+    return c.impl_;
+}
 
 namespace {
 
-kv_cache::impl& alive(const std::unique_ptr<kv_cache::impl>& impl) {
+kv_cache::impl& alive(const std::shared_ptr<kv_cache::impl>& impl) {
     if (!impl) throw qkv::error("qkv::vulkan::kv_cache used after move: it holds no keys or values any more");
     return *impl;
 }
 
-}  // namespace
-
-kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
-    auto c = std::make_unique<impl>();
-    c->core = alive(ctx.impl_).core;
-    c->shape = shape;
+/// The checks of a cache's shape; fills the texel widths and format.
+void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
+    c.shape = shape;
     auto positive = [](const char* what, std::size_t v) {
         if (v == 0) throw qkv::invalid_argument(std::string("kv_cache: ") + what + " must be at least 1");
     };
@@ -99,78 +88,135 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     if (shape.kv_type && !is_known(*shape.kv_type))
         throw qkv::invalid_argument("kv_cache: unknown kv_type (" + std::to_string(static_cast<int>(*shape.kv_type)) +
                                     ")");
-    c->type = shape.type();
-    if (c->blocks() && (shape.d_qk % block_size(c->type) != 0 || shape.d_v % block_size(c->type) != 0))
-        throw qkv::invalid_argument("kv_cache: kv_type " + std::string(to_string(c->type)) + " stores blocks of " +
-                                    std::to_string(block_size(c->type)) + " values along each row: d_qk (" +
+    c.type = shape.type();
+    if (c.blocks() && (shape.d_qk % block_size(c.type) != 0 || shape.d_v % block_size(c.type) != 0))
+        throw qkv::invalid_argument("kv_cache: kv_type " + std::string(to_string(c.type)) + " stores blocks of " +
+                                    std::to_string(block_size(c.type)) + " values along each row: d_qk (" +
                                     std::to_string(shape.d_qk) + ") and d_v (" + std::to_string(shape.d_v) +
-                                    ") must be multiples of " + std::to_string(block_size(c->type)));
-    const bool half = c->half();
-    c->format = half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-    c->texel_bytes = half ? 8 : 16;
-    c->e4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_qk + 3) / 4, 0xffffffu));
-    c->ev4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_v + 3) / 4, 0xffffffu));
-    c->k_row_bytes = c->blocks() ? bytes_for(c->type, shape.d_qk) : std::uint64_t{c->e4} * c->texel_bytes;
-    c->v_row_bytes = c->blocks() ? bytes_for(c->type, shape.d_v) : std::uint64_t{c->ev4} * c->texel_bytes;
-    c->stats.k_norm.assign(c->groups(), 0.0);
+                                    ") must be multiples of " + std::to_string(block_size(c.type)));
+    c.format = c.half() ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+    c.texel_bytes = c.half() ? 8 : 16;
+    c.e4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_qk + 3) / 4, 0xffffffu));
+    c.ev4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_v + 3) / 4, 0xffffffu));
+    c.k_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_qk) : std::uint64_t{c.e4} * c.texel_bytes;
+    c.v_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
+}
 
-    device_core& core = *c->core;
-    std::lock_guard lock(core.mutex);
-    core.check_alive();
-    const device& dev = *core.dev;
-    const device_desc& desc = dev.desc();
-    const std::string& name = desc.info.name;
-    if (!c->blocks() && !desc.uniform_texels(half))
-        throw unavailable(std::string("kv_cache: ") + name + " cannot read " +
-                          (half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers");
-    if (half && !desc.info.fp16_storage)
-        throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
-                          name + " does not offer; use an fp32 cache");
+/// The storage of a q8_0 / q4_0 cache: rows of blocks in storage buffers (the lock held), read by
+/// the decode kernel at 32-bit byte offsets.
+void attach_blocks(kv_cache::impl& c) {
+    device_core& core = *c.core;
+    const device_info& info = core.dev->info();
+    const kv_cache_shape& shape = c.shape;
     if (shape.capacity > 0x7fffffffu)
         throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
                              " rows is beyond the decode kernels' 2^31 keys");
-    const std::size_t k_texels =
-        product({shape.batch, shape.kv_heads, shape.capacity, std::size_t{c->e4}}, "kv_cache K");
-    const std::size_t v_texels =
-        product({shape.batch, shape.kv_heads, shape.capacity, std::size_t{c->ev4}}, "kv_cache V");
-    const std::uint64_t max_texels = desc.max_texel_elements;
-    const std::uint64_t max_bytes = desc.info.max_storage_buffer_range;
-    const std::uint64_t k_total = std::uint64_t{product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache K")} *
-                                  c->k_row_bytes;
-    const std::uint64_t v_total = std::uint64_t{product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache V")} *
-                                  c->v_row_bytes;
-    for (const auto& [what, texels] : {std::pair{"K", k_texels}, std::pair{"V", v_texels}}) {
-        if (c->blocks()) {  // rows of blocks in a storage buffer, addressed by 32-bit byte offsets
-            const std::uint64_t bytes = what[0] == 'K' ? k_total : v_total;
-            if (bytes > max_bytes)
-                throw limit_exceeded(std::string("kv_cache: ") + what + " needs " + std::to_string(bytes) +
-                                     " bytes of " + std::string(to_string(c->type)) + " blocks, more than " + name +
-                                     "'s maxStorageBufferRange of " + std::to_string(max_bytes));
-            continue;
-        }
-        if (texels > max_texels || texels > 0x7fffffffu)
-            throw limit_exceeded(
-                std::string("kv_cache: ") + what + " of shape " +
-                dims({shape.batch, shape.kv_heads, shape.capacity, what[0] == 'K' ? shape.d_qk : shape.d_v}) +
-                " needs " + std::to_string(texels) + " texels, more than " + name + "'s maxTexelBufferElements of " +
-                std::to_string(max_texels) + "; use a smaller capacity or batch");
-        if (texels * c->texel_bytes > max_bytes)
-            throw limit_exceeded(std::string("kv_cache: ") + what + " needs " +
-                                 std::to_string(texels * c->texel_bytes) + " bytes, more than " + name +
-                                 "'s maxStorageBufferRange of " + std::to_string(max_bytes));
+    const std::uint64_t rows = product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache");
+    for (const auto& [what, row_bytes, store] :
+         {std::tuple{"K", c.k_row_bytes, &c.k_blocks}, std::tuple{"V", c.v_row_bytes, &c.v_blocks}}) {
+        if (row_bytes != 0 && rows > info.max_storage_buffer_range / row_bytes)
+            throw limit_exceeded(std::string("kv_cache: ") + what + " of " + std::to_string(rows) + " rows of " +
+                                 std::to_string(row_bytes) + " bytes (" + std::string(to_string(c.type)) +
+                                 " blocks) is more than " + info.name + "'s maxStorageBufferRange of " +
+                                 std::to_string(info.max_storage_buffer_range) + " bytes; use a smaller capacity or batch");
+        *store = core.alloc->create(rows * row_bytes, memory_use::device,
+                                    what[0] == 'K' ? "K/V cache (K blocks)" : "K/V cache (V blocks)");
     }
+    c.stats = core.alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
+    std::memset(c.stats.mapped(), 0, c.stats.size());
+    c.stats.flush();
+}
+
+/// The storage's shapes: (B, Hkv, capacity, 4·texels per row).
+std::vector<std::size_t> storage_shape(const kv_cache_shape& s, std::uint32_t texels) {
+    return {s.batch, s.kv_heads, s.capacity, std::size_t{texels} * 4};
+}
+
+/// The device checks of a cache and its views and statistics (the lock held).
+void attach(kv_cache::impl& c) {
+    device_core& core = *c.core;
+    const device& dev = *core.dev;
+    const device_desc& desc = dev.desc();
+    const std::string& name = desc.info.name;
+    const kv_cache_shape& shape = c.shape;
+    if (!desc.uniform_texels(c.half()))
+        throw unavailable(std::string("kv_cache: ") + name + " cannot read " +
+                          (c.half() ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers");
+    if (shape.capacity > 0x7fffffffu)
+        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
+                             " rows is beyond the decode kernels' 2^31 keys");
+    for (const auto& [what, t, texels] : {std::tuple{"K", &c.k, c.e4}, std::tuple{"V", &c.v, c.ev4}}) {
+        const tensor::impl& ti = tensor_access::of(*t, "kv_cache");
+        const std::uint64_t count = ti.elements / 4;
+        if (count > desc.max_texel_elements || count > 0x7fffffffu)
+            throw limit_exceeded(std::string("kv_cache: ") + what + " of shape " + shape_string(ti.shape) + " needs " +
+                                 std::to_string(count) + " texels, more than " + name +
+                                 "'s maxTexelBufferElements of " + std::to_string(desc.max_texel_elements) +
+                                 "; use a smaller capacity or batch");
+        if (ti.offset % desc.texel_alignment != 0)
+            throw qkv::invalid_argument(std::string("kv_cache: the ") + what + " tensor starts at byte " +
+                                        std::to_string(ti.offset) + " of its buffer, not a multiple of " + name +
+                                        "'s minTexelBufferOffsetAlignment (" + std::to_string(desc.texel_alignment) +
+                                        ")");
+        (void)texels;
+    }
+    const tensor::impl& k = tensor_access::of(c.k, "kv_cache");
+    const tensor::impl& v = tensor_access::of(c.v, "kv_cache");
+    c.k_view = buffer_view(dev, k.handle, c.format, k.offset, k.bytes);
+    c.v_view = buffer_view(dev, v.handle, c.format, v.offset, v.bytes);
+    c.stats = core.alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
+    std::memset(c.stats.mapped(), 0, c.stats.size());
+    c.stats.flush();
+}
+
+}  // namespace
+
+kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
+    auto c = std::make_shared<impl>();
+    c->core = context_access::of(ctx).core;
+    describe(*c, shape);
     if (c->blocks()) {
-        c->k = core.alloc->create(k_total, memory_use::device, "K/V cache (K blocks)");
-        c->v = core.alloc->create(v_total, memory_use::device, "K/V cache (V blocks)");
-    } else {
-        c->k = core.alloc->create(k_texels * c->texel_bytes, memory_use::device, "K/V cache (K)",
-                                  VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
-        c->v = core.alloc->create(v_texels * c->texel_bytes, memory_use::device, "K/V cache (V)",
-                                  VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
-        c->k_view = buffer_view(dev, c->k, c->format, 0, k_texels * c->texel_bytes);
-        c->v_view = buffer_view(dev, c->v, c->format, 0, v_texels * c->texel_bytes);
+        std::lock_guard lock(c->core->mutex);
+        c->core->check_alive();
+        attach_blocks(*c);
+        impl_ = std::move(c);
+        return;
     }
-    // (On a failure above the lock_guard, declared after `c`, is released first; then ~impl takes it.)
+    const element_type type = c->half() ? element_type::f16 : element_type::f32;
+    if (c->half() && !c->core->dev->info().fp16_storage)
+        throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
+                          c->core->dev->info().name + " does not offer; use an fp32 cache");
+    c->k = tensor(ctx, storage_shape(shape, c->e4), type);
+    c->v = tensor(ctx, storage_shape(shape, c->ev4), type);
+    std::lock_guard lock(c->core->mutex);
+    c->core->check_alive();
+    attach(*c);
+    impl_ = std::move(c);
+}
+
+kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v) {
+    auto c = std::make_shared<impl>();
+    c->core = context_access::of(ctx).core;
+    describe(*c, shape);
+    if (c->blocks())
+        throw qkv::invalid_argument("kv_cache: a " + std::string(to_string(c->type)) +
+                                    " cache stores ggml's blocks, not tensors (tensors are f32 or f16)");
+    const element_type type = c->half() ? element_type::f16 : element_type::f32;
+    for (const auto& [what, t, texels] : {std::tuple{"k", &k, c->e4}, std::tuple{"v", &v, c->ev4}}) {
+        const tensor::impl& ti = tensor_access::of(*t, "kv_cache");
+        if (ti.core != c->core)
+            throw qkv::invalid_argument(std::string("kv_cache: the ") + what + " tensor is on another device");
+        if (ti.shape != storage_shape(shape, texels) || ti.type != type)
+            throw qkv::invalid_argument(std::string("kv_cache: the ") + what + " tensor is " + shape_string(ti.shape) +
+                                        " " + std::string(to_string(ti.type)) + "; this cache needs " +
+                                        shape_string(storage_shape(shape, texels)) + " " +
+                                        std::string(to_string(type)));
+    }
+    c->k = std::move(k);
+    c->v = std::move(v);
+    std::lock_guard lock(c->core->mutex);
+    c->core->check_alive();
+    attach(*c);
     impl_ = std::move(c);
 }
 
@@ -185,14 +231,77 @@ std::size_t kv_cache::size() const {
 }
 std::size_t kv_cache::capacity() const { return alive(impl_).shape.capacity; }
 const kv_cache_shape& kv_cache::shape() const { return alive(impl_).shape; }
+namespace {
+
+const kv_cache::impl& tensors_of(const std::shared_ptr<kv_cache::impl>& p, const char* what) {
+    const kv_cache::impl& c = alive(p);
+    if (c.blocks())
+        throw unavailable(std::string(what) + ": a " + std::string(to_string(c.type)) +
+                          " cache stores ggml's blocks, which are no tensor");
+    return c;
+}
+
+}  // namespace
+
+const tensor& kv_cache::keys() const { return tensors_of(impl_, "kv_cache::keys").k; }
+const tensor& kv_cache::values() const { return tensors_of(impl_, "kv_cache::values").v; }
 
 void kv_cache::clear() {
     impl& c = alive(impl_);
     std::lock_guard lock(c.core->mutex);
     c.size = 0;
-    c.stats = {};
-    c.stats.k_norm.assign(c.groups(), 0.0);
+    std::memset(c.stats.mapped(), 0, c.stats.size());
+    c.stats.flush();
 }
+
+namespace {
+
+/// Host rows appended to a q8_0 / q4_0 cache (the lock held, the size checked): each row of every
+/// (batch, kv head) quantized by qkv::quantize into place (or into staging, copied into place).
+void append_blocks(kv_cache::impl& c, std::span<const float> k, std::span<const float> v, std::size_t rows) {
+    const kv_cache_shape& s = c.shape;
+    const std::size_t groups = c.groups();
+    const auto put = [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+        put_block_rows(k_at, c.type, k.data() + z * rows * s.d_qk, rows, s.d_qk, "kv_cache::append: k");
+        put_block_rows(v_at, c.type, v.data() + z * rows * s.d_v, rows, s.d_v, "kv_cache::append: v");
+    };
+    const std::uint64_t k_bytes = std::uint64_t{rows} * c.k_row_bytes, v_bytes = std::uint64_t{rows} * c.v_row_bytes;
+    if (c.k_blocks.mapped() && c.v_blocks.mapped()) {
+        // Quantized into a host copy first: a refused value leaves the cache as it was.
+        std::vector<std::byte> staged(groups * (k_bytes + v_bytes));
+        for (std::size_t z = 0; z < groups; ++z)
+            put(staged.data() + z * k_bytes, staged.data() + groups * k_bytes + z * v_bytes, z);
+        for (std::size_t z = 0; z < groups; ++z) {
+            std::memcpy(c.k_blocks.mapped() + (z * s.capacity + c.size) * c.k_row_bytes, staged.data() + z * k_bytes,
+                        k_bytes);
+            std::memcpy(c.v_blocks.mapped() + (z * s.capacity + c.size) * c.v_row_bytes,
+                        staged.data() + groups * k_bytes + z * v_bytes, v_bytes);
+        }
+        c.k_blocks.flush();
+        c.v_blocks.flush();
+        return;
+    }
+    device_core& core = *c.core;
+    core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
+    for (std::size_t z = 0; z < groups; ++z)
+        put(c.staging.mapped() + z * k_bytes, c.staging.mapped() + groups * k_bytes + z * v_bytes, z);
+    c.staging.flush();
+    executor& exec = *core.exec;
+    exec.begin();
+    exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                 VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (std::size_t z = 0; z < groups; ++z) {
+        exec.copy(c.staging.handle(), z * k_bytes, c.k_blocks.handle(), (z * s.capacity + c.size) * c.k_row_bytes,
+                  k_bytes);
+        exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, c.v_blocks.handle(),
+                  (z * s.capacity + c.size) * c.v_row_bytes, v_bytes);
+    }
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT);
+    (void)exec.submit_and_wait();
+}
+
+}  // namespace
 
 void kv_cache::append(std::span<const float> k, std::span<const float> v, std::size_t rows) {
     impl& c = alive(impl_);
@@ -211,7 +320,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     if (half)  // a finite value that float16 cannot hold would become inf: refuse, never silently wrong
         for (const auto& [what, data] : {std::pair{"k", k}, std::pair{"v", v}})
             for (std::size_t i = 0; i < data.size(); ++i)
-                if (qkv::detail::half_overflows(data[i]))
+                if (half_overflows(data[i]))
                     throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
                                            " (" + std::to_string(data[i]) +
                                            ") is beyond float16's range (65504) of this fp16 cache; nothing was "
@@ -226,57 +335,65 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                              std::to_string(c.size) + " of its capacity of " + std::to_string(s.capacity) +
                              " rows; nothing was appended");
     if (rows == 0) return;
+    const std::uint64_t tb = c.texel_bytes;
     const std::size_t groups = c.groups();
-    // One row of (batch, kv head) z's new rows as the cache stores them (texels, or blocks).
-    const auto put_rows = [&](std::byte* at, bool is_k, std::size_t z) {
-        const float* src = is_k ? k.data() + z * rows * s.d_qk : v.data() + z * rows * s.d_v;
-        const std::size_t width = is_k ? s.d_qk : s.d_v;
-        const char* what = is_k ? "kv_cache::append: k" : "kv_cache::append: v";
-        if (c.blocks())
-            put_block_rows(at, c.type, src, rows, width, what);
-        else
-            put_texel_rows(at, src, rows, width, is_k ? c.e4 : c.ev4, half, what);
-    };
     try {
-        kv_stats stats = c.stats;  // committed only once the rows are in place
-        if (c.blocks()) {  // the overflow rule's facts of the values as they dequantize
+        kv_stats added;  // folded into the statistics once the rows are in place
+        if (c.blocks()) {
+            // The overflow rule's facts of the values as they dequantize; the rows as blocks.
             const std::vector<float> kq = stored_values(c.type, k, "kv_cache::append: k");
             const std::vector<float> vq = stored_values(c.type, v, "kv_cache::append: v");
-            stats.add(kq, vq, groups, rows, s.d_qk, s.d_v);
-        } else {
-            stats.add(k, v, groups, rows, s.d_qk, s.d_v);
+            added.add(kq, vq, groups, rows, s.d_qk, s.d_v);
+            append_blocks(c, k, v, rows);
+            c.stats.invalidate();
+            fold_host_rows(c.stats.mapped(), added, groups);
+            c.stats.flush();
+            c.size += rows;
+            return;
         }
-        const std::uint64_t k_bytes = std::uint64_t{rows} * c.k_row_bytes, v_bytes = std::uint64_t{rows} * c.v_row_bytes;
-        if (c.k.mapped() && c.v.mapped()) {
+        added.add(k, v, groups, rows, s.d_qk, s.d_v);
+        tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
+        tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
+        if (!kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
             // The device is idle between calls (every call waits for its work), so the new rows
             // can be written in place.
             for (std::size_t z = 0; z < groups; ++z) {
-                put_rows(c.k.mapped() + (z * s.capacity + c.size) * c.k_row_bytes, true, z);
-                put_rows(c.v.mapped() + (z * s.capacity + c.size) * c.v_row_bytes, false, z);
+                put_texel_rows(kt.owned.mapped() + (z * s.capacity + c.size) * c.e4 * tb, k.data() + z * rows * s.d_qk,
+                               rows, s.d_qk, c.e4, half, "kv_cache::append: k");
+                put_texel_rows(vt.owned.mapped() + (z * s.capacity + c.size) * c.ev4 * tb, v.data() + z * rows * s.d_v,
+                               rows, s.d_v, c.ev4, half, "kv_cache::append: v");
             }
-            c.k.flush();
-            c.v.flush();
+            kt.owned.flush();
+            vt.owned.flush();
         } else {
             // Staged: the new rows of every (batch, kv head) side by side, copied into place.
+            const std::uint64_t k_bytes = std::uint64_t{rows} * c.e4 * tb, v_bytes = std::uint64_t{rows} * c.ev4 * tb;
             core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
             for (std::size_t z = 0; z < groups; ++z) {
-                put_rows(c.staging.mapped() + z * k_bytes, true, z);
-                put_rows(c.staging.mapped() + groups * k_bytes + z * v_bytes, false, z);
+                put_texel_rows(c.staging.mapped() + z * k_bytes, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half,
+                               "kv_cache::append: k");
+                put_texel_rows(c.staging.mapped() + groups * k_bytes + z * v_bytes, v.data() + z * rows * s.d_v, rows,
+                               s.d_v, c.ev4, half, "kv_cache::append: v");
             }
             c.staging.flush();
             executor& exec = *core.exec;
             exec.begin();
+            // The rows may have been read by a recorded call (a compute shader) before.
+            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                         VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
             for (std::size_t z = 0; z < groups; ++z) {
-                exec.copy(c.staging.handle(), z * k_bytes, c.k.handle(), (z * s.capacity + c.size) * c.k_row_bytes,
+                exec.copy(c.staging.handle(), z * k_bytes, kt.handle, kt.offset + (z * s.capacity + c.size) * c.e4 * tb,
                           k_bytes);
-                exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, c.v.handle(),
-                          (z * s.capacity + c.size) * c.v_row_bytes, v_bytes);
+                exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, vt.handle,
+                          vt.offset + (z * s.capacity + c.size) * c.ev4 * tb, v_bytes);
             }
             exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
             (void)exec.submit_and_wait();
         }
-        c.stats = std::move(stats);
+        c.stats.invalidate();
+        fold_host_rows(c.stats.mapped(), added, groups);
+        c.stats.flush();
     } catch (const device_lost&) {
         core.lost = true;
         throw;
@@ -317,6 +434,90 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
 
 }  // namespace
 
+void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows) {
+    if (blocks())
+        throw unavailable("kv_cache::append: a " + std::string(to_string(type)) +
+                          " cache quantizes on the host; append host data (device tensors are f32 or f16)");
+    const tensor::impl& kin = tensor_access::of(kt, "kv_cache::append: k");
+    const tensor::impl& vin = tensor_access::of(vt, "kv_cache::append: v");
+    const element_type stored = half() ? element_type::f16 : element_type::f32;
+    const kv_cache_shape& s = shape;
+    const std::vector<std::size_t> want_k{s.batch, s.kv_heads, rows, s.d_qk}, want_v{s.batch, s.kv_heads, rows, s.d_v};
+    for (const auto& [what, t, want] : {std::tuple{"k", &kin, &want_k}, std::tuple{"v", &vin, &want_v}}) {
+        if (t->core != core)
+            throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is on another device");
+        if (t->elements != product({(*want)[0], (*want)[1], (*want)[2], (*want)[3]}, "kv_cache::append") ||
+            t->type != stored)
+            throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is " +
+                                        shape_string(t->shape) + " " + std::string(to_string(t->type)) + "; expected " +
+                                        shape_string(*want) + " " + std::string(to_string(stored)));
+    }
+    const device_desc& desc = core->dev->desc();
+    const tensor::impl::bound kb = kin.bind(), vb = vin.bind();
+    const tensor::impl &ks = tensor_access::of(k, "kv_cache"), &vs = tensor_access::of(v, "kv_cache");
+    const binding stats_all{stats.handle(), 0, stats.size()};
+    // Earlier compute writes (the caller's, or a recorded call's) before these reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    // The overflow rule's facts of the new rows, folded into the cache's statistics.
+    guard_rows g;
+    g.q_rows = 0;
+    g.k_rows = static_cast<std::uint32_t>(groups() * rows);
+    g.q_len = 1, g.kv_len = static_cast<std::uint32_t>(rows);
+    g.d = static_cast<std::uint32_t>(s.d_qk), g.dv = static_cast<std::uint32_t>(s.d_v);
+    g.k_off = kb.element, g.v_off = vb.element;
+    g.half = half();
+    record_guard_rows(rec, *core->pipes, kb.b, kb.b, vb.b, stats_all, g);
+    // The rows into whole texels, after the rows already held.
+    const std::uint64_t align = desc.storage_alignment;
+    for (const auto& [src, store, width, texels] : {std::tuple{kb, &ks, s.d_qk, e4}, std::tuple{vb, &vs, s.d_v, ev4}}) {
+        const VkDeviceSize start = store->offset / align * align;
+        texel_pack t;
+        t.groups = static_cast<std::uint32_t>(groups());
+        t.rows = static_cast<std::uint32_t>(rows);
+        t.width = static_cast<std::uint32_t>(width);
+        t.w4 = texels;
+        t.src_off = src.element;
+        t.at = static_cast<std::uint32_t>((store->offset - start) / texel_bytes + size * texels);
+        t.stride = static_cast<std::uint32_t>(s.capacity);
+        t.half = half();
+        const binding dst{store->handle, start, store->offset - start + store->bytes};
+        // The packer's flags binding (unused here) is the statistics: ordered after their last use.
+        rec.compute_barrier();
+        record_texel_pack(rec, *core->pipes, src.b, dst, stats_all, t);
+    }
+    size += rows;
+}
+
+void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
+    impl& c = alive(impl_);
+    device_core& core = *c.core;
+    std::lock_guard lock(core.mutex);
+    core.check_alive();
+    if (rows > c.shape.capacity - c.size)
+        throw limit_exceeded("kv_cache::append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
+                             std::to_string(c.size) + " of its capacity of " + std::to_string(c.shape.capacity) +
+                             " rows; nothing was appended");
+    if (rows == 0) return;
+    const std::size_t before = c.size;
+    try {
+        executor& exec = *core.exec;
+        exec.begin();
+        c.record_append(exec, k, v, rows);
+        exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_HOST_READ_BIT);
+        (void)exec.submit_and_wait();
+    } catch (const device_lost&) {
+        c.size = before;
+        core.lost = true;
+        throw;
+    } catch (...) {
+        c.size = before;
+        throw;
+    }
+}
+
 sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     impl& self = alive(impl_);
     kv_cache::impl& c = alive(cache.impl_);
@@ -325,10 +526,13 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     return self.call("sdpa with a kv_cache", [&](call_env& env) {
         // Under the lock: the cache's size and rows cannot change during the call.
         const sdpa_problem problem = checked_decode_problem(given, c.shape, c.size);
-        const cache_desc cd{static_cast<std::uint32_t>(c.shape.capacity), c.type};
-        const sdpa_plan p = plan_sdpa_cache(problem, cd, env.core.dev->desc(), env.set);
-        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, cd, &c.stats};
-        if (c.blocks()) kv.k_blocks = {c.k.handle(), 0, c.k.size()}, kv.v_blocks = {c.v.handle(), 0, c.v.size()};
+        const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
+        const kv_stats stats = c.read_stats();
+        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};
+        if (c.blocks()) {
+            kv.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
+            kv.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
+        }
         return run_decode(env, p, problem, &kv);
     });
 }

@@ -5,7 +5,6 @@
 #include "api/call_io.hpp"
 #include "qkv/runtime/error.hpp"
 #include "qkv/vulkan/error.hpp"
-#include "runtime/float16.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -23,7 +22,7 @@ std::vector<float> stored_values(element_type type, std::span<const float> value
         std::vector<std::uint16_t> halves(values.size());
         put_halves(reinterpret_cast<std::byte*>(halves.data()), values, what);  // refuses what float16 cannot hold
         std::vector<float> out(values.size());
-        for (std::size_t i = 0; i < values.size(); ++i) out[i] = qkv::detail::from_half(halves[i]);
+        for (std::size_t i = 0; i < values.size(); ++i) out[i] = qkv::from_half_bits(halves[i]);
         return out;
     }
     try {

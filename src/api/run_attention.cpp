@@ -88,14 +88,14 @@ void record_projection(const call_session& s, const plan& p, const call_bindings
     if (projection_texels(p.project.shader)) {
         view = buffer_view(s.dev(), bufs[role::inputs], VK_FORMAT_R32G32B32A32_SFLOAT, 0, projection_view_bytes(p));
         g.a_off = static_cast<std::uint32_t>(p.x.offset / 4), g.b_off = static_cast<std::uint32_t>(p.w.offset / 4);
-        record_gemm(s.exec(), s.pipes(), p.project, {texel(view.handle()), texel(view.handle()), bias, b.qkv}, g, 1);
+        record_gemm(s.rec(), s.pipes(), p.project, {texel(view.handle()), texel(view.handle()), bias, b.qkv}, g, 1);
     } else {
-        record_gemm(s.exec(), s.pipes(), p.project,
+        record_gemm(s.rec(), s.pipes(), p.project,
                     {part(bufs[role::inputs], p.x), part(bufs[role::inputs], p.w), bias, b.qkv}, g, 1);
     }
-    s.exec().compute_barrier();
+    s.rec().compute_barrier();
     // Finite inputs too large for float32 / float16: checked here, reported after the submit.
-    if (guard) record_range_guard(s.exec(), s.pipes(), bufs.guard, p, b.qkv);
+    if (guard) record_range_guard(s.rec(), s.pipes(), bufs.guard, p, b.qkv);
 }
 
 std::uint32_t mask_flags(const plan& p) {
@@ -111,9 +111,9 @@ void record_fused(const call_session& s, const plan& p, const call_bindings& b, 
     if (p.family == kernel_family::cpu) {
         views = make_flash_cpu_views(s.dev(), bufs[role::texels], p.cpu);
         const flash_cpu_texels tx{bufs[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
-        record_flash_cpu(s.exec(), s.pipes(), p.layout, p.cpu, io, tx);
+        record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx);
     } else {
-        record_flash_gpu(s.exec(), s.pipes(), p.layout, p.gpu, io);
+        record_flash_gpu(s.rec(), s.pipes(), p.layout, p.gpu, io);
     }
 }
 
@@ -143,16 +143,16 @@ void record_staged(const call_session& s, const plan& p, const call_bindings& b,
     if (texel_gemm(p.scores.shader) || texel_gemm(p.aggregate.shader))
         views.qkv = buffer_view(s.dev(), bufs[role::qkv], qkv_texel_format(p), 0, qkv_view_bytes);
     if (texel_gemm(p.scores.shader))
-        record_gemm(s.exec(), s.pipes(), p.scores, {texel(views.qkv.handle()), b.mask_bits, b.additive, scores}, g,
+        record_gemm(s.rec(), s.pipes(), p.scores, {texel(views.qkv.handle()), b.mask_bits, b.additive, scores}, g,
                     p.batch * H);
     else
-        record_gemm(s.exec(), s.pipes(), p.scores, {b.qkv, b.mask_bits, b.additive, scores}, g, p.batch * H);
-    s.exec().compute_barrier();
+        record_gemm(s.rec(), s.pipes(), p.scores, {b.qkv, b.mask_bits, b.additive, scores}, g, p.batch * H);
+    s.rec().compute_barrier();
     if (p.softmax == shader_id::softmax_cpu_tx || texel_gemm(p.aggregate.shader))
         views.scores = buffer_view(s.dev(), bufs[role::scores], VK_FORMAT_R32G32B32A32_SFLOAT, 0, p.scores_bytes);
     const binding scores_texels = views.scores ? texel(views.scores.handle()) : binding{};
-    record_softmax(s.exec(), s.pipes(), p.softmax, p.softmax_workgroup, scores, scores_texels, p.batch * H * N, N);
-    s.exec().compute_barrier();
+    record_softmax(s.rec(), s.pipes(), p.softmax, p.softmax_workgroup, scores, scores_texels, p.batch * H * N, N);
+    s.rec().compute_barrier();
     gemm_push a = gemm_push_defaults();
     a.M = N, a.N = dvh, a.K = N, a.heads = H;
     a.a_bs = H * N * N, a.a_hs = N * N, a.a_rs = N;                                   // P
@@ -162,21 +162,21 @@ void record_staged(const call_session& s, const plan& p, const call_bindings& b,
     if (texel_gemm(p.aggregate.shader)) {
         gemm_step step = p.aggregate;
         step.skip_zero = !v_finite;
-        record_gemm(s.exec(), s.pipes(), step, {scores_texels, texel(views.qkv.handle()), b.attn_out}, a, p.batch * H);
+        record_gemm(s.rec(), s.pipes(), step, {scores_texels, texel(views.qkv.handle()), b.attn_out}, a, p.batch * H);
     } else {
-        record_gemm(s.exec(), s.pipes(), p.aggregate, {scores, b.qkv, b.attn_out}, a, p.batch * H);
+        record_gemm(s.rec(), s.pipes(), p.aggregate, {scores, b.qkv, b.attn_out}, a, p.batch * H);
     }
 }
 
 /// The output projection: concat · Wo + bo.
 void record_output_projection(const call_session& s, const plan& p, const call_bindings& b) {
     const call_buffers& bufs = s.buffers();
-    s.exec().compute_barrier();
+    s.rec().compute_barrier();
     gemm_push g = gemm_push_defaults();
     g.M = p.batch * p.seq, g.N = p.d_out, g.K = p.d_v;
     g.a_rs = p.d_v, g.b_rs = p.d_out, g.b_cs = 1, g.c_rs = p.d_out;
     g.flags = p.bo.empty() ? 0 : flag_bias;
-    record_gemm(s.exec(), s.pipes(), p.out_projection,
+    record_gemm(s.rec(), s.pipes(), p.out_projection,
                 {b.attn_out, part(bufs[role::inputs], p.wo),
                  p.bo.empty() ? b.any_input : part(bufs[role::inputs], p.bo), whole(bufs[role::out], p.out_bytes)},
                 g, 1);
@@ -249,7 +249,12 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
     out.output.resize(p.out_bytes / 4);
     out.weights.resize(p.weights_bytes / 4);
     s.read(0, out.output.data());
-    if (p.weights_bytes) s.read(1, out.weights.data());
+    if (p.weights_bytes) {
+        s.read(1, out.weights.data());
+        // The kernels mark a masked weight -0.0 (shaders/values.glsl); the caller gets 0, as PyTorch.
+        for (float& w : out.weights)
+            if (w == 0.0f) w = 0.0f;
+    }
     check_outputs(out, p, facts);  // throws numeric_overflow
     return run;
 }

@@ -31,6 +31,28 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 }  // namespace
 
+void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
+                        binding k_blocks, binding v_blocks) {
+    const call_buffers& b = s.buffers();
+    const decode_plan& d = p.decode;
+    decode_io io;
+    io.q = q, io.k = k, io.v = v;
+    io.k_blocks = k_blocks, io.v_blocks = v_blocks;
+    if (p.kv_blocks() && (!k_blocks.buffer || !v_blocks.buffer))
+        throw error("sdpa: the decode kernel's quantized K and V need their blocks' bindings");
+    if (!masks.params.buffer) throw error("sdpa: the decode kernels need the score params");
+    io.params = masks.params;
+    if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
+    const binding any = b.bind(role::partial_stats, 0, 16);  // bound where a kernel reads nothing
+    io.mask = masks.bits.buffer ? masks.bits : any;
+    io.additive = masks.additive.buffer ? masks.additive : any;
+    io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
+    io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
+    io.out = b.bind(role::out, 0, d.out_bytes());
+    record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+}
+
 call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
                                  const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
@@ -55,41 +77,29 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     call_session session(env, p.buffers, p.downloads);
     write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
     // record
-    const call_buffers& b = session.buffers();
     const device& dev = session.dev();
-    const buffer& inputs = b[role::inputs];
+    const buffer& inputs = session.buffers()[role::inputs];
     const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
     buffer_view k_view, v_view;  // host K/V: views of the inputs
     if (!cache && !p.kv_blocks()) {
         k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
         v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
     }
-    const decode_plan& d = p.decode;
-    decode_io io;
-    io.q = q_view.handle();
-    io.k = cache ? cache->k : k_view.handle();
-    io.v = cache ? cache->v : v_view.handle();
-    if (p.kv_blocks()) {
-        io.k_blocks = cache ? cache->k_blocks : b.bind(role::inputs, p.k.at, p.k.bytes);
-        io.v_blocks = cache ? cache->v_blocks : b.bind(role::inputs, p.v.at, p.v.bytes);
-    }
-    const binding any = b.bind(role::inputs, 0, 16);  // bound where a kernel reads nothing
-    io.mask = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : any;
-    io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : any;
-    io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
-    io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
-    io.out = b.bind(role::out, 0, d.out_bytes());
-    io.params = b.bind(role::inputs, p.params.at, p.params.bytes);
-    if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
     session.begin();
-    record_decode(session.exec(), session.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+    binding k_blocks{}, v_blocks{};
+    if (p.kv_blocks()) {
+        k_blocks = cache ? cache->k_blocks : binding{inputs.handle(), p.k.at, p.k.bytes};
+        v_blocks = cache ? cache->v_blocks : binding{inputs.handle(), p.v.at, p.v.bytes};
+    }
+    record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
+                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, careful, k_blocks, v_blocks);
     session.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = session.submit();
     if (const std::vector<double>& m = session.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read
     run.output.shape = s;
-    run.output.kernel = d.family;
+    run.output.kernel = p.decode.family;
     run.output.device = dev.info().name;
     run.output.output.resize(p.out_count);
     session.read(0, run.output.output.data());

@@ -10,18 +10,28 @@
 namespace qkv::vulkan::detail {
 
 call_session::call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads)
-    : env_(env), plan_(buffers), downloads_(downloads) {
+    : core_(env.core), rec_(*env.core.exec), buffers_(env.buffers), plan_(buffers), downloads_(downloads) {
     env.buffers.prepare(*env.core.alloc, buffers, downloads, env.set.force_staging);
+}
+
+call_session::call_session(device_core& core, recorder& rec, call_buffers& buffers, const buffer_plan& plan)
+    : core_(core), rec_(rec), buffers_(buffers), plan_(plan) {
+    buffers.prepare(*core.alloc, plan, {}, false);
+}
+
+executor& call_session::exec() const {
+    if (recording()) throw error("internal: a recording has no executor");
+    return *core_.exec;
 }
 
 void call_session::begin() {
     exec().begin();
-    env_.buffers.record_upload(exec(), plan_.of(role::inputs));
+    buffers_.record_upload(exec(), plan_.of(role::inputs));
     exec().mark();  // inputs on the device
 }
 
 phase_times call_session::submit() {
-    env_.buffers.record_download(exec(), downloads_);
+    buffers_.record_download(exec(), downloads_);
     phase_times t;
     t.device_ms = exec().submit_and_wait();
     return t;
@@ -46,31 +56,43 @@ void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& p
     put_score_params(in + p.params.at, problem, p.features);
 }
 
-/// The chosen fused kernel, then the weights kernel on request. `views`: the cpu family's texel
-/// views, made here; they must live until the submit. `v_finite`: the host saw every input finite.
-void record_fused(const call_session& s, const sdpa_plan& p, flash_cpu_views& views, bool v_finite) {
+}  // namespace
+
+mask_bindings masks_in(const sdpa_plan& p, const buffer& b) {
+    mask_bindings m;
+    if (p.mask_bits.bytes) m.bits = {b.handle(), p.mask_bits.at, p.mask_bits.bytes};
+    if (p.additive.bytes) m.additive = {b.handle(), p.additive.at, p.additive.bytes};
+    m.params = {b.handle(), p.params.at, p.params.bytes};
+    return m;
+}
+
+void record_fused_sdpa(const call_session& s, const sdpa_plan& p, const mask_bindings& masks, flash_cpu_views& views,
+                       bool v_finite) {
     const call_buffers& b = s.buffers();
     const binding qkv = b.bind(role::inputs, 0, p.v.at + p.v.bytes);
     flash_io io;
     io.qkv = qkv;  // unused bindings alias it
-    io.mask_bits = p.mask_bits.bytes ? b.bind(role::inputs, p.mask_bits.at, p.mask_bits.bytes) : qkv;
-    io.additive = p.additive.bytes ? b.bind(role::inputs, p.additive.at, p.additive.bytes) : qkv;
+    io.mask_bits = masks.bits.buffer ? masks.bits : qkv;
+    io.additive = masks.additive.buffer ? masks.additive : qkv;
     io.out = b.bind(role::out, 0, p.out_count * 4);
     io.state = p.state_bytes ? b.bind(role::state, 0, p.state_bytes) : qkv;
-    io.params = b.bind(role::inputs, p.params.at, p.params.bytes);
+    if (!masks.params.buffer) throw error("sdpa: the fused kernels need the score params");
+    io.params = masks.params;
     if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
     if (p.cpu_family()) {
         views = make_flash_cpu_views(s.dev(), b[role::texels], p.cpu);
         const flash_cpu_texels tx{b[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
-        record_flash_cpu(s.exec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights, v_finite);
+        record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights, v_finite);
     } else {
-        record_flash_gpu(s.exec(), s.pipes(), p.layout, p.gpu, io, p.weights);
+        record_flash_gpu(s.rec(), s.pipes(), p.layout, p.gpu, io, p.weights);
     }
     if (p.weights) {
-        s.exec().compute_barrier();
-        record_flash_weights(s.exec(), s.pipes(), p.layout, io, b.bind(role::scores, 0, p.weights_count * 4));
+        s.rec().compute_barrier();
+        record_flash_weights(s.rec(), s.pipes(), p.layout, io, b.bind(role::scores, 0, p.weights_count * 4));
     }
 }
+
+namespace {
 
 sdpa_output new_output(const sdpa_plan& p, const sdpa_problem& problem, const device& dev) {
     sdpa_output out;
@@ -104,7 +126,7 @@ call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sd
     // record
     s.begin();
     flash_cpu_views views;
-    record_fused(s, p, views, facts.inputs_finite);
+    record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views, facts.inputs_finite);
     s.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = s.submit();

@@ -43,14 +43,18 @@ struct call_run {
     phase_times times;
 };
 
-/// One call's command buffer over the context's buffers.
+/// One call's commands over a set of call buffers: a host call (the core's executor and the
+/// context's buffers: begin() uploads, submit() downloads and waits) or a recording (a caller's
+/// command buffer through an external_recorder, the recording's own buffers; nothing submitted).
 class call_session {
 public:
-    /// Prepares the buffers the plan asks for (call_buffers::prepare).
+    /// A host call: prepares the buffers the plan asks for (call_buffers::prepare).
     call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads);
+    /// A recording into `rec` over `buffers` (prepared here, device-only: no staging, no downloads).
+    call_session(device_core& core, recorder& rec, call_buffers& buffers, const buffer_plan& plan);
 
     /// Where the inputs are written before begin().
-    [[nodiscard]] std::byte* inputs() const { return env_.buffers.inputs(); }
+    [[nodiscard]] std::byte* inputs() const { return buffers_.inputs(); }
     /// Starts the command buffer with the upload of the inputs; marks "inputs on the device".
     void begin();
     /// Ends a phase (a timestamp; see executor::mark).
@@ -59,15 +63,22 @@ public:
     /// marks: inputs, then the phases in order).
     phase_times submit();
     /// After submit(): the bytes of download i.
-    void read(std::size_t i, void* to) const { env_.buffers.read(downloads_, i, to); }
+    void read(std::size_t i, void* to) const { buffers_.read(downloads_, i, to); }
 
-    [[nodiscard]] executor& exec() const { return *env_.core.exec; }
-    [[nodiscard]] pipeline_set& pipes() const { return *env_.core.pipes; }
-    [[nodiscard]] const device& dev() const { return *env_.core.dev; }
-    [[nodiscard]] call_buffers& buffers() const { return env_.buffers; }
+    /// Where the commands go.
+    [[nodiscard]] recorder& rec() const { return rec_; }
+    /// The executor of a host call (its marks); an internal error for a recording.
+    [[nodiscard]] executor& exec() const;
+    [[nodiscard]] pipeline_set& pipes() const { return *core_.pipes; }
+    [[nodiscard]] const device& dev() const { return *core_.dev; }
+    [[nodiscard]] allocator& alloc() const { return *core_.alloc; }
+    [[nodiscard]] call_buffers& buffers() const { return buffers_; }
+    [[nodiscard]] bool recording() const { return &rec_ != static_cast<recorder*>(core_.exec.get()); }
 
 private:
-    call_env& env_;
+    device_core& core_;
+    recorder& rec_;
+    call_buffers& buffers_;
     buffer_plan plan_;
     std::span<const download> downloads_;
 };
@@ -93,5 +104,28 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& plan, const sdp
 
 /// The fused route of a planned call (run_sdpa.cpp).
 call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
+
+/// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
+/// regions of the inputs, or a planned call's constants); an empty binding where there is no such
+/// mask. The params are always there.
+struct mask_bindings {
+    binding bits, additive, params;
+};
+/// The plan's mask and params regions of `b`.
+mask_bindings masks_in(const sdpa_plan& plan, const buffer& b);
+
+/// The record step of the fused route, over the session's buffers as `plan` lays them out: the
+/// chosen family's kernel, then the weights kernel where asked. `views`: the cpu family's texel
+/// views, made here; they must live until the command buffer has run. `v_finite`: the host saw
+/// every input finite (the cpu family then needs no careful pipeline).
+void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks,
+                       flash_cpu_views& views, bool v_finite = false);
+
+/// The record step of the decode route: the decode kernel and the merge over q, k and v texel
+/// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's
+/// partials and output (and the lse where the plan asks for it).
+void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
+                        binding k_blocks = {}, binding v_blocks = {});
 
 }  // namespace qkv::vulkan::detail

@@ -1,10 +1,14 @@
 #include "api/sdpa_guard.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 
+#include "contract/tensor.h"
 #include "kernels/range_rule.hpp"
 #include "qkv/vulkan/error.hpp"
 
@@ -64,6 +68,97 @@ void scan_queries(sdpa_facts& f, const sdpa_problem& problem) {
 }
 
 }  // namespace
+
+std::uint64_t guard_words::bytes(std::size_t q_groups, std::size_t kv_groups) {
+    return 4 * (contract::GUARD_HEADER_WORDS + q_groups + 2 * kv_groups);
+}
+
+guard_words guard_words::read(const std::byte* words, std::size_t q_groups, std::size_t kv_groups) {
+    guard_words g;
+    const auto word = [&](std::size_t i) {
+        std::uint32_t w = 0;
+        std::memcpy(&w, words + 4 * i, 4);
+        return w;
+    };
+    const auto value = [&](std::size_t i) { return std::bit_cast<float>(word(i)); };
+    g.flags = word(contract::GUARD_WORD_FLAGS);
+    std::size_t at = contract::GUARD_HEADER_WORDS;
+    for (std::size_t i = 0; i < q_groups; ++i) g.q_norm.push_back(value(at++));
+    for (std::size_t i = 0; i < kv_groups; ++i) g.k_norm.push_back(value(at++));
+    for (std::size_t i = 0; i < kv_groups; ++i) g.v_max.push_back(value(at++));
+    return g;
+}
+
+kv_stats stats_of(const guard_words& w) {
+    kv_stats s;
+    s.finite = (w.flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
+    s.k_norm.assign(w.k_norm.begin(), w.k_norm.end());
+    for (const float v : w.v_max) s.v_max = std::max(s.v_max, static_cast<double>(v));
+    return s;
+}
+
+void fold_host_rows(std::byte* words, const kv_stats& rows, std::size_t kv_groups) {
+    // As the device pass keeps them: float bits, the larger kept; rounded up so the bound holds.
+    const auto fold = [&](std::size_t i, double value) {
+        float f = static_cast<float>(value);
+        if (static_cast<double>(f) < value) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+        std::uint32_t old = 0;
+        std::memcpy(&old, words + 4 * i, 4);
+        if (std::bit_cast<std::uint32_t>(f) > old) std::memcpy(words + 4 * i, &f, 4);
+    };
+    const std::size_t k_at = contract::GUARD_HEADER_WORDS, v_at = k_at + kv_groups;
+    for (std::size_t z = 0; z < kv_groups && z < rows.k_norm.size(); ++z) {
+        fold(k_at + z, rows.k_norm[z]);
+        fold(v_at + z, rows.v_max);
+    }
+    if (!rows.finite) {
+        std::uint32_t flags = 0;
+        std::memcpy(&flags, words, 4);
+        flags |= contract::GUARD_FLAG_INPUT_NONFINITE;
+        std::memcpy(words, &flags, 4);
+    }
+}
+
+sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const sdpa_problem& masks) {
+    sdpa_facts f;
+    f.q_norm.assign(call.q_norm.begin(), call.q_norm.end());
+    f.inputs_finite = (call.flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
+    if (cache) {
+        f.k_norm = cache->k_norm;
+        f.v_max = cache->v_max;
+        f.inputs_finite = f.inputs_finite && cache->finite;
+    } else {
+        f.k_norm.assign(call.k_norm.begin(), call.k_norm.end());
+        for (const float v : call.v_max) f.v_max = std::max(f.v_max, static_cast<double>(v));
+    }
+    float largest = 0.0f;
+    for (const float a : masks.additive_mask) {
+        const float m = std::fabs(a);
+        if (m <= FLT_MAX)
+            largest = std::max(largest, m);
+        else if (!(a < 0.0f))
+            f.additive_nan_or_pos_inf = true;
+    }
+    f.additive_max = largest;
+    return f;
+}
+
+void check_value_sums(const sdpa_facts& f, std::uint64_t kv_len) {
+    const double margin = 1.0 + 0x1p-20;
+    const double values = static_cast<double>(kv_len) * f.v_max * margin;
+    if (std::string why = value_verdict(kv_len, f.v_max, values, "the call"); !why.empty())
+        throw numeric_overflow("sdpa: " + why +
+                               " (a call over device tensors accumulates the values unscaled); every input is "
+                               "finite; " +
+                               advice);
+}
+
+void check_output_flag(const sdpa_facts& f, bool output_nonfinite) {
+    if (output_nonfinite && f.every_output_defined())
+        throw numeric_overflow(std::string("sdpa: an output element is not finite though every input is finite (a "
+                                           "float32 sum left its range); ") +
+                               advice);
+}
 
 void kv_stats::add(std::span<const float> k, std::span<const float> v, std::size_t groups, std::size_t rows,
                    std::size_t d_qk, std::size_t d_v) {

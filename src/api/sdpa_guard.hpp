@@ -33,6 +33,32 @@ struct kv_stats {
              std::size_t d_v);
 };
 
+/// The words of the overflow rule's device pass (shaders/sdpa_guard.comp, contract/tensor.h): its
+/// flags, then the largest q norm per (batch, query head), k norm and |v| per (batch, K/V head).
+struct guard_words {
+    std::uint32_t flags = 0;
+    std::vector<float> q_norm, k_norm, v_max;
+    [[nodiscard]] static std::uint64_t bytes(std::size_t q_groups, std::size_t kv_groups);
+    /// Reads them from `words` (host-visible, after the device is done).
+    static guard_words read(const std::byte* words, std::size_t q_groups, std::size_t kv_groups);
+};
+
+/// A kv_cache's statistics as the device pass (and host appends) keep them: words with no q
+/// groups. fold_host_rows adds the host-computed facts of appended rows to them.
+kv_stats stats_of(const guard_words& words);
+void fold_host_rows(std::byte* words, const kv_stats& rows, std::size_t kv_groups);
+
+/// The facts of a call over device tensors: q, k, v from the device pass (a cache's k and v from
+/// its statistics), the masks from the host (they are host data in a planned call).
+sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const sdpa_problem& masks);
+
+/// Throws numeric_overflow where the value sums could leave float32: a planned call over device
+/// tensors accumulates them unscaled (the host paths scale them instead, value_scale).
+void check_value_sums(const sdpa_facts& facts, std::uint64_t kv_len);
+
+/// Throws numeric_overflow where the device found a non-finite output though every input was finite.
+void check_output_flag(const sdpa_facts& facts, bool output_nonfinite);
+
 /// One pass over q, k, v and the additive mask.
 sdpa_facts scan_sdpa(const sdpa_problem& problem);
 /// One pass over q and the additive mask; k and v as a cache saw them.

@@ -132,6 +132,7 @@ void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
         pk.heads = t.heads;
         pk.at = static_cast<std::uint32_t>(t.offset / tb);
         pk.mark_nonfinite = t.v ? 1u : 0u;
+        pk.stride = t.npad;
         const std::uint32_t groups[3] = {ceil_div(std::uint64_t{t.npad} * t.w4, pack_workgroup), 1, l.batch * t.heads};
         exec.dispatch(pack, {io.qkv, binding{tx.texels, 0, plan.bytes}, binding{tx.texels, 0, plan.flags_bytes}}, &pk,
                       groups);

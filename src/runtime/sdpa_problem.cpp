@@ -35,7 +35,7 @@ std::vector<std::size_t> mask_dims(const std::vector<std::size_t>& mask_shape, c
 
 /// Where a problem's K and V are: in its k and v spans (validate), or held elsewhere, e.g. a
 /// device K/V cache (validate_queries: the spans must be empty).
-enum class kv_source { spans, elsewhere };
+enum class kv_source { spans, elsewhere, description };
 
 std::string number(double value) {
     char text[32];
@@ -61,7 +61,14 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
              "): q is " + dims_of({s.batch, s.q_heads, s.q_len, s.d_qk}) + ", k is " +
              dims_of({s.batch, s.kv_heads, s.kv_len, s.d_qk}));
 
-    expect_size("q", problem.q, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_qk", s.d_qk}});
+    if (kv == kv_source::description) {
+        if (!problem.q.empty())
+            fail("q must be empty: the description of a call over device tensors holds no data (q has " +
+                 std::to_string(problem.q.size()) + " elements)");
+        (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_qk", s.d_qk}});
+    } else {
+        expect_size("q", problem.q, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_qk", s.d_qk}});
+    }
     if (kv == kv_source::spans) {
         expect_size("k", problem.k,
                     {{"batch", s.batch}, {"kv_heads", s.kv_heads}, {"kv_len", s.kv_len}, {"d_qk", s.d_qk}});
@@ -150,6 +157,7 @@ void validate(const sdpa_problem& problem) { check_sdpa(problem, kv_source::span
 void validate(const sdpa_problem_f64& problem) { check_sdpa(problem, kv_source::spans); }
 void validate_queries(const sdpa_problem& problem) { check_sdpa(problem, kv_source::elsewhere); }
 void validate_queries(const sdpa_problem_f64& problem) { check_sdpa(problem, kv_source::elsewhere); }
+void validate_description(const sdpa_problem& problem) { check_sdpa(problem, kv_source::description); }
 
 double alibi_slope(float max_bias, std::size_t q_heads, std::size_t head) {
     if (!(std::isfinite(max_bias) && max_bias >= 0))

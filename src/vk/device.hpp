@@ -15,9 +15,9 @@ struct external_handles {
     VkDevice device = VK_NULL_HANDLE;
     std::uint32_t queue_family = 0;
     VkQueue queue = VK_NULL_HANDLE;
-    bool storage_16bit = false;          ///< storageBuffer16BitAccess enabled
-    bool shader_int64 = false;           ///< shaderInt64 enabled
-    bool subgroup_size_control = false;  ///< subgroupSizeControl enabled (and the extension, or Vulkan 1.3)
+    bool storage_16bit = false;           ///< storageBuffer16BitAccess enabled
+    bool shader_int64 = false;            ///< shaderInt64 enabled
+    bool subgroup_size_control = false;   ///< subgroupSizeControl enabled (and the extension, or Vulkan 1.3)
     bool compute_full_subgroups = false;  ///< computeFullSubgroups enabled
 };
 

@@ -193,8 +193,8 @@ double executor::submit_and_wait() {
     check(fn.vkWaitForFences(dev_.handle(), 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     if (!queries_) return 0.0;
     std::uint64_t stamps[max_marks + 2] = {};
-    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, stamps_, sizeof stamps, stamps,
-                                   sizeof(std::uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+    check(fn.vkGetQueryPoolResults(dev_.handle(), queries_, 0, stamps_, sizeof stamps, stamps, sizeof(std::uint64_t),
+                                   VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
           "vkGetQueryPoolResults");
     const double to_ms = dev_.info().timestamp_period_ns * 1e-6;
     for (std::uint32_t i = 1; i + 1 < stamps_; ++i)

@@ -51,9 +51,12 @@ void allocator::ensure(buffer& b, VkDeviceSize need, memory_use use, const char*
     b = create((need + 4095) / 4096 * 4096, use, what, extra_usage);
 }
 
-buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range) {
+buffer_view::buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range)
+    : buffer_view(dev, b.handle(), format, offset, range) {}
+
+buffer_view::buffer_view(const device& dev, VkBuffer b, VkFormat format, VkDeviceSize offset, VkDeviceSize range) {
     auto info = vk_struct<VkBufferViewCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO);
-    info.buffer = b.handle();
+    info.buffer = b;
     info.format = format;
     info.offset = offset;
     info.range = range;

@@ -56,6 +56,8 @@ public:
     buffer_view() = default;
     /// `range` bytes from `offset` (a multiple of minTexelBufferOffsetAlignment) seen as `format`.
     buffer_view(const device& dev, const buffer& b, VkFormat format, VkDeviceSize offset, VkDeviceSize range);
+    /// The same over any buffer (a caller's), which must have a texel-buffer usage bit.
+    buffer_view(const device& dev, VkBuffer b, VkFormat format, VkDeviceSize offset, VkDeviceSize range);
     buffer_view(buffer_view&& other) noexcept { *this = std::move(other); }
     buffer_view& operator=(buffer_view&& other) noexcept;
     ~buffer_view() { reset(); }

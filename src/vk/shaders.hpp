@@ -15,6 +15,7 @@
 #include "contract/gemm.h"
 #include "contract/range_guard.h"
 #include "contract/softmax.h"
+#include "contract/tensor.h"
 
 namespace qkv::vulkan::detail {
 

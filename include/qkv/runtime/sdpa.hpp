@@ -166,6 +166,11 @@ QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
 QKV_RUNTIME_API void validate_queries(const sdpa_problem& problem);
 QKV_RUNTIME_API void validate_queries(const sdpa_problem_f64& problem);
 
+/// Every check of validate() but those of the q, k and v spans, which must all be empty: the
+/// description of a call whose data lives on a device (qkv::vulkan::sdpa_call), with its shape,
+/// options, masks and sinks.
+QKV_RUNTIME_API void validate_description(const sdpa_problem& problem);
+
 /// The scale used when options.scale is not set: 1/sqrt(d_qk).
 [[nodiscard]] QKV_RUNTIME_API float default_scale(const sdpa_shape& shape);
 

@@ -173,6 +173,10 @@ public:
 
 private:
     friend class kv_cache;
+    friend class tensor;
+    friend class sdpa_call;
+    friend struct context_access;
+    explicit context(std::unique_ptr<impl> i) noexcept;
     std::unique_ptr<impl> impl_;
 };
 

@@ -30,6 +30,7 @@
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/export.hpp"
 #include "qkv/vulkan/problem.hpp"
+#include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::vulkan {
 
@@ -58,6 +59,13 @@ public:
     /// qkv::invalid_argument for a zero dimension, limit_exceeded beyond the device's texel-buffer
     /// or storage-buffer limits, out_of_memory when the memory cannot be had (nothing is kept).
     kv_cache(context& ctx, const kv_cache_shape& shape);
+    /// A cache over the caller's storage (tensors made with interop.hpp's wrap, or qkv's own):
+    /// k of shape (B, Hkv, capacity, 4·ceil(E/4)) and v of (B, Hkv, capacity, 4·ceil(Ev/4)), f32
+    /// (f16 for precision fp16), each starting at a multiple of minTexelBufferOffsetAlignment and,
+    /// for a caller's buffer, with VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT. Empty at first; the
+    /// cache owns the tensors (a caller's memory is still never freed). Only for f32 and f16 caches
+    /// (qkv::invalid_argument for a q8_0 / q4_0 shape: tensors are f32 or f16).
+    kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v);
     ~kv_cache();
     kv_cache(kv_cache&&) noexcept;
     kv_cache& operator=(kv_cache&&) noexcept;
@@ -80,11 +88,26 @@ public:
     /// Forgets every row (the memory is kept for the next appends).
     void clear();
 
+    /// Appends `rows` rows from device tensors k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev), of the
+    /// cache's storage type (f32, or f16 for an fp16 cache), on the device: nothing crosses to the
+    /// host. Waits until they are in. Throws as append() does (numeric_overflow is not checked
+    /// here: a finite value beyond float16's range cannot be in an f16 tensor); a q8_0 / q4_0 cache
+    /// throws unavailable (it quantizes on the host: append host data).
+    void append(const tensor& k, const tensor& v, std::size_t rows);
+
+    /// The cache's storage: K as (B, Hkv, capacity, 4·ceil(E/4)) and V as (B, Hkv, capacity,
+    /// 4·ceil(Ev/4)) tensors of f32 (f16 for an fp16 cache), each row zero-padded to whole texels of
+    /// 4 values. Rows [0, size()) hold the keys and values appended. A q8_0 / q4_0 cache stores
+    /// ggml's blocks, which are no tensor: unavailable.
+    [[nodiscard]] const tensor& keys() const;
+    [[nodiscard]] const tensor& values() const;
+
     struct impl;
 
 private:
     friend class context;
-    std::unique_ptr<impl> impl_;
+    friend struct kv_cache_access;
+    std::shared_ptr<impl> impl_;
 };
 
 }  // namespace qkv::vulkan

@@ -1,0 +1,158 @@
+// qkv inside the caller's Vulkan application (qkv/vulkan/interop.hpp): contexts on the caller's
+// device, tensors over the caller's buffers, and recordings into the caller's command buffers.
+#include "qkv/vulkan/interop.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "api/context_impl.hpp"
+#include "api/kv_cache_impl.hpp"
+#include "api/recording_impl.hpp"
+#include "api/tensor_impl.hpp"
+#include "vk/check.hpp"
+
+namespace qkv::vulkan {
+
+using namespace detail;
+
+namespace {
+
+/// What the caller's VkDeviceCreateInfo enabled, as far as qkv needs to know.
+external_handles enabled_by(const external_device& d) {
+    external_handles h;
+    h.device = d.device;
+    h.queue_family = d.queue_family;
+    h.queue = d.queue;
+    const VkDeviceCreateInfo* info = d.create_info;
+    if (!info) return h;
+    bool size_extension = false;
+    for (std::uint32_t i = 0; i < info->enabledExtensionCount; ++i)
+        if (std::strcmp(info->ppEnabledExtensionNames[i], VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME) == 0)
+            size_extension = true;
+    if (info->pEnabledFeatures) h.shader_int64 = info->pEnabledFeatures->shaderInt64 == VK_TRUE;
+    bool size_control = false, full = false;
+    for (auto* s = static_cast<const VkBaseInStructure*>(info->pNext); s; s = s->pNext) {
+        switch (s->sType) {
+            case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2:
+                h.shader_int64 = h.shader_int64 ||
+                                 reinterpret_cast<const VkPhysicalDeviceFeatures2*>(s)->features.shaderInt64 == VK_TRUE;
+                break;
+            case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES:
+                h.storage_16bit =
+                    h.storage_16bit ||
+                    reinterpret_cast<const VkPhysicalDevice16BitStorageFeatures*>(s)->storageBuffer16BitAccess ==
+                        VK_TRUE;
+                break;
+            case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES:
+                h.storage_16bit =
+                    h.storage_16bit ||
+                    reinterpret_cast<const VkPhysicalDeviceVulkan11Features*>(s)->storageBuffer16BitAccess == VK_TRUE;
+                break;
+            case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES: {
+                const auto* f = reinterpret_cast<const VkPhysicalDeviceSubgroupSizeControlFeatures*>(s);
+                size_control = size_control || f->subgroupSizeControl == VK_TRUE;
+                full = full || f->computeFullSubgroups == VK_TRUE;
+                break;
+            }
+            case VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES: {
+                const auto* f = reinterpret_cast<const VkPhysicalDeviceVulkan13Features*>(s);
+                size_control = size_control || f->subgroupSizeControl == VK_TRUE;
+                full = full || f->computeFullSubgroups == VK_TRUE;
+                size_extension = true;  // core in Vulkan 1.3
+                break;
+            }
+            default:
+                break;
+        }
+    }
+    h.subgroup_size_control = size_control && size_extension;
+    h.compute_full_subgroups = h.subgroup_size_control && full;
+    return h;
+}
+
+}  // namespace
+
+context make_context(const external_device& d, const context_options& options) {
+    auto inst = std::make_shared<const instance>(d.instance, d.get_instance_proc_addr, d.physical_device);
+    auto core = std::make_shared<device_core>(std::move(inst), enabled_by(d), options);
+    return context_access::make(std::make_unique<context::impl>(std::move(core), options));
+}
+
+tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize size, std::vector<std::size_t> shape,
+            element_type type) {
+    if (!buffer) throw qkv::invalid_argument("wrap: no VkBuffer");
+    context::impl& c = context_access::of(ctx);
+    // A tensor of the shape first (its checks), without memory, then the caller's buffer.
+    auto t = std::make_unique<tensor::impl>();
+    t->core = c.core;
+    std::size_t n = 1;
+    for (const std::size_t dim : shape) {
+        if (dim == 0) throw qkv::invalid_argument("wrap: shape " + shape_string(shape) + " has a zero");
+        if (n > SIZE_MAX / dim / 4) throw qkv::invalid_argument("wrap: shape " + shape_string(shape) + " overflows");
+        n *= dim;
+    }
+    if (shape.empty()) throw qkv::invalid_argument("wrap: a shape of no dimensions");
+    if (type != element_type::f32 && type != element_type::f16)
+        throw qkv::invalid_argument("wrap: element type " + std::string(to_string(type)) + " is not a tensor type");
+    if (type == element_type::f16 && !c.core->dev->info().fp16_storage)
+        throw unavailable("wrap: f16 tensors need storageBuffer16BitAccess, which the device was not created with");
+    t->shape = std::move(shape);
+    t->type = type;
+    t->elements = n;
+    t->bytes = std::uint64_t{n} * t->element_bytes();
+    if (offset % t->element_bytes() != 0)
+        throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) +
+                                    " is not a multiple of the element size");
+    if (t->bytes > size)
+        throw qkv::invalid_argument("wrap: shape " + shape_string(t->shape) + " of " + std::string(to_string(type)) +
+                                    " needs " + std::to_string(t->bytes) + " bytes; the buffer range has " +
+                                    std::to_string(size));
+    if (t->bytes > c.core->dev->info().max_storage_buffer_range)
+        throw limit_exceeded("wrap: " + std::to_string(t->bytes) + " bytes, more than maxStorageBufferRange");
+    t->handle = buffer;
+    t->offset = offset;
+    t->wrapped = true;
+    return tensor_access::make(std::move(t));
+}
+
+VkBuffer buffer_of(const tensor& t) { return tensor_access::of(t, "buffer_of").handle; }
+VkDeviceSize offset_of(const tensor& t) { return tensor_access::of(t, "offset_of").offset; }
+
+recording::recording() noexcept = default;
+recording::~recording() = default;
+recording::recording(recording&&) noexcept = default;
+recording& recording::operator=(recording&&) noexcept = default;
+
+void recording::check() const {
+    if (!impl_) throw qkv::error("qkv::vulkan::recording: empty (or moved from)");
+    impl_->check();
+}
+
+recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, const tensor& v, std::size_t rows) {
+    if (!cmd) throw qkv::invalid_argument("record_append: no VkCommandBuffer");
+    const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
+    auto r = std::make_unique<recording::impl>();
+    r->core = c->core;
+    std::lock_guard lock(c->core->mutex);
+    c->core->check_alive();
+    if (rows > c->shape.capacity - c->size)
+        throw limit_exceeded("record_append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
+                             std::to_string(c->size) + " of its capacity of " + std::to_string(c->shape.capacity) +
+                             " rows; nothing was recorded");
+    r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
+    if (rows) c->record_append(*r->rec, k, v, rows);
+    return recording_access::make(std::move(r));
+}
+
+void record_barrier(const context& ctx, VkCommandBuffer cmd) {
+    const device& dev = *context_access::of(ctx).core->dev;
+    auto b = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    b.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+    b.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT;
+    dev.fn().vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                  &b, 0, nullptr, 0, nullptr);
+}
+
+}  // namespace qkv::vulkan

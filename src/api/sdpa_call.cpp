@@ -1,0 +1,462 @@
+// qkv::vulkan::sdpa_call: scaled dot-product attention planned once and run, or recorded into a
+// caller's command buffer (interop.cpp), many times over device tensors. The same plans and record
+// steps as context::sdpa (runs.hpp); what differs is the write step (compute copies of the
+// caller's tensors into the call's inputs, instead of host packing), the masks (the plan's own
+// constants, uploaded once), and the check (the overflow rule's device pass, read afterwards).
+#include "qkv/vulkan/tensor.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "api/call_io.hpp"
+#include "api/context_impl.hpp"
+#include "api/kv_cache_impl.hpp"
+#include "api/recording_impl.hpp"
+#include "api/runs.hpp"
+#include "api/sdpa_guard.hpp"
+#include "api/sdpa_plan.hpp"
+#include "api/tensor_impl.hpp"
+#include "kernels/tensor_ops.hpp"
+#include "qkv/vulkan/interop.hpp"
+
+namespace qkv::vulkan {
+
+using namespace detail;
+
+struct sdpa_call::impl {
+    std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
+    settings set;
+    sdpa_problem desc;  // its masks' spans point into the vectors below
+    std::vector<std::uint8_t> mask;
+    std::vector<float> additive;
+    std::vector<float> sinks;
+    std::shared_ptr<kv_cache::impl> cache;
+    sdpa_plan plan;    // Q, K and V from tensors: made once; against a cache: made per call
+    buffer constants;  // the masks (bits, then the additive entries), uploaded once
+    mask_bindings masks;
+    std::unique_ptr<recording::impl> run_scratch;  // run()'s buffers, reused
+
+    impl() = default;
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
+    ~impl() {
+        if (!core) return;
+        std::lock_guard lock(core->mutex);
+        constants.reset();
+    }
+
+    /// The problem as it runs now: against a cache, kv_len is the cache's size.
+    [[nodiscard]] sdpa_problem current() const {
+        sdpa_problem p = desc;
+        if (cache && desc.shape.kv_len == 0) p.shape.kv_len = cache->size;
+        return p;
+    }
+    [[nodiscard]] element_type tensor_type() const {
+        return desc.options.precision == precision::fp16 ? element_type::f16 : element_type::f32;
+    }
+
+    /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
+    void record(recorder& rec, recording::impl& r, const sdpa_tensors& t);
+};
+
+namespace {
+
+/// Q, K and V tensors for a problem of `shape`: their element counts and types.
+void check_tensors(const sdpa_call::impl& c, const sdpa_shape& s, const sdpa_tensors& t, element_type type) {
+    const auto expect = [&](const tensor* x, const char* what, std::size_t count, element_type want) {
+        if (!x) throw qkv::invalid_argument(std::string("sdpa_call: no ") + what + " tensor");
+        const tensor::impl& ti = tensor_access::of(*x, "sdpa_call");
+        if (ti.core != c.core)
+            throw qkv::invalid_argument(std::string("sdpa_call: the ") + what + " tensor is on another device");
+        if (ti.elements != count || ti.type != want)
+            throw qkv::invalid_argument(std::string("sdpa_call: the ") + what + " tensor is " + shape_string(ti.shape) +
+                                        " " + std::string(to_string(ti.type)) + "; the call needs " +
+                                        std::to_string(count) + " elements of " + std::string(to_string(want)));
+    };
+    expect(t.q, "q", s.batch * s.q_heads * s.q_len * s.d_qk, type);
+    if (!c.cache) {
+        expect(t.k, "k", s.batch * s.kv_heads * s.kv_len * s.d_qk, type);
+        expect(t.v, "v", s.batch * s.kv_heads * s.kv_len * s.d_v, type);
+    } else if (t.k || t.v) {
+        throw qkv::invalid_argument("sdpa_call: k and v come from the kv_cache; leave them null");
+    }
+    expect(t.out, "out", s.batch * s.q_heads * s.q_len * s.d_v, element_type::f32);
+}
+
+}  // namespace
+
+sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description) : sdpa_call(ctx, description, nullptr) {}
+
+sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache& cache)
+    : sdpa_call(ctx, description, &cache) {}
+
+sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* cache) : impl_(std::make_unique<impl>()) {
+    impl& c = *impl_;
+    context::impl& owner = context_access::of(ctx);
+    c.core = owner.core;
+    c.set = owner.set;
+    c.desc = description;
+    if (!description.q.empty() || !description.k.empty() || !description.v.empty())
+        throw qkv::invalid_argument(
+            "sdpa_call: the description's q, k and v spans must be empty (the data comes as tensors)");
+    c.mask.assign(description.mask.begin(), description.mask.end());
+    c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());
+    c.desc.mask = c.mask, c.desc.additive_mask = c.additive;
+    if (cache) {
+        c.cache = kv_cache_access::of(*cache);
+        if (c.cache->core != c.core)
+            throw qkv::invalid_argument("sdpa_call: the cache was created from another context");
+        const kv_cache_shape& cs = c.cache->shape;
+        const sdpa_shape& s = c.desc.shape;
+        if (s.batch != cs.batch || s.kv_heads != cs.kv_heads || s.d_qk != cs.d_qk || s.d_v != cs.d_v)
+            throw qkv::invalid_argument(
+                "sdpa_call: the description's (batch, kv_heads, d_qk, d_v) differ from the cache's");
+        if (s.kv_len == 0 && (!c.mask.empty() || !c.additive.empty()))
+            throw qkv::invalid_argument(
+                "sdpa_call: masks need a fixed kv_len; with kv_len 0 (the cache's size at each call) use causal");
+        if (c.desc.options.return_weights) throw qkv::invalid_argument("sdpa_call: return_weights is not available");
+        sdpa_problem p = c.desc;
+        if (p.shape.kv_len == 0) p.shape.kv_len = 1;  // validated as for one key: the masks are checked above
+        validate_description(p);
+    } else {
+        if (c.desc.options.return_weights)
+            throw qkv::invalid_argument("sdpa_call: return_weights is not available over tensors");
+        validate_description(c.desc);
+    }
+    // Issue 24 over tensors: the score rules (window, softcap, ALiBi, sinks) run; what needs more
+    // than the tensors give is refused, never ignored.
+    if (c.desc.options.return_lse)
+        throw unavailable("sdpa_call: return_lse is not available over tensors yet (no lse tensor); use context::sdpa");
+    if (c.desc.options.kv_type && *c.desc.options.kv_type != c.tensor_type())
+        throw unavailable("sdpa_call: kv_type " + std::string(to_string(*c.desc.options.kv_type)) +
+                          " is not available over tensors (K and V are the tensors' type); use context::sdpa");
+    if (c.cache && is_quantized(c.cache->type))
+        throw unavailable("sdpa_call: a " + std::string(to_string(c.cache->type)) +
+                          " kv_cache is not available over tensors yet; use context::sdpa(problem, cache)");
+    c.sinks.assign(description.sinks.begin(), description.sinks.end());
+    c.desc.sinks = c.sinks;
+    std::lock_guard lock(c.core->mutex);
+    c.core->check_alive();
+    const device_desc& dd = c.core->dev->desc();
+    if (!cache) c.plan = plan_sdpa(c.desc, dd, c.set);
+    // The masks and the score params, once: bits, the additive entries, the params, each at the
+    // storage alignment.
+    const std::uint64_t bits_bytes = c.mask.empty() ? 0 : mask_bits_bytes(c.mask.size());
+    const std::uint64_t add_at = align_up(bits_bytes, dd.storage_alignment), add_bytes = c.additive.size() * 4;
+    const std::uint64_t params_at = align_up(add_at + add_bytes, dd.storage_alignment);
+    const std::uint64_t params_bytes = score_params_bytes(c.desc.shape);
+    c.constants = c.core->alloc->create(params_at + params_bytes, memory_use::upload, "sdpa_call masks and params");
+    if (bits_bytes) put_mask_bits(c.constants.mapped(), c.mask);
+    if (add_bytes) put_floats(c.constants.mapped() + add_at, c.additive);
+    put_score_params(c.constants.mapped() + params_at, c.desc, score_features(c.desc));
+    c.constants.flush();
+    if (bits_bytes) c.masks.bits = {c.constants.handle(), 0, bits_bytes};
+    if (add_bytes) c.masks.additive = {c.constants.handle(), add_at, add_bytes};
+    c.masks.params = {c.constants.handle(), params_at, params_bytes};
+}
+
+sdpa_call::~sdpa_call() = default;
+sdpa_call::sdpa_call(sdpa_call&&) noexcept = default;
+sdpa_call& sdpa_call::operator=(sdpa_call&&) noexcept = default;
+
+kernel_family sdpa_call::kernel() const {
+    if (!impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
+    if (!impl_->cache) return impl_->plan.kernel();
+    std::lock_guard lock(impl_->core->mutex);
+    return plan_sdpa_cache(impl_->current(), impl_->cache->desc(), impl_->core->dev->desc(), impl_->set).kernel();
+}
+
+void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tensors& t) {
+    const sdpa_problem problem = current();
+    const sdpa_shape& s = problem.shape;
+    if (cache && s.kv_len == 0)
+        throw qkv::invalid_argument("sdpa_call: the cache is empty; append keys and values first");
+    if (cache && s.kv_len != cache->size)
+        throw qkv::invalid_argument("sdpa_call: the description's kv_len is " + std::to_string(s.kv_len) +
+                                    " but the cache holds " + std::to_string(cache->size) + " rows");
+    const element_type type = tensor_type();
+    check_tensors(*this, s, t, type);
+    const device_desc& dd = core->dev->desc();
+    const sdpa_plan p = cache ? plan_sdpa_cache(problem, cache->desc(), dd, set) : plan;
+    const bool half = type == element_type::f16;
+    const std::uint32_t eb = half ? 2 : 4;
+    const tensor::impl& q = tensor_access::of(*t.q, "sdpa_call");
+    const tensor::impl& out = tensor_access::of(*t.out, "sdpa_call");
+    const tensor::impl::bound qb = q.bind(), ob = out.bind();
+
+    r.core = core;
+    r.checks = true;
+    r.shape = s;
+    r.scale = p.scale;
+    r.fp16 = p.q_fp16 || p.kv_fp16;
+    r.masks = desc;  // the check's additive facts (its spans point into this call's vectors: copied)
+    r.additive.assign(additive.begin(), additive.end());
+    r.masks.additive_mask = r.additive;
+    r.masks.mask = {};
+    r.cache = cache;
+    call_session session(*core, rec, r.buffers, p.buffers);
+    pipeline_set& pipes = *core->pipes;
+    const call_buffers& b = r.buffers;
+    const buffer& inputs = b[role::inputs];
+
+    // Earlier compute writes (the caller's, or another recording's) before these reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    // check: the overflow rule's device pass over the caller's tensors (a cache's rows: its statistics)
+    const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
+    r.q_groups = q_groups, r.kv_groups = kv_groups;
+    core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
+    const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
+    rec.fill(r.guard.handle(), 0, verdict.range, 0);
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    guard_rows g;
+    g.q_rows = static_cast<std::uint32_t>(q_groups * s.q_len);
+    g.q_len = static_cast<std::uint32_t>(s.q_len);
+    g.kv_len = static_cast<std::uint32_t>(s.kv_len);
+    g.d = static_cast<std::uint32_t>(s.d_qk), g.dv = static_cast<std::uint32_t>(s.d_v);
+    g.q_off = qb.element;
+    g.half = half;
+    tensor::impl::bound kb = qb, vb = qb;
+    if (!cache) {
+        kb = tensor_access::of(*t.k, "sdpa_call").bind();
+        vb = tensor_access::of(*t.v, "sdpa_call").bind();
+        g.k_rows = static_cast<std::uint32_t>(kv_groups * s.kv_len);
+        g.k_off = kb.element, g.v_off = vb.element;
+    }
+    record_guard_rows(rec, pipes, qb.b, kb.b, vb.b, verdict, g);
+
+    // write: the caller's tensors into the call's inputs, as the plan lays them out
+    if (p.fused()) {
+        record_tensor_copy(rec, pipes, qb.b, qb.element, b.bind(role::inputs, 0, inputs.size()),
+                           static_cast<std::uint32_t>(p.q.at / eb), static_cast<std::uint32_t>(p.q.bytes / eb), half);
+        record_tensor_copy(rec, pipes, kb.b, kb.element, b.bind(role::inputs, 0, inputs.size()),
+                           static_cast<std::uint32_t>(p.k.at / eb), static_cast<std::uint32_t>(p.k.bytes / eb), half);
+        record_tensor_copy(rec, pipes, vb.b, vb.element, b.bind(role::inputs, 0, inputs.size()),
+                           static_cast<std::uint32_t>(p.v.at / eb), static_cast<std::uint32_t>(p.v.bytes / eb), half);
+    } else {
+        const decode_plan& d = p.decode;
+        const std::uint64_t q_tb = p.q_fp16 ? 8 : 16, kv_tb = p.kv_fp16 ? 8 : 16;
+        const auto pack = [&](const tensor::impl::bound& src, const region& at, std::uint32_t groups,
+                              std::uint32_t rows, std::uint64_t width, std::uint32_t w4, std::uint64_t tb) {
+            texel_pack tp;
+            tp.groups = groups, tp.rows = rows, tp.width = static_cast<std::uint32_t>(width), tp.w4 = w4;
+            tp.src_off = src.element;
+            tp.at = static_cast<std::uint32_t>(at.at / tb);
+            tp.stride = rows;
+            tp.half = half;
+            record_texel_pack(rec, pipes, src.b, b.bind(role::inputs, 0, inputs.size()),
+                              b.bind(role::partial_stats, 0, 16), tp);
+        };
+        // q: row z·R + r of the groups is exactly q's row (GQA heads of a K/V head are consecutive).
+        pack(qb, p.q, d.groups, d.rows, s.d_qk, d.e4, q_tb);
+        if (!cache) {
+            pack(kb, p.k, d.groups, d.kv_len, s.d_qk, d.e4, kv_tb);
+            pack(vb, p.v, d.groups, d.kv_len, s.d_v, d.ev4, kv_tb);
+        }
+    }
+    rec.compute_barrier();
+
+    // record: the route's kernels, as context::sdpa records them
+    const mask_bindings& m = masks;
+    if (p.fused()) {
+        record_fused_sdpa(session, p, m, r.flash_views);
+    } else {
+        const auto format = [](bool f16) {
+            return f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+        };
+        const device& dev = *core->dev;
+        r.views.emplace_back(dev, inputs, format(p.q_fp16), p.q.at, p.q.bytes);
+        VkBufferView kv = VK_NULL_HANDLE, vv = VK_NULL_HANDLE;
+        if (cache) {
+            kv = cache->k_view.handle(), vv = cache->v_view.handle();
+        } else {
+            r.views.emplace_back(dev, inputs, format(p.kv_fp16), p.k.at, p.k.bytes);
+            r.views.emplace_back(dev, inputs, format(p.kv_fp16), p.v.at, p.v.bytes);
+            kv = r.views[1].handle(), vv = r.views[2].handle();
+        }
+        // The values accumulate unscaled (the check refuses sums beyond float32); V may hold NaN or
+        // Inf, which only the device sees: the careful variant.
+        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, true);
+    }
+    rec.compute_barrier();
+
+    // read: the output into the caller's tensor; the output pass of the check
+    const std::uint32_t out_count = static_cast<std::uint32_t>(p.out_count);
+    record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, ob.b, ob.element, out_count, false);
+    record_guard_output(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, out_count, verdict);
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_HOST_READ_BIT);
+}
+
+void sdpa_call::run(const sdpa_tensors& tensors) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
+    impl& c = *impl_;
+    device_core& core = *c.core;
+    {
+        std::lock_guard lock(core.mutex);
+        core.check_alive();
+        try {
+            if (!c.run_scratch) c.run_scratch = std::make_unique<recording::impl>();
+            recording::impl& r = *c.run_scratch;
+            r.views.clear();
+            r.flash_views = {};
+            executor& exec = *core.exec;
+            exec.begin();
+            c.record(exec, r, tensors);
+            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
+            (void)exec.submit_and_wait();
+        } catch (const device_lost&) {
+            core.lost = true;
+            throw;
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory("host memory allocation failed in sdpa_call::run");
+        }
+    }
+    c.run_scratch->check();
+}
+
+// ---- recording into a caller's command buffer ----
+
+struct sdpa_call_access {
+    static sdpa_call::impl& of(sdpa_call& c) {
+        if (!c.impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
+        return *c.impl_;
+    }
+};
+
+recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors) {
+    if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
+    sdpa_call::impl& c = sdpa_call_access::of(call);
+    auto r = std::make_unique<recording::impl>();
+    r->core = c.core;
+    std::lock_guard lock(c.core->mutex);
+    c.core->check_alive();
+    r->rec = std::make_unique<external_recorder>(*c.core->dev, c.core->exec->max_groups(0), cmd);
+    c.record(*r->rec, *r, tensors);
+    return recording_access::make(std::move(r));
+}
+
+// ---- recording ----------------------------------------------------------------------------------
+
+recording::impl::~impl() {
+    if (!core) return;
+    std::lock_guard lock(core->mutex);
+    views.clear();
+    flash_views = {};
+    buffers.release();
+    guard.reset();
+    rec.reset();
+}
+
+void recording::impl::check() const {
+    if (!checks) return;
+    kv_stats cache_stats;
+    {
+        std::lock_guard lock(core->mutex);
+        guard.invalidate();
+        words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
+        if (cache) cache_stats = cache->read_stats();
+    }
+    const sdpa_facts facts = facts_from_device(words, cache ? &cache_stats : nullptr, masks);
+    check_sdpa_scores(facts, shape, scale, fp16);
+    check_value_sums(facts, shape.kv_len);
+    check_output_flag(facts, (words.flags & contract::GUARD_FLAG_OUTPUT_NONFINITE) != 0);
+}
+
+// ---- sequence ---------------------------------------------------------------------------------
+
+struct sequence::impl {
+    std::shared_ptr<device_core> core;  // declared first: outlives the rest
+    std::unique_ptr<executor> exec;     // its own command buffer, pool and fence
+    std::vector<std::unique_ptr<recording::impl>> recorded;
+    bool begun = false;
+
+    ~impl() {
+        if (!core) return;
+        recorded.clear();  // each releases under the lock
+        std::lock_guard lock(core->mutex);
+        exec.reset();
+    }
+    /// Releases the previous run's recordings (each takes the lock: call without it).
+    void forget_previous_run() {
+        if (!begun) recorded.clear();
+    }
+    /// The command buffer begun (call with the lock held).
+    void ensure_begun() {
+        if (begun) return;
+        exec->begin();
+        begun = true;
+    }
+};
+
+sequence::sequence(context& ctx) : impl_(std::make_unique<impl>()) {
+    context::impl& owner = context_access::of(ctx);
+    impl_->core = owner.core;
+    std::lock_guard lock(owner.core->mutex);
+    impl_->exec = std::make_unique<executor>(*owner.core->dev, owner.core->exec->max_groups(0));
+}
+sequence::~sequence() = default;
+sequence::sequence(sequence&&) noexcept = default;
+sequence& sequence::operator=(sequence&&) noexcept = default;
+
+void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    sdpa_call::impl& c = sdpa_call_access::of(call);
+    if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    s.forget_previous_run();
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    s.ensure_begun();
+    auto r = std::make_unique<recording::impl>();
+    r->core = s.core;
+    c.record(*s.exec, *r, tensors);
+    s.recorded.push_back(std::move(r));
+}
+
+void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
+    if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
+    s.forget_previous_run();
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    if (rows > c->shape.capacity - c->size)
+        throw limit_exceeded("sequence::record_append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
+                             std::to_string(c->size) + " of its capacity of " + std::to_string(c->shape.capacity) +
+                             " rows; nothing was recorded");
+    s.ensure_begun();
+    if (rows) c->record_append(*s.exec, k, v, rows);
+}
+
+void sequence::run() {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    impl& s = *impl_;
+    {
+        std::lock_guard lock(s.core->mutex);
+        s.core->check_alive();
+        if (!s.begun) return;
+        s.begun = false;
+        try {
+            s.exec->barrier(
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                    VK_ACCESS_HOST_READ_BIT);
+            (void)s.exec->submit_and_wait();
+        } catch (const device_lost&) {
+            s.core->lost = true;
+            throw;
+        }
+    }
+    for (const auto& r : s.recorded) r->check();
+}
+
+}  // namespace qkv::vulkan

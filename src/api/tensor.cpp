@@ -1,0 +1,180 @@
+// qkv::vulkan::tensor: device data with a shape and an element type, in qkv's memory or a caller's
+// VkBuffer (interop.cpp: wrap).
+#include "qkv/vulkan/tensor.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "api/call_io.hpp"
+#include "api/context_impl.hpp"
+#include "api/tensor_impl.hpp"
+
+namespace qkv::vulkan {
+
+using namespace detail;
+
+std::string shape_string(const std::vector<std::size_t>& shape) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+tensor::impl::~impl() {
+    if (!core) return;
+    std::lock_guard lock(core->mutex);  // the memory goes back to the shared device under its lock
+    owned.reset();
+}
+
+tensor::impl::bound tensor::impl::bind() const {
+    const std::uint64_t align = core->dev->desc().storage_alignment;
+    const VkDeviceSize start = offset / align * align;
+    return {binding{handle, start, offset - start + bytes},
+            static_cast<std::uint32_t>((offset - start) / element_bytes())};
+}
+
+tensor::impl& tensor_access::of(const tensor& t, const char* what) {
+    if (!t.impl_) throw qkv::error(std::string(what) + ": an empty (or moved-from) qkv::vulkan::tensor");
+    return *t.impl_;
+}
+
+tensor::tensor() noexcept = default;
+tensor::tensor(std::unique_ptr<impl> i) noexcept : impl_(std::move(i)) {}
+tensor::~tensor() = default;
+tensor::tensor(tensor&&) noexcept = default;
+tensor& tensor::operator=(tensor&&) noexcept = default;
+
+namespace {
+
+/// The checks a tensor's shape and type pass; fills elements and bytes.
+void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type, const device_info& info) {
+    if (type != element_type::f32 && type != element_type::f16)
+        throw qkv::invalid_argument("qkv::vulkan::tensor: element type " + std::string(to_string(type)) +
+                                    " is not a tensor type (f32 or f16; the quantized types are a kv_cache's storage)");
+    if (type == element_type::f16 && !info.fp16_storage)
+        throw unavailable(
+            "qkv::vulkan::tensor: f16 tensors need 16-bit storage buffers (storageBuffer16BitAccess), "
+            "which " +
+            info.name + " does not offer (or the caller's device did not enable)");
+    if (shape.empty()) throw qkv::invalid_argument("qkv::vulkan::tensor: a shape of no dimensions");
+    std::size_t n = 1;
+    for (const std::size_t d : shape) {
+        if (d == 0) throw qkv::invalid_argument("qkv::vulkan::tensor: shape " + shape_string(shape) + " has a zero");
+        if (n > SIZE_MAX / d / 4)
+            throw qkv::invalid_argument("qkv::vulkan::tensor: shape " + shape_string(shape) + " overflows");
+        n *= d;
+    }
+    t.shape = std::move(shape);
+    t.type = type;
+    t.elements = n;
+    t.bytes = std::uint64_t{n} * t.element_bytes();
+    if (t.bytes > info.max_storage_buffer_range)
+        throw limit_exceeded("qkv::vulkan::tensor: " + std::to_string(t.bytes) + " bytes, more than " + info.name +
+                             "'s maxStorageBufferRange of " + std::to_string(info.max_storage_buffer_range));
+}
+
+}  // namespace
+
+tensor::tensor(context& ctx, std::vector<std::size_t> shape, element_type type) {
+    auto t = std::make_unique<impl>();
+    t->core = alive(ctx.impl_).core;
+    describe(*t, std::move(shape), type, t->core->dev->info());
+    std::lock_guard lock(t->core->mutex);
+    t->core->check_alive();
+    t->owned = t->core->alloc->create(t->bytes, memory_use::device, "tensor", VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+    t->handle = t->owned.handle();
+    impl_ = std::move(t);
+}
+
+const std::vector<std::size_t>& tensor::shape() const { return tensor_access::of(*this, "tensor::shape").shape; }
+element_type tensor::type() const { return tensor_access::of(*this, "tensor::type").type; }
+std::size_t tensor::elements() const { return tensor_access::of(*this, "tensor::elements").elements; }
+std::uint64_t tensor::bytes() const { return tensor_access::of(*this, "tensor::bytes").bytes; }
+bool tensor::wraps_caller_memory() const { return tensor_access::of(*this, "tensor::wraps_caller_memory").wrapped; }
+
+void tensor::upload(std::span<const float> values) {
+    impl& t = tensor_access::of(*this, "tensor::upload");
+    if (values.size() != t.elements)
+        throw qkv::invalid_argument("tensor::upload: " + std::to_string(values.size()) + " values for a tensor of " +
+                                    shape_string(t.shape) + " = " + std::to_string(t.elements) + " elements");
+    device_core& core = *t.core;
+    std::lock_guard lock(core.mutex);
+    core.check_alive();
+    try {
+        const auto write = [&](std::byte* at) {
+            if (t.type == element_type::f16)
+                put_halves(at, values, "tensor::upload: value");
+            else
+                put_floats(at, values);
+        };
+        if (!t.wrapped && t.owned.mapped()) {
+            write(t.owned.mapped());
+            t.owned.flush();
+            return;  // the next submit makes it visible
+        }
+        // A staging buffer written first: nothing reaches the tensor if a value is refused.
+        buffer staging = core.alloc->create(t.bytes, memory_use::upload, "tensor upload staging");
+        write(staging.mapped());
+        staging.flush();
+        executor& exec = *core.exec;
+        exec.begin();
+        exec.copy(staging.handle(), 0, t.handle, t.offset, t.bytes);
+        exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        (void)exec.submit_and_wait();
+    } catch (const device_lost&) {
+        core.lost = true;
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed in tensor::upload");
+    }
+}
+
+std::vector<float> tensor::download() const {
+    const impl& t = tensor_access::of(*this, "tensor::download");
+    device_core& core = *t.core;
+    std::lock_guard lock(core.mutex);
+    core.check_alive();
+    try {
+        std::vector<float> out(t.elements);
+        const auto read = [&](const std::byte* from) {
+            if (t.type == element_type::f16) {
+                for (std::size_t i = 0; i < t.elements; ++i) {
+                    std::uint16_t h = 0;
+                    std::memcpy(&h, from + 2 * i, 2);
+                    out[i] = qkv::from_half_bits(h);
+                }
+            } else {
+                std::memcpy(out.data(), from, t.bytes);
+            }
+        };
+        if (!t.wrapped && t.owned.mapped()) {
+            t.owned.invalidate();
+            read(t.owned.mapped());
+            return out;
+        }
+        buffer staging = core.alloc->create(t.bytes, memory_use::readback, "tensor download staging");
+        executor& exec = *core.exec;
+        exec.begin();
+        // Whatever wrote the tensor last (a compute shader of qkv's or the caller's, a copy).
+        exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                     VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                     VK_ACCESS_TRANSFER_READ_BIT);
+        exec.copy(t.handle, t.offset, staging.handle(), 0, t.bytes);
+        exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                     VK_ACCESS_HOST_READ_BIT);
+        (void)exec.submit_and_wait();
+        staging.invalidate();
+        read(staging.mapped());
+        return out;
+    } catch (const device_lost&) {
+        core.lost = true;
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed in tensor::download");
+    }
+}
+
+}  // namespace qkv::vulkan

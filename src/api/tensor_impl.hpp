@@ -1,0 +1,51 @@
+// The inside of qkv::vulkan::tensor (tensor.cpp), for the calls that bind tensors (sdpa_call.cpp,
+// kv_cache.cpp). Private to src/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/device_core.hpp"
+#include "qkv/vulkan/tensor.hpp"
+#include "vk/executor.hpp"
+#include "vk/memory.hpp"
+
+namespace qkv::vulkan {
+
+struct tensor::impl {
+    std::shared_ptr<detail::device_core> core;  // declared first: outlives `owned`
+    std::vector<std::size_t> shape;
+    element_type type = element_type::f32;
+    std::size_t elements = 0;
+    std::uint64_t bytes = 0;
+    detail::buffer owned;              // qkv's memory; empty for a caller's buffer
+    VkBuffer handle = VK_NULL_HANDLE;  // owned's, or the caller's
+    VkDeviceSize offset = 0;           // of the first element in `handle`
+    bool wrapped = false;
+
+    impl() = default;
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
+    ~impl();
+
+    [[nodiscard]] std::uint32_t element_bytes() const { return type == element_type::f16 ? 2 : 4; }
+    /// A storage binding that reaches the whole tensor from an offset the device accepts
+    /// (minStorageBufferOffsetAlignment), and the element the tensor starts at within it.
+    struct bound {
+        detail::binding b;
+        std::uint32_t element = 0;
+    };
+    [[nodiscard]] bound bind() const;
+};
+
+struct tensor_access {
+    static tensor::impl& of(const tensor& t, const char* what);
+    static tensor make(std::unique_ptr<tensor::impl> i) { return tensor(std::move(i)); }
+};
+
+/// "(1, 8, 1, 64)".
+std::string shape_string(const std::vector<std::size_t>& shape);
+
+}  // namespace qkv::vulkan

@@ -1,0 +1,259 @@
+// Device tensors and planned calls (qkv/vulkan/tensor.hpp): tensors up and down in both element
+// types, sdpa_call::run over tensors on the fused and the decode route against the float64
+// reference, a K/V cache filled from tensors, the device's overflow verdict, and misuse refused.
+// Validation layer on. (Recording into a caller's command buffer: tests/interop_test.cpp.)
+#include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/tensor.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/gpu.hpp"
+
+using qkv_test::require_clean;
+
+namespace {
+
+std::vector<float> normal(std::size_t n, std::mt19937_64& rng, float sigma = 1.0f) {
+    std::normal_distribution<float> d(0.0f, sigma);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+double nmse(const std::vector<float>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        if (std::isfinite(want[i])) REQUIRE(std::isfinite(got[i]));
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+struct case_spec {
+    std::size_t batch, hq, hkv, L, S, E, Ev;
+    bool causal = false, mask = false;
+};
+
+}  // namespace
+
+TEST_CASE("tensor: upload and download in f32 and f16, misuse refused", "[tensor]") {
+    auto ctx = qkv_test::make_context({});
+    std::mt19937_64 rng(1);
+    const std::vector<float> x = normal(3 * 17, rng);
+    qkv::vulkan::tensor t(ctx, {3, 17});
+    CHECK(t.elements() == 51);
+    CHECK(t.bytes() == 51 * 4);
+    CHECK_FALSE(t.wraps_caller_memory());
+    t.upload(x);
+    CHECK(t.download() == x);
+    qkv::vulkan::tensor h(ctx, {51}, qkv::element_type::f16);
+    h.upload(x);
+    const std::vector<float> back = h.download();
+    for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(back[i] - x[i]) <= std::fabs(x[i]) * 0x1p-11f);
+    std::vector<float> big = x;
+    big[7] = 70000.0f;
+    CHECK_THROWS_AS(h.upload(big), qkv::vulkan::numeric_overflow);
+    CHECK(h.download() == back);  // nothing was written
+    CHECK_THROWS_AS(t.upload(std::vector<float>(50)), qkv::invalid_argument);
+    CHECK_THROWS_AS(qkv::vulkan::tensor(ctx, {3, 0}), qkv::invalid_argument);
+    CHECK_THROWS_AS(qkv::vulkan::tensor(ctx, {4}, qkv::element_type::q8_0), qkv::invalid_argument);
+    qkv::vulkan::tensor moved = std::move(t);
+    CHECK_THROWS_AS((void)t.download(), qkv::error);
+    CHECK(moved.download() == x);
+    require_clean(ctx);
+}
+
+TEST_CASE("sdpa_call: run over device tensors, fused and decode routes", "[tensor][sdpa]") {
+    auto ctx = qkv_test::make_context({});
+    const case_spec cases[] = {
+        {1, 1, 1, 1, 1, 4, 4},                // the smallest
+        {2, 4, 2, 17, 113, 16, 12, true},     // fused, GQA, causal
+        {1, 3, 3, 3, 17, 8, 8, false, true},  // fused, a bool mask
+        {1, 8, 2, 1, 1500, 64, 64},           // decode
+        {2, 6, 2, 2, 1200, 16, 20, true},     // decode, causal bottom-right
+    };
+    for (const case_spec& c : cases)
+        for (const auto precision : {qkv::precision::fp32, qkv::precision::fp16}) {
+            INFO("B " << c.batch << " Hq " << c.hq << " Hkv " << c.hkv << " L " << c.L << " S " << c.S << " E " << c.E
+                      << " Ev " << c.Ev << (precision == qkv::precision::fp16 ? " fp16" : " fp32"));
+            std::mt19937_64 rng(c.S * 7 + c.L);
+            std::vector<float> q = normal(c.batch * c.hq * c.L * c.E, rng),
+                               k = normal(c.batch * c.hkv * c.S * c.E, rng),
+                               v = normal(c.batch * c.hkv * c.S * c.Ev, rng);
+            const bool fp16 = precision == qkv::precision::fp16;
+            if (fp16)  // the reference of float16 storage: the inputs rounded
+                for (auto* t : {&q, &k, &v}) {
+                    qkv::vulkan::tensor r(ctx, {t->size()}, qkv::element_type::f16);
+                    r.upload(*t);
+                    *t = r.download();
+                }
+            std::vector<std::uint8_t> mask;
+            qkv::sdpa_problem desc;
+            desc.shape = {.batch = c.batch,
+                          .q_heads = c.hq,
+                          .kv_heads = c.hkv,
+                          .q_len = c.L,
+                          .kv_len = c.S,
+                          .d_qk = c.E,
+                          .d_v = c.Ev};
+            desc.options.causal = c.causal;
+            desc.options.alignment = qkv::causal_alignment::bottom_right;
+            desc.options.precision = precision;
+            if (c.mask) {
+                for (std::size_t i = 0; i < c.L * c.S; ++i) mask.push_back(i % 3 != 0 ? 1 : 0);
+                desc.mask = mask;
+            }
+            qkv::sdpa_problem host = desc;
+            host.q = q, host.k = k, host.v = v;
+            const std::vector<double> want = qkv::cpu::sdpa_f64(host).output;
+
+            const auto type = fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+            qkv::vulkan::tensor tq(ctx, {c.batch, c.hq, c.L, c.E}, type), tk(ctx, {c.batch, c.hkv, c.S, c.E}, type),
+                tv(ctx, {c.batch, c.hkv, c.S, c.Ev}, type), out(ctx, {c.batch, c.hq, c.L, c.Ev});
+            tq.upload(q), tk.upload(k), tv.upload(v);
+            qkv::vulkan::sdpa_call call(ctx, desc);
+            call.run({.q = &tq, .k = &tk, .v = &tv, .out = &out});
+            CHECK(nmse(out.download(), want) <= (fp16 ? 1e-10 : 1e-10));
+            // The host call on the same problem gives the same kernel family.
+            CHECK(call.kernel() == ctx.sdpa(host).kernel);
+            require_clean(ctx);
+        }
+}
+
+TEST_CASE("sdpa_call: decode against a cache filled from tensors", "[tensor][cache]") {
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t B = 1, Hq = 4, Hkv = 2, E = 16, Ev = 8, capacity = 2000;
+    std::mt19937_64 rng(5);
+    qkv::vulkan::kv_cache cache(ctx, {.batch = B, .kv_heads = Hkv, .capacity = capacity, .d_qk = E, .d_v = Ev});
+    std::vector<float> all_k, all_v;
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = B, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = Ev};
+    qkv::vulkan::sdpa_call call(ctx, desc, cache);
+    qkv::vulkan::tensor tq(ctx, {B, Hq, 1, E}), out(ctx, {B, Hq, 1, Ev});
+    // Appends of 700 and then 1 row at a time from device tensors, one from the host between.
+    std::size_t held = 0;
+    for (const std::size_t rows : {700u, 1u, 400u, 1u}) {
+        const std::vector<float> k = normal(B * Hkv * rows * E, rng), v = normal(B * Hkv * rows * Ev, rng);
+        if (rows == 400) {
+            cache.append(k, v, rows);  // the host form
+        } else {
+            qkv::vulkan::tensor tk(ctx, {B, Hkv, rows, E}), tv(ctx, {B, Hkv, rows, Ev});
+            tk.upload(k), tv.upload(v);
+            cache.append(tk, tv, rows);
+        }
+        // Keep (B, Hkv, S, E) on the host for the reference.
+        std::vector<float> nk, nv;
+        const auto append = [](std::vector<float>& to, const std::vector<float>& from, std::size_t first,
+                               std::size_t count) {
+            for (std::size_t i = 0; i < count; ++i) to.push_back(from[first + i]);
+        };
+        for (std::size_t z = 0; z < B * Hkv; ++z) {
+            append(nk, all_k, z * held * E, held * E);
+            append(nk, k, z * rows * E, rows * E);
+            append(nv, all_v, z * held * Ev, held * Ev);
+            append(nv, v, z * rows * Ev, rows * Ev);
+        }
+        all_k = nk, all_v = nv, held += rows;
+        REQUIRE(cache.size() == held);
+        const std::vector<float> q = normal(B * Hq * E, rng);
+        tq.upload(q);
+        call.run({.q = &tq, .out = &out});
+        qkv::sdpa_problem host = desc;
+        host.shape.kv_len = held;
+        host.q = q, host.k = all_k, host.v = all_v;
+        INFO("held " << held);
+        CHECK(nmse(out.download(), qkv::cpu::sdpa_f64(host).output) <= 1e-10);
+        require_clean(ctx);
+    }
+    // The storage tensors: the first key row as appended, padded to whole texels.
+    const std::vector<float> stored = cache.keys().download();
+    CHECK(cache.keys().shape() == std::vector<std::size_t>{B, Hkv, capacity, E});
+    for (std::size_t c = 0; c < E; ++c) CHECK(stored[c] == all_k[c]);
+}
+
+TEST_CASE("sdpa_call: the device's verdict on inputs beyond float32", "[tensor][overflow]") {
+    auto ctx = qkv_test::make_context({});
+    std::mt19937_64 rng(9);
+    for (const std::size_t S : {5u, 1100u}) {  // fused, decode
+        qkv::sdpa_problem desc;
+        desc.shape = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = S, .d_qk = 8, .d_v = 8};
+        desc.options.scale = 1e38f;  // the scores leave float32
+        std::vector<float> q = normal(16, rng), k = normal(S * 8, rng), v = normal(S * 8, rng);
+        qkv::vulkan::tensor tq(ctx, {1, 2, 1, 8}), tk(ctx, {1, 1, S, 8}), tv(ctx, {1, 1, S, 8}), out(ctx, {1, 2, 1, 8});
+        tq.upload(q), tk.upload(k), tv.upload(v);
+        qkv::vulkan::sdpa_call call(ctx, desc);
+        INFO("S = " << S);
+        CHECK_THROWS_AS(call.run({.q = &tq, .k = &tk, .v = &tv, .out = &out}), qkv::vulkan::numeric_overflow);
+        // Values whose sum leaves float32: refused (the tensor path accumulates them unscaled).
+        desc.options.scale = std::nullopt;
+        std::fill(v.begin(), v.end(), 3e38f);
+        tv.upload(v);
+        qkv::vulkan::sdpa_call sums(ctx, desc);
+        CHECK_THROWS_WITH(sums.run({.q = &tq, .k = &tk, .v = &tv, .out = &out}),
+                          Catch::Matchers::Contains("value sums"));
+        // NaN inputs follow the NaN rules: no verdict.
+        v[3] = std::numeric_limits<float>::quiet_NaN();
+        std::fill(v.begin() + 4, v.end(), 1.0f);
+        v[0] = v[1] = v[2] = 1.0f;
+        tv.upload(v);
+        CHECK_NOTHROW(sums.run({.q = &tq, .k = &tk, .v = &tv, .out = &out}));
+        require_clean(ctx);
+    }
+}
+
+TEST_CASE("sdpa_call: tensors that do not fit the description are refused", "[tensor]") {
+    auto ctx = qkv_test::make_context({});
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 3, .kv_len = 5, .d_qk = 8, .d_v = 4};
+    qkv::vulkan::sdpa_call call(ctx, desc);
+    qkv::vulkan::tensor q(ctx, {1, 2, 3, 8}), k(ctx, {1, 1, 5, 8}), v(ctx, {1, 1, 5, 4}), out(ctx, {1, 2, 3, 4}),
+        wrong(ctx, {1, 1, 5, 7}), half(ctx, {1, 2, 3, 8}, qkv::element_type::f16);
+    CHECK_THROWS_AS(call.run({.q = &q, .k = &k, .v = &wrong, .out = &out}), qkv::invalid_argument);
+    CHECK_THROWS_AS(call.run({.q = &half, .k = &k, .v = &v, .out = &out}), qkv::invalid_argument);
+    CHECK_THROWS_AS(call.run({.q = &q, .k = &k, .v = &v}), qkv::invalid_argument);
+    std::vector<float> data(24, 1.0f);
+    qkv::sdpa_problem with_data = desc;
+    with_data.q = data;
+    CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, with_data), qkv::invalid_argument);
+    require_clean(ctx);
+}
+
+TEST_CASE("sequence: several layers' decode calls in one submit equal the host calls", "[tensor][sequence]") {
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t layers = 3, Hq = 4, Hkv = 2, E = 16, S = 1030;
+    std::mt19937_64 rng(17);
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    std::vector<qkv::vulkan::kv_cache> caches;
+    std::vector<qkv::vulkan::sdpa_call> calls;
+    std::vector<qkv::vulkan::tensor> qs, outs;
+    std::vector<std::vector<float>> host_q;
+    for (std::size_t l = 0; l < layers; ++l) {
+        caches.emplace_back(
+            ctx, qkv::vulkan::kv_cache_shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E});
+        caches.back().append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
+        calls.emplace_back(ctx, desc, caches.back());
+        host_q.push_back(normal(Hq * E, rng));
+        qs.emplace_back(ctx, std::vector<std::size_t>{1, Hq, 1, E});
+        qs.back().upload(host_q.back());
+        outs.emplace_back(ctx, std::vector<std::size_t>{1, Hq, 1, E});
+    }
+    qkv::vulkan::sequence seq(ctx);
+    for (int round = 0; round < 2; ++round) {  // recorded again after a run: the previous scratch goes
+        for (std::size_t l = 0; l < layers; ++l) seq.record(calls[l], {.q = &qs[l], .out = &outs[l]});
+        seq.run();
+        for (std::size_t l = 0; l < layers; ++l) {
+            qkv::sdpa_problem host = desc;
+            host.q = host_q[l];
+            CHECK(outs[l].download() == ctx.sdpa(host, caches[l]).output);  // the same kernels, the same bits
+        }
+    }
+    seq.run();  // nothing recorded: nothing to do
+    require_clean(ctx);
+}
