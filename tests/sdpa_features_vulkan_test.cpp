@@ -71,8 +71,10 @@ std::string describe(const spec& s, path p) {
     o << name_of(p) << ": B=" << s.batch << " Hq=" << s.q_heads << " Hkv=" << s.kv_heads << " L=" << s.q_len
       << " S=" << s.kv_len << " E=" << s.d_qk << " Ev=" << s.d_v;
     if (s.mask != masks::none) o << " mask" << static_cast<int>(s.mask) << (s.empty_row ? " (empty row)" : "");
-    if (s.causal) o << " causal " << (s.alignment == qkv::causal_alignment::top_left ? "top-left" : "bottom-right");
-    else if (s.alignment == qkv::causal_alignment::bottom_right) o << " bottom-right";
+    if (s.causal)
+        o << " causal " << (s.alignment == qkv::causal_alignment::top_left ? "top-left" : "bottom-right");
+    else if (s.alignment == qkv::causal_alignment::bottom_right)
+        o << " bottom-right";
     if (s.window_left != -1 || s.window_right != -1) o << " window " << s.window_left << "," << s.window_right;
     if (s.softcap > 0) o << " softcap " << s.softcap;
     if (s.alibi > 0) o << " alibi " << s.alibi;
@@ -241,8 +243,10 @@ qkv::sdpa_output run(qkv::vulkan::context& ctx, owned& o, path route, const spec
     if (route == path::fused_gpu) CHECK(got.kernel == qkv::kernel_family::gpu);
     check_close(got.output, want.output, s.d_v, "output");
     if (s.weights) check_close(got.weights, want.weights, s.kv_len, "weights");
-    if (s.lse) check_lse(got.lse, want.lse);
-    else CHECK(got.lse.empty());
+    if (s.lse)
+        check_lse(got.lse, want.lse);
+    else
+        CHECK(got.lse.empty());
     require_clean(ctx);
     return got;
 }
@@ -268,18 +272,37 @@ TEST_CASE("sdpa features: sliding windows, both alignments, L > S, with and with
     using qkv::causal_alignment;
     const spec cases[] = {
         // L < S, bottom-right, causal + a left window (llama.cpp's n_swa = 8)
-        {.q_heads = 2, .kv_heads = 1, .q_len = 17, .kv_len = 113, .causal = true,
-         .alignment = causal_alignment::bottom_right, .window_left = 7, .window_right = 0},
+        {.q_heads = 2,
+         .kv_heads = 1,
+         .q_len = 17,
+         .kv_len = 113,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 7,
+         .window_right = 0},
         // top-left, a symmetric window without causal
         {.batch = 2, .q_len = 37, .kv_len = 113, .d_qk = 40, .d_v = 24, .window_left = 5, .window_right = 5},
         // L > S, bottom-right: early rows see nothing (zeros); a right-only window
-        {.q_heads = 3, .kv_heads = 1, .q_len = 75, .kv_len = 17, .alignment = causal_alignment::bottom_right,
-         .window_left = -1, .window_right = 2},
+        {.q_heads = 3,
+         .kv_heads = 1,
+         .q_len = 75,
+         .kv_len = 17,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = -1,
+         .window_right = 2},
         // L > S, top-left, causal + window 0,0 (each row its own key, where one exists)
         {.q_len = 75, .kv_len = 17, .causal = true, .window_left = 0, .window_right = 0},
         // long keys, windows that skip most tiles, with a bool mask and weights
-        {.q_len = 40, .kv_len = 700, .d_qk = 64, .d_v = 64, .mask = masks::boolean, .causal = true,
-         .alignment = causal_alignment::bottom_right, .window_left = 63, .window_right = 0, .weights = true},
+        {.q_len = 40,
+         .kv_len = 700,
+         .d_qk = 64,
+         .d_v = 64,
+         .mask = masks::boolean,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 63,
+         .window_right = 0,
+         .weights = true},
     };
     std::uint64_t seed = 100;
     for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
@@ -288,12 +311,31 @@ TEST_CASE("sdpa features: sliding windows, both alignments, L > S, with and with
 TEST_CASE("sdpa features: softcap with masks, ALiBi with GQA", "[vulkan][sdpa][features]") {
     using qkv::causal_alignment;
     const spec cases[] = {
-        {.q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .mask = masks::both, .mask_shape = {1, 4, 17, 113},
-         .causal = true, .softcap = 2.5f, .scale = 0.9f},
-        {.q_heads = 12, .kv_heads = 4, .q_len = 3, .kv_len = 113, .d_qk = 40, .d_v = 40, .causal = true,
-         .alignment = causal_alignment::bottom_right, .alibi = 8.0f},
-        {.q_heads = 20, .kv_heads = 1, .q_len = 5, .kv_len = 75, .alignment = causal_alignment::bottom_right,
-         .softcap = 10.0f, .alibi = 3.0f},
+        {.q_heads = 4,
+         .kv_heads = 2,
+         .q_len = 17,
+         .kv_len = 113,
+         .mask = masks::both,
+         .mask_shape = {1, 4, 17, 113},
+         .causal = true,
+         .softcap = 2.5f,
+         .scale = 0.9f},
+        {.q_heads = 12,
+         .kv_heads = 4,
+         .q_len = 3,
+         .kv_len = 113,
+         .d_qk = 40,
+         .d_v = 40,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .alibi = 8.0f},
+        {.q_heads = 20,
+         .kv_heads = 1,
+         .q_len = 5,
+         .kv_len = 75,
+         .alignment = causal_alignment::bottom_right,
+         .softcap = 10.0f,
+         .alibi = 3.0f},
     };
     std::uint64_t seed = 200;
     for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
@@ -302,13 +344,40 @@ TEST_CASE("sdpa features: softcap with masks, ALiBi with GQA", "[vulkan][sdpa][f
 TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, weights", "[vulkan][sdpa][features]") {
     using qkv::causal_alignment;
     const spec cases[] = {
-        {.q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .mask = masks::boolean, .empty_row = true,
-         .sinks = true, .lse = true, .weights = true},
-        {.batch = 2, .q_heads = 4, .kv_heads = 1, .q_len = 37, .kv_len = 300, .d_qk = 64, .d_v = 32,
-         .mask = masks::both, .mask_shape = {2, 1, 37, 300}, .empty_row = true, .causal = true,
-         .alignment = causal_alignment::bottom_right, .window_left = 40, .window_right = 3, .softcap = 10.0f,
-         .alibi = 8.0f, .sinks = true, .lse = true, .weights = true},
-        {.q_heads = 2, .kv_heads = 2, .q_len = 3, .kv_len = 113, .sinks = true, .lse = true,
+        {.q_heads = 4,
+         .kv_heads = 2,
+         .q_len = 17,
+         .kv_len = 113,
+         .mask = masks::boolean,
+         .empty_row = true,
+         .sinks = true,
+         .lse = true,
+         .weights = true},
+        {.batch = 2,
+         .q_heads = 4,
+         .kv_heads = 1,
+         .q_len = 37,
+         .kv_len = 300,
+         .d_qk = 64,
+         .d_v = 32,
+         .mask = masks::both,
+         .mask_shape = {2, 1, 37, 300},
+         .empty_row = true,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 40,
+         .window_right = 3,
+         .softcap = 10.0f,
+         .alibi = 8.0f,
+         .sinks = true,
+         .lse = true,
+         .weights = true},
+        {.q_heads = 2,
+         .kv_heads = 2,
+         .q_len = 3,
+         .kv_len = 113,
+         .sinks = true,
+         .lse = true,
          .precision = qkv::precision::fp16},
     };
     std::uint64_t seed = 300;
@@ -318,9 +387,18 @@ TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, 
 TEST_CASE("sdpa features: key chunks carry the window, sinks and lse (short dispatches forced)",
           "[vulkan][sdpa][features]") {
     qkv::vulkan::context ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = 64});
-    const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 33, .kv_len = 500, .causal = true,
-                 .alignment = qkv::causal_alignment::bottom_right, .window_left = 100, .window_right = 0,
-                 .softcap = 5.0f, .sinks = true, .lse = true, .weights = true};
+    const spec s{.q_heads = 2,
+                 .kv_heads = 1,
+                 .q_len = 33,
+                 .kv_len = 500,
+                 .causal = true,
+                 .alignment = qkv::causal_alignment::bottom_right,
+                 .window_left = 100,
+                 .window_right = 0,
+                 .softcap = 5.0f,
+                 .sinks = true,
+                 .lse = true,
+                 .weights = true};
     for (const path route : fused_paths) {
         owned o = make(s, 400);
         run(ctx, o, route, s);
@@ -331,30 +409,61 @@ TEST_CASE("sdpa features: decode from host K/V and from a kv_cache, every K/V ty
     using qkv::causal_alignment;
     std::uint64_t seed = 500;
     for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
-        const spec s{.q_heads = 8, .kv_heads = 2, .q_len = 3, .kv_len = 1500, .d_qk = 64, .d_v = 32,
-                     .mask = masks::additive, .mask_shape = {1500}, .causal = true,
-                     .alignment = causal_alignment::bottom_right, .window_left = 700, .window_right = 0,
-                     .softcap = 10.0f, .alibi = 8.0f, .sinks = true, .lse = true, .kv_type = t};
+        const spec s{.q_heads = 8,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1500,
+                     .d_qk = 64,
+                     .d_v = 32,
+                     .mask = masks::additive,
+                     .mask_shape = {1500},
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
         REQUIRE(decode_shape(s));
         run_paths(s, {path::decode_host, path::decode_cache}, ++seed);
     }
     // fp16 queries against f32 keys and a plain call (no features) on a q8_0 cache.
-    run_paths({.q_heads = 4, .kv_heads = 4, .q_len = 1, .kv_len = 1100, .sinks = true, .lse = true,
-               .kv_type = element_type::f32, .precision = qkv::precision::fp16},
+    run_paths({.q_heads = 4,
+               .kv_heads = 4,
+               .q_len = 1,
+               .kv_len = 1100,
+               .sinks = true,
+               .lse = true,
+               .kv_type = element_type::f32,
+               .precision = qkv::precision::fp16},
               {path::decode_host, path::decode_cache}, ++seed);
     run_paths({.q_len = 5, .kv_len = 1030, .d_qk = 96, .d_v = 64, .kv_type = element_type::q8_0}, {path::decode_cache},
               ++seed);
     // A window no row reaches: every row attends nothing (zeros, lse -inf), sinks or not.
-    run_paths({.q_len = 2, .kv_len = 1024, .alignment = causal_alignment::top_left, .window_left = -1,
-               .window_right = -1, .sinks = true, .lse = true},
+    run_paths({.q_len = 2,
+               .kv_len = 1024,
+               .alignment = causal_alignment::top_left,
+               .window_left = -1,
+               .window_right = -1,
+               .sinks = true,
+               .lse = true},
               {path::decode_host}, ++seed);
 }
 
 TEST_CASE("sdpa features: quantized and mixed K/V types on the fused route", "[vulkan][sdpa][features]") {
     std::uint64_t seed = 600;
     for (const element_type t : {element_type::q8_0, element_type::q4_0, element_type::f16})
-        run_paths({.q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 64, .d_v = 32, .causal = true,
-                   .lse = true, .kv_type = t},
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .d_qk = 64,
+                   .d_v = 32,
+                   .causal = true,
+                   .lse = true,
+                   .kv_type = t},
                   fused_paths, ++seed);
     // fp16 queries with float32 K/V
     run_paths({.q_len = 17, .kv_len = 113, .kv_type = element_type::f32, .precision = qkv::precision::fp16},
@@ -362,10 +471,15 @@ TEST_CASE("sdpa features: quantized and mixed K/V types on the fused route", "[v
 }
 
 TEST_CASE("sdpa features: wide heads, E = 576 and Ev = 512", "[vulkan][sdpa][features][wide]") {
-    const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 9, .kv_len = 40, .d_qk = 576, .d_v = 512, .causal = true,
-                 .lse = true};
+    const spec s{
+        .q_heads = 2, .kv_heads = 1, .q_len = 9, .kv_len = 40, .d_qk = 576, .d_v = 512, .causal = true, .lse = true};
     run_paths(s, fused_paths, 700);
-    const spec d{.q_heads = 4, .kv_heads = 1, .q_len = 1, .kv_len = 1024, .d_qk = 576, .d_v = 512,
+    const spec d{.q_heads = 4,
+                 .kv_heads = 1,
+                 .q_len = 1,
+                 .kv_len = 1024,
+                 .d_qk = 576,
+                 .d_v = 512,
                  .kv_type = element_type::q8_0};
     run_paths(d, {path::decode_cache}, 701);
 }
@@ -375,8 +489,14 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
     // sinks once and must give the whole call (sinks included).
     using qkv::causal_alignment;
     for (const path route : {path::fused_cpu, path::fused_gpu, path::decode_host}) {
-        spec s{.q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = route == path::decode_host ? 2048u : 226u,
-               .causal = true, .alignment = causal_alignment::bottom_right, .softcap = 10.0f, .sinks = true,
+        spec s{.q_heads = 4,
+               .kv_heads = 2,
+               .q_len = 3,
+               .kv_len = route == path::decode_host ? 2048u : 226u,
+               .causal = true,
+               .alignment = causal_alignment::bottom_right,
+               .softcap = 10.0f,
+               .sinks = true,
                .lse = true};
         INFO(name_of(route));
         owned whole = make(s, 800);
@@ -434,9 +554,11 @@ TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for b
         std::vector<float> k(B * Hkv * S * E), v(B * Hkv * S * Ev);
         for (float& x : k) x = normal(rng);
         for (float& x : v) x = normal(rng);
-        qkv::vulkan::kv_cache cache(ctx, {.batch = B, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .kv_type = t});
+        qkv::vulkan::kv_cache cache(ctx,
+                                    {.batch = B, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .kv_type = t});
         // rows 0..1, then 2..4
-        for (const auto& [from, rows] : {std::pair{std::size_t{0}, std::size_t{2}}, std::pair{std::size_t{2}, std::size_t{3}}}) {
+        for (const auto& [from, rows] :
+             {std::pair{std::size_t{0}, std::size_t{2}}, std::pair{std::size_t{2}, std::size_t{3}}}) {
             std::vector<float> kk, vv;
             for (std::size_t z = 0; z < B * Hkv; ++z) {
                 kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>((z * S + from) * E),
@@ -455,12 +577,12 @@ TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for b
                     q[(h * L + row) * E + c] = 1.0f;
                     mask[(h * L + row) * S + j] = 1;
                 }
-        qkv::sdpa_problem p{.shape = {.batch = B, .q_heads = Hkv, .kv_heads = Hkv, .q_len = L, .kv_len = S, .d_qk = E,
-                                      .d_v = Ev},
-                            .q = q,
-                            .mask = mask,
-                            .mask_shape = {1, Hkv, L, S},
-                            .options = {.scale = 1.0f, .return_lse = true}};
+        qkv::sdpa_problem p{
+            .shape = {.batch = B, .q_heads = Hkv, .kv_heads = Hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev},
+            .q = q,
+            .mask = mask,
+            .mask_shape = {1, Hkv, L, S},
+            .options = {.scale = 1.0f, .return_lse = true}};
         const qkv::sdpa_output got = ctx.sdpa(p, cache);
         require_clean(ctx);
         const std::vector<float> k_stored = qkv::round_trip(t, k), v_stored = qkv::round_trip(t, v);
@@ -519,8 +641,8 @@ TEST_CASE("sdpa grid: sampled FLASH_ATTN_EXT cases against the float64 reference
     struct head {
         std::size_t e, ev;
     };
-    const head heads[] = {{40, 40}, {64, 64}, {72, 72}, {80, 80}, {96, 96}, {128, 128}, {192, 128}, {256, 256},
-                          {320, 256}, {576, 512}};
+    const head heads[] = {{40, 40},   {64, 64},   {72, 72},   {80, 80},   {96, 96},
+                          {128, 128}, {192, 128}, {256, 256}, {320, 256}, {576, 512}};
     const std::size_t ratios[] = {1, 4, 12, 20}, kvs[] = {113, 512, 1024}, rows[] = {1, 3, 32, 75};
     std::mt19937_64 rng(20261125);
     const auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
@@ -541,8 +663,7 @@ TEST_CASE("sdpa grid: sampled FLASH_ATTN_EXT cases against the float64 reference
             s.alibi = pick(3) == 0 ? 8.0f : 0.0f;
             s.softcap = pick(3) == 0 ? 10.0f : 0.0f;
             s.lse = true;
-            const element_type types[] = {element_type::f32, element_type::f16, element_type::q8_0,
-                                          element_type::q4_0};
+            const element_type types[] = {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0};
             s.kv_type = types[pick(h.e % 32 == 0 && h.ev % 32 == 0 ? 4 : 2)];
             const path route = decode ? (pick(2) ? path::decode_cache : path::decode_host)
                                       : (pick(2) ? path::fused_cpu : path::fused_gpu);

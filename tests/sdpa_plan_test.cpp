@@ -114,13 +114,15 @@ TEST_CASE("sdpa plan: where the decode kernels cannot run, the plan says so inst
         CHECK(p.family == kernel_family::gpu);
         sized_problem cached = decode;
         cached.p.k = {}, cached.p.v = {};
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, no_texels, set), qkv::vulkan::unavailable);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, no_texels, set),
+                        qkv::vulkan::unavailable);
         // Too few texels for K: fused from the host; limit_exceeded against a cache too large for Q.
         device_desc few = desc_of(f);
         few.max_texel_elements = 1000;
         CHECK(plan_sdpa(decode.p, few, set).route == sdpa_route::fused);
         few.max_texel_elements = 10;
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, few, set), qkv::vulkan::limit_exceeded);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, few, set),
+                        qkv::vulkan::limit_exceeded);
         // A cache: always decode, K and V not in the inputs.
         const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, qkv::element_type::f16}, desc_of(f), set);
         CHECK(c.route == sdpa_route::decode);

@@ -50,27 +50,27 @@ struct decode_merge_push {
 /// Specialization constants of sdpa_decode.comp: the struct the host fills (decode_plan::spec), and
 /// each member's constant_id.
 struct decode_spec {
-    uint wg;        // invocations per workgroup
-    uint rpi;       // cpu: rows per invocation; gpu: rows per workgroup
-    uint kps;       // cpu: keys per step (gpu: unused, keys per tile = wg)
-    uint e4;        // texels per Q/K row, ceil(E / 4)
-    uint ev4;       // texels per V row, ceil(Ev / 4)
-    uint masks;     // mask.h's MASK_FLAG_* bits
-    uint subgroup;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-    uint careful;   // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
-    uint features;  // contract/score.h's SCORE_* rules of the call
-    uint kv_format; // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
+    uint wg;         // invocations per workgroup
+    uint rpi;        // cpu: rows per invocation; gpu: rows per workgroup
+    uint kps;        // cpu: keys per step (gpu: unused, keys per tile = wg)
+    uint e4;         // texels per Q/K row, ceil(E / 4)
+    uint ev4;        // texels per V row, ceil(Ev / 4)
+    uint masks;      // mask.h's MASK_FLAG_* bits
+    uint subgroup;   // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+    uint careful;    // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
+    uint features;   // contract/score.h's SCORE_* rules of the call
+    uint kv_format;  // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
 };
-QKV_CONST uint DECODE_SPEC_WG = 0u;        // invocations per workgroup
-QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: rows per workgroup
-QKV_CONST uint DECODE_SPEC_KPS = 2u;       // cpu: keys per step (gpu: unused, keys per tile = WG)
-QKV_CONST uint DECODE_SPEC_E4 = 3u;        // texels per Q/K row, ceil(E / 4)
-QKV_CONST uint DECODE_SPEC_EV4 = 4u;       // texels per V row, ceil(Ev / 4)
-QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // mask.h's MASK_FLAG_* bits
-QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;   // 1: V may hold NaN or Inf (shaders/values.glsl)
-QKV_CONST uint DECODE_SPEC_FEATURES = 8u;  // contract/score.h's SCORE_* bits
-QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u; // how K and V are stored (below)
+QKV_CONST uint DECODE_SPEC_WG = 0u;         // invocations per workgroup
+QKV_CONST uint DECODE_SPEC_RPI = 1u;        // cpu: rows per invocation; gpu: rows per workgroup
+QKV_CONST uint DECODE_SPEC_KPS = 2u;        // cpu: keys per step (gpu: unused, keys per tile = WG)
+QKV_CONST uint DECODE_SPEC_E4 = 3u;         // texels per Q/K row, ceil(E / 4)
+QKV_CONST uint DECODE_SPEC_EV4 = 4u;        // texels per V row, ceil(Ev / 4)
+QKV_CONST uint DECODE_SPEC_MASKS = 5u;      // mask.h's MASK_FLAG_* bits
+QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;   // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;    // 1: V may hold NaN or Inf (shaders/values.glsl)
+QKV_CONST uint DECODE_SPEC_FEATURES = 8u;   // contract/score.h's SCORE_* bits
+QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u;  // how K and V are stored (below)
 QKV_CONST uint DECODE_SPEC_COUNT = 10u;
 
 // K/V storage (DECODE_SPEC_KV_FORMAT)

@@ -114,13 +114,13 @@ QKV_CONST uint FLASH_SPEC_FEATURES = 9u;
 
 // Specialization constants of flash_cpu.comp (src/kernels/flash_cpu.cpp, plan_flash_cpu).
 struct flash_cpu_spec {
-    uint wg;       // invocations per workgroup: one subgroup
-    uint rpi;      // query rows per invocation
-    uint kps;      // keys per step
-    uint d4;       // texels (4 values) per Q/K row: ceil(d / 4)
-    uint dv4;      // texels per V row: ceil(dv / 4)
-    uint masks;    // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE (mask.h)
-    uint careful;  // 1: the pipeline for the (batch, head)s whose V holds a NaN or Inf
+    uint wg;        // invocations per workgroup: one subgroup
+    uint rpi;       // query rows per invocation
+    uint kps;       // keys per step
+    uint d4;        // texels (4 values) per Q/K row: ceil(d / 4)
+    uint dv4;       // texels per V row: ceil(dv / 4)
+    uint masks;     // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE (mask.h)
+    uint careful;   // 1: the pipeline for the (batch, head)s whose V holds a NaN or Inf
     uint features;  // contract/score.h's SCORE_* rules of the call
 };
 QKV_CONST uint FLASH_CPU_SPEC_WG = 0u;
@@ -145,7 +145,7 @@ QKV_CONST uint FLASH_BINDING_QKV = 0u;
 QKV_CONST uint FLASH_BINDING_MASK = 1u;
 QKV_CONST uint FLASH_BINDING_ADDITIVE = 2u;
 QKV_CONST uint FLASH_BINDING_OUT = 3u;
-QKV_CONST uint FLASH_BINDING_STATE = 4u;  // (max, sum) per (batch, head, row); NaN max = poisoned row
+QKV_CONST uint FLASH_BINDING_STATE = 4u;   // (max, sum) per (batch, head, row); NaN max = poisoned row
 QKV_CONST uint FLASH_BINDING_PARAMS = 5u;  // contract/score.h's params (read with FEATURES only)
 QKV_CONST uint FLASH_BINDING_LSE = 6u;     // log-sum-exp per (batch, head, row) (written with SCORE_LSE)
 QKV_CONST uint FLASH_BINDINGS = 7u;

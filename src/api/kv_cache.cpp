@@ -118,7 +118,8 @@ void attach_blocks(kv_cache::impl& c) {
             throw limit_exceeded(std::string("kv_cache: ") + what + " of " + std::to_string(rows) + " rows of " +
                                  std::to_string(row_bytes) + " bytes (" + std::string(to_string(c.type)) +
                                  " blocks) is more than " + info.name + "'s maxStorageBufferRange of " +
-                                 std::to_string(info.max_storage_buffer_range) + " bytes; use a smaller capacity or batch");
+                                 std::to_string(info.max_storage_buffer_range) +
+                                 " bytes; use a smaller capacity or batch");
         *store = core.alloc->create(rows * row_bytes, memory_use::device,
                                     what[0] == 'K' ? "K/V cache (K blocks)" : "K/V cache (V blocks)");
     }

@@ -22,8 +22,8 @@ struct kv_cache::impl {
     std::uint64_t texel_bytes = 16;
     tensor k, v;  // the storage (qkv's, or a caller's) of an f32 / f16 cache
     detail::buffer_view k_view, v_view;
-    element_type type = element_type::f32;  // shape.type()
-    detail::buffer k_blocks, v_blocks;      // the storage of a q8_0 / q4_0 cache: rows of ggml's blocks
+    element_type type = element_type::f32;           // shape.type()
+    detail::buffer k_blocks, v_blocks;               // the storage of a q8_0 / q4_0 cache: rows of ggml's blocks
     std::uint64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes of one stored row of K and of V
     // Guarded by core->mutex:
     std::size_t size = 0;

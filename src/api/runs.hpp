@@ -118,8 +118,8 @@ mask_bindings masks_in(const sdpa_plan& plan, const buffer& b);
 /// chosen family's kernel, then the weights kernel where asked. `views`: the cpu family's texel
 /// views, made here; they must live until the command buffer has run. `v_finite`: the host saw
 /// every input finite (the cpu family then needs no careful pipeline).
-void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks,
-                       flash_cpu_views& views, bool v_finite = false);
+void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks, flash_cpu_views& views,
+                       bool v_finite = false);
 
 /// The record step of the decode route: the decode kernel and the merge over q, k and v texel
 /// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's

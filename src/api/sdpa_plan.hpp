@@ -41,7 +41,7 @@ struct region {
 
 /// What a decode call against a cache knows of the cache (kv_cache.cpp).
 struct cache_desc {
-    std::uint32_t capacity = 0;              ///< rows per (batch, kv head): the K/V row stride
+    std::uint32_t capacity = 0;                ///< rows per (batch, kv head): the K/V row stride
     element_type kv_type = element_type::f32;  ///< f32 / f16 texels, or q8_0 / q4_0 blocks
 };
 
@@ -58,7 +58,7 @@ struct sdpa_plan {
     kernel_family family = kernel_family::gpu;
     flash_cpu_plan cpu;
     flash_gpu_plan gpu;
-    bool weights = false;           ///< return_weights: flash_weights.comp after the kernel
+    bool weights = false;  ///< return_weights: flash_weights.comp after the kernel
     /// Rounded on the host before the upload as float32: Q through float16 (precision fp16 when K/V
     /// are not f16), K and V through kv_type (when it is not the binding's own type).
     bool round_q = false, round_kv = false;

@@ -41,7 +41,8 @@ void record_flash_gpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
     const flash_tiles& t = plan.tiles;
     const shader_id shader = t.subgroup ? (l.fp16 ? shader_id::flash_subgroup_f16 : shader_id::flash_subgroup)
                                         : (l.fp16 ? shader_id::flash_f16 : shader_id::flash);
-    static_assert(contract::FLASH_BINDINGS == 7 && contract::FLASH_BINDING_PARAMS == 5 && contract::FLASH_BINDING_LSE == 6 &&
+    static_assert(contract::FLASH_BINDINGS == 7 && contract::FLASH_BINDING_PARAMS == 5 &&
+                  contract::FLASH_BINDING_LSE == 6 &&
                   row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash, "sssssss") &&
                   row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash_f16, "sssssss") &&
                   row_matches<contract::flash_push, contract::flash_spec>(shader_id::flash_subgroup, "sssssss") &&

@@ -180,10 +180,10 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push, bool careful) {
     const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
-    const shader_id id = plan.family != kernel_family::cpu
-                             ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
-                         : plan.shuffle ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
-                                        : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
+    const shader_id id =
+        plan.family != kernel_family::cpu ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
+        : plan.shuffle ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
+                       : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
     const pipeline& kernel = pipes.get(id, plan.spec(careful));
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
@@ -200,11 +200,12 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
     if (blocks)
         exec.dispatch(kernel,
-                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params},
-                      &push, groups);
+                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params}, &push,
+                      groups);
     else
-        exec.dispatch(kernel, {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params},
-                      &push, groups);
+        exec.dispatch(kernel,
+                      {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params}, &push,
+                      groups);
     exec.compute_barrier();
 
     decode_merge_push m{};

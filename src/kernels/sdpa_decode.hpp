@@ -26,7 +26,7 @@ struct decode_request {
     /// 0: the split is chosen for the device; n > 0: at most n chunks (1 = no split), unless the
     /// per-invocation loop limit needs more.
     std::uint32_t max_chunks = 0;
-    std::uint32_t features = 0;                       ///< contract/score.h's SCORE_* bits
+    std::uint32_t features = 0;                            ///< contract/score.h's SCORE_* bits
     std::uint32_t kv_format = contract::DECODE_KV_TEXELS;  ///< texels, or q8_0 / q4_0 blocks
     /// The keys [kv_first, kv_end) some query row may see (causal and the window); the chunks cover
     /// only these (kv_end is capped at kv_len).
@@ -44,8 +44,8 @@ struct decode_plan {
     std::uint32_t e4 = 1, ev4 = 1, masks = 0;
     std::uint32_t features = 0, kv_format = contract::DECODE_KV_TEXELS;
     std::uint32_t kv_first = 0, kv_end = 0;  ///< the keys the chunks cover
-    std::uint32_t groups = 0;  ///< batch x kv_heads
-    std::uint32_t rows = 0;    ///< G x q_len rows per group
+    std::uint32_t groups = 0;                ///< batch x kv_heads
+    std::uint32_t rows = 0;                  ///< G x q_len rows per group
     std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, dv = 0, q_heads = 0;
     std::uint32_t row_blocks = 0;  ///< per group
     std::uint32_t chunk = 0;       ///< keys per chunk, a multiple of kps

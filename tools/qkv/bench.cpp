@@ -22,8 +22,8 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
@@ -110,8 +110,8 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                                          o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
                                         for (qkv::kernel_family k : kernels)
                                             for (const std::string& split : o.split)
-                                                for (std::size_t ev : o.dim_v.empty() ? std::vector<std::size_t>{d}
-                                                                                      : o.dim_v)
+                                                for (std::size_t ev :
+                                                     o.dim_v.empty() ? std::vector<std::size_t>{d} : o.dim_v)
                                                     for (const auto& [left, right] : windows)
                                                         for (const auto& kv : kv_types) {
                                                             config c{b, h, n, d, causal, p, qkv::implementation::fused,
@@ -297,7 +297,9 @@ void add_bench(CLI::App& app) {
         ->delimiter(',')
         ->check(CLI::IsMember({"on", "off"}))
         ->type_name("on|off");
-    cmd->add_option("--dim-v", o->dim_v, "sdpa: value head widths Ev (default: --dim)")->delimiter(',')->check(positive);
+    cmd->add_option("--dim-v", o->dim_v, "sdpa: value head widths Ev (default: --dim)")
+        ->delimiter(',')
+        ->check(positive);
     cmd->add_option("--window", o->window,
                     "sdpa: a sliding window LEFT,RIGHT (-1: unbounded); repeat it to time several, -1,-1 is none")
         ->type_name("LEFT,RIGHT");

@@ -23,7 +23,7 @@ struct options {
     std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
     std::vector<std::string> causal, precision, impl, kernel, split;
     // sdpa only (--decode or --kv-seq): the options beyond PyTorch's SDPA
-    std::vector<std::size_t> dim_v;           // Ev (default: d)
+    std::vector<std::size_t> dim_v;            // Ev (default: d)
     std::vector<std::string> window, kv_type;  // "LEFT,RIGHT" per --window (a sweep); f32, f16, q8_0, q4_0
     std::string softcap, alibi;                // one value each
     bool sinks = false, lse = false;

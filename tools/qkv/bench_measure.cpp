@@ -37,7 +37,7 @@ double projection_flops(const config& c) {
     return 2.0 * static_cast<double>(c.batch * c.seq) * width * 3.0 * width;
 }
 double kv_bytes(const config& c) {
-    const qkv::element_type t = c.kv_type ? *c.kv_type
+    const qkv::element_type t = c.kv_type                             ? *c.kv_type
                                 : c.precision == qkv::precision::fp16 ? qkv::element_type::f16
                                                                       : qkv::element_type::f32;
     const double element = static_cast<double>(qkv::bytes_per_block(t)) / static_cast<double>(qkv::block_size(t));

@@ -41,10 +41,11 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
         if (!r.c.decode) continue;
         const config& c = r.c;
         const std::string d = std::to_string(c.dim) + (c.ev() != c.dim ? "/" + std::to_string(c.ev()) : "");
-        std::vector<std::string> row{std::to_string(c.batch), std::to_string(c.heads),  std::to_string(c.kv_heads),
-                                     std::to_string(c.seq),   std::to_string(c.kv_seq), d,
-                                     c.causal ? "yes" : "no", name_of(c.precision),     impl_name(c, r.ran_kernel),
-                                     rules_of(c)};
+        std::vector<std::string> row{std::to_string(c.batch),    std::to_string(c.heads),
+                                     std::to_string(c.kv_heads), std::to_string(c.seq),
+                                     std::to_string(c.kv_seq),   d,
+                                     c.causal ? "yes" : "no",    name_of(c.precision),
+                                     impl_name(c, r.ran_kernel), rules_of(c)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
         } else {
@@ -74,13 +75,13 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
             const config& b = full.c;
             if (!full.ran || !b.decode || b.windowed() || describe(a) != describe(b) || a.kernel != b.kernel) continue;
             const double ratio = w.attention_ms.median / full.attention_ms.median;
-            os << "  window " << w.c.window_left << "," << w.c.window_right << " against the full call, "
-               << describe(b) << ": " << sig3(w.attention_ms.median) << " ms against " << sig3(full.attention_ms.median)
-               << " ms (" << fixed(ratio, 3) << " of the full call's time)\n";
+            os << "  window " << w.c.window_left << "," << w.c.window_right << " against the full call, " << describe(b)
+               << ": " << sig3(w.attention_ms.median) << " ms against " << sig3(full.attention_ms.median) << " ms ("
+               << fixed(ratio, 3) << " of the full call's time)\n";
             window_ratios.push_back({{"config", describe(w.c)},
-                              {"window_ms", w.attention_ms.median},
-                              {"full_ms", full.attention_ms.median},
-                              {"window_over_full", ratio}});
+                                     {"window_ms", w.attention_ms.median},
+                                     {"full_ms", full.attention_ms.median},
+                                     {"window_over_full", ratio}});
         }
     }
     for (const result& split : results) {

@@ -85,8 +85,7 @@ void run(const merge_command_options& o) {
                           std::to_string(o.parts.size()) + " file" + (o.parts.size() == 1 ? "" : "s") + " given)");
 
     std::vector<named_file> inputs;
-    for (std::size_t i = 0; i < o.parts.size(); ++i)
-        inputs.push_back({"--part", o.parts[i]});
+    for (std::size_t i = 0; i < o.parts.size(); ++i) inputs.push_back({"--part", o.parts[i]});
     inputs.push_back({"--sinks", o.sinks});
     const std::vector<named_file> outputs = {{"--out", o.out}, {"--lse", o.lse}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
@@ -127,12 +126,12 @@ void run(const merge_command_options& o) {
     const std::vector<std::size_t> lse_shape(o0.shape.begin(), o0.shape.end() - 1);
     output_set files;
     files.reserve({o.out, o.lse});  // an output that cannot be created fails before the work
-    if (float64) {  // any float64 input: merged and written in float64
+    if (float64) {                  // any float64 input: merged and written in float64
         std::vector<qkv::attention_part_f64> parts;
         for (std::size_t i = 0; i < outs.size(); ++i) parts.push_back({outs[i].f64, lses[i].f64});
         const qkv::merged_attention_f64 m = qkv::merge_attention(parts, shape, sinks.f64);
-        files.commit({{o.out, o0.shape, std::span<const double>(m.out)},
-                      {o.lse, lse_shape, std::span<const double>(m.lse)}});
+        files.commit(
+            {{o.out, o0.shape, std::span<const double>(m.out)}, {o.lse, lse_shape, std::span<const double>(m.lse)}});
         return;
     }
     std::vector<qkv::attention_part> parts;

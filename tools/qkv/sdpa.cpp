@@ -6,8 +6,8 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_args.hpp"
@@ -191,14 +191,14 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
     o.weights_option = cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
                            ->type_name("W.npy")
                            ->group(outputs);
-    o.lse_option = cmd.add_option("--lse", o.lse,
-                                  "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
-                       ->type_name("LSE.npy")
-                       ->group(outputs);
-    o.sinks_option = cmd.add_option("--sinks", o.files.sinks,
-                                    "Sink logits, float (Hq,): each joins its head's softmax denominator")
-                         ->type_name("SINKS.npy")
-                         ->group(inputs);
+    o.lse_option =
+        cmd.add_option("--lse", o.lse, "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
+            ->type_name("LSE.npy")
+            ->group(outputs);
+    o.sinks_option =
+        cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
+            ->type_name("SINKS.npy")
+            ->group(inputs);
 
     const std::string attention = "Attention";
     o.scale_option =
@@ -236,10 +236,10 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
                                {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
                                "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
         ->group(running);
-    o.kv_type_option = cmd.add_option("--kv-type", o.kv_type,
-                                      "How K and V are stored: f32, f16, q8_0, q4_0 (default: as --precision)")
-                           ->type_name("f32|f16|q8_0|q4_0")
-                           ->group(running);
+    o.kv_type_option =
+        cmd.add_option("--kv-type", o.kv_type, "How K and V are stored: f32, f16, q8_0, q4_0 (default: as --precision)")
+            ->type_name("f32|f16|q8_0|q4_0")
+            ->group(running);
     add_choice<qkv::kernel_family>(
         cmd, "--kernel", o.kernel,
         {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},
