@@ -9,6 +9,7 @@
 // [features]: each rule and the combinations that make sense, odd shapes. [grid]: a sampled grid in
 // the spirit of ggml's test-backend-ops FLASH_ATTN_EXT cases (its own CTest entry).
 #include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/tensor.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -626,6 +627,43 @@ TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]")
     CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = 4, .d_qk = 40, .d_v = 64, .kv_type = element_type::q4_0}),
                     qkv::invalid_argument);
+    require_clean(ctx);
+}
+
+TEST_CASE("sdpa features: planned calls over device tensors take the rules, refuse what they cannot return",
+          "[vulkan][sdpa][features][tensor]") {
+    // sdpa_call (qkv/vulkan/tensor.hpp): the window, softcap, ALiBi and sinks over tensors, both
+    // routes; return_lse, another kv_type and a quantized cache are refused (unavailable).
+    using qkv::causal_alignment;
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t S : {113u, 1500u}) {  // fused, decode
+        const spec s{.q_heads = 4, .kv_heads = 2, .q_len = S > 1000 ? 2u : 17u, .kv_len = S, .causal = true,
+                     .alignment = causal_alignment::bottom_right, .window_left = 40, .window_right = 0,
+                     .softcap = 10.0f, .alibi = 8.0f, .sinks = true};
+        INFO(describe(s, path::fused_cpu));
+        owned o = make(s, 950 + S);
+        const qkv::sdpa_output_f64 want = reference(o.p);
+        qkv::sdpa_problem desc = o.p;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        qkv::vulkan::sdpa_call call(ctx, desc);
+        qkv::vulkan::tensor q(ctx, {1, s.q_heads, s.q_len, s.d_qk}), k(ctx, {1, s.kv_heads, S, s.d_qk}),
+            v(ctx, {1, s.kv_heads, S, s.d_v}), out(ctx, {1, s.q_heads, s.q_len, s.d_v});
+        q.upload(o.q), k.upload(o.k), v.upload(o.v);
+        call.run({.q = &q, .k = &k, .v = &v, .out = &out});
+        const std::vector<float> got = out.download();
+        check_close(got, want.output, s.d_v, "output");
+        require_clean(ctx);
+        qkv::sdpa_problem lse = desc;
+        lse.options.return_lse = true;
+        CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, lse), qkv::vulkan::unavailable);
+        qkv::sdpa_problem q8 = desc;
+        q8.options.kv_type = element_type::q8_0;
+        CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, q8), qkv::vulkan::unavailable);
+    }
+    qkv::vulkan::kv_cache cache(ctx, {.capacity = 8, .d_qk = 32, .d_v = 32, .kv_type = element_type::q4_0});
+    qkv::sdpa_problem desc{.shape = {.q_len = 1, .d_qk = 32, .d_v = 32}};
+    CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, desc, cache), qkv::vulkan::unavailable);
+    CHECK_THROWS_AS((void)cache.keys(), qkv::vulkan::unavailable);
     require_clean(ctx);
 }
 
