@@ -637,9 +637,17 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules, refu
     using qkv::causal_alignment;
     qkv::vulkan::context& ctx = qkv_test::gpu();
     for (const std::size_t S : {113u, 1500u}) {  // fused, decode
-        const spec s{.q_heads = 4, .kv_heads = 2, .q_len = S > 1000 ? 2u : 17u, .kv_len = S, .causal = true,
-                     .alignment = causal_alignment::bottom_right, .window_left = 40, .window_right = 0,
-                     .softcap = 10.0f, .alibi = 8.0f, .sinks = true};
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = S > 1000 ? 2u : 17u,
+                     .kv_len = S,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 40,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true};
         INFO(describe(s, path::fused_cpu));
         owned o = make(s, 950 + S);
         const qkv::sdpa_output_f64 want = reference(o.p);
@@ -659,6 +667,32 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules, refu
         qkv::sdpa_problem q8 = desc;
         q8.options.kv_type = element_type::q8_0;
         CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, q8), qkv::vulkan::unavailable);
+    }
+    {
+        // Against a cache whose size the call takes when it runs (kv_len 0 in the description):
+        // the window's params are made once, for any later size.
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1500,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .sinks = true};
+        owned o = make(s, 990);
+        const qkv::sdpa_output_f64 want = reference(o.p);
+        qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
+        qkv::sdpa_problem desc = o.p;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        desc.shape.kv_len = 0;
+        qkv::vulkan::sdpa_call call(ctx, desc, kvc);
+        kvc.append(o.k, o.v, 1500);
+        qkv::vulkan::tensor q(ctx, {1, 4, 2, 32}), out(ctx, {1, 4, 2, 32});
+        q.upload(o.q);
+        call.run({.q = &q, .out = &out});
+        check_close(out.download(), want.output, s.d_v, "output against a cache");
+        require_clean(ctx);
     }
     qkv::vulkan::kv_cache cache(ctx, {.capacity = 8, .d_qk = 32, .d_v = 32, .kv_type = element_type::q4_0});
     qkv::sdpa_problem desc{.shape = {.q_len = 1, .d_qk = 32, .d_v = 32}};

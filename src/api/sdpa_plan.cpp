@@ -15,6 +15,9 @@ namespace {
 
 std::uint32_t u32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
 
+/// The largest window side the kernels get (a larger one is the same window: see put_score_params).
+constexpr std::int64_t max_window_side = (std::int64_t{1} << 30) - 1;
+
 /// Why a count cannot be indexed by the kernels' 32-bit indices (empty: it can).
 std::string beyond_u32(const char* what, std::uint64_t count, const std::string& device) {
     if (count < (std::uint64_t{1} << 32)) return {};
@@ -64,10 +67,11 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
         throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
                           info.name + " does not offer; use fp32");
     p.features = score_features(problem);
-    // Positions and distances (i + off, j - (i + off)) are 32-bit signed in the kernels.
+    // Positions and distances (i + off, j - (i + off)) and the window's bounds are 32-bit signed
+    // in the kernels; with sides clamped to 2^30 - 1 (put_score_params) nothing overflows.
     if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 &&
-        std::uint64_t{s.q_len} + s.kv_len > 0x7fffffffu)
-        throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be below 2^31 on the device");
+        std::uint64_t{s.q_len} + s.kv_len > max_window_side + 1)
+        throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be at most 2^30 on the device");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
     p.lse_count = opt.return_lse ? std::uint64_t{s.batch} * s.q_heads * s.q_len : 0;
     refuse_if(beyond_range("the output", p.out_count * 4, info));
@@ -308,9 +312,12 @@ std::uint64_t score_params_bytes(const sdpa_shape& shape) {
 void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t features) {
     const sdpa_shape& s = problem.shape;
     const sdpa_options& o = problem.options;
-    // Beyond kv_len + q_len a side changes nothing (visible_keys), and the clamp keeps it in 32 bits.
-    const std::int64_t most = std::min<std::int64_t>(static_cast<std::int64_t>(s.kv_len + s.q_len), 0x7fffffff);
-    const auto side = [&](std::int64_t w) { return static_cast<std::int32_t>(w < 0 ? -1 : std::min(w, most)); };
+    // A side of kv_len + q_len - 1 or more admits every key (|j - (i + off)| < kv_len + q_len), and
+    // plan_common keeps kv_len + q_len <= 2^30 with a window: the clamp changes nothing, whatever
+    // the keys of a later call against a growing cache, and keeps the kernels' sums in 32 bits.
+    const auto side = [](std::int64_t w) {
+        return static_cast<std::int32_t>(w < 0 ? -1 : std::min<std::int64_t>(w, max_window_side));
+    };
     contract::score_params sp{};
     sp.window_left = side(o.window_left);
     sp.window_right = side(o.window_right);
