@@ -3,11 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "api/call_io.hpp"
 #include "api/device_core.hpp"
 #include "api/kv_cache_impl.hpp"
+#include "api/plan.hpp"
+#include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "qkv/vulkan/interop.hpp"
@@ -33,6 +36,12 @@ struct recording::impl {
     std::shared_ptr<kv_cache::impl> cache;
     std::size_t q_groups = 0, kv_groups = 0;
     mutable detail::guard_words words;
+    // An attention call's check (attention_call.cpp): its plan, the flags of its inputs' passes.
+    std::unique_ptr<detail::plan> attention;
+    detail::attention_views attention_views;
+    std::uint64_t output_flags_at = 0;  // byte offset of the output projection inputs' flags in `guard`
+    double additive_max = 0;
+    bool additive_poison = false;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -40,6 +49,31 @@ struct recording::impl {
     ~impl();
 
     void check() const;
+    void check_attention() const;  // attention_call.cpp
+};
+
+struct sequence::impl {
+    std::shared_ptr<detail::device_core> core;  // declared first: outlives the rest
+    std::unique_ptr<detail::executor> exec;     // its own command buffer, pool and fence
+    std::vector<std::unique_ptr<recording::impl>> recorded;
+    bool begun = false;
+
+    ~impl() {
+        if (!core) return;
+        recorded.clear();  // each releases under the lock
+        std::lock_guard lock(core->mutex);
+        exec.reset();
+    }
+    /// Releases the previous run's recordings (each takes the lock: call without it).
+    void forget_previous_run() {
+        if (!begun) recorded.clear();
+    }
+    /// The command buffer begun (call with the lock held).
+    void ensure_begun() {
+        if (begun) return;
+        exec->begin();
+        begun = true;
+    }
 };
 
 struct recording_access {

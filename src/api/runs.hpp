@@ -58,7 +58,7 @@ public:
     /// Starts the command buffer with the upload of the inputs; marks "inputs on the device".
     void begin();
     /// Ends a phase (a timestamp; see executor::mark).
-    void mark() { exec().mark(); }
+    void mark() const { exec().mark(); }
     /// Records the download, submits, waits; returns the device time and each phase's (from the
     /// marks: inputs, then the phases in order).
     phase_times submit();
@@ -84,6 +84,28 @@ private:
 };
 
 call_run<attention_output> run_attention(call_env& env, const attention_problem& problem);
+
+struct plan;
+/// What an attention call's buffers hold (by role) and what the host reads back.
+void attention_buffers(const plan& p, buffer_plan& buffers, std::vector<download>& downloads);
+
+/// Texel views of Q|K|V and of the scores for the staged products' texel variants, and the
+/// projection's and the fused cpu family's, made when recording: they must live until the
+/// commands have run.
+struct staged_views {
+    buffer_view qkv, scores;
+};
+struct attention_views {
+    buffer_view projection;
+    staged_views staged;
+    flash_cpu_views flash;
+};
+
+/// The record step of an attention call whose inputs are in the session's buffers: the
+/// projection (then the device range guard where `guard`), the fused or staged attention, the
+/// output projection, with marks between them on a host call. `v_finite`: every input of the
+/// projection is known finite (the staged aggregation may skip its zero-weight rule).
+void record_attention(const call_session& s, const plan& p, bool guard, bool v_finite, attention_views& views);
 
 /// Q, K and V from the host: plan_sdpa's route, fused or decode.
 call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem);

@@ -347,6 +347,7 @@ recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tenso
 recording::impl::~impl() {
     if (!core) return;
     std::lock_guard lock(core->mutex);
+    attention_views = {};
     views.clear();
     flash_views = {};
     buffers.release();
@@ -355,6 +356,7 @@ recording::impl::~impl() {
 }
 
 void recording::impl::check() const {
+    if (attention) return check_attention();
     if (!checks) return;
     kv_stats cache_stats;
     {
@@ -370,30 +372,6 @@ void recording::impl::check() const {
 }
 
 // ---- sequence ---------------------------------------------------------------------------------
-
-struct sequence::impl {
-    std::shared_ptr<device_core> core;  // declared first: outlives the rest
-    std::unique_ptr<executor> exec;     // its own command buffer, pool and fence
-    std::vector<std::unique_ptr<recording::impl>> recorded;
-    bool begun = false;
-
-    ~impl() {
-        if (!core) return;
-        recorded.clear();  // each releases under the lock
-        std::lock_guard lock(core->mutex);
-        exec.reset();
-    }
-    /// Releases the previous run's recordings (each takes the lock: call without it).
-    void forget_previous_run() {
-        if (!begun) recorded.clear();
-    }
-    /// The command buffer begun (call with the lock held).
-    void ensure_begun() {
-        if (begun) return;
-        exec->begin();
-        begun = true;
-    }
-};
 
 sequence::sequence(context& ctx) : impl_(std::make_unique<impl>()) {
     context::impl& owner = context_access::of(ctx);

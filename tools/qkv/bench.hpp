@@ -98,6 +98,17 @@ result run_sdpa_host(qkv::vulkan::context& ctx, const config& c, int warmup, int
                      double fma_gflops);
 summary tiny_example(qkv::vulkan::context& ctx, int calls);
 
+// bench_layers.cpp
+/// `--decode --layers N`: one token of N decode layers (L = 1 against S keys).
+struct layers_config {
+    std::size_t layers = 0, q_heads = 32, kv_heads = 8, kv_len = 1024, dim = 128;
+    qkv::precision precision = qkv::precision::fp32;
+};
+/// Times N host calls against N calls recorded into one command buffer (qkv::vulkan::sequence),
+/// per token, on the same data; prints both and returns them as JSON ({"host_ms", "recorded_ms"}).
+json run_layers(qkv::vulkan::context& ctx, const layers_config& c, int warmup, int repeat, std::uint64_t seed,
+                std::ostream& os);
+
 // bench_table.cpp
 void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);
 /// The results table, and the fused-against-staged and split-against-unsplit ratios; returns the
