@@ -110,9 +110,11 @@ void record_attention(const call_session& s, const plan& p, bool guard, bool v_f
 /// Q, K and V from the host: plan_sdpa's route, fused or decode.
 call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem);
 
-/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them.
+/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them: texel views, or (q8_0,
+/// q4_0) the blocks' storage bindings.
 struct cache_kv {
     VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    binding k_blocks{}, v_blocks{};
     cache_desc desc;
     const kv_stats* stats = nullptr;
 };
@@ -125,23 +127,27 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& plan, const sdp
 /// The fused route of a planned call (run_sdpa.cpp).
 call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
 
-/// Where a call's masks are (the plan's regions of the inputs, or a planned call's constants);
-/// an empty binding where there is no such mask.
+/// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
+/// regions of the inputs, or a planned call's constants); an empty binding where there is no such
+/// mask. The params are always there.
 struct mask_bindings {
-    binding bits, additive;
+    binding bits, additive, params;
 };
-/// The plan's mask regions of `b`.
+/// The plan's mask and params regions of `b`.
 mask_bindings masks_in(const sdpa_plan& plan, const buffer& b);
 
 /// The record step of the fused route, over the session's buffers as `plan` lays them out: the
 /// chosen family's kernel, then the weights kernel where asked. `views`: the cpu family's texel
-/// views, made here; they must live until the command buffer has run.
-void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks,
-                       flash_cpu_views& views);
+/// views, made here; they must live until the command buffer has run. `v_finite`: the host saw
+/// every input finite (the cpu family then needs no careful pipeline).
+void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks, flash_cpu_views& views,
+                       bool v_finite = false);
 
 /// The record step of the decode route: the decode kernel and the merge over q, k and v texel
-/// views, the masks, the session's partials and output.
+/// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's
+/// partials and output (and the lse where the plan asks for it).
 void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
-                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful);
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
+                        binding k_blocks = {}, binding v_blocks = {});
 
 }  // namespace qkv::vulkan::detail

@@ -23,11 +23,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
+#include "feature_args.hpp"
 #include "names.hpp"
 #include "npy/npy.hpp"
 #include "qkv/version.hpp"
@@ -79,6 +81,22 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
     for (const auto& s : o.impl) impls.push_back(value_in(implementation_names(), s, qkv::implementation::fused));
     std::vector<qkv::kernel_family> kernels;
     for (const auto& s : o.kernel) kernels.push_back(value_in(kernel_names(), s, qkv::kernel_family::automatic));
+    // sdpa's rules beyond PyTorch's (each bad value a usage_error naming its flag)
+    const bool sdpa = o.decode || !o.kv_seq.empty() || !o.kv_heads.empty();
+    const bool rules = !o.window.empty() || !o.kv_type.empty() || !o.softcap.empty() || !o.alibi.empty() || o.sinks ||
+                       o.lse || !o.dim_v.empty();
+    if (rules && !sdpa)
+        throw usage_error(
+            "--window, --softcap, --alibi, --sinks, --lse, --kv-type and --dim-v time sdpa: add --decode (a "
+            "kv_cache) or --kv-seq (q, k and v from the host)");
+    std::vector<std::pair<std::int64_t, std::int64_t>> windows;
+    for (const std::string& w : o.window) windows.push_back(parse_window(w));
+    if (windows.empty()) windows.push_back({-1, -1});
+    std::vector<std::optional<qkv::element_type>> kv_types;
+    for (const std::string& t : o.kv_type) kv_types.push_back(parse_kv_type(t));
+    if (kv_types.empty()) kv_types.push_back(std::nullopt);
+    const float softcap = o.softcap.empty() ? 0.0f : parse_positive("--softcap", o.softcap);
+    const float alibi = o.alibi.empty() ? 0.0f : parse_positive("--alibi", o.alibi);
     std::vector<config> out;
     for (std::size_t b : o.batch)
         for (std::size_t h : o.heads)
@@ -91,14 +109,25 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                                     for (std::size_t hkv :
                                          o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
                                         for (qkv::kernel_family k : kernels)
-                                            for (const std::string& split : o.split) {
-                                                config c{b, h, n, d, causal, p, qkv::implementation::fused, k};
-                                                c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
-                                                c.split = split == "on";
-                                                c.host_kv = !o.decode;  // sdpa with host K/V: no split choice
-                                                if (c.host_kv && !c.split) continue;
-                                                out.push_back(c);
-                                            }
+                                            for (const std::string& split : o.split)
+                                                for (std::size_t ev :
+                                                     o.dim_v.empty() ? std::vector<std::size_t>{d} : o.dim_v)
+                                                    for (const auto& [left, right] : windows)
+                                                        for (const auto& kv : kv_types) {
+                                                            config c{b, h, n, d, causal, p, qkv::implementation::fused,
+                                                                     k};
+                                                            c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
+                                                            c.split = split == "on";
+                                                            // sdpa with host K/V: no split choice
+                                                            c.host_kv = !o.decode;
+                                                            if (c.host_kv && !c.split) continue;
+                                                            c.dim_v = ev;
+                                                            c.window_left = left, c.window_right = right;
+                                                            c.softcap = softcap, c.alibi = alibi;
+                                                            c.sinks = o.sinks, c.lse = o.lse;
+                                                            c.kv_type = kv;
+                                                            out.push_back(c);
+                                                        }
                                 continue;
                             }
                             for (qkv::implementation i : impls) {
@@ -254,6 +283,7 @@ void run(bench_options o) {
         j["results"] = results_json(o, info, results);
         j["fused_vs_staged"] = ratios["fused_vs_staged"];
         j["decode_split_vs_unsplit"] = ratios["decode_split_vs_unsplit"];
+        j["window_vs_full"] = ratios["window_vs_full"];
         json_out << j.dump(2) << "\n";
         if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
         std::cerr << "qkv bench: wrote " << o.json_file << "\n";
@@ -315,6 +345,19 @@ void add_bench(CLI::App& app) {
         ->delimiter(',')
         ->check(CLI::IsMember({"on", "off"}))
         ->type_name("on|off");
+    cmd->add_option("--dim-v", o->dim_v, "sdpa: value head widths Ev (default: --dim)")
+        ->delimiter(',')
+        ->check(positive);
+    cmd->add_option("--window", o->window,
+                    "sdpa: a sliding window LEFT,RIGHT (-1: unbounded); repeat it to time several, -1,-1 is none")
+        ->type_name("LEFT,RIGHT");
+    cmd->add_option("--softcap", o->softcap, "sdpa: logit softcapping C > 0")->type_name("C");
+    cmd->add_option("--alibi", o->alibi, "sdpa: ALiBi with this max bias > 0")->type_name("MAX_BIAS");
+    cmd->add_flag("--sinks", o->sinks, "sdpa: one sink logit per query head (random, N(0, 1))");
+    cmd->add_flag("--lse", o->lse, "sdpa: also return each row's log-sum-exp");
+    cmd->add_option("--kv-type", o->kv_type, "sdpa: how K and V are stored: f32, f16, q8_0, q4_0 (comma-separated)")
+        ->delimiter(',')
+        ->type_name("f32|f16|q8_0|q4_0");
     cmd->add_option("--repeat", o->repeat, "Timed calls per row (default 5 on a CPU device, 20 on a GPU)")
         ->check(CLI::Range(1, 100000));
     cmd->add_option("--warmup", o->warmup, "Untimed calls before them (default 1 / 3)")->check(CLI::Range(0, 100000));
