@@ -388,14 +388,10 @@ void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
     impl& s = *impl_;
     sdpa_call::impl& c = sdpa_call_access::of(call);
     if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
-    s.forget_previous_run();
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     s.ensure_begun();
-    auto r = std::make_unique<recording::impl>();
-    r->core = s.core;
-    c.record(*s.exec, *r, tensors);
-    s.recorded.push_back(std::move(r));
+    c.record(*s.exec, s.next_scratch(), tensors);
 }
 
 void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
@@ -403,7 +399,6 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
     impl& s = *impl_;
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
-    s.forget_previous_run();
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     if (rows > c->shape.capacity - c->size)
@@ -434,7 +429,7 @@ void sequence::run() {
             throw;
         }
     }
-    for (const auto& r : s.recorded) r->check();
+    for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check();
 }
 
 }  // namespace qkv::vulkan
