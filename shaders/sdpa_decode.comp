@@ -75,6 +75,15 @@ layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { flo
 layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
 layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out[]; };
 layout(push_constant) uniform Push { decode_push pc; };
+layout(std430, binding = DECODE_BINDING_GATE) readonly buffer Gate { uint gate_word[]; };
+
+/// Whether this dispatch takes this call (decode_push::gate): uniform, so a workgroup that does
+/// not returns whole, before any barrier.
+bool gated_out() {
+    if (pc.gate == DECODE_GATE_NONE) return false;
+    const bool nonfinite = (gate_word[0] & DECODE_GATE_NONFINITE) != 0u;
+    return nonfinite != (pc.gate == DECODE_GATE_NONFINITE_ONLY);
+}
 
 const uint WG = gl_WorkGroupSize.x;
 const bool CAUSAL = (MASKS & MASK_FLAG_CAUSAL) != 0u;
@@ -116,6 +125,7 @@ uvec2 key_range(uint chunk) {
 #ifndef QKV_DECODE_GPU
 
 void main() {
+    if (gated_out()) return;
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint BLOCK = WG * RPI;
     const uint wx = gl_WorkGroupID.x + pc.group_x;
@@ -236,6 +246,7 @@ shared float p_sh[RPI * WG];
 shared float red_sh[RPI * WG];
 
 void main() {
+    if (gated_out()) return;
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint wx = gl_WorkGroupID.x + pc.group_x;
     const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;

@@ -32,8 +32,8 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 }  // namespace
 
 void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
-                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
-                        binding k_blocks, binding v_blocks) {
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
+                        binding k_blocks, binding v_blocks, binding gate) {
     const call_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
@@ -50,7 +50,8 @@ void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_pr
     io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
     io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
     io.out = b.bind(role::out, 0, d.out_bytes());
-    record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), careful);
+    io.gate = gate;
+    record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }
 
 call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
@@ -72,7 +73,7 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     }
     check_sdpa_scores(facts, s, p.scale, p.q_fp16 || p.kv_fp16);
     const float v_scale = value_scale(facts, s.kv_len);
-    const bool careful = !facts.inputs_finite;  // V (or Q, K) may hold NaN or Inf
+    const decode_values values = facts.inputs_finite ? decode_values::finite : decode_values::nonfinite;
     // prepare, write
     call_session session(env, p.buffers, p.downloads);
     write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
@@ -92,7 +93,7 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
         v_blocks = cache ? cache->v_blocks : binding{inputs.handle(), p.v.at, p.v.bytes};
     }
     record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
-                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, careful, k_blocks, v_blocks);
+                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, values, k_blocks, v_blocks);
     session.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = session.submit();

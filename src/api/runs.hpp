@@ -146,8 +146,10 @@ void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_
 /// The record step of the decode route: the decode kernel and the merge over q, k and v texel
 /// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's
 /// partials and output (and the lse where the plan asks for it).
+/// `values` with `gate`: whether V may hold NaN or Inf, or (decode_values::gated) the flags word
+/// that says so on the device.
 void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
-                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
-                        binding k_blocks = {}, binding v_blocks = {});
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
+                        binding k_blocks = {}, binding v_blocks = {}, binding gate = {});
 
 }  // namespace qkv::vulkan::detail

@@ -278,9 +278,12 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             r.views.emplace_back(dev, inputs, format(p.kv_fp16), p.v.at, p.v.bytes);
             kv = r.views[1].handle(), vv = r.views[2].handle();
         }
-        // The values accumulate unscaled (the check refuses sums beyond float32); V may hold NaN or
-        // Inf, which only the device sees: the careful variant.
-        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, true);
+        // The values accumulate unscaled (the check refuses sums beyond float32). Whether V holds a
+        // NaN or Inf only the device knows (the guard's flags: this call's pass, or the cache's
+        // appends): both kernels are recorded, each running only for its kind of values.
+        const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
+        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, {}, {},
+                           gate);
     }
     rec.compute_barrier();
 

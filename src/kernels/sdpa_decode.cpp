@@ -178,34 +178,49 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 }
 
 void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
-                   const contract::decode_push& push, bool careful) {
+                   const contract::decode_push& push, decode_values values) {
     const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
     const shader_id id =
         plan.family != kernel_family::cpu ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
         : plan.shuffle ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
                        : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
-    const pipeline& kernel = pipes.get(id, plan.spec(careful));
+    const binding gate = io.gate.buffer ? io.gate : io.params;  // read only when gated
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
-                      DECODE_BINDING_PARAMS == 7 && DECODE_BINDINGS == 8,
+                      DECODE_BINDING_PARAMS == 7 && DECODE_BINDING_GATE == 8 && DECODE_BINDINGS == 9,
                   "the binding lists below follow the contract's order");
-    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttsssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttsssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttsssss"),
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttssssss"),
                   "Q, K and V are uniform texel buffers, the rest storage buffers");
-    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_blocks, "tsssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle_blocks, "tsssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tsssssss"),
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_blocks, "tssssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle_blocks, "tssssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tssssssss"),
                   "Q is a uniform texel buffer, K and V blocks in storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
-    if (blocks)
-        exec.dispatch(kernel,
-                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params}, &push,
-                      groups);
-    else
-        exec.dispatch(kernel,
-                      {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params}, &push,
-                      groups);
+    const auto run = [&](bool careful, std::uint32_t gate_mode) {
+        const pipeline& kernel = pipes.get(id, plan.spec(careful));
+        contract::decode_push p = push;
+        p.gate = gate_mode;
+        if (blocks)
+            exec.dispatch(
+                kernel,
+                {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params, gate}, &p,
+                groups);
+        else
+            exec.dispatch(
+                kernel,
+                {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate}, &p,
+                groups);
+    };
+    if (values == decode_values::gated) {
+        if (!io.gate.buffer) throw error("internal: a gated decode without its gate word");
+        run(false, DECODE_GATE_FINITE);
+        exec.compute_barrier();  // the two write the same partials (one of them writes nothing)
+        run(true, DECODE_GATE_NONFINITE_ONLY);
+    } else {
+        run(values == decode_values::nonfinite, DECODE_GATE_NONE);
+    }
     exec.compute_barrier();
 
     decode_merge_push m{};

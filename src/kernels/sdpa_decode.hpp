@@ -82,7 +82,12 @@ struct decode_io {
     VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
     binding k_blocks, v_blocks;
     binding mask, additive, stats, acc, out, params, lse;
+    binding gate;  ///< the flags word a gated decode reads (decode_values::gated)
 };
+
+/// What the recorder knows of V: finite (the plain kernel), maybe NaN or Inf (the careful one), or
+/// known only to the device (both, gated by a flags word: contract/decode.h, DECODE_GATE_*).
+enum class decode_values { finite, nonfinite, gated };
 
 /// The push block's per-problem fields: scale, causal offset, head counts, mask strides, and the
 /// power of two the values accumulate scaled by (sdpa_guard.hpp: value_scale).
@@ -90,6 +95,6 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 
 /// Records the decode dispatch, a barrier and the merge dispatch. `careful`: V may hold NaN or Inf.
 void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
-                   const contract::decode_push& push, bool careful);
+                   const contract::decode_push& push, decode_values values);
 
 }  // namespace qkv::vulkan::detail
