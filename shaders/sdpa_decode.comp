@@ -49,7 +49,7 @@ layout(constant_id = DECODE_SPEC_E4) const uint E4 = 16;
 layout(constant_id = DECODE_SPEC_EV4) const uint EV4 = 16;
 layout(constant_id = DECODE_SPEC_MASKS) const uint MASKS = 0;
 layout(constant_id = DECODE_SPEC_SUBGROUP) const uint SUBGROUP = 0;
-layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // 1: V may hold NaN or Inf (values.glsl)
+layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // DECODE_VALUES_* (values.glsl)
 layout(constant_id = DECODE_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
 layout(constant_id = DECODE_SPEC_KV_FORMAT) const uint KV_FORMAT = DECODE_KV_TEXELS;
 
@@ -77,12 +77,11 @@ layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out
 layout(push_constant) uniform Push { decode_push pc; };
 layout(std430, binding = DECODE_BINDING_GATE) readonly buffer Gate { uint gate_word[]; };
 
-/// Whether this dispatch takes this call (decode_push::gate): uniform, so a workgroup that does
-/// not returns whole, before any barrier.
-bool gated_out() {
-    if (pc.gate == DECODE_GATE_NONE) return false;
-    const bool nonfinite = (gate_word[0] & DECODE_GATE_NONFINITE) != 0u;
-    return nonfinite != (pc.gate == DECODE_GATE_NONFINITE_ONLY);
+/// Whether V may hold NaN or Inf: the host's word, or (DECODE_VALUES_GATED) the gate word's, the
+/// same for every invocation of the dispatch (so the branch on it is uniform).
+bool careful_values() {
+    if (CAREFUL != DECODE_VALUES_GATED) return CAREFUL == DECODE_VALUES_NONFINITE;
+    return (gate_word[0] & DECODE_GATE_NONFINITE) != 0u;
 }
 
 const uint WG = gl_WorkGroupSize.x;
@@ -124,8 +123,7 @@ uvec2 key_range(uint chunk) {
 
 #ifndef QKV_DECODE_GPU
 
-void main() {
-    if (gated_out()) return;
+void decode(const bool careful) {
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint BLOCK = WG * RPI;
     const uint wx = gl_WorkGroupID.x + pc.group_x;
@@ -202,7 +200,7 @@ void main() {
             }
             l[i] = l[i] * alpha + sum;
             m[i] = m_new;
-            if (CAREFUL != 0u)
+            if (careful)
                 [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] = rescaled(acc[i * EV4 + c], alpha);
             else
                 [[unroll]] for (uint c = 0; c < EV4; ++c) acc[i * EV4 + c] *= alpha;
@@ -220,7 +218,7 @@ void main() {
 #endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const float p = s[i * KPS + j];
-                    if (CAREFUL != 0u)
+                    if (careful)
                         acc[i * EV4 + c] += weighted(p, vv);
                     else
                         acc[i * EV4 + c] += p * vv;
@@ -245,8 +243,7 @@ shared vec4 q_sh[RPI * E4];
 shared float p_sh[RPI * WG];
 shared float red_sh[RPI * WG];
 
-void main() {
-    if (gated_out()) return;
+void decode(const bool careful) {
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint wx = gl_WorkGroupID.x + pc.group_x;
     const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
@@ -335,13 +332,13 @@ void main() {
                 float a_r = 1.0;
                 [[unroll]] for (uint rr = 0; rr < RPI; ++rr)
                     if (rr == r) a_r = alpha[rr];
-                vec4 a = CAREFUL != 0u ? rescaled(acc[k], a_r) : acc[k] * a_r;
+                vec4 a = careful ? rescaled(acc[k], a_r) : acc[k] * a_r;
                 float ls = l[k] * a_r;
                 for (uint j = 0; j < WG; ++j) {
                     const float p = p_sh[r * WG + j];
                     const vec4 vv = v_texel(kbase + min(j0 + j, last), c);
                     // the values accumulate scaled by pc.v_scale (exact: a power of two)
-                    if (CAREFUL != 0u)
+                    if (careful)
                         a += weighted(p * pc.v_scale, vv);
                     else
                         a += (p * pc.v_scale) * vv;
@@ -369,3 +366,12 @@ void main() {
 }
 
 #endif
+
+// Each call of decode() is inlined with its constant argument: two specialised bodies where the
+// pipeline is gated, one otherwise.
+void main() {
+    if (careful_values())
+        decode(true);
+    else
+        decode(false);
+}

@@ -23,8 +23,10 @@ bool finite(float x) { return !isnan(x) && !isinf(x); }
 
 void main() {
     const uint i = (gl_WorkGroupID.x + pc.group_x) * SDPA_GUARD_WORKGROUP + gl_LocalInvocationID.x;
-    if (pc.pass == GUARD_PASS_OUTPUT) {
-        if (i < pc.out_count && !finite(o[pc.out_off + i]))
+    const uint row_count = (pc.pass & GUARD_PASS_ROWS) != 0u ? pc.q_rows + 2u * pc.k_rows : 0u;
+    if (i >= row_count) {  // an output element (or past the end)
+        const uint e = i - row_count;
+        if ((pc.pass & GUARD_PASS_OUTPUT) != 0u && e < pc.out_count && !finite(o[pc.out_off + e]))
             atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
         return;
     }
@@ -49,15 +51,13 @@ void main() {
             }
         fold = m * sqrt(s);  // beyond float32 only where the norm is beyond the rule's 2^127 anyway
         word = GUARD_HEADER_WORDS + (is_q ? r / pc.q_len : q_heads + r / pc.kv_len);
-    } else if (i < pc.q_rows + 2u * pc.k_rows) {  // a row of v: its largest |element|
+    } else {  // a row of v: its largest |element|
         const uint r = i - pc.q_rows - pc.k_rows;
         for (uint c = 0u; c < pc.dv; ++c) {
             const float x = float(v[pc.v_off + r * pc.dv + c]);
             if (finite(x)) fold = max(fold, abs(x)); else bad = true;
         }
         word = GUARD_HEADER_WORDS + q_heads + kv_heads + r / pc.kv_len;
-    } else {
-        return;
     }
     atomicMax(result[word], floatBitsToUint(fold));
     if (bad) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_INPUT_NONFINITE);

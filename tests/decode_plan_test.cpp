@@ -166,7 +166,7 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
     }
 
     // The specialization constants are the plan's.
-    const qkv::contract::decode_spec spec = p.spec(false);
+    const qkv::contract::decode_spec spec = p.spec(qkv::vulkan::detail::decode_values::finite);
     CHECK(spec.wg == p.wg);
     CHECK(spec.rpi == p.rpi);
     CHECK(spec.kps == p.kps);

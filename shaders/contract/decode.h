@@ -38,7 +38,6 @@ struct decode_push {
     uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
     float v_scale;                        // the values accumulate multiplied by this power of two
     uint kv_first, kv_end;                // the keys some row may see; the chunks cover them
-    uint gate;  // DECODE_GATE_*: which calls' values this dispatch takes (a device-side choice)
 };
 
 struct decode_merge_push {
@@ -58,7 +57,8 @@ struct decode_spec {
     uint ev4;        // texels per V row, ceil(Ev / 4)
     uint masks;      // mask.h's MASK_FLAG_* bits
     uint subgroup;   // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-    uint careful;    // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
+    uint careful;    // DECODE_VALUES_*: whether V may hold NaN or Inf (masked keys add nothing, underflowed
+                     // weights keep infinities), or the gate word says
     uint features;   // contract/score.h's SCORE_* rules of the call
     uint kv_format;  // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
 };
@@ -90,17 +90,16 @@ QKV_CONST uint DECODE_BINDING_ADDITIVE = 4u;  // storage, float per element
 QKV_CONST uint DECODE_BINDING_STATS = 5u;     // storage, (m, l) per (z, row, chunk)
 QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk)
 QKV_CONST uint DECODE_BINDING_PARAMS = 7u;    // storage, contract/score.h's params
-QKV_CONST uint DECODE_BINDING_GATE = 8u;      // storage, a flags word (see decode_push::gate)
+QKV_CONST uint DECODE_BINDING_GATE = 8u;      // storage, a flags word (DECODE_VALUES_GATED)
 QKV_CONST uint DECODE_BINDINGS = 9u;
 
-// decode_push::gate. Where only the device knows whether V holds a NaN or Inf (a call over device
-// tensors, or a cache filled by device appends), the plain and the careful pipeline are both
-// dispatched, and each runs only where the gate word (the overflow guard's flags,
-// contract/tensor.h) says its kind of values: the other returns at once.
-QKV_CONST uint DECODE_GATE_NONE = 0u;            // always runs (the host knows which pipeline to take)
-QKV_CONST uint DECODE_GATE_FINITE = 1u;          // runs only where the word's DECODE_GATE_NONFINITE bit is clear
-QKV_CONST uint DECODE_GATE_NONFINITE_ONLY = 2u;  // runs only where it is set
-QKV_CONST uint DECODE_GATE_NONFINITE = 1u;       // the bit: GUARD_FLAG_INPUT_NONFINITE of contract/tensor.h
+// decode_spec::careful. Where only the device knows whether V holds a NaN or Inf (a call over
+// device tensors, or a cache filled by device appends), one gated pipeline holds both paths and
+// the gate word (the overflow guard's flags, contract/tensor.h) picks one, uniformly per dispatch.
+QKV_CONST uint DECODE_VALUES_FINITE = 0u;     // the plain products (every value finite)
+QKV_CONST uint DECODE_VALUES_NONFINITE = 1u;  // values.glsl's careful products
+QKV_CONST uint DECODE_VALUES_GATED = 2u;      // careful where the word's DECODE_GATE_NONFINITE bit is set
+QKV_CONST uint DECODE_GATE_NONFINITE = 1u;    // the bit: GUARD_FLAG_INPUT_NONFINITE of contract/tensor.h
 
 QKV_CONST uint MERGE_BINDING_STATS = 0u;
 QKV_CONST uint MERGE_BINDING_ACC = 1u;
@@ -111,7 +110,7 @@ QKV_CONST uint MERGE_BINDINGS = 5u;
 QKV_CONST uint MERGE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 22u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 21u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&

@@ -28,10 +28,11 @@ QKV_CONST uint TENSOR_COPY_PER_INVOCATION = 16u;
 /// sdpa_guard.comp, its rows pass: the largest row norm of q per (batch, query head), of k per
 /// (batch, K/V head), the largest |v| per (batch, K/V head), all over finite elements, and whether
 /// any element is NaN or infinite. Its output pass (GUARD_PASS_OUTPUT): whether any output
-/// element is NaN or infinite.
+/// element is NaN or infinite. `pass` holds either bit or both: one dispatch, the rows'
+/// invocations first, then one per output element (the verdict is read only after the call).
 struct sdpa_guard_push {
     uint group_x, group_y, group_z;
-    uint pass;                 // GUARD_PASS_ROWS or GUARD_PASS_OUTPUT
+    uint pass;                 // GUARD_PASS_ROWS | GUARD_PASS_OUTPUT
     uint q_rows, k_rows;       // B·Hq·L and B·Hkv·S (v has k_rows rows too)
     uint q_len, kv_len;        // L, S: rows per head
     uint d, dv;                // E, Ev
@@ -39,8 +40,8 @@ struct sdpa_guard_push {
     uint out_count;            // B·Hq·L·Ev (output pass)
     uint out_off;
 };
-QKV_CONST uint GUARD_PASS_ROWS = 0u;
-QKV_CONST uint GUARD_PASS_OUTPUT = 1u;
+QKV_CONST uint GUARD_PASS_ROWS = 1u;  // bits
+QKV_CONST uint GUARD_PASS_OUTPUT = 2u;
 QKV_CONST uint SDPA_GUARD_BINDING_Q = 0u;
 QKV_CONST uint SDPA_GUARD_BINDING_K = 1u;
 QKV_CONST uint SDPA_GUARD_BINDING_V = 2u;

@@ -33,7 +33,7 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
-                        binding k_blocks, binding v_blocks, binding gate) {
+                        binding k_blocks, binding v_blocks, binding gate, binding out) {
     const call_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
@@ -49,7 +49,7 @@ void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_pr
     io.additive = masks.additive.buffer ? masks.additive : any;
     io.stats = b.bind(role::partial_stats, 0, d.stats_bytes());
     io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
-    io.out = b.bind(role::out, 0, d.out_bytes());
+    io.out = out.buffer ? out : b.bind(role::out, 0, d.out_bytes());
     io.gate = gate;
     record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }

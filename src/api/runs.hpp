@@ -147,9 +147,10 @@ void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_
 /// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's
 /// partials and output (and the lse where the plan asks for it).
 /// `values` with `gate`: whether V may hold NaN or Inf, or (decode_values::gated) the flags word
-/// that says so on the device.
+/// that says so on the device. `out`: where the output goes instead of the session's (a caller's
+/// float32 tensor of the same layout, bound from an aligned offset).
 void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
-                        binding k_blocks = {}, binding v_blocks = {}, binding gate = {});
+                        binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {});
 
 }  // namespace qkv::vulkan::detail

@@ -202,17 +202,30 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     const call_buffers& b = r.buffers;
     const buffer& inputs = b[role::inputs];
 
-    // Earlier compute writes (the caller's, or another recording's) before these reads and writes.
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
-    // check: the overflow rule's device pass over the caller's tensors (a cache's rows: its statistics)
+    const device& dev = *core->dev;
+    const auto format = [](bool f16) { return f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; };
+    const decode_plan& d = p.decode;
+    // The decode route reads a q that qkv allocated in place (a texel view of it: rows of whole
+    // texels, the plan's element type, an offset the device accepts for a view; a caller's buffer
+    // may lack the texel usage, so a wrapped q is packed), and writes the output straight into
+    // `out` where its offset is one a storage binding accepts. Otherwise they go through the
+    // call's own buffers, as the fused route's always do.
+    const bool q_direct = !p.fused() && !q.wrapped && std::uint64_t{d.e4} * 4 == s.d_qk && half == p.q_fp16 &&
+                          q.offset % dd.texel_alignment == 0;
+    const bool out_direct = !p.fused() && ob.element == 0 && d.out_bytes() == out.bytes;
+
+    // check: the overflow rule's device pass over the caller's tensors (a cache's rows: its
+    // statistics), into verdict words zeroed first.
     const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
     r.q_groups = q_groups, r.kv_groups = kv_groups;
     core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
     const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
     rec.fill(r.guard.handle(), 0, verdict.range, 0);
-    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    // Earlier compute writes (the caller's, or another recording's) and the zeroed words before
+    // these reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
     guard_rows g;
     g.q_rows = static_cast<std::uint32_t>(q_groups * s.q_len);
     g.q_len = static_cast<std::uint32_t>(s.q_len);
@@ -227,9 +240,13 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         g.k_rows = static_cast<std::uint32_t>(kv_groups * s.kv_len);
         g.k_off = kb.element, g.v_off = vb.element;
     }
-    record_guard_rows(rec, pipes, qb.b, kb.b, vb.b, verdict, g);
+    // The rows pass goes first only where a kernel reads its flags (a decode over the caller's V
+    // gates on them); otherwise it joins the output pass after the kernels, one dispatch.
+    const bool rows_first = !p.fused() && !cache;
+    if (rows_first) record_guard_rows(rec, pipes, qb.b, kb.b, vb.b, verdict, g);
 
     // write: the caller's tensors into the call's inputs, as the plan lays them out
+    bool wrote = rows_first;
     if (p.fused()) {
         record_tensor_copy(rec, pipes, qb.b, qb.element, b.bind(role::inputs, 0, inputs.size()),
                            static_cast<std::uint32_t>(p.q.at / eb), static_cast<std::uint32_t>(p.q.bytes / eb), half);
@@ -237,8 +254,8 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
                            static_cast<std::uint32_t>(p.k.at / eb), static_cast<std::uint32_t>(p.k.bytes / eb), half);
         record_tensor_copy(rec, pipes, vb.b, vb.element, b.bind(role::inputs, 0, inputs.size()),
                            static_cast<std::uint32_t>(p.v.at / eb), static_cast<std::uint32_t>(p.v.bytes / eb), half);
+        wrote = true;
     } else {
-        const decode_plan& d = p.decode;
         const std::uint64_t q_tb = p.q_fp16 ? 8 : 16, kv_tb = p.kv_fp16 ? 8 : 16;
         const auto pack = [&](const tensor::impl::bound& src, const region& at, std::uint32_t groups,
                               std::uint32_t rows, std::uint64_t width, std::uint32_t w4, std::uint64_t tb) {
@@ -250,26 +267,26 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             tp.half = half;
             record_texel_pack(rec, pipes, src.b, b.bind(role::inputs, 0, inputs.size()),
                               b.bind(role::partial_stats, 0, 16), tp);
+            wrote = true;
         };
         // q: row z·R + r of the groups is exactly q's row (GQA heads of a K/V head are consecutive).
-        pack(qb, p.q, d.groups, d.rows, s.d_qk, d.e4, q_tb);
+        if (!q_direct) pack(qb, p.q, d.groups, d.rows, s.d_qk, d.e4, q_tb);
         if (!cache) {
             pack(kb, p.k, d.groups, d.kv_len, s.d_qk, d.e4, kv_tb);
             pack(vb, p.v, d.groups, d.kv_len, s.d_v, d.ev4, kv_tb);
         }
     }
-    rec.compute_barrier();
+    if (wrote) rec.compute_barrier();
 
     // record: the route's kernels, as context::sdpa records them
     const mask_bindings& m = masks;
     if (p.fused()) {
         record_fused_sdpa(session, p, m, r.flash_views);
     } else {
-        const auto format = [](bool f16) {
-            return f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-        };
-        const device& dev = *core->dev;
-        r.views.emplace_back(dev, inputs, format(p.q_fp16), p.q.at, p.q.bytes);
+        if (q_direct)
+            r.views.emplace_back(dev, q.handle, format(p.q_fp16), q.offset, p.q.bytes);
+        else
+            r.views.emplace_back(dev, inputs, format(p.q_fp16), p.q.at, p.q.bytes);
         VkBufferView kv = VK_NULL_HANDLE, vv = VK_NULL_HANDLE;
         if (cache) {
             kv = cache->k_view.handle(), vv = cache->v_view.handle();
@@ -282,15 +299,20 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         // NaN or Inf only the device knows (the guard's flags: this call's pass, or the cache's
         // appends): both kernels are recorded, each running only for its kind of values.
         const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
+        const binding direct_out = out_direct ? binding{out.handle, out.offset, out.bytes} : binding{};
         record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, {}, {},
-                           gate);
+                           gate, direct_out);
     }
     rec.compute_barrier();
 
-    // read: the output into the caller's tensor; the output pass of the check
+    // read: the output into the caller's tensor; the output pass of the check (with the rows
+    // pass where it did not go first)
     const std::uint32_t out_count = static_cast<std::uint32_t>(p.out_count);
-    record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, ob.b, ob.element, out_count, false);
-    record_guard_output(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, out_count, verdict);
+    const guard_output result_check = out_direct ? guard_output{ob.b, ob.element, out_count}
+                                                 : guard_output{b.bind(role::out, 0, p.out_count * 4), 0, out_count};
+    if (!out_direct)
+        record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, ob.b, ob.element, out_count, false);
+    record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                 VK_ACCESS_HOST_READ_BIT);
 }

@@ -33,8 +33,11 @@ constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
 
 }  // namespace
 
-contract::decode_spec decode_plan::spec(bool careful) const {
-    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful ? 1u : 0u, features, kv_format};
+contract::decode_spec decode_plan::spec(decode_values values) const {
+    const std::uint32_t careful = values == decode_values::finite      ? contract::DECODE_VALUES_FINITE
+                                  : values == decode_values::nonfinite ? contract::DECODE_VALUES_NONFINITE
+                                                                       : contract::DECODE_VALUES_GATED;
+    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful, features, kv_format};
 }
 
 decode_plan try_plan_decode(const device_info& info, const decode_request& r, const settings& set) {
@@ -198,29 +201,17 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
                       row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tssssssss"),
                   "Q is a uniform texel buffer, K and V blocks in storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
-    const auto run = [&](bool careful, std::uint32_t gate_mode) {
-        const pipeline& kernel = pipes.get(id, plan.spec(careful));
-        contract::decode_push p = push;
-        p.gate = gate_mode;
-        if (blocks)
-            exec.dispatch(
-                kernel,
-                {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params, gate}, &p,
-                groups);
-        else
-            exec.dispatch(
-                kernel,
-                {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate}, &p,
-                groups);
-    };
-    if (values == decode_values::gated) {
-        if (!io.gate.buffer) throw error("internal: a gated decode without its gate word");
-        run(false, DECODE_GATE_FINITE);
-        exec.compute_barrier();  // the two write the same partials (one of them writes nothing)
-        run(true, DECODE_GATE_NONFINITE_ONLY);
-    } else {
-        run(values == decode_values::nonfinite, DECODE_GATE_NONE);
-    }
+    if (values == decode_values::gated && !io.gate.buffer)
+        throw error("internal: a gated decode without its gate word");
+    const pipeline& kernel = pipes.get(id, plan.spec(values));
+    if (blocks)
+        exec.dispatch(kernel,
+                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params, gate},
+                      &push, groups);
+    else
+        exec.dispatch(kernel,
+                      {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate},
+                      &push, groups);
     exec.compute_barrier();
 
     decode_merge_push m{};

@@ -33,6 +33,11 @@ struct decode_request {
     std::uint32_t kv_first = 0, kv_end = 0xffffffffu;
 };
 
+/// What the recorder knows of V: finite (the plain kernel), maybe NaN or Inf (the careful one), or
+/// known only to the device (one pipeline with both paths, the flags word choosing: contract/decode.h,
+/// DECODE_VALUES_GATED).
+enum class decode_values { finite, nonfinite, gated };
+
 /// The decode kernel's shape for one call.
 struct decode_plan {
     kernel_family family = kernel_family::cpu;
@@ -60,8 +65,8 @@ struct decode_plan {
     [[nodiscard]] std::uint64_t stats_bytes() const { return partials() * 8; }
     [[nodiscard]] std::uint64_t acc_bytes() const { return partials() * ev4 * 16; }
     [[nodiscard]] std::uint64_t out_bytes() const { return std::uint64_t{groups} * rows * dv * 4; }
-    /// The kernel's constants; `careful`: V may hold NaN or Inf (shaders/values.glsl).
-    [[nodiscard]] contract::decode_spec spec(bool careful) const;
+    /// The kernel's constants for what is known of V (shaders/values.glsl).
+    [[nodiscard]] contract::decode_spec spec(decode_values values) const;
 };
 
 /// Plans a decode call on a device described by `info`: a pure function. Where the shape cannot
@@ -84,10 +89,6 @@ struct decode_io {
     binding mask, additive, stats, acc, out, params, lse;
     binding gate;  ///< the flags word a gated decode reads (decode_values::gated)
 };
-
-/// What the recorder knows of V: finite (the plain kernel), maybe NaN or Inf (the careful one), or
-/// known only to the device (both, gated by a flags word: contract/decode.h, DECODE_GATE_*).
-enum class decode_values { finite, nonfinite, gated };
 
 /// The push block's per-problem fields: scale, causal offset, head counts, mask strides, and the
 /// power of two the values accumulate scaled by (sdpa_guard.hpp: value_scale).

@@ -55,33 +55,55 @@ void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding 
     rec.dispatch(p, {src, dst, flags}, &pk, groups);
 }
 
-void record_guard_rows(recorder& rec, pipeline_set& pipes, binding q, binding k, binding v, binding result,
-                       const guard_rows& r) {
-    static_assert(contract::SDPA_GUARD_BINDING_RESULT == 4 &&
+void record_guard(recorder& rec, pipeline_set& pipes, binding q, binding k, binding v, binding result,
+                  const guard_rows* rows, const guard_output* output) {
+    static_assert(contract::SDPA_GUARD_BINDING_Q == 0 && contract::SDPA_GUARD_BINDING_K == 1 &&
+                  contract::SDPA_GUARD_BINDING_V == 2 && contract::SDPA_GUARD_BINDING_OUT == 3 &&
+                  contract::SDPA_GUARD_BINDING_RESULT == 4 &&
                   row_matches<contract::sdpa_guard_push, no_spec>(shader_id::sdpa_guard, "sssss") &&
                   row_matches<contract::sdpa_guard_push, no_spec>(shader_id::sdpa_guard_f16, "sssss"));
-    if (r.d > 4096 || r.dv > 4096)
-        throw limit_exceeded("the overflow guard reads rows of at most 4096 values (d = " + std::to_string(r.d) +
-                             ", dv = " + std::to_string(r.dv) + ")");
+    if (!rows && !output) return;
     contract::sdpa_guard_push push{};
-    push.pass = contract::GUARD_PASS_ROWS;
-    push.q_rows = r.q_rows, push.k_rows = r.k_rows, push.q_len = r.q_len, push.kv_len = r.kv_len;
-    push.d = r.d, push.dv = r.dv;
-    push.q_off = r.q_off, push.k_off = r.k_off, push.v_off = r.v_off;
-    const std::uint64_t rows = std::uint64_t{r.q_rows} + 2ull * r.k_rows;
-    const std::uint32_t groups[3] = {ceil_div(rows, contract::SDPA_GUARD_WORKGROUP), 1, 1};
-    rec.dispatch(pipes.get(r.half ? shader_id::sdpa_guard_f16 : shader_id::sdpa_guard), {q, k, v, result, result},
-                 &push, groups);
+    push.q_len = push.kv_len = 1;
+    std::uint64_t invocations = 0;
+    bool half = false;
+    if (rows) {
+        const guard_rows& r = *rows;
+        if (r.d > 4096 || r.dv > 4096)
+            throw limit_exceeded("the overflow guard reads rows of at most 4096 values (d = " + std::to_string(r.d) +
+                                 ", dv = " + std::to_string(r.dv) + ")");
+        push.pass |= contract::GUARD_PASS_ROWS;
+        push.q_rows = r.q_rows, push.k_rows = r.k_rows, push.q_len = r.q_len, push.kv_len = r.kv_len;
+        push.d = r.d, push.dv = r.dv;
+        push.q_off = r.q_off, push.k_off = r.k_off, push.v_off = r.v_off;
+        invocations += std::uint64_t{r.q_rows} + 2ull * r.k_rows;
+        half = r.half;
+    }
+    binding out = result;
+    if (output) {
+        push.pass |= contract::GUARD_PASS_OUTPUT;
+        push.out_count = output->count, push.out_off = output->off;
+        invocations += output->count;
+        out = output->out;
+    }
+    // The shader indexes its invocations in 32 bits (rows first, then output elements).
+    if (invocations + contract::SDPA_GUARD_WORKGROUP > 0xffffffffull)
+        throw limit_exceeded("the overflow guard covers at most 2^32 - 65 rows and output elements (" +
+                             std::to_string(invocations) + " asked)");
+    const std::uint32_t groups[3] = {ceil_div(invocations, contract::SDPA_GUARD_WORKGROUP), 1, 1};
+    rec.dispatch(pipes.get(half ? shader_id::sdpa_guard_f16 : shader_id::sdpa_guard), {q, k, v, out, result}, &push,
+                 groups);
+}
+
+void record_guard_rows(recorder& rec, pipeline_set& pipes, binding q, binding k, binding v, binding result,
+                       const guard_rows& rows) {
+    record_guard(rec, pipes, q, k, v, result, &rows, nullptr);
 }
 
 void record_guard_output(recorder& rec, pipeline_set& pipes, binding out, std::uint32_t out_off, std::uint32_t count,
                          binding result) {
-    contract::sdpa_guard_push push{};
-    push.pass = contract::GUARD_PASS_OUTPUT;
-    push.q_len = push.kv_len = 1;
-    push.out_count = count, push.out_off = out_off;
-    const std::uint32_t groups[3] = {ceil_div(count, contract::SDPA_GUARD_WORKGROUP), 1, 1};
-    rec.dispatch(pipes.get(shader_id::sdpa_guard), {result, result, result, out, result}, &push, groups);
+    const guard_output o{out, out_off, count};
+    record_guard(rec, pipes, result, result, result, result, nullptr, &o);
 }
 
 }  // namespace qkv::vulkan::detail

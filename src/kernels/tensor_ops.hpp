@@ -43,5 +43,13 @@ void record_guard_rows(recorder& rec, pipeline_set& pipes, binding q, binding k,
 /// Its output pass: GUARD_FLAG_OUTPUT_NONFINITE where an element of the float32 `out` is not finite.
 void record_guard_output(recorder& rec, pipeline_set& pipes, binding out, std::uint32_t out_off, std::uint32_t count,
                          binding result);
+/// Both passes in one dispatch (either may be null), where nothing between them needs the rows'
+/// verdict: the host reads it after the call.
+struct guard_output {
+    binding out;
+    std::uint32_t off = 0, count = 0;
+};
+void record_guard(recorder& rec, pipeline_set& pipes, binding q, binding k, binding v, binding result,
+                  const guard_rows* rows, const guard_output* output);
 
 }  // namespace qkv::vulkan::detail
