@@ -14,6 +14,7 @@
 #include "choice_option.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
+#include "flag_args.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -35,7 +36,6 @@ struct sdpa_command_options {
     qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
     const CLI::Option* scale_option = nullptr;
-    const CLI::Option* weights_option = nullptr;
     const CLI::Option* align_option = nullptr;
 };
 
@@ -55,9 +55,6 @@ qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::stri
 }
 
 void run(const sdpa_command_options& o) {
-    if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
-    if (o.weights_option->count() > 0 && o.weights.empty())
-        throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
     if (o.align_option->count() > 0 && !o.causal)
         throw usage_error("--causal-align needs --causal: it chooses where the causal diagonal starts");
     qkv::sdpa_options options;
@@ -141,9 +138,9 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
         ->required()
         ->type_name("OUT.npy")
         ->group(outputs);
-    o.weights_option = cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
-                           ->type_name("W.npy")
-                           ->group(outputs);
+    cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
+        ->type_name("W.npy")
+        ->group(outputs);
 
     const std::string attention = "Attention";
     o.scale_option = cmd.add_option("--scale", o.scale, "Multiplies Q\u00b7K\u1d40 (positive)")
@@ -188,7 +185,10 @@ void add_sdpa(CLI::App& app) {
         "sdpa", "Scaled dot-product attention over Q, K, V .npy files (GQA, masks, causal), on Vulkan or the CPU");
     cmd->footer(footer);
     add_options(*cmd, *o);
-    cmd->callback([o] { run(*o); });
+    cmd->callback([o, cmd] {
+        refuse_empty_file_names(*cmd);  // --mask "" is not "no mask", --out "" no file
+        run(*o);
+    });
 }
 
 }  // namespace qkv::cli
