@@ -4,7 +4,7 @@
 #   bash quickstart.sh example   install what is missing, build, run `qkv example`
 #   bash quickstart.sh test      install what is missing, build and run every test leg
 #
-# `test` runs, in order: the clang-format check, GCC (shared library, -Werror), Clang (-Werror),
+# `test` runs, in order: the clang-format and reference checks, GCC (shared library, -Werror), Clang (-Werror),
 # the install/find_package consumer check, the backend-neutral build (qkv::runtime without Vulkan),
 # ASan+UBSan, the fuzzers, and the Windows executables under Wine. Each leg can also be run alone:
 # bash quickstart.sh test format|gcc|clang|neutral|sanitize|fuzz|windows
@@ -19,7 +19,7 @@ log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # ---- system packages ------------------------------------------------------------------------
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
                 vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
-TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14)
+TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14 python3)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.
 WINDOWS_PACKAGES=(g++-mingw-w64-x86-64-posix wine64 xvfb xauth)
@@ -56,6 +56,8 @@ leg_format() {
     mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.inl')
     clang-format-14 --dry-run -Werror "${files[@]}"
     echo "${#files[@]} files formatted"
+    log "References: every file and symbol the docs and comments cite exists (.ci/check_references.py)"
+    python3 .ci/check_references.py
 }
 
 leg_gcc() {
