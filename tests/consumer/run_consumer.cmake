@@ -62,9 +62,11 @@ endforeach()
 
 if(MODE STREQUAL "package" AND VULKAN)
   # consumer_vulkan_only proves libqkv_vulkan.so's own search path only if it does not itself
-  # record libqkv_runtime.so (which its RUNPATH would then find first).
+  # record libqkv_runtime.so (which its RUNPATH would then find first). Shared builds only: a
+  # static qkv is linked into the programs.
   find_program(READELF readelf)
-  if(READELF AND CMAKE_HOST_SYSTEM_NAME STREQUAL "Linux")
+  file(GLOB_RECURSE shared_vulkan ${prefix}/lib*/libqkv_vulkan.so*)
+  if(READELF AND shared_vulkan AND CMAKE_HOST_SYSTEM_NAME STREQUAL "Linux")
     execute_process(COMMAND ${READELF} -d ${path_consumer_vulkan_only} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
     if(NOT rc EQUAL 0 OR NOT dynamic MATCHES "libqkv_vulkan\\.so" OR dynamic MATCHES "libqkv_runtime\\.so")
       message(FATAL_ERROR "consumer_vulkan_only must record libqkv_vulkan.so and not libqkv_runtime.so:\n${dynamic}")
