@@ -20,6 +20,16 @@ JOBS=${QKV_JOBS:-$(nproc)}
 
 log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# CPU_NOW: the user + system CPU seconds of every command this script has waited for so far
+# (bash's `times`, run in this shell: a command substitution would count its own children only).
+cpu_now() {
+    local file
+    file=$(mktemp)
+    times >"$file"
+    CPU_NOW=$(awk 'NR == 2 { for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%d", t }' "$file")
+    rm -f "$file"
+}
+
 # ---- system packages ------------------------------------------------------------------------
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
                 vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
@@ -226,9 +236,13 @@ case "${1:-}" in
         [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 clang neutral sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
-            leg_start=$SECONDS
+            cpu_now
+            leg_start=$SECONDS leg_cpu=$CPU_NOW
             "leg_$leg"
-            echo "leg $leg: $((SECONDS - leg_start)) s"
+            # The CPU time tells a leg's cost on a shared machine, whose load the wall time includes.
+            cpu_now
+            echo "leg $leg: $((SECONDS - leg_start)) s ($((CPU_NOW - leg_cpu)) s of CPU; load average" \
+                "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown))"
         done
         log "All test legs passed (${legs[*]}) in $((SECONDS - start)) s"
         ;;
