@@ -4,11 +4,15 @@
 #   bash quickstart.sh example   install what is missing, build, run `qkv example`
 #   bash quickstart.sh test      install what is missing, build and run every test leg
 #
-# `test` runs, in order: the clang-format check, GCC (shared library, -Werror), Clang (-Werror),
-# the install/find_package consumer check, the backend-neutral build (qkv::runtime without Vulkan),
-# ASan+UBSan, the fuzzers, and the Windows executables under Wine. Each leg can also be run alone:
-# bash quickstart.sh test format|gcc|clang|neutral|sanitize|fuzz|windows
-# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already).
+# `test` runs, in order: the clang-format and reference checks, GCC (shared library, -Werror; with
+# the install/find_package consumer check), the GCC build's Vulkan and CLI tests again on a second
+# driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed),
+# Clang (-Werror), the backend-neutral build (qkv::runtime without Vulkan), ASan+UBSan, the
+# fuzzers, and the Windows executables under Wine. README's Testing section says which leg runs
+# which tests. Each leg can also be run alone:
+# bash quickstart.sh test format|gcc|mesa25|clang|neutral|sanitize|fuzz|windows
+# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already; the mesa25 leg
+# still downloads its driver, once, unless build/mesa25 holds it).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -16,10 +20,20 @@ JOBS=${QKV_JOBS:-$(nproc)}
 
 log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# CPU_NOW: the user + system CPU seconds of every command this script has waited for so far
+# (bash's `times`, run in this shell: a command substitution would count its own children only).
+cpu_now() {
+    local file
+    file=$(mktemp)
+    times >"$file"
+    CPU_NOW=$(awk 'NR == 2 { for (i = 1; i <= 2; ++i) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%d", t }' "$file")
+    rm -f "$file"
+}
+
 # ---- system packages ------------------------------------------------------------------------
-BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
+BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers
                 vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
-TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14)
+TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14 python3)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.
 WINDOWS_PACKAGES=(g++-mingw-w64-x86-64-posix wine64 xvfb xauth)
@@ -56,6 +70,8 @@ leg_format() {
     mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.inl')
     clang-format-14 --dry-run -Werror "${files[@]}"
     echo "${#files[@]} files formatted"
+    log "References: every file and symbol the docs and comments cite exists (.ci/check_references.py)"
+    python3 .ci/check_references.py
 }
 
 leg_gcc() {
@@ -69,10 +85,88 @@ leg_gcc() {
     run_ctest build/gcc
 }
 
+# ---- The second driver: Mesa 25.0's lavapipe (Vulkan 1.4) from Debian's bookworm-backports -------
+# Downloaded by apt-get through a private configuration (build/mesa25/apt: its own sources list,
+# package lists and cache, and an empty dpkg status; the system's apt sources are neither read nor
+# changed), unpacked with dpkg -x into build/mesa25/root, and chosen for the tests by
+# VK_DRIVER_FILES (an ICD file of its own, naming the library by its full path) and LD_LIBRARY_PATH
+# (for the newer libdrm it needs). The system's driver stays installed; every other leg uses it.
+MESA25_EXPECT=25.0
+MESA25=$ROOT/build/mesa25
+MESA25_PACKAGES=(mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports)
+
+fetch_mesa25() {
+    local apt=$MESA25/apt root=$MESA25/root multiarch deb version
+    if [ -f "$MESA25/ready" ] && [ "$(cat "$MESA25/ready")" = "$MESA25_EXPECT" ]; then return 0; fi
+    if ! grep -q '^12' /etc/debian_version 2>/dev/null; then
+        echo "mesa25 leg: needs Debian 12 (bookworm) for bookworm-backports; /etc/debian_version:" \
+            "$(cat /etc/debian_version 2>/dev/null || echo none)" >&2
+        exit 1
+    fi
+    log "Fetching Mesa $MESA25_EXPECT's lavapipe from bookworm-backports into $MESA25 (not installed)"
+    rm -rf "${MESA25:?}"
+    mkdir -p "$apt/sources.list.d" "$apt/preferences.d" "$apt/lists/partial" "$apt/cache/archives/partial" \
+        "$MESA25/debs" "$root"
+    : >"$apt/status"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian" \
+        "bookworm-backports main" >"$apt/sources.list"
+    {
+        echo "Dir::Etc::SourceList \"$apt/sources.list\";"
+        echo "Dir::Etc::SourceParts \"$apt/sources.list.d\";"
+        echo "Dir::Etc::Preferences \"$apt/preferences\";"
+        echo "Dir::Etc::PreferencesParts \"$apt/preferences.d\";"
+        echo "Dir::State::Lists \"$apt/lists\";"
+        echo "Dir::State::status \"$apt/status\";"
+        echo "Dir::Cache \"$apt/cache\";"
+        echo "APT::Sandbox::User \"$(id -un)\";"
+    } >"$apt/apt.conf"
+    APT_CONFIG=$apt/apt.conf apt-get update -q
+    (cd "$MESA25/debs" && APT_CONFIG=$apt/apt.conf apt-get download -q "${MESA25_PACKAGES[@]}")
+    version=$(dpkg-deb -f "$MESA25"/debs/mesa-vulkan-drivers_*.deb Version)
+    if [[ $version != "$MESA25_EXPECT".* ]]; then
+        echo "mesa25 leg: bookworm-backports has mesa-vulkan-drivers $version, not $MESA25_EXPECT.x" >&2
+        exit 1
+    fi
+    for deb in "$MESA25"/debs/*.deb; do dpkg -x "$deb" "$root"; done
+    multiarch=$(gcc -print-multiarch)
+    printf '{ "file_format_version": "1.0.0",\n  "ICD": { "library_path": "%s", "api_version": "1.4.0" } }\n' \
+        "$root/usr/lib/$multiarch/libvulkan_lvp.so" >"$MESA25/lvp_icd.json"
+    # Every library the driver needs resolves (the unpacked ones first), or the leg stops here.
+    if LD_LIBRARY_PATH=$root/usr/lib/$multiarch ldd "$root/usr/lib/$multiarch/libvulkan_lvp.so" | grep 'not found'; then
+        echo "mesa25 leg: libvulkan_lvp.so of mesa-vulkan-drivers $version needs libraries this machine lacks" >&2
+        exit 1
+    fi
+    echo "$MESA25_EXPECT" >"$MESA25/ready"
+    echo "mesa-vulkan-drivers $version unpacked into $root"
+}
+
+leg_mesa25() {
+    fetch_mesa25
+    # The gcc leg's build (built here when this leg runs alone; nothing to do after the gcc leg).
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON
+    log "Mesa $MESA25_EXPECT's lavapipe: the GCC build's Vulkan and CLI tests (labels vulkan, cli) on the second driver"
+    local devices lib
+    lib=$MESA25/root/usr/lib/$(gcc -print-multiarch)
+    # Only in the environment of the commands below: the rest of the run keeps the system's driver.
+    local -a driver=(env "VK_DRIVER_FILES=$MESA25/lvp_icd.json" "VK_ICD_FILENAMES=$MESA25/lvp_icd.json"
+                     "LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    # The tests must run on that driver and no other: `qkv devices` names the one the loader gave.
+    devices=$("${driver[@]}" build/gcc/bin/qkv devices) || {
+        echo "mesa25 leg: no Vulkan device through $MESA25/lvp_icd.json" >&2
+        exit 1
+    }
+    echo "$devices"
+    if ! grep -q "Mesa $MESA25_EXPECT\\." <<<"$devices" || grep -Eq "Mesa (1|2[0-4])[0-9]*\\." <<<"$devices"; then
+        echo "mesa25 leg: the Vulkan device is not (only) Mesa $MESA25_EXPECT's lavapipe" >&2
+        exit 1
+    fi
+    "${driver[@]}" ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^(vulkan|cli)$'
+}
+
 leg_clang() {
-    log "Clang: build (warnings as errors) and test"
+    log "Clang: build (warnings as errors) and test (not the labels variant, long, sweep: the gcc leg runs them)"
     configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON
-    run_ctest build/clang
+    run_ctest build/clang -LE '^(variant|long|sweep)$'
 }
 
 leg_neutral() {
@@ -99,7 +193,7 @@ leg_sanitize() {
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     LSAN_OPTIONS="suppressions=$ROOT/.ci/lsan.supp:print_suppressions=0" \
-        run_ctest build/sanitize -E '^consumer\.'
+        run_ctest build/sanitize -E '^consumer\.' -LE '^(variant|long)$'
 }
 
 leg_fuzz() {
@@ -139,12 +233,16 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(format gcc clang neutral sanitize fuzz windows)
+        [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 clang neutral sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
-            leg_start=$SECONDS
+            cpu_now
+            leg_start=$SECONDS leg_cpu=$CPU_NOW
             "leg_$leg"
-            echo "leg $leg: $((SECONDS - leg_start)) s"
+            # The CPU time tells a leg's cost on a shared machine, whose load the wall time includes.
+            cpu_now
+            echo "leg $leg: $((SECONDS - leg_start)) s ($((CPU_NOW - leg_cpu)) s of CPU; load average" \
+                "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown))"
         done
         log "All test legs passed (${legs[*]}) in $((SECONDS - start)) s"
         ;;

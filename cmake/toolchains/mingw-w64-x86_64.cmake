@@ -2,7 +2,7 @@
 # g++-mingw-w64-x86-64-posix, or the whole mingw-w64).
 #
 #   cmake -S . -B build/windows -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/mingw-w64-x86_64.cmake \
-#         -DCMAKE_FIND_ROOT_PATH=<folder with include/vulkan, include/catch2, ... for Windows>
+#         -DCMAKE_FIND_ROOT_PATH=<a folder whose include/ holds the vulkan, catch2, ... headers>
 #
 # The compiler is the `-posix` thread model (std::thread and std::mutex need it). Headers and
 # packages are searched only under the MinGW-w64 sysroot and CMAKE_FIND_ROOT_PATH, never in the

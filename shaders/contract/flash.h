@@ -1,6 +1,6 @@
 // The host–shader contract of the fused attention kernels (see common.h for the convention):
 // the GPU family (flash.comp), the cpu family (flash_cpu.comp with its packer flash_cpu_pack.comp)
-// and the weights kernel (flash_weights.comp). Included by those shaders and by src/flash_*.cpp.
+// and the weights kernel (flash_weights.comp). Included by those shaders and by src/kernels/flash_*.cpp.
 //
 // Every tensor is addressed by element strides, so the self-attention path's projected rows
 // (B, N, H·d, head h at column h·d of Q, K or V) and SDPA's (B, H, L, E) tensors are the same

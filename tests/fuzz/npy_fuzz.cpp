@@ -2,7 +2,7 @@
 // consistently and survive serialize -> parse bit for bit.
 //
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-//       -Itools tests/fuzz/npy_fuzz.cpp tools/npy/npy.cpp -o /tmp/npy_fuzz
+//       -Itools tests/fuzz/npy_fuzz.cpp tools/npy/npy_*.cpp -o /tmp/npy_fuzz
 //   mkdir -p /tmp/npy_corpus && cp tests/fuzz/corpus/npy/* /tmp/npy_corpus/
 //   /tmp/npy_fuzz -max_total_time=120 /tmp/npy_corpus
 #include "npy/npy.hpp"

@@ -5,7 +5,6 @@
 
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -13,6 +12,7 @@
 
 #include "choice_option.hpp"
 #include "errors.hpp"
+#include "flag_args.hpp"
 #include "names.hpp"
 
 namespace qkv::cli {
@@ -36,23 +36,10 @@ float parse_scale(const std::string& text) {
     return scale;
 }
 
-std::size_t parse_heads(const std::string& text) {
-    const std::string shown = text.empty() ? std::string("\"\"") : text;
-    std::size_t value = 0;
-    const char* end = text.data() + text.size();
-    const auto [at, ec] = std::from_chars(text.data(), end, value);
-    if (!text.empty() && text.front() == '-' && text.find_first_not_of("-0123456789") == std::string::npos)
-        throw usage_error("--heads must be at least 1 (it is " + text + ")");
-    if (ec == std::errc::result_out_of_range) throw usage_error("--heads " + shown + ": out of range");
-    if (ec != std::errc() || at != end) throw usage_error("--heads " + shown + ": expected a whole number");
-    if (value < 1) throw usage_error("--heads must be at least 1 (it is " + text + ")");
-    return value;
-}
+std::size_t parse_heads(const std::string& text) { return parse_count("--heads", text); }
 
 void check_usage(const attention_options& o) {
-    if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
-    if (o.weights_option->count() > 0 && o.weights.empty())
-        throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
+    refuse_empty_file_names(*o.command);  // --mask "" is not "no mask"
     if (o.scale_option->count() > 0) (void)parse_scale(o.scale);
     (void)parse_heads(o.heads);
     if (!o.weights.empty() && o.implementation == qkv::implementation::fused)
@@ -62,6 +49,7 @@ void check_usage(const attention_options& o) {
 }
 
 void add_attention_options(CLI::App& cmd, attention_options& o) {
+    o.command = &cmd;
     const std::string inputs = "Inputs";
     cmd.add_option("--x", o.files.x, "The input sequence")->required()->type_name("X.npy")->group(inputs);
     cmd.add_option("--wq", o.files.wq, "Query weights")->required()->type_name("WQ.npy")->group(inputs);

@@ -29,6 +29,7 @@ struct attention_options {
     std::string device;
     const CLI::Option* scale_option = nullptr;    // to tell "--scale not given" from a value
     const CLI::Option* weights_option = nullptr;  // to tell "--weights not given" from --weights ""
+    const CLI::App* command = nullptr;            // its file flags: "" is refused (flag_args.hpp)
 };
 
 /// Adds every option of `qkv attention` to `cmd`, stored in `o` (which must outlive `cmd`).
@@ -38,10 +39,12 @@ void add_attention_options(CLI::App& cmd, attention_options& o);
 /// would be infinite), and not a nonzero value that rounds to 0. Throws usage_error naming --scale.
 float parse_scale(const std::string& text);
 
-/// --heads: a decimal count of at least 1 that fits a std::size_t. Throws usage_error naming --heads.
+/// --heads: a decimal count of at least 1 that fits a std::size_t (parse_count). Throws usage_error
+/// naming --heads.
 std::size_t parse_heads(const std::string& text);
 
-/// Flag combinations and values that make no sense, before any file is read (usage_error).
+/// Flag combinations and values that make no sense, and file flags given as "", before any file
+/// is read (usage_error).
 void check_usage(const attention_options& o);
 
 }  // namespace qkv::cli

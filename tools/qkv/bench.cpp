@@ -17,6 +17,8 @@
 // Parts: this file (options, the sweep, the run), bench_measure.cpp, bench_table.cpp, bench_json.cpp.
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -30,6 +32,7 @@
 #include "commands.hpp"
 #include "errors.hpp"
 #include "feature_args.hpp"
+#include "flag_args.hpp"
 #include "names.hpp"
 #include "npy/npy.hpp"
 #include "qkv/version.hpp"
@@ -53,6 +56,70 @@ std::string utc_now() {
     char text[32];
     std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &tm);
     return text;
+}
+
+// ---- Sizes: checked before any work (exit 2, naming the flag and the limit) -------------------
+/// The most any size flag takes: qkv's kernels index with 32-bit integers, and the library's
+/// plans refuse a dimension beyond 2^31 - 1.
+constexpr std::size_t most_size = 0x7fffffff;
+
+struct size_flag {
+    const char* name;
+    std::vector<std::string> bench_options::*text;
+    std::vector<std::size_t> bench_options::*values;
+};
+constexpr size_flag size_flags[] = {{"--batch", &bench_options::batch_text, &bench_options::batch},
+                                    {"--heads", &bench_options::heads_text, &bench_options::heads},
+                                    {"--seq", &bench_options::seq_text, &bench_options::seq},
+                                    {"--dim", &bench_options::dim_text, &bench_options::dim},
+                                    {"--kv-seq", &bench_options::kv_seq_text, &bench_options::kv_seq},
+                                    {"--kv-heads", &bench_options::kv_heads_text, &bench_options::kv_heads},
+                                    {"--dim-v", &bench_options::dim_v_text, &bench_options::dim_v}};
+
+/// Every size flag as whole numbers from 1 to most_size; before the device is opened.
+void parse_sizes(bench_options& o) {
+    for (const size_flag& flag : size_flags)
+        for (const std::string& text : o.*flag.text)
+            (o.*flag.values)
+                .push_back(parse_count(flag.name, text, most_size, "size qkv's kernels can index with 32 bits"));
+}
+
+/// a x b, or UINT64_MAX where that does not fit: the products below may pass 64 bits before
+/// they are refused.
+std::uint64_t times(std::uint64_t a, std::uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+
+std::string bytes_text(std::uint64_t bytes) {
+    const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
+    char text[48];
+    std::snprintf(text, sizeof text, mib < 1024 ? "%.3g MiB" : "%.3g GiB", mib < 1024 ? mib : mib / 1024);
+    return text;
+}
+
+/// Every array the bench builds on the host for `c` (float32) goes to the device in one buffer,
+/// which the library refuses beyond maxStorageBufferRange (limit_exceeded), but only after the
+/// host has built it (or failed to: bad_alloc). Refused here, for every configuration of the
+/// sweep, before anything is timed.
+void check_fits_device(const config& c, const qkv::vulkan::device_info& info) {
+    struct host_array {
+        const char* what;
+        std::uint64_t floats;
+        const char* flags;
+    };
+    const std::uint64_t width = times(c.heads, c.dim), wide = std::max(c.dim, c.ev());  // d, or Ev if wider
+    const host_array arrays[] = {
+        {c.decode ? "q and the output (B x H x L x d floats)" : "x and the output (B x N x H*d floats)",
+         times(times(times(c.batch, c.seq), c.heads), wide), "--batch, --seq, --heads, --dim or --dim-v"},
+        {"each weight matrix (H*d x H*d floats)", c.decode ? 0 : times(width, width), "--heads or --dim"},
+        {"k and v (B x Hkv x S x d floats each)",
+         c.decode ? times(times(times(c.batch, c.kv_heads), c.kv_seq), wide) : 0,
+         "--batch, --kv-heads, --kv-seq, --dim or --dim-v"}};
+    for (const host_array& a : arrays) {
+        const std::uint64_t bytes = times(a.floats, sizeof(float));
+        if (bytes > info.max_storage_buffer_range)
+            throw usage_error(describe(c) + ": " + a.what + " needs " + bytes_text(bytes) +
+                              ", more than the largest buffer of " + info.name + " (maxStorageBufferRange, " +
+                              bytes_text(info.max_storage_buffer_range) + "); lower " + a.flags);
+    }
 }
 
 /// Progress on stderr, one line per configuration, so stdout holds only the results.
@@ -175,6 +242,10 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
                           std::to_string(lc.q_heads));
     if (o.precision.size() > 1) throw usage_error("--precision takes one value with --layers");
     if (!o.precision.empty() && o.precision[0] == "fp16") lc.precision = qkv::precision::fp16;
+    config one_layer;  // each layer's cache and q: refused before anything is built if no buffer holds them
+    one_layer.decode = true, one_layer.seq = 1, one_layer.heads = lc.q_heads, one_layer.kv_heads = lc.kv_heads;
+    one_layer.kv_seq = lc.kv_len, one_layer.dim = lc.dim, one_layer.precision = lc.precision;
+    check_fits_device(one_layer, info);
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
@@ -200,6 +271,7 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
 }
 
 void run(bench_options o) {
+    parse_sizes(o);
     std::optional<std::string> device;
     if (!o.device.empty()) device = o.device;
     if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
@@ -208,10 +280,12 @@ void run(bench_options o) {
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
-    for (const config& c : configs)
+    for (const config& c : configs) {
         if (c.decode && c.heads % c.kv_heads != 0)
             throw usage_error("--kv-heads " + std::to_string(c.kv_heads) + " must divide --heads " +
                               std::to_string(c.heads));
+        check_fits_device(c, info);
+    }
     const std::string date = utc_now();
 
     std::ofstream json_out;  // opened first: a bad path fails before minutes of benchmarking
@@ -247,22 +321,22 @@ void run(bench_options o) {
     std::vector<result> results;
     progress bar(configs.size());
     std::optional<qkv::vulkan::context> unsplit;  // decode with one chunk: its own context option
-    for (std::size_t i = 0; i < configs.size(); ++i) {
-        const config& c = configs[i];
-        bar.show(i + 1, describe(c));
-        if (!c.decode) {
-            results.push_back(run_config(ctx, c, o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops));
-            continue;
-        }
-        if (c.host_kv) {
-            results.push_back(run_sdpa_host(ctx, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));
-            continue;
-        }
+    const auto measure = [&](const config& c, std::size_t i) {
+        if (!c.decode) return run_config(ctx, c, o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops);
+        if (c.host_kv) return run_sdpa_host(ctx, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops);
         if (!c.split && !unsplit)
             unsplit.emplace(qkv::vulkan::context_options{.device = device, .testing = {.max_decode_chunks = 1}});
         // The same seed for a shape with and without the split: the same data.
-        results.push_back(
-            run_decode(c.split ? ctx : *unsplit, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops));
+        return run_decode(c.split ? ctx : *unsplit, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops);
+    };
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+        const config& c = configs[i];
+        bar.show(i + 1, describe(c));
+        try {
+            results.push_back(measure(c, i));
+        } catch (const std::bad_alloc&) {  // the host's memory (the device's is a skipped row)
+            throw std::runtime_error("out of host memory for " + describe(c));
+        }
     }
 
     const json ratios = print_results(std::cout, o, info, results);
@@ -298,15 +372,17 @@ void add_bench(CLI::App& app) {
     auto o = std::make_shared<bench_options>();
     CLI::App* cmd = app.add_subcommand(
         "bench", "Time attention on a Vulkan device over a sweep of shapes, against the device's own ceiling");
-    const auto positive = CLI::PositiveNumber;
-    cmd->add_option("--batch", o->batch, "Batch sizes B (comma-separated; default 1)")->delimiter(',')->check(positive);
-    cmd->add_option("--heads", o->heads, "Head counts H (default 1 on a CPU device, 8 on a GPU)")
+    cmd->add_option("--batch", o->batch_text, "Batch sizes B (comma-separated; default 1)")
         ->delimiter(',')
-        ->check(positive);
-    cmd->add_option("--seq", o->seq, "Sequence lengths N (default 128,512,1024 on a CPU device, 512..8192 on a GPU)")
+        ->type_name("B");
+    cmd->add_option("--heads", o->heads_text, "Head counts H (default 1 on a CPU device, 8 on a GPU)")
         ->delimiter(',')
-        ->check(positive);
-    cmd->add_option("--dim", o->dim, "Head widths d (default 64)")->delimiter(',')->check(positive);
+        ->type_name("H");
+    cmd->add_option("--seq", o->seq_text,
+                    "Sequence lengths N (default 128,512,1024 on a CPU device, 512..8192 on a GPU)")
+        ->delimiter(',')
+        ->type_name("N");
+    cmd->add_option("--dim", o->dim_text, "Head widths d (default 64)")->delimiter(',')->type_name("d");
     cmd->add_option("--causal", o->causal, "no, yes, or both as no,yes (default no,yes)")
         ->delimiter(',')
         ->check(CLI::IsMember({"no", "yes"}))
@@ -332,22 +408,22 @@ void add_bench(CLI::App& app) {
                     "With --decode: time one token of N layers (L = 1 against --kv-seq keys, default 1024; --heads "
                     "32, --kv-heads 8, --dim 128 by default) as N host calls and as one recorded sequence")
         ->check(CLI::Range(1, 4096));
-    cmd->add_option("--kv-seq", o->kv_seq,
+    cmd->add_option("--kv-seq", o->kv_seq_text,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")
         ->delimiter(',')
-        ->check(positive);
-    cmd->add_option("--kv-heads", o->kv_heads, "K/V heads Hkv, dividing --heads (default: --heads)")
+        ->type_name("S");
+    cmd->add_option("--kv-heads", o->kv_heads_text, "K/V heads Hkv, dividing --heads (default: --heads)")
         ->delimiter(',')
-        ->check(positive);
+        ->type_name("Hkv");
     cmd->add_option("--split", o->split,
                     "Decode: on (the split-S kernels choose their chunks), off (one chunk), or on,off (default)")
         ->delimiter(',')
         ->check(CLI::IsMember({"on", "off"}))
         ->type_name("on|off");
-    cmd->add_option("--dim-v", o->dim_v, "sdpa: value head widths Ev (default: --dim)")
+    cmd->add_option("--dim-v", o->dim_v_text, "sdpa: value head widths Ev (default: --dim)")
         ->delimiter(',')
-        ->check(positive);
+        ->type_name("Ev");
     cmd->add_option("--window", o->window,
                     "sdpa: a sliding window LEFT,RIGHT (-1: unbounded); repeat it to time several, -1,-1 is none")
         ->type_name("LEFT,RIGHT");
@@ -366,7 +442,10 @@ void add_bench(CLI::App& app) {
     cmd->add_option("--json", o->json_file, "Also write every number to FILE as JSON")->type_name("FILE");
     cmd->add_flag("--no-ceiling", o->skip_ceiling, "Skip measuring the device's FMA and copy ceiling");
     cmd->add_option("--seed", o->seed, "Seed of the random inputs");
-    cmd->callback([o] { run(*o); });
+    cmd->callback([o, cmd] {
+        refuse_empty_file_names(*cmd);  // --json "" is not "no JSON"
+        run(*o);
+    });
 }
 
 }  // namespace qkv::cli

@@ -20,6 +20,9 @@ namespace qkv::cli::bench {
 using json = nlohmann::ordered_json;
 
 struct options {
+    /// The size flags as given (--batch, --heads, --seq, --dim, --kv-seq, --kv-heads, --dim-v), each
+    /// a comma-separated list; parsed and checked into the numbers below before any work.
+    std::vector<std::string> batch_text, heads_text, seq_text, dim_text, kv_seq_text, kv_heads_text, dim_v_text;
     std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
     std::vector<std::string> causal, precision, impl, kernel, split;
     // sdpa only (--decode or --kv-seq): the options beyond PyTorch's SDPA

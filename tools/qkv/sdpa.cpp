@@ -16,6 +16,7 @@
 #include "commands.hpp"
 #include "errors.hpp"
 #include "feature_args.hpp"
+#include "flag_args.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -38,10 +39,7 @@ struct sdpa_command_options {
     qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
     const CLI::Option* scale_option = nullptr;
-    const CLI::Option* weights_option = nullptr;
     const CLI::Option* align_option = nullptr;
-    const CLI::Option* lse_option = nullptr;
-    const CLI::Option* sinks_option = nullptr;
     const CLI::Option* window_option = nullptr;
     const CLI::Option* softcap_option = nullptr;
     const CLI::Option* alibi_option = nullptr;
@@ -54,10 +52,6 @@ void parse_features(const sdpa_command_options& o, qkv::sdpa_options& options) {
     if (o.softcap_option->count() > 0) options.softcap = parse_positive("--softcap", o.softcap);
     if (o.alibi_option->count() > 0) options.alibi_max_bias = parse_positive("--alibi", o.alibi);
     if (o.kv_type_option->count() > 0) options.kv_type = parse_kv_type(o.kv_type);
-    if (o.sinks_option->count() > 0 && o.files.sinks.empty())
-        throw usage_error("--sinks is empty: name the .npy file of the sink logits, or leave --sinks out");
-    if (o.lse_option->count() > 0 && o.lse.empty())
-        throw usage_error("--lse is empty: name the file to write the log-sum-exp to, or leave --lse out");
     options.return_lse = !o.lse.empty();
 }
 
@@ -86,9 +80,6 @@ qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::stri
 }
 
 void run(const sdpa_command_options& o) {
-    if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
-    if (o.weights_option->count() > 0 && o.weights.empty())
-        throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
     // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
     if (o.align_option->count() > 0 && !o.causal && o.window_option->count() == 0 && o.alibi_option->count() == 0)
         throw usage_error(
@@ -188,17 +179,15 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
         ->required()
         ->type_name("OUT.npy")
         ->group(outputs);
-    o.weights_option = cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
-                           ->type_name("W.npy")
-                           ->group(outputs);
-    o.lse_option =
-        cmd.add_option("--lse", o.lse, "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
-            ->type_name("LSE.npy")
-            ->group(outputs);
-    o.sinks_option =
-        cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
-            ->type_name("SINKS.npy")
-            ->group(inputs);
+    cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
+        ->type_name("W.npy")
+        ->group(outputs);
+    cmd.add_option("--lse", o.lse, "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
+        ->type_name("LSE.npy")
+        ->group(outputs);
+    cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
+        ->type_name("SINKS.npy")
+        ->group(inputs);
 
     const std::string attention = "Attention";
     o.scale_option =
@@ -260,7 +249,10 @@ void add_sdpa(CLI::App& app) {
         "sdpa", "Scaled dot-product attention over Q, K, V .npy files (GQA, masks, causal), on Vulkan or the CPU");
     cmd->footer(footer);
     add_options(*cmd, *o);
-    cmd->callback([o] { run(*o); });
+    cmd->callback([o, cmd] {
+        refuse_empty_file_names(*cmd);  // --mask "" is not "no mask", --out "" no file
+        run(*o);
+    });
 }
 
 }  // namespace qkv::cli
