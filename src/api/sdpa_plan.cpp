@@ -50,7 +50,7 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     refuse_if(beyond_u32("the softmax statistics", 2 * std::uint64_t{s.batch} * s.q_heads * s.q_len, info.name));
     if (s.q_len > 0x7fffffffu || s.kv_len > 0x7fffffffu)
         throw limit_exceeded("sdpa: q_len and kv_len must be below 2^31 on the device");
-    const std::ptrdiff_t offset = causal_offset(s, opt.alignment);
+    const std::ptrdiff_t offset = causal_offset(s, opt);
     if (offset > std::numeric_limits<std::int32_t>::max() || offset < std::numeric_limits<std::int32_t>::min())
         throw limit_exceeded("sdpa: the causal offset kv_len - q_len does not fit 32 bits");
     // One convention on every route (README, "fp16"): precision fp16 stores Q, K and V as float16.
@@ -128,7 +128,7 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     }
     l.mask = !problem.mask.empty(), l.additive = !problem.additive_mask.empty();
     l.causal = problem.options.causal;
-    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options.alignment));
+    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options));
     l.scale = p.scale;
     l.fp16 = p.q_fp16;
 
