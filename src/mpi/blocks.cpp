@@ -55,15 +55,13 @@ void complete(whole& w, const std::vector<std::size_t>& mask_shape) {
 
 bool visible(const whole& w, row_range q, row_range k) {
     if (q.size() == 0 || k.size() == 0) return false;
-    // Differences j - i present in the block, and those the rules allow. A window side beyond
-    // S + L + |off| changes nothing (every key of every row is inside), and bounding it keeps
-    // the sums in 64 bits.
+    // Differences j - i present in the block, and those the rules allow (a window side applied
+    // only where it cuts into them, so that no sum overflows whatever its size; |off| <= 2^62).
     const std::int64_t dmin = i64(k.first) - (i64(q.end) - 1), dmax = (i64(k.end) - 1) - i64(q.first);
-    const std::int64_t reach = i64(w.shape.kv_len) + i64(w.shape.q_len) + (w.off < 0 ? -w.off : w.off);
-    const auto side = [&](std::int64_t s) { return std::min(s, reach); };
+    const std::int64_t left = w.options.window_left, right = w.options.window_right;
     std::int64_t lo = dmin, hi = dmax;
-    if (w.options.window_left >= 0) lo = std::max(lo, w.off - side(w.options.window_left));
-    if (w.options.window_right >= 0) hi = std::min(hi, w.off + side(w.options.window_right));
+    if (left >= 0 && left < w.off - dmin) lo = w.off - left;
+    if (right >= 0 && right < dmax - w.off) hi = w.off + right;
     if (w.options.causal) hi = std::min(hi, w.off);
     return lo <= hi;
 }

@@ -205,16 +205,15 @@ struct key_range {
     std::size_t first = 0, end = 0;
 };
 [[nodiscard]] constexpr key_range visible_keys(const sdpa_shape& shape, const sdpa_options& options, std::size_t i) {
-    // Signed positions; a window side clamped to kv_len + q_len + |off| (beyond it nothing
-    // changes: every key of every row is inside), so that no sum overflows.
-    const auto S = static_cast<std::int64_t>(shape.kv_len), L = static_cast<std::int64_t>(shape.q_len);
-    const std::int64_t off = causal_offset(shape, options);
-    const std::int64_t pos = static_cast<std::int64_t>(i) + off;
-    const auto side = [&](std::int64_t w) { return (std::min)(w, S + L + (off < 0 ? -off : off)); };
+    // Signed positions (|off| <= 2^62, kv_len and q_len below 2^62); a window side is applied only
+    // where it cuts into [0, kv_len), so that no sum overflows whatever its size.
+    const auto S = static_cast<std::int64_t>(shape.kv_len);
+    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(shape, options);
     std::int64_t first = 0, end = S;
     if (options.causal) end = (std::min)(end, pos + 1);
-    if (options.window_right >= 0) end = (std::min)(end, pos + side(options.window_right) + 1);
-    if (options.window_left >= 0) first = (std::max)(first, pos - side(options.window_left));
+    if (options.window_right >= 0 && options.window_right < S - pos)
+        end = (std::min)(end, pos + options.window_right + 1);
+    if (options.window_left >= 0 && options.window_left < pos) first = (std::max)(first, pos - options.window_left);
     if (end <= first) return {0, 0};
     return {static_cast<std::size_t>(first), static_cast<std::size_t>(end)};
 }
