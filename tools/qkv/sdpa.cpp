@@ -13,6 +13,7 @@
 #include "backend.hpp"
 #include "choice_option.hpp"
 #include "commands.hpp"
+#include "context_parallel.hpp"
 #include "errors.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
@@ -37,6 +38,7 @@ struct sdpa_command_options {
     const CLI::Option* scale_option = nullptr;
     const CLI::Option* weights_option = nullptr;
     const CLI::Option* align_option = nullptr;
+    context_parallel_flags parallel;
 };
 
 qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::string& device) {
@@ -54,7 +56,15 @@ qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::stri
     return ctx->sdpa(problem);
 }
 
-void run(const sdpa_command_options& o) {
+/// What every run does first: the flags checked, the options built, the inputs read and validated
+/// (float64 kept only where the cpu backend computes a single-process run in float64).
+struct prepared {
+    qkv::sdpa_options options;
+    sdpa_inputs in;
+    bool float64 = false;
+};
+
+prepared prepare(const sdpa_command_options& o) {
     if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
     if (o.weights_option->count() > 0 && o.weights.empty())
         throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
@@ -72,19 +82,39 @@ void run(const sdpa_command_options& o) {
     const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}};
     const std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
-    sdpa_inputs in = load_sdpa_inputs(f);
+    prepared p{.options = options, .in = load_sdpa_inputs(f)};
 
     // The CPU backend computes float64 inputs in float64 and writes float64; otherwise
-    // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range).
-    const bool float64 = o.choice == backend::cpu && in.any_float64();
-    if (float64) {
-        in.to_float64();
-        qkv::validate(in.problem_f64(options));  // anything the checks above missed: exit 2
+    // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range), as
+    // in every context-parallel run.
+    p.float64 = o.choice == backend::cpu && p.in.any_float64() && !o.parallel.requested();
+    if (p.float64) {
+        p.in.to_float64();
+        qkv::validate(p.in.problem_f64(options));  // anything the checks above missed: exit 2
     } else {
-        in.to_float32();
-        qkv::validate(in.problem(options));
+        p.in.to_float32();
+        qkv::validate(p.in.problem(options));
     }
+    return p;
+}
 
+void run(const sdpa_command_options& o) {
+    if (o.parallel.requested()) {
+        run_sdpa_context_parallel(o.parallel, [&] {
+            prepared p = prepare(o);
+            return context_parallel_job{.inputs = std::move(p.in),
+                                        .options = p.options,
+                                        .choice = o.choice,
+                                        .device = o.device,
+                                        .out = o.out,
+                                        .lse = {}};
+        });
+        return;
+    }
+    prepared p = prepare(o);
+    const qkv::sdpa_options& options = p.options;
+    sdpa_inputs& in = p.in;
+    const bool float64 = p.float64;
     output_set files;
     files.reserve({o.out, o.weights});  // an output that cannot be created fails before the work
     if (float64) {
@@ -179,6 +209,7 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
                    "else the best device")
         ->type_name("INDEX|NAME")
         ->group(running);
+    add_context_parallel_flags(cmd, o.parallel);
 }
 
 }  // namespace
