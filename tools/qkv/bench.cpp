@@ -27,6 +27,7 @@
 
 #include "bench.hpp"
 #include "commands.hpp"
+#include "context_parallel.hpp"
 #include "errors.hpp"
 #include "names.hpp"
 #include "npy/npy.hpp"
@@ -216,6 +217,34 @@ void run(bench_options o) {
     }
 }
 
+/// `qkv bench --context-parallel`: one configuration, the first value of each list.
+context_parallel_bench context_parallel_config(const bench_options& o) {
+    for (const auto& [flag, count] :
+         {std::pair{"--batch", o.batch.size()}, std::pair{"--heads", o.heads.size()}, std::pair{"--seq", o.seq.size()},
+          std::pair{"--dim", o.dim.size()}, std::pair{"--kv-seq", o.kv_seq.size()},
+          std::pair{"--kv-heads", o.kv_heads.size()}, std::pair{"--causal", o.causal.size()}})
+        if (count > 1)
+            throw usage_error(std::string(flag) + ": --context-parallel times one configuration; give one value");
+    if (o.decode || !o.precision.empty() || !o.impl.empty() || !o.split.empty())
+        throw usage_error(
+            "--context-parallel times sdpa over host q, k, v (fp32, the fused kernels): --decode, "
+            "--precision, --impl and --split do not apply");
+    context_parallel_bench b;
+    if (!o.batch.empty()) b.batch = o.batch[0];
+    if (!o.heads.empty()) b.heads = b.kv_heads = o.heads[0];
+    if (!o.kv_heads.empty()) b.kv_heads = o.kv_heads[0];
+    if (!o.seq.empty()) b.seq = o.seq[0];
+    if (!o.kv_seq.empty()) b.kv_seq = o.kv_seq[0];
+    if (!o.dim.empty()) b.dim = o.dim[0];
+    if (!o.causal.empty()) b.causal = o.causal[0] == "yes";
+    b.device = o.device;
+    b.json_file = o.json_file;
+    if (o.repeat > 0) b.repeat = o.repeat;
+    if (o.warmup >= 0) b.warmup = o.warmup;
+    b.seed = o.seed;
+    return b;
+}
+
 }  // namespace
 }  // namespace bench
 
@@ -275,7 +304,14 @@ void add_bench(CLI::App& app) {
     cmd->add_option("--json", o->json_file, "Also write every number to FILE as JSON")->type_name("FILE");
     cmd->add_flag("--no-ceiling", o->skip_ceiling, "Skip measuring the device's FMA and copy ceiling");
     cmd->add_option("--seed", o->seed, "Seed of the random inputs");
-    cmd->callback([o] { run(*o); });
+    auto parallel = std::make_shared<context_parallel_flags>();
+    add_context_parallel_flags(*cmd, *parallel);
+    cmd->callback([o, parallel] {
+        if (parallel->requested())
+            run_bench_context_parallel(*parallel, context_parallel_config(*o));
+        else
+            run(*o);
+    });
 }
 
 }  // namespace qkv::cli
