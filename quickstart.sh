@@ -18,7 +18,7 @@ log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 # ---- system packages ------------------------------------------------------------------------
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev glslang-tools spirv-tools mesa-vulkan-drivers
-                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
+                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
 TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.
