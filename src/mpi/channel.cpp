@@ -249,7 +249,7 @@ channel::~channel() {
         }
     } catch (...) {  // nothing may escape a destructor; parked transfers are MPI's to finish
     }
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (comm_ != MPI_COMM_NULL && !poisoned_) MPI_Comm_free(&comm_);
 }
 
 std::size_t channel::post_send(shared_bytes data, int peer, int tag, std::string what) {
@@ -305,6 +305,7 @@ void channel::check_notices() {
     check_mpi(MPI_Recv(r.data(), sizeof(record), MPI_BYTE, status.MPI_SOURCE, tag_notice, comm_, MPI_STATUS_IGNORE),
               "MPI_Recv");
     notices_[status.MPI_SOURCE] = std::move(r);
+    poisoned_ = true;
     throw peer_failed(status.MPI_SOURCE);
 }
 
@@ -324,6 +325,7 @@ void channel::notify(const std::exception_ptr& failure) {
 }
 
 void channel::time_out(std::span<const std::size_t> which, const std::string& during) {
+    poisoned_ = true;
     std::string pending;
     for (const std::size_t i : which) {
         const transfer& t = transfers_.at(i);
@@ -378,10 +380,12 @@ void channel::wait_requests(std::vector<MPI_Request>& requests, const std::strin
         check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
                   "MPI_Testall");
         if (flag) return;
-        if (clock::now() > deadline)
+        if (clock::now() > deadline) {
+            poisoned_ = true;
             throw qkv::mpi::timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) +
                                     " in " + operation_ + " (" + during +
                                     "): a rank did not arrive (it may have died or hung)");
+        }
         std::this_thread::sleep_for(poll_interval);
     }
 }
@@ -389,6 +393,7 @@ void channel::wait_requests(std::vector<MPI_Request>& requests, const std::strin
 void channel::abandon_pending() {
     for (transfer& t : transfers_) {
         if (t.finished) continue;
+        poisoned_ = true;
         t.finished = true;
         for (MPI_Request& r : t.requests)
             if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
@@ -429,6 +434,7 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
         wait_requests(gather, stage + ": agreeing on the outcome");
     } catch (const qkv::mpi::timeout&) {
         // Giving up: tell the late ranks, so that when they arrive they fail too, not succeed.
+        poisoned_ = true;
         park(gather, records, true);
         notify(std::current_exception());
         throw;
@@ -478,7 +484,10 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     }
     bool failed = late != nullptr;
     for (const record& r : all) failed = failed || r.what != static_cast<std::int32_t>(kind::ok);
-    if (failed) abandon_pending();
+    if (failed) {
+        poisoned_ = true;  // another rank may still be sending what this one no longer waits for
+        abandon_pending();
+    }
     const auto message = [](const record& r) {
         return std::string(r.message, std::find(r.message, r.message + sizeof r.message, '\0'));
     };

@@ -115,6 +115,10 @@ private:
     void wait_requests(std::vector<MPI_Request>& requests, const std::string& during);
 
     MPI_Comm comm_ = MPI_COMM_NULL;
+    /// After a failure messages may still be in flight on comm_ (a late rank's, a cancelled
+    /// receive's): the duplicate is then never freed, so that MPI never gives its context id to a
+    /// later communicator, where a stale message could match.
+    bool poisoned_ = false;
     int rank_ = 0, size_ = 1;
     comm_options options_;
     std::string operation_;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -258,15 +259,21 @@ TEST_CASE("a failure on one rank is every rank's failure, naming the rank", "[mp
 }
 
 TEST_CASE("a rank that hangs makes the others time out, never hang", "[mpi][hang]") {
+    // One timeout per process: after a timeout the ranks are no longer in step (the late rank
+    // still enters calls the others have left), so the program must end (collective.hpp). The
+    // mode comes from QKV_TEST_MODE (ring by default; CTest runs both).
     const int ranks = world_size(), rank = world_rank();
     if (ranks < 2) return;  // one rank waits on nobody
+    const char* chosen = std::getenv("QKV_TEST_MODE");
+    const cp_mode mode = chosen && std::string(chosen) == "allgather" ? cp_mode::allgather : cp_mode::ring;
+    INFO("mode " << qkv::mpi::to_string(mode));
     qkv::mpi::cpu_backend cpu;
     faulty_backend slow(cpu, 1, 1, faulty_backend::fault::sleeps, std::chrono::milliseconds(3000));
     const spec s{shape(1, 1, 12, 12, 8, 8), {}};
     whole_problem w(s);
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_AS(qkv::mpi::sdpa(MPI_COMM_WORLD, slow, w.part(layout::zigzag, ranks, rank),
-                                   {.comm = {.timeout = std::chrono::milliseconds(300)}}),
+                                   {.mode = mode, .comm = {.timeout = std::chrono::milliseconds(300)}}),
                     qkv::mpi::timeout);
     const auto waited = std::chrono::steady_clock::now() - start;
     // The sleeping rank wakes after 3 s; the others give up well before.

@@ -34,6 +34,12 @@ struct comm_options {
     /// of its sends, for an agreement) once it has nothing of its own left to compute there. Past
     /// it the call throws qkv::mpi::timeout naming the operation and the ranks it waited for.
     /// Choose it above the longest compute imbalance between ranks of one step.
+    ///
+    /// A timeout is for ending cleanly, not for carrying on: the rank that was late (hung, or
+    /// just slow) may still enter the call the others have left, so after a qkv::mpi::timeout the
+    /// ranks' collective calls on the communicator are no longer in step. End the program (the
+    /// qkv tool exits), or MPI_Abort; do not make further qkv::mpi calls on that communicator.
+    /// Every other failure leaves the ranks in step: later calls work.
     std::chrono::milliseconds timeout = default_timeout();
 };
 
