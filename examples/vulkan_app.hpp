@@ -7,8 +7,15 @@
 
 #include <volk.h>
 
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#endif
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <span>
@@ -81,8 +88,26 @@ public:
     /// `fp16`: enable storageBuffer16BitAccess where the device has it (false: leave it off, as
     /// an application that never needed it would).
     explicit vulkan_app(bool fp16 = true) {
-        check(volkInitialize(), "volkInitialize (no Vulkan loader?)");
+        load_vulkan();
         const char* layer = "VK_LAYER_KHRONOS_validation";
+        std::uint32_t count = 0;
+        vkEnumerateInstanceLayerProperties(&count, nullptr);
+        std::vector<VkLayerProperties> layers(count);
+        vkEnumerateInstanceLayerProperties(&count, layers.data());
+        bool have_layer = false;
+        for (const auto& l : layers) have_layer = have_layer || std::strcmp(l.layerName, layer) == 0;
+        if (!have_layer)
+            throw std::runtime_error(
+                "the Khronos validation layer is not installed (apt-get install vulkan-validationlayers)");
+        // VK_EXT_validation_features turns synchronisation validation on; where the layer does not
+        // offer it (Wine's winevulkan), VK_LAYER_ENABLES in the environment does.
+        vkEnumerateInstanceExtensionProperties(layer, &count, nullptr);
+        std::vector<VkExtensionProperties> layer_extensions(count);
+        vkEnumerateInstanceExtensionProperties(layer, &count, layer_extensions.data());
+        bool have_features = false;
+        for (const auto& e : layer_extensions)
+            have_features =
+                have_features || std::strcmp(e.extensionName, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME) == 0;
         const char* extensions[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
         VkDebugUtilsMessengerCreateInfoEXT messenger_info =
             make<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
@@ -102,18 +127,17 @@ public:
         app_info.pApplicationName = "qkv interop example";
         app_info.apiVersion = VK_API_VERSION_1_2;
         VkInstanceCreateInfo info = make<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
-        info.pNext = &features;
+        info.pNext = have_features ? static_cast<const void*>(&features) : &messenger_info;
         info.pApplicationInfo = &app_info;
         info.enabledLayerCount = 1;
         info.ppEnabledLayerNames = &layer;
-        info.enabledExtensionCount = 2;
+        info.enabledExtensionCount = have_features ? 2 : 1;
         info.ppEnabledExtensionNames = extensions;
         check(vkCreateInstance(&info, nullptr, &instance), "vkCreateInstance (is vulkan-validationlayers installed?)");
         volkLoadInstance(instance);
         check(vkCreateDebugUtilsMessengerEXT(instance, &messenger_info, nullptr, &messenger),
               "vkCreateDebugUtilsMessengerEXT");
 
-        std::uint32_t count = 0;
         vkEnumeratePhysicalDevices(instance, &count, nullptr);
         std::vector<VkPhysicalDevice> devices(count);
         vkEnumeratePhysicalDevices(instance, &count, devices.data());
@@ -339,6 +363,28 @@ public:
     VkDeviceCreateInfo device_info = make<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
 
 private:
+    /// The Vulkan loader: QKV_VULKAN_LIBRARY where set (as qkv itself honours it: the CI's Wine shim),
+    /// else the system's, through volk.
+    static void load_vulkan() {
+        const char* custom = std::getenv("QKV_VULKAN_LIBRARY");
+        if (!custom || !*custom) {
+            check(volkInitialize(), "volkInitialize (no Vulkan loader?)");
+            return;
+        }
+#ifdef _WIN32
+        HMODULE library = LoadLibraryA(custom);
+        auto get = library ? reinterpret_cast<PFN_vkGetInstanceProcAddr>(
+                                 reinterpret_cast<void*>(GetProcAddress(library, "vkGetInstanceProcAddr")))
+                           : nullptr;
+#else
+        void* library = dlopen(custom, RTLD_NOW | RTLD_LOCAL);
+        auto get =
+            library ? reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(library, "vkGetInstanceProcAddr")) : nullptr;
+#endif
+        if (!get) throw std::runtime_error(std::string("cannot load the Vulkan loader ") + custom);
+        volkInitializeCustom(get);
+    }
+
     float priority_ = 1.0f;
     struct pipeline {
         VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;

@@ -42,7 +42,10 @@
 // device cannot run) enables the subgroup reductions.
 #include "precision.glsl"
 #include "contract/flash.h"
+#include "contract/score.h"
 #include "values.glsl"
+#define QKV_SCORE_PARAMS_BINDING FLASH_BINDING_PARAMS
+#include "score_rules.glsl"
 #ifdef QKV_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -62,6 +65,7 @@ layout(constant_id = FLASH_SPEC_TEAM) const uint T = 32;       // lanes per row 
 layout(constant_id = FLASH_SPEC_Q_REGS) const uint Q_REGS = 0;   // 1: each lane keeps its team's query rows in registers
 layout(constant_id = FLASH_SPEC_VEC4) const uint VEC4 = 0;     // 1: widths, strides and offsets are multiples of 4: vec4 loads
 layout(constant_id = FLASH_SPEC_FALLBACK) const uint FALLBACK = 1; // 0: the pipeline requires subgroups of T lanes, all full
+layout(constant_id = FLASH_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* rules of this call
 
 layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV { QKV_T qkv[]; };
 layout(std430, binding = FLASH_BINDING_QKV) readonly buffer QKV4 { QKV4_T qkv4[]; };  // the same, 4 at a time
@@ -69,6 +73,7 @@ layout(std430, binding = FLASH_BINDING_MASK) readonly buffer MaskBits { uint mas
 layout(std430, binding = FLASH_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
 layout(std430, binding = FLASH_BINDING_OUT) buffer O { float o_out[]; };
 layout(std430, binding = FLASH_BINDING_STATE) buffer State { float state[]; };  // (m, l) per (batch, head, row)
+layout(std430, binding = FLASH_BINDING_LSE) writeonly buffer Lse { float lse_out[]; };  // per (batch, head, row)
 
 layout(push_constant) uniform Push { flash_push pc; };
 
@@ -104,6 +109,8 @@ shared bool v_nonfinite[2];            // per tile parity: the V tile holds a Na
 uint row0, z, batch, head, t, team, lane, r_first, o_lane, o_group;
 uint q_base, k_base, v_base, o_base, m_base, a_base, state_base;
 bool sg, causal, has_mask, has_add;
+score_params sp;      // the score rules' values (contract/score.h), where FEATURES uses them
+float slope, sink;    // this head's ALiBi slope and sink logit
 // Its registers: queries, running statistics, accumulators, this tile's scores and reductions.
 vec4 q_reg[Q_REG];
 float m_run[RPG], l_run[RPG];
@@ -138,6 +145,12 @@ void locate() {
     m_base = batch * pc.m_bs + head * pc.m_hs;
     a_base = batch * pc.a_bs + head * pc.m_hs;
     state_base = z * pc.q_len;
+    sp = score_params(-1, -1, 0.0, 0u);
+    slope = 0.0;
+    sink = score_neg_inf();
+    if (FEATURES != 0u) sp = score_in;
+    if ((FEATURES & SCORE_ALIBI) != 0u) slope = head_values[head].x;
+    if ((FEATURES & SCORE_SINKS) != 0u) sink = head_values[head].y;
     // The team is one subgroup when the device runs subgroups of exactly T lanes, all full; this
     // is uniform across the workgroup, so the barriers of the other branch stay uniform too.
 #ifdef QKV_SUBGROUP
@@ -246,20 +259,25 @@ void score_tile() {
     }
 }
 
-// Masked scores -> -inf, the additive mask added; red[i] = this lane's maximum of row i (a NaN or
-// +inf score counts as +inf: the row is poisoned).
+// The score rules (score_rules.glsl: softcap, ALiBi, the additive mask; causal, the window, the bool
+// mask): masked scores -> -inf; red[i] = this lane's maximum of row i (a NaN or +inf score counts
+// as +inf: the row is poisoned).
 void mask_tile(uint j0, uint bc) {
+    const uint masks = pc.flags & (MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE);
     [[unroll]] for (uint i = 0; i < RPG; ++i) {
         const uint row = row0 + r_first + i;
         float mx = neg_inf;
         [[unroll]] for (uint n = 0; n < KPL; ++n) {
             const uint j = lane + n * T, key = j0 + j;
             float v = neg_inf;
-            if (row < pc.q_len && j < bc && (!causal || int(key) <= int(row) + pc.causal_offset)) {
+            if (row < pc.q_len && j < bc) {
                 const uint mi = row * pc.m_rs + key * pc.m_cs, bit = m_base + mi;
                 bool allowed = true;
+                float add = 0.0;
                 if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
-                if (allowed) v = has_add ? s[i * KPL + n] + additive[a_base + mi] : s[i * KPL + n];
+                if (has_add) add = additive[a_base + mi];
+                v = rule_score(s[i * KPL + n], int(key) - (int(row) + pc.causal_offset), FEATURES, masks, sp, slope,
+                               allowed, add);
             }
             s[i * KPL + n] = v;
             mx = max(mx, (isnan(v) || v == pos_inf) ? pos_inf : v);
@@ -353,7 +371,8 @@ void accumulate(bool careful, uint bc) {
 }
 
 // Hand the state to the next chunk (or to the weights kernel), and write the output: the
-// accumulator as it is when more chunks follow, else O / l.
+// accumulator as it is when more chunks follow, else O / l (O / (l + e^(sink - m)) with a sink),
+// and with SCORE_LSE each row's log-sum-exp.
 void write_results() {
     const float nan = uintBitsToFloat(0x7fc00000u);
     const bool partial = (pc.flags & FLASH_PARTIAL) != 0u;
@@ -366,20 +385,27 @@ void write_results() {
             }
         }
     }
+    if ((FEATURES & SCORE_LSE) != 0u && !partial && lane == 0) {
+        [[unroll]] for (uint i = 0; i < RPG; ++i) {
+            const uint row = row0 + r_first + i;
+            if (row < pc.q_len) lse_out[state_base + row] = row_lse(m_run[i], l_run[i], m_run[i] == pos_inf);
+        }
+    }
     [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
         const uint ri = o_group + k * O_GROUPS, row = row0 + r_first + ri;
         if (ri >= RPG || row >= pc.q_len) continue;
-        float l = 0.0;
+        float l = 0.0, mr = neg_inf;
         bool poisoned = false;
         [[unroll]] for (uint i = 0; i < RPG; ++i) {  // registers, indexed by constants only
             if (i == ri) {
                 l = l_run[i];
+                mr = m_run[i];
                 poisoned = m_run[i] == pos_inf;
             }
         }
         [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
             const uint c = 4 * (o_lane + m * O_LANES);
-            const vec4 r = partial ? o[k * O_COLS + m] : (poisoned ? vec4(nan) : (l > 0.0 ? o[k * O_COLS + m] / l : vec4(0.0)));
+            const vec4 r = partial ? o[k * O_COLS + m] : (poisoned ? vec4(nan) : normalised(o[k * O_COLS + m], mr, l, FEATURES, sink));
             const uint at = o_base + row * pc.o_rs + c;
             [[unroll]] for (uint e = 0; e < 4; ++e)
                 if (c + e < pc.dv) o_out[at + e] = r[e];
@@ -390,14 +416,13 @@ void write_results() {
 void main() {
     locate();
     load_queries_and_state();
-    // Causal: keys beyond the block's last row's last visible key are masked for the whole block.
-    uint kv_end = min(pc.kv_stop, pc.kv_len);
-    if (causal) {
-        const int last = int(min(row0 + BR, pc.q_len)) + pc.causal_offset;  // one past the last visible key
-        kv_end = last <= 0 ? 0u : min(kv_end, uint(last));
-    }
+    // Causal and the window: keys outside what the block's rows may see are masked for the whole
+    // block; their tiles are never loaded or computed.
+    const int p_first = int(row0) + pc.causal_offset, p_last = int(min(row0 + BR, pc.q_len)) - 1 + pc.causal_offset;
+    const uvec2 keys = visible_keys(p_first, p_last, FEATURES, causal, sp, pc.kv_begin, min(pc.kv_stop, pc.kv_len));
+    const uint kv_end = keys.y;
     uint parity = 0;
-    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += BC, parity ^= 1u) {
+    for (uint j0 = keys.x; j0 < kv_end; j0 += BC, parity ^= 1u) {
         const uint bc = min(BC, kv_end - j0);
         const bool careful = load_tile(j0, bc, parity);
         score_tile();

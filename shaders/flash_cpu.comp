@@ -51,7 +51,10 @@
 // neighbouring workgroups costs the same and the threads finish together.
 
 #include "contract/flash.h"
+#include "contract/score.h"
 #include "values.glsl"
+#define QKV_SCORE_PARAMS_BINDING FLASH_CPU_BINDING_PARAMS
+#include "score_rules.glsl"
 
 layout(local_size_x_id = FLASH_CPU_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = FLASH_CPU_SPEC_RPI) const uint RPI = 4;   // query rows per invocation
@@ -60,6 +63,7 @@ layout(constant_id = FLASH_CPU_SPEC_D4) const uint D4 = 16;   // texels (4 float
 layout(constant_id = FLASH_CPU_SPEC_DV4) const uint DV4 = 16;  // texels per V row: ceil(dv / 4)
 layout(constant_id = FLASH_CPU_SPEC_MASKS) const uint MASKS = 0;  // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE
 layout(constant_id = FLASH_CPU_SPEC_CAREFUL) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
+layout(constant_id = FLASH_CPU_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* rules of this call
 
 layout(binding = FLASH_CPU_BINDING_Q) uniform samplerBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
 layout(binding = FLASH_CPU_BINDING_K) uniform samplerBuffer k_tex;  // [batch·kv_heads][npad_kv][D4]
@@ -69,11 +73,14 @@ layout(std430, binding = FLASH_CPU_BINDING_ADDITIVE) readonly buffer Additive { 
 layout(std430, binding = FLASH_CPU_BINDING_OUT) buffer O { float o_out[]; };
 layout(std430, binding = FLASH_CPU_BINDING_STATE) buffer State { float state[]; };  // (m, l) per (batch, head, row)
 layout(std430, binding = FLASH_CPU_BINDING_VFLAGS) readonly buffer VFlags { uint v_nonfinite[]; };  // per (batch, kv head)
+layout(std430, binding = FLASH_CPU_BINDING_LSE) writeonly buffer Lse { float lse_out[]; };  // per (batch, head, row)
 
 layout(push_constant) uniform Push { flash_cpu_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
+// Rules that change every score (not only the masked keys): the score step runs on every key step.
+const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
 
 #ifdef QKV_SHUFFLE
 // Keys fetched per round: one per lane, KPS in ROUNDS rounds (KPS may exceed WG).
@@ -96,12 +103,20 @@ void main() {
     const uint qbase = z * pc.npad_q, kvbase = kvz * pc.npad_kv;
     const uint obase = batch * pc.heads * pc.q_len * pc.dv + head * pc.o_hs;
     const uint mbase = batch * pc.m_bs + head * pc.m_hs, abase = batch * pc.a_bs + head * pc.m_hs;
+    score_params sp = score_params(-1, -1, 0.0, 0u);
+    float slope = 0.0, sink = neg_inf;
+    if (FEATURES != 0u) sp = score_in;
+    if ((FEATURES & SCORE_ALIBI) != 0u) slope = head_values[head].x;
+    if ((FEATURES & SCORE_SINKS) != 0u) sink = head_values[head].y;
 
     vec4 q[RPI * D4];
     [[unroll]] for (uint i = 0; i < RPI; ++i)
         [[unroll]] for (uint c = 0; c < D4; ++c)
             q[i * D4 + c] = texelFetch(q_tex, int((qbase + row0 + i * WG + lane) * D4 + c)) * pc.scale;
 
+    // Output columns: every texel but the last is whole (DV4 = ceil(dv / 4)), so only the last one's
+    // stores and loads test the width: a branch per element would cost LLVM seconds to compile at
+    // wide heads (4·DV4 of them per row; docs/devices.md).
     float m[RPI], l[RPI];
     vec4 acc[RPI * DV4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -116,7 +131,7 @@ void main() {
             const uint ob = obase + row * pc.o_rs;
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) acc[i * DV4 + c][e] = o_out[ob + c * 4u + e];
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv) acc[i * DV4 + c][e] = o_out[ob + c * 4u + e];
         }
     }
 
@@ -124,16 +139,17 @@ void main() {
     const bool mine = (v_nonfinite[kvz] != 0u) == (CAREFUL != 0u);
     const uint rows_out = mine ? pc.q_len : 0u;
     const bool any_mask = has_mask || has_add;
-    // Causal: keys beyond the block's last visible key are masked for every row of the block.
-    uint kv_end = min(pc.kv_stop, pc.kv_len);
-    if (causal) {
-        const int last = int(min(row0 + BLOCK, pc.q_len)) + pc.causal_offset;  // one past the last visible key
-        kv_end = last <= 0 ? 0u : min(kv_end, uint(last));
-    }
+    // Causal and the window: keys outside what the block's rows may see are masked for every row of
+    // the block; no step runs for them (the first step starts at a multiple of KPS from kv_begin).
+    const int p_first = int(row0) + pc.causal_offset;
+    const int p_last = int(min(row0 + BLOCK, max(pc.q_len, 1u))) - 1 + pc.causal_offset;
+    const uvec2 keys = visible_keys(p_first, p_last, FEATURES, causal, sp, pc.kv_begin, min(pc.kv_stop, pc.kv_len));
+    uint kv_end = keys.y;
     if (!mine) kv_end = 0u;
+    const uint kv_first = pc.kv_begin + (keys.x - pc.kv_begin) / KPS * KPS;
     // The first key step that the causal limit can cut (the first row's last key is row0 + offset).
     const int diagonal = int(row0) + pc.causal_offset + 1;
-    for (uint j0 = pc.kv_begin; j0 < kv_end; j0 += KPS) {
+    for (uint j0 = kv_first; j0 < kv_end; j0 += KPS) {
         // scores of RPI rows x KPS keys
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
@@ -160,19 +176,22 @@ void main() {
                 }
             }
         }
-        // masks: only on the steps that need them (the last keys, the causal diagonal, explicit masks)
-        if (any_mask || j0 + KPS > kv_end || (causal && int(j0 + KPS) > diagonal)) {
+        // the score rules (score_rules.glsl): only on the steps that need them (the last keys, the
+        // causal diagonal, explicit masks; every step with a softcap, ALiBi or a window)
+        if (EVERY_STEP || any_mask || j0 + KPS > kv_end || (causal && int(j0 + KPS) > diagonal)) {
             [[unroll]] for (uint i = 0; i < RPI; ++i) {
                 const uint row = row0 + i * WG + lane;
                 const uint mrow = min(row, pc.q_len - 1u);
                 [[unroll]] for (uint j = 0; j < KPS; ++j) {
                     const uint key = j0 + j;
-                    bool ok = key < kv_end && (!causal || int(key) <= int(row) + pc.causal_offset);
                     const uint mi = mrow * pc.m_rs + min(key, pc.kv_len - 1u) * pc.m_cs, bit = mbase + mi;
-                    float a = s[i * KPS + j];
-                    if (has_mask) ok = ok && ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
-                    if (has_add) a += additive[abase + mi];
-                    s[i * KPS + j] = ok ? a : neg_inf;
+                    bool allowed = true;
+                    float add = 0.0;
+                    if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
+                    if (has_add) add = additive[abase + mi];
+                    const float v = rule_score(s[i * KPS + j], int(key) - (int(row) + pc.causal_offset), FEATURES,
+                                               MASKS, sp, slope, allowed, add);
+                    s[i * KPS + j] = key < kv_end ? v : neg_inf;
                 }
             }
         }
@@ -244,13 +263,15 @@ void main() {
         if (partial) {
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];
         } else {
-            // l = 0: nothing to attend (zeros); l NaN: a NaN or +inf score (NaN row)
-            const float inv = l[i] == 0.0 ? 0.0 : 1.0 / l[i];
+            // l = 0: nothing to attend (zeros); l NaN: a NaN or +inf score (NaN row); a sink joins l
+            const float inv = row_normaliser(m[i], l[i], FEATURES, sink);
+            if ((FEATURES & SCORE_LSE) != 0u) lse_out[z * pc.q_len + row] = row_lse(m[i], l[i], false);
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
-                    if (c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = isnan(l[i]) ? nan : acc[i * DV4 + c][e] * inv;
+                    if (c + 1u < DV4 || c * 4u + e < pc.dv)
+                        o_out[ob + c * 4u + e] = isnan(l[i]) ? nan : acc[i * DV4 + c][e] * inv;
         }
     }
 }

@@ -47,8 +47,10 @@ bool tile_is_masked(uint row0, uint col0);
 uint k_limit(uint row0);
 
 #ifdef QKV_SKIP_ZERO_A
-// A is a probability: an exact 0 (a masked position) contributes nothing, not 0·NaN.
-#define QKV_MADD(a, b, acc) ((a) != 0.0 ? fma((a), (b), (acc)) : (acc))
+#include "values.glsl"
+// A is a probability (shaders/values.glsl): a masked weight (-0.0) contributes nothing, not
+// 0·NaN; a weight that underflowed to +0.0 keeps B's infinities and NaNs.
+#define QKV_MADD(a, b, acc) ((a) != 0.0 ? fma((a), (b), (acc)) : (acc) + (is_masked_weight(a) ? 0.0 : nonfinite_part(b)))
 #else
 #define QKV_MADD(a, b, acc) fma((a), (b), (acc))
 #endif
@@ -103,7 +105,12 @@ const uint WG = gl_WorkGroupSize.x;
 const uint TN4 = TN / 4;
 const uint BK4 = BK / 4;
 
-vec4 madd4(float a, vec4 b, vec4 acc) { return SKIP_ZERO != 0u && a == 0.0 ? acc : fma(vec4(a), b, acc); }
+vec4 madd4(float a, vec4 b, vec4 acc) {
+#ifdef QKV_SKIP_ZERO_A
+    if (SKIP_ZERO != 0u && a == 0.0) return acc + weighted(a, b);  // values.glsl
+#endif
+    return fma(vec4(a), b, acc);
+}
 
 void gemm_main() {
     const uint lane = gl_LocalInvocationID.x;

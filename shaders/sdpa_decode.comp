@@ -30,9 +30,17 @@
 //     weights through shared memory, and each invocation accumulates its (row, texel) outputs.
 //
 // Semantics as the fused kernels: a masked key has weight 0 (and, with masks, adds nothing even
-// where its value is NaN); a row with nothing to attend keeps m = -inf, l = 0.
+// where its value is NaN); a row with nothing to attend keeps m = -inf, l = 0. The score rules
+// (softcap, ALiBi, the window, the masks) are score_rules.glsl's; sinks and the log-sum-exp are
+// applied by sdpa_merge.comp.
+//
+// K and V: texels (texelFetch), or with QKV_KV_BLOCKS ggml's q8_0 / q4_0 blocks read from storage
+// buffers and dequantized a texel (4 values) at a time in float32 (kv_blocks.glsl).
 #include "contract/decode.h"
+#include "contract/score.h"
 #include "values.glsl"
+#define QKV_SCORE_PARAMS_BINDING DECODE_BINDING_PARAMS
+#include "score_rules.glsl"
 
 layout(local_size_x_id = DECODE_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = DECODE_SPEC_RPI) const uint RPI = 1;
@@ -42,10 +50,26 @@ layout(constant_id = DECODE_SPEC_EV4) const uint EV4 = 16;
 layout(constant_id = DECODE_SPEC_MASKS) const uint MASKS = 0;
 layout(constant_id = DECODE_SPEC_SUBGROUP) const uint SUBGROUP = 0;
 layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // 1: V may hold NaN or Inf (values.glsl)
+layout(constant_id = DECODE_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
+layout(constant_id = DECODE_SPEC_KV_FORMAT) const uint KV_FORMAT = DECODE_KV_TEXELS;
 
 layout(binding = DECODE_BINDING_Q) uniform samplerBuffer q_tex;
+#ifdef QKV_KV_BLOCKS
+layout(std430, binding = DECODE_BINDING_K) readonly buffer KBlocks { uint k_words[]; };
+layout(std430, binding = DECODE_BINDING_V) readonly buffer VBlocks { uint v_words[]; };
+#include "kv_blocks.glsl"
+QKV_BLOCK_TEXEL(k_block_texel, k_words)
+QKV_BLOCK_TEXEL(v_block_texel, v_words)
+const uint BLOCK_BYTES = KV_FORMAT == DECODE_KV_Q8_0 ? 34u : 18u;
+const uint K_ROW_BYTES = E4 / 8u * BLOCK_BYTES, V_ROW_BYTES = EV4 / 8u * BLOCK_BYTES;  // E, Ev multiples of 32
+vec4 k_texel(uint row, uint c) { return k_block_texel(row * K_ROW_BYTES, c, KV_FORMAT == DECODE_KV_Q8_0); }
+vec4 v_texel(uint row, uint c) { return v_block_texel(row * V_ROW_BYTES, c, KV_FORMAT == DECODE_KV_Q8_0); }
+#else
 layout(binding = DECODE_BINDING_K) uniform samplerBuffer k_tex;
 layout(binding = DECODE_BINDING_V) uniform samplerBuffer v_tex;
+vec4 k_texel(uint row, uint c) { return texelFetch(k_tex, int(row * E4 + c)); }
+vec4 v_texel(uint row, uint c) { return texelFetch(v_tex, int(row * EV4 + c)); }
+#endif
 layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };  // bit n of word n / 32
 layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
 layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
@@ -56,28 +80,37 @@ const uint WG = gl_WorkGroupSize.x;
 const bool CAUSAL = (MASKS & MASK_FLAG_CAUSAL) != 0u;
 const bool HAS_MASK = (MASKS & MASK_FLAG_BOOLEAN) != 0u;
 const bool HAS_ADD = (MASKS & MASK_FLAG_ADDITIVE) != 0u;
+// Rules that change every score: the score step runs on every key step.
+const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
 
-/// The score of (row r, key j) after the causal limit and the masks: -inf where not allowed.
-float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head) {
-    const float neg_inf = uintBitsToFloat(0xff800000u);
+score_params sp;  // the score rules' values, where FEATURES uses them
+
+/// The ALiBi slope of row r's query head (0 without ALiBi).
+float row_slope(uint r, uint kv_head) {
+    if ((FEATURES & SCORE_ALIBI) == 0u) return 0.0;
+    const uint rr = min(r, pc.rows - 1u);
+    return head_values[kv_head * (pc.rows / pc.q_len) + rr / pc.q_len].x;
+}
+
+/// The score of (row r, key j) after the score rules (score_rules.glsl): -inf where not allowed.
+float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head, float slope) {
     const uint rr = min(r, pc.rows - 1u);
     const uint i = rr % pc.q_len;
     const uint h = kv_head * (pc.rows / pc.q_len) + rr / pc.q_len;
-    bool ok = r < pc.rows && key < kv_end;
-    if (CAUSAL) ok = ok && int(key) <= int(i) + pc.causal_offset;
     const uint kk = min(key, pc.kv_len - 1u);
     const uint mi = batch * pc.mask_b + h * pc.mask_h + i * pc.mask_i + kk * pc.mask_j;
-    if (HAS_MASK) ok = ok && ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
-    if (HAS_ADD) s += additive[mi];
-    return ok ? s : neg_inf;
+    bool bit = true;
+    float add = 0.0;
+    if (HAS_MASK) bit = ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
+    if (HAS_ADD) add = additive[mi];
+    const float v = rule_score(s, int(key) - (int(i) + pc.causal_offset), FEATURES, MASKS, sp, slope, bit, add);
+    return r < pc.rows && key < kv_end ? v : score_neg_inf();
 }
 
-/// Keys [begin, end) of this workgroup's chunk; causal: no key beyond what the last query row sees.
+/// Keys [begin, end) of this workgroup's chunk, within the keys some row may see.
 uvec2 key_range(uint chunk) {
-    const uint begin = chunk * pc.chunk;
-    uint end = min(pc.kv_len, begin + pc.chunk);
-    if (CAUSAL) end = min(end, uint(max(0, int(pc.q_len) + pc.causal_offset)));
-    return uvec2(begin, end);
+    const uint begin = min(pc.kv_end, pc.kv_first + chunk * pc.chunk);
+    return uvec2(begin, min(pc.kv_end, begin + pc.chunk));
 }
 
 #ifndef QKV_DECODE_GPU
@@ -92,6 +125,10 @@ void main() {
     const uint lane = gl_LocalInvocationID.x;
     const uint row0 = block * BLOCK;
     const uint kbase = z * pc.kv_stride;
+    sp = score_params(-1, -1, 0.0, 0u);
+    if (FEATURES != 0u) sp = score_in;
+    float slope[RPI];
+    [[unroll]] for (uint i = 0; i < RPI; ++i) slope[i] = row_slope(row0 + i * WG + lane, kv_head);
 
     vec4 q[RPI * E4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -123,21 +160,22 @@ void main() {
         [[unroll]] for (uint c = 0; c < E4; ++c) {
 #ifdef QKV_SHUFFLE
             vec4 fetched[ROUNDS];
-            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(k_tex, int(mine[r] * E4 + c));
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = k_texel(mine[r], c);
 #endif
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
 #ifdef QKV_SHUFFLE
                 const vec4 kv = subgroupShuffle(fetched[j / WG], j % WG);
 #else
-                const vec4 kv = texelFetch(k_tex, int(at[j] * E4 + c));
+                const vec4 kv = k_texel(at[j], c);
 #endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) s[i * KPS + j] += dot(q[i * E4 + c], kv);
             }
         }
-        if (MASKS != 0u || j0 + KPS > range.y) {
+        if (EVERY_STEP || MASKS != 0u || j0 + KPS > range.y) {
             [[unroll]] for (uint i = 0; i < RPI; ++i)
                 [[unroll]] for (uint j = 0; j < KPS; ++j)
-                    s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head);
+                    s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
+                                                  slope[i]);
         }
         [[unroll]] for (uint i = 0; i < RPI; ++i) {
             float mx = s[i * KPS];
@@ -162,13 +200,13 @@ void main() {
         [[unroll]] for (uint c = 0; c < EV4; ++c) {
 #ifdef QKV_SHUFFLE
             vec4 fetched[ROUNDS];
-            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = texelFetch(v_tex, int(mine[r] * EV4 + c));
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) fetched[r] = v_texel(mine[r], c);
 #endif
             [[unroll]] for (uint j = 0; j < KPS; ++j) {
 #ifdef QKV_SHUFFLE
                 const vec4 vv = subgroupShuffle(fetched[j / WG], j % WG);
 #else
-                const vec4 vv = texelFetch(v_tex, int(at[j] * EV4 + c));
+                const vec4 vv = v_texel(at[j], c);
 #endif
                 [[unroll]] for (uint i = 0; i < RPI; ++i) {
                     const float p = s[i * KPS + j];
@@ -206,6 +244,10 @@ void main() {
     const uint t = gl_LocalInvocationID.x;
     const uint row0 = block * RPI;
     const uint kbase = z * pc.kv_stride;
+    sp = score_params(-1, -1, 0.0, 0u);
+    if (FEATURES != 0u) sp = score_in;
+    float slope[RPI];
+    [[unroll]] for (uint r = 0; r < RPI; ++r) slope[r] = row_slope(row0 + r, kv_head);
 
     [[unroll]] for (uint k = 0; k < (RPI * E4 + WG - 1u) / WG; ++k) {
         const uint idx = t + k * WG;
@@ -234,10 +276,10 @@ void main() {
         float s[RPI];
         [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = 0.0;
         [[unroll]] for (uint c = 0; c < E4; ++c) {
-            const vec4 kv = texelFetch(k_tex, int(at * E4 + c));
+            const vec4 kv = k_texel(at, c);
             [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
         }
-        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head);
+        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head, slope[r]);
 
         // 2. the tile's maximum of each row
         float mx[RPI];
@@ -286,7 +328,7 @@ void main() {
                 float ls = l[k] * a_r;
                 for (uint j = 0; j < WG; ++j) {
                     const float p = p_sh[r * WG + j];
-                    const vec4 vv = texelFetch(v_tex, int((kbase + min(j0 + j, last)) * EV4 + c));
+                    const vec4 vv = v_texel(kbase + min(j0 + j, last), c);
                     // the values accumulate scaled by pc.v_scale (exact: a power of two)
                     if (CAREFUL != 0u)
                         a += weighted(p * pc.v_scale, vv);

@@ -3,15 +3,22 @@
 // Merges the P partial softmax states (m, l, acc) of each row written by sdpa_decode.comp, in the
 // fixed order 0..P−1, so that equal inputs give identical bits on every run:
 //   M = max_p m_p,  w_p = exp(m_p − M) (0 for an empty chunk),  out = Σ w_p·acc_p / Σ w_p·l_p.
-// A row with nothing to attend (every l_p = 0) gets zeros; a NaN sum gives a NaN row.
+// A row with nothing to attend (every l_p = 0) gets zeros; a NaN sum gives a NaN row. With
+// SCORE_SINKS (score_params::features, read at run time) the row's head's sink joins the
+// denominator here, once: out = Σ w_p·acc_p / (Σ w_p·l_p + e^(σ − M)); with SCORE_LSE the row's
+// log-sum-exp M + log Σ w_p·l_p (sinks not included) goes to `lse` (score_rules.glsl).
 // One invocation per output element; the output row of group z's row r is z·R + r, which is
 // exactly (batch, query head, query row) of a (B, Hq, L, Ev) tensor.
 #include "contract/decode.h"
+#include "contract/score.h"
+#define QKV_SCORE_PARAMS_BINDING MERGE_BINDING_PARAMS
+#include "score_rules.glsl"
 
 layout(local_size_x = MERGE_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
 layout(std430, binding = MERGE_BINDING_STATS) readonly buffer Stats { vec2 stats[]; };
 layout(std430, binding = MERGE_BINDING_ACC) readonly buffer Acc { float acc[]; };
 layout(std430, binding = MERGE_BINDING_OUT) writeonly buffer Out { float o_out[]; };
+layout(std430, binding = MERGE_BINDING_LSE) writeonly buffer Lse { float lse_out[]; };
 layout(push_constant) uniform Push { decode_merge_push pc; };
 
 void main() {
@@ -31,5 +38,13 @@ void main() {
         l += w * st.y;
         a += w * acc[(base + p) * pc.dv_stride + c];
     }
-    o_out[row * pc.dv + c] = isnan(l) ? uintBitsToFloat(0x7fc00000u) : (l == 0.0 ? 0.0 : a / l);
+    const uint features = score_in.features;
+    const float sink = (features & SCORE_SINKS) != 0u ? head_values[(row / pc.q_len) % pc.q_heads].y : neg_inf;
+    if (isnan(l))
+        o_out[row * pc.dv + c] = uintBitsToFloat(0x7fc00000u);
+    else if ((features & SCORE_SINKS) != 0u)
+        o_out[row * pc.dv + c] = a * row_normaliser(big, l, features, sink);
+    else
+        o_out[row * pc.dv + c] = l == 0.0 ? 0.0 : a / l;
+    if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[row] = row_lse(big, l, false);
 }

@@ -27,8 +27,8 @@ void main() {
     }
     m = workgroup_max(m);
 
-    if (m == neg_inf) {  // every entry masked: zero weights
-        for (uint j = t; j < pc.cols; j += step) s[base + j] = 0.0;
+    if (m == neg_inf) {  // every entry masked: zero weights (-0.0: masked, shaders/values.glsl)
+        for (uint j = t; j < pc.cols; j += step) s[base + j] = uintBitsToFloat(0x80000000u);
         return;
     }
     if (m == pos_inf) {  // a NaN or +inf score: PyTorch's softmax gives NaN for the whole row
@@ -37,7 +37,8 @@ void main() {
     }
     float sum = 0.0;
     for (uint j = t; j < pc.cols; j += step) {
-        const float e = exp(s[base + j] - m);
+        // A masked entry's weight is -0.0 (shaders/values.glsl), told apart from an underflow.
+        const float e = s[base + j] == neg_inf ? uintBitsToFloat(0x80000000u) : exp(s[base + j] - m);
         s[base + j] = e;
         sum += e;
     }

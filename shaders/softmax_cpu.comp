@@ -41,6 +41,8 @@ void main() {
     for (uint c = 0; c < cols4; ++c) {
         const vec4 v = texelFetch(s_tex, int(base + c));
         // all masked: zeros; a NaN or +inf score: PyTorch's softmax gives NaN for the whole row
-        s4[base + c] = m == neg_inf ? vec4(0.0) : m == pos_inf ? vec4(nan) : exp(v - m) / l;
+        // A masked entry's weight is -0.0 (shaders/values.glsl), told apart from an underflow.
+        const vec4 masked = vec4(uintBitsToFloat(0x80000000u));
+        s4[base + c] = m == neg_inf ? masked : m == pos_inf ? vec4(nan) : mix(exp(v - m) / l, masked, equal(v, vec4(neg_inf)));
     }
 }

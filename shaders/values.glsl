@@ -14,10 +14,13 @@ bool is_masked_weight(float p) { return floatBitsToUint(p) == 0x80000000u; }
 /// The non-finite components of v (0 elsewhere).
 vec4 nonfinite_part(vec4 v) { return mix(mix(vec4(0.0), v, isinf(v)), v, isnan(v)); }
 
-/// p·v for one key's weight p.
+/// The non-finite part of one value (0 where it is finite).
+float nonfinite_part(float v) { return isinf(v) || isnan(v) ? v : 0.0; }
+
+/// p·v for one key's weight p (selects, no branches: an unrolled loop of these stays one block).
 vec4 weighted(float p, vec4 v) {
-    if (p != 0.0) return p * v;
-    return is_masked_weight(p) ? vec4(0.0) : nonfinite_part(v);
+    const vec4 underflowed = is_masked_weight(p) ? vec4(0.0) : nonfinite_part(v);
+    return p != 0.0 ? p * v : underflowed;
 }
 
 /// acc·alpha, where an alpha that underflowed to 0 keeps acc's infinities and NaNs.

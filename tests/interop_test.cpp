@@ -252,3 +252,37 @@ TEST_CASE("interop: what the application's device was not created with is refuse
                     qkv::vulkan::unavailable);
     CHECK(a.log.count() == 0);
 }
+
+TEST_CASE("interop: self-attention recorded over the application's buffers", "[interop][attention]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    constexpr std::size_t N = 9, d_in = 6, d = 8, d_out = 5;
+    std::mt19937_64 rng(4);
+    const std::vector<float> x = normal(N * d_in, rng), wq = normal(d_in * d, rng), wk = normal(d_in * d, rng),
+                             wv = normal(d_in * d, rng), wo = normal(d * d_out, rng);
+    app::buffer mem = a.make_buffer((x.size() + 3 * wq.size() + wo.size() + N * d_out + 16) * 4);
+    std::size_t at = 3;  // odd offsets again
+    const auto place = [&](const std::vector<float>& v, std::vector<std::size_t> shape) {
+        put(mem, at, v);
+        qkv::vulkan::tensor t = qkv::vulkan::wrap(ctx, mem.handle, at * 4, v.size() * 4, std::move(shape));
+        at += v.size() + 1;
+        return t;
+    };
+    qkv::vulkan::tensor tx = place(x, {N, d_in}), tq = place(wq, {d_in, d}), tk = place(wk, {d_in, d}),
+                        tv = place(wv, {d_in, d}), to = place(wo, {d, d_out});
+    qkv::vulkan::tensor out = qkv::vulkan::wrap(ctx, mem.handle, at * 4, N * d_out * 4, {N, d_out});
+    qkv::attention_problem desc;
+    desc.shape = {.batch = 1, .seq = N, .d_in = d_in, .d_k = d, .d_v = d, .heads = 2, .d_out = d_out};
+    desc.options.causal = true;
+    qkv::attention_problem host = desc;
+    host.x = x, host.wq = wq, host.wk = wk, host.wv = wv, host.wo = wo;
+    qkv::vulkan::attention_call call(ctx, desc);
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording r =
+        qkv::vulkan::record(call, cmd, {.x = &tx, .wq = &tq, .wk = &tk, .wv = &tv, .wo = &to, .out = &out});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    r.check();
+    CHECK(nmse(mem.data<float>() + at, qkv::cpu::attention_f64(host).output) <= 1e-10);
+    CHECK(a.log.count() == 0);
+}

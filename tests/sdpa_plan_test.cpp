@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api/sdpa_plan.hpp"
+#include "contract/score.h"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 #include "support/fake_devices.hpp"
@@ -37,7 +38,7 @@ struct sized_problem {
 
 /// The regions of the inputs buffer do not overlap, each starts aligned, and the buffer holds them.
 void check_regions(const sdpa_plan& p, const device_desc& d) {
-    const region all[] = {p.q, p.k, p.v, p.mask_bits, p.additive};
+    const region all[] = {p.q, p.k, p.v, p.mask_bits, p.additive, p.params};
     std::uint64_t end = 0;
     for (const region& r : all) {
         if (r.bytes == 0) continue;
@@ -46,6 +47,8 @@ void check_regions(const sdpa_plan& p, const device_desc& d) {
         end = r.at + r.bytes;
     }
     if (p.mask_bits.bytes) CHECK(p.mask_bits.at % d.storage_alignment == 0);
+    CHECK(p.params.at % d.storage_alignment == 0);  // the score params: always, a storage binding
+    CHECK(p.params.bytes == 16 + 8 * std::uint64_t{p.fused() ? p.layout.heads : p.decode.q_heads});
     if (!p.fused())
         for (const region& r : {p.q, p.k, p.v})
             if (r.bytes) CHECK(r.at % d.texel_alignment == 0);
@@ -111,21 +114,120 @@ TEST_CASE("sdpa plan: where the decode kernels cannot run, the plan says so inst
         CHECK(p.family == kernel_family::gpu);
         sized_problem cached = decode;
         cached.p.k = {}, cached.p.v = {};
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, no_texels, set), qkv::vulkan::unavailable);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, no_texels, set),
+                        qkv::vulkan::unavailable);
         // Too few texels for K: fused from the host; limit_exceeded against a cache too large for Q.
         device_desc few = desc_of(f);
         few.max_texel_elements = 1000;
         CHECK(plan_sdpa(decode.p, few, set).route == sdpa_route::fused);
         few.max_texel_elements = 10;
-        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, false}, few, set), qkv::vulkan::limit_exceeded);
+        CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, few, set),
+                        qkv::vulkan::limit_exceeded);
         // A cache: always decode, K and V not in the inputs.
-        const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, true}, desc_of(f), set);
+        const sdpa_plan c = plan_sdpa_cache(cached.p, {8192, qkv::element_type::f16}, desc_of(f), set);
         CHECK(c.route == sdpa_route::decode);
         CHECK(c.kv_fp16);
         CHECK(c.k.bytes == 0);
         CHECK(c.v.bytes == 0);
         CHECK(c.decode.kv_stride == 8192);
         check_regions(c, desc_of(f));
+    }
+}
+
+TEST_CASE("sdpa plan: the rules beyond PyTorch's SDPA, their params and the lse", "[plan][sdpa]") {
+    const settings set;
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        const device_desc d = desc_of(f);
+        for (const std::size_t L : {1u, 113u}) {  // decode, fused
+            sized_problem p(2, 8, 2, L, 4096, 64, 64);
+            std::vector<float> sinks(8, 0.5f);
+            p.p.sinks = sinks;
+            p.p.options.window_left = 1000, p.p.options.window_right = 0;
+            p.p.options.softcap = 30.0f;
+            p.p.options.alibi_max_bias = 8.0f;
+            p.p.options.return_lse = true;
+            p.p.options.alignment = qkv::causal_alignment::bottom_right;
+            const sdpa_plan s = plan_sdpa(p.p, d, set);
+            CHECK(s.route == (L == 1 ? sdpa_route::decode : sdpa_route::fused));
+            CHECK(s.features == (qkv::contract::SCORE_SOFTCAP | qkv::contract::SCORE_ALIBI |
+                                 qkv::contract::SCORE_WINDOW | qkv::contract::SCORE_SINKS | qkv::contract::SCORE_LSE));
+            CHECK(s.params.bytes == score_params_bytes(p.p.shape));
+            check_regions(s, d);
+            // The lse: B·Hq·L floats after the output, downloaded last.
+            CHECK(s.lse_count == 2 * 8 * L);
+            CHECK(s.lse_at >= s.out_count * 4);
+            CHECK(s.buffers.of(role::out) == s.lse_at + s.lse_count * 4);
+            CHECK(s.downloads[s.lse_download()].offset == s.lse_at);
+            CHECK(s.downloads[s.lse_download()].bytes == s.lse_count * 4);
+            if (s.fused()) {
+                CHECK(s.layout.features == s.features);
+            } else {
+                CHECK(s.decode.features == s.features);
+                // Only the keys some row may see are split: [S - 1 - 1000, S) for L = 1 bottom-right.
+                CHECK(s.decode.kv_first == 4096 - 1 - 1000);
+                CHECK(s.decode.kv_end == 4096);
+                CHECK(std::uint64_t{s.decode.chunk} * s.decode.chunks >= 1001);
+                CHECK(std::uint64_t{s.decode.chunk} * (s.decode.chunks - 1) < 1001);
+            }
+        }
+        // No rule: no feature, params still placed (the kernels bind them), no lse download.
+        const sized_problem plain(1, 4, 4, 17, 113, 32, 32);
+        const sdpa_plan q = plan_sdpa(plain.p, d, set);
+        CHECK(q.features == 0);
+        CHECK(q.lse_count == 0);
+        CHECK(q.downloads.size() == 1);
+        check_regions(q, d);
+        // A window that no row reaches: the decode splits no key.
+        sized_problem none(1, 4, 4, 1, 4096, 64, 64);
+        none.p.options.window_left = 0, none.p.options.window_right = 0;  // top-left, row 0: key 0 only
+        const sdpa_plan n = plan_sdpa(none.p, d, set);
+        if (!n.fused()) CHECK(n.decode.kv_end - n.decode.kv_first == 1);
+    }
+}
+
+TEST_CASE("sdpa plan: K/V storage types on both routes, wide heads on the fused one", "[plan][sdpa]") {
+    const settings set;
+    using qkv::element_type;
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        const device_desc d = desc_of(f);
+        for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
+            INFO(qkv::to_string(t));
+            // decode: K and V stored as the type (blocks: bytes_for per row)
+            sized_problem dec(1, 8, 2, 1, 4096, 64, 32);
+            dec.p.options.kv_type = t;
+            const sdpa_plan p = plan_sdpa(dec.p, d, set);
+            REQUIRE(p.route == sdpa_route::decode);
+            CHECK(p.kv_type == t);
+            CHECK(p.kv_blocks() == qkv::is_quantized(t));
+            if (p.kv_blocks()) {
+                CHECK(p.k.bytes == 2 * 4096 * qkv::bytes_for(t, 64));
+                CHECK(p.v.bytes == 2 * 4096 * qkv::bytes_for(t, 32));
+            } else {
+                CHECK(p.k.bytes == 2 * 4096 * 16 * (t == element_type::f16 ? 8 : 16));
+            }
+            check_regions(p, d);
+            // fused: float32 uploads of what the type stores (rounded on the host), unless Q and K/V are f16
+            sized_problem fus(1, 8, 2, 113, 300, 64, 32);
+            fus.p.options.kv_type = t;
+            const sdpa_plan q = plan_sdpa(fus.p, d, set);
+            REQUIRE(q.fused());
+            CHECK_FALSE(q.layout.fp16);
+            CHECK(q.round_kv == (t != element_type::f32));
+            CHECK_FALSE(q.round_q);
+            fus.p.options.precision = qkv::precision::fp16;
+            const sdpa_plan h = plan_sdpa(fus.p, d, set);
+            CHECK(h.layout.fp16 == (t == element_type::f16));
+            CHECK(h.round_q == (t != element_type::f16));
+        }
+        // E = 576, Ev = 512 on the fused route (tiles within the device's shared memory)
+        const sized_problem wide(1, 2, 1, 40, 300, 576, 512);
+        const sdpa_plan w = plan_sdpa(wide.p, d, set);
+        CHECK(w.fused());
+        if (!w.cpu_family()) CHECK(w.gpu.tiles.shared_bytes() <= f.info.max_shared_memory);
+        const sized_problem wider(1, 2, 1, 40, 300, 608, 512);
+        CHECK_THROWS_AS(plan_sdpa(wider.p, d, set), qkv::vulkan::limit_exceeded);
     }
 }
 

@@ -305,12 +305,12 @@ TEST_CASE("sdpa over more keys than one invocation may loop: nothing cut short",
 
 TEST_CASE("sdpa refuses what the device kernels cannot take, with a clear error", "[sdpa][vulkan][errors]") {
     auto& ctx = qkv_test::gpu();
-    owned_sdpa wide = make_sdpa({.q_len = 3, .kv_len = 5, .d_qk = 300, .d_v = 16}, 1700);
+    owned_sdpa wide = make_sdpa({.q_len = 3, .kv_len = 5, .d_qk = 600, .d_v = 16}, 1700);
     try {
         (void)ctx.sdpa(wide.problem);
-        FAIL("a head of 300 columns was accepted");
+        FAIL("a head of 600 columns was accepted");
     } catch (const qkv::vulkan::limit_exceeded& e) {
-        CHECK(std::string(e.what()).find("d_qk = 300") != std::string::npos);
+        CHECK(std::string(e.what()).find("d_qk = 600") != std::string::npos);
     }
     owned_sdpa gqa = make_sdpa({.q_heads = 3, .kv_heads = 1, .q_len = 3, .kv_len = 5}, 1701);
     gqa.problem.shape.kv_heads = 2;  // does not divide 3

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -255,5 +256,81 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
         }
     }
     seq.run();  // nothing recorded: nothing to do
+    require_clean(ctx);
+}
+
+TEST_CASE("attention_call: self-attention over device tensors equals the host call", "[tensor][attention]") {
+    auto ctx = qkv_test::make_context({});
+    struct spec {
+        std::size_t batch, seq, d_in, d, heads, d_out;
+        bool biases, causal, mask;
+        qkv::implementation impl;
+    };
+    const spec specs[] = {
+        {1, 3, 4, 3, 1, 0, false, false, false, qkv::implementation::fused},
+        {2, 17, 12, 16, 2, 8, true, true, false, qkv::implementation::fused},
+        {1, 33, 8, 8, 1, 0, true, false, true, qkv::implementation::staged},
+    };
+    for (const spec& sp : specs) {
+        INFO("seq " << sp.seq << " d_in " << sp.d_in << " d " << sp.d << " heads " << sp.heads << " d_out "
+                    << sp.d_out);
+        std::mt19937_64 rng(sp.seq);
+        const std::vector<float> x = normal(sp.batch * sp.seq * sp.d_in, rng), wq = normal(sp.d_in * sp.d, rng, 0.3f),
+                                 wk = normal(sp.d_in * sp.d, rng, 0.3f), wv = normal(sp.d_in * sp.d, rng, 0.3f),
+                                 bq = normal(sp.d, rng), bk = normal(sp.d, rng), bv = normal(sp.d, rng),
+                                 wo = normal(sp.d * sp.d_out, rng), bo = normal(sp.d_out, rng);
+        std::vector<std::uint8_t> mask;
+        if (sp.mask)
+            for (std::size_t i = 0; i < sp.seq * sp.seq; ++i) mask.push_back(i % 5 != 1 ? 1 : 0);
+        qkv::attention_problem desc;
+        desc.shape = {.batch = sp.batch,
+                      .seq = sp.seq,
+                      .d_in = sp.d_in,
+                      .d_k = sp.d,
+                      .d_v = sp.d,
+                      .heads = sp.heads,
+                      .d_out = sp.d_out};
+        desc.options.causal = sp.causal;
+        desc.options.implementation = sp.impl;
+        desc.mask = mask;
+        qkv::attention_problem host = desc;
+        host.x = x, host.wq = wq, host.wk = wk, host.wv = wv;
+        if (sp.biases) host.bq = bq, host.bk = bk, host.bv = bv;
+        if (sp.d_out) host.wo = wo, host.bo = bo;
+        const std::vector<double> want = qkv::cpu::attention_f64(host).output;
+
+        const auto upload = [&](const std::vector<float>& v) {
+            qkv::vulkan::tensor t(ctx, {v.size()});
+            t.upload(v);
+            return t;
+        };
+        qkv::vulkan::tensor tx = upload(x), twq = upload(wq), twk = upload(wk), twv = upload(wv), tbq = upload(bq),
+                            tbk = upload(bk), tbv = upload(bv),
+                            out(ctx, {sp.batch, sp.seq, sp.d_out ? sp.d_out : sp.d});
+        std::optional<qkv::vulkan::tensor> two, tbo;
+        if (sp.d_out) two.emplace(upload(wo)), tbo.emplace(upload(bo));
+        qkv::vulkan::attention_call call(ctx, desc);
+        CHECK(call.implementation_run() == sp.impl);
+        qkv::vulkan::attention_tensors t{.x = &tx, .wq = &twq, .wk = &twk, .wv = &twv, .out = &out};
+        if (sp.biases) t.bq = &tbq, t.bk = &tbk, t.bv = &tbv;
+        if (sp.d_out) t.wo = &*two, t.bo = &*tbo;
+        call.run(t);
+        CHECK(nmse(out.download(), want) <= 1e-10);
+        CHECK(out.download() == ctx.attention(host).output);  // the same kernels as the host call
+        require_clean(ctx);
+    }
+    // The device's verdicts: a projection beyond float32 is refused; NaN inputs follow the NaN rules.
+    qkv::attention_problem desc;
+    desc.shape = {.batch = 1, .seq = 5, .d_in = 4, .d_k = 4, .d_v = 4, .heads = 1};
+    std::vector<float> x(20, 1e30f), w(16, 1e30f);
+    qkv::vulkan::tensor tx(ctx, {20}), tw(ctx, {16}), out(ctx, {1, 5, 4});
+    tx.upload(x), tw.upload(w);
+    qkv::vulkan::attention_call call(ctx, desc);
+    CHECK_THROWS_AS(call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out}), qkv::vulkan::numeric_overflow);
+    x.assign(20, 0.5f);
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    w.assign(16, 0.25f);
+    tx.upload(x), tw.upload(w);
+    CHECK_NOTHROW(call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out}));
     require_clean(ctx);
 }

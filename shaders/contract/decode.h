@@ -4,7 +4,15 @@
 // The G = Hq / Hkv query heads × L query rows that read one K/V head form R = G·L "rows" of one
 // group z = (batch, kv head); row r is query head kv_head·G + r / L, query row r % L. Keys
 // [0, S) are cut into P chunks of `chunk` keys; workgroup (row block, chunk, z) writes one partial
-// (m, l, acc[Ev]) per row, and the merge combines a row's P partials in the order 0..P−1.
+// (m, l, acc[Ev]) per row, and the merge combines a row's P partials in the order 0..P−1. Only the
+// keys [kv_first, kv_end) that some row may see (the causal rule and the window) are cut into
+// chunks: chunk p covers kv_first + p·chunk onwards. The score rules beyond the masks (softcap,
+// ALiBi, the window) are applied by the decode kernel, sinks and the log-sum-exp by the merge
+// (contract/score.h, shaders/score_rules.glsl).
+//
+// K and V are texels (RGBA32F or RGBA16F views) or, with QKV_KV_BLOCKS, ggml's blocks of 32
+// values (DECODE_KV_Q8_0: 34 bytes, DECODE_KV_Q4_0: 18 bytes; qkv/runtime/element_type.hpp) in
+// storage buffers, row (z, key) at byte (z·kv_stride + key)·(E / 32)·block bytes (V: Ev).
 #ifndef QKV_CONTRACT_DECODE_H
 #define QKV_CONTRACT_DECODE_H
 
@@ -29,35 +37,46 @@ struct decode_push {
     uint q_heads, kv_heads;               // Hq, Hkv (z = batch·Hkv + kv head)
     uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
     float v_scale;                        // the values accumulate multiplied by this power of two
+    uint kv_first, kv_end;                // the keys some row may see; the chunks cover them
 };
 
 struct decode_merge_push {
     uint group_x, group_y, group_z;
     uint rows, q_len, chunks, dv, dv_stride;  // dv_stride: floats per partial accumulator (4·ceil(Ev/4))
     uint groups;                              // B·Hkv
+    uint q_heads;                             // Hq (output row (b·Hq + h)·L + i)
 };
 
 /// Specialization constants of sdpa_decode.comp: the struct the host fills (decode_plan::spec), and
 /// each member's constant_id.
 struct decode_spec {
-    uint wg;        // invocations per workgroup
-    uint rpi;       // cpu: rows per invocation; gpu: rows per workgroup
-    uint kps;       // cpu: keys per step (gpu: unused, keys per tile = wg)
-    uint e4;        // texels per Q/K row, ceil(E / 4)
-    uint ev4;       // texels per V row, ceil(Ev / 4)
-    uint masks;     // mask.h's MASK_FLAG_* bits
-    uint subgroup;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-    uint careful;   // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
+    uint wg;         // invocations per workgroup
+    uint rpi;        // cpu: rows per invocation; gpu: rows per workgroup
+    uint kps;        // cpu: keys per step (gpu: unused, keys per tile = wg)
+    uint e4;         // texels per Q/K row, ceil(E / 4)
+    uint ev4;        // texels per V row, ceil(Ev / 4)
+    uint masks;      // mask.h's MASK_FLAG_* bits
+    uint subgroup;   // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+    uint careful;    // 1: V may hold NaN or Inf: masked keys add nothing, underflowed weights keep infinities
+    uint features;   // contract/score.h's SCORE_* rules of the call
+    uint kv_format;  // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
 };
-QKV_CONST uint DECODE_SPEC_WG = 0u;        // invocations per workgroup
-QKV_CONST uint DECODE_SPEC_RPI = 1u;       // cpu: rows per invocation; gpu: rows per workgroup
-QKV_CONST uint DECODE_SPEC_KPS = 2u;       // cpu: keys per step (gpu: unused, keys per tile = WG)
-QKV_CONST uint DECODE_SPEC_E4 = 3u;        // texels per Q/K row, ceil(E / 4)
-QKV_CONST uint DECODE_SPEC_EV4 = 4u;       // texels per V row, ceil(Ev / 4)
-QKV_CONST uint DECODE_SPEC_MASKS = 5u;     // mask.h's MASK_FLAG_* bits
-QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;  // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
-QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;   // 1: V may hold NaN or Inf (shaders/values.glsl)
-QKV_CONST uint DECODE_SPEC_COUNT = 8u;
+QKV_CONST uint DECODE_SPEC_WG = 0u;         // invocations per workgroup
+QKV_CONST uint DECODE_SPEC_RPI = 1u;        // cpu: rows per invocation; gpu: rows per workgroup
+QKV_CONST uint DECODE_SPEC_KPS = 2u;        // cpu: keys per step (gpu: unused, keys per tile = WG)
+QKV_CONST uint DECODE_SPEC_E4 = 3u;         // texels per Q/K row, ceil(E / 4)
+QKV_CONST uint DECODE_SPEC_EV4 = 4u;        // texels per V row, ceil(Ev / 4)
+QKV_CONST uint DECODE_SPEC_MASKS = 5u;      // mask.h's MASK_FLAG_* bits
+QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;   // gpu: 1 = subgroupMax across the tile, 0 = shared-memory tree
+QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;    // 1: V may hold NaN or Inf (shaders/values.glsl)
+QKV_CONST uint DECODE_SPEC_FEATURES = 8u;   // contract/score.h's SCORE_* bits
+QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u;  // how K and V are stored (below)
+QKV_CONST uint DECODE_SPEC_COUNT = 10u;
+
+// K/V storage (DECODE_SPEC_KV_FORMAT)
+QKV_CONST uint DECODE_KV_TEXELS = 0u;  // uniform texel buffers (RGBA32F or RGBA16F, the views' format)
+QKV_CONST uint DECODE_KV_Q8_0 = 1u;    // storage buffers of ggml's block_q8_0
+QKV_CONST uint DECODE_KV_Q4_0 = 2u;    // storage buffers of ggml's block_q4_0
 
 // The masks (DECODE_SPEC_MASKS): MASK_FLAG_BOOLEAN reads one bit per mask element (bit n of word
 // n / 32, as the fused kernels), MASK_FLAG_ADDITIVE one float per mask element.
@@ -69,20 +88,25 @@ QKV_CONST uint DECODE_BINDING_MASK = 3u;      // storage, a bit per element
 QKV_CONST uint DECODE_BINDING_ADDITIVE = 4u;  // storage, float per element
 QKV_CONST uint DECODE_BINDING_STATS = 5u;     // storage, (m, l) per (z, row, chunk)
 QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk)
-QKV_CONST uint DECODE_BINDINGS = 7u;
+QKV_CONST uint DECODE_BINDING_PARAMS = 7u;    // storage, contract/score.h's params
+QKV_CONST uint DECODE_BINDINGS = 8u;
 
 QKV_CONST uint MERGE_BINDING_STATS = 0u;
 QKV_CONST uint MERGE_BINDING_ACC = 1u;
-QKV_CONST uint MERGE_BINDING_OUT = 2u;  // (B, Hq, L, Ev) floats
-QKV_CONST uint MERGE_BINDINGS = 3u;
+QKV_CONST uint MERGE_BINDING_OUT = 2u;     // (B, Hq, L, Ev) floats
+QKV_CONST uint MERGE_BINDING_PARAMS = 3u;  // contract/score.h's params: the features (read at run time), sinks
+QKV_CONST uint MERGE_BINDING_LSE = 4u;     // (B, Hq, L) floats, written with SCORE_LSE
+QKV_CONST uint MERGE_BINDINGS = 5u;
 QKV_CONST uint MERGE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 19u * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 21u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&
-                   offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u)
+                   offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u &&
+                   offsetof(qkv::contract::decode_spec, features) == qkv::contract::DECODE_SPEC_FEATURES * 4u &&
+                   offsetof(qkv::contract::decode_spec, kv_format) == qkv::contract::DECODE_SPEC_KV_FORMAT * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

@@ -15,7 +15,10 @@
 //     same with a_bs for m_bs (the self-attention path lets a (N, N) bool mask meet a (B, N, N)
 //     additive one; SDPA's two masks share one shape, a_bs = m_bs).
 // Query row i sees key j when j <= i + causal_offset (with MASK_FLAG_CAUSAL), the mask bit is
-// set (MASK_FLAG_BOOLEAN) and the additive mask is not -inf (MASK_FLAG_ADDITIVE).
+// set (MASK_FLAG_BOOLEAN) and the additive mask is not -inf (MASK_FLAG_ADDITIVE); the rules beyond
+// (softcap, ALiBi, the window, sinks, the log-sum-exp) are contract/score.h's, applied by
+// shaders/score_rules.glsl, chosen by each kernel's FEATURES constant, with their values in the
+// params binding.
 #ifndef QKV_CONTRACT_FLASH_H
 #define QKV_CONTRACT_FLASH_H
 
@@ -96,6 +99,7 @@ struct flash_spec {
     uint q_regs;      // 1: each lane keeps its team's query rows in registers
     uint vec4_loads;  // 1: widths, strides and offsets are multiples of 4: vec4 loads
     uint fallback;    // 0: the pipeline requires subgroups of `team` lanes, all full
+    uint features;    // contract/score.h's SCORE_* rules of the call
 };
 QKV_CONST uint FLASH_SPEC_WG = 0u;
 QKV_CONST uint FLASH_SPEC_BR = 1u;
@@ -106,16 +110,18 @@ QKV_CONST uint FLASH_SPEC_TEAM = 5u;
 QKV_CONST uint FLASH_SPEC_Q_REGS = 6u;
 QKV_CONST uint FLASH_SPEC_VEC4 = 7u;
 QKV_CONST uint FLASH_SPEC_FALLBACK = 8u;
+QKV_CONST uint FLASH_SPEC_FEATURES = 9u;
 
 // Specialization constants of flash_cpu.comp (src/kernels/flash_cpu.cpp, plan_flash_cpu).
 struct flash_cpu_spec {
-    uint wg;       // invocations per workgroup: one subgroup
-    uint rpi;      // query rows per invocation
-    uint kps;      // keys per step
-    uint d4;       // texels (4 values) per Q/K row: ceil(d / 4)
-    uint dv4;      // texels per V row: ceil(dv / 4)
-    uint masks;    // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE (mask.h)
-    uint careful;  // 1: the pipeline for the (batch, head)s whose V holds a NaN or Inf
+    uint wg;        // invocations per workgroup: one subgroup
+    uint rpi;       // query rows per invocation
+    uint kps;       // keys per step
+    uint d4;        // texels (4 values) per Q/K row: ceil(d / 4)
+    uint dv4;       // texels per V row: ceil(dv / 4)
+    uint masks;     // MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE (mask.h)
+    uint careful;   // 1: the pipeline for the (batch, head)s whose V holds a NaN or Inf
+    uint features;  // contract/score.h's SCORE_* rules of the call
 };
 QKV_CONST uint FLASH_CPU_SPEC_WG = 0u;
 QKV_CONST uint FLASH_CPU_SPEC_RPI = 1u;
@@ -124,6 +130,7 @@ QKV_CONST uint FLASH_CPU_SPEC_D4 = 3u;
 QKV_CONST uint FLASH_CPU_SPEC_DV4 = 4u;
 QKV_CONST uint FLASH_CPU_SPEC_MASKS = 5u;
 QKV_CONST uint FLASH_CPU_SPEC_CAREFUL = 6u;
+QKV_CONST uint FLASH_CPU_SPEC_FEATURES = 7u;
 
 // Specialization constants of flash_cpu_pack.comp.
 struct flash_pack_spec {
@@ -138,8 +145,10 @@ QKV_CONST uint FLASH_BINDING_QKV = 0u;
 QKV_CONST uint FLASH_BINDING_MASK = 1u;
 QKV_CONST uint FLASH_BINDING_ADDITIVE = 2u;
 QKV_CONST uint FLASH_BINDING_OUT = 3u;
-QKV_CONST uint FLASH_BINDING_STATE = 4u;  // (max, sum) per (batch, head, row); NaN max = poisoned row
-QKV_CONST uint FLASH_BINDINGS = 5u;
+QKV_CONST uint FLASH_BINDING_STATE = 4u;   // (max, sum) per (batch, head, row); NaN max = poisoned row
+QKV_CONST uint FLASH_BINDING_PARAMS = 5u;  // contract/score.h's params (read with FEATURES only)
+QKV_CONST uint FLASH_BINDING_LSE = 6u;     // log-sum-exp per (batch, head, row) (written with SCORE_LSE)
+QKV_CONST uint FLASH_BINDINGS = 7u;
 
 // bindings of flash_cpu.comp
 QKV_CONST uint FLASH_CPU_BINDING_Q = 0u;  // uniform texel buffers
@@ -150,7 +159,9 @@ QKV_CONST uint FLASH_CPU_BINDING_ADDITIVE = 4u;
 QKV_CONST uint FLASH_CPU_BINDING_OUT = 5u;
 QKV_CONST uint FLASH_CPU_BINDING_STATE = 6u;
 QKV_CONST uint FLASH_CPU_BINDING_VFLAGS = 7u;  // per (batch, K/V head): V holds a NaN or Inf
-QKV_CONST uint FLASH_CPU_BINDINGS = 8u;
+QKV_CONST uint FLASH_CPU_BINDING_PARAMS = 8u;  // as FLASH_BINDING_PARAMS
+QKV_CONST uint FLASH_CPU_BINDING_LSE = 9u;     // as FLASH_BINDING_LSE
+QKV_CONST uint FLASH_CPU_BINDINGS = 10u;
 
 // bindings of flash_cpu_pack.comp
 QKV_CONST uint FLASH_PACK_BINDING_SRC = 0u;
@@ -164,7 +175,8 @@ QKV_CONST uint FLASH_WEIGHTS_BINDING_MASK = 1u;
 QKV_CONST uint FLASH_WEIGHTS_BINDING_ADDITIVE = 2u;
 QKV_CONST uint FLASH_WEIGHTS_BINDING_STATE = 3u;
 QKV_CONST uint FLASH_WEIGHTS_BINDING_OUT = 4u;
-QKV_CONST uint FLASH_WEIGHTS_BINDINGS = 5u;
+QKV_CONST uint FLASH_WEIGHTS_BINDING_PARAMS = 5u;  // contract/score.h's params (its features read at run time)
+QKV_CONST uint FLASH_WEIGHTS_BINDINGS = 6u;
 QKV_CONST uint FLASH_WEIGHTS_WORKGROUP = 64u;  // keys per workgroup (one per invocation)
 
 QKV_CONTRACT_END
@@ -173,11 +185,13 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_push) == 32u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_cpu_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_pack_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_spec) == 9u * 4u &&
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_spec) == 10u * 4u &&
                    offsetof(qkv::contract::flash_spec, fallback) == qkv::contract::FLASH_SPEC_FALLBACK * 4u &&
+                   offsetof(qkv::contract::flash_spec, features) == qkv::contract::FLASH_SPEC_FEATURES * 4u &&
                    offsetof(qkv::contract::flash_spec, br) == qkv::contract::FLASH_SPEC_BR * 4u &&
                    offsetof(qkv::contract::flash_spec, vec4_loads) == qkv::contract::FLASH_SPEC_VEC4 * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_cpu_spec) == 7u * 4u &&
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_cpu_spec) == 8u * 4u &&
+                   offsetof(qkv::contract::flash_cpu_spec, features) == qkv::contract::FLASH_CPU_SPEC_FEATURES * 4u &&
                    offsetof(qkv::contract::flash_cpu_spec, masks) == qkv::contract::FLASH_CPU_SPEC_MASKS * 4u &&
                    offsetof(qkv::contract::flash_cpu_spec, careful) == qkv::contract::FLASH_CPU_SPEC_CAREFUL * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::flash_pack_spec) == 2u * 4u &&

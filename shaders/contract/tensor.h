@@ -12,12 +12,13 @@
 
 QKV_CONTRACT_BEGIN
 
-/// tensor_copy.comp: dst[dst_off + i] = src[src_off + i] for i < count, elements of 32 bits
-/// (tensor_copy) or 16 bits (tensor_copy_16).
+/// tensor_copy.comp: a rows x cols block, dst[dst_off + r·dst_rs + c] = src[src_off + r·src_rs + c],
+/// elements of 32 bits (tensor_copy) or 16 bits (tensor_copy_16).
 struct tensor_copy_push {
     uint group_x, group_y, group_z;
-    uint count;
-    uint src_off, dst_off;  // in elements, from each binding's start
+    uint rows, cols;
+    uint src_off, src_rs;  // in elements, from each binding's start
+    uint dst_off, dst_rs;
 };
 QKV_CONST uint TENSOR_COPY_BINDING_SRC = 0u;
 QKV_CONST uint TENSOR_COPY_BINDING_DST = 1u;
@@ -55,7 +56,7 @@ QKV_CONST uint GUARD_HEADER_WORDS = 4u;
 
 QKV_CONTRACT_END
 
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_copy_push) == 6u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_copy_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::sdpa_guard_push) == 15u * 4u)
 
 #endif

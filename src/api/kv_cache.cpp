@@ -1,5 +1,6 @@
 // qkv::vulkan::kv_cache (K and V resident on the device), and context::sdpa over it: the decode
-// route of the call skeleton (run_decode) with the cache's texel views as K and V.
+// route of the call skeleton (run_decode) with the cache's texel views (or, for q8_0 / q4_0, its
+// blocks) as K and V.
 #include "qkv/vulkan/kv_cache.hpp"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "api/call_io.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
+#include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "api/sdpa_plan.hpp"
@@ -49,7 +51,7 @@ kv_cache::impl::~impl() {
     if (!core) return;  // never attached to a device (the context was moved from)
     // The views and statistics go back to the shared device under its lock; k and v lock for themselves.
     std::lock_guard lock(core->mutex);
-    k_view.reset(), v_view.reset(), stats.reset(), staging.reset();
+    k_view.reset(), v_view.reset(), stats.reset(), staging.reset(), k_blocks.reset(), v_blocks.reset();
 }
 
 kv_stats kv_cache::impl::read_stats() const {
@@ -83,10 +85,47 @@ void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
     if (shape.precision != precision::fp32 && shape.precision != precision::fp16)
         throw qkv::invalid_argument("kv_cache: unknown precision (" +
                                     std::to_string(static_cast<int>(shape.precision)) + ")");
+    if (shape.kv_type && !is_known(*shape.kv_type))
+        throw qkv::invalid_argument("kv_cache: unknown kv_type (" + std::to_string(static_cast<int>(*shape.kv_type)) +
+                                    ")");
+    c.type = shape.type();
+    if (c.blocks() && (shape.d_qk % block_size(c.type) != 0 || shape.d_v % block_size(c.type) != 0))
+        throw qkv::invalid_argument("kv_cache: kv_type " + std::string(to_string(c.type)) + " stores blocks of " +
+                                    std::to_string(block_size(c.type)) + " values along each row: d_qk (" +
+                                    std::to_string(shape.d_qk) + ") and d_v (" + std::to_string(shape.d_v) +
+                                    ") must be multiples of " + std::to_string(block_size(c.type)));
     c.format = c.half() ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
     c.texel_bytes = c.half() ? 8 : 16;
     c.e4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_qk + 3) / 4, 0xffffffu));
     c.ev4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_v + 3) / 4, 0xffffffu));
+    c.k_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_qk) : std::uint64_t{c.e4} * c.texel_bytes;
+    c.v_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
+}
+
+/// The storage of a q8_0 / q4_0 cache: rows of blocks in storage buffers (the lock held), read by
+/// the decode kernel at 32-bit byte offsets.
+void attach_blocks(kv_cache::impl& c) {
+    device_core& core = *c.core;
+    const device_info& info = core.dev->info();
+    const kv_cache_shape& shape = c.shape;
+    if (shape.capacity > 0x7fffffffu)
+        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
+                             " rows is beyond the decode kernels' 2^31 keys");
+    const std::uint64_t rows = product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache");
+    for (const auto& [what, row_bytes, store] :
+         {std::tuple{"K", c.k_row_bytes, &c.k_blocks}, std::tuple{"V", c.v_row_bytes, &c.v_blocks}}) {
+        if (row_bytes != 0 && rows > info.max_storage_buffer_range / row_bytes)
+            throw limit_exceeded(std::string("kv_cache: ") + what + " of " + std::to_string(rows) + " rows of " +
+                                 std::to_string(row_bytes) + " bytes (" + std::string(to_string(c.type)) +
+                                 " blocks) is more than " + info.name + "'s maxStorageBufferRange of " +
+                                 std::to_string(info.max_storage_buffer_range) +
+                                 " bytes; use a smaller capacity or batch");
+        *store = core.alloc->create(rows * row_bytes, memory_use::device,
+                                    what[0] == 'K' ? "K/V cache (K blocks)" : "K/V cache (V blocks)");
+    }
+    c.stats = core.alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
+    std::memset(c.stats.mapped(), 0, c.stats.size());
+    c.stats.flush();
 }
 
 /// The storage's shapes: (B, Hkv, capacity, 4·texels per row).
@@ -137,6 +176,13 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
     describe(*c, shape);
+    if (c->blocks()) {
+        std::lock_guard lock(c->core->mutex);
+        c->core->check_alive();
+        attach_blocks(*c);
+        impl_ = std::move(c);
+        return;
+    }
     const element_type type = c->half() ? element_type::f16 : element_type::f32;
     if (c->half() && !c->core->dev->info().fp16_storage)
         throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
@@ -153,6 +199,9 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
     describe(*c, shape);
+    if (c->blocks())
+        throw qkv::invalid_argument("kv_cache: a " + std::string(to_string(c->type)) +
+                                    " cache stores ggml's blocks, not tensors (tensors are f32 or f16)");
     const element_type type = c->half() ? element_type::f16 : element_type::f32;
     for (const auto& [what, t, texels] : {std::tuple{"k", &k, c->e4}, std::tuple{"v", &v, c->ev4}}) {
         const tensor::impl& ti = tensor_access::of(*t, "kv_cache");
@@ -183,8 +232,20 @@ std::size_t kv_cache::size() const {
 }
 std::size_t kv_cache::capacity() const { return alive(impl_).shape.capacity; }
 const kv_cache_shape& kv_cache::shape() const { return alive(impl_).shape; }
-const tensor& kv_cache::keys() const { return alive(impl_).k; }
-const tensor& kv_cache::values() const { return alive(impl_).v; }
+namespace {
+
+const kv_cache::impl& tensors_of(const std::shared_ptr<kv_cache::impl>& p, const char* what) {
+    const kv_cache::impl& c = alive(p);
+    if (c.blocks())
+        throw unavailable(std::string(what) + ": a " + std::string(to_string(c.type)) +
+                          " cache stores ggml's blocks, which are no tensor");
+    return c;
+}
+
+}  // namespace
+
+const tensor& kv_cache::keys() const { return tensors_of(impl_, "kv_cache::keys").k; }
+const tensor& kv_cache::values() const { return tensors_of(impl_, "kv_cache::values").v; }
 
 void kv_cache::clear() {
     impl& c = alive(impl_);
@@ -193,6 +254,55 @@ void kv_cache::clear() {
     std::memset(c.stats.mapped(), 0, c.stats.size());
     c.stats.flush();
 }
+
+namespace {
+
+/// Host rows appended to a q8_0 / q4_0 cache (the lock held, the size checked): each row of every
+/// (batch, kv head) quantized by qkv::quantize into place (or into staging, copied into place).
+void append_blocks(kv_cache::impl& c, std::span<const float> k, std::span<const float> v, std::size_t rows) {
+    const kv_cache_shape& s = c.shape;
+    const std::size_t groups = c.groups();
+    const auto put = [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+        put_block_rows(k_at, c.type, k.data() + z * rows * s.d_qk, rows, s.d_qk, "kv_cache::append: k");
+        put_block_rows(v_at, c.type, v.data() + z * rows * s.d_v, rows, s.d_v, "kv_cache::append: v");
+    };
+    const std::uint64_t k_bytes = std::uint64_t{rows} * c.k_row_bytes, v_bytes = std::uint64_t{rows} * c.v_row_bytes;
+    if (c.k_blocks.mapped() && c.v_blocks.mapped()) {
+        // Quantized into a host copy first: a refused value leaves the cache as it was.
+        std::vector<std::byte> staged(groups * (k_bytes + v_bytes));
+        for (std::size_t z = 0; z < groups; ++z)
+            put(staged.data() + z * k_bytes, staged.data() + groups * k_bytes + z * v_bytes, z);
+        for (std::size_t z = 0; z < groups; ++z) {
+            std::memcpy(c.k_blocks.mapped() + (z * s.capacity + c.size) * c.k_row_bytes, staged.data() + z * k_bytes,
+                        k_bytes);
+            std::memcpy(c.v_blocks.mapped() + (z * s.capacity + c.size) * c.v_row_bytes,
+                        staged.data() + groups * k_bytes + z * v_bytes, v_bytes);
+        }
+        c.k_blocks.flush();
+        c.v_blocks.flush();
+        return;
+    }
+    device_core& core = *c.core;
+    core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
+    for (std::size_t z = 0; z < groups; ++z)
+        put(c.staging.mapped() + z * k_bytes, c.staging.mapped() + groups * k_bytes + z * v_bytes, z);
+    c.staging.flush();
+    executor& exec = *core.exec;
+    exec.begin();
+    exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                 VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (std::size_t z = 0; z < groups; ++z) {
+        exec.copy(c.staging.handle(), z * k_bytes, c.k_blocks.handle(), (z * s.capacity + c.size) * c.k_row_bytes,
+                  k_bytes);
+        exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, c.v_blocks.handle(),
+                  (z * s.capacity + c.size) * c.v_row_bytes, v_bytes);
+    }
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT);
+    (void)exec.submit_and_wait();
+}
+
+}  // namespace
 
 void kv_cache::append(std::span<const float> k, std::span<const float> v, std::size_t rows) {
     impl& c = alive(impl_);
@@ -228,11 +338,23 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     if (rows == 0) return;
     const std::uint64_t tb = c.texel_bytes;
     const std::size_t groups = c.groups();
-    tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
-    tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
     try {
         kv_stats added;  // folded into the statistics once the rows are in place
+        if (c.blocks()) {
+            // The overflow rule's facts of the values as they dequantize; the rows as blocks.
+            const std::vector<float> kq = stored_values(c.type, k, "kv_cache::append: k");
+            const std::vector<float> vq = stored_values(c.type, v, "kv_cache::append: v");
+            added.add(kq, vq, groups, rows, s.d_qk, s.d_v);
+            append_blocks(c, k, v, rows);
+            c.stats.invalidate();
+            fold_host_rows(c.stats.mapped(), added, groups);
+            c.stats.flush();
+            c.size += rows;
+            return;
+        }
         added.add(k, v, groups, rows, s.d_qk, s.d_v);
+        tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
+        tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
         if (!kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
             // The device is idle between calls (every call waits for its work), so the new rows
             // can be written in place.
@@ -300,6 +422,9 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
         fail("the problem's (batch, kv_heads, d_qk, d_v) = " + dims({s.batch, s.kv_heads, s.d_qk, s.d_v}) +
              " differ from the cache's " + dims({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
     if (p.options.return_weights) fail("return_weights is not available with a kv_cache");
+    if (p.options.kv_type && *p.options.kv_type != cs.type())
+        fail("options.kv_type is " + std::string(to_string(*p.options.kv_type)) + " but the cache stores " +
+             std::string(to_string(cs.type())) + " (leave kv_type unset to take the cache's)");
     try {
         validate_queries(p);  // the runtime's one validator, without k and v (the cache's)
     } catch (const qkv::invalid_argument& e) {
@@ -311,19 +436,22 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
 }  // namespace
 
 void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows) {
+    if (blocks())
+        throw unavailable("kv_cache::append: a " + std::string(to_string(type)) +
+                          " cache quantizes on the host; append host data (device tensors are f32 or f16)");
     const tensor::impl& kin = tensor_access::of(kt, "kv_cache::append: k");
     const tensor::impl& vin = tensor_access::of(vt, "kv_cache::append: v");
-    const element_type type = half() ? element_type::f16 : element_type::f32;
+    const element_type stored = half() ? element_type::f16 : element_type::f32;
     const kv_cache_shape& s = shape;
     const std::vector<std::size_t> want_k{s.batch, s.kv_heads, rows, s.d_qk}, want_v{s.batch, s.kv_heads, rows, s.d_v};
     for (const auto& [what, t, want] : {std::tuple{"k", &kin, &want_k}, std::tuple{"v", &vin, &want_v}}) {
         if (t->core != core)
             throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is on another device");
         if (t->elements != product({(*want)[0], (*want)[1], (*want)[2], (*want)[3]}, "kv_cache::append") ||
-            t->type != type)
+            t->type != stored)
             throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is " +
                                         shape_string(t->shape) + " " + std::string(to_string(t->type)) + "; expected " +
-                                        shape_string(*want) + " " + std::string(to_string(type)));
+                                        shape_string(*want) + " " + std::string(to_string(stored)));
     }
     const device_desc& desc = core->dev->desc();
     const tensor::impl::bound kb = kin.bind(), vb = vin.bind();
@@ -401,7 +529,11 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
         const sdpa_problem problem = checked_decode_problem(given, c.shape, c.size);
         const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
         const kv_stats stats = c.read_stats();
-        const cache_kv kv{c.k_view.handle(), c.v_view.handle(), c.desc(), &stats};
+        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};
+        if (c.blocks()) {
+            kv.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
+            kv.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
+        }
         return run_decode(env, p, problem, &kv);
     });
 }

@@ -20,8 +20,11 @@ struct kv_cache::impl {
     std::uint32_t e4 = 0, ev4 = 0;
     VkFormat format = VK_FORMAT_R32G32B32A32_SFLOAT;
     std::uint64_t texel_bytes = 16;
-    tensor k, v;  // the storage (qkv's, or a caller's)
+    tensor k, v;  // the storage (qkv's, or a caller's) of an f32 / f16 cache
     detail::buffer_view k_view, v_view;
+    element_type type = element_type::f32;           // shape.type()
+    detail::buffer k_blocks, v_blocks;               // the storage of a q8_0 / q4_0 cache: rows of ggml's blocks
+    std::uint64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes of one stored row of K and of V
     // Guarded by core->mutex:
     std::size_t size = 0;
     /// The overflow rule's facts of every row appended (sdpa_guard.hpp's guard_words with no q
@@ -36,8 +39,9 @@ struct kv_cache::impl {
     ~impl();
 
     [[nodiscard]] std::size_t groups() const { return shape.batch * shape.kv_heads; }
-    [[nodiscard]] bool half() const { return shape.precision == precision::fp16; }
-    [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(shape.capacity), half()}; }
+    [[nodiscard]] bool half() const { return type == element_type::f16; }
+    [[nodiscard]] bool blocks() const { return is_quantized(type); }
+    [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(shape.capacity), type}; }
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
     /// Records an append of device tensors (the lock held, `rows` checked): the guard's rows pass

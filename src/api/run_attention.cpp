@@ -117,12 +117,6 @@ void record_fused(const call_session& s, const plan& p, const call_bindings& b, 
     }
 }
 
-/// Texel views of Q|K|V and of the scores for the staged products' texel variants, made when
-/// recording; they must live until the submit.
-struct staged_views {
-    buffer_view qkv, scores;
-};
-
 /// The staged attention: scores, softmax in place, weights · V into each head's columns.
 /// `v_finite`: every input of the projection is finite, so V is (or the call fails its range
 /// check): the aggregation's texel variant then needs no zero-weight rule against 0·NaN.
@@ -190,8 +184,9 @@ void read_phases(const std::vector<double>& m, phase_times& t) {
     t.output_projection_ms = m.size() >= 4 ? m[3] - m[2] : 0.0;
 }
 
-/// What the call's buffers hold (by role) and what the host reads back.
-void plan_buffers(const plan& p, buffer_plan& b, std::vector<download>& d) {
+}  // namespace
+
+void attention_buffers(const plan& p, buffer_plan& b, std::vector<download>& d) {
     b.need(role::inputs, p.inputs_bytes);
     b.need(role::qkv, p.qkv_bytes);
     b.need(role::scores, p.scores_bytes);
@@ -203,14 +198,28 @@ void plan_buffers(const plan& p, buffer_plan& b, std::vector<download>& d) {
     if (p.weights_bytes) d.push_back({role::scores, 0, p.weights_bytes});
 }
 
-}  // namespace
+void record_attention(const call_session& s, const plan& p, bool guard, bool v_finite, attention_views& views) {
+    const call_bindings b = bind(s.buffers(), p);
+    const bool host = !s.recording();
+    record_projection(s, p, b, views.projection, guard);
+    if (host) s.mark();  // projections done
+    if (p.impl == implementation::fused)
+        record_fused(s, p, b, views.flash);
+    else
+        record_staged(s, p, b, v_finite, views.staged);
+    if (host) s.mark();  // attention done
+    if (p.d_out) {
+        record_output_projection(s, p, b);
+        if (host) s.mark();  // output projection done
+    }
+}
 
 call_run<attention_output> run_attention(call_env& env, const attention_problem& problem) {
     // plan
     const plan p = plan_attention(problem, env.core.dev->desc(), env.set);
     buffer_plan buffers;
     std::vector<download> downloads;
-    plan_buffers(p, buffers, downloads);
+    attention_buffers(p, buffers, downloads);
     // check: finiteness, and whether the host proves the range (else the device guard runs)
     const input_facts facts = scan_inputs(problem);
     const bool guard = !range_proven_on_host(p, problem, facts);
@@ -219,26 +228,13 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
     if (guard) prepare_range_guard(*env.core.alloc, env.buffers.guard, p);
     pack_inputs(s.inputs(), p, problem);
     // record
-    const call_bindings b = bind(s.buffers(), p);
     s.begin();
-    buffer_view projection_view;  // the projection's texel view, where it takes the texel variant
-    record_projection(s, p, b, projection_view, guard);
-    s.mark();                     // projections done
-    staged_views views;           // the staged products' texel views, where they take the texel variants
-    flash_cpu_views flash_views;  // the fused cpu family's
-    if (p.impl == implementation::fused)
-        record_fused(s, p, b, flash_views);
-    else
-        record_staged(s, p, b, facts.projection_inputs_finite, views);
-    s.mark();  // attention done
-    if (p.d_out) {
-        record_output_projection(s, p, b);
-        s.mark();  // output projection done
-    }
+    attention_views views;  // texel views made while recording: they live until the submit
+    record_attention(s, p, guard, facts.projection_inputs_finite, views);
     call_run<attention_output> run;
     run.times = s.submit();
     // read: the guard's verdicts, the result, the second line of defence
-    if (guard) check_range_guard(env.buffers.guard, p, problem, facts);  // throws numeric_overflow
+    if (guard) check_range_guard(env.buffers.guard, p, &problem, facts);  // throws numeric_overflow
     run.times.device_range_check = guard;
     read_phases(s.exec().marks_ms(), run.times);
     attention_output& out = run.output;
@@ -249,7 +245,12 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
     out.output.resize(p.out_bytes / 4);
     out.weights.resize(p.weights_bytes / 4);
     s.read(0, out.output.data());
-    if (p.weights_bytes) s.read(1, out.weights.data());
+    if (p.weights_bytes) {
+        s.read(1, out.weights.data());
+        // The kernels mark a masked weight -0.0 (shaders/values.glsl); the caller gets 0, as PyTorch.
+        for (float& w : out.weights)
+            if (w == 0.0f) w = 0.0f;
+    }
     check_outputs(out, p, facts);  // throws numeric_overflow
     return run;
 }

@@ -1,5 +1,6 @@
 // run_decode: the split-S decode route (kernels/sdpa_decode.hpp) of an sdpa call, with K and V
 // from the host (packed into the call's inputs as texel rows) or from a kv_cache.
+#include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "kernels/sdpa_decode.hpp"
 
@@ -8,12 +9,16 @@ namespace {
 
 VkFormat texel_format(bool fp16) { return fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; }
 
-/// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row; the masks.
+/// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row (K and V
+/// as rows of blocks where quantized); the masks; the score params.
 void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, bool host_kv) {
     const decode_plan& d = p.decode;
     const sdpa_shape& s = problem.shape;
     put_texel_rows(in + p.q.at, problem.q.data(), std::size_t{d.groups} * d.rows, s.d_qk, d.e4, p.q_fp16, "sdpa: q");
-    if (host_kv) {
+    if (host_kv && p.kv_blocks()) {
+        put_block_rows(in + p.k.at, p.kv_type, problem.k.data(), std::size_t{d.groups} * d.kv_len, s.d_qk, "sdpa: k");
+        put_block_rows(in + p.v.at, p.kv_type, problem.v.data(), std::size_t{d.groups} * d.kv_len, s.d_v, "sdpa: v");
+    } else if (host_kv) {
         put_texel_rows(in + p.k.at, problem.k.data(), std::size_t{d.groups} * d.kv_len, s.d_qk, d.e4, p.kv_fp16,
                        "sdpa: k");
         put_texel_rows(in + p.v.at, problem.v.data(), std::size_t{d.groups} * d.kv_len, s.d_v, d.ev4, p.kv_fp16,
@@ -21,16 +26,24 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
     }
     if (p.mask_bits.bytes) put_mask_bits(in + p.mask_bits.at, problem.mask);
     if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
+    put_score_params(in + p.params.at, problem, p.features);
 }
 
 }  // namespace
 
 void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
-                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful) {
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
+                        binding k_blocks, binding v_blocks) {
     const call_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
     io.q = q, io.k = k, io.v = v;
+    io.k_blocks = k_blocks, io.v_blocks = v_blocks;
+    if (p.kv_blocks() && (!k_blocks.buffer || !v_blocks.buffer))
+        throw error("sdpa: the decode kernel's quantized K and V need their blocks' bindings");
+    if (!masks.params.buffer) throw error("sdpa: the decode kernels need the score params");
+    io.params = masks.params;
+    if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
     const binding any = b.bind(role::partial_stats, 0, 16);  // bound where a kernel reads nothing
     io.mask = masks.bits.buffer ? masks.bits : any;
     io.additive = masks.additive.buffer ? masks.additive : any;
@@ -43,8 +56,20 @@ void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_pr
 call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
                                  const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
-    // check: the overflow rule on the host's norms (a cache's from its appends); the values' scale
-    const sdpa_facts facts = cache ? scan_sdpa(problem, *cache->stats) : scan_sdpa(problem);
+    // check: the overflow rule on the host's norms (a cache's from its appends; quantized K and V
+    // as they dequantize); the values' scale
+    sdpa_facts facts;
+    if (cache) {
+        facts = scan_sdpa(problem, *cache->stats);
+    } else if (p.kv_blocks()) {
+        const std::vector<float> k = stored_values(p.kv_type, problem.k, "sdpa: k");
+        const std::vector<float> v = stored_values(p.kv_type, problem.v, "sdpa: v");
+        sdpa_problem stored = problem;
+        stored.k = k, stored.v = v;
+        facts = scan_sdpa(stored);
+    } else {
+        facts = scan_sdpa(problem);
+    }
     check_sdpa_scores(facts, s, p.scale, p.q_fp16 || p.kv_fp16);
     const float v_scale = value_scale(facts, s.kv_len);
     const bool careful = !facts.inputs_finite;  // V (or Q, K) may hold NaN or Inf
@@ -56,13 +81,18 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     const buffer& inputs = session.buffers()[role::inputs];
     const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
     buffer_view k_view, v_view;  // host K/V: views of the inputs
-    if (!cache) {
+    if (!cache && !p.kv_blocks()) {
         k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
         v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
     }
     session.begin();
+    binding k_blocks{}, v_blocks{};
+    if (p.kv_blocks()) {
+        k_blocks = cache ? cache->k_blocks : binding{inputs.handle(), p.k.at, p.k.bytes};
+        v_blocks = cache ? cache->v_blocks : binding{inputs.handle(), p.v.at, p.v.bytes};
+    }
     record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
-                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, careful);
+                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, careful, k_blocks, v_blocks);
     session.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = session.submit();
@@ -73,6 +103,8 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     run.output.device = dev.info().name;
     run.output.output.resize(p.out_count);
     session.read(0, run.output.output.data());
+    run.output.lse.resize(p.lse_count);
+    if (p.lse_count) session.read(p.lse_download(), run.output.lse.data());
     finish_sdpa_output(run.output.output, facts, v_scale, s);
     return run;
 }

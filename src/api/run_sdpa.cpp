@@ -2,6 +2,7 @@
 // chose; and the fused route itself. Also the call session every run shares (runs.hpp).
 #include <cstring>
 
+#include "api/kv_storage.hpp"
 #include "api/runs.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
@@ -38,9 +39,10 @@ phase_times call_session::submit() {
 
 namespace {
 
-/// q, k and v (float32, or float16 with fp16; V scaled by `v_scale`) and the masks.
+/// q, k and v as stored (float32, or float16 where the binding is; V scaled by `v_scale`), the
+/// masks and the score params.
 void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, float v_scale) {
-    if (p.q_fp16) {
+    if (p.layout.fp16) {
         put_halves(in + p.q.at, problem.q, "sdpa: q");
         put_halves(in + p.k.at, problem.k, "sdpa: k");
         put_halves(in + p.v.at, problem.v, "sdpa: v", v_scale);
@@ -51,6 +53,7 @@ void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& p
     }
     if (p.mask_bits.bytes) put_mask_bits(in + p.mask_bits.at, problem.mask);
     if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
+    put_score_params(in + p.params.at, problem, p.features);
 }
 
 }  // namespace
@@ -59,10 +62,12 @@ mask_bindings masks_in(const sdpa_plan& p, const buffer& b) {
     mask_bindings m;
     if (p.mask_bits.bytes) m.bits = {b.handle(), p.mask_bits.at, p.mask_bits.bytes};
     if (p.additive.bytes) m.additive = {b.handle(), p.additive.at, p.additive.bytes};
+    m.params = {b.handle(), p.params.at, p.params.bytes};
     return m;
 }
 
-void record_fused_sdpa(const call_session& s, const sdpa_plan& p, const mask_bindings& masks, flash_cpu_views& views) {
+void record_fused_sdpa(const call_session& s, const sdpa_plan& p, const mask_bindings& masks, flash_cpu_views& views,
+                       bool v_finite) {
     const call_buffers& b = s.buffers();
     const binding qkv = b.bind(role::inputs, 0, p.v.at + p.v.bytes);
     flash_io io;
@@ -71,10 +76,13 @@ void record_fused_sdpa(const call_session& s, const sdpa_plan& p, const mask_bin
     io.additive = masks.additive.buffer ? masks.additive : qkv;
     io.out = b.bind(role::out, 0, p.out_count * 4);
     io.state = p.state_bytes ? b.bind(role::state, 0, p.state_bytes) : qkv;
+    if (!masks.params.buffer) throw error("sdpa: the fused kernels need the score params");
+    io.params = masks.params;
+    if (p.lse_count) io.lse = b.bind(role::out, p.lse_at, p.lse_count * 4);
     if (p.cpu_family()) {
         views = make_flash_cpu_views(s.dev(), b[role::texels], p.cpu);
         const flash_cpu_texels tx{b[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
-        record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights);
+        record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights, v_finite);
     } else {
         record_flash_gpu(s.rec(), s.pipes(), p.layout, p.gpu, io, p.weights);
     }
@@ -93,23 +101,32 @@ sdpa_output new_output(const sdpa_plan& p, const sdpa_problem& problem, const de
     out.device = dev.info().name;
     out.output.resize(p.out_count);
     out.weights.resize(p.weights_count);
+    out.lse.resize(p.lse_count);
     return out;
 }
 
 }  // namespace
 
 call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
-    // check: the overflow rule on the host's exact norms; the values' scale
-    const sdpa_facts facts = scan_sdpa(problem);
-    check_sdpa_scores(facts, problem.shape, p.scale, p.q_fp16);
+    // Q, K and V as their types store them, rounded here where the binding holds float32.
+    sdpa_problem stored = problem;
+    std::vector<float> q_stored, k_stored, v_stored;
+    if (p.round_q) q_stored = stored_values(element_type::f16, problem.q, "sdpa: q"), stored.q = q_stored;
+    if (p.round_kv) {
+        k_stored = stored_values(p.kv_type, problem.k, "sdpa: k"), stored.k = k_stored;
+        v_stored = stored_values(p.kv_type, problem.v, "sdpa: v"), stored.v = v_stored;
+    }
+    // check: the overflow rule on the host's exact norms (of the stored values); the values' scale
+    const sdpa_facts facts = scan_sdpa(stored);
+    check_sdpa_scores(facts, problem.shape, p.scale, p.layout.fp16);
     const float v_scale = value_scale(facts, problem.shape.kv_len);
     // prepare, write
     call_session s(env, p.buffers, p.downloads);
-    write_fused_inputs(s.inputs(), p, problem, v_scale);
+    write_fused_inputs(s.inputs(), p, stored, v_scale);
     // record
     s.begin();
     flash_cpu_views views;
-    record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views);
+    record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views, facts.inputs_finite);
     s.mark();  // attention done
     call_run<sdpa_output> run;
     run.times = s.submit();
@@ -118,6 +135,7 @@ call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sd
     run.output = new_output(p, problem, s.dev());
     s.read(0, run.output.output.data());
     if (p.weights) s.read(1, run.output.weights.data());
+    if (p.lse_count) s.read(p.lse_download(), run.output.lse.data());
     finish_sdpa_output(run.output.output, facts, v_scale, problem.shape);
     return run;
 }

@@ -58,7 +58,7 @@ public:
     /// Starts the command buffer with the upload of the inputs; marks "inputs on the device".
     void begin();
     /// Ends a phase (a timestamp; see executor::mark).
-    void mark() { exec().mark(); }
+    void mark() const { exec().mark(); }
     /// Records the download, submits, waits; returns the device time and each phase's (from the
     /// marks: inputs, then the phases in order).
     phase_times submit();
@@ -85,12 +85,36 @@ private:
 
 call_run<attention_output> run_attention(call_env& env, const attention_problem& problem);
 
+struct plan;
+/// What an attention call's buffers hold (by role) and what the host reads back.
+void attention_buffers(const plan& p, buffer_plan& buffers, std::vector<download>& downloads);
+
+/// Texel views of Q|K|V and of the scores for the staged products' texel variants, and the
+/// projection's and the fused cpu family's, made when recording: they must live until the
+/// commands have run.
+struct staged_views {
+    buffer_view qkv, scores;
+};
+struct attention_views {
+    buffer_view projection;
+    staged_views staged;
+    flash_cpu_views flash;
+};
+
+/// The record step of an attention call whose inputs are in the session's buffers: the
+/// projection (then the device range guard where `guard`), the fused or staged attention, the
+/// output projection, with marks between them on a host call. `v_finite`: every input of the
+/// projection is known finite (the staged aggregation may skip its zero-weight rule).
+void record_attention(const call_session& s, const plan& p, bool guard, bool v_finite, attention_views& views);
+
 /// Q, K and V from the host: plan_sdpa's route, fused or decode.
 call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem);
 
-/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them.
+/// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them: texel views, or (q8_0,
+/// q4_0) the blocks' storage bindings.
 struct cache_kv {
     VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    binding k_blocks{}, v_blocks{};
     cache_desc desc;
     const kv_stats* stats = nullptr;
 };
@@ -103,23 +127,27 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& plan, const sdp
 /// The fused route of a planned call (run_sdpa.cpp).
 call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
 
-/// Where a call's masks are (the plan's regions of the inputs, or a planned call's constants);
-/// an empty binding where there is no such mask.
+/// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
+/// regions of the inputs, or a planned call's constants); an empty binding where there is no such
+/// mask. The params are always there.
 struct mask_bindings {
-    binding bits, additive;
+    binding bits, additive, params;
 };
-/// The plan's mask regions of `b`.
+/// The plan's mask and params regions of `b`.
 mask_bindings masks_in(const sdpa_plan& plan, const buffer& b);
 
 /// The record step of the fused route, over the session's buffers as `plan` lays them out: the
 /// chosen family's kernel, then the weights kernel where asked. `views`: the cpu family's texel
-/// views, made here; they must live until the command buffer has run.
-void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks,
-                       flash_cpu_views& views);
+/// views, made here; they must live until the command buffer has run. `v_finite`: the host saw
+/// every input finite (the cpu family then needs no careful pipeline).
+void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks, flash_cpu_views& views,
+                       bool v_finite = false);
 
 /// The record step of the decode route: the decode kernel and the merge over q, k and v texel
-/// views, the masks, the session's partials and output.
+/// views (or, for quantized K and V, their blocks' bindings), the masks and params, the session's
+/// partials and output (and the lse where the plan asks for it).
 void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
-                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful);
+                        VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, bool careful,
+                        binding k_blocks = {}, binding v_blocks = {});
 
 }  // namespace qkv::vulkan::detail

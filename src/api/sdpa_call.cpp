@@ -32,6 +32,7 @@ struct sdpa_call::impl {
     sdpa_problem desc;  // its masks' spans point into the vectors below
     std::vector<std::uint8_t> mask;
     std::vector<float> additive;
+    std::vector<float> sinks;
     std::shared_ptr<kv_cache::impl> cache;
     sdpa_plan plan;    // Q, K and V from tensors: made once; against a cache: made per call
     buffer constants;  // the masks (bits, then the additive entries), uploaded once
@@ -125,21 +126,36 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
             throw qkv::invalid_argument("sdpa_call: return_weights is not available over tensors");
         validate_description(c.desc);
     }
+    // Issue 24 over tensors: the score rules (window, softcap, ALiBi, sinks) run; what needs more
+    // than the tensors give is refused, never ignored.
+    if (c.desc.options.return_lse)
+        throw unavailable("sdpa_call: return_lse is not available over tensors yet (no lse tensor); use context::sdpa");
+    if (c.desc.options.kv_type && *c.desc.options.kv_type != c.tensor_type())
+        throw unavailable("sdpa_call: kv_type " + std::string(to_string(*c.desc.options.kv_type)) +
+                          " is not available over tensors (K and V are the tensors' type); use context::sdpa");
+    if (c.cache && is_quantized(c.cache->type))
+        throw unavailable("sdpa_call: a " + std::string(to_string(c.cache->type)) +
+                          " kv_cache is not available over tensors yet; use context::sdpa(problem, cache)");
+    c.sinks.assign(description.sinks.begin(), description.sinks.end());
+    c.desc.sinks = c.sinks;
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
     const device_desc& dd = c.core->dev->desc();
     if (!cache) c.plan = plan_sdpa(c.desc, dd, c.set);
-    // The masks, once: bits then the additive entries, each at the storage alignment.
+    // The masks and the score params, once: bits, the additive entries, the params, each at the
+    // storage alignment.
     const std::uint64_t bits_bytes = c.mask.empty() ? 0 : mask_bits_bytes(c.mask.size());
     const std::uint64_t add_at = align_up(bits_bytes, dd.storage_alignment), add_bytes = c.additive.size() * 4;
-    if (bits_bytes + add_bytes > 0) {
-        c.constants = c.core->alloc->create(add_at + add_bytes, memory_use::upload, "sdpa_call masks");
-        if (bits_bytes) put_mask_bits(c.constants.mapped(), c.mask);
-        if (add_bytes) put_floats(c.constants.mapped() + add_at, c.additive);
-        c.constants.flush();
-        if (bits_bytes) c.masks.bits = {c.constants.handle(), 0, bits_bytes};
-        if (add_bytes) c.masks.additive = {c.constants.handle(), add_at, add_bytes};
-    }
+    const std::uint64_t params_at = align_up(add_at + add_bytes, dd.storage_alignment);
+    const std::uint64_t params_bytes = score_params_bytes(c.desc.shape);
+    c.constants = c.core->alloc->create(params_at + params_bytes, memory_use::upload, "sdpa_call masks and params");
+    if (bits_bytes) put_mask_bits(c.constants.mapped(), c.mask);
+    if (add_bytes) put_floats(c.constants.mapped() + add_at, c.additive);
+    put_score_params(c.constants.mapped() + params_at, c.desc, score_features(c.desc));
+    c.constants.flush();
+    if (bits_bytes) c.masks.bits = {c.constants.handle(), 0, bits_bytes};
+    if (add_bytes) c.masks.additive = {c.constants.handle(), add_at, add_bytes};
+    c.masks.params = {c.constants.handle(), params_at, params_bytes};
 }
 
 sdpa_call::~sdpa_call() = default;
@@ -331,6 +347,7 @@ recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tenso
 recording::impl::~impl() {
     if (!core) return;
     std::lock_guard lock(core->mutex);
+    attention_views = {};
     views.clear();
     flash_views = {};
     buffers.release();
@@ -339,6 +356,7 @@ recording::impl::~impl() {
 }
 
 void recording::impl::check() const {
+    if (attention) return check_attention();
     if (!checks) return;
     kv_stats cache_stats;
     {
@@ -355,30 +373,6 @@ void recording::impl::check() const {
 
 // ---- sequence ---------------------------------------------------------------------------------
 
-struct sequence::impl {
-    std::shared_ptr<device_core> core;  // declared first: outlives the rest
-    std::unique_ptr<executor> exec;     // its own command buffer, pool and fence
-    std::vector<std::unique_ptr<recording::impl>> recorded;
-    bool begun = false;
-
-    ~impl() {
-        if (!core) return;
-        recorded.clear();  // each releases under the lock
-        std::lock_guard lock(core->mutex);
-        exec.reset();
-    }
-    /// Releases the previous run's recordings (each takes the lock: call without it).
-    void forget_previous_run() {
-        if (!begun) recorded.clear();
-    }
-    /// The command buffer begun (call with the lock held).
-    void ensure_begun() {
-        if (begun) return;
-        exec->begin();
-        begun = true;
-    }
-};
-
 sequence::sequence(context& ctx) : impl_(std::make_unique<impl>()) {
     context::impl& owner = context_access::of(ctx);
     impl_->core = owner.core;
@@ -394,14 +388,10 @@ void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
     impl& s = *impl_;
     sdpa_call::impl& c = sdpa_call_access::of(call);
     if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
-    s.forget_previous_run();
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     s.ensure_begun();
-    auto r = std::make_unique<recording::impl>();
-    r->core = s.core;
-    c.record(*s.exec, *r, tensors);
-    s.recorded.push_back(std::move(r));
+    c.record(*s.exec, s.next_scratch(), tensors);
 }
 
 void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
@@ -409,7 +399,6 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
     impl& s = *impl_;
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
-    s.forget_previous_run();
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     if (rows > c->shape.capacity - c->size)
@@ -440,7 +429,7 @@ void sequence::run() {
             throw;
         }
     }
-    for (const auto& r : s.recorded) r->check();
+    for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check();
 }
 
 }  // namespace qkv::vulkan

@@ -1,10 +1,12 @@
 #include "api/sdpa_plan.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "api/plan.hpp"
+#include "contract/score.h"
 #include "kernels/stages.hpp"
 #include "qkv/vulkan/error.hpp"
 
@@ -12,6 +14,9 @@ namespace qkv::vulkan::detail {
 namespace {
 
 std::uint32_t u32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
+
+/// The largest window side the kernels get (a larger one is the same window: see put_score_params).
+constexpr std::int64_t max_window_side = (std::int64_t{1} << 30) - 1;
 
 /// Why a count cannot be indexed by the kernels' 32-bit indices (empty: it can).
 std::string beyond_u32(const char* what, std::uint64_t count, const std::string& device) {
@@ -53,34 +58,43 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     const std::ptrdiff_t offset = causal_offset(s, opt);
     if (offset > std::numeric_limits<std::int32_t>::max() || offset < std::numeric_limits<std::int32_t>::min())
         throw limit_exceeded("sdpa: the causal offset kv_len - q_len does not fit 32 bits");
-    // One convention on every route (README, "fp16"): precision fp16 stores Q, K and V as float16.
-    p.q_fp16 = p.kv_fp16 = opt.precision == precision::fp16;
+    // One convention on every route (README, "fp16"): precision fp16 stores Q as float16, and K and
+    // V too unless kv_type says otherwise.
+    p.q_fp16 = opt.precision == precision::fp16;
+    p.kv_type = stored_kv_type(opt);
+    p.kv_fp16 = p.kv_type == element_type::f16;
     if (p.q_fp16 && !info.fp16_storage)
         throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
                           info.name + " does not offer; use fp32");
-    // What the Vulkan kernels do not take yet is refused, never ignored.
-    const auto not_yet = [](const char* what) {
-        throw unavailable(std::string("sdpa: ") + what +
-                          " is not implemented by the Vulkan backend yet; use the cpu backend (qkv::cpu::sdpa)");
-    };
-    if (opt.window_left != -1 || opt.window_right != -1) not_yet("a sliding window");
-    if (opt.softcap != 0) not_yet("softcap");
-    if (opt.alibi_max_bias != 0) not_yet("ALiBi");
-    if (opt.return_lse) not_yet("return_lse");
-    if (!problem.sinks.empty()) not_yet("sinks");
-    if (opt.kv_type && *opt.kv_type != (p.q_fp16 ? element_type::f16 : element_type::f32))
-        not_yet("a kv_type other than the precision's");
+    p.features = score_features(problem);
+    // Positions and distances (i + off, j - (i + off)) and the window's bounds are 32-bit signed
+    // in the kernels; with sides clamped to 2^30 - 1 (put_score_params) nothing overflows.
+    if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 &&
+        std::uint64_t{s.q_len} + s.kv_len > max_window_side + 1)
+        throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be at most 2^30 on the device");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
+    p.lse_count = opt.return_lse ? std::uint64_t{s.batch} * s.q_heads * s.q_len : 0;
     refuse_if(beyond_range("the output", p.out_count * 4, info));
     refuse_if(beyond_range("the weights", p.weights_count * 4, info));
     refuse_if(beyond_range("the additive mask", problem.additive_mask.size() * 4, info));
 }
 
-/// Places the masks after `at` in the inputs buffer; returns the end.
+/// Places the masks and the score params after `at` in the inputs buffer; returns the end.
 std::uint64_t place_masks(sdpa_plan& p, const sdpa_problem& problem, std::uint64_t at, std::uint64_t align) {
     p.mask_bits = {align_up(at, align), problem.mask.empty() ? 0 : mask_bits_bytes(problem.mask.size())};
     p.additive = {align_up(p.mask_bits.at + p.mask_bits.bytes, align), problem.additive_mask.size() * 4};
-    return p.additive.at + p.additive.bytes;
+    p.params = {align_up(p.additive.at + p.additive.bytes, align), score_params_bytes(problem.shape)};
+    return p.params.at + p.params.bytes;
+}
+
+/// The output (and the lse after it, where asked) in role::out; their downloads after `others`.
+void place_outputs(sdpa_plan& p, std::vector<download> others) {
+    const std::uint64_t out_bytes = p.out_count * 4;
+    p.lse_at = align_up(out_bytes, 16);
+    p.buffers.need(role::out, p.lse_count ? p.lse_at + p.lse_count * 4 : out_bytes);
+    p.downloads = {{role::out, 0, out_bytes}};
+    for (const download& d : others) p.downloads.push_back(d);
+    if (p.lse_count) p.downloads.push_back({role::out, p.lse_at, p.lse_count * 4});
 }
 
 std::uint32_t mask_kinds(const sdpa_problem& problem) {
@@ -94,14 +108,20 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     const device_info& info = desc.info;
     const sdpa_shape& s = problem.shape;
     p.route = sdpa_route::fused;
-    if (s.d_qk > fused_max_head || s.d_v > fused_max_head)
-        throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(fused_max_head) +
+    if (s.d_qk > sdpa_fused_max_head || s.d_v > sdpa_fused_max_head)
+        throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(sdpa_fused_max_head) +
                              " (d_qk = " + std::to_string(s.d_qk) + ", d_v = " + std::to_string(s.d_v) +
                              "); use the cpu backend for wider heads");
+    // The binding holds one type: float16 where Q and K/V both are; otherwise float32, with Q
+    // and K/V rounded on the host to what their types hold.
+    const bool binding_f16 = p.q_fp16 && p.kv_type == element_type::f16;
+    p.round_q = p.q_fp16 && !binding_f16;
+    p.round_kv = p.kv_type != (binding_f16 ? element_type::f16 : element_type::f32);
+    p.kv_fp16 = binding_f16;
     if (desc.max_push_bytes < sizeof(contract::flash_push))
         throw limit_exceeded("sdpa: the fused kernels push " + std::to_string(sizeof(contract::flash_push)) +
                              " bytes of constants; " + info.name + " takes " + std::to_string(desc.max_push_bytes));
-    const std::uint64_t eb = p.q_fp16 ? 2 : 4;
+    const std::uint64_t eb = binding_f16 ? 2 : 4;
     const std::uint64_t qn = std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_qk;
     const std::uint64_t kn = std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_qk;
     const std::uint64_t vn = std::uint64_t{s.batch} * s.kv_heads * s.kv_len * s.d_v;
@@ -130,7 +150,8 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     l.causal = problem.options.causal;
     l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options));
     l.scale = p.scale;
-    l.fp16 = p.q_fp16;
+    l.fp16 = binding_f16;
+    l.features = p.features;
 
     // The family (as for attention, plan.hpp: choose_family), and its plan.
     const kernel_family asked = set.fused_tiles_as && problem.options.kernel == kernel_family::automatic
@@ -158,12 +179,13 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     refuse_if(beyond_range("the softmax statistics", p.state_bytes, info));
 
     p.buffers.need(role::inputs, inputs);
-    p.buffers.need(role::out, p.out_count * 4);
     p.buffers.need(role::scores, p.weights_count * 4);
     p.buffers.need(role::state, p.state_bytes);
     p.buffers.need(role::texels, p.cpu_family() ? p.cpu.bytes : 0);
-    p.downloads = {{role::out, 0, p.out_count * 4}};
-    if (p.weights) p.downloads.push_back({role::scores, 0, p.weights_count * 4});
+    std::vector<download> weights;
+    if (p.weights) weights.push_back({role::scores, 0, p.weights_count * 4});
+    place_outputs(p, weights);
+    refuse_if(beyond_range("the output and its log-sum-exp", p.buffers.of(role::out), info));
 }
 
 /// The decode route: Q (and K, V from the host) as rows of whole texels, then the masks. Returns
@@ -173,31 +195,50 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
                                  const settings& set, const cache_desc* cache) {
     const device_info& info = desc.info;
     const sdpa_shape& s = problem.shape;
+    if (cache) p.kv_type = cache->kv_type, p.kv_fp16 = cache->kv_type == element_type::f16;
     decode_request r;
     r.shape = s;
     r.kv_stride = cache ? cache->capacity : u32(s.kv_len);
     r.masks = mask_kinds(problem);
     r.kernel = problem.options.kernel;
     r.max_chunks = set.max_decode_chunks;
+    r.features = p.features;
+    r.kv_format = p.kv_type == element_type::q8_0   ? contract::DECODE_KV_Q8_0
+                  : p.kv_type == element_type::q4_0 ? contract::DECODE_KV_Q4_0
+                                                    : contract::DECODE_KV_TEXELS;
+    // The keys some row may see: from the first row's window start to the last row's end.
+    const key_range first_row = visible_keys(s, problem.options, 0);
+    const key_range last_row = visible_keys(s, problem.options, s.q_len - 1);
+    r.kv_first = u32(std::min(first_row.first, last_row.first));
+    r.kv_end = u32(std::max(first_row.end, last_row.end));
+    if (r.kv_end <= r.kv_first) r.kv_first = r.kv_end = 0;  // no row sees a key: one empty chunk
     device_info plan_info = info;
     if (set.fused_tiles_as)  // the test hook: plan as for that device (within this one)
         plan_info.subgroup_arithmetic = plan_info.subgroup_arithmetic && set.fused_tiles_as->subgroup_arithmetic;
     decode_plan d = try_plan_decode(plan_info, r, set);
     if (!d.refusal.empty()) return {d.refusal, true};
-    if (cache) p.kv_fp16 = cache->fp16;
     const char* q_format = p.q_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
     const char* kv_format = p.kv_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
     if (!desc.uniform_texels(p.q_fp16))
         return {std::string("the decode kernels read q through ") + q_format + " uniform texel buffers, which " +
                     info.name + " does not support",
                 false};
-    if (!desc.uniform_texels(p.kv_fp16))
+    if (!p.kv_blocks() && !desc.uniform_texels(p.kv_fp16))
         return {std::string("the decode kernels read k and v through ") + kv_format + " uniform texel buffers, which " +
                     info.name + " does not support",
                 false};
     const std::uint64_t q_tb = p.q_fp16 ? 8 : 16, kv_tb = p.kv_fp16 ? 8 : 16;
-    const std::uint64_t k_texels = cache ? 0 : std::uint64_t{d.groups} * d.kv_len * d.e4;
-    const std::uint64_t v_texels = cache ? 0 : std::uint64_t{d.groups} * d.kv_len * d.ev4;
+    // K and V from the host: texel rows, or rows of blocks (bytes_for: d_qk, d_v multiples of 32).
+    std::uint64_t k_texels = 0, v_texels = 0, k_bytes = 0, v_bytes = 0;
+    if (!cache && p.kv_blocks()) {
+        k_bytes = std::uint64_t{d.groups} * d.kv_len * bytes_for(p.kv_type, s.d_qk);
+        v_bytes = std::uint64_t{d.groups} * d.kv_len * bytes_for(p.kv_type, s.d_v);
+    } else if (!cache) {
+        k_texels = std::uint64_t{d.groups} * d.kv_len * d.e4, k_bytes = k_texels * kv_tb;
+        v_texels = std::uint64_t{d.groups} * d.kv_len * d.ev4, v_bytes = v_texels * kv_tb;
+    }
+    for (const auto& [what, bytes] : {std::pair{"k", k_bytes}, std::pair{"v", v_bytes}})
+        if (std::string why = beyond_range(what, bytes, info); !why.empty()) return {why, true};
     for (const auto& [what, texels] :
          {std::pair{"q", d.q_texels()}, std::pair{"k", k_texels}, std::pair{"v", v_texels}})
         if (texels > desc.max_texel_elements)
@@ -211,8 +252,8 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
 
     const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
     p.q = {0, d.q_texels() * q_tb};
-    p.k = {align_up(p.q.bytes, align), k_texels * kv_tb};
-    p.v = {align_up(p.k.at + p.k.bytes, align), v_texels * kv_tb};
+    p.k = {align_up(p.q.bytes, align), k_bytes};
+    p.v = {align_up(p.k.at + p.k.bytes, align), v_bytes};
     const std::uint64_t inputs = place_masks(p, problem, p.v.at + p.v.bytes, align);
     if (std::string why = beyond_range("the decode inputs", inputs, info); !why.empty()) return {why, true};
 
@@ -222,8 +263,9 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
     p.buffers.need(role::inputs, inputs);
     p.buffers.need(role::partial_stats, d.stats_bytes());
     p.buffers.need(role::partial_acc, d.acc_bytes());
-    p.buffers.need(role::out, d.out_bytes());
-    p.downloads = {{role::out, 0, d.out_bytes()}};
+    place_outputs(p, {});
+    if (std::string why = beyond_range("the output and its log-sum-exp", p.buffers.of(role::out), info); !why.empty())
+        return {why, true};
     return {};
 }
 
@@ -250,6 +292,44 @@ sdpa_plan plan_sdpa_cache(const sdpa_problem& problem, const cache_desc& cache, 
         throw unavailable("sdpa with a kv_cache: " + no.why);
     }
     return p;
+}
+
+}  // namespace qkv::vulkan::detail
+
+namespace qkv::vulkan::detail {
+
+std::uint32_t score_features(const sdpa_problem& problem) {
+    const sdpa_options& o = problem.options;
+    return (o.softcap > 0 ? contract::SCORE_SOFTCAP : 0u) | (o.alibi_max_bias > 0 ? contract::SCORE_ALIBI : 0u) |
+           (o.window_left >= 0 || o.window_right >= 0 ? contract::SCORE_WINDOW : 0u) |
+           (problem.sinks.empty() ? 0u : contract::SCORE_SINKS) | (o.return_lse ? contract::SCORE_LSE : 0u);
+}
+
+std::uint64_t score_params_bytes(const sdpa_shape& shape) {
+    return contract::SCORE_PARAMS_HEAD_OFFSET + 8 * std::uint64_t{shape.q_heads};
+}
+
+void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t features) {
+    const sdpa_shape& s = problem.shape;
+    const sdpa_options& o = problem.options;
+    // A side of kv_len + q_len - 1 or more admits every key (|j - (i + off)| < kv_len + q_len), and
+    // plan_common keeps kv_len + q_len <= 2^30 with a window: the clamp changes nothing, whatever
+    // the keys of a later call against a growing cache, and keeps the kernels' sums in 32 bits.
+    const auto side = [](std::int64_t w) {
+        return static_cast<std::int32_t>(w < 0 ? -1 : std::min<std::int64_t>(w, max_window_side));
+    };
+    contract::score_params sp{};
+    sp.window_left = side(o.window_left);
+    sp.window_right = side(o.window_right);
+    sp.softcap = o.softcap;
+    sp.features = features;
+    std::memcpy(at, &sp, sizeof sp);
+    std::vector<float> heads(2 * s.q_heads);
+    for (std::size_t h = 0; h < s.q_heads; ++h) {
+        heads[2 * h] = static_cast<float>(alibi_slope(o.alibi_max_bias, s.q_heads, h));
+        heads[2 * h + 1] = problem.sinks.empty() ? -std::numeric_limits<float>::infinity() : problem.sinks[h];
+    }
+    std::memcpy(at + contract::SCORE_PARAMS_HEAD_OFFSET, heads.data(), heads.size() * sizeof(float));
 }
 
 }  // namespace qkv::vulkan::detail

@@ -100,7 +100,7 @@ flash_cpu_views make_flash_cpu_views(const device& dev, const buffer& texels, co
 }
 
 void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_cpu_plan& plan,
-                      const flash_io& io, const flash_cpu_texels& tx, bool stats) {
+                      const flash_io& io, const flash_cpu_texels& tx, bool stats, bool v_finite) {
     // 1. Q, K, V into whole texels; the V flags zeroed first.
     exec.fill(tx.texels, 0, plan.flags_bytes, 0);
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
@@ -142,12 +142,13 @@ void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
     // 2. The kernel, one dispatch pair per key chunk.
     // Q, K, V as uniform texel buffers, then five storage buffers (contract/flash.h's order).
     static_assert(
-        contract::FLASH_CPU_BINDINGS == 8 && contract::FLASH_CPU_BINDING_V == 2 &&
-        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu, "tttsssss") &&
-        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu_shuffle, "tttsssss"));
+        contract::FLASH_CPU_BINDINGS == 10 && contract::FLASH_CPU_BINDING_V == 2 &&
+        contract::FLASH_CPU_BINDING_PARAMS == 8 && contract::FLASH_CPU_BINDING_LSE == 9 &&
+        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu, "tttsssssss") &&
+        row_matches<contract::flash_cpu_push, contract::flash_cpu_spec>(shader_id::flash_cpu_shuffle, "tttsssssss"));
     const shader_id kernel = plan.shuffle ? shader_id::flash_cpu_shuffle : shader_id::flash_cpu;
-    const pipeline& plain = pipes.get(kernel, plan.spec(l.mask_flags(), false));
-    const pipeline& careful = pipes.get(kernel, plan.spec(l.mask_flags(), true));
+    const pipeline& plain = pipes.get(kernel, plan.spec(l.mask_flags(), false, l.features));
+    const pipeline* careful = v_finite ? nullptr : &pipes.get(kernel, plan.spec(l.mask_flags(), true, l.features));
     const std::uint32_t blocks = ceil_div(l.q_len, plan.block());
     const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
     contract::flash_cpu_push push{};
@@ -162,11 +163,12 @@ void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
     push.blocks = blocks;
     for_each_key_chunk(push, l.kv_len, plan.chunk_keys, stats, [&](const contract::flash_cpu_push& part, bool first) {
         // The (batch, head)s without, then those with, a NaN or Inf in V (see flash_cpu.comp).
-        for (const pipeline* p : {&plain, &careful}) {
-            if (!first || p == &careful) exec.compute_barrier();
+        for (const pipeline* p : {&plain, careful}) {
+            if (!p) continue;
+            if (!first || p == careful) exec.compute_barrier();
             exec.dispatch(*p,
                           {texel(tx.q), texel(tx.k), texel(tx.v), io.mask_bits, io.additive, io.out, io.state,
-                           binding{tx.texels, 0, plan.flags_bytes}},
+                           binding{tx.texels, 0, plan.flags_bytes}, io.params_or_any(), io.lse_or_any()},
                           &part, groups);
         }
     });

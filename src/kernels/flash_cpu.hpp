@@ -34,9 +34,10 @@ struct flash_cpu_plan {
 
     [[nodiscard]] std::uint32_t block() const { return wg * rpi; }
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }
-    /// The kernel's constants for these tiles and mask kinds (`careful`: the pipeline for V with NaN or Inf).
-    [[nodiscard]] contract::flash_cpu_spec spec(std::uint32_t masks, bool careful) const {
-        return {wg, rpi, kps, d4, dv4, masks, careful ? 1u : 0u};
+    /// The kernel's constants for these tiles, mask kinds and score rules (contract/score.h)
+    /// (`careful`: the pipeline for V with NaN or Inf).
+    [[nodiscard]] contract::flash_cpu_spec spec(std::uint32_t masks, bool careful, std::uint32_t features = 0) const {
+        return {wg, rpi, kps, d4, dv4, masks, careful ? 1u : 0u, features};
     }
     /// Dispatches of the kernel for kv_len keys (two per key chunk: plain and careful pipelines).
     [[nodiscard]] std::uint32_t dispatches(std::uint32_t kv_len) const {
@@ -72,7 +73,10 @@ struct flash_cpu_texels {
 /// Records the packing of Q, K and V (from io.qkv, as `layout` addresses them) into the texel
 /// buffer, then the kernel over every (batch, query head) and row block, one dispatch pair per
 /// plan.chunk_keys keys. `stats`: the last chunk also stores each row's final (max, sum).
+/// `v_finite`: the caller knows every value of V is finite (sdpa's host scan), so the careful
+/// pipeline (for the (batch, head)s whose V holds NaN or Inf) is neither built nor dispatched; its
+/// unrolled select per product costs LLVM tens of seconds to compile at wide heads (docs/devices.md).
 void record_flash_cpu(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_cpu_plan& plan,
-                      const flash_io& io, const flash_cpu_texels& texels, bool stats = false);
+                      const flash_io& io, const flash_cpu_texels& texels, bool stats = false, bool v_finite = false);
 
 }  // namespace qkv::vulkan::detail

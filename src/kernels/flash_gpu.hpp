@@ -33,7 +33,8 @@ void record_flash_gpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
                       const flash_io& io, bool stats = false);
 
 /// Records flash_weights.comp: weights (batch, heads, L, S) into `weights` from the state a
-/// kernel of either family stored with `stats`. Throws limit_exceeded when the grid or E is too large.
+/// kernel of either family stored with `stats`, with the score rules of io.params (always given).
+/// Throws limit_exceeded when the grid or E is too large.
 void record_flash_weights(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_io& io,
                           binding weights);
 

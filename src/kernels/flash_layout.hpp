@@ -28,6 +28,9 @@ struct flash_layout {
     std::int32_t causal_offset = 0;  ///< key j is visible from row i when j <= i + causal_offset
     float scale = 1.0f;
     bool fp16 = false;  ///< the Q|K|V binding holds float16
+    /// contract/score.h's SCORE_* rules (softcap, ALiBi, window, sinks, lse): the kernels'
+    /// FEATURES constant; their values are in flash_io::params.
+    std::uint32_t features = 0;
 
     [[nodiscard]] std::uint32_t group() const { return heads / kv_heads; }
     [[nodiscard]] std::uint32_t q_batches() const { return batch * heads; }
@@ -79,9 +82,15 @@ void for_each_key_chunk(const Push& push, std::uint32_t kv_len, std::uint32_t ch
 }
 
 /// The buffers a fused kernel reads and writes. `state` holds (max, sum) per (batch, head, row):
-/// needed when the keys are split into chunks or the weights are asked for.
+/// needed when the keys are split into chunks or the weights are asked for. `params`: the score
+/// rules' values (contract/score.h), read only where layout.features is set; `lse`: one float per
+/// (batch, head, row), written only with SCORE_LSE. Left empty (a null buffer) they are bound to
+/// qkv and out, which the kernels then never touch through them.
 struct flash_io {
     binding qkv, mask_bits, additive, out, state;
+    binding params{}, lse{};
+    [[nodiscard]] binding params_or_any() const { return params.buffer != VK_NULL_HANDLE ? params : qkv; }
+    [[nodiscard]] binding lse_or_any() const { return lse.buffer != VK_NULL_HANDLE ? lse : out; }
 };
 
 }  // namespace qkv::vulkan::detail

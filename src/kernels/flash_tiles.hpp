@@ -27,8 +27,9 @@ struct flash_tiles {
         return 16 * (bc * (d4 + 1) + bc * dv4 + (q_regs ? 1 : br * d4)) +
                4 * (br * bc + br + 2 * (fallback ? br * team : 1)) + 8;
     }
-    [[nodiscard]] contract::flash_spec spec() const {
-        return {wg, br, bc, d_max, dv_max, team, q_regs, vec4, fallback};
+    /// The kernel's constants for these tiles and the call's score rules (contract/score.h's SCORE_* bits).
+    [[nodiscard]] contract::flash_spec spec(std::uint32_t features = 0) const {
+        return {wg, br, bc, d_max, dv_max, team, q_regs, vec4, fallback, features};
     }
 };
 

@@ -90,16 +90,20 @@ double exact_projection(const attention_problem& problem, std::size_t row, std::
     return sum;
 }
 
-[[noreturn]] void nonfinite_projection(const plan& p, const attention_problem& problem, std::uint32_t index) {
+[[noreturn]] void nonfinite_projection(const plan& p, const attention_problem* problem, std::uint32_t index) {
     const std::size_t row = index / p.ld, col = index % p.ld;
     const std::size_t b = row / p.seq, i = row % p.seq;
     const char* which = col < p.d_k ? "Q" : col < 2ull * p.d_k ? "K" : "V";
     const std::size_t c = col < p.d_k ? col : col < 2ull * p.d_k ? col - p.d_k : col - 2ull * p.d_k;
-    const double exact = exact_projection(problem, row, col);
+    const std::string where = std::string("numeric overflow in the Q|K|V projection: ") + which + "[batch " +
+                              std::to_string(b) + ", position " + std::to_string(i) + ", column " + std::to_string(c) +
+                              "]";
+    if (!problem)  // device tensors: the host never saw the inputs
+        throw numeric_overflow(where + " is not finite in " + (p.fp16 ? "float16" : "float32") +
+                               " though every input is finite; " + advice(p));
+    const double exact = exact_projection(*problem, row, col);
     const double limit = p.fp16 ? 65504.0 : float_max;
-    std::string message = std::string("numeric overflow in the Q|K|V projection: ") + which + "[batch " +
-                          std::to_string(b) + ", position " + std::to_string(i) + ", column " + std::to_string(c) +
-                          "] is " + format_number(exact) + " (computed in float64)";
+    std::string message = where + " is " + format_number(exact) + " (computed in float64)";
     if (std::fabs(exact) > limit)
         message += p.fp16 ? ", beyond float16's largest value 65504, so it cannot be stored in fp16"
                           : ", beyond float32's largest value " + format_number(float_max);
@@ -231,7 +235,7 @@ void record_range_guard(recorder& exec, pipeline_set& pipes, const range_guard_b
                  VK_ACCESS_HOST_READ_BIT);
 }
 
-void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem& problem,
+void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem* problem,
                        const input_facts& facts) {
     bufs.host.invalidate();
     const auto* words = reinterpret_cast<const std::uint32_t*>(bufs.host.mapped());

@@ -71,7 +71,8 @@ void record_range_guard(recorder& exec, pipeline_set& pipes, const range_guard_b
                         binding qkv);
 
 /// After the submit: throws numeric_overflow when the guard found a problem (see above).
-void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem& problem,
+/// `problem`: the host inputs, for the exact value in a message (null for device tensors).
+void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem* problem,
                        const input_facts& facts);
 
 /// After the readback: throws numeric_overflow for a non-finite output (or weight) where every

@@ -34,7 +34,7 @@ constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
 }  // namespace
 
 contract::decode_spec decode_plan::spec(bool careful) const {
-    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful ? 1u : 0u};
+    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful ? 1u : 0u, features, kv_format};
 }
 
 decode_plan try_plan_decode(const device_info& info, const decode_request& r, const settings& set) {
@@ -66,12 +66,17 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     p.rows = static_cast<std::uint32_t>(rows);
     p.groups = static_cast<std::uint32_t>(groups);
     p.q_len = static_cast<std::uint32_t>(s.q_len);
+    p.q_heads = static_cast<std::uint32_t>(s.q_heads);
     p.kv_len = static_cast<std::uint32_t>(s.kv_len);
     p.kv_stride = std::max(r.kv_stride, p.kv_len);
     p.dv = static_cast<std::uint32_t>(s.d_v);
     p.e4 = ceil_div(s.d_qk, 4);
     p.ev4 = ceil_div(s.d_v, 4);
     p.masks = r.masks;
+    p.features = r.features;
+    p.kv_format = r.kv_format;
+    p.kv_end = std::min(r.kv_end, p.kv_len);
+    p.kv_first = std::min(r.kv_first, p.kv_end);
     const std::uint32_t max_wg = std::max<std::uint32_t>(info.max_workgroup_invocations, 1);
     const std::uint32_t widest = std::max(p.e4, p.ev4);
 
@@ -114,8 +119,8 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         target = target_groups_gpu, min_chunk = min_chunk_gpu;
     }
 
-    // The split: P chunks of `chunk` keys.
-    const std::uint32_t keys = std::max<std::uint32_t>(p.kv_len, 1);
+    // The split: P chunks of `chunk` keys over the keys some row may see.
+    const std::uint32_t keys = std::max<std::uint32_t>(p.kv_end - p.kv_first, 1);
     const std::uint64_t max_chunk =
         std::max<std::uint64_t>(step, std::uint64_t{loop_budget / per_step_loops} * step);  // loop limit
     const std::uint64_t base = std::uint64_t{p.row_blocks} * p.groups;
@@ -160,6 +165,8 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
     c.q_heads = static_cast<std::uint32_t>(problem.shape.q_heads);
     c.kv_heads = static_cast<std::uint32_t>(problem.shape.kv_heads);
     c.v_scale = v_scale;
+    c.kv_first = plan.kv_first;
+    c.kv_end = plan.kv_end;
     if (!problem.mask.empty() || !problem.additive_mask.empty()) {
         const mask_strides m = broadcast_strides(problem.mask_shape, problem.shape);
         c.mask_b = static_cast<std::uint32_t>(m.batch);
@@ -172,21 +179,33 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 
 void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push, bool careful) {
-    const shader_id id = plan.family != kernel_family::cpu ? shader_id::sdpa_decode_gpu
-                         : plan.shuffle                    ? shader_id::sdpa_decode_cpu_shuffle
-                                                           : shader_id::sdpa_decode_cpu;
+    const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
+    const shader_id id =
+        plan.family != kernel_family::cpu ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
+        : plan.shuffle ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
+                       : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
     const pipeline& kernel = pipes.get(id, plan.spec(careful));
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
-                      DECODE_BINDINGS == 7,
-                  "the binding list below follows the contract's order");
-    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttssss"),
+                      DECODE_BINDING_PARAMS == 7 && DECODE_BINDINGS == 8,
+                  "the binding lists below follow the contract's order");
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttsssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttsssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttsssss"),
                   "Q, K and V are uniform texel buffers, the rest storage buffers");
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_blocks, "tsssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle_blocks, "tsssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tsssssss"),
+                  "Q is a uniform texel buffer, K and V blocks in storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
-    exec.dispatch(kernel, {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc}, &push,
-                  groups);
+    if (blocks)
+        exec.dispatch(kernel,
+                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params}, &push,
+                      groups);
+    else
+        exec.dispatch(kernel,
+                      {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params}, &push,
+                      groups);
     exec.compute_barrier();
 
     decode_merge_push m{};
@@ -196,12 +215,15 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
     m.dv = plan.dv;
     m.dv_stride = plan.ev4 * 4;
     m.groups = plan.groups;
-    static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 && MERGE_BINDINGS == 3 &&
-                  row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sss"));
+    m.q_heads = plan.q_heads;
+    static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 &&
+                  MERGE_BINDING_PARAMS == 3 && MERGE_BINDING_LSE == 4 && MERGE_BINDINGS == 5 &&
+                  row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sssss"));
     const pipeline& merge = pipes.get(shader_id::sdpa_merge);
     const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
                                            1, 1};
-    exec.dispatch(merge, {io.stats, io.acc, io.out}, &m, merge_groups);
+    const binding lse = io.lse.buffer != VK_NULL_HANDLE ? io.lse : io.out;  // written with SCORE_LSE only
+    exec.dispatch(merge, {io.stats, io.acc, io.out, io.params, lse}, &m, merge_groups);
 }
 
 }  // namespace qkv::vulkan::detail

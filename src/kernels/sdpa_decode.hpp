@@ -26,6 +26,11 @@ struct decode_request {
     /// 0: the split is chosen for the device; n > 0: at most n chunks (1 = no split), unless the
     /// per-invocation loop limit needs more.
     std::uint32_t max_chunks = 0;
+    std::uint32_t features = 0;                            ///< contract/score.h's SCORE_* bits
+    std::uint32_t kv_format = contract::DECODE_KV_TEXELS;  ///< texels, or q8_0 / q4_0 blocks
+    /// The keys [kv_first, kv_end) some query row may see (causal and the window); the chunks cover
+    /// only these (kv_end is capped at kv_len).
+    std::uint32_t kv_first = 0, kv_end = 0xffffffffu;
 };
 
 /// The decode kernel's shape for one call.
@@ -37,9 +42,11 @@ struct decode_plan {
     std::uint32_t rpi = 1;  ///< cpu: rows per invocation; gpu: rows per workgroup
     std::uint32_t kps = 8;  ///< cpu: keys per step; gpu: keys per tile (= wg)
     std::uint32_t e4 = 1, ev4 = 1, masks = 0;
-    std::uint32_t groups = 0;  ///< batch x kv_heads
-    std::uint32_t rows = 0;    ///< G x q_len rows per group
-    std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, dv = 0;
+    std::uint32_t features = 0, kv_format = contract::DECODE_KV_TEXELS;
+    std::uint32_t kv_first = 0, kv_end = 0;  ///< the keys the chunks cover
+    std::uint32_t groups = 0;                ///< batch x kv_heads
+    std::uint32_t rows = 0;                  ///< G x q_len rows per group
+    std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, dv = 0, q_heads = 0;
     std::uint32_t row_blocks = 0;  ///< per group
     std::uint32_t chunk = 0;       ///< keys per chunk, a multiple of kps
     std::uint32_t chunks = 0;      ///< P
@@ -67,11 +74,14 @@ decode_plan plan_decode(const device_info& info, const decode_request& request, 
 /// rows per K/V head (small q_len), many keys, no attention weights requested.
 bool decode_suits(const sdpa_shape& shape, bool return_weights);
 
-/// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), the cache's K and V views, the
-/// masks (bound to any buffer when absent), the partial states and the output (B, Hq, L, Ev).
+/// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), K and V (texel views, or with
+/// quantized blocks the storage bindings k_blocks, v_blocks), the masks (bound to any buffer when
+/// absent), the partial states, the output (B, Hq, L, Ev), the score params (contract/score.h,
+/// always) and the log-sum-exp (B, Hq, L) (bound to the output when not asked for).
 struct decode_io {
     VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
-    binding mask, additive, stats, acc, out;
+    binding k_blocks, v_blocks;
+    binding mask, additive, stats, acc, out, params, lse;
 };
 
 /// The push block's per-problem fields: scale, causal offset, head counts, mask strides, and the

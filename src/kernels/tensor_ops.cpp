@@ -16,10 +16,24 @@ void record_tensor_copy(recorder& rec, pipeline_set& pipes, binding src, std::ui
                   row_matches<contract::tensor_copy_push, no_spec>(shader_id::tensor_copy, "ss") &&
                   row_matches<contract::tensor_copy_push, no_spec>(shader_id::tensor_copy_16, "ss"));
     contract::tensor_copy_push push{};
-    push.count = count, push.src_off = src_off, push.dst_off = dst_off;
+    push.rows = 1, push.cols = count, push.src_off = src_off, push.src_rs = count, push.dst_off = dst_off,
+    push.dst_rs = count;
     const std::uint32_t groups[3] = {
         ceil_div(count, std::uint64_t{contract::TENSOR_COPY_WORKGROUP} * contract::TENSOR_COPY_PER_INVOCATION), 1, 1};
     rec.dispatch(pipes.get(half ? shader_id::tensor_copy_16 : shader_id::tensor_copy), {src, dst}, &push, groups);
+}
+
+void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, std::uint32_t src_rs,
+                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows,
+                       std::uint32_t cols) {
+    const std::uint64_t count = std::uint64_t{rows} * cols;
+    if (count >= (std::uint64_t{1} << 32)) throw limit_exceeded("a tensor copy of more than 2^32 - 1 elements");
+    contract::tensor_copy_push push{};
+    push.rows = rows, push.cols = cols, push.src_off = src_off, push.src_rs = src_rs, push.dst_off = dst_off,
+    push.dst_rs = dst_rs;
+    const std::uint32_t groups[3] = {
+        ceil_div(count, std::uint64_t{contract::TENSOR_COPY_WORKGROUP} * contract::TENSOR_COPY_PER_INVOCATION), 1, 1};
+    rec.dispatch(pipes.get(shader_id::tensor_copy), {src, dst}, &push, groups);
 }
 
 void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding dst, binding flags,

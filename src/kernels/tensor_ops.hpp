@@ -15,6 +15,10 @@ namespace qkv::vulkan::detail {
 /// dst[dst_off + i] = src[src_off + i] for i < count, in elements of 4 bytes (or 2 with `half`).
 void record_tensor_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, binding dst,
                         std::uint32_t dst_off, std::uint32_t count, bool half);
+/// A rows x cols block: dst[dst_off + r·dst_rs + c] = src[src_off + r·src_rs + c] (4-byte elements).
+void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, std::uint32_t src_rs,
+                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows,
+                       std::uint32_t cols);
 
 /// A (groups, rows, width) tensor of `src` (float32, or float16 with `half`; contiguous from
 /// element src_off) as rows of `w4` texels of 4 values (zero-padded) into `dst`: row r of group z

@@ -88,7 +88,7 @@ endforeach()
 qkv_cli_test(sdpa.bad.scale_text ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale abc --backend cpu --out out.npy EXIT 2
              STDERR "--scale abc: expected a number")
 qkv_cli_test(sdpa.bad.align_without_causal ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal-align bottom-right
-             --backend cpu --out out.npy EXIT 2 STDERR "--causal-align needs --causal")
+             --backend cpu --out out.npy EXIT 2 STDERR "--causal-align needs --causal, --window or --alibi")
 qkv_cli_test(sdpa.bad.align_name ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal --causal-align middle --backend cpu
              --out out.npy EXIT 2 STDERR "'middle' is not one of top-left\\|bottom-right")
 qkv_cli_test(sdpa.bad.missing_v ARGS sdpa --q ${q2} --k ${k2} --out out.npy EXIT 2 STDERR "--v is required")

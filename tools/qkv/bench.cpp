@@ -23,12 +23,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
 #include "commands.hpp"
 #include "context_parallel.hpp"
 #include "errors.hpp"
+#include "feature_args.hpp"
 #include "names.hpp"
 #include "npy/npy.hpp"
 #include "qkv/version.hpp"
@@ -80,6 +82,22 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
     for (const auto& s : o.impl) impls.push_back(value_in(implementation_names(), s, qkv::implementation::fused));
     std::vector<qkv::kernel_family> kernels;
     for (const auto& s : o.kernel) kernels.push_back(value_in(kernel_names(), s, qkv::kernel_family::automatic));
+    // sdpa's rules beyond PyTorch's (each bad value a usage_error naming its flag)
+    const bool sdpa = o.decode || !o.kv_seq.empty() || !o.kv_heads.empty();
+    const bool rules = !o.window.empty() || !o.kv_type.empty() || !o.softcap.empty() || !o.alibi.empty() || o.sinks ||
+                       o.lse || !o.dim_v.empty();
+    if (rules && !sdpa)
+        throw usage_error(
+            "--window, --softcap, --alibi, --sinks, --lse, --kv-type and --dim-v time sdpa: add --decode (a "
+            "kv_cache) or --kv-seq (q, k and v from the host)");
+    std::vector<std::pair<std::int64_t, std::int64_t>> windows;
+    for (const std::string& w : o.window) windows.push_back(parse_window(w));
+    if (windows.empty()) windows.push_back({-1, -1});
+    std::vector<std::optional<qkv::element_type>> kv_types;
+    for (const std::string& t : o.kv_type) kv_types.push_back(parse_kv_type(t));
+    if (kv_types.empty()) kv_types.push_back(std::nullopt);
+    const float softcap = o.softcap.empty() ? 0.0f : parse_positive("--softcap", o.softcap);
+    const float alibi = o.alibi.empty() ? 0.0f : parse_positive("--alibi", o.alibi);
     std::vector<config> out;
     for (std::size_t b : o.batch)
         for (std::size_t h : o.heads)
@@ -92,14 +110,25 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
                                     for (std::size_t hkv :
                                          o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
                                         for (qkv::kernel_family k : kernels)
-                                            for (const std::string& split : o.split) {
-                                                config c{b, h, n, d, causal, p, qkv::implementation::fused, k};
-                                                c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
-                                                c.split = split == "on";
-                                                c.host_kv = !o.decode;  // sdpa with host K/V: no split choice
-                                                if (c.host_kv && !c.split) continue;
-                                                out.push_back(c);
-                                            }
+                                            for (const std::string& split : o.split)
+                                                for (std::size_t ev :
+                                                     o.dim_v.empty() ? std::vector<std::size_t>{d} : o.dim_v)
+                                                    for (const auto& [left, right] : windows)
+                                                        for (const auto& kv : kv_types) {
+                                                            config c{b, h, n, d, causal, p, qkv::implementation::fused,
+                                                                     k};
+                                                            c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
+                                                            c.split = split == "on";
+                                                            // sdpa with host K/V: no split choice
+                                                            c.host_kv = !o.decode;
+                                                            if (c.host_kv && !c.split) continue;
+                                                            c.dim_v = ev;
+                                                            c.window_left = left, c.window_right = right;
+                                                            c.softcap = softcap, c.alibi = alibi;
+                                                            c.sinks = o.sinks, c.lse = o.lse;
+                                                            c.kv_type = kv;
+                                                            out.push_back(c);
+                                                        }
                                 continue;
                             }
                             for (qkv::implementation i : impls) {
@@ -129,10 +158,54 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
 }
 
+/// `--decode --layers N`: one token of N layers, host calls against one recorded sequence.
+void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
+    const qkv::vulkan::device_info& info = ctx.device();
+    layers_config lc;
+    lc.layers = o.layers;
+    const auto one = [](const std::vector<std::size_t>& v, const char* flag, std::size_t fallback) {
+        if (v.size() > 1) throw usage_error(std::string(flag) + " takes one value with --layers");
+        return v.empty() ? fallback : v[0];
+    };
+    lc.q_heads = one(o.heads, "--heads", 32);
+    lc.kv_heads = one(o.kv_heads, "--kv-heads", 8);
+    lc.kv_len = one(o.kv_seq, "--kv-seq", 1024);
+    lc.dim = one(o.dim, "--dim", 128);
+    if (lc.q_heads % lc.kv_heads != 0)
+        throw usage_error("--kv-heads " + std::to_string(lc.kv_heads) + " must divide --heads " +
+                          std::to_string(lc.q_heads));
+    if (o.precision.size() > 1) throw usage_error("--precision takes one value with --layers");
+    if (!o.precision.empty() && o.precision[0] == "fp16") lc.precision = qkv::precision::fp16;
+    const bool slow = info.type == qkv::vulkan::device_type::cpu;
+    if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
+    if (o.warmup < 0) o.warmup = slow ? 1 : 3;
+    std::ofstream json_out;  // opened first: a bad path fails before the timing
+    if (!o.json_file.empty()) {
+        json_out.open(qkv::npy::path_from_utf8(o.json_file), std::ios::binary);
+        if (!json_out) throw qkv::vulkan::error("cannot write " + o.json_file);
+    }
+    std::cout << "qkv " << qkv::version_string << " bench, " << utc_now() << "\n"
+              << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
+              << "\nTiming: " << o.warmup << " warm-up + " << o.repeat
+              << " timed tokens, host clock around each token's calls\n\n";
+    const json layers = run_layers(ctx, lc, o.warmup, o.repeat, o.seed, std::cout);
+    if (!o.json_file.empty()) {
+        json j;
+        j["qkv_version"] = qkv::version_string;
+        j["device"] = device_json(info);
+        j["layers"] = layers;
+        json_out << j.dump(2) << "\n";
+        if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
+        std::cerr << "qkv bench: wrote " << o.json_file << "\n";
+    }
+}
+
 void run(bench_options o) {
     std::optional<std::string> device;
     if (!o.device.empty()) device = o.device;
+    if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
     qkv::vulkan::context ctx({.device = device});
+    if (o.layers) return run_layers_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
@@ -211,6 +284,7 @@ void run(bench_options o) {
         j["results"] = results_json(o, info, results);
         j["fused_vs_staged"] = ratios["fused_vs_staged"];
         j["decode_split_vs_unsplit"] = ratios["decode_split_vs_unsplit"];
+        j["window_vs_full"] = ratios["window_vs_full"];
         json_out << j.dump(2) << "\n";
         if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
         std::cerr << "qkv bench: wrote " << o.json_file << "\n";
@@ -283,6 +357,10 @@ void add_bench(CLI::App& app) {
     cmd->add_flag("--decode", o->decode,
                   "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
                   "1) against --kv-seq keys of --kv-heads K/V heads");
+    cmd->add_option("--layers", o->layers,
+                    "With --decode: time one token of N layers (L = 1 against --kv-seq keys, default 1024; --heads "
+                    "32, --kv-heads 8, --dim 128 by default) as N host calls and as one recorded sequence")
+        ->check(CLI::Range(1, 4096));
     cmd->add_option("--kv-seq", o->kv_seq,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")
@@ -296,6 +374,19 @@ void add_bench(CLI::App& app) {
         ->delimiter(',')
         ->check(CLI::IsMember({"on", "off"}))
         ->type_name("on|off");
+    cmd->add_option("--dim-v", o->dim_v, "sdpa: value head widths Ev (default: --dim)")
+        ->delimiter(',')
+        ->check(positive);
+    cmd->add_option("--window", o->window,
+                    "sdpa: a sliding window LEFT,RIGHT (-1: unbounded); repeat it to time several, -1,-1 is none")
+        ->type_name("LEFT,RIGHT");
+    cmd->add_option("--softcap", o->softcap, "sdpa: logit softcapping C > 0")->type_name("C");
+    cmd->add_option("--alibi", o->alibi, "sdpa: ALiBi with this max bias > 0")->type_name("MAX_BIAS");
+    cmd->add_flag("--sinks", o->sinks, "sdpa: one sink logit per query head (random, N(0, 1))");
+    cmd->add_flag("--lse", o->lse, "sdpa: also return each row's log-sum-exp");
+    cmd->add_option("--kv-type", o->kv_type, "sdpa: how K and V are stored: f32, f16, q8_0, q4_0 (comma-separated)")
+        ->delimiter(',')
+        ->type_name("f32|f16|q8_0|q4_0");
     cmd->add_option("--repeat", o->repeat, "Timed calls per row (default 5 on a CPU device, 20 on a GPU)")
         ->check(CLI::Range(1, 100000));
     cmd->add_option("--warmup", o->warmup, "Untimed calls before them (default 1 / 3)")->check(CLI::Range(0, 100000));

@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "qkv/runtime/element_type.hpp"
 #include "qkv/vulkan/context.hpp"
 
 namespace qkv::cli::bench {
@@ -20,9 +22,15 @@ using json = nlohmann::ordered_json;
 struct options {
     std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
     std::vector<std::string> causal, precision, impl, kernel, split;
-    bool decode = false;  // time context::sdpa against a kv_cache instead of attention()
-    int repeat = 0;       // 0: chosen for the device
-    int warmup = -1;      // -1: chosen for the device
+    // sdpa only (--decode or --kv-seq): the options beyond PyTorch's SDPA
+    std::vector<std::size_t> dim_v;            // Ev (default: d)
+    std::vector<std::string> window, kv_type;  // "LEFT,RIGHT" per --window (a sweep); f32, f16, q8_0, q4_0
+    std::string softcap, alibi;                // one value each
+    bool sinks = false, lse = false;
+    bool decode = false;     // time context::sdpa against a kv_cache instead of attention()
+    std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
+    int repeat = 0;          // 0: chosen for the device
+    int warmup = -1;         // -1: chosen for the device
     std::string device, json_file;
     bool skip_ceiling = false;
     std::uint64_t seed = 20261122;
@@ -39,7 +47,18 @@ struct config {
     std::size_t kv_seq = 0, kv_heads = 0;
     bool split = true;     // decode: the split-S kernels choose their chunks (false: one chunk)
     bool host_kv = false;  // with decode: sdpa with K and V from the host (--kv-seq without --decode)
+    // sdpa: the rules beyond PyTorch's SDPA
+    std::size_t dim_v = 0;  // Ev (0: dim)
+    std::int64_t window_left = -1, window_right = -1;
+    float softcap = 0, alibi = 0;
+    bool sinks = false, lse = false;
+    std::optional<qkv::element_type> kv_type{};
+    [[nodiscard]] std::size_t ev() const { return dim_v ? dim_v : dim; }
+    [[nodiscard]] bool windowed() const { return window_left >= 0 || window_right >= 0; }
 };
+
+/// The rules of an sdpa configuration beyond PyTorch's, compact ("window 4095,0 softcap 10 kv q8_0"), or "-".
+std::string rules_of(const config& c);
 
 struct summary {
     double median = 0, min = 0, max = 0;
@@ -79,6 +98,17 @@ result run_decode(qkv::vulkan::context& ctx, const config& c, int warmup, int re
 result run_sdpa_host(qkv::vulkan::context& ctx, const config& c, int warmup, int repeat, std::uint64_t seed,
                      double fma_gflops);
 summary tiny_example(qkv::vulkan::context& ctx, int calls);
+
+// bench_layers.cpp
+/// `--decode --layers N`: one token of N decode layers (L = 1 against S keys).
+struct layers_config {
+    std::size_t layers = 0, q_heads = 32, kv_heads = 8, kv_len = 1024, dim = 128;
+    qkv::precision precision = qkv::precision::fp32;
+};
+/// Times N host calls against N calls recorded into one command buffer (qkv::vulkan::sequence),
+/// per token, on the same data; prints both and returns them as JSON ({"host_ms", "recorded_ms"}).
+json run_layers(qkv::vulkan::context& ctx, const layers_config& c, int warmup, int repeat, std::uint64_t seed,
+                std::ostream& os);
 
 // bench_table.cpp
 void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);

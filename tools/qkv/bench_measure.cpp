@@ -24,8 +24,9 @@ summary summarise(std::vector<double> v) {
 }
 
 double attention_flops(const config& c) {
-    if (c.decode)  // 2·L·S·(E + Ev) per query head, E = Ev = d; causal (bottom-right) hides little when L << S
-        return 4.0 * static_cast<double>(c.batch * c.heads * c.seq * c.kv_seq * c.dim);
+    if (c.decode)  // 2·L·S·(E + Ev) per query head; causal (bottom-right) hides little when L << S; a window
+                   // is counted as the whole S (so its GFLOP/s is the full call's work over its time)
+        return 2.0 * static_cast<double>(c.batch * c.heads * c.seq * c.kv_seq * (c.dim + c.ev()));
     const double n = static_cast<double>(c.seq);
     const double f = 4.0 * static_cast<double>(c.batch * c.heads * c.dim) * n * n;
     return c.causal ? f / 2 : f;
@@ -36,8 +37,23 @@ double projection_flops(const config& c) {
     return 2.0 * static_cast<double>(c.batch * c.seq) * width * 3.0 * width;
 }
 double kv_bytes(const config& c) {
-    const double element = c.precision == qkv::precision::fp16 ? 2.0 : 4.0;
-    return static_cast<double>(c.batch * c.kv_heads * c.kv_seq * 2 * c.dim) * element;
+    const qkv::element_type t = c.kv_type                             ? *c.kv_type
+                                : c.precision == qkv::precision::fp16 ? qkv::element_type::f16
+                                                                      : qkv::element_type::f32;
+    const double element = static_cast<double>(qkv::bytes_per_block(t)) / static_cast<double>(qkv::block_size(t));
+    return static_cast<double>(c.batch * c.kv_heads * c.kv_seq * (c.dim + c.ev())) * element;
+}
+
+std::string rules_of(const config& c) {
+    std::string s;
+    const auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
+    if (c.windowed()) add("window " + std::to_string(c.window_left) + "," + std::to_string(c.window_right));
+    if (c.softcap > 0) add("softcap " + sig3(c.softcap));
+    if (c.alibi > 0) add("alibi " + sig3(c.alibi));
+    if (c.sinks) add("sinks");
+    if (c.lse) add("lse");
+    if (c.kv_type) add("kv " + std::string(qkv::to_string(*c.kv_type)));
+    return s.empty() ? "-" : s;
 }
 
 /// "staged", "fused cpu" (the family that ran), "decode cpu split", or "fused auto" for a
@@ -53,8 +69,12 @@ std::string impl_name(const config& c, qkv::kernel_family ran) {
 std::string describe(const config& c) {
     std::string s = "B=" + std::to_string(c.batch) + " H=" + std::to_string(c.heads) + " N=" + std::to_string(c.seq);
     if (c.decode) s += " S=" + std::to_string(c.kv_seq) + " Hkv=" + std::to_string(c.kv_heads);
-    return s + " d=" + std::to_string(c.dim) + (c.causal ? " causal " : " ") + name_of(c.precision) + " " +
-           impl_name(c, qkv::kernel_family::automatic);
+    s += " d=" + std::to_string(c.dim);
+    if (c.ev() != c.dim) s += "/" + std::to_string(c.ev());
+    s += std::string(c.causal ? " causal " : " ") + name_of(c.precision) + " " +
+         impl_name(c, qkv::kernel_family::automatic);
+    if (const std::string r = rules_of(c); r != "-") s += " " + r;
+    return s;
 }
 
 namespace {
@@ -163,27 +183,30 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
         std::mt19937_64 rng(seed);
         std::optional<qkv::vulkan::kv_cache> cache;
         std::vector<float> host_k, host_v;  // host_kv: K and V of every call
+        const std::size_t ev = c.ev();
         if (!c.host_kv)
             cache.emplace(ctx, qkv::vulkan::kv_cache_shape{.batch = c.batch,
                                                            .kv_heads = c.kv_heads,
                                                            .capacity = c.kv_seq,
                                                            .d_qk = c.dim,
-                                                           .d_v = c.dim,
-                                                           .precision = c.precision});
+                                                           .d_v = ev,
+                                                           .precision = c.precision,
+                                                           .kv_type = c.kv_type});
         // The keys arrive in a few appends, as a decoder's would (K/V of N(0, 1), like q).
         const std::size_t groups = c.batch * c.kv_heads, pieces = std::min<std::size_t>(4, c.kv_seq);
         for (std::size_t done = 0, i = 0; i < pieces; ++i) {
             const std::size_t rows = i + 1 == pieces ? c.kv_seq - done : c.kv_seq / pieces;
-            const std::vector<float> k = normal(groups * rows * c.dim, rng), v = normal(groups * rows * c.dim, rng);
+            const std::vector<float> k = normal(groups * rows * c.dim, rng), v = normal(groups * rows * ev, rng);
             if (cache) {
                 cache->append(k, v, rows);
             } else {  // the same values in (B, Hkv, S, d) order
-                host_k.resize(groups * c.kv_seq * c.dim), host_v.resize(groups * c.kv_seq * c.dim);
-                for (std::size_t z = 0; z < groups; ++z)
-                    for (std::size_t t = 0; t < rows * c.dim; ++t) {
+                host_k.resize(groups * c.kv_seq * c.dim), host_v.resize(groups * c.kv_seq * ev);
+                for (std::size_t z = 0; z < groups; ++z) {
+                    for (std::size_t t = 0; t < rows * c.dim; ++t)
                         host_k[(z * c.kv_seq + done) * c.dim + t] = k[z * rows * c.dim + t];
-                        host_v[(z * c.kv_seq + done) * c.dim + t] = v[z * rows * c.dim + t];
-                    }
+                    for (std::size_t t = 0; t < rows * ev; ++t)
+                        host_v[(z * c.kv_seq + done) * ev + t] = v[z * rows * ev + t];
+                }
             }
             done += rows;
         }
@@ -195,8 +218,15 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
                    .q_len = c.seq,
                    .kv_len = c.kv_seq,
                    .d_qk = c.dim,
-                   .d_v = c.dim};
+                   .d_v = ev};
         p.q = q;
+        p.options.window_left = c.window_left, p.options.window_right = c.window_right;
+        p.options.softcap = c.softcap;
+        p.options.alibi_max_bias = c.alibi;
+        p.options.return_lse = c.lse;
+        p.options.kv_type = c.kv_type;
+        const std::vector<float> sinks = c.sinks ? normal(c.heads, rng) : std::vector<float>{};
+        p.sinks = sinks;
         p.options.causal = c.causal;
         p.options.alignment = qkv::causal_alignment::bottom_right;
         p.options.kernel = c.kernel;

@@ -33,15 +33,19 @@ std::string mebibytes(std::uint64_t bytes) { return fixed(static_cast<double>(by
 
 /// The decode rows: their own table (query rows, keys, K/V heads, K/V bandwidth), then split
 /// against one chunk where both ran.
-json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const std::vector<result>& results) {
+json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const std::vector<result>& results,
+                  json& window_ratios) {
     const std::string clock = info.timestamps ? "" : " (host)";
     std::vector<std::vector<std::string>> rows;
     for (const result& r : results) {
         if (!r.c.decode) continue;
         const config& c = r.c;
-        std::vector<std::string> row{std::to_string(c.batch), std::to_string(c.heads),  std::to_string(c.kv_heads),
-                                     std::to_string(c.seq),   std::to_string(c.kv_seq), std::to_string(c.dim),
-                                     c.causal ? "yes" : "no", name_of(c.precision),     impl_name(c, r.ran_kernel)};
+        const std::string d = std::to_string(c.dim) + (c.ev() != c.dim ? "/" + std::to_string(c.ev()) : "");
+        std::vector<std::string> row{std::to_string(c.batch),    std::to_string(c.heads),
+                                     std::to_string(c.kv_heads), std::to_string(c.seq),
+                                     std::to_string(c.kv_seq),   d,
+                                     c.causal ? "yes" : "no",    name_of(c.precision),
+                                     impl_name(c, r.ran_kernel), rules_of(c)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
         } else {
@@ -59,16 +63,35 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
     os << "sdpa: decode against a kv_cache (K/V resident on the device, only q uploaded per call), or q, k, v "
           "from the host (impl sdpa)\n";
     print_table(os,
-                {"B", "Hq", "Hkv", "L", "S", "d", "causal", "prec", "impl", "attn ms" + clock, "range", "GFLOP/s",
-                 "K/V GB/s", "call ms", "peak MiB"},
+                {"B", "Hq", "Hkv", "L", "S", "d", "causal", "prec", "impl", "rules", "attn ms" + clock, "range",
+                 "GFLOP/s", "K/V GB/s", "call ms", "peak MiB"},
                 rows);
+    // A sliding window against the same call without one, measured in this run.
+    for (const result& w : results) {
+        if (!w.ran || !w.c.decode || !w.c.windowed()) continue;
+        for (const result& full : results) {
+            config a = w.c;
+            a.window_left = a.window_right = -1;
+            const config& b = full.c;
+            if (!full.ran || !b.decode || b.windowed() || describe(a) != describe(b) || a.kernel != b.kernel) continue;
+            const double ratio = w.attention_ms.median / full.attention_ms.median;
+            os << "  window " << w.c.window_left << "," << w.c.window_right << " against the full call, " << describe(b)
+               << ": " << sig3(w.attention_ms.median) << " ms against " << sig3(full.attention_ms.median) << " ms ("
+               << fixed(ratio, 3) << " of the full call's time)\n";
+            window_ratios.push_back({{"config", describe(w.c)},
+                                     {"window_ms", w.attention_ms.median},
+                                     {"full_ms", full.attention_ms.median},
+                                     {"window_over_full", ratio}});
+        }
+    }
     for (const result& split : results) {
         if (!split.ran || !split.c.decode || !split.c.split) continue;
         for (const result& one : results) {
             const config &a = split.c, &b = one.c;
             if (!one.ran || !b.decode || b.split || a.host_kv || b.host_kv || a.batch != b.batch ||
                 a.heads != b.heads || a.kv_heads != b.kv_heads || a.seq != b.seq || a.kv_seq != b.kv_seq ||
-                a.dim != b.dim || a.causal != b.causal || a.precision != b.precision || a.kernel != b.kernel)
+                a.dim != b.dim || a.causal != b.causal || a.precision != b.precision || a.kernel != b.kernel ||
+                rules_of(a) != rules_of(b) || a.ev() != b.ev())
                 continue;
             const double speedup = one.call_ms.median / split.call_ms.median;
             os << "  " << describe(a) << ": split " << sig3(split.call_ms.median) << " ms per call, one chunk "
@@ -80,7 +103,8 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
                               {"unsplit_over_split", speedup}});
         }
     }
-    os << "\nDecode GFLOP/s counts 4·B·Hq·L·S·d; K/V GB/s the K and V bytes of the cache read once per call.\n";
+    os << "\nDecode GFLOP/s counts 2·B·Hq·L·S·(E + Ev) (the whole S, with a window too); K/V GB/s the K and V "
+          "bytes of the cache (as stored: f32, f16, q8_0, q4_0) read once per call.\n";
     return ratios;
 }
 
@@ -88,11 +112,14 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
 
 json print_results(std::ostream& std_out, const options& o, const qkv::vulkan::device_info& info,
                    const std::vector<result>& all) {
-    json decode_ratios = print_decode(std_out, info, all);
+    json window_ratios = json::array();
+    json decode_ratios = print_decode(std_out, info, all, window_ratios);
     std::vector<result> results;
     for (const result& r : all)
         if (!r.c.decode) results.push_back(r);
-    json out = {{"decode_split_vs_unsplit", decode_ratios}, {"fused_vs_staged", json::array()}};
+    json out = {{"decode_split_vs_unsplit", decode_ratios},
+                {"window_vs_full", window_ratios},
+                {"fused_vs_staged", json::array()}};
     if (results.empty()) return out;
     std::ostream& cout_ = std_out;
     const std::string clock = info.timestamps ? "" : " (host)";

@@ -13,5 +13,6 @@ void add_devices(CLI::App& app);    // devices.cpp: the Vulkan devices of this m
 void add_attention(CLI::App& app);  // attention.cpp: attention over .npy files
 void add_bench(CLI::App& app);      // bench.cpp: timings over a sweep of shapes, against the device ceiling
 void add_sdpa(CLI::App& app);       // sdpa.cpp: scaled dot-product attention over Q, K, V .npy files
+void add_merge(CLI::App& app);      // merge.cpp: partial attention results merged by their log-sum-exp
 
 }  // namespace qkv::cli

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
     qkv::cli::add_devices(app);
     qkv::cli::add_attention(app);
     qkv::cli::add_sdpa(app);
+    qkv::cli::add_merge(app);
     qkv::cli::add_bench(app);
 
     try {

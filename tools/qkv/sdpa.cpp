@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_args.hpp"
@@ -15,6 +16,7 @@
 #include "commands.hpp"
 #include "context_parallel.hpp"
 #include "errors.hpp"
+#include "feature_args.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -27,7 +29,8 @@ namespace {
 
 struct sdpa_command_options {
     sdpa_files files;
-    std::string out, weights;
+    std::string out, weights, lse;
+    std::string window, softcap, alibi, kv_type;  // parsed in run(): each bad value names its flag
     std::string scale;  // parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
     bool causal = false;
     qkv::causal_alignment alignment = qkv::causal_alignment::top_left;
@@ -38,8 +41,36 @@ struct sdpa_command_options {
     const CLI::Option* scale_option = nullptr;
     const CLI::Option* weights_option = nullptr;
     const CLI::Option* align_option = nullptr;
+    const CLI::Option* lse_option = nullptr;
+    const CLI::Option* sinks_option = nullptr;
+    const CLI::Option* window_option = nullptr;
+    const CLI::Option* softcap_option = nullptr;
+    const CLI::Option* alibi_option = nullptr;
+    const CLI::Option* kv_type_option = nullptr;
     context_parallel_flags parallel;
 };
+
+/// The options beyond PyTorch's SDPA, parsed (each bad value a usage_error naming its flag).
+void parse_features(const sdpa_command_options& o, qkv::sdpa_options& options) {
+    if (o.window_option->count() > 0) std::tie(options.window_left, options.window_right) = parse_window(o.window);
+    if (o.softcap_option->count() > 0) options.softcap = parse_positive("--softcap", o.softcap);
+    if (o.alibi_option->count() > 0) options.alibi_max_bias = parse_positive("--alibi", o.alibi);
+    if (o.kv_type_option->count() > 0) options.kv_type = parse_kv_type(o.kv_type);
+    if (o.sinks_option->count() > 0 && o.files.sinks.empty())
+        throw usage_error("--sinks is empty: name the .npy file of the sink logits, or leave --sinks out");
+    if (o.lse_option->count() > 0 && o.lse.empty())
+        throw usage_error("--lse is empty: name the file to write the log-sum-exp to, or leave --lse out");
+    options.return_lse = !o.lse.empty();
+}
+
+/// q8_0 and q4_0 store blocks of 32 values along each row of K and V.
+void check_kv_type(const qkv::sdpa_options& options, const qkv::sdpa_shape& s) {
+    if (!options.kv_type || !qkv::is_quantized(*options.kv_type)) return;
+    if (s.d_qk % 32 != 0 || s.d_v % 32 != 0)
+        throw usage_error("--kv-type " + std::string(qkv::to_string(*options.kv_type)) +
+                          ": stores blocks of 32 values along each row of K and V, so E (" + std::to_string(s.d_qk) +
+                          ") and Ev (" + std::to_string(s.d_v) + ") must be multiples of 32");
+}
 
 qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::string& device) {
     std::optional<qkv::vulkan::context> ctx;
@@ -68,8 +99,11 @@ prepared prepare(const sdpa_command_options& o) {
     if (o.out.empty()) throw usage_error("--out is empty: name the file to write the attention output to");
     if (o.weights_option->count() > 0 && o.weights.empty())
         throw usage_error("--weights is empty: name the file to write the weights to, or leave --weights out");
-    if (o.align_option->count() > 0 && !o.causal)
-        throw usage_error("--causal-align needs --causal: it chooses where the causal diagonal starts");
+    // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
+    if (o.align_option->count() > 0 && !o.causal && o.window_option->count() == 0 && o.alibi_option->count() == 0)
+        throw usage_error(
+            "--causal-align needs --causal, --window or --alibi: it chooses where the causal diagonal (and the "
+            "window's and ALiBi's position i + off) starts");
     qkv::sdpa_options options;
     if (o.scale_option->count() > 0) options.scale = parse_scale(o.scale);
     options.causal = o.causal;
@@ -77,12 +111,15 @@ prepared prepare(const sdpa_command_options& o) {
     options.return_weights = !o.weights.empty();
     options.precision = o.precision;
     options.kernel = o.kernel;
+    parse_features(o, options);
 
     const sdpa_files& f = o.files;
-    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}};
-    const std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}};
+    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}, {"--lse", o.lse}};
+    const std::vector<named_file> inputs = {
+        {"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}, {"--sinks", f.sinks}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
     prepared p{.options = options, .in = load_sdpa_inputs(f)};
+    check_kv_type(options, p.in.shape);
 
     // The CPU backend computes float64 inputs in float64 and writes float64; otherwise
     // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range), as
@@ -107,7 +144,7 @@ void run(const sdpa_command_options& o) {
                                         .choice = o.choice,
                                         .device = o.device,
                                         .out = o.out,
-                                        .lse = {}};
+                                        .lse = o.lse};
         });
         return;
     }
@@ -116,17 +153,19 @@ void run(const sdpa_command_options& o) {
     sdpa_inputs& in = p.in;
     const bool float64 = p.float64;
     output_set files;
-    files.reserve({o.out, o.weights});  // an output that cannot be created fails before the work
+    files.reserve({o.out, o.weights, o.lse});  // an output that cannot be created fails before the work
     if (float64) {
         const qkv::sdpa_output_f64 r = qkv::cpu::sdpa(in.problem_f64(options));
         files.commit({{o.out, in.out_shape(), std::span<const double>(r.output)},
-                      {o.weights, in.weights_shape(), std::span<const double>(r.weights)}});
+                      {o.weights, in.weights_shape(), std::span<const double>(r.weights)},
+                      {o.lse, in.lse_shape(), std::span<const double>(r.lse)}});
         return;
     }
     const qkv::sdpa_output r =
         o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options)) : run_on_vulkan(in.problem(options), o.device);
     files.commit({{o.out, in.out_shape(), std::span<const float>(r.output)},
-                  {o.weights, in.weights_shape(), std::span<const float>(r.weights)}});
+                  {o.weights, in.weights_shape(), std::span<const float>(r.weights)},
+                  {o.lse, in.lse_shape(), std::span<const float>(r.lse)}});
 }
 
 constexpr const char* footer =
@@ -142,6 +181,14 @@ constexpr const char* footer =
     "--causal keeps key j for query i when j <= i (top-left, PyTorch's is_causal) or\n"
     "j <= i + S - L (bottom-right, the KV-cache convention: the last query sees every key); it\n"
     "combines with M. A query with no key to attend to gets zero weights and a zero output.\n"
+    "\nBeyond PyTorch (qkv/runtime/sdpa.hpp): with off = 0 (top-left) or S - L (bottom-right), the\n"
+    "score s = scale\u00b7q\u00b7k becomes C\u00b7tanh(s / C) (--softcap C), then s - slope_h\u00b7|i + off - j|\n"
+    "(--alibi B: ggml's slopes over Hq heads), then s + M; --window LEFT,RIGHT keeps key j only\n"
+    "where i + off - LEFT <= j <= i + off + RIGHT (-1: unbounded); --sinks adds one logit per query\n"
+    "head to each row's denominator; --lse writes log sum_j e^(s_j) per row (sinks not included,\n"
+    "-inf for a row with no key), Q's leading dimensions; --kv-type stores K and V as f32, f16, or\n"
+    "ggml's q8_0 / q4_0 blocks (E and Ev multiples of 32; --backend cpu computes from the values\n"
+    "as stored).\n"
     "\nTypes: --backend cpu computes in float64; when any input is float64 it reads every input\n"
     "without rounding and writes OUT and W as float64, else as float32. --backend vulkan computes\n"
     "in float32 (or fp16): float64 inputs are rounded to float32, and a finite value beyond the\n"
@@ -174,6 +221,14 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
     o.weights_option = cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
                            ->type_name("W.npy")
                            ->group(outputs);
+    o.lse_option =
+        cmd.add_option("--lse", o.lse, "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
+            ->type_name("LSE.npy")
+            ->group(outputs);
+    o.sinks_option =
+        cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
+            ->type_name("SINKS.npy")
+            ->group(inputs);
 
     const std::string attention = "Attention";
     o.scale_option =
@@ -189,6 +244,18 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
             {{"top-left", qkv::causal_alignment::top_left}, {"bottom-right", qkv::causal_alignment::bottom_right}},
             "top-left (j <= i, PyTorch's is_causal) or bottom-right (j <= i + S - L, a KV cache)")
             ->group(attention);
+    o.window_option = cmd.add_option("--window", o.window,
+                                     "Sliding window: key j for query i only where i + off - LEFT <= j <= i + off + "
+                                     "RIGHT (-1: unbounded; off as --causal-align)")
+                          ->type_name("LEFT,RIGHT")
+                          ->group(attention);
+    o.softcap_option = cmd.add_option("--softcap", o.softcap, "Logit softcapping: s becomes C\u00b7tanh(s / C), C > 0")
+                           ->type_name("C")
+                           ->group(attention);
+    o.alibi_option =
+        cmd.add_option("--alibi", o.alibi, "ALiBi with ggml's slopes for this max bias (> 0) over the query heads")
+            ->type_name("MAX_BIAS")
+            ->group(attention);
 
     const std::string running = "Backend";
     add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
@@ -199,6 +266,10 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
                                {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
                                "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
         ->group(running);
+    o.kv_type_option =
+        cmd.add_option("--kv-type", o.kv_type, "How K and V are stored: f32, f16, q8_0, q4_0 (default: as --precision)")
+            ->type_name("f32|f16|q8_0|q4_0")
+            ->group(running);
     add_choice<qkv::kernel_family>(
         cmd, "--kernel", o.kernel,
         {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},

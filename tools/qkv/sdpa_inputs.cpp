@@ -144,17 +144,25 @@ sdpa_inputs load_sdpa_inputs(const sdpa_files& files) {
             in.additive_mask = numbers(m, "mask");
         }
     }
+    if (!files.sinks.empty()) {
+        in.sinks = numbers(read(files.sinks), "sinks");
+        if (in.sinks.shape != std::vector<std::size_t>{in.shape.q_heads})
+            throw usage_error("--sinks " + named(in.sinks) + ": the sinks must be one logit per query head, (Hq,) = (" +
+                              str(in.shape.q_heads) + ",) for " + named(in.q));
+    }
     return in;
 }
 
-bool sdpa_inputs::any_float64() const { return q.float64 || k.float64 || v.float64 || additive_mask.float64; }
+bool sdpa_inputs::any_float64() const {
+    return q.float64 || k.float64 || v.float64 || additive_mask.float64 || sinks.float64;
+}
 
 void sdpa_inputs::to_float32() {
-    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask}) narrow(*t);
+    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask, &sinks}) narrow(*t);
 }
 
 void sdpa_inputs::to_float64() {
-    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask}) widen(*t);
+    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask, &sinks}) widen(*t);
 }
 
 qkv::sdpa_problem sdpa_inputs::problem(const qkv::sdpa_options& options) const {
@@ -165,7 +173,8 @@ qkv::sdpa_problem sdpa_inputs::problem(const qkv::sdpa_options& options) const {
             .mask = mask,
             .additive_mask = additive_mask.f32,
             .mask_shape = mask_shape,
-            .options = options};
+            .options = options,
+            .sinks = sinks.f32};
 }
 
 qkv::sdpa_problem_f64 sdpa_inputs::problem_f64(const qkv::sdpa_options& options) const {
@@ -176,7 +185,8 @@ qkv::sdpa_problem_f64 sdpa_inputs::problem_f64(const qkv::sdpa_options& options)
             .mask = mask,
             .additive_mask = additive_mask.f64,
             .mask_shape = mask_shape,
-            .options = options};
+            .options = options,
+            .sinks = sinks.f64};
 }
 
 std::vector<std::size_t> sdpa_inputs::out_shape() const {
@@ -190,5 +200,11 @@ std::vector<std::size_t> sdpa_inputs::weights_shape() const {
     s.push_back(shape.kv_len);
     return s;
 }
+
+}  // namespace qkv::cli
+
+namespace qkv::cli {
+
+std::vector<std::size_t> sdpa_inputs::lse_shape() const { return {q.shape.begin(), q.shape.end() - 1}; }
 
 }  // namespace qkv::cli

@@ -11,9 +11,9 @@
 
 namespace qkv::cli {
 
-/// Paths given on the command line; mask empty = not given.
+/// Paths given on the command line; mask and sinks empty = not given.
 struct sdpa_files {
-    std::string q, k, v, mask;
+    std::string q, k, v, mask, sinks;
 };
 
 /// One numeric input: its file, its shape, float32 or float64 data (both once converted).
@@ -31,6 +31,7 @@ struct sdpa_inputs {
     std::vector<std::uint8_t> mask;  ///< from a bool .npy
     sdpa_tensor additive_mask;       ///< from a float .npy
     std::vector<std::size_t> mask_shape;
+    sdpa_tensor sinks;  ///< (Hq,): one logit per query head, when given
 
     /// Some numeric input is float64.
     [[nodiscard]] bool any_float64() const;
@@ -45,12 +46,15 @@ struct sdpa_inputs {
     [[nodiscard]] qkv::sdpa_problem_f64 problem_f64(const qkv::sdpa_options& options) const;
 
     /// OUT: q's leading dimensions and d_v columns. W: q's leading dimensions and kv_len columns.
+    /// LSE: q's leading dimensions.
     [[nodiscard]] std::vector<std::size_t> out_shape() const;
     [[nodiscard]] std::vector<std::size_t> weights_shape() const;
+    [[nodiscard]] std::vector<std::size_t> lse_shape() const;
 };
 
-/// Reads q, k, v (2-, 3- or 4-D, the same rank: (L, E), (H, L, E), (B, H, L, E)) and the optional
-/// mask (bool or float, broadcasting NumPy-style to (B, Hq, L, S)), and checks they fit together.
+/// Reads q, k, v (2-, 3- or 4-D, the same rank: (L, E), (H, L, E), (B, H, L, E)), the optional
+/// mask (bool or float, broadcasting NumPy-style to (B, Hq, L, S)) and the optional sinks (float,
+/// (Hq,)), and checks they fit together.
 sdpa_inputs load_sdpa_inputs(const sdpa_files& files);
 
 }  // namespace qkv::cli

@@ -107,6 +107,7 @@ private:
 /// Records `call` over `tensors` into `cmd` (in the recording state), with the barriers it needs
 /// inside; submits nothing. See the synchronisation contract above.
 QKV_VULKAN_API recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors);
+QKV_VULKAN_API recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors);
 
 /// Records an append of `rows` rows of k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev) tensors to
 /// `cache`; the cache's size grows now (record in submission order). Throws limit_exceeded

@@ -6,8 +6,11 @@
 //   qkv::sdpa_output o = ctx.sdpa(problem, cache);  // q from the host, K/V from the cache
 //
 // append() writes only the new rows to the device; earlier rows stay where they are. The cache
-// stores K and V as texels of 4 values (RGBA32F, or RGBA16F with precision::fp16), one run of
-// `capacity` rows per (batch, kv head): the layout the decode kernels read through texel buffers.
+// stores K and V as its element type says (kv_cache_shape::type): f32 or f16 as texels of 4 values
+// (RGBA32F or RGBA16F), read through texel buffers, or ggml's q8_0 / q4_0 blocks (quantized on
+// append, on the host, by qkv::quantize: appending then dequantizing gives exactly the values
+// qkv::round_trip gives), which the decode kernel dequantizes in float32; one run of `capacity`
+// rows per (batch, kv head).
 //
 // A cache shares the device of the context it was created from and keeps it alive: destroying,
 // moving or move-assigning over that context first is safe, and the cache keeps working (append,
@@ -20,8 +23,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 
+#include "qkv/runtime/element_type.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/export.hpp"
 #include "qkv/vulkan/problem.hpp"
@@ -36,6 +41,16 @@ struct kv_cache_shape {
     std::size_t d_qk = 0;                             ///< E, width of the keys
     std::size_t d_v = 0;                              ///< Ev, width of the values
     qkv::precision precision = qkv::precision::fp32;  ///< storage of K and V (fp16 rounds to nearest even)
+    /// How K and V are stored: f32, f16, q8_0 or q4_0 (d_qk and d_v multiples of 32 for the last
+    /// two). Unset: as `precision` says (fp32: f32, fp16: f16). A call's options.kv_type, if set,
+    /// must be this type.
+    std::optional<qkv::element_type> kv_type{};
+
+    /// The element type K and V are stored in: kv_type, or f16 for precision fp16 and f32 otherwise.
+    [[nodiscard]] qkv::element_type type() const {
+        if (kv_type) return *kv_type;
+        return precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+    }
 };
 
 class QKV_VULKAN_API kv_cache {
@@ -48,7 +63,8 @@ public:
     /// k of shape (B, Hkv, capacity, 4·ceil(E/4)) and v of (B, Hkv, capacity, 4·ceil(Ev/4)), f32
     /// (f16 for precision fp16), each starting at a multiple of minTexelBufferOffsetAlignment and,
     /// for a caller's buffer, with VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT. Empty at first; the
-    /// cache owns the tensors (a caller's memory is still never freed).
+    /// cache owns the tensors (a caller's memory is still never freed). Only for f32 and f16 caches
+    /// (qkv::invalid_argument for a q8_0 / q4_0 shape: tensors are f32 or f16).
     kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v);
     ~kv_cache();
     kv_cache(kv_cache&&) noexcept;
@@ -58,9 +74,10 @@ public:
 
     /// Appends `rows` keys and values to every (batch, kv head): k is (B, Hkv, rows, E) and v is
     /// (B, Hkv, rows, Ev), row-major. Throws qkv::invalid_argument when a span's size does not fit
-    /// and limit_exceeded when size() + rows would pass capacity(); an fp16 cache throws
-    /// numeric_overflow for a finite value beyond float16's range. In every case nothing is
-    /// appended.
+    /// and limit_exceeded when size() + rows would pass capacity(); an f16 cache throws
+    /// numeric_overflow for a finite value beyond float16's range; a q8_0 / q4_0 cache throws
+    /// qkv::invalid_argument for a value qkv::quantize refuses (NaN, infinite, a block whose scale
+    /// does not fit float16). In every case nothing is appended.
     void append(std::span<const float> k, std::span<const float> v, std::size_t rows);
 
     /// Rows held per (batch, kv head): at most capacity(), whatever other threads do.
@@ -74,12 +91,14 @@ public:
     /// Appends `rows` rows from device tensors k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev), of the
     /// cache's storage type (f32, or f16 for an fp16 cache), on the device: nothing crosses to the
     /// host. Waits until they are in. Throws as append() does (numeric_overflow is not checked
-    /// here: a finite value beyond float16's range cannot be in an f16 tensor).
+    /// here: a finite value beyond float16's range cannot be in an f16 tensor); a q8_0 / q4_0 cache
+    /// throws unavailable (it quantizes on the host: append host data).
     void append(const tensor& k, const tensor& v, std::size_t rows);
 
     /// The cache's storage: K as (B, Hkv, capacity, 4·ceil(E/4)) and V as (B, Hkv, capacity,
     /// 4·ceil(Ev/4)) tensors of f32 (f16 for an fp16 cache), each row zero-padded to whole texels of
-    /// 4 values. Rows [0, size()) hold the keys and values appended.
+    /// 4 values. Rows [0, size()) hold the keys and values appended. A q8_0 / q4_0 cache stores
+    /// ggml's blocks, which are no tensor: unavailable.
     [[nodiscard]] const tensor& keys() const;
     [[nodiscard]] const tensor& values() const;
 

@@ -118,6 +118,48 @@ private:
     std::unique_ptr<impl> impl_;
 };
 
+/// The tensors of one attention_call run or recording, float32, shapes as attention_problem's:
+/// x (batch, seq, d_in); wq, wk (d_in, d_k); wv (d_in, d_v); biases bq, bk (d_k) and bv (d_v), each
+/// optional (null: none); with an output projection (shape.d_out > 0) wo (d_v, d_out) and an
+/// optional bo (d_out); out (batch, seq, out_width).
+struct attention_tensors {
+    const tensor* x = nullptr;
+    const tensor* wq = nullptr;
+    const tensor* wk = nullptr;
+    const tensor* wv = nullptr;
+    const tensor* bq = nullptr;
+    const tensor* bk = nullptr;
+    const tensor* bv = nullptr;
+    const tensor* wo = nullptr;
+    const tensor* bo = nullptr;
+    tensor* out = nullptr;
+};
+
+/// Self-attention (context::attention) planned once and run or recorded many times over tensors.
+class QKV_VULKAN_API attention_call {
+public:
+    /// `description` as for context::attention, its data spans empty but for the masks (host data,
+    /// kept on the device with the plan); return_weights is not available over tensors.
+    attention_call(context& ctx, const attention_problem& description);
+    ~attention_call();
+    attention_call(attention_call&&) noexcept;
+    attention_call& operator=(attention_call&&) noexcept;
+    attention_call(const attention_call&) = delete;
+    attention_call& operator=(const attention_call&) = delete;
+
+    /// Runs over `tensors` on the context's queue and waits; the overflow rule holds as on the
+    /// host path (the range guard runs on the device, its verdict reported here).
+    void run(const attention_tensors& tensors);
+    [[nodiscard]] implementation implementation_run() const;
+    [[nodiscard]] kernel_family kernel() const;
+
+    struct impl;
+
+private:
+    friend struct attention_call_access;
+    std::unique_ptr<impl> impl_;
+};
+
 /// Several planned calls (and cache appends) in one command buffer of qkv's, submitted once
 /// (Kompute's "sequence"): what a model does per token, without a Vulkan header of its own. Each
 /// recorded call keeps its scratch until the sequence records again after a run, or is destroyed.
@@ -134,6 +176,7 @@ public:
     /// Records `call` over `tensors` after what is recorded already (in order: each waits for the
     /// ones before it where they share memory).
     void record(sdpa_call& call, const sdpa_tensors& tensors);
+    void record(attention_call& call, const attention_tensors& tensors);
     /// Records an append of device rows to `cache` (its size grows now).
     void record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows);
     /// Submits everything recorded, once, waits, then checks every call (numeric_overflow as the

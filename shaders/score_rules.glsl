@@ -1,0 +1,91 @@
+// The score rules of scaled_dot_product_attention beyond the dot product, written once for every
+// attention kernel (flash.comp, flash_cpu.comp, flash_weights.comp, sdpa_decode.comp,
+// sdpa_merge.comp), in the order of qkv/runtime/sdpa.hpp:
+//
+//   s = scale·q·k                 (the kernel's dot product, with q pre-scaled)
+//   s = C·tanh(s / C)             SCORE_SOFTCAP
+//   s = s - slope_h·|d|           SCORE_ALIBI, d = j - (i + off)
+//   s = s + additive mask         MASK_FLAG_ADDITIVE
+//   -inf unless key j passes:     causal (d <= 0), the window (-left <= d <= right), the bool mask
+//
+// and the end of a row: its normalisation with a sink logit (SCORE_SINKS) and its log-sum-exp
+// (SCORE_LSE). The contract (values, bits, the params buffer's layout) is contract/score.h.
+//
+// Include after contract/score.h and mask.h, with QKV_SCORE_PARAMS_BINDING defined as the
+// kernel's binding of the params buffer.
+
+layout(std430, binding = QKV_SCORE_PARAMS_BINDING) readonly buffer ScoreParams {
+    score_params score_in;
+    vec2 head_values[];  // per query head: (ALiBi slope, sink logit)
+};
+
+float score_neg_inf() { return uintBitsToFloat(0xff800000u); }
+
+/// tanh without overflow for any finite x (absolute error about 1e-7).
+float stable_tanh(float x) {
+    const float e = exp(-2.0 * abs(x));
+    const float t = (1.0 - e) / (1.0 + e);
+    return x < 0.0 ? -t : t;
+}
+
+/// Whether the window admits a key at distance d = j - (i + off) from the row's position.
+bool window_admits(int d, score_params sp) {
+    return (sp.window_left < 0 || d >= -sp.window_left) && (sp.window_right < 0 || d <= sp.window_right);
+}
+
+/// The final score of a key at distance d from the row's position, from s = scale·q·k: -inf where
+/// the key may not be attended. `mask_bit`: the bool mask's entry (read only with
+/// MASK_FLAG_BOOLEAN); `add`: the additive mask's entry (with MASK_FLAG_ADDITIVE); `slope`: the
+/// row's head's ALiBi slope (with SCORE_ALIBI).
+float rule_score(float s, int d, uint features, uint masks, score_params sp, float slope, bool mask_bit, float add) {
+    if ((features & SCORE_SOFTCAP) != 0u) s = sp.softcap * stable_tanh(s / sp.softcap);
+    if ((features & SCORE_ALIBI) != 0u) s -= slope * float(abs(d));
+    if ((masks & MASK_FLAG_ADDITIVE) != 0u) s += add;
+    bool ok = true;
+    if ((masks & MASK_FLAG_CAUSAL) != 0u) ok = d <= 0;
+    if ((features & SCORE_WINDOW) != 0u) ok = ok && window_admits(d, sp);
+    if ((masks & MASK_FLAG_BOOLEAN) != 0u) ok = ok && mask_bit;
+    return ok ? s : score_neg_inf();
+}
+
+/// The keys [first, end) within [lo, hi) that rows at positions p_first .. p_last (i + off) may
+/// attend by the causal rule and the window alone: a kernel skips every key tile outside them.
+uvec2 visible_keys(int p_first, int p_last, uint features, bool causal, score_params sp, uint lo, uint hi) {
+    int first = int(lo), end = int(hi);
+    if (causal) end = min(end, p_last + 1);
+    if ((features & SCORE_WINDOW) != 0u) {
+        if (sp.window_right >= 0) end = min(end, p_last + sp.window_right + 1);
+        if (sp.window_left >= 0) first = max(first, p_first - sp.window_left);
+    }
+    if (end <= first) return uvec2(lo, lo);
+    return uvec2(uint(first), uint(end));
+}
+
+/// What a row's accumulator is multiplied by at the end: 1 / (l + e^(sink - m)), or 1 / l without
+/// a sink; 0 for a row with nothing to attend (l = 0). m and l: the row's running maximum and sum
+/// (sum of e^(s_j - m)), finite; the sink -inf for none. Never overflows: with a sink above m the
+/// numerator and denominator are both taken relative to the sink.
+float row_normaliser(float m, float l, uint features, float sink) {
+    if (l == 0.0) return 0.0;
+    if ((features & SCORE_SINKS) == 0u || sink <= m) {
+        const float extra = (features & SCORE_SINKS) != 0u ? exp(sink - m) : 0.0;
+        return 1.0 / (l + extra);
+    }
+    const float t = exp(m - sink);
+    return t / (l * t + 1.0);
+}
+
+/// A row's output from its accumulator: acc / l without a sink (0 for l = 0), acc times
+/// row_normaliser with one.
+vec4 normalised(vec4 acc, float m, float l, uint features, float sink) {
+    if ((features & SCORE_SINKS) != 0u) return acc * row_normaliser(m, l, features, sink);
+    return l > 0.0 ? acc / l : vec4(0.0);
+}
+
+/// A row's log-sum-exp from its maximum and sum: -inf for a row with nothing to attend (l = 0),
+/// NaN for a poisoned row (NaN l, or `poisoned`).
+float row_lse(float m, float l, bool poisoned) {
+    if (poisoned || isnan(l)) return uintBitsToFloat(0x7fc00000u);
+    if (l == 0.0) return score_neg_inf();
+    return m + log(l);
+}

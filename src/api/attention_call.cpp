@@ -1,0 +1,298 @@
+// qkv::vulkan::attention_call: self-attention planned once and run, recorded, or sequenced over
+// device tensors. The same plan and record steps as context::attention (run_attention.cpp); the
+// write step copies the caller's tensors into the plan's inputs layout with compute dispatches,
+// the range guard always runs on the device (the host never sees the data), and the inputs'
+// finiteness comes from the overflow guard's rows pass (sdpa_guard.comp), read by check().
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "api/call_io.hpp"
+#include "api/context_impl.hpp"
+#include "api/plan.hpp"
+#include "api/recording_impl.hpp"
+#include "api/runs.hpp"
+#include "api/tensor_impl.hpp"
+#include "kernels/range_guard.hpp"
+#include "kernels/tensor_ops.hpp"
+#include "qkv/vulkan/interop.hpp"
+
+namespace qkv::vulkan {
+
+using namespace detail;
+
+struct attention_call::impl {
+    std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
+    settings set;
+    attention_problem desc;  // shape, options; its masks' spans point into the vectors below
+    std::vector<std::uint8_t> mask;
+    std::vector<float> additive;
+    plan p;            // planned with the bias and bo regions present (absent ones are zeros)
+    buffer constants;  // the masks' bits and additive entries, at the plan's offsets within its inputs
+    double additive_max = 0;
+    bool additive_poison = false;
+    std::unique_ptr<recording::impl> run_scratch;
+
+    impl() = default;
+    impl(const impl&) = delete;
+    impl& operator=(const impl&) = delete;
+    ~impl() {
+        if (!core) return;
+        std::lock_guard lock(core->mutex);
+        constants.reset();
+    }
+    void record(recorder& rec, recording::impl& r, const attention_tensors& t);
+};
+
+struct attention_call_access {
+    static attention_call::impl& of(attention_call& c) {
+        if (!c.impl_) throw qkv::error("qkv::vulkan::attention_call used after move");
+        return *c.impl_;
+    }
+};
+
+attention_call::attention_call(context& ctx, const attention_problem& description) : impl_(std::make_unique<impl>()) {
+    impl& c = *impl_;
+    context::impl& owner = context_access::of(ctx);
+    c.core = owner.core;
+    c.set = owner.set;
+    const attention_shape& s = description.shape;
+    if (!description.x.empty() || !description.wq.empty() || !description.wk.empty() || !description.wv.empty() ||
+        !description.bq.empty() || !description.bk.empty() || !description.bv.empty() || !description.wo.empty() ||
+        !description.bo.empty())
+        throw qkv::invalid_argument(
+            "attention_call: the description's x, weight and bias spans must be empty (the data comes as tensors)");
+    if (description.options.return_weights)
+        throw qkv::invalid_argument("attention_call: return_weights is not available over tensors");
+    c.desc = description;
+    c.mask.assign(description.mask.begin(), description.mask.end());
+    c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());
+    c.desc.mask = c.mask, c.desc.additive_mask = c.additive;
+    // validate() wants the data: the shapes' checks on zeros of the right sizes, once.
+    const std::vector<float> x(s.batch * s.seq * s.d_in), wk(s.d_in * s.d_k), wv(s.d_in * s.d_v), bk(s.d_k), bv(s.d_v),
+        wo(s.d_v * s.d_out), bo(s.d_out);
+    attention_problem planning = c.desc;
+    planning.x = x, planning.wq = wk, planning.wk = wk, planning.wv = wv;
+    planning.bq = bk, planning.bk = bk, planning.bv = bv;  // the bias region is always there
+    if (s.d_out) planning.wo = wo, planning.bo = bo;
+    validate(planning);
+    for (const float a : c.additive) {
+        if (std::isfinite(a))
+            c.additive_max = std::max(c.additive_max, static_cast<double>(std::fabs(a)));
+        else if (!(a < 0.0f))
+            c.additive_poison = true;
+    }
+    std::lock_guard lock(c.core->mutex);
+    c.core->check_alive();
+    c.p = plan_attention(planning, c.core->dev->desc(), c.set);
+    if (c.p.mask || c.p.additive) {
+        const std::uint64_t end = c.p.additive ? c.p.additive_mask.offset + c.p.additive_mask.size
+                                               : c.p.mask_bits.offset + c.p.mask_bits.size;
+        c.constants = c.core->alloc->create(end, memory_use::upload, "attention_call masks");
+        if (c.p.mask) put_mask_bits(c.constants.mapped() + c.p.mask_bits.offset, c.mask);
+        if (c.p.additive) put_floats(c.constants.mapped() + c.p.additive_mask.offset, c.additive);
+        c.constants.flush();
+    }
+}
+
+attention_call::~attention_call() = default;
+attention_call::attention_call(attention_call&&) noexcept = default;
+attention_call& attention_call::operator=(attention_call&&) noexcept = default;
+
+implementation attention_call::implementation_run() const {
+    if (!impl_) throw qkv::error("qkv::vulkan::attention_call used after move");
+    return impl_->p.impl;
+}
+kernel_family attention_call::kernel() const {
+    if (!impl_) throw qkv::error("qkv::vulkan::attention_call used after move");
+    return impl_->p.family;
+}
+
+void attention_call::impl::record(recorder& rec, recording::impl& r, const attention_tensors& t) {
+    const attention_shape& s = desc.shape;
+    // The tensors: present where they must be, of the description's sizes, float32, on this device.
+    const auto bound = [&](const tensor* x, const char* what, std::size_t count, bool required) {
+        if (!x) {
+            if (required) throw qkv::invalid_argument(std::string("attention_call: no ") + what + " tensor");
+            return std::optional<tensor::impl::bound>{};
+        }
+        const tensor::impl& ti = tensor_access::of(*x, "attention_call");
+        if (ti.core != core)
+            throw qkv::invalid_argument(std::string("attention_call: the ") + what + " tensor is on another device");
+        if (ti.elements != count || ti.type != element_type::f32)
+            throw qkv::invalid_argument(std::string("attention_call: the ") + what + " tensor is " +
+                                        shape_string(ti.shape) + " " + std::string(to_string(ti.type)) +
+                                        "; the call needs " + std::to_string(count) + " elements of f32");
+        return std::optional{ti.bind()};
+    };
+    const auto x = bound(t.x, "x", s.batch * s.seq * s.d_in, true);
+    const auto wq = bound(t.wq, "wq", s.d_in * s.d_k, true), wk = bound(t.wk, "wk", s.d_in * s.d_k, true),
+               wv = bound(t.wv, "wv", s.d_in * s.d_v, true);
+    const auto bq = bound(t.bq, "bq", s.d_k, false), bk = bound(t.bk, "bk", s.d_k, false),
+               bv = bound(t.bv, "bv", s.d_v, false);
+    const auto wo = bound(t.wo, "wo", s.d_v * s.d_out, s.d_out > 0), bo = bound(t.bo, "bo", s.d_out, false);
+    if (!s.d_out && (t.wo || t.bo)) throw qkv::invalid_argument("attention_call: wo or bo without shape.d_out");
+    const auto out = bound(t.out, "out", s.batch * s.seq * s.out_width(), true);
+
+    r.core = core;
+    r.attention = std::make_unique<plan>(p);
+    r.additive_max = additive_max;
+    r.additive_poison = additive_poison;
+    buffer_plan buffers;
+    std::vector<download> downloads;
+    attention_buffers(p, buffers, downloads);
+    call_session session(*core, rec, r.buffers, buffers);
+    pipeline_set& pipes = *core->pipes;
+    const call_buffers& b = r.buffers;
+    const binding inputs = b.bind(role::inputs, 0, p.inputs_bytes);
+    const auto u32 = [](std::uint64_t v) { return static_cast<std::uint32_t>(v); };
+
+    // Earlier compute writes (the caller's, or another recording's) before these reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    // The verdict words: the projection inputs' flags at 0, the output projection inputs' after;
+    // the bias regions zeroed (absent biases are zeros).
+    const std::uint64_t align = core->dev->desc().storage_alignment;
+    const std::uint64_t region = align_up(4 * (contract::GUARD_HEADER_WORDS + s.batch + 8), align);
+    r.output_flags_at = region;
+    core->alloc->ensure(r.guard, 2 * region, memory_use::readback, "attention_call verdict");
+    const binding flags_in{r.guard.handle(), 0, region}, flags_out{r.guard.handle(), region, region};
+    rec.fill(r.guard.handle(), 0, 2 * region, 0);
+    if (p.bias) rec.fill(b[role::inputs].handle(), p.b.offset, p.b.size, 0);
+    if (!p.bo.empty()) rec.fill(b[role::inputs].handle(), p.bo.offset, p.bo.size, 0);
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+
+    // check: the inputs' finiteness (the rows pass's flags; its norms are not used here)
+    guard_rows g;
+    g.q_rows = u32(s.batch * s.seq), g.q_len = u32(s.seq), g.d = u32(s.d_in), g.q_off = x->element;
+    record_guard_rows(rec, pipes, x->b, x->b, x->b, flags_in, g);
+    g = {};
+    g.q_rows = g.k_rows = u32(s.d_in), g.q_len = g.kv_len = u32(s.d_in), g.d = u32(s.d_k), g.dv = u32(s.d_v);
+    g.q_off = wq->element, g.k_off = wk->element, g.v_off = wv->element;
+    record_guard_rows(rec, pipes, wq->b, wk->b, wv->b, flags_in, g);
+    for (const auto& [bias, width] : {std::pair{bq, s.d_k}, std::pair{bk, s.d_k}, std::pair{bv, s.d_v}})
+        if (bias) {
+            g = {};
+            g.q_rows = 1, g.d = u32(width), g.q_off = bias->element;
+            record_guard_rows(rec, pipes, bias->b, bias->b, bias->b, flags_in, g);
+        }
+    if (wo) {
+        g = {};
+        g.q_rows = u32(s.d_v), g.q_len = u32(s.d_v), g.d = u32(s.d_out), g.q_off = wo->element;
+        record_guard_rows(rec, pipes, wo->b, wo->b, wo->b, flags_out, g);
+        if (bo) {
+            g.q_rows = 1, g.q_len = 1, g.q_off = bo->element;
+            record_guard_rows(rec, pipes, bo->b, bo->b, bo->b, flags_out, g);
+        }
+    }
+
+    // write: the tensors into the plan's inputs layout ([Wq | Wk | Wv] side by side, ld wide)
+    record_tensor_copy(rec, pipes, x->b, x->element, inputs, u32(p.x.offset / 4), u32(p.x.size / 4), false);
+    record_block_copy(rec, pipes, wq->b, wq->element, u32(s.d_k), inputs, u32(p.w.offset / 4), p.ld, u32(s.d_in),
+                      u32(s.d_k));
+    record_block_copy(rec, pipes, wk->b, wk->element, u32(s.d_k), inputs, u32(p.w.offset / 4 + s.d_k), p.ld,
+                      u32(s.d_in), u32(s.d_k));
+    record_block_copy(rec, pipes, wv->b, wv->element, u32(s.d_v), inputs, u32(p.w.offset / 4 + 2 * s.d_k), p.ld,
+                      u32(s.d_in), u32(s.d_v));
+    const std::uint32_t b0 = u32(p.b.offset / 4);
+    if (bq) record_tensor_copy(rec, pipes, bq->b, bq->element, inputs, b0, u32(s.d_k), false);
+    if (bk) record_tensor_copy(rec, pipes, bk->b, bk->element, inputs, b0 + u32(s.d_k), u32(s.d_k), false);
+    if (bv) record_tensor_copy(rec, pipes, bv->b, bv->element, inputs, b0 + u32(2 * s.d_k), u32(s.d_v), false);
+    if (wo) record_tensor_copy(rec, pipes, wo->b, wo->element, inputs, u32(p.wo.offset / 4), u32(p.wo.size / 4), false);
+    if (bo) record_tensor_copy(rec, pipes, bo->b, bo->element, inputs, u32(p.bo.offset / 4), u32(s.d_out), false);
+    const binding masks{constants.handle(), 0, constants.size()};
+    if (p.mask)
+        record_tensor_copy(rec, pipes, masks, u32(p.mask_bits.offset / 4), inputs, u32(p.mask_bits.offset / 4),
+                           u32(p.mask_bits.size / 4), false);
+    if (p.additive)
+        record_tensor_copy(rec, pipes, masks, u32(p.additive_mask.offset / 4), inputs, u32(p.additive_mask.offset / 4),
+                           u32(p.additive_mask.size / 4), false);
+    rec.compute_barrier();
+
+    // record: the attention's steps, the range guard always on the device
+    prepare_range_guard(*core->alloc, r.buffers.guard, p);
+    record_attention(session, p, /*guard=*/true, /*v_finite=*/false, r.attention_views);
+    rec.compute_barrier();
+
+    // read: the output into the caller's tensor; its finiteness
+    const std::uint32_t count = u32(p.out_bytes / 4);
+    record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.out_bytes), 0, out->b, out->element, count, false);
+    record_guard_output(rec, pipes, b.bind(role::out, 0, p.out_bytes), 0, count, flags_in);
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_HOST_READ_BIT);
+}
+
+void recording::impl::check_attention() const {
+    std::uint32_t in_flags = 0, out_flags = 0;
+    {
+        std::lock_guard lock(core->mutex);
+        guard.invalidate();
+        std::memcpy(&in_flags, guard.mapped(), 4);
+        std::memcpy(&out_flags, guard.mapped() + output_flags_at, 4);
+    }
+    input_facts facts;
+    facts.projection_inputs_finite = (in_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
+    facts.output_inputs_finite = (out_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
+    facts.additive_max = additive_max;
+    facts.additive_nan_or_pos_inf = additive_poison;
+    check_range_guard(buffers.guard, *attention, nullptr, facts);  // throws numeric_overflow
+    if (facts.every_output_defined() && (in_flags & contract::GUARD_FLAG_OUTPUT_NONFINITE))
+        throw numeric_overflow(
+            "numeric overflow: an output element is not finite though every input is finite (a float32 sum left "
+            "its range); scale the inputs down, or use the float64 cpu backend");
+}
+
+void attention_call::run(const attention_tensors& tensors) {
+    impl& c = attention_call_access::of(*this);
+    device_core& core = *c.core;
+    {
+        std::lock_guard lock(core.mutex);
+        core.check_alive();
+        try {
+            if (!c.run_scratch) c.run_scratch = std::make_unique<recording::impl>();
+            recording::impl& r = *c.run_scratch;
+            r.attention_views = {};
+            executor& exec = *core.exec;
+            exec.begin();
+            c.record(exec, r, tensors);
+            (void)exec.submit_and_wait();
+        } catch (const device_lost&) {
+            core.lost = true;
+            throw;
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory("host memory allocation failed in attention_call::run");
+        }
+    }
+    c.run_scratch->check();
+}
+
+recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors) {
+    if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
+    attention_call::impl& c = attention_call_access::of(call);
+    auto r = std::make_unique<recording::impl>();
+    r->core = c.core;
+    std::lock_guard lock(c.core->mutex);
+    c.core->check_alive();
+    r->rec = std::make_unique<external_recorder>(*c.core->dev, c.core->exec->max_groups(0), cmd);
+    c.record(*r->rec, *r, tensors);
+    return recording_access::make(std::move(r));
+}
+
+void sequence::record(attention_call& call, const attention_tensors& tensors) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    sequence::impl& s = *impl_;
+    attention_call::impl& c = attention_call_access::of(call);
+    if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    s.ensure_begun();
+    c.record(*s.exec, s.next_scratch(), tensors);
+}
+
+}  // namespace qkv::vulkan

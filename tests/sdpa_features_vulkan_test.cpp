@@ -1,0 +1,747 @@
+// The attention of today's models on the Vulkan backend (issue 24): sliding windows, sinks, softcap,
+// ALiBi, log-sum-exp, wide heads and quantized K/V, on every path (both fused kernel families, the
+// split-S decode from host K/V and from a kv_cache), validation layer and synchronisation
+// validation on, against the float64 CPU backend (qkv::cpu::sdpa) by normalised MSE, failing on
+// NaN or Inf where the reference is finite. fp16 and quantized storage are compared with the
+// reference computed from the same rounded values (Q through float16, K and V through kv_type), so
+// every path must reach float32's nmse (1e-9).
+//
+// [features]: each rule and the combinations that make sense, odd shapes. [grid]: a sampled grid in
+// the spirit of ggml's test-backend-ops FLASH_ATTN_EXT cases (its own CTest entry).
+#include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/tensor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/gpu.hpp"
+#include "support/reference.hpp"
+
+using qkv::element_type;
+using qkv_test::require_clean;
+
+namespace {
+
+constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+/// Which path runs the call.
+enum class path { fused_cpu, fused_gpu, decode_host, decode_cache };
+
+const char* name_of(path p) {
+    switch (p) {
+        case path::fused_cpu:
+            return "fused cpu";
+        case path::fused_gpu:
+            return "fused gpu";
+        case path::decode_host:
+            return "decode (host K/V)";
+        case path::decode_cache:
+            return "decode (kv_cache)";
+    }
+    return "?";
+}
+
+enum class masks { none, boolean, additive, both };
+
+struct spec {
+    std::size_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, d_qk = 32, d_v = 32;
+    masks mask = masks::none;
+    std::vector<std::size_t> mask_shape{};  ///< empty: (L, S)
+    bool empty_row = false;                 ///< the bool mask masks every key of row 0
+    bool causal = false;
+    qkv::causal_alignment alignment = qkv::causal_alignment::top_left;
+    std::int64_t window_left = -1, window_right = -1;
+    float softcap = 0, alibi = 0;
+    bool sinks = false, lse = false, weights = false;
+    std::optional<element_type> kv_type{};
+    qkv::precision precision = qkv::precision::fp32;
+    float scale = 0;  ///< 0: the default
+};
+
+std::string describe(const spec& s, path p) {
+    std::ostringstream o;
+    o << name_of(p) << ": B=" << s.batch << " Hq=" << s.q_heads << " Hkv=" << s.kv_heads << " L=" << s.q_len
+      << " S=" << s.kv_len << " E=" << s.d_qk << " Ev=" << s.d_v;
+    if (s.mask != masks::none) o << " mask" << static_cast<int>(s.mask) << (s.empty_row ? " (empty row)" : "");
+    if (s.causal)
+        o << " causal " << (s.alignment == qkv::causal_alignment::top_left ? "top-left" : "bottom-right");
+    else if (s.alignment == qkv::causal_alignment::bottom_right)
+        o << " bottom-right";
+    if (s.window_left != -1 || s.window_right != -1) o << " window " << s.window_left << "," << s.window_right;
+    if (s.softcap > 0) o << " softcap " << s.softcap;
+    if (s.alibi > 0) o << " alibi " << s.alibi;
+    if (s.sinks) o << " sinks";
+    if (s.lse) o << " lse";
+    if (s.weights) o << " weights";
+    if (s.kv_type) o << " kv " << qkv::to_string(*s.kv_type);
+    if (s.precision == qkv::precision::fp16) o << " fp16";
+    return o.str();
+}
+
+/// A problem that owns its data.
+struct owned {
+    std::vector<float> q, k, v, additive, sinks;
+    std::vector<std::uint8_t> mask;
+    qkv::sdpa_problem p;
+};
+
+owned make(const spec& s, std::uint64_t seed) {
+    owned o;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const auto fill = [&](std::vector<float>& v, std::size_t n) {
+        v.resize(n);
+        for (float& e : v) e = normal(rng);
+    };
+    fill(o.q, s.batch * s.q_heads * s.q_len * s.d_qk);
+    fill(o.k, s.batch * s.kv_heads * s.kv_len * s.d_qk);
+    fill(o.v, s.batch * s.kv_heads * s.kv_len * s.d_v);
+    qkv::sdpa_problem& p = o.p;
+    p.shape = {.batch = s.batch,
+               .q_heads = s.q_heads,
+               .kv_heads = s.kv_heads,
+               .q_len = s.q_len,
+               .kv_len = s.kv_len,
+               .d_qk = s.d_qk,
+               .d_v = s.d_v};
+    if (s.mask != masks::none) {
+        const std::vector<std::size_t> dims =
+            s.mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : s.mask_shape;
+        std::size_t n = 1;
+        for (std::size_t d : dims) n *= d;
+        std::uniform_int_distribution<int> pick(0, 3);
+        if (s.mask == masks::boolean || s.mask == masks::both) {
+            o.mask.resize(n);
+            for (auto& m : o.mask) m = pick(rng) != 0 ? 1 : 0;
+            // Row 0 of the (L, S) mask: nothing to attend (the mask's last two dimensions are L, S).
+            if (s.empty_row) std::fill(o.mask.begin(), o.mask.begin() + static_cast<std::ptrdiff_t>(s.kv_len), 0);
+        }
+        if (s.mask == masks::additive || s.mask == masks::both) {
+            o.additive.resize(n);
+            for (float& a : o.additive) a = pick(rng) == 0 ? neg_inf : normal(rng);
+        }
+        p.mask_shape = s.mask_shape;
+        p.mask = o.mask;
+        p.additive_mask = o.additive;
+    }
+    if (s.sinks) {  // a spread of logits: below, near and above the rows' scores, and one head without
+        o.sinks.resize(s.q_heads);
+        for (std::size_t h = 0; h < s.q_heads; ++h) o.sinks[h] = 3.0f * normal(rng);
+        o.sinks[0] = 6.0f;
+        if (s.q_heads > 1) o.sinks[1] = neg_inf;
+        p.sinks = o.sinks;
+    }
+    p.q = o.q, p.k = o.k, p.v = o.v;
+    p.options.causal = s.causal;
+    p.options.alignment = s.alignment;
+    p.options.window_left = s.window_left;
+    p.options.window_right = s.window_right;
+    p.options.softcap = s.softcap;
+    p.options.alibi_max_bias = s.alibi;
+    p.options.return_lse = s.lse;
+    p.options.return_weights = s.weights;
+    p.options.kv_type = s.kv_type;
+    p.options.precision = s.precision;
+    if (s.scale != 0) p.options.scale = s.scale;
+    return o;
+}
+
+/// The float64 reference of what the device computes: Q rounded through float16 for precision
+/// fp16, K and V through the stored type (the CPU backend round-trips them for an explicit kv_type).
+qkv::sdpa_output_f64 reference(const qkv::sdpa_problem& p) {
+    qkv::sdpa_problem r = p;
+    std::vector<float> q;
+    if (p.options.precision == qkv::precision::fp16) {
+        q = qkv::round_trip(element_type::f16, p.q);
+        r.q = q;
+    }
+    r.options.kv_type = qkv::stored_kv_type(p.options);
+    return qkv::cpu::sdpa_f64(r);
+}
+
+/// Rows of `want` that are zero (no key) must be exactly zero; finite wants must be finite.
+void check_close(const std::vector<float>& got, const std::vector<double>& want, std::size_t width, const char* what) {
+    REQUIRE(got.size() == want.size());
+    const double e = qkv_test::nmse(got, want);
+    INFO(what << " nmse " << e);
+    CHECK(e <= 1e-9);
+    std::size_t wrong_zero = 0;
+    for (std::size_t r = 0; r < want.size() / width; ++r) {
+        bool zero = true;
+        for (std::size_t c = 0; c < width; ++c) zero = zero && want[r * width + c] == 0.0;
+        if (!zero) continue;
+        for (std::size_t c = 0; c < width; ++c) wrong_zero += got[r * width + c] != 0.0f;
+    }
+    CHECK(wrong_zero == 0);
+}
+
+/// lse: -inf exactly where the reference has -inf, the finite ones close.
+void check_lse(const std::vector<float>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    std::vector<float> g;
+    std::vector<double> w;
+    std::size_t wrong_inf = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        if (want[i] == -std::numeric_limits<double>::infinity()) {
+            wrong_inf += got[i] != neg_inf;
+            continue;
+        }
+        g.push_back(got[i]);
+        w.push_back(want[i]);
+    }
+    CHECK(wrong_inf == 0);
+    const double e = qkv_test::nmse(g, w);
+    INFO("lse nmse " << e);
+    CHECK(e <= 1e-9);
+}
+
+/// Runs `o` on `route` (a context with hooks may be given) and checks it against the reference.
+qkv::sdpa_output run(qkv::vulkan::context& ctx, owned& o, path route, const spec& s) {
+    INFO(describe(s, route));
+    qkv::sdpa_problem& p = o.p;
+    p.options.kernel = route == path::fused_cpu   ? qkv::kernel_family::cpu
+                       : route == path::fused_gpu ? qkv::kernel_family::gpu
+                                                  : qkv::kernel_family::automatic;
+    const qkv::sdpa_output_f64 want = reference(p);
+    qkv::sdpa_output got;
+    if (route == path::decode_cache) {
+        qkv::vulkan::kv_cache cache(ctx, {.batch = s.batch,
+                                          .kv_heads = s.kv_heads,
+                                          .capacity = s.kv_len + 5,
+                                          .d_qk = s.d_qk,
+                                          .d_v = s.d_v,
+                                          .precision = s.precision,
+                                          .kv_type = qkv::stored_kv_type(p.options)});
+        // Two appends: the rows of every (batch, kv head) split at S / 3.
+        const std::size_t groups = s.batch * s.kv_heads, first = s.kv_len / 3, rest = s.kv_len - first;
+        for (const auto& [from, rows] : {std::pair{std::size_t{0}, first}, std::pair{first, rest}}) {
+            std::vector<float> k, v;
+            for (std::size_t z = 0; z < groups; ++z) {
+                k.insert(k.end(), o.k.begin() + static_cast<std::ptrdiff_t>((z * s.kv_len + from) * s.d_qk),
+                         o.k.begin() + static_cast<std::ptrdiff_t>((z * s.kv_len + from + rows) * s.d_qk));
+                v.insert(v.end(), o.v.begin() + static_cast<std::ptrdiff_t>((z * s.kv_len + from) * s.d_v),
+                         o.v.begin() + static_cast<std::ptrdiff_t>((z * s.kv_len + from + rows) * s.d_v));
+            }
+            cache.append(k, v, rows);
+        }
+        qkv::sdpa_problem q = p;
+        q.k = {}, q.v = {};
+        q.shape.kv_len = 0;
+        got = ctx.sdpa(q, cache);
+    } else {
+        got = ctx.sdpa(p);
+    }
+    if (route == path::fused_cpu) CHECK(got.kernel == qkv::kernel_family::cpu);
+    if (route == path::fused_gpu) CHECK(got.kernel == qkv::kernel_family::gpu);
+    check_close(got.output, want.output, s.d_v, "output");
+    if (s.weights) check_close(got.weights, want.weights, s.kv_len, "weights");
+    if (s.lse)
+        check_lse(got.lse, want.lse);
+    else
+        CHECK(got.lse.empty());
+    require_clean(ctx);
+    return got;
+}
+
+/// A decode shape (q_len <= 16, G·q_len <= 64, kv_len >= 1024) goes to the decode kernels.
+bool decode_shape(const spec& s) {
+    return s.q_len <= 16 && s.q_heads / s.kv_heads * s.q_len <= 64 && s.kv_len >= 1024 && !s.weights;
+}
+
+void run_paths(const spec& s, std::initializer_list<path> paths, std::uint64_t seed) {
+    for (const path route : paths) {
+        owned o = make(s, seed);
+        run(qkv_test::gpu(), o, route, s);
+    }
+}
+
+constexpr std::initializer_list<path> fused_paths = {path::fused_cpu, path::fused_gpu};
+
+}  // namespace
+
+TEST_CASE("sdpa features: sliding windows, both alignments, L > S, with and without causal",
+          "[vulkan][sdpa][features]") {
+    using qkv::causal_alignment;
+    const spec cases[] = {
+        // L < S, bottom-right, causal + a left window (llama.cpp's n_swa = 8)
+        {.q_heads = 2,
+         .kv_heads = 1,
+         .q_len = 17,
+         .kv_len = 113,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 7,
+         .window_right = 0},
+        // top-left, a symmetric window without causal
+        {.batch = 2, .q_len = 37, .kv_len = 113, .d_qk = 40, .d_v = 24, .window_left = 5, .window_right = 5},
+        // L > S, bottom-right: early rows see nothing (zeros); a right-only window
+        {.q_heads = 3,
+         .kv_heads = 1,
+         .q_len = 75,
+         .kv_len = 17,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = -1,
+         .window_right = 2},
+        // L > S, top-left, causal + window 0,0 (each row its own key, where one exists)
+        {.q_len = 75, .kv_len = 17, .causal = true, .window_left = 0, .window_right = 0},
+        // long keys, windows that skip most tiles, with a bool mask and weights
+        {.q_len = 40,
+         .kv_len = 700,
+         .d_qk = 64,
+         .d_v = 64,
+         .mask = masks::boolean,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 63,
+         .window_right = 0,
+         .weights = true},
+    };
+    std::uint64_t seed = 100;
+    for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: softcap with masks, ALiBi with GQA", "[vulkan][sdpa][features]") {
+    using qkv::causal_alignment;
+    const spec cases[] = {
+        {.q_heads = 4,
+         .kv_heads = 2,
+         .q_len = 17,
+         .kv_len = 113,
+         .mask = masks::both,
+         .mask_shape = {1, 4, 17, 113},
+         .causal = true,
+         .softcap = 2.5f,
+         .scale = 0.9f},
+        {.q_heads = 12,
+         .kv_heads = 4,
+         .q_len = 3,
+         .kv_len = 113,
+         .d_qk = 40,
+         .d_v = 40,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .alibi = 8.0f},
+        {.q_heads = 20,
+         .kv_heads = 1,
+         .q_len = 5,
+         .kv_len = 75,
+         .alignment = causal_alignment::bottom_right,
+         .softcap = 10.0f,
+         .alibi = 3.0f},
+    };
+    std::uint64_t seed = 200;
+    for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, weights", "[vulkan][sdpa][features]") {
+    using qkv::causal_alignment;
+    const spec cases[] = {
+        {.q_heads = 4,
+         .kv_heads = 2,
+         .q_len = 17,
+         .kv_len = 113,
+         .mask = masks::boolean,
+         .empty_row = true,
+         .sinks = true,
+         .lse = true,
+         .weights = true},
+        {.batch = 2,
+         .q_heads = 4,
+         .kv_heads = 1,
+         .q_len = 37,
+         .kv_len = 300,
+         .d_qk = 64,
+         .d_v = 32,
+         .mask = masks::both,
+         .mask_shape = {2, 1, 37, 300},
+         .empty_row = true,
+         .causal = true,
+         .alignment = causal_alignment::bottom_right,
+         .window_left = 40,
+         .window_right = 3,
+         .softcap = 10.0f,
+         .alibi = 8.0f,
+         .sinks = true,
+         .lse = true,
+         .weights = true},
+        {.q_heads = 2,
+         .kv_heads = 2,
+         .q_len = 3,
+         .kv_len = 113,
+         .sinks = true,
+         .lse = true,
+         .precision = qkv::precision::fp16},
+    };
+    std::uint64_t seed = 300;
+    for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: key chunks carry the window, sinks and lse (short dispatches forced)",
+          "[vulkan][sdpa][features]") {
+    qkv::vulkan::context ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = 64});
+    const spec s{.q_heads = 2,
+                 .kv_heads = 1,
+                 .q_len = 33,
+                 .kv_len = 500,
+                 .causal = true,
+                 .alignment = qkv::causal_alignment::bottom_right,
+                 .window_left = 100,
+                 .window_right = 0,
+                 .softcap = 5.0f,
+                 .sinks = true,
+                 .lse = true,
+                 .weights = true};
+    for (const path route : fused_paths) {
+        owned o = make(s, 400);
+        run(ctx, o, route, s);
+    }
+}
+
+TEST_CASE("sdpa features: decode from host K/V and from a kv_cache, every K/V type", "[vulkan][sdpa][features]") {
+    using qkv::causal_alignment;
+    std::uint64_t seed = 500;
+    for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
+        const spec s{.q_heads = 8,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1500,
+                     .d_qk = 64,
+                     .d_v = 32,
+                     .mask = masks::additive,
+                     .mask_shape = {1500},
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
+        REQUIRE(decode_shape(s));
+        run_paths(s, {path::decode_host, path::decode_cache}, ++seed);
+    }
+    // fp16 queries against f32 keys and a plain call (no features) on a q8_0 cache.
+    run_paths({.q_heads = 4,
+               .kv_heads = 4,
+               .q_len = 1,
+               .kv_len = 1100,
+               .sinks = true,
+               .lse = true,
+               .kv_type = element_type::f32,
+               .precision = qkv::precision::fp16},
+              {path::decode_host, path::decode_cache}, ++seed);
+    run_paths({.q_len = 5, .kv_len = 1030, .d_qk = 96, .d_v = 64, .kv_type = element_type::q8_0}, {path::decode_cache},
+              ++seed);
+    // A window no row reaches: every row attends nothing (zeros, lse -inf), sinks or not.
+    run_paths({.q_len = 2,
+               .kv_len = 1024,
+               .alignment = causal_alignment::top_left,
+               .window_left = -1,
+               .window_right = -1,
+               .sinks = true,
+               .lse = true},
+              {path::decode_host}, ++seed);
+}
+
+TEST_CASE("sdpa features: quantized and mixed K/V types on the fused route", "[vulkan][sdpa][features]") {
+    std::uint64_t seed = 600;
+    for (const element_type t : {element_type::q8_0, element_type::q4_0, element_type::f16})
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .d_qk = 64,
+                   .d_v = 32,
+                   .causal = true,
+                   .lse = true,
+                   .kv_type = t},
+                  fused_paths, ++seed);
+    // fp16 queries with float32 K/V
+    run_paths({.q_len = 17, .kv_len = 113, .kv_type = element_type::f32, .precision = qkv::precision::fp16},
+              fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: wide heads, E = 576 and Ev = 512", "[vulkan][sdpa][features][wide]") {
+    const spec s{
+        .q_heads = 2, .kv_heads = 1, .q_len = 9, .kv_len = 40, .d_qk = 576, .d_v = 512, .causal = true, .lse = true};
+    run_paths(s, fused_paths, 700);
+    const spec d{.q_heads = 4,
+                 .kv_heads = 1,
+                 .q_len = 1,
+                 .kv_len = 1024,
+                 .d_qk = 576,
+                 .d_v = 512,
+                 .kv_type = element_type::q8_0};
+    run_paths(d, {path::decode_cache}, 701);
+}
+
+TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole call", "[vulkan][sdpa][features]") {
+    // Each path computes the two halves without sinks, with lse; qkv::merge_attention applies the
+    // sinks once and must give the whole call (sinks included).
+    using qkv::causal_alignment;
+    for (const path route : {path::fused_cpu, path::fused_gpu, path::decode_host}) {
+        spec s{.q_heads = 4,
+               .kv_heads = 2,
+               .q_len = 3,
+               .kv_len = route == path::decode_host ? 2048u : 226u,
+               .causal = true,
+               .alignment = causal_alignment::bottom_right,
+               .softcap = 10.0f,
+               .sinks = true,
+               .lse = true};
+        INFO(name_of(route));
+        owned whole = make(s, 800);
+        whole.p.options.kernel = route == path::fused_cpu   ? qkv::kernel_family::cpu
+                                 : route == path::fused_gpu ? qkv::kernel_family::gpu
+                                                            : qkv::kernel_family::automatic;
+        const qkv::sdpa_output all = qkv_test::gpu().sdpa(whole.p);
+        // The halves: keys [0, S/2) and [S/2, S), each with the masks the whole call's rows had:
+        // causal bottom-right there becomes an additive mask over the half's keys.
+        const std::size_t S = s.kv_len, half = S / 2, L = s.q_len;
+        std::vector<qkv::sdpa_output> parts;
+        std::vector<std::vector<float>> keep;
+        for (const auto& [from, to] : {std::pair{std::size_t{0}, half}, std::pair{half, S}}) {
+            const std::size_t n = to - from;
+            std::vector<float> k, v, add(L * n);
+            for (std::size_t z = 0; z < s.kv_heads; ++z)
+                for (std::size_t j = from; j < to; ++j) {
+                    k.insert(k.end(), whole.k.begin() + static_cast<std::ptrdiff_t>((z * S + j) * s.d_qk),
+                             whole.k.begin() + static_cast<std::ptrdiff_t>((z * S + j + 1) * s.d_qk));
+                    v.insert(v.end(), whole.v.begin() + static_cast<std::ptrdiff_t>((z * S + j) * s.d_v),
+                             whole.v.begin() + static_cast<std::ptrdiff_t>((z * S + j + 1) * s.d_v));
+                }
+            for (std::size_t i = 0; i < L; ++i)
+                for (std::size_t j = 0; j < n; ++j) add[i * n + j] = from + j <= i + S - L ? 0.0f : neg_inf;
+            qkv::sdpa_problem p = whole.p;
+            p.shape.kv_len = n;
+            p.k = k, p.v = v;
+            p.additive_mask = add;
+            p.options.causal = false;
+            p.sinks = {};
+            parts.push_back(qkv_test::gpu().sdpa(p));
+            require_clean(qkv_test::gpu());
+        }
+        const qkv::attention_part both[2] = {{parts[0].output, parts[0].lse}, {parts[1].output, parts[1].lse}};
+        const qkv::merged_attention m =
+            qkv::merge_attention(both, {.batch = 1, .q_heads = s.q_heads, .q_len = L, .d_v = s.d_v}, whole.sinks);
+        const std::vector<double> want_out(all.output.begin(), all.output.end());
+        const std::vector<double> want_lse(all.lse.begin(), all.lse.end());
+        CHECK(qkv_test::nmse(m.out, want_out) <= 1e-12);
+        CHECK(qkv_test::nmse(m.lse, want_lse) <= 1e-12);
+    }
+}
+
+TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
+    // One call reads every stored element back: row (j, c) has the one-hot query e_c (scale 1) and a
+    // mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored, lse = k_j[c] as
+    // stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows of q4_0 blocks
+    // (18 bytes) start at both halves of a 32-bit word.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type t : {element_type::f16, element_type::q8_0, element_type::q4_0}) {
+        INFO(qkv::to_string(t));
+        const std::size_t B = 1, Hkv = 2, S = 5, E = 64, Ev = 32, L = S * E;
+        std::mt19937_64 rng(900);
+        std::normal_distribution<float> normal(0.0f, 3.0f);
+        std::vector<float> k(B * Hkv * S * E), v(B * Hkv * S * Ev);
+        for (float& x : k) x = normal(rng);
+        for (float& x : v) x = normal(rng);
+        qkv::vulkan::kv_cache cache(ctx,
+                                    {.batch = B, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .kv_type = t});
+        // rows 0..1, then 2..4
+        for (const auto& [from, rows] :
+             {std::pair{std::size_t{0}, std::size_t{2}}, std::pair{std::size_t{2}, std::size_t{3}}}) {
+            std::vector<float> kk, vv;
+            for (std::size_t z = 0; z < B * Hkv; ++z) {
+                kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>((z * S + from) * E),
+                          k.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * E));
+                vv.insert(vv.end(), v.begin() + static_cast<std::ptrdiff_t>((z * S + from) * Ev),
+                          v.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * Ev));
+            }
+            cache.append(kk, vv, rows);
+        }
+        std::vector<float> q(B * Hkv * L * E, 0.0f);
+        std::vector<std::uint8_t> mask(Hkv * L * S, 0);
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t j = 0; j < S; ++j)
+                for (std::size_t c = 0; c < E; ++c) {
+                    const std::size_t row = j * E + c;
+                    q[(h * L + row) * E + c] = 1.0f;
+                    mask[(h * L + row) * S + j] = 1;
+                }
+        qkv::sdpa_problem p{
+            .shape = {.batch = B, .q_heads = Hkv, .kv_heads = Hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev},
+            .q = q,
+            .mask = mask,
+            .mask_shape = {1, Hkv, L, S},
+            .options = {.scale = 1.0f, .return_lse = true}};
+        const qkv::sdpa_output got = ctx.sdpa(p, cache);
+        require_clean(ctx);
+        const std::vector<float> k_stored = qkv::round_trip(t, k), v_stored = qkv::round_trip(t, v);
+        // Bit for bit, but for the sign of a zero: a q4_0 quant of 8 with a negative scale stores
+        // -0, which the sums (lse = m + log 1, out = 0 + 1·v) turn into +0.
+        const auto same = [](float got_value, float want) {
+            return want == 0.0f ? got_value == 0.0f : std::memcmp(&got_value, &want, sizeof want) == 0;
+        };
+        std::size_t k_wrong = 0, v_wrong = 0;
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t j = 0; j < S; ++j)
+                for (std::size_t c = 0; c < E; ++c) {
+                    const std::size_t row = h * L + j * E + c;
+                    k_wrong += !same(got.lse[row], k_stored[(h * S + j) * E + c]);
+                    for (std::size_t e = 0; e < Ev; ++e)
+                        v_wrong += !same(got.output[row * Ev + e], v_stored[(h * S + j) * Ev + e]);
+                }
+        CHECK(k_wrong == 0);
+        CHECK(v_wrong == 0);
+    }
+}
+
+TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    owned o = make({.q_len = 3, .kv_len = 40, .d_qk = 40, .d_v = 40}, 1);
+    o.p.options.kv_type = element_type::q8_0;  // E = 40 is not a multiple of 32
+    CHECK_THROWS_AS(ctx.sdpa(o.p), qkv::invalid_argument);
+    o.p.options.kv_type.reset();
+    o.p.options.window_left = -2;
+    CHECK_THROWS_AS(ctx.sdpa(o.p), qkv::invalid_argument);
+    o.p.options.window_left = -1;
+    owned wide = make({.q_len = 3, .kv_len = 40, .d_qk = 608, .d_v = 64}, 2);
+    CHECK_THROWS_AS(ctx.sdpa(wide.p), qkv::vulkan::limit_exceeded);
+    // A cache of another type than options.kv_type.
+    qkv::vulkan::kv_cache cache(ctx, {.capacity = 4, .d_qk = 40, .d_v = 40});
+    std::vector<float> k(3 * 40, 0.5f), v(3 * 40, 0.25f);
+    cache.append(k, v, 3);
+    qkv::sdpa_problem q = o.p;
+    q.k = {}, q.v = {}, q.shape.kv_len = 0;
+    q.options.kv_type = element_type::f16;
+    CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::invalid_argument);
+    CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = 4, .d_qk = 40, .d_v = 64, .kv_type = element_type::q4_0}),
+                    qkv::invalid_argument);
+    require_clean(ctx);
+}
+
+TEST_CASE("sdpa features: planned calls over device tensors take the rules, refuse what they cannot return",
+          "[vulkan][sdpa][features][tensor]") {
+    // sdpa_call (qkv/vulkan/tensor.hpp): the window, softcap, ALiBi and sinks over tensors, both
+    // routes; return_lse, another kv_type and a quantized cache are refused (unavailable).
+    using qkv::causal_alignment;
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t S : {113u, 1500u}) {  // fused, decode
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = S > 1000 ? 2u : 17u,
+                     .kv_len = S,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 40,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true};
+        INFO(describe(s, path::fused_cpu));
+        owned o = make(s, 950 + S);
+        const qkv::sdpa_output_f64 want = reference(o.p);
+        qkv::sdpa_problem desc = o.p;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        qkv::vulkan::sdpa_call call(ctx, desc);
+        qkv::vulkan::tensor q(ctx, {1, s.q_heads, s.q_len, s.d_qk}), k(ctx, {1, s.kv_heads, S, s.d_qk}),
+            v(ctx, {1, s.kv_heads, S, s.d_v}), out(ctx, {1, s.q_heads, s.q_len, s.d_v});
+        q.upload(o.q), k.upload(o.k), v.upload(o.v);
+        call.run({.q = &q, .k = &k, .v = &v, .out = &out});
+        const std::vector<float> got = out.download();
+        check_close(got, want.output, s.d_v, "output");
+        require_clean(ctx);
+        qkv::sdpa_problem lse = desc;
+        lse.options.return_lse = true;
+        CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, lse), qkv::vulkan::unavailable);
+        qkv::sdpa_problem q8 = desc;
+        q8.options.kv_type = element_type::q8_0;
+        CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, q8), qkv::vulkan::unavailable);
+    }
+    {
+        // Against a cache whose size the call takes when it runs (kv_len 0 in the description):
+        // the window's params are made once, for any later size.
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1500,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .sinks = true};
+        owned o = make(s, 990);
+        const qkv::sdpa_output_f64 want = reference(o.p);
+        qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
+        qkv::sdpa_problem desc = o.p;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        desc.shape.kv_len = 0;
+        qkv::vulkan::sdpa_call call(ctx, desc, kvc);
+        kvc.append(o.k, o.v, 1500);
+        qkv::vulkan::tensor q(ctx, {1, 4, 2, 32}), out(ctx, {1, 4, 2, 32});
+        q.upload(o.q);
+        call.run({.q = &q, .out = &out});
+        check_close(out.download(), want.output, s.d_v, "output against a cache");
+        require_clean(ctx);
+    }
+    qkv::vulkan::kv_cache cache(ctx, {.capacity = 8, .d_qk = 32, .d_v = 32, .kv_type = element_type::q4_0});
+    qkv::sdpa_problem desc{.shape = {.q_len = 1, .d_qk = 32, .d_v = 32}};
+    CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, desc, cache), qkv::vulkan::unavailable);
+    CHECK_THROWS_AS((void)cache.keys(), qkv::vulkan::unavailable);
+    require_clean(ctx);
+}
+
+// ---- the grid -----------------------------------------------------------------------------------
+//
+// ggml's test-backend-ops FLASH_ATTN_EXT cases: head sizes 40, 64, 72, 80, 96, 128, 192/128, 256,
+// 320/256, 576/512; GQA ratios 1, 4, 12, 20; kv 113, 512, 1024; query rows 1, 3, 32, 75; mask,
+// sinks, ALiBi 8, softcap 10; K/V types. The full product is thousands of calls (and on lavapipe
+// each new head size, feature set and mask kind is a pipeline that LLVM compiles for seconds), so a
+// seeded sample: every head size once on the fused route and once where it decodes, the other
+// dimensions and features drawn.
+TEST_CASE("sdpa grid: sampled FLASH_ATTN_EXT cases against the float64 reference", "[vulkan][sdpa][grid]") {
+    struct head {
+        std::size_t e, ev;
+    };
+    const head heads[] = {{40, 40},   {64, 64},   {72, 72},   {80, 80},   {96, 96},
+                          {128, 128}, {192, 128}, {256, 256}, {320, 256}, {576, 512}};
+    const std::size_t ratios[] = {1, 4, 12, 20}, kvs[] = {113, 512, 1024}, rows[] = {1, 3, 32, 75};
+    std::mt19937_64 rng(20261125);
+    const auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    std::size_t i = 0;
+    for (const head& h : heads) {
+        for (const bool decode : {false, true}) {
+            spec s;
+            s.d_qk = h.e, s.d_v = h.ev;
+            s.kv_heads = 1;
+            s.q_heads = ratios[pick(4)];
+            s.kv_len = decode ? 1024 : kvs[pick(3)];
+            s.q_len = decode ? (s.q_heads <= 4 ? std::size_t{3} : std::size_t{1}) : rows[pick(4)];
+            if (!decode && s.q_len * s.q_heads * s.kv_len * (h.e + h.ev) > 40'000'000) s.q_len = 3;  // lavapipe's time
+            s.mask = pick(2) ? masks::boolean : masks::none;
+            s.causal = pick(2) != 0;
+            s.alignment = qkv::causal_alignment::bottom_right;
+            s.sinks = pick(2) != 0;
+            s.alibi = pick(3) == 0 ? 8.0f : 0.0f;
+            s.softcap = pick(3) == 0 ? 10.0f : 0.0f;
+            s.lse = true;
+            const element_type types[] = {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0};
+            s.kv_type = types[pick(h.e % 32 == 0 && h.ev % 32 == 0 ? 4 : 2)];
+            const path route = decode ? (pick(2) ? path::decode_cache : path::decode_host)
+                                      : (pick(2) ? path::fused_cpu : path::fused_gpu);
+            if (decode) REQUIRE(decode_shape(s));
+            owned o = make(s, 1000 + ++i);
+            run(qkv_test::gpu(), o, route, s);
+        }
+    }
+}
