@@ -72,6 +72,16 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 &&
         std::uint64_t{s.q_len} + s.kv_len > max_window_side + 1)
         throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be at most 2^30 on the device");
+    // An explicit position_offset (a block of a longer sequence) moves the distances: every
+    // |j - (i + off)| must stay below 2^30 too, so that the clamped sides still admit what the
+    // true ones do.
+    const auto reach = [&](std::int64_t v) { return v < 0 ? -v : v; };
+    if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 && opt.position_offset &&
+        std::max(reach(static_cast<std::int64_t>(s.kv_len) - 1 - offset),
+                 reach(static_cast<std::int64_t>(s.q_len) - 1 + offset)) > max_window_side)
+        throw limit_exceeded(
+            "sdpa: with a window or ALiBi, a position_offset must keep every distance |j - (i + off)| "
+            "below 2^30 on the device");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
     p.lse_count = opt.return_lse ? std::uint64_t{s.batch} * s.q_heads * s.q_len : 0;
     refuse_if(beyond_range("the output", p.out_count * 4, info));
