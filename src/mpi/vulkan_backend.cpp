@@ -47,15 +47,14 @@ public:
 
 private:
     static qkv::vulkan::kv_cache_shape make_shape(const shard_shape& s) {
-        if (s.type != element_type::f32 && s.type != element_type::f16)
-            throw qkv::vulkan::unavailable("a sharded cache of " + std::string(to_string(s.type)) +
-                                           " on Vulkan needs a kv_cache that stores it; this build stores f32 and f16");
+        // The cache stores the shard's type; the rows it is given are that type's values, so
+        // storing them again (quantizing on append) keeps them exactly.
         return {.batch = s.batch,
                 .kv_heads = s.kv_heads,
                 .capacity = s.capacity,
                 .d_qk = s.d_qk,
                 .d_v = s.d_v,
-                .precision = s.type == element_type::f16 ? qkv::precision::fp16 : qkv::precision::fp32};
+                .kv_type = s.type};
     }
 
     qkv::vulkan::context* ctx_;

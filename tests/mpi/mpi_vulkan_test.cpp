@@ -5,6 +5,7 @@
 #include <qkv/mpi/vulkan.hpp>
 #include <qkv/runtime/cpu.hpp>
 #include <qkv/vulkan/context.hpp>
+#include <qkv/vulkan/kv_cache.hpp>
 #include <qkv/vulkan/tensor.hpp>
 
 #include <mpi.h>
@@ -117,35 +118,43 @@ TEST_CASE("a sharded cache of Vulkan kv_caches", "[mpi][vulkan][cache]") {
     const int rank = world_rank();
     qkv::vulkan::context& gpu = qkv_test::gpu();
     qkv::mpi::vulkan_backend compute(gpu);
-    qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, compute,
-                                     {.kv_heads = 2, .rows_per_rank = 6, .d_qk = 16, .d_v = 16});
-    const std::size_t total = cache.capacity();
-    const whole_problem rows(spec{shape(4, 2, 2, total, 16, 16), {}});
-    for (std::size_t size = 0; size < total;) {
-        const std::size_t n = std::min<std::size_t>(4, total - size);
-        const qkv::mpi::sequence_slice fresh{{{size, size + n}}};
-        const std::vector<float> k = qkv::mpi::take_rows<float>(rows.k, 2, total, 16, fresh);
-        const std::vector<float> v = qkv::mpi::take_rows<float>(rows.v, 2, total, 16, fresh);
-        cache.append(rank == 0 ? std::span<const float>(k) : std::span<const float>(),
-                     rank == 0 ? std::span<const float>(v) : std::span<const float>(), n);
-        size += n;
-        const qkv::mpi::sequence_slice held{{{0, size}}};
-        const std::vector<float> kh = qkv::mpi::take_rows<float>(rows.k, 2, total, 16, held);
-        const std::vector<float> vh = qkv::mpi::take_rows<float>(rows.v, 2, total, 16, held);
-        const std::vector<float> q(rows.q.begin(), rows.q.begin() + 4 * 2 * 16);
-        qkv::sdpa_problem whole{
-            .shape = shape(4, 2, 2, size, 16, 16),
-            .q = q,
-            .k = kh,
-            .v = vh,
-            .options = {
-                .causal = true, .alignment = bottom_right, .window_left = 7, .window_right = 0, .return_lse = true}};
-        const qkv::sdpa_output reference = gpu.sdpa(whole);
-        qkv::sdpa_problem asked = whole;
-        asked.k = asked.v = {};
-        asked.shape.kv_len = 0;
-        const qkv::sdpa_output got = cache.decode(asked);
-        if (rank == 0) CHECK(nmse(got.output, reference.output) <= 1e-9);
+    for (const qkv::element_type type : {qkv::element_type::f32, qkv::element_type::q8_0}) {
+        INFO("type " << qkv::to_string(type));
+        qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, compute,
+                                         {.kv_heads = 2, .rows_per_rank = 6, .d_qk = 32, .d_v = 32, .type = type});
+        const std::size_t total = cache.capacity();
+        const whole_problem rows(spec{shape(4, 2, 2, total, 32, 32), {}});
+        const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+        for (std::size_t size = 0; size < total;) {
+            const std::size_t n = std::min<std::size_t>(4, total - size);
+            const qkv::mpi::sequence_slice fresh{{{size, size + n}}};
+            const std::vector<float> k = qkv::mpi::take_rows<float>(rows.k, 2, total, 32, fresh);
+            const std::vector<float> v = qkv::mpi::take_rows<float>(rows.v, 2, total, 32, fresh);
+            cache.append(rank == 0 ? std::span<const float>(k) : std::span<const float>(),
+                         rank == 0 ? std::span<const float>(v) : std::span<const float>(), n);
+            size += n;
+            // The reference: one Vulkan kv_cache holding every row appended so far.
+            qkv::vulkan::kv_cache one(gpu, {.kv_heads = 2, .capacity = total, .d_qk = 32, .d_v = 32, .kv_type = type});
+            const qkv::mpi::sequence_slice held{{{0, size}}};
+            one.append(qkv::mpi::take_rows<float>(rows.k, 2, total, 32, held),
+                       qkv::mpi::take_rows<float>(rows.v, 2, total, 32, held), size);
+            const std::vector<float> q(rows.q.begin(), rows.q.begin() + 4 * 2 * 32);
+            const qkv::sdpa_problem asked{.shape = shape(4, 2, 2, 0, 32, 32),
+                                          .q = q,
+                                          .options = {.causal = true,
+                                                      .alignment = bottom_right,
+                                                      .window_left = 7,
+                                                      .window_right = 0,
+                                                      .alibi_max_bias = 8,
+                                                      .return_lse = true},
+                                          .sinks = sinks};
+            const qkv::sdpa_output reference = gpu.sdpa(asked, one);
+            const qkv::sdpa_output got = cache.decode(asked);
+            if (rank == 0) {
+                CHECK(nmse(got.output, reference.output) <= 1e-9);
+                check_lse(got.lse, reference.lse, 1e-4);
+            }
+        }
     }
     qkv_test::require_clean(gpu);
 }
