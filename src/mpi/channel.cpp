@@ -261,6 +261,7 @@ std::size_t channel::post_send(shared_bytes data, int peer, int tag, std::string
         t.requests.push_back(r);
     }
     sent_ += t.data->size();
+    t.posted = clock::now();
     transfers_.push_back(std::move(t));
     return transfers_.size() - 1;
 }
@@ -273,6 +274,7 @@ std::size_t channel::post_recv(shared_bytes data, int peer, int tag, std::string
         check_mpi(MPI_Irecv(t.data->data() + at, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
         t.requests.push_back(r);
     }
+    t.posted = clock::now();
     transfers_.push_back(std::move(t));
     return transfers_.size() - 1;
 }
@@ -289,11 +291,41 @@ void channel::poll(std::span<const std::size_t> which, bool& all_done) {
                   "MPI_Testall");
         if (flag) {
             t.finished = true;
+            t.done = clock::now();
             if (!t.send) received_ += t.data->size();
         } else {
             all_done = false;
         }
     }
+}
+
+void channel::poll_others() {
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+        if (transfers_[i].finished) continue;
+        bool done = false;
+        const std::size_t one[] = {i};
+        poll(one, done);
+    }
+}
+
+double channel::comm_ms() const {
+    std::vector<std::pair<clock::time_point, clock::time_point>> spans;
+    for (const transfer& t : transfers_)
+        if (!t.requests.empty() && t.done > t.posted) spans.emplace_back(t.posted, t.done);
+    std::sort(spans.begin(), spans.end());
+    double total = 0;
+    clock::time_point start{}, end{};
+    bool open = false;
+    for (const auto& [a, b] : spans) {
+        if (open && a <= end) {
+            end = std::max(end, b);
+            continue;
+        }
+        if (open) total += ms_between(start, end);
+        start = a, end = b, open = true;
+    }
+    if (open) total += ms_between(start, end);
+    return total;
 }
 
 void channel::check_notices() {
@@ -338,38 +370,34 @@ void channel::time_out(std::span<const std::size_t> which, const std::string& du
                             " (QKV_MPI_TIMEOUT or comm_options::timeout sets the limit)");
 }
 
-void channel::wait(std::span<const std::size_t> which, const std::function<void()>& work, step_times* times) {
+void channel::wait(std::span<const std::size_t> which, const std::function<void()>& work) {
     const auto start = clock::now();
     std::future<void> running;
     if (work) running = std::async(std::launch::async, work);
     bool busy = running.valid(), all_done = false;
-    auto work_end = start, comm_end = start;
     auto deadline = busy ? clock::time_point::max() : start + options_.timeout;
+    auto idle_since = start;
     for (;;) {
-        if (!all_done) {
-            poll(which, all_done);
-            if (all_done) comm_end = clock::now();
-        }
+        if (!all_done) poll(which, all_done);
+        poll_others();
+        const auto now = clock::now();
         if (busy && running.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
             busy = false;
-            work_end = clock::now();
-            deadline = work_end + options_.timeout;
+            compute_ms_ += ms_between(start, now);
+            idle_since = now;
+            deadline = now + options_.timeout;
             running.get();  // the work's exception, if it failed
         }
-        if (!busy && all_done) break;
+        if (!busy && all_done) {
+            exposed_ms_ += ms_between(idle_since, now);
+            break;
+        }
         check_notices();
-        if (!busy && clock::now() > deadline) time_out(which, work ? "after computing its part" : "communicating");
+        if (!busy && now > deadline) time_out(which, work ? "after computing its part" : "communicating");
         if (busy)
             running.wait_for(poll_interval);
         else
             std::this_thread::sleep_for(poll_interval);
-    }
-    if (times) {
-        times->compute_ms = work ? ms_between(start, work_end) : 0;
-        bool any = false;
-        for (const std::size_t i : which) any = any || !transfers_.at(i).requests.empty();
-        times->comm_ms = any ? ms_between(start, comm_end) : 0;
-        times->exposed_ms = any && comm_end > work_end ? ms_between(std::max(start, work_end), comm_end) : 0;
     }
 }
 

@@ -46,13 +46,6 @@ private:
     std::uint64_t h_ = 1469598103934665603ull;
 };
 
-/// Timing of one step: what wait() observed.
-struct step_times {
-    double compute_ms = 0;  ///< the work's own duration
-    double comm_ms = 0;     ///< from the first post of the step to its transfers' completion
-    double exposed_ms = 0;  ///< of it, after the work had finished
-};
-
 /// Thrown inside a call when another rank's failure notice arrives: this rank stops and agrees.
 class peer_failed : public std::exception {
 public:
@@ -81,10 +74,11 @@ public:
     std::size_t post_recv(shared_bytes data, int peer, int tag, std::string what);
     [[nodiscard]] bool done(std::size_t transfer) const;
 
-    /// Polls until the transfers `which` are done. `work`, when given, runs on a worker thread
-    /// meanwhile (it must not call MPI); no deadline runs while it does. Throws the work's
-    /// exception, qkv::mpi::timeout, or peer_failed when another rank's failure notice arrives.
-    void wait(std::span<const std::size_t> which, const std::function<void()>& work = {}, step_times* times = nullptr);
+    /// Polls until the transfers `which` are done (and notes the completion of every other one
+    /// in flight). `work`, when given, runs on a worker thread meanwhile (it must not call MPI); no
+    /// deadline runs while it does. Throws the work's exception, qkv::mpi::timeout, or
+    /// peer_failed when another rank's failure notice arrives.
+    void wait(std::span<const std::size_t> which, const std::function<void()>& work = {});
 
     /// The agreement that ends a stage: every rank passes its failure (null: none) and the
     /// fingerprint of what it was asked to do; returns when every rank succeeded with the same
@@ -95,6 +89,12 @@ public:
 
     /// Time spent in agree() so far.
     [[nodiscard]] double agreement_ms() const { return agreement_ms_; }
+    /// What wait() observed so far: the work's time; the time some transfer was in flight (the
+    /// union of each transfer's post-to-completion interval, completions seen by polling every
+    /// 0.1 ms); and of it, the time spent waiting with no work left (exposed communication).
+    [[nodiscard]] double compute_ms() const { return compute_ms_; }
+    [[nodiscard]] double comm_ms() const;
+    [[nodiscard]] double exposed_ms() const { return exposed_ms_; }
     [[nodiscard]] std::uint64_t bytes_sent() const { return sent_; }
     [[nodiscard]] std::uint64_t bytes_received() const { return received_; }
 
@@ -106,8 +106,10 @@ private:
         bool send = false;
         bool finished = false;
         std::string what;
+        clock::time_point posted{}, done{};
     };
     void poll(std::span<const std::size_t> which, bool& all_done);
+    void poll_others();
     void check_notices();
     void notify(const std::exception_ptr& failure);
     void abandon_pending();
@@ -127,7 +129,7 @@ private:
     /// The failure notices this rank has received, by sender (a record, see channel.cpp).
     std::map<int, std::vector<std::byte>> notices_;
     std::vector<std::pair<MPI_Request, shared_bytes>> notice_sends_;
-    double agreement_ms_ = 0;
+    double agreement_ms_ = 0, compute_ms_ = 0, exposed_ms_ = 0;
     std::uint64_t sent_ = 0, received_ = 0;
 };
 

@@ -399,19 +399,12 @@ sdpa_output sharded_kv_cache::decode(const sdpa_problem& queries) {
             }
             const std::span<const float> q = m.rank == m.root ? queries.q : std::span<const float>(q_rows);
             mine.emplace_back(w, s.q_len);
-            detail::step_times times;
-            ch.wait(
-                transfers,
-                [&] {
-                    const detail::block_problem b(w, all_queries, q, k, {}, {});
-                    mine[0].merge(m.shard->partial(b.problem()));
-                    ++stats.blocks_computed;
-                },
-                &times);
+            ch.wait(transfers, [&] {
+                const detail::block_problem b(w, all_queries, q, k, {}, {});
+                mine[0].merge(m.shard->partial(b.problem()));
+                ++stats.blocks_computed;
+            });
             transfers.clear();
-            stats.compute_ms += times.compute_ms;
-            stats.comm_ms += times.comm_ms;
-            stats.exposed_ms += times.exposed_ms;
             ++stats.steps;
             if (m.rank != m.root)
                 transfers.push_back(ch.post_send(detail::to_bytes(mine[0].out(), mine[0].lse()), m.root, tag_partial,
@@ -420,10 +413,7 @@ sdpa_output sharded_kv_cache::decode(const sdpa_problem& queries) {
         for (int r = 0; r < m.ranks; ++r)
             if (partial_from[static_cast<std::size_t>(r)] != SIZE_MAX)
                 transfers.push_back(partial_from[static_cast<std::size_t>(r)]);
-        detail::step_times times;
-        ch.wait(transfers, {}, &times);
-        stats.comm_ms += times.comm_ms;
-        stats.exposed_ms += times.exposed_ms;
+        ch.wait(transfers);
 
         // 4. Root merges in rank order and applies the sinks once.
         if (m.rank == m.root) {
@@ -450,6 +440,9 @@ sdpa_output sharded_kv_cache::decode(const sdpa_problem& queries) {
     }
     ch.agree(failure, fp.value(), "decoding");
     stats.agreement_ms = ch.agreement_ms();
+    stats.compute_ms = ch.compute_ms();
+    stats.comm_ms = ch.comm_ms();
+    stats.exposed_ms = ch.exposed_ms();
     stats.bytes_sent = ch.bytes_sent();
     stats.bytes_received = ch.bytes_received();
     stats.total_ms = detail::ms_between(start, detail::clock::now());

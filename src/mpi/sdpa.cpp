@@ -98,12 +98,6 @@ bool sees(const plan& pl, int block, int rank) {
     return pl.sees[static_cast<std::size_t>(block)][static_cast<std::size_t>(rank)] != 0;
 }
 
-void add(cp_stats& s, const detail::step_times& t) {
-    s.compute_ms += t.compute_ms;
-    s.comm_ms += t.comm_ms;
-    s.exposed_ms += t.exposed_ms;
-}
-
 /// The partials of every query range of `q_rows` (ranges of `queries`) against the key ranges of
 /// `kv`, each merged (in range order) into `into` (one per query range). Counts the blocks.
 void compute_block(backend& compute, const whole& w, const sequence_slice& queries,
@@ -183,9 +177,7 @@ void run_ring(channel& ch, backend& compute, const plan& pl, cp_output& out) {
                 compute_block(compute, pl.w, mine, pl.my_q, kv, rows, out.stats);
             };
         if (!transfers.empty() || work) {
-            detail::step_times times;
-            ch.wait(transfers, work, &times);
-            add(out.stats, times);
+            ch.wait(transfers, work);
             ++out.stats.steps;
         }
         current = received;
@@ -265,9 +257,7 @@ void run_allgather(channel& ch, backend& compute, const plan& pl, cp_output& out
         if (!sees(pl, me, p)) continue;
         std::vector<std::size_t> wait_for;
         if (p != me) wait_for.push_back(q_from[static_cast<std::size_t>(p)]);
-        detail::step_times arrival;
-        ch.wait(wait_for, {}, &arrival);  // nothing to compute meanwhile: exposed
-        add(out.stats, arrival);
+        ch.wait(wait_for);  // nothing to compute meanwhile: exposed
         const sequence_slice& queries = slice(pl.q_slices, p);
         std::vector<std::vector<float>> q_rows;
         if (p == me) {
@@ -282,10 +272,7 @@ void run_allgather(channel& ch, backend& compute, const plan& pl, cp_output& out
             }
         }
         std::vector<merged_rows> rows = empty_rows(w, queries);
-        detail::step_times times;
-        ch.wait(
-            {}, [&] { compute_block(compute, w, queries, q_rows, my_kv, rows, out.stats); }, &times);
-        add(out.stats, times);
+        ch.wait({}, [&] { compute_block(compute, w, queries, q_rows, my_kv, rows, out.stats); });
         ++out.stats.steps;
         if (p == me)
             mine_here = std::move(rows);
@@ -298,9 +285,7 @@ void run_allgather(channel& ch, backend& compute, const plan& pl, cp_output& out
         if (partial_from[static_cast<std::size_t>(p)] != SIZE_MAX)
             last.push_back(partial_from[static_cast<std::size_t>(p)]);
     last.insert(last.end(), sends.begin(), sends.end());
-    detail::step_times times;
-    ch.wait(last, {}, &times);
-    add(out.stats, times);
+    ch.wait(last);
     const sequence_slice& mine = slice(pl.q_slices, me);
     std::vector<merged_rows> rows = empty_rows(w, mine);
     for (int p = 0; p < R; ++p) {
@@ -358,6 +343,9 @@ cp_output sdpa(MPI_Comm comm, backend& compute, const cp_problem& problem, const
     }
     ch.agree(failure, fp.value(), "computing");
     out.stats.agreement_ms = ch.agreement_ms();
+    out.stats.compute_ms = ch.compute_ms();
+    out.stats.comm_ms = ch.comm_ms();
+    out.stats.exposed_ms = ch.exposed_ms();
     out.stats.bytes_sent = ch.bytes_sent();
     out.stats.bytes_received = ch.bytes_received();
     out.stats.total_ms = detail::ms_between(start, detail::clock::now());
