@@ -308,24 +308,51 @@ void channel::poll_others() {
     }
 }
 
-double channel::comm_ms() const {
-    std::vector<std::pair<clock::time_point, clock::time_point>> spans;
-    for (const transfer& t : transfers_)
-        if (!t.requests.empty() && t.done > t.posted) spans.emplace_back(t.posted, t.done);
+namespace {
+
+using span_list = std::vector<std::pair<clock::time_point, clock::time_point>>;
+
+/// The union of `spans`, as disjoint sorted intervals.
+span_list merged(span_list spans) {
     std::sort(spans.begin(), spans.end());
-    double total = 0;
-    clock::time_point start{}, end{};
-    bool open = false;
-    for (const auto& [a, b] : spans) {
-        if (open && a <= end) {
-            end = std::max(end, b);
-            continue;
-        }
-        if (open) total += ms_between(start, end);
-        start = a, end = b, open = true;
+    span_list out;
+    for (const auto& s : spans) {
+        if (!out.empty() && s.first <= out.back().second)
+            out.back().second = std::max(out.back().second, s.second);
+        else
+            out.push_back(s);
     }
-    if (open) total += ms_between(start, end);
+    return out;
+}
+
+double length_ms(const span_list& spans) {
+    double total = 0;
+    for (const auto& [a, b] : spans) total += ms_between(a, b);
     return total;
+}
+
+}  // namespace
+
+double channel::comm_ms() const {
+    span_list in_flight;
+    for (const transfer& t : transfers_)
+        if (!t.requests.empty() && t.done > t.posted) in_flight.emplace_back(t.posted, t.done);
+    return length_ms(merged(std::move(in_flight)));
+}
+
+double channel::exposed_ms() const {
+    // The in-flight time not covered by work.
+    span_list in_flight;
+    for (const transfer& t : transfers_)
+        if (!t.requests.empty() && t.done > t.posted) in_flight.emplace_back(t.posted, t.done);
+    const span_list comm = merged(std::move(in_flight)), work = merged(work_spans_);
+    double covered = 0;
+    for (const auto& [a, b] : comm)
+        for (const auto& [c, d] : work) {
+            const auto from = std::max(a, c), to = std::min(b, d);
+            if (from < to) covered += ms_between(from, to);
+        }
+    return length_ms(comm) - covered;
 }
 
 void channel::check_notices() {
@@ -376,7 +403,6 @@ void channel::wait(std::span<const std::size_t> which, const std::function<void(
     if (work) running = std::async(std::launch::async, work);
     bool busy = running.valid(), all_done = false;
     auto deadline = busy ? clock::time_point::max() : start + options_.timeout;
-    auto idle_since = start;
     for (;;) {
         if (!all_done) poll(which, all_done);
         poll_others();
@@ -384,14 +410,11 @@ void channel::wait(std::span<const std::size_t> which, const std::function<void(
         if (busy && running.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
             busy = false;
             compute_ms_ += ms_between(start, now);
-            idle_since = now;
+            work_spans_.emplace_back(start, now);
             deadline = now + options_.timeout;
             running.get();  // the work's exception, if it failed
         }
-        if (!busy && all_done) {
-            exposed_ms_ += ms_between(idle_since, now);
-            break;
-        }
+        if (!busy && all_done) break;
         check_notices();
         if (!busy && now > deadline) time_out(which, work ? "after computing its part" : "communicating");
         if (busy)

@@ -91,10 +91,10 @@ public:
     [[nodiscard]] double agreement_ms() const { return agreement_ms_; }
     /// What wait() observed so far: the work's time; the time some transfer was in flight (the
     /// union of each transfer's post-to-completion interval, completions seen by polling every
-    /// 0.1 ms); and of it, the time spent waiting with no work left (exposed communication).
+    /// 0.1 ms); and of it, the time no work ran (exposed communication).
     [[nodiscard]] double compute_ms() const { return compute_ms_; }
     [[nodiscard]] double comm_ms() const;
-    [[nodiscard]] double exposed_ms() const { return exposed_ms_; }
+    [[nodiscard]] double exposed_ms() const;
     [[nodiscard]] std::uint64_t bytes_sent() const { return sent_; }
     [[nodiscard]] std::uint64_t bytes_received() const { return received_; }
 
@@ -129,7 +129,8 @@ private:
     /// The failure notices this rank has received, by sender (a record, see channel.cpp).
     std::map<int, std::vector<std::byte>> notices_;
     std::vector<std::pair<MPI_Request, shared_bytes>> notice_sends_;
-    double agreement_ms_ = 0, compute_ms_ = 0, exposed_ms_ = 0;
+    double agreement_ms_ = 0, compute_ms_ = 0;
+    std::vector<std::pair<clock::time_point, clock::time_point>> work_spans_;  ///< when work ran
     std::uint64_t sent_ = 0, received_ = 0;
 };
 
