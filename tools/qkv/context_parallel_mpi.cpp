@@ -89,17 +89,24 @@ int world_size() {
     return n;
 }
 
-/// Runs `step` on every rank; an agreed failure (every rank throws the same) is printed by rank 0
-/// only: the other ranks silence stderr before it leaves, keeping their exit status. A timeout is
-/// each rank's own and printed by each.
+/// Runs `step` on every rank. An agreed failure (every rank throws the same) is printed by rank 0
+/// alone, before any rank leaves (mpirun ends the job when the first rank exits with an error,
+/// which could cut rank 0 short): rank 0 prints, every rank silences its stderr for main()'s
+/// report, they meet once more, and then all rethrow, keeping main()'s exit status. A timeout is
+/// each rank's own and printed by each (the others may be gone).
 template <class Step>
 auto agreed(Step&& step) {
     try {
         return step();
     } catch (const qkv::mpi::timeout&) {
         throw;
-    } catch (...) {
-        if (world_rank() != 0) std::cerr.setstate(std::ios::badbit);
+    } catch (const std::exception& e) {
+        if (world_rank() == 0) std::cerr << "qkv: " << e.what() << std::endl;
+        std::cerr.setstate(std::ios::badbit);
+        try {
+            qkv::mpi::agree(MPI_COMM_WORLD, nullptr, {.timeout = std::chrono::seconds(10)});
+        } catch (...) {  // the failure above is what is reported
+        }
         throw;
     }
 }
