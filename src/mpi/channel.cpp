@@ -223,7 +223,7 @@ channel::channel(MPI_Comm user, const comm_options& options, std::string operati
     check_mpi(MPI_Comm_size(user, &size_), "MPI_Comm_size");
     MPI_Request dup = MPI_REQUEST_NULL;
     check_mpi(MPI_Comm_idup(user, &comm_, &dup), "MPI_Comm_idup");
-    const auto deadline = clock::now() + options_.timeout;
+    const auto start = clock::now(), deadline = start + options_.timeout;
     for (;;) {
         int flag = 0;
         check_mpi(MPI_Test(&dup, &flag, MPI_STATUS_IGNORE), "MPI_Test");
@@ -235,6 +235,7 @@ channel::channel(MPI_Comm user, const comm_options& options, std::string operati
                                     "same collective calls in the same order)");
         std::this_thread::sleep_for(poll_interval);
     }
+    agreement_ms_ += ms_between(start, clock::now());  // every rank arriving: a synchronisation too
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
 }
 

@@ -87,7 +87,7 @@ public:
     /// has not told the others yet, it does first (so that they stop waiting on it).
     void agree(std::exception_ptr local, std::uint64_t fingerprint, const std::string& stage);
 
-    /// Time spent in agree() so far.
+    /// Time spent making the duplicate and in agree() so far (waiting for every rank to arrive).
     [[nodiscard]] double agreement_ms() const { return agreement_ms_; }
     /// What wait() observed so far: the work's time; the time some transfer was in flight (the
     /// union of each transfer's post-to-completion interval, completions seen by polling every
