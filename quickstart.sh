@@ -32,7 +32,7 @@ cpu_now() {
 
 # ---- system packages ------------------------------------------------------------------------
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers
-                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev)
+                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
 TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14 python3)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.

@@ -563,7 +563,7 @@ TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never caus
         expect_invalid(o, {"causal_mode::none", "top_left or bottom_right", "causal = false"});
     }
     qkv::sdpa_shape s{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 7, .d_qk = 1, .d_v = 1};
-    CHECK(qkv::causal_offset(s, qkv::causal_mode::none) == 0);
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_mode::none}) == 0);
 }
 
 TEST_CASE("validate(sdpa): size products must not overflow", "[cpu][sdpa][validate]") {
@@ -596,10 +596,13 @@ TEST_CASE("broadcast_strides: NumPy broadcasting to (B, Hq, L, S)", "[cpu][sdpa]
 TEST_CASE("default_scale and causal_offset for sdpa shapes", "[cpu][sdpa]") {
     qkv::sdpa_shape s{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 300, .d_qk = 64, .d_v = 8};
     CHECK(qkv::default_scale(s) == 0.125f);
-    CHECK(qkv::causal_offset(s, qkv::causal_alignment::top_left) == 0);
-    CHECK(qkv::causal_offset(s, qkv::causal_alignment::bottom_right) == 297);
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_alignment::top_left}) == 0);
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_alignment::bottom_right}) == 297);
+    // An explicit position_offset wins over either alignment.
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_alignment::bottom_right, .position_offset = -5}) == -5);
+    CHECK(qkv::causal_offset(s, {.position_offset = 1000}) == 1000);
     s.q_len = 37, s.kv_len = 1;
-    CHECK(qkv::causal_offset(s, qkv::causal_alignment::bottom_right) == -36);
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_alignment::bottom_right}) == -36);
     s.d_qk = 0;
     CHECK_THROWS_AS(qkv::default_scale(s), qkv::invalid_argument);
 }

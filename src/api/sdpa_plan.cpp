@@ -55,7 +55,7 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     refuse_if(beyond_u32("the softmax statistics", 2 * std::uint64_t{s.batch} * s.q_heads * s.q_len, info.name));
     if (s.q_len > 0x7fffffffu || s.kv_len > 0x7fffffffu)
         throw limit_exceeded("sdpa: q_len and kv_len must be below 2^31 on the device");
-    const std::ptrdiff_t offset = causal_offset(s, opt.alignment);
+    const std::ptrdiff_t offset = causal_offset(s, opt);
     if (offset > std::numeric_limits<std::int32_t>::max() || offset < std::numeric_limits<std::int32_t>::min())
         throw limit_exceeded("sdpa: the causal offset kv_len - q_len does not fit 32 bits");
     // One convention on every route (README, "fp16"): precision fp16 stores Q as float16, and K and
@@ -72,6 +72,16 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 &&
         std::uint64_t{s.q_len} + s.kv_len > max_window_side + 1)
         throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be at most 2^30 on the device");
+    // An explicit position_offset (a block of a longer sequence) moves the distances: every
+    // |j - (i + off)| must stay below 2^30 too, so that the clamped sides still admit what the
+    // true ones do.
+    const auto reach = [&](std::int64_t v) { return v < 0 ? -v : v; };
+    if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 && opt.position_offset &&
+        std::max(reach(static_cast<std::int64_t>(s.kv_len) - 1 - offset),
+                 reach(static_cast<std::int64_t>(s.q_len) - 1 + offset)) > max_window_side)
+        throw limit_exceeded(
+            "sdpa: with a window or ALiBi, a position_offset must keep every distance |j - (i + off)| "
+            "below 2^30 on the device");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
     p.lse_count = opt.return_lse ? std::uint64_t{s.batch} * s.q_heads * s.q_len : 0;
     refuse_if(beyond_range("the output", p.out_count * 4, info));
@@ -148,7 +158,7 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     }
     l.mask = !problem.mask.empty(), l.additive = !problem.additive_mask.empty();
     l.causal = problem.options.causal;
-    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options.alignment));
+    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options));
     l.scale = p.scale;
     l.fp16 = binding_f16;
     l.features = p.features;

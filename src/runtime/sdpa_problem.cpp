@@ -136,6 +136,9 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
          {std::pair{"window_left", opt.window_left}, std::pair{"window_right", opt.window_right}})
         if (side < -1)
             fail(std::string(name) + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(side) + ")");
+    if (opt.position_offset &&
+        (*opt.position_offset > (std::int64_t{1} << 62) || *opt.position_offset < -(std::int64_t{1} << 62)))
+        fail("position_offset must be within +-2^62 (it is " + std::to_string(*opt.position_offset) + ")");
     if (!(std::isfinite(opt.softcap) && opt.softcap >= 0))
         fail("softcap must be finite and at least 0 (0 = off; it is " + number(opt.softcap) + ")");
     if (!(std::isfinite(opt.alibi_max_bias) && opt.alibi_max_bias >= 0))

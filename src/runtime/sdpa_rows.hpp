@@ -66,7 +66,7 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
     const std::size_t S = r.shape.kv_len, E = r.shape.d_qk, Ev = r.shape.d_v;
     const key_range keys = visible_keys(r.shape, r.options, i);  // causal and window
     const std::size_t first = keys.first, end = keys.end;
-    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(r.shape, r.options.alignment);
+    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(r.shape, r.options);
     // Locals, so that the compiler need not reload them after every store (a byte store may alias
     // anything).
     const double scale = r.scale, softcap = r.softcap, slope = r.slope;

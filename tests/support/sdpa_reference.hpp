@@ -28,7 +28,7 @@ inline sdpa_ref_result sdpa_reference(const qkv::sdpa_problem& p, std::span<cons
     const double scale = p.options.scale ? *p.options.scale : 1.0 / std::sqrt(static_cast<double>(s.d_qk));
     const bool any_mask = !p.mask.empty() || !p.additive_mask.empty();
     const qkv::mask_strides ms = any_mask ? qkv::broadcast_strides(p.mask_shape, s) : qkv::mask_strides{};
-    const std::ptrdiff_t offset = qkv::causal_offset(s, p.options.alignment);
+    const std::ptrdiff_t offset = qkv::causal_offset(s, p.options);
     const std::size_t group = s.q_heads / s.kv_heads;
     sdpa_ref_result r;
     r.output.assign(s.batch * s.q_heads * s.q_len * s.d_v, 0.0);

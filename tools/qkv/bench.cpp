@@ -30,6 +30,7 @@
 
 #include "bench.hpp"
 #include "commands.hpp"
+#include "context_parallel.hpp"
 #include "errors.hpp"
 #include "feature_args.hpp"
 #include "flag_args.hpp"
@@ -364,6 +365,35 @@ void run(bench_options o) {
     }
 }
 
+/// `qkv bench --context-parallel`: one configuration, the first value of each list.
+context_parallel_bench context_parallel_config(bench_options o) {
+    parse_sizes(o);
+    for (const auto& [flag, count] :
+         {std::pair{"--batch", o.batch.size()}, std::pair{"--heads", o.heads.size()}, std::pair{"--seq", o.seq.size()},
+          std::pair{"--dim", o.dim.size()}, std::pair{"--kv-seq", o.kv_seq.size()},
+          std::pair{"--kv-heads", o.kv_heads.size()}, std::pair{"--causal", o.causal.size()}})
+        if (count > 1)
+            throw usage_error(std::string(flag) + ": --context-parallel times one configuration; give one value");
+    if (o.decode || o.layers || !o.precision.empty() || !o.impl.empty() || !o.split.empty())
+        throw usage_error(
+            "--context-parallel times sdpa over host q, k, v (fp32, the fused kernels): --decode, --layers, "
+            "--precision, --impl and --split do not apply");
+    context_parallel_bench b;
+    if (!o.batch.empty()) b.batch = o.batch[0];
+    if (!o.heads.empty()) b.heads = b.kv_heads = o.heads[0];
+    if (!o.kv_heads.empty()) b.kv_heads = o.kv_heads[0];
+    if (!o.seq.empty()) b.seq = o.seq[0];
+    if (!o.kv_seq.empty()) b.kv_seq = o.kv_seq[0];
+    if (!o.dim.empty()) b.dim = o.dim[0];
+    if (!o.causal.empty()) b.causal = o.causal[0] == "yes";
+    b.device = o.device;
+    b.json_file = o.json_file;
+    if (o.repeat > 0) b.repeat = o.repeat;
+    if (o.warmup >= 0) b.warmup = o.warmup;
+    b.seed = o.seed;
+    return b;
+}
+
 }  // namespace
 }  // namespace bench
 
@@ -442,9 +472,14 @@ void add_bench(CLI::App& app) {
     cmd->add_option("--json", o->json_file, "Also write every number to FILE as JSON")->type_name("FILE");
     cmd->add_flag("--no-ceiling", o->skip_ceiling, "Skip measuring the device's FMA and copy ceiling");
     cmd->add_option("--seed", o->seed, "Seed of the random inputs");
-    cmd->callback([o, cmd] {
+    auto parallel = std::make_shared<context_parallel_flags>();
+    add_context_parallel_flags(*cmd, *parallel);
+    cmd->callback([o, cmd, parallel] {
         refuse_empty_file_names(*cmd);  // --json "" is not "no JSON"
-        run(*o);
+        if (parallel->requested())
+            run_bench_context_parallel(*parallel, context_parallel_config(*o));
+        else
+            run(*o);
     });
 }
 

@@ -14,6 +14,7 @@
 #include "backend.hpp"
 #include "choice_option.hpp"
 #include "commands.hpp"
+#include "context_parallel.hpp"
 #include "errors.hpp"
 #include "feature_args.hpp"
 #include "flag_args.hpp"
@@ -44,6 +45,7 @@ struct sdpa_command_options {
     const CLI::Option* softcap_option = nullptr;
     const CLI::Option* alibi_option = nullptr;
     const CLI::Option* kv_type_option = nullptr;
+    context_parallel_flags parallel;
 };
 
 /// The options beyond PyTorch's SDPA, parsed (each bad value a usage_error naming its flag).
@@ -79,7 +81,15 @@ qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::stri
     return ctx->sdpa(problem);
 }
 
-void run(const sdpa_command_options& o) {
+/// What every run does first: the flags checked, the options built, the inputs read and validated
+/// (float64 kept only where the cpu backend computes a single-process run in float64).
+struct prepared {
+    qkv::sdpa_options options;
+    sdpa_inputs in;
+    bool float64 = false;
+};
+
+prepared prepare(const sdpa_command_options& o) {
     // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
     if (o.align_option->count() > 0 && !o.causal && o.window_option->count() == 0 && o.alibi_option->count() == 0)
         throw usage_error(
@@ -99,20 +109,40 @@ void run(const sdpa_command_options& o) {
     const std::vector<named_file> inputs = {
         {"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}, {"--sinks", f.sinks}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
-    sdpa_inputs in = load_sdpa_inputs(f);
-    check_kv_type(options, in.shape);
+    prepared p{.options = options, .in = load_sdpa_inputs(f)};
+    check_kv_type(options, p.in.shape);
 
     // The CPU backend computes float64 inputs in float64 and writes float64; otherwise
-    // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range).
-    const bool float64 = o.choice == backend::cpu && in.any_float64();
-    if (float64) {
-        in.to_float64();
-        qkv::validate(in.problem_f64(options));  // anything the checks above missed: exit 2
+    // everything is float32 (float64 inputs narrowed, refused when beyond the float32 range), as
+    // in every context-parallel run.
+    p.float64 = o.choice == backend::cpu && p.in.any_float64() && !o.parallel.requested();
+    if (p.float64) {
+        p.in.to_float64();
+        qkv::validate(p.in.problem_f64(options));  // anything the checks above missed: exit 2
     } else {
-        in.to_float32();
-        qkv::validate(in.problem(options));
+        p.in.to_float32();
+        qkv::validate(p.in.problem(options));
     }
+    return p;
+}
 
+void run(const sdpa_command_options& o) {
+    if (o.parallel.requested()) {
+        run_sdpa_context_parallel(o.parallel, [&] {
+            prepared p = prepare(o);
+            return context_parallel_job{.inputs = std::move(p.in),
+                                        .options = p.options,
+                                        .choice = o.choice,
+                                        .device = o.device,
+                                        .out = o.out,
+                                        .lse = o.lse};
+        });
+        return;
+    }
+    prepared p = prepare(o);
+    const qkv::sdpa_options& options = p.options;
+    sdpa_inputs& in = p.in;
+    const bool float64 = p.float64;
     output_set files;
     files.reserve({o.out, o.weights, o.lse});  // an output that cannot be created fails before the work
     if (float64) {
@@ -239,6 +269,7 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
                    "else the best device")
         ->type_name("INDEX|NAME")
         ->group(running);
+    add_context_parallel_flags(cmd, o.parallel);
 }
 
 }  // namespace

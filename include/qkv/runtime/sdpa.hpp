@@ -106,6 +106,12 @@ struct sdpa_options {
     /// stored_kv_type. The CPU backend, which ignores `precision`, computes from K and V as the
     /// device would store them when kv_type is set (round_trip through that type).
     std::optional<element_type> kv_type{};
+    /// off given explicitly: query i sits at key position i + position_offset, for the causal
+    /// rule, the window and ALiBi's distances, in place of the alignment's 0 or kv_len - q_len.
+    /// For a block of a longer sequence (queries from position qa, keys from ka, of a whole whose
+    /// off is o: position_offset = qa + o - ka), as context parallelism (qkv::mpi) computes its
+    /// blocks. |position_offset| <= 2^62. Unset: the alignment's.
+    std::optional<std::int64_t> position_offset{};
 };
 
 /// The element type K and V are stored in on the device: options.kv_type, or f16 for
@@ -182,11 +188,14 @@ struct mask_strides {
 [[nodiscard]] QKV_RUNTIME_API mask_strides broadcast_strides(const std::vector<std::size_t>& mask_shape,
                                                              const sdpa_shape& shape);
 
-/// The causal offset: key j is visible from query i when j <= i + offset (may be negative):
-/// kv_len - q_len for bottom_right, 0 otherwise.
-[[nodiscard]] constexpr std::ptrdiff_t causal_offset(const sdpa_shape& shape, causal_alignment alignment) {
-    return alignment == causal_alignment::bottom_right
-               ? static_cast<std::ptrdiff_t>(shape.kv_len) - static_cast<std::ptrdiff_t>(shape.q_len)
+/// off, where query i sits among the keys (key position i + off; may be negative): the causal
+/// rule keeps j <= i + off, the window and ALiBi measure from i + off. options.position_offset
+/// when set; else kv_len - q_len for alignment bottom_right, 0 otherwise. The one place off is
+/// computed: every backend takes it from here.
+[[nodiscard]] constexpr std::int64_t causal_offset(const sdpa_shape& shape, const sdpa_options& options) {
+    if (options.position_offset) return *options.position_offset;
+    return options.alignment == causal_alignment::bottom_right
+               ? static_cast<std::int64_t>(shape.kv_len) - static_cast<std::int64_t>(shape.q_len)
                : 0;
 }
 
@@ -196,15 +205,15 @@ struct key_range {
     std::size_t first = 0, end = 0;
 };
 [[nodiscard]] constexpr key_range visible_keys(const sdpa_shape& shape, const sdpa_options& options, std::size_t i) {
-    // Signed positions; a window side clamped to kv_len + q_len (beyond it nothing changes), so
-    // that no sum overflows.
-    const auto S = static_cast<std::int64_t>(shape.kv_len), L = static_cast<std::int64_t>(shape.q_len);
-    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(shape, options.alignment);
-    const auto side = [&](std::int64_t w) { return (std::min)(w, S + L); };
+    // Signed positions (|off| <= 2^62, kv_len and q_len below 2^62); a window side is applied only
+    // where it cuts into [0, kv_len), so that no sum overflows whatever its size.
+    const auto S = static_cast<std::int64_t>(shape.kv_len);
+    const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(shape, options);
     std::int64_t first = 0, end = S;
     if (options.causal) end = (std::min)(end, pos + 1);
-    if (options.window_right >= 0) end = (std::min)(end, pos + side(options.window_right) + 1);
-    if (options.window_left >= 0) first = (std::max)(first, pos - side(options.window_left));
+    if (options.window_right >= 0 && options.window_right < S - pos)
+        end = (std::min)(end, pos + options.window_right + 1);
+    if (options.window_left >= 0 && options.window_left < pos) first = (std::max)(first, pos - options.window_left);
     if (end <= first) return {0, 0};
     return {static_cast<std::size_t>(first), static_cast<std::size_t>(end)};
 }

@@ -1,0 +1,16 @@
+// The Catch2 main of the MPI tests: MPI up (qkv::mpi::environment) around the session, so the
+// same executable runs alone or under mpirun with any number of ranks. Every rank runs the same
+// test cases in the same order (they are collective); a failure on any rank fails the run.
+#if __has_include(<catch2/catch_session.hpp>)
+#include <catch2/catch_session.hpp>
+#else
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#endif
+
+#include <qkv/mpi/collective.hpp>
+
+int main(int argc, char* argv[]) {
+    qkv::mpi::environment mpi(argc, argv);
+    return Catch::Session().run(argc, argv);
+}
