@@ -258,7 +258,7 @@ TEST_CASE("the additive mask counts towards the score bound", "[overflow][vulkan
 
 TEST_CASE("the guard reads every column of heads wider than its 4,096-column chunks", "[overflow][vulkan]") {
     auto& ctx = gpu();
-    // d_in = 1, wide heads, staged (the fused kernel takes heads up to 256): one large weight in
+    // d_in = 1, wide heads, staged (the fused kernels take heads up to 576): one large weight in
     // the last chunk decides.
     const auto wide = [](std::size_t d_k, std::size_t d_v) {
         qkv_test::owned_problem p;

@@ -210,7 +210,7 @@ TEST_CASE("random sweep: shapes, masks, precisions, implementations and both bac
 TEST_CASE("sweep: heads wider than the guard's 4,096-column chunks", "[sweep][vulkan]") {
     auto& ctx = qkv_test::gpu();
     // V heads of 5,000 and 65,537 columns (the aggregate loops over seq, so no loop limit is
-    // involved; the fused kernel takes heads up to 256); the range guard covers them in chunks.
+    // involved; the fused kernels take heads up to 576); the range guard covers them in chunks.
     const bool fp16 = ctx.device().fp16_storage;
     for (std::size_t d_v : {5000u, 65537u})
         for (auto prec : {qkv::precision::fp32, qkv::precision::fp16}) {

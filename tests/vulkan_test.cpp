@@ -203,6 +203,33 @@ TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") 
     require_clean(ctx);
 }
 
+TEST_CASE("fused attention takes DeepSeek's MLA widths (576 / 512) on both families; wider heads go staged",
+          "[vulkan]") {
+    auto& ctx = gpu();
+    // Heads past 256 fused, right: DeepSeek's MLA (576 for Q and K, 512 for V) on the gpu family,
+    // Mistral's 320 / 256 on the cpu family (its 576-wide pipelines cost lavapipe ~30 s to build
+    // cold, and the sdpa tests build them already: qkv_sdpa_features_vulkan_tests).
+    struct wide_case {
+        std::size_t d_k, d_v;
+        qkv::kernel_family family;
+    };
+    for (const wide_case w :
+         {wide_case{576, 512, qkv::kernel_family::gpu}, wide_case{320, 256, qkv::kernel_family::cpu}}) {
+        auto p = make_problem({.seq = 5, .d_in = 7, .d_k = w.d_k, .d_v = w.d_v}, w.d_k);
+        p.options.implementation = qkv::implementation::fused;
+        p.options.kernel = w.family;
+        INFO(w.d_k << " / " << w.d_v << ", " << family_name(w.family));
+        check_against_reference(ctx, p, 1e-10);
+        CHECK(ctx.attention(p.view()).implementation == qkv::implementation::fused);
+    }
+    // 577 columns: automatic takes the staged path, an explicit fused request is refused.
+    auto p = make_problem({.seq = 3, .d_in = 2, .d_k = 577, .d_v = 8}, 5);
+    CHECK(ctx.attention(p.view()).implementation == qkv::implementation::staged);
+    p.options.implementation = qkv::implementation::fused;
+    CHECK_THROWS_AS(ctx.attention(p.view()), qkv::vulkan::limit_exceeded);
+    require_clean(ctx);
+}
+
 TEST_CASE("bad input throws invalid_argument and the context keeps working", "[vulkan][errors]") {
     auto& ctx = gpu();
     auto good = make_problem({.seq = 5, .d_in = 4, .d_k = 4, .d_v = 4, .heads = 2}, 3);

@@ -118,8 +118,8 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     const device_info& info = desc.info;
     const sdpa_shape& s = problem.shape;
     p.route = sdpa_route::fused;
-    if (s.d_qk > sdpa_fused_max_head || s.d_v > sdpa_fused_max_head)
-        throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(sdpa_fused_max_head) +
+    if (s.d_qk > fused_max_head || s.d_v > fused_max_head)
+        throw limit_exceeded("sdpa: the fused kernels take head widths up to " + std::to_string(fused_max_head) +
                              " (d_qk = " + std::to_string(s.d_qk) + ", d_v = " + std::to_string(s.d_v) +
                              "); use the cpu backend for wider heads");
     // The binding holds one type: float16 where Q and K/V both are; otherwise float32, with Q

@@ -60,7 +60,7 @@ void record_flash_gpu(recorder& exec, pipeline_set& pipes, const flash_layout& l
 void record_flash_weights(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_io& io,
                           binding weights) {
     // One loop of E iterations per invocation: far below llvmpipe's 65,535 for any head the fused
-    // kernels take (sdpa_fused_max_head).
+    // kernels take (fused_max_head).
     if (l.d > 4096)
         throw limit_exceeded(
             "the attention weights kernel takes heads of at most 4096 columns (d_qk = " + std::to_string(l.d) + ")");

@@ -64,7 +64,7 @@ flash_tiles choose_flash_tiles(const device_info& info, std::uint32_t seq, std::
     // Shrink until the shared tiles fit: keys per tile to 32, rows to 1 per team, keys per tile
     // to 4, then fewer teams, then fewer keys per tile (down to 1, for the widest heads). The
     // smallest (one team of <= 64 lanes, 1 key) fits the 16 KiB every Vulkan device has for heads
-    // up to sdpa_fused_max_head (576: about 11 KiB with 2 keys; tests/flash_tiles_test.cpp).
+    // up to fused_max_head (576: about 11 KiB with 2 keys; tests/flash_tiles_test.cpp).
     while (!shape()) {
         if (bc > 32)
             bc /= 2;
