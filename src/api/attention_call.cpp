@@ -249,50 +249,16 @@ void recording::impl::check_attention() const {
 }
 
 void attention_call::run(const attention_tensors& tensors) {
-    impl& c = attention_call_access::of(*this);
-    device_core& core = *c.core;
-    {
-        std::lock_guard lock(core.mutex);
-        core.check_alive();
-        try {
-            if (!c.run_scratch) c.run_scratch = std::make_unique<recording::impl>();
-            recording::impl& r = *c.run_scratch;
-            r.attention_views = {};
-            executor& exec = *core.exec;
-            exec.begin();
-            c.record(exec, r, tensors);
-            (void)exec.submit_and_wait();
-        } catch (const device_lost&) {
-            core.lost = true;
-            throw;
-        } catch (const std::bad_alloc&) {
-            throw out_of_memory("host memory allocation failed in attention_call::run");
-        }
-    }
-    c.run_scratch->check();
+    run_call(attention_call_access::of(*this), tensors, "attention_call::run");
 }
 
 recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors) {
-    if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
-    attention_call::impl& c = attention_call_access::of(call);
-    auto r = std::make_unique<recording::impl>();
-    r->core = c.core;
-    std::lock_guard lock(c.core->mutex);
-    c.core->check_alive();
-    r->rec = std::make_unique<external_recorder>(*c.core->dev, c.core->exec->max_groups(0), cmd);
-    c.record(*r->rec, *r, tensors);
-    return recording_access::make(std::move(r));
+    return record_call(attention_call_access::of(call), cmd, tensors);
 }
 
 void sequence::record(attention_call& call, const attention_tensors& tensors) {
     if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    sequence::impl& s = *impl_;
-    attention_call::impl& c = attention_call_access::of(call);
-    if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
-    std::lock_guard lock(s.core->mutex);
-    s.core->check_alive();
-    s.ensure_begun();
-    c.record(*s.exec, s.next_scratch(), tensors);
+    record_in_sequence(*impl_, attention_call_access::of(call), tensors);
 }
 
 }  // namespace qkv::vulkan

@@ -50,6 +50,15 @@ struct recording::impl {
 
     void check() const;
     void check_attention() const;  // attention_call.cpp
+    /// Ready for the next recording at the same place: the buffers and device words are kept, the
+    /// views and the check's facts are the new recording's.
+    void reuse() {
+        views.clear();
+        flash_views = {};
+        attention_views = {};
+        checks = false;
+        attention.reset();
+    }
 };
 
 struct sequence::impl {
@@ -75,11 +84,7 @@ struct sequence::impl {
             recorded.back()->core = core;
         }
         recording::impl& r = *recorded[next++];
-        r.views.clear();
-        r.flash_views = {};
-        r.attention_views = {};
-        r.checks = false;
-        r.attention.reset();
+        r.reuse();
         return r;
     }
     /// The command buffer begun (call with the lock held).
@@ -98,5 +103,62 @@ struct recording_access {
         return r;
     }
 };
+
+// ---- The three ways every planned call over tensors is carried out -----------------------------
+// `Call` is a call's impl (sdpa_call::impl, attention_call::impl): its `core`, its `run_scratch`
+// and `record(recorder&, recording::impl&, const Tensors&)`, which records the whole call (its
+// leading barrier, the kernels and the verdict) with the core's lock held.
+
+/// call.run(tensors): recorded into the core's own command buffer, submitted, waited on, checked.
+template <class Call, class Tensors>
+void run_call(Call& call, const Tensors& tensors, const char* what) {
+    detail::device_core& core = *call.core;
+    {
+        std::lock_guard lock(core.mutex);
+        core.check_alive();
+        try {
+            if (!call.run_scratch) call.run_scratch = std::make_unique<recording::impl>();
+            recording::impl& r = *call.run_scratch;
+            r.reuse();
+            detail::executor& exec = *core.exec;
+            exec.begin();
+            call.record(exec, r, tensors);
+            // The outputs readable by whatever the caller submits next (a download is a transfer).
+            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
+            (void)exec.submit_and_wait();
+        } catch (const device_lost&) {
+            core.lost = true;
+            throw;
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory(std::string("host memory allocation failed in ") + what);
+        }
+    }
+    call.run_scratch->check();
+}
+
+/// record(call, cmd, tensors): into the caller's command buffer; the recording owns the scratch.
+template <class Call, class Tensors>
+recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
+    if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
+    auto r = std::make_unique<recording::impl>();
+    r->core = call.core;
+    std::lock_guard lock(call.core->mutex);
+    call.core->check_alive();
+    r->rec = std::make_unique<detail::external_recorder>(*call.core->dev, call.core->exec->max_groups(0), cmd);
+    call.record(*r->rec, *r, tensors);
+    return recording_access::make(std::move(r));
+}
+
+/// sequence::record(call, tensors): into the sequence's command buffer, at its next place.
+template <class Call, class Tensors>
+void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
+    if (call.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    std::lock_guard lock(s.core->mutex);
+    s.core->check_alive();
+    s.ensure_begun();
+    call.record(*s.exec, s.next_scratch(), tensors);
+}
 
 }  // namespace qkv::vulkan

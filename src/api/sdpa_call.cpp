@@ -319,31 +319,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
 
 void sdpa_call::run(const sdpa_tensors& tensors) {
     if (!impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
-    impl& c = *impl_;
-    device_core& core = *c.core;
-    {
-        std::lock_guard lock(core.mutex);
-        core.check_alive();
-        try {
-            if (!c.run_scratch) c.run_scratch = std::make_unique<recording::impl>();
-            recording::impl& r = *c.run_scratch;
-            r.views.clear();
-            r.flash_views = {};
-            executor& exec = *core.exec;
-            exec.begin();
-            c.record(exec, r, tensors);
-            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
-            (void)exec.submit_and_wait();
-        } catch (const device_lost&) {
-            core.lost = true;
-            throw;
-        } catch (const std::bad_alloc&) {
-            throw out_of_memory("host memory allocation failed in sdpa_call::run");
-        }
-    }
-    c.run_scratch->check();
+    run_call(*impl_, tensors, "sdpa_call::run");
 }
 
 // ---- recording into a caller's command buffer ----
@@ -356,15 +332,7 @@ struct sdpa_call_access {
 };
 
 recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors) {
-    if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
-    sdpa_call::impl& c = sdpa_call_access::of(call);
-    auto r = std::make_unique<recording::impl>();
-    r->core = c.core;
-    std::lock_guard lock(c.core->mutex);
-    c.core->check_alive();
-    r->rec = std::make_unique<external_recorder>(*c.core->dev, c.core->exec->max_groups(0), cmd);
-    c.record(*r->rec, *r, tensors);
-    return recording_access::make(std::move(r));
+    return record_call(sdpa_call_access::of(call), cmd, tensors);
 }
 
 // ---- recording ----------------------------------------------------------------------------------
@@ -410,13 +378,7 @@ sequence& sequence::operator=(sequence&&) noexcept = default;
 
 void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
     if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    impl& s = *impl_;
-    sdpa_call::impl& c = sdpa_call_access::of(call);
-    if (c.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
-    std::lock_guard lock(s.core->mutex);
-    s.core->check_alive();
-    s.ensure_begun();
-    c.record(*s.exec, s.next_scratch(), tensors);
+    record_in_sequence(*impl_, sdpa_call_access::of(call), tensors);
 }
 
 void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
