@@ -26,26 +26,15 @@ namespace qkv::vulkan {
 
 using namespace detail;
 
-struct attention_call::impl {
-    std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
-    settings set;
+struct attention_call::impl : planned_call {
     attention_problem desc;  // shape, options; its masks' spans point into the vectors below
     std::vector<std::uint8_t> mask;
     std::vector<float> additive;
-    plan p;            // planned with the bias and bo regions present (absent ones are zeros)
-    buffer constants;  // the masks' bits and additive entries, at the plan's offsets within its inputs
+    plan p;  // planned with the bias and bo regions present (absent ones are zeros); the constants
+             // hold the masks' bits and additive entries at its offsets within its inputs
     double additive_max = 0;
     bool additive_poison = false;
-    std::unique_ptr<recording::impl> run_scratch;
 
-    impl() = default;
-    impl(const impl&) = delete;
-    impl& operator=(const impl&) = delete;
-    ~impl() {
-        if (!core) return;
-        std::lock_guard lock(core->mutex);
-        constants.reset();
-    }
     void record(recorder& rec, recording::impl& r, const attention_tensors& t);
 };
 

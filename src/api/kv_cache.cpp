@@ -257,6 +257,40 @@ void kv_cache::clear() {
 
 namespace {
 
+/// Where one side (K or V) of a cache's rows lives on the device: the buffer, the byte offset of
+/// row 0 of (batch, kv head) 0, and the bytes of one row.
+struct rows_place {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    std::uint64_t base = 0, row_bytes = 0;
+};
+
+/// Appends through staging (the lock held, the size checked): `put(k_at, v_at, z)` writes the new
+/// rows of (batch, kv head) z into staging, K's and V's side by side, and one submit copies them
+/// into place after the cache's rows.
+template <class Put>
+void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows, const Put& put) {
+    const std::size_t groups = c.groups();
+    const std::uint64_t k_bytes = std::uint64_t{rows} * k.row_bytes, v_bytes = std::uint64_t{rows} * v.row_bytes;
+    device_core& core = *c.core;
+    core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
+    for (std::size_t z = 0; z < groups; ++z)
+        put(c.staging.mapped() + z * k_bytes, c.staging.mapped() + groups * k_bytes + z * v_bytes, z);
+    c.staging.flush();
+    executor& exec = *core.exec;
+    exec.begin();
+    // The rows may have been read by a recorded call (a compute shader) before.
+    exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                 VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (std::size_t z = 0; z < groups; ++z) {
+        const std::uint64_t row = std::uint64_t{z} * c.shape.capacity + c.size;
+        exec.copy(c.staging.handle(), z * k_bytes, k.buffer, k.base + row * k.row_bytes, k_bytes);
+        exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, v.buffer, v.base + row * v.row_bytes, v_bytes);
+    }
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT);
+    (void)exec.submit_and_wait();
+}
+
 /// Host rows appended to a q8_0 / q4_0 cache (the lock held, the size checked): each row of every
 /// (batch, kv head) quantized by qkv::quantize into place (or into staging, copied into place).
 void append_blocks(kv_cache::impl& c, std::span<const float> k, std::span<const float> v, std::size_t rows) {
@@ -282,24 +316,7 @@ void append_blocks(kv_cache::impl& c, std::span<const float> k, std::span<const 
         c.v_blocks.flush();
         return;
     }
-    device_core& core = *c.core;
-    core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
-    for (std::size_t z = 0; z < groups; ++z)
-        put(c.staging.mapped() + z * k_bytes, c.staging.mapped() + groups * k_bytes + z * v_bytes, z);
-    c.staging.flush();
-    executor& exec = *core.exec;
-    exec.begin();
-    exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
-                 VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
-    for (std::size_t z = 0; z < groups; ++z) {
-        exec.copy(c.staging.handle(), z * k_bytes, c.k_blocks.handle(), (z * s.capacity + c.size) * c.k_row_bytes,
-                  k_bytes);
-        exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, c.v_blocks.handle(),
-                  (z * s.capacity + c.size) * c.v_row_bytes, v_bytes);
-    }
-    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                 VK_ACCESS_SHADER_READ_BIT);
-    (void)exec.submit_and_wait();
+    upload_rows(c, {c.k_blocks.handle(), 0, c.k_row_bytes}, {c.v_blocks.handle(), 0, c.v_row_bytes}, rows, put);
 }
 
 }  // namespace
@@ -368,29 +385,12 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
             vt.owned.flush();
         } else {
             // Staged: the new rows of every (batch, kv head) side by side, copied into place.
-            const std::uint64_t k_bytes = std::uint64_t{rows} * c.e4 * tb, v_bytes = std::uint64_t{rows} * c.ev4 * tb;
-            core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
-            for (std::size_t z = 0; z < groups; ++z) {
-                put_texel_rows(c.staging.mapped() + z * k_bytes, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half,
-                               "kv_cache::append: k");
-                put_texel_rows(c.staging.mapped() + groups * k_bytes + z * v_bytes, v.data() + z * rows * s.d_v, rows,
-                               s.d_v, c.ev4, half, "kv_cache::append: v");
-            }
-            c.staging.flush();
-            executor& exec = *core.exec;
-            exec.begin();
-            // The rows may have been read by a recorded call (a compute shader) before.
-            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
-                         VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
-            for (std::size_t z = 0; z < groups; ++z) {
-                exec.copy(c.staging.handle(), z * k_bytes, kt.handle, kt.offset + (z * s.capacity + c.size) * c.e4 * tb,
-                          k_bytes);
-                exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, vt.handle,
-                          vt.offset + (z * s.capacity + c.size) * c.ev4 * tb, v_bytes);
-            }
-            exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
-            (void)exec.submit_and_wait();
+            upload_rows(
+                c, {kt.handle, kt.offset, c.e4 * tb}, {vt.handle, vt.offset, c.ev4 * tb}, rows,
+                [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+                    put_texel_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half, "kv_cache::append: k");
+                    put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half, "kv_cache::append: v");
+                });
         }
         c.stats.invalidate();
         fold_host_rows(c.stats.mapped(), added, groups);

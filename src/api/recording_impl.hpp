@@ -13,6 +13,7 @@
 #include "api/runs.hpp"
 #include "api/sdpa_guard.hpp"
 #include "kernels/flash_cpu.hpp"
+#include "kernels/settings.hpp"
 #include "qkv/vulkan/interop.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
@@ -101,6 +102,25 @@ struct recording_access {
         recording r;
         r.impl_ = std::move(i);
         return r;
+    }
+};
+
+/// What every planned call over tensors holds besides its plan: its device core (declared first:
+/// outlives the rest), its settings, its constants on the device (the masks, uploaded once) and
+/// run()'s scratch, reused from run to run.
+struct planned_call {
+    std::shared_ptr<detail::device_core> core;
+    detail::settings set;
+    detail::buffer constants;
+    std::unique_ptr<recording::impl> run_scratch;
+
+    planned_call() = default;
+    planned_call(const planned_call&) = delete;
+    planned_call& operator=(const planned_call&) = delete;
+    ~planned_call() {
+        if (!core) return;
+        std::lock_guard lock(core->mutex);
+        constants.reset();
     }
 };
 

@@ -26,27 +26,14 @@ namespace qkv::vulkan {
 
 using namespace detail;
 
-struct sdpa_call::impl {
-    std::shared_ptr<device_core> core;  // declared first: outlives the buffers below
-    settings set;
+struct sdpa_call::impl : planned_call {
     sdpa_problem desc;  // its masks' spans point into the vectors below
     std::vector<std::uint8_t> mask;
     std::vector<float> additive;
     std::vector<float> sinks;
     std::shared_ptr<kv_cache::impl> cache;
-    sdpa_plan plan;    // Q, K and V from tensors: made once; against a cache: made per call
-    buffer constants;  // the masks (bits, then the additive entries), uploaded once
-    mask_bindings masks;
-    std::unique_ptr<recording::impl> run_scratch;  // run()'s buffers, reused
-
-    impl() = default;
-    impl(const impl&) = delete;
-    impl& operator=(const impl&) = delete;
-    ~impl() {
-        if (!core) return;
-        std::lock_guard lock(core->mutex);
-        constants.reset();
-    }
+    sdpa_plan plan;       // Q, K and V from tensors: made once; against a cache: made per call
+    mask_bindings masks;  // where the constants hold the masks (bits, then the additive entries)
 
     /// The problem as it runs now: against a cache, kv_len is the cache's size.
     [[nodiscard]] sdpa_problem current() const {
