@@ -40,7 +40,8 @@ qkv::vulkan::context context_on(app::vulkan_app& a) {
                                       .queue_family = a.family,
                                       .queue = a.queue,
                                       .get_instance_proc_addr = vkGetInstanceProcAddr,
-                                      .create_info = &a.device_info});
+                                      .create_info = &a.device_info},
+                                     {.testing = {.poison_new_memory = true}});  // no test passes on zeroed memory
 }
 
 /// Writes host values into an application buffer at an element offset (its memory is mapped).

@@ -17,7 +17,7 @@ device_core::device_core(const context_options& options) {
         throw no_matching_device("QKV_DEVICE=" + *selector + " (environment variable): " + e.what());
     }
     dev = std::make_unique<device>(inst, chosen);
-    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, options.testing.poison_new_memory);
     pipes = std::make_unique<pipeline_set>(*dev);
     exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
                                       options.testing.simulate_device_lost_at_submit);
@@ -27,7 +27,7 @@ device_core::device_core(std::shared_ptr<const instance> external, const externa
                          const context_options& options)
     : inst(std::move(external)) {
     dev = std::make_unique<device>(inst, handles);
-    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, options.testing.poison_new_memory);
     pipes = std::make_unique<pipeline_set>(*dev);
     exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
                                       options.testing.simulate_device_lost_at_submit);

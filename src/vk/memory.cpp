@@ -1,6 +1,7 @@
 #include "vk/memory.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -79,7 +80,7 @@ void buffer_view::reset() noexcept {
     handle_ = VK_NULL_HANDLE;
 }
 
-allocator::allocator(const device& dev, std::uint64_t limit) : dev_(dev), limit_(limit) {}
+allocator::allocator(const device& dev, std::uint64_t limit, bool poison) : dev_(dev), limit_(limit), poison_(poison) {}
 
 std::uint32_t allocator::pick_type(std::uint32_t allowed, memory_use use, const char* what) const {
     const auto& mem = dev_.memory();
@@ -146,6 +147,10 @@ buffer allocator::create(VkDeviceSize size, memory_use use, const char* what, Vk
         void* p = nullptr;
         check(fn.vkMapMemory(d, b.memory_, 0, VK_WHOLE_SIZE, 0, &p), "vkMapMemory");
         b.mapped_ = static_cast<std::byte*>(p);
+        if (poison_) {
+            std::memset(b.mapped_, 0xFF, static_cast<std::size_t>(size));
+            b.flush();
+        }
     }
     return b;
 }

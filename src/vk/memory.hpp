@@ -72,7 +72,8 @@ private:
 
 class allocator {
 public:
-    allocator(const device& dev, std::uint64_t limit);
+    /// `poison`: fill every new host-visible buffer with 0xFF bytes (testing_hooks::poison_new_memory).
+    allocator(const device& dev, std::uint64_t limit, bool poison = false);
 
     /// A buffer of `size` bytes (storage + transfer usage). Throws out_of_memory (cap reached or
     /// the driver's VK_ERROR_OUT_OF_*_MEMORY), leaving nothing allocated.
@@ -99,6 +100,7 @@ private:
 
     const device& dev_;
     std::uint64_t limit_;
+    bool poison_ = false;
     std::atomic<std::uint64_t> allocated_{0}, peak_{0};
 };
 

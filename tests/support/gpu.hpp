@@ -13,9 +13,10 @@
 
 namespace qkv_test {
 
-/// One context per test process, created on first use, with validation on.
+/// One context per test process, created on first use, with validation on and every new
+/// host-visible allocation filled with 0xFF bytes (no test may pass by finding zeroed memory).
 inline qkv::vulkan::context& gpu() {
-    static qkv::vulkan::context ctx({.validation = true});
+    static qkv::vulkan::context ctx({.validation = true, .testing = {.poison_new_memory = true}});
     return ctx;
 }
 
@@ -29,6 +30,7 @@ struct context_setup {
     std::uint32_t simulate_device_lost_at_submit = 0;
     std::optional<qkv::vulkan::device_info> fused_tiles_as{};
     std::uint32_t max_decode_chunks = 0;
+    bool poison_new_memory = true;  // new host-visible memory filled with 0xFF bytes
 };
 
 /// A context with the validation layer (and synchronisation validation) on.
@@ -41,7 +43,8 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
                        .force_staging = setup.force_staging,
                        .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
                        .fused_tiles_as = setup.fused_tiles_as,
-                       .max_decode_chunks = setup.max_decode_chunks};
+                       .max_decode_chunks = setup.max_decode_chunks,
+                       .poison_new_memory = setup.poison_new_memory};
     return qkv::vulkan::context(options);
 }
 

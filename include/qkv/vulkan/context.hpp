@@ -76,6 +76,11 @@ struct testing_hooks {
     /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
     /// For measurements and tests.
     std::uint32_t max_decode_chunks = 0;
+
+    /// Fill every new host-visible allocation with 0xFF bytes (NaN as float32, all ones as words)
+    /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
+    /// before, so a result that depends on fresh memory being zero shows up. For tests.
+    bool poison_new_memory = false;
 };
 
 struct context_options {
