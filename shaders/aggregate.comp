@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 // Stage 4, aggregate: O[b, :, head h columns] = P[b, h] · V_h, the weighted sum of values.
 // With a causal mask, a row tile stops at its last row's diagonal: the weights beyond are zero.
 // An exact zero weight (a masked key) adds nothing, even where its value is NaN or inf.
@@ -17,8 +20,8 @@
 #include "gemm_core.glsl"
 
 #ifdef QKV_GEMM_TEXELS
-layout(binding = AGGREGATE_BINDING_P) uniform samplerBuffer p_tex;
-layout(binding = AGGREGATE_BINDING_QKV) uniform samplerBuffer v_tex;
+layout(binding = AGGREGATE_BINDING_P) uniform textureBuffer p_tex;
+layout(binding = AGGREGATE_BINDING_QKV) uniform textureBuffer v_tex;
 vec4 load_a4(uint texel) { return texelFetch(p_tex, int(texel)); }
 vec4 load_b4(uint texel) { return texelFetch(v_tex, int(texel)); }
 

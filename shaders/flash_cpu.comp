@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 #extension GL_EXT_control_flow_attributes : enable
 #ifdef QKV_SHUFFLE
 #extension GL_KHR_shader_subgroup_basic : require
@@ -65,9 +68,9 @@ layout(constant_id = FLASH_CPU_SPEC_MASKS) const uint MASKS = 0;  // MASK_FLAG_C
 layout(constant_id = FLASH_CPU_SPEC_CAREFUL) const uint CAREFUL = 0;  // this pipeline's kind of (batch, head), see above
 layout(constant_id = FLASH_CPU_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* rules of this call
 
-layout(binding = FLASH_CPU_BINDING_Q) uniform samplerBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
-layout(binding = FLASH_CPU_BINDING_K) uniform samplerBuffer k_tex;  // [batch·kv_heads][npad_kv][D4]
-layout(binding = FLASH_CPU_BINDING_V) uniform samplerBuffer v_tex;  // [batch·kv_heads][npad_kv][DV4]
+layout(binding = FLASH_CPU_BINDING_Q) uniform textureBuffer q_tex;  // [batch·heads][npad_q][D4], zero-padded
+layout(binding = FLASH_CPU_BINDING_K) uniform textureBuffer k_tex;  // [batch·kv_heads][npad_kv][D4]
+layout(binding = FLASH_CPU_BINDING_V) uniform textureBuffer v_tex;  // [batch·kv_heads][npad_kv][DV4]
 layout(std430, binding = FLASH_CPU_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = FLASH_CPU_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
 layout(std430, binding = FLASH_CPU_BINDING_OUT) buffer O { float o_out[]; };

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 // Stage 1, projection: C = A · B (+ bias), a tiled matrix product.
 // Used for Q|K|V = X · [Wq | Wk | Wv] in one pass over X (the three weights side by side), and for
 // the output projection concat · Wo + bo. With QKV_FP16 the result is stored as float16 (a K split
@@ -22,8 +25,8 @@
 #ifdef QKV_GEMM_TEXELS
 // RGBA32F views: texel t holds elements 4t..4t+3 (the host keeps every offset and row stride a
 // multiple of 4, contract/gemm.h).
-layout(binding = PROJECT_BINDING_A) uniform samplerBuffer a_tex;
-layout(binding = PROJECT_BINDING_B) uniform samplerBuffer b_tex;
+layout(binding = PROJECT_BINDING_A) uniform textureBuffer a_tex;
+layout(binding = PROJECT_BINDING_B) uniform textureBuffer b_tex;
 vec4 load_a4(uint texel) { return texelFetch(a_tex, int(texel)); }
 vec4 load_b4(uint texel) { return texelFetch(b_tex, int(texel)); }
 #else

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 // Stage 2, scores: S[b, h] = Q_h · K_hᵀ · scale (+ additive mask), masked entries = -inf.
 // Q and K are column slices of the projected Q|K|V rows (A and B offsets and strides in push
 // constants). Masks: causal (j > i), boolean (bit-packed, 1 = may attend), additive (float).
@@ -21,7 +24,7 @@ layout(std430, binding = SCORES_BINDING_ADDITIVE) readonly buffer Additive { flo
 layout(std430, binding = SCORES_BINDING_S) buffer S { float s[]; };
 
 #ifdef QKV_GEMM_TEXELS
-layout(binding = SCORES_BINDING_QKV) uniform samplerBuffer qkv_tex;
+layout(binding = SCORES_BINDING_QKV) uniform textureBuffer qkv_tex;
 vec4 load_a4(uint texel) { return texelFetch(qkv_tex, int(texel)); }
 vec4 load_b4(uint texel) { return texelFetch(qkv_tex, int(texel)); }
 #else

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 #extension GL_EXT_control_flow_attributes : enable
 #ifdef QKV_DECODE_GPU
 #extension GL_KHR_shader_subgroup_basic : enable
@@ -53,7 +56,7 @@ layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // DECODE_VAL
 layout(constant_id = DECODE_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
 layout(constant_id = DECODE_SPEC_KV_FORMAT) const uint KV_FORMAT = DECODE_KV_TEXELS;
 
-layout(binding = DECODE_BINDING_Q) uniform samplerBuffer q_tex;
+layout(binding = DECODE_BINDING_Q) uniform textureBuffer q_tex;
 #ifdef QKV_KV_BLOCKS
 layout(std430, binding = DECODE_BINDING_K) readonly buffer KBlocks { uint k_words[]; };
 layout(std430, binding = DECODE_BINDING_V) readonly buffer VBlocks { uint v_words[]; };
@@ -65,8 +68,8 @@ const uint K_ROW_BYTES = E4 / 8u * BLOCK_BYTES, V_ROW_BYTES = EV4 / 8u * BLOCK_B
 vec4 k_texel(uint row, uint c) { return k_block_texel(row * K_ROW_BYTES, c, KV_FORMAT == DECODE_KV_Q8_0); }
 vec4 v_texel(uint row, uint c) { return v_block_texel(row * V_ROW_BYTES, c, KV_FORMAT == DECODE_KV_Q8_0); }
 #else
-layout(binding = DECODE_BINDING_K) uniform samplerBuffer k_tex;
-layout(binding = DECODE_BINDING_V) uniform samplerBuffer v_tex;
+layout(binding = DECODE_BINDING_K) uniform textureBuffer k_tex;
+layout(binding = DECODE_BINDING_V) uniform textureBuffer v_tex;
 vec4 k_texel(uint row, uint c) { return texelFetch(k_tex, int(row * E4 + c)); }
 vec4 v_texel(uint row, uint c) { return texelFetch(v_tex, int(row * EV4 + c)); }
 #endif

@@ -1,5 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+// texelFetch on textureBuffer: uniform texel buffers as plain images (a sampled image of Dim Buffer is
+// invalid SPIR-V, which Mesa 25 warns about)
+#extension GL_EXT_samplerless_texture_functions : require
 // Stage 3, softmax over each row of the scores, in place, for CPU devices (llvmpipe-like: a
 // workgroup is one subgroup, its invocations the lanes of one SIMD vector): lane l owns row
 // row0 + l, reads it through an RGBA32F uniform texel view of the scores (four per fetch, a
@@ -16,7 +19,7 @@ layout(local_size_x_id = SOFTMAX_SPEC_WORKGROUP, local_size_y = 1, local_size_z 
 layout(constant_id = SOFTMAX_SPEC_EXACT) const uint EXACT = 0;  // 1: rows is a multiple of the workgroup
 
 layout(std430, binding = SOFTMAX_BINDING_S) buffer S4 { vec4 s4[]; };
-layout(binding = SOFTMAX_BINDING_TEXELS) uniform samplerBuffer s_tex;
+layout(binding = SOFTMAX_BINDING_TEXELS) uniform textureBuffer s_tex;
 
 layout(push_constant) uniform Push { softmax_push pc; };
 
