@@ -50,7 +50,6 @@
 // Partial results over disjoint key sets merge into the whole: merge_attention below.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -210,10 +209,12 @@ struct key_range {
     const auto S = static_cast<std::int64_t>(shape.kv_len);
     const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(shape, options);
     std::int64_t first = 0, end = S;
-    if (options.causal) end = (std::min)(end, pos + 1);
+    // No <algorithm> in this header: it must survive windows.h's min/max macros (windows_h_static.cpp).
+    if (options.causal && pos + 1 < end) end = pos + 1;
     if (options.window_right >= 0 && options.window_right < S - pos)
-        end = (std::min)(end, pos + options.window_right + 1);
-    if (options.window_left >= 0 && options.window_left < pos) first = (std::max)(first, pos - options.window_left);
+        end = pos + options.window_right + 1 < end ? pos + options.window_right + 1 : end;
+    if (options.window_left >= 0 && options.window_left < pos && pos - options.window_left > first)
+        first = pos - options.window_left;
     if (end <= first) return {0, 0};
     return {static_cast<std::size_t>(first), static_cast<std::size_t>(end)};
 }
