@@ -92,6 +92,11 @@ int main(int argc, char** argv) {
     CLI::App app{"qkv: transformer self-attention, computed at compile time and on any Vulkan GPU.", "qkv"};
     app.set_version_flag("--version", std::string("qkv ") + qkv::version_string, "Print the version and exit");
     app.require_subcommand(1);
+    // CLI11 reads `/word` as an option on Windows by default, so `--part /data/o.npy /data/lse.npy`
+    // would end the list at the second path. qkv's options are `--name` on every system: a path
+    // that starts with / (MSYS, wine, a forward-slash habit) is a value. Set before the
+    // subcommands are added: they copy it.
+    app.allow_windows_style_options(false);
     app.get_formatter()->column_width(34);
     app.footer("Start with `qkv example`. Run `qkv SUBCOMMAND --help` for the options of each subcommand.");
 
