@@ -25,6 +25,7 @@
 #include "support/catch.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
+#include "support/sdpa_problems.hpp"
 
 using qkv::element_type;
 using qkv_test::require_clean;
@@ -50,7 +51,8 @@ const char* name_of(path p) {
     return "?";
 }
 
-enum class masks { none, boolean, additive, both };
+using masks = qkv_test::mask_kind;
+using qkv_test::owned_sdpa;
 
 struct spec {
     std::size_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, d_qk = 32, d_v = 32;
@@ -87,52 +89,21 @@ std::string describe(const spec& s, path p) {
     return o.str();
 }
 
-/// A problem that owns its data.
-struct owned {
-    std::vector<float> q, k, v, additive, sinks;
-    std::vector<std::uint8_t> mask;
-    qkv::sdpa_problem p;
-};
-
-owned make(const spec& s, std::uint64_t seed) {
-    owned o;
+owned_sdpa make(const spec& s, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
+    owned_sdpa o = qkv_test::random_sdpa({.shape = {.batch = s.batch,
+                                                    .q_heads = s.q_heads,
+                                                    .kv_heads = s.kv_heads,
+                                                    .q_len = s.q_len,
+                                                    .kv_len = s.kv_len,
+                                                    .d_qk = s.d_qk,
+                                                    .d_v = s.d_v},
+                                          .mask = s.mask,
+                                          .mask_shape = s.mask_shape,
+                                          .empty_row = s.empty_row},
+                                         rng);
+    qkv::sdpa_problem& p = o.problem;
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    const auto fill = [&](std::vector<float>& v, std::size_t n) {
-        v.resize(n);
-        for (float& e : v) e = normal(rng);
-    };
-    fill(o.q, s.batch * s.q_heads * s.q_len * s.d_qk);
-    fill(o.k, s.batch * s.kv_heads * s.kv_len * s.d_qk);
-    fill(o.v, s.batch * s.kv_heads * s.kv_len * s.d_v);
-    qkv::sdpa_problem& p = o.p;
-    p.shape = {.batch = s.batch,
-               .q_heads = s.q_heads,
-               .kv_heads = s.kv_heads,
-               .q_len = s.q_len,
-               .kv_len = s.kv_len,
-               .d_qk = s.d_qk,
-               .d_v = s.d_v};
-    if (s.mask != masks::none) {
-        const std::vector<std::size_t> dims =
-            s.mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : s.mask_shape;
-        std::size_t n = 1;
-        for (std::size_t d : dims) n *= d;
-        std::uniform_int_distribution<int> pick(0, 3);
-        if (s.mask == masks::boolean || s.mask == masks::both) {
-            o.mask.resize(n);
-            for (auto& m : o.mask) m = pick(rng) != 0 ? 1 : 0;
-            // Row 0 of the (L, S) mask: nothing to attend (the mask's last two dimensions are L, S).
-            if (s.empty_row) std::fill(o.mask.begin(), o.mask.begin() + static_cast<std::ptrdiff_t>(s.kv_len), 0);
-        }
-        if (s.mask == masks::additive || s.mask == masks::both) {
-            o.additive.resize(n);
-            for (float& a : o.additive) a = pick(rng) == 0 ? neg_inf : normal(rng);
-        }
-        p.mask_shape = s.mask_shape;
-        p.mask = o.mask;
-        p.additive_mask = o.additive;
-    }
     if (s.sinks) {  // a spread of logits: below, near and above the rows' scores, and one head without
         o.sinks.resize(s.q_heads);
         for (std::size_t h = 0; h < s.q_heads; ++h) o.sinks[h] = 3.0f * normal(rng);
@@ -140,7 +111,6 @@ owned make(const spec& s, std::uint64_t seed) {
         if (s.q_heads > 1) o.sinks[1] = neg_inf;
         p.sinks = o.sinks;
     }
-    p.q = o.q, p.k = o.k, p.v = o.v;
     p.options.causal = s.causal;
     p.options.alignment = s.alignment;
     p.options.window_left = s.window_left;
@@ -205,9 +175,9 @@ void check_lse(const std::vector<float>& got, const std::vector<double>& want) {
 }
 
 /// Runs `o` on `route` (a context with hooks may be given) and checks it against the reference.
-qkv::sdpa_output run(qkv::vulkan::context& ctx, owned& o, path route, const spec& s) {
+qkv::sdpa_output run(qkv::vulkan::context& ctx, owned_sdpa& o, path route, const spec& s) {
     INFO(describe(s, route));
-    qkv::sdpa_problem& p = o.p;
+    qkv::sdpa_problem& p = o.problem;
     p.options.kernel = route == path::fused_cpu   ? qkv::kernel_family::cpu
                        : route == path::fused_gpu ? qkv::kernel_family::gpu
                                                   : qkv::kernel_family::automatic;
@@ -259,7 +229,7 @@ bool decode_shape(const spec& s) {
 
 void run_paths(const spec& s, std::initializer_list<path> paths, std::uint64_t seed) {
     for (const path route : paths) {
-        owned o = make(s, seed);
+        owned_sdpa o = make(s, seed);
         run(qkv_test::gpu(), o, route, s);
     }
 }
@@ -401,7 +371,7 @@ TEST_CASE("sdpa features: key chunks carry the window, sinks and lse (short disp
                  .lse = true,
                  .weights = true};
     for (const path route : fused_paths) {
-        owned o = make(s, 400);
+        owned_sdpa o = make(s, 400);
         run(ctx, o, route, s);
     }
 }
@@ -500,11 +470,11 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
                .sinks = true,
                .lse = true};
         INFO(name_of(route));
-        owned whole = make(s, 800);
-        whole.p.options.kernel = route == path::fused_cpu   ? qkv::kernel_family::cpu
-                                 : route == path::fused_gpu ? qkv::kernel_family::gpu
-                                                            : qkv::kernel_family::automatic;
-        const qkv::sdpa_output all = qkv_test::gpu().sdpa(whole.p);
+        owned_sdpa whole = make(s, 800);
+        whole.problem.options.kernel = route == path::fused_cpu   ? qkv::kernel_family::cpu
+                                       : route == path::fused_gpu ? qkv::kernel_family::gpu
+                                                                  : qkv::kernel_family::automatic;
+        const qkv::sdpa_output all = qkv_test::gpu().sdpa(whole.problem);
         // The halves: keys [0, S/2) and [S/2, S), each with the masks the whole call's rows had:
         // causal bottom-right there becomes an additive mask over the half's keys.
         const std::size_t S = s.kv_len, half = S / 2, L = s.q_len;
@@ -522,7 +492,7 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
                 }
             for (std::size_t i = 0; i < L; ++i)
                 for (std::size_t j = 0; j < n; ++j) add[i * n + j] = from + j <= i + S - L ? 0.0f : neg_inf;
-            qkv::sdpa_problem p = whole.p;
+            qkv::sdpa_problem p = whole.problem;
             p.shape.kv_len = n;
             p.k = k, p.v = v;
             p.additive_mask = add;
@@ -608,20 +578,20 @@ TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for b
 
 TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    owned o = make({.q_len = 3, .kv_len = 40, .d_qk = 40, .d_v = 40}, 1);
-    o.p.options.kv_type = element_type::q8_0;  // E = 40 is not a multiple of 32
-    CHECK_THROWS_AS(ctx.sdpa(o.p), qkv::invalid_argument);
-    o.p.options.kv_type.reset();
-    o.p.options.window_left = -2;
-    CHECK_THROWS_AS(ctx.sdpa(o.p), qkv::invalid_argument);
-    o.p.options.window_left = -1;
-    owned wide = make({.q_len = 3, .kv_len = 40, .d_qk = 608, .d_v = 64}, 2);
-    CHECK_THROWS_AS(ctx.sdpa(wide.p), qkv::vulkan::limit_exceeded);
+    owned_sdpa o = make({.q_len = 3, .kv_len = 40, .d_qk = 40, .d_v = 40}, 1);
+    o.problem.options.kv_type = element_type::q8_0;  // E = 40 is not a multiple of 32
+    CHECK_THROWS_AS(ctx.sdpa(o.problem), qkv::invalid_argument);
+    o.problem.options.kv_type.reset();
+    o.problem.options.window_left = -2;
+    CHECK_THROWS_AS(ctx.sdpa(o.problem), qkv::invalid_argument);
+    o.problem.options.window_left = -1;
+    owned_sdpa wide = make({.q_len = 3, .kv_len = 40, .d_qk = 608, .d_v = 64}, 2);
+    CHECK_THROWS_AS(ctx.sdpa(wide.problem), qkv::vulkan::limit_exceeded);
     // A cache of another type than options.kv_type.
     qkv::vulkan::kv_cache cache(ctx, {.capacity = 4, .d_qk = 40, .d_v = 40});
     std::vector<float> k(3 * 40, 0.5f), v(3 * 40, 0.25f);
     cache.append(k, v, 3);
-    qkv::sdpa_problem q = o.p;
+    qkv::sdpa_problem q = o.problem;
     q.k = {}, q.v = {}, q.shape.kv_len = 0;
     q.options.kv_type = element_type::f16;
     CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::invalid_argument);
@@ -649,9 +619,9 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules, refu
                      .alibi = 8.0f,
                      .sinks = true};
         INFO(describe(s, path::fused_cpu));
-        owned o = make(s, 950 + S);
-        const qkv::sdpa_output_f64 want = reference(o.p);
-        qkv::sdpa_problem desc = o.p;
+        owned_sdpa o = make(s, 950 + S);
+        const qkv::sdpa_output_f64 want = reference(o.problem);
+        qkv::sdpa_problem desc = o.problem;
         desc.q = {}, desc.k = {}, desc.v = {};
         qkv::vulkan::sdpa_call call(ctx, desc);
         qkv::vulkan::tensor q(ctx, {1, s.q_heads, s.q_len, s.d_qk}), k(ctx, {1, s.kv_heads, S, s.d_qk}),
@@ -680,10 +650,10 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules, refu
                      .window_left = 700,
                      .window_right = 0,
                      .sinks = true};
-        owned o = make(s, 990);
-        const qkv::sdpa_output_f64 want = reference(o.p);
+        owned_sdpa o = make(s, 990);
+        const qkv::sdpa_output_f64 want = reference(o.problem);
         qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
-        qkv::sdpa_problem desc = o.p;
+        qkv::sdpa_problem desc = o.problem;
         desc.q = {}, desc.k = {}, desc.v = {};
         desc.shape.kv_len = 0;
         qkv::vulkan::sdpa_call call(ctx, desc, kvc);
@@ -740,7 +710,7 @@ TEST_CASE("sdpa grid: sampled FLASH_ATTN_EXT cases against the float64 reference
             const path route = decode ? (pick(2) ? path::decode_cache : path::decode_host)
                                       : (pick(2) ? path::fused_cpu : path::fused_gpu);
             if (decode) REQUIRE(decode_shape(s));
-            owned o = make(s, 1000 + ++i);
+            owned_sdpa o = make(s, 1000 + ++i);
             run(qkv_test::gpu(), o, route, s);
         }
     }

@@ -18,13 +18,15 @@
 #include "support/gpu.hpp"
 #include "support/problems.hpp"
 #include "support/reference.hpp"
+#include "support/sdpa_problems.hpp"
 #include "support/sdpa_reference.hpp"
 
 using qkv_test::require_clean;
 
 namespace {
 
-enum class masks { none, boolean, additive, both };
+using masks = qkv_test::mask_kind;
+using qkv_test::owned_sdpa;
 
 struct sdpa_spec {
     std::size_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, d_qk = 16, d_v = 16;
@@ -52,52 +54,19 @@ std::string describe(const sdpa_spec& s) {
     return o.str();
 }
 
-/// A problem that owns its data: N(0, 1) q, k, v; masks with about a quarter of the keys masked
-/// (the additive one with -inf and finite values).
-struct owned_sdpa {
-    std::vector<float> q, k, v, additive;
-    std::vector<std::uint8_t> mask;
-    qkv::sdpa_problem problem;
-};
-
 owned_sdpa make_sdpa(const sdpa_spec& s, std::uint64_t seed) {
-    owned_sdpa o;
     std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const auto fill = [&](std::vector<float>& v, std::size_t n) {
-        v.resize(n);
-        for (float& e : v) e = normal(rng);
-    };
-    fill(o.q, s.batch * s.q_heads * s.q_len * s.d_qk);
-    fill(o.k, s.batch * s.kv_heads * s.kv_len * s.d_qk);
-    fill(o.v, s.batch * s.kv_heads * s.kv_len * s.d_v);
+    owned_sdpa o = qkv_test::random_sdpa({.shape = {.batch = s.batch,
+                                                    .q_heads = s.q_heads,
+                                                    .kv_heads = s.kv_heads,
+                                                    .q_len = s.q_len,
+                                                    .kv_len = s.kv_len,
+                                                    .d_qk = s.d_qk,
+                                                    .d_v = s.d_v},
+                                          .mask = s.mask,
+                                          .mask_shape = s.mask_shape},
+                                         rng);
     qkv::sdpa_problem& p = o.problem;
-    p.shape = {.batch = s.batch,
-               .q_heads = s.q_heads,
-               .kv_heads = s.kv_heads,
-               .q_len = s.q_len,
-               .kv_len = s.kv_len,
-               .d_qk = s.d_qk,
-               .d_v = s.d_v};
-    if (s.mask != masks::none) {
-        std::vector<std::size_t> dims =
-            s.mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : s.mask_shape;
-        std::size_t n = 1;
-        for (std::size_t d : dims) n *= d;
-        std::uniform_int_distribution<int> pick(0, 3);
-        if (s.mask == masks::boolean || s.mask == masks::both) {
-            o.mask.resize(n);
-            for (auto& m : o.mask) m = pick(rng) != 0 ? 1 : 0;
-        }
-        if (s.mask == masks::additive || s.mask == masks::both) {
-            o.additive.resize(n);
-            for (float& a : o.additive) a = pick(rng) == 0 ? -std::numeric_limits<float>::infinity() : normal(rng);
-        }
-        p.mask_shape = s.mask_shape;
-        p.mask = o.mask;
-        p.additive_mask = o.additive;
-    }
-    p.q = o.q, p.k = o.k, p.v = o.v;
     p.options.causal = s.causal;
     p.options.alignment = s.alignment;
     p.options.return_weights = s.weights;
