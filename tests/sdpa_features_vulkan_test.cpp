@@ -91,17 +91,8 @@ std::string describe(const spec& s, path p) {
 
 owned_sdpa make(const spec& s, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
-    owned_sdpa o = qkv_test::random_sdpa({.shape = {.batch = s.batch,
-                                                    .q_heads = s.q_heads,
-                                                    .kv_heads = s.kv_heads,
-                                                    .q_len = s.q_len,
-                                                    .kv_len = s.kv_len,
-                                                    .d_qk = s.d_qk,
-                                                    .d_v = s.d_v},
-                                          .mask = s.mask,
-                                          .mask_shape = s.mask_shape,
-                                          .empty_row = s.empty_row},
-                                         rng);
+    owned_sdpa o = qkv_test::random_sdpa(
+        {.shape = qkv_test::shape_of(s), .mask = s.mask, .mask_shape = s.mask_shape, .empty_row = s.empty_row}, rng);
     qkv::sdpa_problem& p = o.problem;
     std::normal_distribution<float> normal(0.0f, 1.0f);
     if (s.sinks) {  // a spread of logits: below, near and above the rows' scores, and one head without

@@ -56,16 +56,8 @@ std::string describe(const sdpa_spec& s) {
 
 owned_sdpa make_sdpa(const sdpa_spec& s, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
-    owned_sdpa o = qkv_test::random_sdpa({.shape = {.batch = s.batch,
-                                                    .q_heads = s.q_heads,
-                                                    .kv_heads = s.kv_heads,
-                                                    .q_len = s.q_len,
-                                                    .kv_len = s.kv_len,
-                                                    .d_qk = s.d_qk,
-                                                    .d_v = s.d_v},
-                                          .mask = s.mask,
-                                          .mask_shape = s.mask_shape},
-                                         rng);
+    owned_sdpa o =
+        qkv_test::random_sdpa({.shape = qkv_test::shape_of(s), .mask = s.mask, .mask_shape = s.mask_shape}, rng);
     qkv::sdpa_problem& p = o.problem;
     p.options.causal = s.causal;
     p.options.alignment = s.alignment;

@@ -23,6 +23,18 @@ struct sdpa_data_spec {
     bool empty_row = false;                 ///< the bool mask masks every key of row 0
 };
 
+/// The sdpa_shape of a test's own spec: any struct with sdpa_shape's seven fields.
+template <class Spec>
+qkv::sdpa_shape shape_of(const Spec& s) {
+    return {.batch = s.batch,
+            .q_heads = s.q_heads,
+            .kv_heads = s.kv_heads,
+            .q_len = s.q_len,
+            .kv_len = s.kv_len,
+            .d_qk = s.d_qk,
+            .d_v = s.d_v};
+}
+
 /// A problem that owns its data; `problem` views it (its spans stay valid when this moves).
 struct owned_sdpa {
     std::vector<float> q, k, v, additive, sinks;
