@@ -34,8 +34,7 @@ const char* role_name(role r) {
     return "buffer";
 }
 
-void call_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads,
-                           bool force_staging) {
+void call_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, host_io io) {
     try {
         for (std::size_t i = 0; i < role_count; ++i) {
             const auto r = static_cast<role>(i);
@@ -53,7 +52,7 @@ void call_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<
             readback += d.bytes;
             mapped = mapped && (*this)[d.from].mapped() != nullptr;
         }
-        staged_ = force_staging || !mapped;
+        staged_ = io == host_io::staged || (io == host_io::automatic && !mapped);
         if (staged_) {
             alloc.ensure(staging_in_, plan.of(role::inputs), memory_use::upload, "upload staging");
             alloc.ensure(staging_out_, readback, memory_use::readback, "readback staging");
@@ -145,12 +144,12 @@ namespace {
 }  // namespace
 
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale) {
+    // Every value checked before any is written: a refused call leaves the memory as it was
+    // (a tensor's own memory is written in place where it is mapped).
+    for (std::size_t i = 0; i < values.size(); ++i)
+        if (half_overflows(values[i] * scale)) half_overflow(what, i, values[i]);
     auto* h = reinterpret_cast<std::uint16_t*>(at);
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        const float v = values[i] * scale;
-        if (half_overflows(v)) half_overflow(what, i, values[i]);
-        h[i] = qkv::to_half_bits(v);
-    }
+    for (std::size_t i = 0; i < values.size(); ++i) h[i] = qkv::to_half_bits(values[i] * scale);
 }
 
 void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask) {

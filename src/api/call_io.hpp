@@ -51,14 +51,19 @@ struct download {
     std::uint64_t offset = 0, bytes = 0;
 };
 
+/// How the host reaches a call's buffers: through the mapped memory where it is mapped, else
+/// through staging (automatic); always through staging (staged: settings::force_staging); or not
+/// at all (none: a recording, whose inputs are copied from tensors on the device).
+enum class host_io { automatic, staged, none };
+
 /// The buffers a context keeps between calls.
 class call_buffers {
 public:
     /// Allocates or reuses every buffer `plan` asks for (allocator::ensure) and releases the rest;
-    /// decides whether inputs and results go through staging buffers (where the device memory is
-    /// not mapped, or `force_staging`) and sizes those for `downloads`. An allocation failure
-    /// releases every buffer, so a failed call keeps nothing, and rethrows out_of_memory.
-    void prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, bool force_staging);
+    /// decides whether inputs and results go through staging buffers (`io`) and sizes those for
+    /// `downloads`. An allocation failure releases every buffer, so a failed call keeps nothing,
+    /// and rethrows out_of_memory.
+    void prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, host_io io);
 
     [[nodiscard]] buffer& operator[](role r) { return buffers_[static_cast<std::size_t>(r)]; }
     [[nodiscard]] const buffer& operator[](role r) const { return buffers_[static_cast<std::size_t>(r)]; }
@@ -94,7 +99,8 @@ private:
 /// float32 values, each multiplied by `scale` (a power of two: exact, see sdpa_guard.hpp).
 void put_floats(std::byte* at, std::span<const float> values, float scale = 1.0f);
 /// float16 values (nearest even); a finite value beyond float16's range throws numeric_overflow
-/// naming `what` and the element, never stored as infinity.
+/// naming `what` and the element, never stored as infinity; every value is checked before any
+/// is written.
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale = 1.0f);
 /// A bool mask (0/1 bytes) as bits: bit n of word n / 32.
 void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask);

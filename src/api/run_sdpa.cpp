@@ -11,12 +11,13 @@ namespace qkv::vulkan::detail {
 
 call_session::call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads)
     : core_(env.core), rec_(*env.core.exec), buffers_(env.buffers), plan_(buffers), downloads_(downloads) {
-    env.buffers.prepare(*env.core.alloc, buffers, downloads, env.set.force_staging);
+    env.buffers.prepare(*env.core.alloc, buffers, downloads,
+                        env.set.force_staging ? host_io::staged : host_io::automatic);
 }
 
 call_session::call_session(device_core& core, recorder& rec, call_buffers& buffers, const buffer_plan& plan)
     : core_(core), rec_(rec), buffers_(buffers), plan_(plan) {
-    buffers.prepare(*core.alloc, plan, {}, false);
+    buffers.prepare(*core.alloc, plan, {}, host_io::none);
 }
 
 executor& call_session::exec() const {
