@@ -57,7 +57,7 @@ TEST_CASE("tensor: upload and download in f32 and f16, misuse refused", "[tensor
     h.upload(x);
     const std::vector<float> back = h.download();
     for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(back[i] - x[i]) <= std::fabs(x[i]) * 0x1p-11f);
-    std::vector<float> big = x;
+    std::vector<float> big(x.size(), 0.5f);  // every value other than back's: a partial write would show
     big[7] = 70000.0f;
     CHECK_THROWS_AS(h.upload(big), qkv::vulkan::numeric_overflow);
     CHECK(h.download() == back);  // nothing was written
@@ -256,6 +256,198 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
         }
     }
     seq.run();  // nothing recorded: nothing to do
+    require_clean(ctx);
+}
+
+namespace {
+
+/// A one-head cache of width E with `rows` host rows, the rows kept for the reference.
+struct small_cache {
+    static constexpr std::size_t E = 16;
+    qkv::vulkan::kv_cache cache;
+    std::vector<float> k, v;  // (1, 1, size, E)
+
+    small_cache(qkv::vulkan::context& ctx, std::size_t capacity, std::size_t rows, std::mt19937_64& rng)
+        : cache(ctx, qkv::vulkan::kv_cache_shape{.batch = 1, .kv_heads = 1, .capacity = capacity, .d_qk = E, .d_v = E}),
+          k(normal(rows * E, rng)),
+          v(normal(rows * E, rng)) {
+        cache.append(k, v, rows);
+    }
+    /// The float64 reference of one query against the rows held.
+    [[nodiscard]] std::vector<double> attend(const std::vector<float>& q) const {
+        qkv::sdpa_problem p;
+        p.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = k.size() / E, .d_qk = E, .d_v = E};
+        p.q = q, p.k = k, p.v = v;
+        return qkv::cpu::sdpa_f64(p).output;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("sequence: a recorded append holds its cache until the run; a refused record changes nothing",
+          "[tensor][sequence]") {
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t E = small_cache::E;
+    std::mt19937_64 rng(31);
+    small_cache c(ctx, 16, 3, rng);
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    qkv::vulkan::sdpa_call call(ctx, desc, c.cache);
+    const std::vector<float> q = normal(E, rng), k2 = normal(2 * E, rng), v2 = normal(2 * E, rng);
+    qkv::vulkan::tensor tq(ctx, {1, 1, 1, E}), out(ctx, {1, 1, 1, E}), wrong(ctx, {1, 1, 1, E + 4});
+    qkv::vulkan::tensor tk(ctx, {1, 1, 2, E}), tv(ctx, {1, 1, 2, E});
+    tq.upload(q), tk.upload(k2), tv.upload(v2);
+
+    qkv::vulkan::sequence seq(ctx);
+    seq.record_append(c.cache, tk, tv, 2);
+    CHECK(c.cache.size() == 5);  // calls recorded after it see the rows
+    // Until the run the last two rows are not written: every other use of the cache waits.
+    qkv::sdpa_problem host = desc;
+    host.q = q;
+    CHECK_THROWS_AS(ctx.sdpa(host, c.cache), qkv::invalid_argument);
+    CHECK_THROWS_AS(c.cache.append(k2, v2, 2), qkv::invalid_argument);
+    CHECK_THROWS_AS(call.run({.q = &tq, .out = &out}), qkv::invalid_argument);
+    {
+        qkv::vulkan::sequence other(ctx);
+        CHECK_THROWS_AS(other.record_append(c.cache, tk, tv, 2), qkv::invalid_argument);
+        CHECK_THROWS_AS(other.record(call, {.q = &tq, .out = &out}), qkv::invalid_argument);
+    }
+    CHECK(c.cache.size() == 5);
+    // Refused for its arguments before recording anything: the sequence is as it was.
+    CHECK_THROWS_AS(seq.record(call, {.q = &tq, .out = &wrong}), qkv::invalid_argument);
+    CHECK(seq.recorded() == 1);
+    seq.record(call, {.q = &tq, .out = &out});
+    CHECK(seq.recorded() == 2);
+    seq.run();
+    CHECK(seq.recorded() == 0);
+    c.k.insert(c.k.end(), k2.begin(), k2.end());
+    c.v.insert(c.v.end(), v2.begin(), v2.end());
+    CHECK(nmse(out.download(), c.attend(q)) <= 1e-10);
+    CHECK(ctx.sdpa(host, c.cache).output == out.download());  // free again after the run
+
+    // A sequence ended before its run: its append never happened, so the cache is as before.
+    {
+        qkv::vulkan::sequence dropped(ctx);
+        dropped.record_append(c.cache, tk, tv, 2);
+        dropped.record(call, {.q = &tq, .out = &out});
+        CHECK(c.cache.size() == 7);
+    }
+    CHECK(c.cache.size() == 5);
+    c.cache.append(k2, v2, 2);  // and free
+    CHECK(c.cache.size() == 7);
+
+    // A place of a sequence whose last call was over a cache that is gone since: recording there
+    // lets go of the cache's last reference, whose destructor takes the device's lock.
+    {
+        qkv::vulkan::sequence reused(ctx);
+        {
+            small_cache gone(ctx, 4, 2, rng);
+            qkv::vulkan::sdpa_call over(ctx, desc, gone.cache);
+            reused.record(over, {.q = &tq, .out = &out});
+            reused.run();
+        }
+        reused.record(call, {.q = &tq, .out = &out});
+        reused.run();
+    }
+    require_clean(ctx);
+}
+
+TEST_CASE("sequence: a record that fails part-way drops the sequence and undoes its appends", "[tensor][sequence]") {
+    // An attention_call records its leading barrier before it allocates its verdict words, so a
+    // device memory limit between the two fails it part-way. Found by bisection on the limit: the
+    // lowest limit at which the record does not fail before recording anything fails part-way.
+    // Every outcome must leave a cache whose rows are all written.
+    constexpr std::size_t E = small_cache::E, N = 512, D = 32;  // scratch of some 300 KiB
+    enum class outcome { objects_do_not_fit, refused_before, part_way, fits };
+    const auto attempt = [&](std::uint64_t limit) {
+        INFO("device memory limit " << limit);
+        auto ctx = qkv_test::make_context({.device_memory_limit = limit});
+        std::mt19937_64 rng(7);
+        std::optional<small_cache> c;
+        std::optional<qkv::vulkan::tensor> tk, tv, x, wq, wk, wv, out;
+        std::optional<qkv::vulkan::attention_call> call;
+        qkv::attention_problem desc;
+        desc.shape = {.batch = 1, .seq = N, .d_in = D, .d_k = D, .d_v = D, .heads = 1, .d_out = 0};
+        try {
+            c.emplace(ctx, 16, 3, rng);
+            const auto make = [&](std::optional<qkv::vulkan::tensor>& t, std::vector<std::size_t> shape) {
+                t.emplace(ctx, std::move(shape));
+                t->upload(normal(t->elements(), rng));
+            };
+            make(tk, {1, 1, 2, E}), make(tv, {1, 1, 2, E});
+            make(x, {1, N, D}), make(wq, {D, D}), make(wk, {D, D}), make(wv, {D, D}), make(out, {1, N, D});
+            call.emplace(ctx, desc);
+        } catch (const qkv::vulkan::out_of_memory&) {
+            return outcome::objects_do_not_fit;
+        }
+        const std::vector<float> k2 = tk->download(), v2 = tv->download();
+        outcome result = outcome::fits;
+        {
+            qkv::vulkan::sequence seq(ctx);
+            seq.record_append(c->cache, *tk, *tv, 2);
+            try {
+                seq.record(*call, {.x = &*x, .wq = &*wq, .wk = &*wk, .wv = &*wv, .out = &*out});
+            } catch (const qkv::vulkan::out_of_memory&) {
+                result = seq.recorded() == 0 ? outcome::part_way : outcome::refused_before;
+            }
+            if (result == outcome::part_way) CHECK(c->cache.size() == 3);  // the append undone
+            if (result != outcome::part_way) CHECK(c->cache.size() == 5);  // the append kept
+            seq.run();
+        }
+        if (c->cache.size() == 5) {
+            c->k.insert(c->k.end(), k2.begin(), k2.end());
+            c->v.insert(c->v.end(), v2.begin(), v2.end());
+        }
+        // The rows the cache holds are the rows appended (with room for the host call's scratch).
+        call.reset(), x.reset(), wq.reset(), wk.reset(), wv.reset(), out.reset();
+        const std::vector<float> one = normal(E, rng);
+        qkv::sdpa_problem host;
+        host.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+        host.q = one;
+        CHECK(nmse(ctx.sdpa(host, c->cache).output, c->attend(one)) <= 1e-10);
+        require_clean(ctx);
+        return result;
+    };
+    // lo: a limit refused before recording; hi: one that is not.
+    std::uint64_t lo = 0, hi = 0;
+    for (std::uint64_t limit = 64 * 1024; limit <= 4096 * 1024 && hi == 0; limit += 32 * 1024) {
+        const outcome o = attempt(limit);
+        if (o == outcome::refused_before) lo = limit;
+        if (o == outcome::part_way || o == outcome::fits) hi = limit;
+    }
+    REQUIRE(lo != 0);
+    REQUIRE(hi != 0);
+    while (hi - lo > 256) {
+        const std::uint64_t mid = (lo + hi) / 2;
+        const outcome o = attempt(mid);
+        REQUIRE(o != outcome::objects_do_not_fit);
+        (o == outcome::refused_before ? lo : hi) = mid;
+    }
+    CHECK(attempt(hi) == outcome::part_way);
+}
+
+TEST_CASE("sequence: more dispatches than one descriptor pool holds", "[tensor][sequence]") {
+    // 1,024 descriptor sets a pool: a sequence of many calls takes more pools as it grows.
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t E = small_cache::E, calls = 400;
+    std::mt19937_64 rng(43);
+    small_cache c(ctx, 8, 5, rng);
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    qkv::vulkan::sdpa_call call(ctx, desc, c.cache);
+    const std::vector<float> q = normal(E, rng);
+    qkv::vulkan::tensor tq(ctx, {1, 1, 1, E});
+    tq.upload(q);
+    std::vector<qkv::vulkan::tensor> outs;
+    for (std::size_t i = 0; i < calls; ++i) outs.emplace_back(ctx, std::vector<std::size_t>{1, 1, 1, E});
+    qkv::vulkan::sequence seq(ctx);
+    for (int round = 0; round < 2; ++round) {
+        for (auto& o : outs) seq.record(call, {.q = &tq, .out = &o});
+        seq.run();
+        const std::vector<float> first = outs.front().download();
+        CHECK(nmse(first, c.attend(q)) <= 1e-10);
+        for (auto& o : outs) CHECK(o.download() == first);
+    }
     require_clean(ctx);
 }
 

@@ -137,10 +137,7 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     r->core = c->core;
     std::lock_guard lock(c->core->mutex);
     c->core->check_alive();
-    if (rows > c->shape.capacity - c->size)
-        throw limit_exceeded("record_append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
-                             std::to_string(c->size) + " of its capacity of " + std::to_string(c->shape.capacity) +
-                             " rows; nothing was recorded");
+    c->check_room(rows, "record_append", nullptr);
     r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
     if (rows) c->record_append(*r->rec, k, v, rows);
     return recording_access::make(std::move(r));

@@ -54,6 +54,21 @@ kv_cache::impl::~impl() {
     k_view.reset(), v_view.reset(), stats.reset(), staging.reset(), k_blocks.reset(), v_blocks.reset();
 }
 
+void kv_cache::impl::check_ready(const char* what, const void* by) const {
+    if (pending_in && pending_in != by)
+        throw qkv::invalid_argument(std::string(what) +
+                                    ": a sequence holds a recorded append to this cache that has not run, so the "
+                                    "cache's last rows are not written yet; run() that sequence first");
+}
+
+void kv_cache::impl::check_room(std::size_t rows, const char* what, const void* by) const {
+    check_ready(what, by);
+    if (rows > shape.capacity - size)
+        throw limit_exceeded(std::string(what) + ": " + std::to_string(rows) + " rows do not fit: the cache holds " +
+                             std::to_string(size) + " of its capacity of " + std::to_string(shape.capacity) +
+                             " rows; nothing was done");
+}
+
 kv_stats kv_cache::impl::read_stats() const {
     stats.invalidate();
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
@@ -96,8 +111,13 @@ void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
                                     ") must be multiples of " + std::to_string(block_size(c.type)));
     c.format = c.half() ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
     c.texel_bytes = c.half() ? 8 : 16;
-    c.e4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_qk + 3) / 4, 0xffffffu));
-    c.ev4 = static_cast<std::uint32_t>(std::min<std::size_t>((shape.d_v + 3) / 4, 0xffffffu));
+    // The kernels index a row's texels in 24 bits; a wider row is refused, never cut short.
+    constexpr std::size_t widest = std::size_t{0xffffff} * 4;
+    if (shape.d_qk > widest || shape.d_v > widest)
+        throw limit_exceeded("kv_cache: d_qk " + std::to_string(shape.d_qk) + " and d_v " + std::to_string(shape.d_v) +
+                             ": a row is at most " + std::to_string(widest) + " values wide");
+    c.e4 = static_cast<std::uint32_t>((shape.d_qk + 3) / 4);
+    c.ev4 = static_cast<std::uint32_t>((shape.d_v + 3) / 4);
     c.k_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_qk) : std::uint64_t{c.e4} * c.texel_bytes;
     c.v_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
 }
@@ -348,10 +368,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     // concurrent appends both fit or one is refused with nothing appended.
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    if (rows > s.capacity - c.size)
-        throw limit_exceeded("kv_cache::append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
-                             std::to_string(c.size) + " of its capacity of " + std::to_string(s.capacity) +
-                             " rows; nothing was appended");
+    c.check_room(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::uint64_t tb = c.texel_bytes;
     const std::size_t groups = c.groups();
@@ -487,6 +504,11 @@ void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor
         rec.compute_barrier();
         record_texel_pack(rec, *core->pipes, src.b, dst, stats_all, t);
     }
+    // The rows and statistics readable by later work in submission order, wherever it is recorded
+    // (this command buffer, the next submit), and by the host, which reads the statistics.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_HOST_READ_BIT);
     size += rows;
 }
 
@@ -495,19 +517,13 @@ void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
     device_core& core = *c.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    if (rows > c.shape.capacity - c.size)
-        throw limit_exceeded("kv_cache::append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
-                             std::to_string(c.size) + " of its capacity of " + std::to_string(c.shape.capacity) +
-                             " rows; nothing was appended");
+    c.check_room(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::size_t before = c.size;
     try {
         executor& exec = *core.exec;
         exec.begin();
-        c.record_append(exec, k, v, rows);
-        exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
-                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_HOST_READ_BIT);
+        c.record_append(exec, k, v, rows);  // ends with the barrier to compute and host reads
         (void)exec.submit_and_wait();
     } catch (const device_lost&) {
         c.size = before;
@@ -526,6 +542,7 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
         throw qkv::invalid_argument("sdpa with a kv_cache: the cache was created from another context");
     return self.call("sdpa with a kv_cache", [&](call_env& env) {
         // Under the lock: the cache's size and rows cannot change during the call.
+        c.check_ready("sdpa with a kv_cache", nullptr);
         const sdpa_problem problem = checked_decode_problem(given, c.shape, c.size);
         const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
         const kv_stats stats = c.read_stats();

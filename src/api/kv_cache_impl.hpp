@@ -32,6 +32,9 @@ struct kv_cache::impl {
     /// rows pass into it.
     detail::buffer stats;
     detail::buffer staging;  // the upload staging where the storage is not mapped
+    /// The sequence (its sequence::impl) holding a recorded append to this cache that has not run:
+    /// until it runs, `size` counts rows not yet written, so every other use of the rows waits.
+    const void* pending_in = nullptr;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -44,6 +47,11 @@ struct kv_cache::impl {
     [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(shape.capacity), type}; }
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
+    /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence
+    /// other than `by` (null: none) holds a recorded append to this cache that has not run.
+    void check_ready(const char* what, const void* by) const;
+    /// check_ready, then refuses (limit_exceeded) `rows` more than the room left: nothing done.
+    void check_room(std::size_t rows, const char* what, const void* by) const;
     /// Records an append of device tensors (the lock held, `rows` checked): the guard's rows pass
     /// into `stats`, then K and V packed into their rows. Grows `size`.
     void record_append(detail::recorder& rec, const tensor& k, const tensor& v, std::size_t rows);

@@ -52,15 +52,21 @@ struct recording::impl {
     void check() const;
     void check_attention() const;  // attention_call.cpp
     /// Ready for the next recording at the same place: the buffers and device words are kept, the
-    /// views and the check's facts are the new recording's.
-    void reuse() {
+    /// views and the check's facts are the new recording's. Returns the cache the last recording
+    /// held, for the caller to let go of after the core's lock (a cache's destructor takes it).
+    [[nodiscard]] std::shared_ptr<kv_cache::impl> reuse() {
         views.clear();
         flash_views = {};
         attention_views = {};
         checks = false;
         attention.reset();
+        return std::move(cache);
     }
 };
+
+/// Caches let go of while the core's lock is held, released after it (declare one before the
+/// lock_guard): the last reference to a cache runs its destructor, which takes the lock.
+using cache_refs = std::vector<std::shared_ptr<kv_cache::impl>>;
 
 struct sequence::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the rest
@@ -68,25 +74,66 @@ struct sequence::impl {
     /// The recordings of the current (or last) run, kept for the next: a call recorded at the same
     /// place reuses its scratch (allocating device memory per token would cost more than the call).
     std::vector<std::unique_ptr<recording::impl>> recorded;
-    std::size_t next = 0;  // the place of the next recording in this run
+    std::size_t next = 0;     // the place of the next recording in this run
+    std::size_t records = 0;  // calls and appends recorded in this run
     bool begun = false;
+    /// The caches this run's recorded appends grow (their pending_in is this), each with its size
+    /// before them.
+    std::vector<std::pair<std::shared_ptr<kv_cache::impl>, std::size_t>> appended;
 
     ~impl() {
         if (!core) return;
-        recorded.clear();  // each releases under the lock
+        recorded.clear();    // each releases under the lock
+        cache_refs release;  // after the lock
         std::lock_guard lock(core->mutex);
+        if (begun) abandon(release);  // recorded, never run: the appends did not happen
         exec.reset();
     }
     /// The scratch of the next recording (call with the lock held, the previous run completed): the
     /// one recorded at this place last run, its views dropped, or a new one.
-    recording::impl& next_scratch() {
+    recording::impl& next_scratch(cache_refs& release) {
         if (next == recorded.size()) {
             recorded.push_back(std::make_unique<recording::impl>());
             recorded.back()->core = core;
         }
         recording::impl& r = *recorded[next++];
-        r.reuse();
+        release.push_back(r.reuse());
         return r;
+    }
+    /// After the run (the lock held): the appends are written, the caches free for other uses.
+    void settle(cache_refs& release) {
+        for (auto& [cache, before] : appended) {
+            cache->pending_in = nullptr;
+            release.push_back(std::move(cache));
+        }
+        appended.clear();
+        records = 0;
+    }
+    /// A recording that failed part-way, or a sequence ended before its run (the lock held):
+    /// recorded commands cannot be taken back, so everything recorded since the last run is
+    /// dropped and the caches its appends grew return to their sizes before them.
+    void abandon(cache_refs& release) {
+        for (auto& [cache, before] : appended) cache->size = before;
+        settle(release);
+        begun = false;
+        next = 0;
+    }
+    /// Runs `record` (the lock held), which records into exec. If it throws having recorded
+    /// nothing, the sequence is as it was (`place` is given back); having recorded something, the
+    /// sequence is abandoned. Either way the exception goes on.
+    template <class Record>
+    void guarded(cache_refs& release, bool takes_place, Record&& record) {
+        const std::uint64_t commands = exec->commands_recorded();
+        try {
+            record();
+            ++records;
+        } catch (...) {
+            if (exec->commands_recorded() != commands)
+                abandon(release);
+            else if (takes_place)
+                --next;
+            throw;
+        }
     }
     /// The command buffer begun (call with the lock held).
     void ensure_begun() {
@@ -129,17 +176,27 @@ struct planned_call {
 // and `record(recorder&, recording::impl&, const Tensors&)`, which records the whole call (its
 // leading barrier, the kernels and the verdict) with the core's lock held.
 
+/// A call over a cache (sdpa_call::impl's `cache`) refuses to use it while a sequence other than
+/// `by` holds a recorded append to it that has not run (the lock held).
+template <class Call>
+void check_cache_ready(const Call& call, const char* what, const void* by) {
+    if constexpr (requires { call.cache; })
+        if (call.cache) call.cache->check_ready(what, by);
+}
+
 /// call.run(tensors): recorded into the core's own command buffer, submitted, waited on, checked.
 template <class Call, class Tensors>
 void run_call(Call& call, const Tensors& tensors, const char* what) {
     detail::device_core& core = *call.core;
+    cache_refs release;  // after the lock
     {
         std::lock_guard lock(core.mutex);
         core.check_alive();
+        check_cache_ready(call, what, nullptr);
         try {
             if (!call.run_scratch) call.run_scratch = std::make_unique<recording::impl>();
             recording::impl& r = *call.run_scratch;
-            r.reuse();
+            release.push_back(r.reuse());
             detail::executor& exec = *core.exec;
             exec.begin();
             call.record(exec, r, tensors);
@@ -155,7 +212,7 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
             throw out_of_memory(std::string("host memory allocation failed in ") + what);
         }
     }
-    call.run_scratch->check();
+    call.run_scratch->check();  // takes the lock itself
 }
 
 /// record(call, cmd, tensors): into the caller's command buffer; the recording owns the scratch.
@@ -166,6 +223,7 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
     r->core = call.core;
     std::lock_guard lock(call.core->mutex);
     call.core->check_alive();
+    check_cache_ready(call, "record", nullptr);
     r->rec = std::make_unique<detail::external_recorder>(*call.core->dev, call.core->exec->max_groups(0), cmd);
     call.record(*r->rec, *r, tensors);
     return recording_access::make(std::move(r));
@@ -175,10 +233,13 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
 template <class Call, class Tensors>
 void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
     if (call.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    cache_refs release;  // after the lock
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
+    check_cache_ready(call, "sequence::record", &s);
     s.ensure_begun();
-    call.record(*s.exec, s.next_scratch(), tensors);
+    recording::impl& r = s.next_scratch(release);
+    s.guarded(release, true, [&] { call.record(*s.exec, r, tensors); });
 }
 
 }  // namespace qkv::vulkan

@@ -373,24 +373,34 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
     impl& s = *impl_;
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
+    cache_refs release;  // after the lock
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
-    if (rows > c->shape.capacity - c->size)
-        throw limit_exceeded("sequence::record_append: " + std::to_string(rows) + " rows do not fit: the cache holds " +
-                             std::to_string(c->size) + " of its capacity of " + std::to_string(c->shape.capacity) +
-                             " rows; nothing was recorded");
+    c->check_room(rows, "sequence::record_append", &s);
+    if (rows == 0) return;
     s.ensure_begun();
-    if (rows) c->record_append(*s.exec, k, v, rows);
+    const std::size_t before = c->size;
+    s.guarded(release, false, [&] { c->record_append(*s.exec, k, v, rows); });
+    if (c->pending_in != &s) {  // the rows are written when the sequence runs: until then, the cache waits
+        s.appended.emplace_back(c, before);
+        c->pending_in = &s;
+    }
+}
+
+std::size_t sequence::recorded() const {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    std::lock_guard lock(impl_->core->mutex);
+    return impl_->records;
 }
 
 void sequence::run() {
     if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
     impl& s = *impl_;
+    cache_refs release;  // after the lock
     {
         std::lock_guard lock(s.core->mutex);
         s.core->check_alive();
         if (!s.begun) return;
-        s.begun = false;
         try {
             s.exec->barrier(
                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
@@ -400,10 +410,16 @@ void sequence::run() {
             (void)s.exec->submit_and_wait();
         } catch (const device_lost&) {
             s.core->lost = true;
+            s.abandon(release);
+            throw;
+        } catch (...) {  // not submitted: the appends did not happen
+            s.abandon(release);
             throw;
         }
+        s.begun = false;
+        s.settle(release);
     }
-    for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check();
+    for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check();  // each takes the lock itself
 }
 
 }  // namespace qkv::vulkan

@@ -8,7 +8,7 @@
 
 namespace qkv::vulkan::detail {
 namespace {
-constexpr std::uint32_t max_sets = 1024;  // descriptor sets per call (one per stage dispatch or key chunk)
+constexpr std::uint32_t max_sets = 1024;  // descriptor sets per pool (one per stage dispatch or key chunk)
 }
 
 recorder::recorder(const device& dev, std::uint32_t max_workgroup_count) : dev_(dev) {
@@ -24,7 +24,9 @@ void recorder::start(VkCommandBuffer cmd, VkDescriptorPool descriptors, VkQueryP
     queries_ = queries;
     dispatches_ = 0;
     sets_ = 0;
+    commands_ = 0;
     stamps_ = 0;
+    more_used_ = 0;
 }
 
 descriptor_pool_handle make_descriptor_pool(const device& dev) {
@@ -57,6 +59,7 @@ executor::executor(const device& dev, std::uint32_t max_workgroup_count, std::ui
     alloc.commandBufferCount = 1;
     check(fn.vkAllocateCommandBuffers(d, &alloc, &own_cmd_), "vkAllocateCommandBuffers");
     descriptor_pool_ = make_descriptor_pool(dev_);
+    grows_descriptors_ = true;
 
     auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     check(fn.vkCreateFence(d, &fence, nullptr, fence_.put()), "vkCreateFence");
@@ -73,6 +76,8 @@ void executor::begin() {
     const auto& fn = dev_.fn();
     check(fn.vkResetCommandPool(dev_.handle(), pool_.get(), 0), "vkResetCommandPool");
     check(fn.vkResetDescriptorPool(dev_.handle(), descriptor_pool_.get(), 0), "vkResetDescriptorPool");
+    for (std::size_t i = 0; i < more_used_; ++i)
+        check(fn.vkResetDescriptorPool(dev_.handle(), more_pools_[i].get(), 0), "vkResetDescriptorPool");
     start(own_cmd_, descriptor_pool_.get(), query_pool_ ? query_pool_.get() : VK_NULL_HANDLE);
     marks_ms_.clear();
     auto info = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
@@ -93,20 +98,24 @@ void recorder::mark() {
     if (!queries_) return;
     if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
     dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
+    ++commands_;
 }
 
 void recorder::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
     dev_.fn().vkCmdFillBuffer(cmd_, dst, offset, size, value);
+    ++commands_;
 }
 
 void recorder::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
     const VkBufferCopy region{src_offset, dst_offset, size};
     dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
+    ++commands_;
 }
 
 void recorder::copy(VkBuffer src, VkBuffer dst, const std::vector<VkBufferCopy>& regions) {
-    if (!regions.empty())
-        dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, static_cast<std::uint32_t>(regions.size()), regions.data());
+    if (regions.empty()) return;
+    dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, static_cast<std::uint32_t>(regions.size()), regions.data());
+    ++commands_;
 }
 
 void recorder::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
@@ -115,6 +124,7 @@ void recorder::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPip
     b.srcAccessMask = src_access;
     b.dstAccessMask = dst_access;
     dev_.fn().vkCmdPipelineBarrier(cmd_, src, dst, 0, 1, &b, 0, nullptr, 0, nullptr);
+    ++commands_;
 }
 
 void recorder::compute_barrier() {
@@ -127,8 +137,14 @@ void recorder::dispatch(const pipeline& p, std::initializer_list<binding> bindin
     const auto& fn = dev_.fn();
     if (bindings.size() != p.bindings) throw error("internal: binding count does not match the pipeline");
     if (cmd_ == VK_NULL_HANDLE) throw error("internal: recording without a command buffer");
-    if (sets_ == max_sets) throw error("internal: too many dispatches in one call");
+    if (sets_ == max_sets) {
+        if (!grows_descriptors_) throw error("internal: too many dispatches in one call");
+        if (more_used_ == more_pools_.size()) more_pools_.push_back(make_descriptor_pool(dev_));
+        descriptors_ = more_pools_[more_used_++].get();
+        sets_ = 0;
+    }
     ++sets_;
+    ++commands_;
 
     VkDescriptorSet set = VK_NULL_HANDLE;
     auto alloc = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);

@@ -61,6 +61,8 @@ public:
     static constexpr std::uint32_t max_marks = 6;
 
     [[nodiscard]] std::uint32_t dispatches_recorded() const { return dispatches_; }
+    /// Commands recorded since start(): copies, fills, barriers, dispatches, timestamps.
+    [[nodiscard]] std::uint64_t commands_recorded() const { return commands_; }
     [[nodiscard]] std::uint32_t max_groups(int dim) const { return max_groups_[dim]; }
     [[nodiscard]] const device& dev() const { return dev_; }
 
@@ -77,12 +79,19 @@ protected:
     VkQueryPool queries_ = VK_NULL_HANDLE;
     std::uint32_t max_groups_[3] = {0, 0, 0};
     std::uint32_t dispatches_ = 0;
-    std::uint32_t sets_ = 0;
+    std::uint32_t sets_ = 0;  // taken from descriptors_
+    std::uint64_t commands_ = 0;
+    /// Where the descriptor pool is full: an executor (whose command buffer may hold a sequence of
+    /// calls) takes another pool, kept for the next begin(); an external_recorder (one call, which
+    /// its plan keeps within a pool) refuses.
+    bool grows_descriptors_ = false;
+    std::vector<descriptor_pool_handle> more_pools_;
+    std::size_t more_used_ = 0;
     std::uint32_t stamps_ = 0;  // timestamps written in this command buffer
     std::vector<std::byte> push_copy_;
 };
 
-/// A descriptor pool for up to max_descriptor_sets dispatches (what one call may record).
+/// A descriptor pool for up to 1,024 dispatches (what one call may record).
 descriptor_pool_handle make_descriptor_pool(const device& dev);
 
 /// Records one call's work into its own command buffer and submits it once.

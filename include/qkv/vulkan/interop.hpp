@@ -14,14 +14,16 @@
 //   r.check();   // numeric_overflow if the device found the inputs beyond float32's range
 //
 // Synchronisation contract of a recording:
-//   before  Every access qkv records is a compute-shader access (storage and uniform-texel reads
-//           and writes: VK_PIPELINE_STAGE_2_COMPUTE_SHADER_BIT with VK_ACCESS_2_SHADER_STORAGE_READ_BIT,
+//   before  Every access qkv records to your memory (tensors, a kv_cache's storage) is a
+//           compute-shader access (storage and uniform-texel reads and writes:
+//           VK_PIPELINE_STAGE_2_COMPUTE_SHADER_BIT with VK_ACCESS_2_SHADER_STORAGE_READ_BIT,
 //           VK_ACCESS_2_UNIFORM_READ_BIT and VK_ACCESS_2_SHADER_STORAGE_WRITE_BIT). A recording begins
 //           with a barrier from earlier compute-shader writes to its own compute-shader reads and
 //           writes, so a compute dispatch of yours, or another qkv recording, needs no barrier before
 //           it. Writes by any other stage (a transfer, the host, graphics) must be made available and
 //           visible to VK_PIPELINE_STAGE_2_COMPUTE_SHADER_BIT / VK_ACCESS_2_SHADER_STORAGE_READ_BIT
 //           (and UNIFORM_READ for a kv_cache's storage) by a barrier of yours.
+//           (qkv's own scratch is also filled and copied by transfers, ordered by qkv's barriers.)
 //   after   Its results (the out tensor, a cache's rows) are written by compute shaders: wait on
 //           VK_PIPELINE_STAGE_2_COMPUTE_SHADER_BIT / VK_ACCESS_2_SHADER_STORAGE_WRITE_BIT before you read
 //           them (record_barrier records the barrier to compute reads, the common case).

@@ -101,10 +101,12 @@ public:
     sdpa_call(const sdpa_call&) = delete;
     sdpa_call& operator=(const sdpa_call&) = delete;
 
+    /// One call is run or recorded by one thread at a time (different calls may run concurrently).
     /// Runs over `tensors` on the context's queue and waits: nothing crosses to the host. The
     /// overflow rule holds as on the host path: finite inputs give the right finite answer or
     /// numeric_overflow (checked on the device, reported here). Throws qkv::invalid_argument for
-    /// tensors whose shapes or types do not match the description.
+    /// tensors whose element counts or types do not match the description (a tensor's shape is
+    /// its own: (L, E) serves for (1, 1, L, E); its elements are read in the description's order).
     void run(const sdpa_tensors& tensors);
 
     /// The kernel family that runs (decode or fused).
@@ -147,6 +149,7 @@ public:
     attention_call(const attention_call&) = delete;
     attention_call& operator=(const attention_call&) = delete;
 
+    /// One call is run or recorded by one thread at a time (different calls may run concurrently).
     /// Runs over `tensors` on the context's queue and waits; the overflow rule holds as on the
     /// host path (the range guard runs on the device, its verdict reported here).
     void run(const attention_tensors& tensors);
@@ -164,6 +167,11 @@ private:
 /// (Kompute's "sequence"): what a model does per token, without a Vulkan header of its own. Each
 /// recorded call keeps its scratch until the sequence records again after a run, or is destroyed.
 /// One sequence is used by one thread at a time (different sequences may run concurrently).
+///
+/// A record refused before it records anything (its arguments: every check comes first) leaves
+/// the sequence as it was. One that fails part-way (out_of_memory while recording) cannot be
+/// taken back: everything recorded since the last run is dropped, and the appends among it are
+/// undone (recorded() is then 0). A sequence destroyed before its run undoes its appends too.
 class QKV_VULKAN_API sequence {
 public:
     explicit sequence(context& ctx);
@@ -177,11 +185,16 @@ public:
     /// ones before it where they share memory).
     void record(sdpa_call& call, const sdpa_tensors& tensors);
     void record(attention_call& call, const attention_tensors& tensors);
-    /// Records an append of device rows to `cache` (its size grows now).
+    /// Records an append of device rows to `cache`. Its size grows now, so calls recorded after it
+    /// in this sequence see the rows; until run(), every other use of the cache (its appends, the
+    /// calls over it, other sequences) is refused with qkv::invalid_argument, since those rows are
+    /// not written yet.
     void record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows);
     /// Submits everything recorded, once, waits, then checks every call (numeric_overflow as the
     /// host path). The sequence is empty again afterwards.
     void run();
+    /// The calls and appends recorded since the last run.
+    [[nodiscard]] std::size_t recorded() const;
 
     struct impl;
 
