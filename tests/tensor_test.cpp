@@ -524,5 +524,16 @@ TEST_CASE("attention_call: self-attention over device tensors equals the host ca
     w.assign(16, 0.25f);
     tx.upload(x), tw.upload(w);
     CHECK_NOTHROW(call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out}));
+
+    // Shapes checked before anything they imply is allocated: sizes beyond size_t are refused as
+    // arguments, and sizes beyond the device as limits (never std::bad_alloc from the host).
+    qkv::attention_problem huge;
+    huge.shape = {.batch = std::size_t{1} << 40, .seq = std::size_t{1} << 20, .d_in = 1 << 10, .d_k = 8, .d_v = 8};
+    CHECK_THROWS_AS(qkv::vulkan::attention_call(ctx, huge), qkv::invalid_argument);
+    huge.shape = {.batch = 1, .seq = std::size_t{1} << 24, .d_in = 1 << 16, .d_k = 8, .d_v = 8, .d_out = 1 << 16};
+    CHECK_THROWS_AS(qkv::vulkan::attention_call(ctx, huge), qkv::vulkan::limit_exceeded);
+    huge.shape = {.batch = 1, .seq = 3, .d_in = 4, .d_k = 4, .d_v = 4};
+    huge.x = x;  // the data comes as tensors
+    CHECK_THROWS_AS(qkv::vulkan::attention_call(ctx, huge), qkv::invalid_argument);
     require_clean(ctx);
 }

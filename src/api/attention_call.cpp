@@ -62,14 +62,13 @@ attention_call::attention_call(context& ctx, const attention_problem& descriptio
     c.mask.assign(description.mask.begin(), description.mask.end());
     c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());
     c.desc.mask = c.mask, c.desc.additive_mask = c.additive;
-    // validate() wants the data: the shapes' checks on zeros of the right sizes, once.
-    const std::vector<float> x(s.batch * s.seq * s.d_in), wk(s.d_in * s.d_k), wv(s.d_in * s.d_v), bk(s.d_k), bv(s.d_v),
-        wo(s.d_v * s.d_out), bo(s.d_out);
+    validate_description(c.desc);  // before any size the shape implies is allocated
+    // The plan reads the shape, and of the data only whether the biases are there: they always
+    // are (absent ones are zeros on the device), and bo with an output projection.
+    const std::vector<float> bk(s.d_k), bv(s.d_v), bo(s.d_out);
     attention_problem planning = c.desc;
-    planning.x = x, planning.wq = wk, planning.wk = wk, planning.wv = wv;
-    planning.bq = bk, planning.bk = bk, planning.bv = bv;  // the bias region is always there
-    if (s.d_out) planning.wo = wo, planning.bo = bo;
-    validate(planning);
+    planning.bq = bk, planning.bk = bk, planning.bv = bv;
+    if (s.d_out) planning.bo = bo;
     for (const float a : c.additive) {
         if (std::isfinite(a))
             c.additive_max = std::max(c.additive_max, static_cast<double>(std::fabs(a)));

@@ -36,9 +36,10 @@ void expect_mask_size(std::string_view what, std::span<const T> mask, const atte
 
 namespace {
 
-/// The checks of validate(), for float32 and float64 problems alike.
+/// The checks of validate(), for float32 and float64 problems alike; of validate_description()
+/// where `description` (the data spans empty, their sizes implied by the shape).
 template <class Problem>
-void check_problem(const Problem& problem) {
+void check_problem(const Problem& problem, bool description = false) {
     const attention_shape& s = problem.shape;
     const run_options& opt = problem.options;
 
@@ -55,7 +56,18 @@ void check_problem(const Problem& problem) {
 
     // Every buffer a backend sizes from the shape must have a representable size. The spans'
     // own products are checked where their sizes are compared below.
-    expect_size("x", problem.x, {{"batch", s.batch}, {"seq", s.seq}, {"d_in", s.d_in}});
+    if (description && (!problem.x.empty() || !problem.wq.empty() || !problem.wk.empty() || !problem.wv.empty() ||
+                        !problem.bq.empty() || !problem.bk.empty() || !problem.bv.empty() || !problem.wo.empty() ||
+                        !problem.bo.empty()))
+        fail("a description's x, weight and bias spans must be empty (its data lives on the device)");
+    // A description's spans are checked as if given (empty biases are allowed anyway).
+    const auto expect_data = [&](std::string_view what, const auto& span, std::initializer_list<factor> factors) {
+        if (description)
+            (void)checked_product(factors);
+        else
+            expect_size(what, span, factors);
+    };
+    expect_data("x", problem.x, {{"batch", s.batch}, {"seq", s.seq}, {"d_in", s.d_in}});
     (void)checked_product({{"batch", s.batch}, {"seq", s.seq}, {"d_k", s.d_k}});
     (void)checked_product({{"batch", s.batch}, {"seq", s.seq}, {"d_v", s.d_v}});
     if (s.d_out) (void)checked_product({{"batch", s.batch}, {"seq", s.seq}, {"d_out", s.d_out}});
@@ -63,9 +75,9 @@ void check_problem(const Problem& problem) {
         (void)checked_product({{"batch", s.batch}, {"heads", s.heads}, {"seq", s.seq}, {"seq", s.seq}});
 
     // Projections.
-    expect_size("wq", problem.wq, {{"d_in", s.d_in}, {"d_k", s.d_k}});
-    expect_size("wk", problem.wk, {{"d_in", s.d_in}, {"d_k", s.d_k}});
-    expect_size("wv", problem.wv, {{"d_in", s.d_in}, {"d_v", s.d_v}});
+    expect_data("wq", problem.wq, {{"d_in", s.d_in}, {"d_k", s.d_k}});
+    expect_data("wk", problem.wk, {{"d_in", s.d_in}, {"d_k", s.d_k}});
+    expect_data("wv", problem.wv, {{"d_in", s.d_in}, {"d_v", s.d_v}});
     expect_bias("bq", problem.bq, {"d_k", s.d_k});
     expect_bias("bk", problem.bk, {"d_k", s.d_k});
     expect_bias("bv", problem.bv, {"d_v", s.d_v});
@@ -75,8 +87,8 @@ void check_problem(const Problem& problem) {
         if (!problem.wo.empty()) fail("wo given but shape.d_out is 0");
         if (!problem.bo.empty()) fail("bo given but shape.d_out is 0");
     } else {
-        if (problem.wo.empty()) fail("shape.d_out is " + std::to_string(s.d_out) + " but wo is empty");
-        expect_size("wo", problem.wo, {{"d_v", s.d_v}, {"d_out", s.d_out}});
+        if (problem.wo.empty() && !description) fail("shape.d_out is " + std::to_string(s.d_out) + " but wo is empty");
+        expect_data("wo", problem.wo, {{"d_v", s.d_v}, {"d_out", s.d_out}});
         expect_bias("bo", problem.bo, {"d_out", s.d_out});
     }
 
@@ -104,6 +116,8 @@ void check_problem(const Problem& problem) {
 }  // namespace
 
 void validate(const attention_problem& problem) { check_problem(problem); }
+
+void validate_description(const attention_problem& problem) { check_problem(problem, true); }
 
 void cpu::validate(const cpu::attention_problem_f64& problem) { check_problem(problem); }
 

@@ -93,6 +93,12 @@ struct attention_output {
 /// a non-finite scale, weights requested from the fused implementation, ...
 QKV_RUNTIME_API void validate(const attention_problem& problem);
 
+/// Every check of validate() but those of the data spans (x, the weights and the biases), which
+/// must all be empty: the description of a call whose data lives on a device
+/// (qkv::vulkan::attention_call), with its shape, options and masks. Every size the shape implies
+/// is checked for overflow, as validate() checks it.
+QKV_RUNTIME_API void validate_description(const attention_problem& problem);
+
 /// The scale used when options.scale is not set: 1/sqrt(d_k / heads).
 [[nodiscard]] QKV_RUNTIME_API float default_scale(const attention_shape& shape);
 
