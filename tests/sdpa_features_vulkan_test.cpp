@@ -588,6 +588,17 @@ TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]")
     CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = 4, .d_qk = 40, .d_v = 64, .kv_type = element_type::q4_0}),
                     qkv::invalid_argument);
+    // A quantized cache refuses a value quantize refuses, naming its element in the caller's span
+    // (here in the second (batch, kv head)), and appends nothing.
+    qkv::vulkan::kv_cache q8(
+        ctx, {.batch = 1, .kv_heads = 2, .capacity = 4, .d_qk = 32, .d_v = 32, .kv_type = element_type::q8_0});
+    std::vector<float> k8(2 * 2 * 32, 0.5f), v8(2 * 2 * 32, 0.25f);
+    v8[70] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH(q8.append(k8, v8, 2), Catch::Contains("kv_cache::append: v") && Catch::Contains("element 70 "));
+    CHECK(q8.size() == 0);
+    v8[70] = 0.25f;
+    q8.append(k8, v8, 2);
+    CHECK(q8.size() == 2);
     require_clean(ctx);
 }
 

@@ -311,27 +311,38 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     (void)exec.submit_and_wait();
 }
 
-/// Host rows appended to a q8_0 / q4_0 cache (the lock held, the size checked): each row of every
-/// (batch, kv head) quantized by qkv::quantize into place (or into staging, copied into place).
-void append_blocks(kv_cache::impl& c, std::span<const float> k, std::span<const float> v, std::size_t rows) {
+/// The new rows of a q8_0 / q4_0 cache, quantized once (by qkv::quantize, before the lock): K's
+/// rows of every (batch, kv head) in turn, then V's.
+struct block_rows {
+    std::vector<std::byte> bytes;
+    std::uint64_t k_bytes = 0, v_bytes = 0;  // of one (batch, kv head)
+};
+
+block_rows quantize_rows(const kv_cache::impl& c, std::span<const float> k, std::span<const float> v,
+                         std::size_t rows) {
+    const std::size_t groups = c.groups();
+    block_rows b;
+    b.k_bytes = std::uint64_t{rows} * c.k_row_bytes, b.v_bytes = std::uint64_t{rows} * c.v_row_bytes;
+    b.bytes.resize(groups * (b.k_bytes + b.v_bytes));
+    // Rows are whole blocks: each span quantizes as one row, and a refusal names its element.
+    put_block_rows(b.bytes.data(), c.type, k.data(), 1, k.size(), "kv_cache::append: k");
+    put_block_rows(b.bytes.data() + groups * b.k_bytes, c.type, v.data(), 1, v.size(), "kv_cache::append: v");
+    return b;
+}
+
+/// Quantized rows into a q8_0 / q4_0 cache after its rows (the lock held, the size checked): in
+/// place, or through staging.
+void append_blocks(kv_cache::impl& c, const block_rows& b, std::size_t rows) {
     const kv_cache_shape& s = c.shape;
     const std::size_t groups = c.groups();
     const auto put = [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
-        put_block_rows(k_at, c.type, k.data() + z * rows * s.d_qk, rows, s.d_qk, "kv_cache::append: k");
-        put_block_rows(v_at, c.type, v.data() + z * rows * s.d_v, rows, s.d_v, "kv_cache::append: v");
+        std::memcpy(k_at, b.bytes.data() + z * b.k_bytes, b.k_bytes);
+        std::memcpy(v_at, b.bytes.data() + groups * b.k_bytes + z * b.v_bytes, b.v_bytes);
     };
-    const std::uint64_t k_bytes = std::uint64_t{rows} * c.k_row_bytes, v_bytes = std::uint64_t{rows} * c.v_row_bytes;
     if (c.k_blocks.mapped() && c.v_blocks.mapped()) {
-        // Quantized into a host copy first: a refused value leaves the cache as it was.
-        std::vector<std::byte> staged(groups * (k_bytes + v_bytes));
         for (std::size_t z = 0; z < groups; ++z)
-            put(staged.data() + z * k_bytes, staged.data() + groups * k_bytes + z * v_bytes, z);
-        for (std::size_t z = 0; z < groups; ++z) {
-            std::memcpy(c.k_blocks.mapped() + (z * s.capacity + c.size) * c.k_row_bytes, staged.data() + z * k_bytes,
-                        k_bytes);
-            std::memcpy(c.v_blocks.mapped() + (z * s.capacity + c.size) * c.v_row_bytes,
-                        staged.data() + groups * k_bytes + z * v_bytes, v_bytes);
-        }
+            put(c.k_blocks.mapped() + (z * s.capacity + c.size) * c.k_row_bytes,
+                c.v_blocks.mapped() + (z * s.capacity + c.size) * c.v_row_bytes, z);
         c.k_blocks.flush();
         c.v_blocks.flush();
         return;
@@ -363,6 +374,24 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                                            " (" + std::to_string(data[i]) +
                                            ") is beyond float16's range (65504) of this fp16 cache; nothing was "
                                            "appended; use an fp32 cache or scale the inputs");
+    const std::size_t groups = c.groups();
+    // What depends on the rows alone is done before the lock: the blocks of a quantized cache
+    // (quantized once) and the overflow rule's facts of the values as the device will read them.
+    kv_stats added;  // folded into the statistics once the rows are in place
+    block_rows blocks;
+    try {
+        if (c.blocks()) {
+            blocks = quantize_rows(c, k, v, rows);
+            std::vector<float> kq(k.size()), vq(v.size());
+            dequantize(c.type, std::span(blocks.bytes).first(groups * blocks.k_bytes), kq);
+            dequantize(c.type, std::span(blocks.bytes).subspan(groups * blocks.k_bytes), vq);
+            added.add(kq, vq, groups, rows, s.d_qk, s.d_v);
+        } else {
+            added.add(k, v, groups, rows, s.d_qk, s.d_v);
+        }
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed while appending to a kv_cache");
+    }
     device_core& core = *c.core;
     // Every check against the cache's size and every write happen under the device's lock, so
     // concurrent appends both fit or one is refused with nothing appended.
@@ -371,22 +400,15 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     c.check_room(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::uint64_t tb = c.texel_bytes;
-    const std::size_t groups = c.groups();
     try {
-        kv_stats added;  // folded into the statistics once the rows are in place
         if (c.blocks()) {
-            // The overflow rule's facts of the values as they dequantize; the rows as blocks.
-            const std::vector<float> kq = stored_values(c.type, k, "kv_cache::append: k");
-            const std::vector<float> vq = stored_values(c.type, v, "kv_cache::append: v");
-            added.add(kq, vq, groups, rows, s.d_qk, s.d_v);
-            append_blocks(c, k, v, rows);
+            append_blocks(c, blocks, rows);
             c.stats.invalidate();
             fold_host_rows(c.stats.mapped(), added, groups);
             c.stats.flush();
             c.size += rows;
             return;
         }
-        added.add(k, v, groups, rows, s.d_qk, s.d_v);
         tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
         tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
         if (!kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
