@@ -109,7 +109,7 @@ void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
                                     std::to_string(block_size(c.type)) + " values along each row: d_qk (" +
                                     std::to_string(shape.d_qk) + ") and d_v (" + std::to_string(shape.d_v) +
                                     ") must be multiples of " + std::to_string(block_size(c.type)));
-    c.format = c.half() ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+    c.format = texel_format(c.half());
     c.texel_bytes = c.half() ? 8 : 16;
     // The kernels index a row's texels in 24 bits; a wider row is refused, never cut short.
     constexpr std::size_t widest = std::size_t{0xffffff} * 4;

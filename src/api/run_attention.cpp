@@ -69,11 +69,6 @@ call_bindings bind(const call_buffers& bufs, const plan& p) {
     return b;
 }
 
-/// The format of a texel view of Q|K|V: four of its elements (float32, or float16 with fp16).
-VkFormat qkv_texel_format(const plan& p) {
-    return p.fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
-}
-
 /// Stage 1: Q|K|V = X · [Wq|Wk|Wv] + [bq|bk|bv], one product for all three, then the range guard
 /// unless the host has proven its verdicts already (`guard` false).
 /// The texel variant reads X and the weights through `view` (RGBA32F, the inputs from offset 0,
@@ -135,7 +130,7 @@ void record_staged(const call_session& s, const plan& p, const call_bindings& b,
     const binding scores = whole(bufs[role::scores], p.scores_bytes);
     const std::uint64_t qkv_view_bytes = std::uint64_t{p.batch} * N * p.ld * (p.fp16 ? 2 : 4);
     if (texel_gemm(p.scores.shader) || texel_gemm(p.aggregate.shader))
-        views.qkv = buffer_view(s.dev(), bufs[role::qkv], qkv_texel_format(p), 0, qkv_view_bytes);
+        views.qkv = buffer_view(s.dev(), bufs[role::qkv], texel_format(p.fp16), 0, qkv_view_bytes);
     if (texel_gemm(p.scores.shader))
         record_gemm(s.rec(), s.pipes(), p.scores, {texel(views.qkv.handle()), b.mask_bits, b.additive, scores}, g,
                     p.batch * H);

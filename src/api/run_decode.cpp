@@ -7,8 +7,6 @@
 namespace qkv::vulkan::detail {
 namespace {
 
-VkFormat texel_format(bool fp16) { return fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; }
-
 /// Q (and K, V from the host) as rows of whole texels, row z·R + r being exactly q's row (K and V
 /// as rows of blocks where quantized); the masks; the score params.
 void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, bool host_kv) {

@@ -190,7 +190,6 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     const buffer& inputs = b[role::inputs];
 
     const device& dev = *core->dev;
-    const auto format = [](bool f16) { return f16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; };
     const decode_plan& d = p.decode;
     // The decode route reads a q that qkv allocated in place (a texel view of it: rows of whole
     // texels, the plan's element type, an offset the device accepts for a view; a caller's buffer
@@ -271,15 +270,15 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         record_fused_sdpa(session, p, m, r.flash_views);
     } else {
         if (q_direct)
-            r.views.emplace_back(dev, q.handle, format(p.q_fp16), q.offset, p.q.bytes);
+            r.views.emplace_back(dev, q.handle, texel_format(p.q_fp16), q.offset, p.q.bytes);
         else
-            r.views.emplace_back(dev, inputs, format(p.q_fp16), p.q.at, p.q.bytes);
+            r.views.emplace_back(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
         VkBufferView kv = VK_NULL_HANDLE, vv = VK_NULL_HANDLE;
         if (cache) {
             kv = cache->k_view.handle(), vv = cache->v_view.handle();
         } else {
-            r.views.emplace_back(dev, inputs, format(p.kv_fp16), p.k.at, p.k.bytes);
-            r.views.emplace_back(dev, inputs, format(p.kv_fp16), p.v.at, p.v.bytes);
+            r.views.emplace_back(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
+            r.views.emplace_back(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
             kv = r.views[1].handle(), vv = r.views[2].handle();
         }
         // The values accumulate unscaled (the check refuses sums beyond float32). Whether V holds a

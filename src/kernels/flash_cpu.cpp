@@ -56,7 +56,7 @@ flash_cpu_plan plan_flash_cpu(const device_desc& desc, const flash_layout& l, co
     p.chunk_keys = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, p.npad_kv));
 
     p.half = l.fp16;
-    p.format = l.fp16 ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT;
+    p.format = texel_format(l.fp16);
     const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
     p.q_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.d4;
     p.k_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.d4;

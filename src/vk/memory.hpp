@@ -49,6 +49,9 @@ private:
     bool coherent_ = true;
 };
 
+/// The texel format qkv's views read: four float32, or (`half`) four float16, a texel.
+inline VkFormat texel_format(bool half) { return half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT; }
+
 /// A typed view of part of a buffer, for a texel-buffer descriptor. Move-only; destroys itself.
 /// The buffer must outlive it and have been created with a texel-buffer usage bit.
 class buffer_view {
