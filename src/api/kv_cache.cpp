@@ -111,6 +111,9 @@ void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
                                     ") must be multiples of " + std::to_string(block_size(c.type)));
     c.format = texel_format(c.half());
     c.texel_bytes = c.half() ? 8 : 16;
+    if (shape.capacity > 0x7fffffffu)
+        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
+                             " rows is beyond the decode kernels' 2^31 keys");
     // The kernels index a row's texels in 24 bits; a wider row is refused, never cut short.
     constexpr std::size_t widest = std::size_t{0xffffff} * 4;
     if (shape.d_qk > widest || shape.d_v > widest)
@@ -122,15 +125,19 @@ void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
     c.v_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
 }
 
+/// The overflow rule's statistics of a cache with no rows (the lock held).
+void create_stats(kv_cache::impl& c) {
+    c.stats = c.core->alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
+    std::memset(c.stats.mapped(), 0, c.stats.size());
+    c.stats.flush();
+}
+
 /// The storage of a q8_0 / q4_0 cache: rows of blocks in storage buffers (the lock held), read by
 /// the decode kernel at 32-bit byte offsets.
 void attach_blocks(kv_cache::impl& c) {
     device_core& core = *c.core;
     const device_info& info = core.dev->info();
     const kv_cache_shape& shape = c.shape;
-    if (shape.capacity > 0x7fffffffu)
-        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
-                             " rows is beyond the decode kernels' 2^31 keys");
     const std::uint64_t rows = product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache");
     for (const auto& [what, row_bytes, store] :
          {std::tuple{"K", c.k_row_bytes, &c.k_blocks}, std::tuple{"V", c.v_row_bytes, &c.v_blocks}}) {
@@ -143,9 +150,7 @@ void attach_blocks(kv_cache::impl& c) {
         *store = core.alloc->create(rows * row_bytes, memory_use::device,
                                     what[0] == 'K' ? "K/V cache (K blocks)" : "K/V cache (V blocks)");
     }
-    c.stats = core.alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
-    std::memset(c.stats.mapped(), 0, c.stats.size());
-    c.stats.flush();
+    create_stats(c);
 }
 
 /// The storage's shapes: (B, Hkv, capacity, 4·texels per row).
@@ -159,13 +164,9 @@ void attach(kv_cache::impl& c) {
     const device& dev = *core.dev;
     const device_desc& desc = dev.desc();
     const std::string& name = desc.info.name;
-    const kv_cache_shape& shape = c.shape;
     if (!desc.uniform_texels(c.half()))
         throw unavailable(std::string("kv_cache: ") + name + " cannot read " +
                           (c.half() ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers");
-    if (shape.capacity > 0x7fffffffu)
-        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
-                             " rows is beyond the decode kernels' 2^31 keys");
     for (const auto& [what, t, texels] : {std::tuple{"K", &c.k, c.e4}, std::tuple{"V", &c.v, c.ev4}}) {
         const tensor::impl& ti = tensor_access::of(*t, "kv_cache");
         const std::uint64_t count = ti.elements / 4;
@@ -185,9 +186,7 @@ void attach(kv_cache::impl& c) {
     const tensor::impl& v = tensor_access::of(c.v, "kv_cache");
     c.k_view = buffer_view(dev, k.handle, c.format, k.offset, k.bytes);
     c.v_view = buffer_view(dev, v.handle, c.format, v.offset, v.bytes);
-    c.stats = core.alloc->create(guard_words::bytes(0, c.groups()), memory_use::readback, "K/V cache statistics");
-    std::memset(c.stats.mapped(), 0, c.stats.size());
-    c.stats.flush();
+    create_stats(c);
 }
 
 }  // namespace
