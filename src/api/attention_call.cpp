@@ -109,14 +109,7 @@ void attention_call::impl::record(recorder& rec, recording::impl& r, const atten
             if (required) throw qkv::invalid_argument(std::string("attention_call: no ") + what + " tensor");
             return std::optional<tensor::impl::bound>{};
         }
-        const tensor::impl& ti = tensor_access::of(*x, "attention_call");
-        if (ti.core != core)
-            throw qkv::invalid_argument(std::string("attention_call: the ") + what + " tensor is on another device");
-        if (ti.elements != count || ti.type != element_type::f32)
-            throw qkv::invalid_argument(std::string("attention_call: the ") + what + " tensor is " +
-                                        shape_string(ti.shape) + " " + std::string(to_string(ti.type)) +
-                                        "; the call needs " + std::to_string(count) + " elements of f32");
-        return std::optional{ti.bind()};
+        return std::optional{expect_tensor(*x, "attention_call", what, core, count, element_type::f32).bind()};
     };
     const auto x = bound(t.x, "x", s.batch * s.seq * s.d_in, true);
     const auto wq = bound(t.wq, "wq", s.d_in * s.d_k, true), wk = bound(t.wk, "wk", s.d_in * s.d_k, true),

@@ -477,20 +477,13 @@ void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor
     if (blocks())
         throw unavailable("kv_cache::append: a " + std::string(to_string(type)) +
                           " cache quantizes on the host; append host data (device tensors are f32 or f16)");
-    const tensor::impl& kin = tensor_access::of(kt, "kv_cache::append: k");
-    const tensor::impl& vin = tensor_access::of(vt, "kv_cache::append: v");
     const element_type stored = half() ? element_type::f16 : element_type::f32;
     const kv_cache_shape& s = shape;
-    const std::vector<std::size_t> want_k{s.batch, s.kv_heads, rows, s.d_qk}, want_v{s.batch, s.kv_heads, rows, s.d_v};
-    for (const auto& [what, t, want] : {std::tuple{"k", &kin, &want_k}, std::tuple{"v", &vin, &want_v}}) {
-        if (t->core != core)
-            throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is on another device");
-        if (t->elements != product({(*want)[0], (*want)[1], (*want)[2], (*want)[3]}, "kv_cache::append") ||
-            t->type != stored)
-            throw qkv::invalid_argument(std::string("kv_cache::append: the ") + what + " tensor is " +
-                                        shape_string(t->shape) + " " + std::string(to_string(t->type)) + "; expected " +
-                                        shape_string(*want) + " " + std::string(to_string(stored)));
-    }
+    // (B, Hkv, rows, E) and (B, Hkv, rows, Ev).
+    const tensor::impl& kin = expect_tensor(kt, "kv_cache::append", "k", core,
+                                            product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append"), stored);
+    const tensor::impl& vin = expect_tensor(vt, "kv_cache::append", "v", core,
+                                            product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append"), stored);
     const device_desc& desc = core->dev->desc();
     const tensor::impl::bound kb = kin.bind(), vb = vin.bind();
     const tensor::impl &ks = tensor_access::of(k, "kv_cache"), &vs = tensor_access::of(v, "kv_cache");

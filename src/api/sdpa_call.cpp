@@ -55,13 +55,7 @@ namespace {
 void check_tensors(const sdpa_call::impl& c, const sdpa_shape& s, const sdpa_tensors& t, element_type type) {
     const auto expect = [&](const tensor* x, const char* what, std::size_t count, element_type want) {
         if (!x) throw qkv::invalid_argument(std::string("sdpa_call: no ") + what + " tensor");
-        const tensor::impl& ti = tensor_access::of(*x, "sdpa_call");
-        if (ti.core != c.core)
-            throw qkv::invalid_argument(std::string("sdpa_call: the ") + what + " tensor is on another device");
-        if (ti.elements != count || ti.type != want)
-            throw qkv::invalid_argument(std::string("sdpa_call: the ") + what + " tensor is " + shape_string(ti.shape) +
-                                        " " + std::string(to_string(ti.type)) + "; the call needs " +
-                                        std::to_string(count) + " elements of " + std::string(to_string(want)));
+        (void)expect_tensor(*x, "sdpa_call", what, c.core, count, want);
     };
     expect(t.q, "q", s.batch * s.q_heads * s.q_len * s.d_qk, type);
     if (!c.cache) {

@@ -40,6 +40,19 @@ tensor::impl& tensor_access::of(const tensor& t, const char* what) {
     return *t.impl_;
 }
 
+const tensor::impl& expect_tensor(const tensor& t, const char* op, const char* what,
+                                  const std::shared_ptr<detail::device_core>& core, std::size_t count,
+                                  element_type type) {
+    const tensor::impl& ti = tensor_access::of(t, op);
+    const std::string named = std::string(op) + ": the " + what + " tensor";
+    if (ti.core != core) throw qkv::invalid_argument(named + " is on another device");
+    if (ti.elements != count || ti.type != type)
+        throw qkv::invalid_argument(named + " is " + shape_string(ti.shape) + " " + std::string(to_string(ti.type)) +
+                                    "; " + op + " needs " + std::to_string(count) + " elements of " +
+                                    std::string(to_string(type)));
+    return ti;
+}
+
 tensor::tensor() noexcept = default;
 tensor::tensor(std::unique_ptr<impl> i) noexcept : impl_(std::move(i)) {}
 tensor::~tensor() = default;

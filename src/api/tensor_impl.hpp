@@ -48,4 +48,10 @@ struct tensor_access {
 /// "(1, 8, 1, 64)".
 std::string shape_string(const std::vector<std::size_t>& shape);
 
+/// The tensor `t` that `op` takes as `what` (k, wq, ...), checked: on the device of `core`, `count`
+/// elements of `type`. Throws qkv::invalid_argument naming op, what and the difference.
+const tensor::impl& expect_tensor(const tensor& t, const char* op, const char* what,
+                                  const std::shared_ptr<detail::device_core>& core, std::size_t count,
+                                  element_type type);
+
 }  // namespace qkv::vulkan
