@@ -196,6 +196,15 @@ TEST_CASE("kv_cache: append, size, capacity, clear and errors", "[kv_cache]") {
                     qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.batch = 1, .kv_heads = 0, .capacity = 4, .d_qk = 4, .d_v = 4}),
                     qkv::invalid_argument);
+    // Rows wider than the kernels' 24-bit texel index, and more rows than 2^31: refused before
+    // anything is allocated (a row was cut to 2^24 texels before, and appends wrote past it).
+    constexpr std::size_t widest = std::size_t{0xffffff} * 4;
+    CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = 1, .d_qk = widest + 4, .d_v = 4}),
+                    qkv::vulkan::limit_exceeded);
+    CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = 1, .d_qk = 4, .d_v = widest + 1}),
+                    qkv::vulkan::limit_exceeded);
+    CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.capacity = std::size_t{1} << 31, .d_qk = 4, .d_v = 4}),
+                    qkv::vulkan::limit_exceeded);
     // sdpa against it: problem errors
     qkv::sdpa_problem p;
     p.shape = {.batch = 2, .q_heads = 6, .kv_heads = 3, .q_len = 1, .kv_len = 0, .d_qk = 5, .d_v = 7};
