@@ -125,12 +125,7 @@ device_ceiling context::measure_ceiling() {
     detail::device_core& core = *alive(impl_).core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    try {
-        return measure(core);
-    } catch (const device_lost&) {
-        core.lost = true;
-        throw;
-    }
+    return core.guarded("context::measure_ceiling", [&] { return measure(core); });
 }
 
 }  // namespace qkv::vulkan

@@ -40,7 +40,7 @@ struct context::impl {
         const auto start = std::chrono::steady_clock::now();
         std::lock_guard lock(core->mutex);
         core->check_alive();
-        try {
+        return core->guarded(what, [&] {
             detail::call_env e = env();
             auto run = body(e);
             last = call_stats{};
@@ -52,12 +52,7 @@ struct context::impl {
             last.device_range_check = run.times.device_range_check;
             last.device_bytes = core->alloc->allocated();
             return std::move(run.output);
-        } catch (const device_lost&) {
-            core->lost = true;
-            throw;
-        } catch (const std::bad_alloc&) {
-            throw out_of_memory(std::string("host memory allocation failed while running ") + what);
-        }
+        });
     }
 };
 

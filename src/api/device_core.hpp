@@ -5,8 +5,11 @@
 
 #include <memory>
 #include <mutex>
+#include <new>
+#include <string>
 
 #include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/error.hpp"
 #include "vk/device.hpp"
 #include "vk/executor.hpp"
 #include "vk/instance.hpp"
@@ -33,6 +36,20 @@ struct device_core {
 
     /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
     void check_alive() const;
+
+    /// Runs `work` (with `mutex` held) and returns what it returns: device_lost marks the core
+    /// lost for every later call, and a host allocation failure becomes out_of_memory naming `what`.
+    template <class Work>
+    decltype(auto) guarded(const char* what, Work&& work) {
+        try {
+            return work();
+        } catch (const device_lost&) {
+            lost = true;
+            throw;
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory(std::string("host memory allocation failed in ") + what);
+        }
+    }
 };
 
 }  // namespace qkv::vulkan::detail

@@ -399,13 +399,9 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     c.check_room(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::uint64_t tb = c.texel_bytes;
-    try {
+    core.guarded("kv_cache::append", [&] {
         if (c.blocks()) {
             append_blocks(c, blocks, rows);
-            c.stats.invalidate();
-            fold_host_rows(c.stats.mapped(), added, groups);
-            c.stats.flush();
-            c.size += rows;
             return;
         }
         tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
@@ -430,15 +426,11 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                     put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half, "kv_cache::append: v");
                 });
         }
-        c.stats.invalidate();
-        fold_host_rows(c.stats.mapped(), added, groups);
-        c.stats.flush();
-    } catch (const device_lost&) {
-        core.lost = true;
-        throw;
-    } catch (const std::bad_alloc&) {
-        throw out_of_memory("host memory allocation failed while appending to a kv_cache");
-    }
+    });
+    // The rows are in place: their facts join the statistics.
+    c.stats.invalidate();
+    fold_host_rows(c.stats.mapped(), added, groups);
+    c.stats.flush();
     c.size += rows;
 }
 

@@ -193,7 +193,7 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
         std::lock_guard lock(core.mutex);
         core.check_alive();
         check_cache_ready(call, what, nullptr);
-        try {
+        core.guarded(what, [&] {
             if (!call.run_scratch) call.run_scratch = std::make_unique<recording::impl>();
             recording::impl& r = *call.run_scratch;
             release.push_back(r.reuse());
@@ -205,12 +205,7 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
             (void)exec.submit_and_wait();
-        } catch (const device_lost&) {
-            core.lost = true;
-            throw;
-        } catch (const std::bad_alloc&) {
-            throw out_of_memory(std::string("host memory allocation failed in ") + what);
-        }
+        });
     }
     call.run_scratch->check();  // takes the lock itself
 }

@@ -115,7 +115,7 @@ void tensor::upload(std::span<const float> values) {
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    try {
+    core.guarded("tensor::upload", [&] {
         const auto write = [&](std::byte* at) {
             if (t.type == element_type::f16)
                 put_halves(at, values, "tensor::upload: value");
@@ -137,12 +137,7 @@ void tensor::upload(std::span<const float> values) {
         exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                      VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         (void)exec.submit_and_wait();
-    } catch (const device_lost&) {
-        core.lost = true;
-        throw;
-    } catch (const std::bad_alloc&) {
-        throw out_of_memory("host memory allocation failed in tensor::upload");
-    }
+    });
 }
 
 std::vector<float> tensor::download() const {
@@ -150,7 +145,7 @@ std::vector<float> tensor::download() const {
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    try {
+    return core.guarded("tensor::download", [&] {
         std::vector<float> out(t.elements);
         const auto read = [&](const std::byte* from) {
             if (t.type == element_type::f16) {
@@ -182,12 +177,7 @@ std::vector<float> tensor::download() const {
         staging.invalidate();
         read(staging.mapped());
         return out;
-    } catch (const device_lost&) {
-        core.lost = true;
-        throw;
-    } catch (const std::bad_alloc&) {
-        throw out_of_memory("host memory allocation failed in tensor::download");
-    }
+    });
 }
 
 }  // namespace qkv::vulkan
