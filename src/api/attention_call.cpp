@@ -32,8 +32,7 @@ struct attention_call::impl : planned_call {
     std::vector<float> additive;
     plan p;  // planned with the bias and bo regions present (absent ones are zeros); the constants
              // hold the masks' bits and additive entries at its offsets within its inputs
-    double additive_max = 0;
-    bool additive_poison = false;
+    detail::additive_facts mask_facts;  // the overflow rule's view of `additive`
 
     void record(recorder& rec, recording::impl& r, const attention_tensors& t);
 };
@@ -69,12 +68,7 @@ attention_call::attention_call(context& ctx, const attention_problem& descriptio
     attention_problem planning = c.desc;
     planning.bq = bk, planning.bk = bk, planning.bv = bv;
     if (s.d_out) planning.bo = bo;
-    for (const float a : c.additive) {
-        if (std::isfinite(a))
-            c.additive_max = std::max(c.additive_max, static_cast<double>(std::fabs(a)));
-        else if (!(a < 0.0f))
-            c.additive_poison = true;
-    }
+    c.mask_facts = scan_additive(c.additive);
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
     c.p = plan_attention(planning, c.core->dev->desc(), c.set);
@@ -122,8 +116,7 @@ void attention_call::impl::record(recorder& rec, recording::impl& r, const atten
 
     r.core = core;
     r.attention = std::make_unique<plan>(p);
-    r.additive_max = additive_max;
-    r.additive_poison = additive_poison;
+    r.additive = mask_facts;
     buffer_plan buffers;
     std::vector<download> downloads;
     attention_buffers(p, buffers, downloads);
@@ -220,8 +213,8 @@ void recording::impl::check_attention() const {
     input_facts facts;
     facts.projection_inputs_finite = (in_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
     facts.output_inputs_finite = (out_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
-    facts.additive_max = additive_max;
-    facts.additive_nan_or_pos_inf = additive_poison;
+    facts.additive_max = additive.max;
+    facts.additive_nan_or_pos_inf = additive.nan_or_pos_inf;
     check_range_guard(buffers.guard, *attention, nullptr, facts);  // throws numeric_overflow
     if (facts.every_output_defined() && (in_flags & contract::GUARD_FLAG_OUTPUT_NONFINITE))
         throw numeric_overflow(

@@ -32,8 +32,7 @@ struct recording::impl {
     sdpa_shape shape{};
     float scale = 1.0f;
     bool fp16 = false;
-    sdpa_problem masks;  // the additive mask's facts (its spans point into `additive`)
-    std::vector<float> additive;
+    detail::additive_facts additive;  // the call's additive mask's (attention calls' too)
     std::shared_ptr<kv_cache::impl> cache;
     std::size_t q_groups = 0, kv_groups = 0;
     mutable detail::guard_words words;
@@ -41,8 +40,6 @@ struct recording::impl {
     std::unique_ptr<detail::plan> attention;
     detail::attention_views attention_views;
     std::uint64_t output_flags_at = 0;  // byte offset of the output projection inputs' flags in `guard`
-    double additive_max = 0;
-    bool additive_poison = false;
 
     impl() = default;
     impl(const impl&) = delete;

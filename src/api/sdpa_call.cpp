@@ -30,6 +30,7 @@ struct sdpa_call::impl : planned_call {
     sdpa_problem desc;  // its masks' spans point into the vectors below
     std::vector<std::uint8_t> mask;
     std::vector<float> additive;
+    detail::additive_facts mask_facts;  // the overflow rule's view of `additive`, for every check
     std::vector<float> sinks;
     std::shared_ptr<kv_cache::impl> cache;
     sdpa_plan plan;       // Q, K and V from tensors: made once; against a cache: made per call
@@ -86,6 +87,7 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
     c.mask.assign(description.mask.begin(), description.mask.end());
     c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());
     c.desc.mask = c.mask, c.desc.additive_mask = c.additive;
+    c.mask_facts = scan_additive(c.additive);
     if (cache) {
         c.cache = kv_cache_access::of(*cache);
         if (c.cache->core != c.core)
@@ -173,10 +175,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     r.shape = s;
     r.scale = p.scale;
     r.fp16 = p.q_fp16 || p.kv_fp16;
-    r.masks = desc;  // the check's additive facts (its spans point into this call's vectors: copied)
-    r.additive.assign(additive.begin(), additive.end());
-    r.masks.additive_mask = r.additive;
-    r.masks.mask = {};
+    r.additive = mask_facts;
     r.cache = cache;
     call_session session(*core, rec, r.buffers, p.buffers);
     pipeline_set& pipes = *core->pipes;
@@ -338,7 +337,7 @@ void recording::impl::check() const {
         words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
         if (cache) cache_stats = cache->read_stats();
     }
-    const sdpa_facts facts = facts_from_device(words, cache ? &cache_stats : nullptr, masks);
+    const sdpa_facts facts = facts_from_device(words, cache ? &cache_stats : nullptr, additive);
     check_sdpa_scores(facts, shape, scale, fp16);
     check_value_sums(facts, shape.kv_len);
     check_output_flag(facts, (words.flags & contract::GUARD_FLAG_OUTPUT_NONFINITE) != 0);

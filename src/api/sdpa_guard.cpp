@@ -56,15 +56,9 @@ void scan_queries(sdpa_facts& f, const sdpa_problem& problem) {
     const sdpa_shape& s = problem.shape;
     f.q_norm.assign(s.batch * s.q_heads, 0.0);
     f.inputs_finite = fold_row_norms(problem.q, s.d_qk, s.q_len, f.q_norm) && f.inputs_finite;
-    float largest = 0.0f;
-    for (const float a : problem.additive_mask) {
-        const float m = std::fabs(a);
-        if (m <= FLT_MAX)
-            largest = std::max(largest, m);
-        else if (!(a < 0.0f))
-            f.additive_nan_or_pos_inf = true;  // NaN or +inf (-inf masks)
-    }
-    f.additive_max = largest;
+    const additive_facts a = scan_additive(problem.additive_mask);
+    f.additive_max = a.max;
+    f.additive_nan_or_pos_inf = a.nan_or_pos_inf;
 }
 
 }  // namespace
@@ -119,7 +113,21 @@ void fold_host_rows(std::byte* words, const kv_stats& rows, std::size_t kv_group
     }
 }
 
-sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const sdpa_problem& masks) {
+additive_facts scan_additive(std::span<const float> additive) {
+    additive_facts a;
+    float largest = 0.0f;
+    for (const float x : additive) {
+        const float m = std::fabs(x);
+        if (m <= FLT_MAX)
+            largest = std::max(largest, m);
+        else if (!(x < 0.0f))
+            a.nan_or_pos_inf = true;  // NaN or +inf (-inf masks)
+    }
+    a.max = largest;
+    return a;
+}
+
+sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const additive_facts& additive) {
     sdpa_facts f;
     f.q_norm.assign(call.q_norm.begin(), call.q_norm.end());
     f.inputs_finite = (call.flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
@@ -131,15 +139,8 @@ sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, con
         f.k_norm.assign(call.k_norm.begin(), call.k_norm.end());
         for (const float v : call.v_max) f.v_max = std::max(f.v_max, static_cast<double>(v));
     }
-    float largest = 0.0f;
-    for (const float a : masks.additive_mask) {
-        const float m = std::fabs(a);
-        if (m <= FLT_MAX)
-            largest = std::max(largest, m);
-        else if (!(a < 0.0f))
-            f.additive_nan_or_pos_inf = true;
-    }
-    f.additive_max = largest;
+    f.additive_max = additive.max;
+    f.additive_nan_or_pos_inf = additive.nan_or_pos_inf;
     return f;
 }
 

@@ -13,6 +13,14 @@
 
 namespace qkv::vulkan::detail {
 
+/// What an additive mask brings to the overflow rule: its largest |finite entry|, and whether an
+/// entry is NaN or +inf (which makes its row NaN; -inf only masks).
+struct additive_facts {
+    double max = 0;
+    bool nan_or_pos_inf = false;
+};
+[[nodiscard]] additive_facts scan_additive(std::span<const float> additive);
+
 /// What the host knows of an sdpa call's inputs.
 struct sdpa_facts {
     bool inputs_finite = true;             ///< every element of q, k and v is finite
@@ -50,7 +58,7 @@ void fold_host_rows(std::byte* words, const kv_stats& rows, std::size_t kv_group
 
 /// The facts of a call over device tensors: q, k, v from the device pass (a cache's k and v from
 /// its statistics), the masks from the host (they are host data in a planned call).
-sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const sdpa_problem& masks);
+sdpa_facts facts_from_device(const guard_words& call, const kv_stats* cache, const additive_facts& additive);
 
 /// Throws numeric_overflow where the value sums could leave float32: a planned call over device
 /// tensors accumulates them unscaled (the host paths scale them instead, value_scale).
