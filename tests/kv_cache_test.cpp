@@ -321,6 +321,25 @@ TEST_CASE("decode: ten runs give identical bits; the unsplit path agrees", "[kv_
     require_clean(unsplit);
 }
 
+TEST_CASE("kv_cache: a prefill's upload staging is given back, a decode step's kept", "[kv_cache]") {
+    // Through staging (as on a discrete GPU), under a device memory limit with room for two 2 MiB
+    // caches and one prefill's staging at a time: a cache that kept the staging of its 2 MiB
+    // prefill would leave no room for the second's.
+    constexpr std::size_t Hkv = 2, S = 2048, E = 64, cache_bytes = 2 * Hkv * S * E * 4;
+    qkv::vulkan::context ctx =
+        qkv_test::make_context({.device_memory_limit = 3 * cache_bytes + 512 * 1024, .force_staging = true});
+    const qkv::vulkan::kv_cache_shape shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E};
+    qkv::vulkan::kv_cache first(ctx, shape);
+    const std::vector<float> k(Hkv * (S - 1) * E, 0.5f), v(Hkv * (S - 1) * E, -0.25f);
+    first.append(k, v, S - 1);
+    qkv::vulkan::kv_cache second(ctx, shape);
+    second.append(k, v, S - 1);
+    first.append(std::vector<float>(Hkv * E, 1.0f), std::vector<float>(Hkv * E, 2.0f), 1);
+    CHECK(first.size() == S);
+    CHECK(second.size() == S - 1);
+    require_clean(ctx);
+}
+
 TEST_CASE("decode: staged uploads and the shared-memory maxima", "[kv_cache][decode]") {
     decode_case c;
     c.q_len = 3, c.kv_len = 3000;

@@ -194,6 +194,7 @@ void attach(kv_cache::impl& c) {
 kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
+    c->force_staging = context_access::of(ctx).set.force_staging;
     describe(*c, shape);
     if (c->blocks()) {
         std::lock_guard lock(c->core->mutex);
@@ -217,6 +218,7 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
 kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v) {
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
+    c->force_staging = context_access::of(ctx).set.force_staging;
     describe(*c, shape);
     if (c->blocks())
         throw qkv::invalid_argument("kv_cache: a " + std::string(to_string(c->type)) +
@@ -283,6 +285,10 @@ struct rows_place {
     std::uint64_t base = 0, row_bytes = 0;
 };
 
+/// The upload staging a cache keeps between host appends, at most (1 MiB: a decode step's rows
+/// for 512 K/V heads of width 128 in f32).
+constexpr std::uint64_t kept_staging_bytes = std::uint64_t{1} << 20;
+
 /// Appends through staging (the lock held, the size checked): `put(k_at, v_at, z)` writes the new
 /// rows of (batch, kv head) z into staging, K's and V's side by side, and one submit copies them
 /// into place after the cache's rows.
@@ -308,6 +314,8 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT);
     (void)exec.submit_and_wait();
+    // Kept for the next append (a decode token's rows) while small; a prefill's is given back.
+    if (c.staging.size() > kept_staging_bytes) c.staging.reset();
 }
 
 /// The new rows of a q8_0 / q4_0 cache, quantized once (by qkv::quantize, before the lock): K's
@@ -338,7 +346,7 @@ void append_blocks(kv_cache::impl& c, const block_rows& b, std::size_t rows) {
         std::memcpy(k_at, b.bytes.data() + z * b.k_bytes, b.k_bytes);
         std::memcpy(v_at, b.bytes.data() + groups * b.k_bytes + z * b.v_bytes, b.v_bytes);
     };
-    if (c.k_blocks.mapped() && c.v_blocks.mapped()) {
+    if (!c.force_staging && c.k_blocks.mapped() && c.v_blocks.mapped()) {
         for (std::size_t z = 0; z < groups; ++z)
             put(c.k_blocks.mapped() + (z * s.capacity + c.size) * c.k_row_bytes,
                 c.v_blocks.mapped() + (z * s.capacity + c.size) * c.v_row_bytes, z);
@@ -406,7 +414,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
         }
         tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
         tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
-        if (!kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
+        if (!c.force_staging && !kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
             // The device is idle between calls (every call waits for its work), so the new rows
             // can be written in place.
             for (std::size_t z = 0; z < groups; ++z) {

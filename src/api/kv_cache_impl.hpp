@@ -31,7 +31,8 @@ struct kv_cache::impl {
     /// groups), host-visible: host appends fold theirs in, device appends (tensors) run the guard's
     /// rows pass into it.
     detail::buffer stats;
-    detail::buffer staging;  // the upload staging where the storage is not mapped
+    detail::buffer staging;      // the upload staging where the storage is not mapped
+    bool force_staging = false;  // testing_hooks::force_staging: host appends as if it were not
     /// The sequence (its sequence::impl) holding a recorded append to this cache that has not run:
     /// until it runs, `size` counts rows not yet written, so every other use of the rows waits.
     const void* pending_in = nullptr;

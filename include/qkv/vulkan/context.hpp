@@ -59,7 +59,8 @@ struct testing_hooks {
     std::uint32_t max_fused_keys_per_dispatch = 0;
 
     /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
-    /// even where device memory is host-visible.
+    /// even where device memory is host-visible (the calls' inputs and results, and the host
+    /// appends of a kv_cache made from this context).
     bool force_staging = false;
 
     /// Fault injection for tests: the n-th queue submission of this context (counting from 1)
