@@ -69,6 +69,14 @@ void kv_cache::impl::check_room(std::size_t rows, const char* what, const void* 
                              " rows; nothing was done");
 }
 
+void kv_cache::impl::check_matches(const sdpa_shape& s, const char* who) const {
+    const kv_cache_shape& cs = shape;
+    if (s.batch != cs.batch || s.kv_heads != cs.kv_heads || s.d_qk != cs.d_qk || s.d_v != cs.d_v)
+        throw qkv::invalid_argument(std::string(who) + ": the problem's (batch, kv_heads, d_qk, d_v) = " +
+                                    shape_string({s.batch, s.kv_heads, s.d_qk, s.d_v}) + " differ from the cache's " +
+                                    shape_string({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
+}
+
 kv_stats kv_cache::impl::read_stats() const {
     stats.invalidate();
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
@@ -446,7 +454,9 @@ namespace {
 
 /// The checks of context::sdpa(problem, cache) before any work (qkv::invalid_argument), with
 /// `rows` the cache's size: the cache's own, then validate()'s for q and the masks.
-sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_shape& cs, std::size_t rows) {
+sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache::impl& c) {
+    const kv_cache_shape& cs = c.shape;
+    const std::size_t rows = c.size;
     sdpa_problem p = given;
     sdpa_shape& s = p.shape;
     auto fail = [](const std::string& why) { throw qkv::invalid_argument("sdpa with a kv_cache: " + why); };
@@ -456,9 +466,7 @@ sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache_sh
     if (s.kv_len != rows)
         fail("shape.kv_len is " + std::to_string(s.kv_len) + " but the cache holds " + std::to_string(rows) +
              " rows (0 takes the cache's size)");
-    if (s.batch != cs.batch || s.kv_heads != cs.kv_heads || s.d_qk != cs.d_qk || s.d_v != cs.d_v)
-        fail("the problem's (batch, kv_heads, d_qk, d_v) = " + dims({s.batch, s.kv_heads, s.d_qk, s.d_v}) +
-             " differ from the cache's " + dims({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
+    c.check_matches(s, "sdpa with a kv_cache");
     if (p.options.return_weights) fail("return_weights is not available with a kv_cache");
     if (p.options.kv_type && *p.options.kv_type != cs.type())
         fail("options.kv_type is " + std::string(to_string(*p.options.kv_type)) + " but the cache stores " +
@@ -557,7 +565,7 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     return self.call("sdpa with a kv_cache", [&](call_env& env) {
         // Under the lock: the cache's size and rows cannot change during the call.
         c.check_ready("sdpa with a kv_cache", nullptr);
-        const sdpa_problem problem = checked_decode_problem(given, c.shape, c.size);
+        const sdpa_problem problem = checked_decode_problem(given, c);
         const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
         const kv_stats stats = c.read_stats();
         cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};

@@ -51,6 +51,9 @@ struct kv_cache::impl {
     /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence
     /// other than `by` (null: none) holds a recorded append to this cache that has not run.
     void check_ready(const char* what, const void* by) const;
+    /// Refuses (qkv::invalid_argument, naming `who`) a problem whose (batch, kv_heads, d_qk, d_v)
+    /// differ from the cache's.
+    void check_matches(const sdpa_shape& s, const char* who) const;
     /// check_ready, then refuses (limit_exceeded) `rows` more than the room left: nothing done.
     void check_room(std::size_t rows, const char* what, const void* by) const;
     /// Records an append of device tensors (the lock held, `rows` checked): the guard's rows pass

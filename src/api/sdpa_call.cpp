@@ -92,11 +92,8 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
         c.cache = kv_cache_access::of(*cache);
         if (c.cache->core != c.core)
             throw qkv::invalid_argument("sdpa_call: the cache was created from another context");
-        const kv_cache_shape& cs = c.cache->shape;
         const sdpa_shape& s = c.desc.shape;
-        if (s.batch != cs.batch || s.kv_heads != cs.kv_heads || s.d_qk != cs.d_qk || s.d_v != cs.d_v)
-            throw qkv::invalid_argument(
-                "sdpa_call: the description's (batch, kv_heads, d_qk, d_v) differ from the cache's");
+        c.cache->check_matches(s, "sdpa_call");
         if (s.kv_len == 0 && (!c.mask.empty() || !c.additive.empty()))
             throw qkv::invalid_argument(
                 "sdpa_call: masks need a fixed kv_len; with kv_len 0 (the cache's size at each call) use causal");
