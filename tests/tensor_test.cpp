@@ -306,6 +306,7 @@ TEST_CASE("sequence: a recorded append holds its cache until the run; a refused 
     host.q = q;
     CHECK_THROWS_AS(ctx.sdpa(host, c.cache), qkv::invalid_argument);
     CHECK_THROWS_AS(c.cache.append(k2, v2, 2), qkv::invalid_argument);
+    CHECK_THROWS_AS(c.cache.clear(), qkv::invalid_argument);
     CHECK_THROWS_AS(call.run({.q = &tq, .out = &out}), qkv::invalid_argument);
     {
         qkv::vulkan::sequence other(ctx);

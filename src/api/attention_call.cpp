@@ -62,12 +62,13 @@ attention_call::attention_call(context& ctx, const attention_problem& descriptio
     c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());
     c.desc.mask = c.mask, c.desc.additive_mask = c.additive;
     validate_description(c.desc);  // before any size the shape implies is allocated
-    // The plan reads the shape, and of the data only whether the biases are there: they always
-    // are (absent ones are zeros on the device), and bo with an output projection.
-    const std::vector<float> bk(s.d_k), bv(s.d_v), bo(s.d_out);
+    // The plan reads the shape, and of the data only whether the biases are there (never their
+    // values, so one element says so): they always are (absent ones are zeros on the device), and
+    // bo with an output projection.
+    static constexpr float present[1] = {0.0f};
     attention_problem planning = c.desc;
-    planning.bq = bk, planning.bk = bk, planning.bv = bv;
-    if (s.d_out) planning.bo = bo;
+    planning.bq = present, planning.bk = present, planning.bv = present;
+    if (s.d_out) planning.bo = present;
     c.mask_facts = scan_additive(c.additive);
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();

@@ -140,6 +140,7 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     c->check_room(rows, "record_append", nullptr);
     r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
     if (rows) c->record_append(*r->rec, k, v, rows);
+    r->cache = c;  // its storage and statistics live until the recording goes (after the commands)
     return recording_access::make(std::move(r));
 }
 

@@ -279,6 +279,8 @@ const tensor& kv_cache::values() const { return tensors_of(impl_, "kv_cache::val
 void kv_cache::clear() {
     impl& c = alive(impl_);
     std::lock_guard lock(c.core->mutex);
+    c.core->check_alive();
+    c.check_ready("kv_cache::clear", nullptr);
     c.size = 0;
     std::memset(c.stats.mapped(), 0, c.stats.size());
     c.stats.flush();
@@ -321,7 +323,12 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     }
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT);
-    (void)exec.submit_and_wait();
+    try {
+        (void)exec.submit_and_wait();
+    } catch (...) {
+        if (c.staging.size() > kept_staging_bytes) c.staging.reset();
+        throw;
+    }
     // Kept for the next append (a decode token's rows) while small; a prefill's is given back.
     if (c.staging.size() > kept_staging_bytes) c.staging.reset();
 }
@@ -543,16 +550,14 @@ void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
     if (rows == 0) return;
     const std::size_t before = c.size;
     try {
-        executor& exec = *core.exec;
-        exec.begin();
-        c.record_append(exec, k, v, rows);  // ends with the barrier to compute and host reads
-        (void)exec.submit_and_wait();
-    } catch (const device_lost&) {
-        c.size = before;
-        core.lost = true;
-        throw;
+        core.guarded("kv_cache::append", [&] {
+            executor& exec = *core.exec;
+            exec.begin();
+            c.record_append(exec, k, v, rows);  // ends with the barrier to compute and host reads
+            (void)exec.submit_and_wait();
+        });
     } catch (...) {
-        c.size = before;
+        c.size = before;  // record_append grew it
         throw;
     }
 }

@@ -51,6 +51,9 @@ plan make_plan(const attention_problem& problem, const device_info& info, std::u
     const std::uint64_t dims[] = {s.batch, s.seq, s.d_in, s.d_k, s.d_v, s.heads, s.d_out};
     for (std::uint64_t d : dims)
         if (d > 0x7fffffffu) throw limit_exceeded("a dimension of " + std::to_string(d) + " exceeds 2^31 - 1");
+    if (2 * std::uint64_t{s.d_k} + s.d_v > 0x7fffffffu)
+        throw limit_exceeded("the packed Q|K|V row (2 d_k + d_v = " + std::to_string(2 * std::uint64_t{s.d_k} + s.d_v) +
+                             ") exceeds 2^31 - 1");
     p.batch = static_cast<std::uint32_t>(s.batch);
     p.seq = static_cast<std::uint32_t>(s.seq);
     p.d_in = static_cast<std::uint32_t>(s.d_in);

@@ -62,8 +62,14 @@ struct recording::impl {
 };
 
 /// Caches let go of while the core's lock is held, released after it (declare one before the
-/// lock_guard): the last reference to a cache runs its destructor, which takes the lock.
-using cache_refs = std::vector<std::shared_ptr<kv_cache::impl>>;
+/// lock_guard): the last reference to a cache runs its destructor, which takes the lock. Letting go
+/// never allocates under the lock: `place` has room for one (a place's old cache), reserved here,
+/// and a run's appended caches move in whole.
+struct cache_refs {
+    std::vector<std::shared_ptr<kv_cache::impl>> place;
+    std::vector<std::pair<std::shared_ptr<kv_cache::impl>, std::size_t>> appended;
+    cache_refs() { place.reserve(1); }
+};
 
 struct sequence::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the rest
@@ -94,22 +100,20 @@ struct sequence::impl {
             recorded.back()->core = core;
         }
         recording::impl& r = *recorded[next++];
-        release.push_back(r.reuse());
+        release.place.push_back(r.reuse());  // room reserved: no allocation
         return r;
     }
     /// After the run (the lock held): the appends are written, the caches free for other uses.
-    void settle(cache_refs& release) {
-        for (auto& [cache, before] : appended) {
-            cache->pending_in = nullptr;
-            release.push_back(std::move(cache));
-        }
+    void settle(cache_refs& release) noexcept {
+        for (auto& [cache, before] : appended) cache->pending_in = nullptr;
+        release.appended = std::move(appended);
         appended.clear();
         records = 0;
     }
     /// A recording that failed part-way, or a sequence ended before its run (the lock held):
     /// recorded commands cannot be taken back, so everything recorded since the last run is
     /// dropped and the caches its appends grew return to their sizes before them.
-    void abandon(cache_refs& release) {
+    void abandon(cache_refs& release) noexcept {
         for (auto& [cache, before] : appended) cache->size = before;
         settle(release);
         begun = false;
@@ -125,10 +129,12 @@ struct sequence::impl {
             record();
             ++records;
         } catch (...) {
-            if (exec->commands_recorded() != commands)
+            if (exec->commands_recorded() != commands) {
                 abandon(release);
-            else if (takes_place)
-                --next;
+            } else {
+                if (takes_place) --next;
+                if (records == 0) begun = false;  // nothing in the command buffer: as if never begun
+            }
             throw;
         }
     }
@@ -193,7 +199,7 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
         core.guarded(what, [&] {
             if (!call.run_scratch) call.run_scratch = std::make_unique<recording::impl>();
             recording::impl& r = *call.run_scratch;
-            release.push_back(r.reuse());
+            release.place.push_back(r.reuse());  // room reserved: no allocation
             detail::executor& exec = *core.exec;
             exec.begin();
             call.record(exec, r, tensors);
@@ -229,9 +235,11 @@ void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();
     check_cache_ready(call, "sequence::record", &s);
-    s.ensure_begun();
-    recording::impl& r = s.next_scratch(release);
-    s.guarded(release, true, [&] { call.record(*s.exec, r, tensors); });
+    s.core->guarded("sequence::record", [&] {
+        s.ensure_begun();
+        recording::impl& r = s.next_scratch(release);
+        s.guarded(release, true, [&] { call.record(*s.exec, r, tensors); });
+    });
 }
 
 }  // namespace qkv::vulkan

@@ -112,8 +112,9 @@ QKV_VULKAN_API recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa
 QKV_VULKAN_API recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors);
 
 /// Records an append of `rows` rows of k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev) tensors to
-/// `cache`; the cache's size grows now (record in submission order). Throws limit_exceeded
-/// (nothing recorded) where they do not fit.
+/// `cache`; the cache's size grows now (record in submission order). The recording keeps the
+/// cache's memory alive. Throws limit_exceeded (nothing recorded) where they do not fit, and
+/// qkv::invalid_argument while a sequence holds an unrun append to the cache.
 QKV_VULKAN_API recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, const tensor& v,
                                        std::size_t rows);
 

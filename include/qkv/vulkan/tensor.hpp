@@ -172,6 +172,7 @@ private:
 /// the sequence as it was. One that fails part-way (out_of_memory while recording) cannot be
 /// taken back: everything recorded since the last run is dropped, and the appends among it are
 /// undone (recorded() is then 0). A sequence destroyed before its run undoes its appends too.
+/// The calls and tensors recorded must live until run() returns (the caches are kept alive).
 class QKV_VULKAN_API sequence {
 public:
     explicit sequence(context& ctx);
