@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -425,6 +426,29 @@ TEST_CASE("sequence: a record that fails part-way drops the sequence and undoes 
         (o == outcome::refused_before ? lo : hi) = mid;
     }
     CHECK(attempt(hi) == outcome::part_way);
+}
+
+TEST_CASE("sdpa_call: runs of one call from two threads", "[tensor][sequence]") {
+    // The call's run scratch is shared: runs are serialised, each checked before the next begins.
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t E = small_cache::E;
+    std::mt19937_64 rng(47);
+    small_cache c(ctx, 8, 6, rng);
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    qkv::vulkan::sdpa_call call(ctx, desc, c.cache);
+    const std::vector<float> q1 = normal(E, rng), q2 = normal(E, rng);
+    qkv::vulkan::tensor t1(ctx, {1, 1, 1, E}), t2(ctx, {1, 1, 1, E}), o1(ctx, {1, 1, 1, E}), o2(ctx, {1, 1, 1, E});
+    t1.upload(q1), t2.upload(q2);
+    const auto runs = [&](qkv::vulkan::tensor& q, qkv::vulkan::tensor& o) {
+        for (int i = 0; i < 25; ++i) call.run({.q = &q, .out = &o});
+    };
+    std::thread other(runs, std::ref(t2), std::ref(o2));
+    runs(t1, o1);
+    other.join();
+    CHECK(nmse(o1.download(), c.attend(q1)) <= 1e-10);
+    CHECK(nmse(o2.download(), c.attend(q2)) <= 1e-10);
+    require_clean(ctx);
 }
 
 TEST_CASE("sequence: more dispatches than one descriptor pool holds", "[tensor][sequence]") {

@@ -203,10 +203,11 @@ void attention_call::impl::record(recorder& rec, recording::impl& r, const atten
                 VK_ACCESS_HOST_READ_BIT);
 }
 
-void recording::impl::check_attention() const {
+void recording::impl::check_attention(bool locked) const {
     std::uint32_t in_flags = 0, out_flags = 0;
     {
-        std::lock_guard lock(core->mutex);
+        std::unique_lock lock(core->mutex, std::defer_lock);
+        if (!locked) lock.lock();
         guard.invalidate();
         std::memcpy(&in_flags, guard.mapped(), 4);
         std::memcpy(&out_flags, guard.mapped() + output_flags_at, 4);

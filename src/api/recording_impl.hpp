@@ -46,8 +46,10 @@ struct recording::impl {
     impl& operator=(const impl&) = delete;
     ~impl();
 
-    void check() const;
-    void check_attention() const;  // attention_call.cpp
+    /// The verdict of the recorded checks (numeric_overflow). `locked`: the caller holds the
+    /// core's lock (a run checks under the lock that ran it); else it is taken here.
+    void check(bool locked = false) const;
+    void check_attention(bool locked) const;  // attention_call.cpp
     /// Ready for the next recording at the same place: the buffers and device words are kept, the
     /// views and the check's facts are the new recording's. Returns the cache the last recording
     /// held, for the caller to let go of after the core's lock (a cache's destructor takes it).
@@ -209,8 +211,10 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
                          VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
             (void)exec.submit_and_wait();
         });
+        // Under the lock that ran it: another thread's run of this call, or an append to its
+        // cache, cannot come between the run and its verdict.
+        call.run_scratch->check(true);
     }
-    call.run_scratch->check();  // takes the lock itself
 }
 
 /// record(call, cmd, tensors): into the caller's command buffer; the recording owns the scratch.

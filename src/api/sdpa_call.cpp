@@ -324,12 +324,13 @@ recording::impl::~impl() {
     rec.reset();
 }
 
-void recording::impl::check() const {
-    if (attention) return check_attention();
+void recording::impl::check(bool locked) const {
+    if (attention) return check_attention(locked);
     if (!checks) return;
     kv_stats cache_stats;
     {
-        std::lock_guard lock(core->mutex);
+        std::unique_lock lock(core->mutex, std::defer_lock);
+        if (!locked) lock.lock();
         guard.invalidate();
         words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
         if (cache) cache_stats = cache->read_stats();
@@ -410,8 +411,10 @@ void sequence::run() {
         }
         s.begun = false;
         s.settle(release);
+        // Under the lock that ran them: the verdicts and the caches' statistics as the run left
+        // them (no append or clear of another thread in between).
+        for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check(true);
     }
-    for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check();  // each takes the lock itself
 }
 
 }  // namespace qkv::vulkan

@@ -101,7 +101,8 @@ public:
     sdpa_call(const sdpa_call&) = delete;
     sdpa_call& operator=(const sdpa_call&) = delete;
 
-    /// One call is run or recorded by one thread at a time (different calls may run concurrently).
+    /// Thread-safe: runs and recordings of one call from several threads are serialised by the
+    /// device's lock, each run checked before the next begins.
     /// Runs over `tensors` on the context's queue and waits: nothing crosses to the host. The
     /// overflow rule holds as on the host path: finite inputs give the right finite answer or
     /// numeric_overflow (checked on the device, reported here). Throws qkv::invalid_argument for
@@ -149,7 +150,8 @@ public:
     attention_call(const attention_call&) = delete;
     attention_call& operator=(const attention_call&) = delete;
 
-    /// One call is run or recorded by one thread at a time (different calls may run concurrently).
+    /// Thread-safe: runs and recordings of one call from several threads are serialised by the
+    /// device's lock, each run checked before the next begins.
     /// Runs over `tensors` on the context's queue and waits; the overflow rule holds as on the
     /// host path (the range guard runs on the device, its verdict reported here).
     void run(const attention_tensors& tensors);
