@@ -308,6 +308,14 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     const std::uint64_t k_bytes = std::uint64_t{rows} * k.row_bytes, v_bytes = std::uint64_t{rows} * v.row_bytes;
     device_core& core = *c.core;
     core.alloc->ensure(c.staging, groups * (k_bytes + v_bytes), memory_use::upload, "K/V cache upload staging");
+    // Kept for the next append (a decode token's rows) while small; a prefill's is given back,
+    // whether the append succeeds or not.
+    struct give_back_large {
+        buffer& staging;
+        ~give_back_large() {
+            if (staging.size() > kept_staging_bytes) staging.reset();
+        }
+    } const give_back{c.staging};
     for (std::size_t z = 0; z < groups; ++z)
         put(c.staging.mapped() + z * k_bytes, c.staging.mapped() + groups * k_bytes + z * v_bytes, z);
     c.staging.flush();
@@ -323,14 +331,7 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     }
     exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT);
-    try {
-        (void)exec.submit_and_wait();
-    } catch (...) {
-        if (c.staging.size() > kept_staging_bytes) c.staging.reset();
-        throw;
-    }
-    // Kept for the next append (a decode token's rows) while small; a prefill's is given back.
-    if (c.staging.size() > kept_staging_bytes) c.staging.reset();
+    (void)exec.submit_and_wait();
 }
 
 /// The new rows of a q8_0 / q4_0 cache, quantized once (by qkv::quantize, before the lock): K's

@@ -125,7 +125,7 @@ struct sequence::impl {
     /// nothing, the sequence is as it was (`place` is given back); having recorded something, the
     /// sequence is abandoned. Either way the exception goes on.
     template <class Record>
-    void guarded(cache_refs& release, bool takes_place, Record&& record) {
+    void record_or_abandon(cache_refs& release, bool takes_place, Record&& record) {
         const std::uint64_t commands = exec->commands_recorded();
         try {
             record();
@@ -242,7 +242,7 @@ void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
     s.core->guarded("sequence::record", [&] {
         s.ensure_begun();
         recording::impl& r = s.next_scratch(release);
-        s.guarded(release, true, [&] { call.record(*s.exec, r, tensors); });
+        s.record_or_abandon(release, true, [&] { call.record(*s.exec, r, tensors); });
     });
 }
 

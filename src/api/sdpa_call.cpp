@@ -372,7 +372,7 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
         s.ensure_begun();
         s.appended.reserve(s.appended.size() + 1);  // before anything is recorded: no allocation after
         const std::size_t before = c->size;
-        s.guarded(release, false, [&] { c->record_append(*s.exec, k, v, rows); });
+        s.record_or_abandon(release, false, [&] { c->record_append(*s.exec, k, v, rows); });
         if (c->pending_in != &s) {  // the rows are written when the sequence runs: until then, the cache waits
             s.appended.emplace_back(c, before);
             c->pending_in = &s;

@@ -20,10 +20,10 @@
 // qkv::error ("used after move") on every call and is safe to destroy. The storage is allocated
 // once, at creation; where the host cannot write it in place (memory it cannot map, a caller's
 // buffer), a host append also uses an upload staging buffer the size of its rows, kept for the
-// next append only up to 1 MiB. Both
-// count towards context_options::device_memory_limit, so a host append may throw out_of_memory
-// (nothing appended). While a sequence holds a recorded append to the cache that has not run, every other
-// use of it throws qkv::invalid_argument (sequence::record_append).
+// next append only up to 1 MiB. Both count towards context_options::device_memory_limit, so a
+// host append may throw out_of_memory (nothing appended). While a sequence holds a recorded append
+// to the cache that has not run, every other use of it throws qkv::invalid_argument
+// (sequence::record_append).
 #pragma once
 
 #include <cstddef>
