@@ -1,9 +1,9 @@
 // qkv::cpu — the float64 CPU backend — against the tutorial, the independent reference
 // (support/reference.hpp), and every rule of qkv::validate.
+#include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/problem.hpp>
 #include <qkv/tutorial.hpp>
-#include <qkv/vulkan/cpu.hpp>
 #include <qkv/vulkan/error.hpp>
-#include <qkv/vulkan/problem.hpp>
 
 #include <chrono>
 #include <cmath>

@@ -2,9 +2,9 @@
 // references that follow PyTorch's documented semantics (tests/data/sdpa, make_sdpa_fixtures.py),
 // against qkv::cpu::attention (projection + sdpa), and every rule of validate(sdpa_problem) and
 // broadcast_strides.
-#include <qkv/vulkan/cpu.hpp>
+#include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/problem.hpp>
 #include <qkv/vulkan/error.hpp>
-#include <qkv/vulkan/problem.hpp>
 
 #include <qkv/runtime/sdpa.hpp>
 
@@ -545,25 +545,27 @@ TEST_CASE("validate(sdpa): mask values and scale", "[cpu][sdpa][validate]") {
     }
     owned_sdpa<float> a = valid_sdpa();
     a.options.alignment = static_cast<qkv::causal_alignment>(7);
-    expect_invalid(a, {"unknown causal alignment (7)"});
+    expect_invalid(a, {"unknown alignment (7)"});
 }
 
-// One causal enum: the run-time API's causal_alignment is the core's causal_mode.
-static_assert(std::is_same_v<qkv::causal_alignment, qkv::causal_mode>);
-static_assert(qkv::causal_alignment::bottom_right == qkv::causal_mode::bottom_right);
+// One alignment enum: the run-time API's causal_alignment is the core's position_alignment, whose
+// two values are causal_mode's alike-named ones; "no causal mask" is causal = false, not an
+// alignment.
+static_assert(std::is_same_v<qkv::causal_alignment, qkv::position_alignment>);
+static_assert(static_cast<int>(qkv::causal_alignment::bottom_right) ==
+              static_cast<int>(qkv::causal_mode::bottom_right));
 
-TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, never causal_mode::none",
-          "[cpu][sdpa][validate]") {
+TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, nothing else", "[cpu][sdpa][validate]") {
     owned_sdpa<float> o = valid_sdpa();
-    o.options = {.causal = true, .alignment = qkv::causal_mode::bottom_right};
+    o.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
     CHECK_NOTHROW(qkv::validate(o.view()));
     for (const bool causal : {true, false}) {
         o.options.causal = causal;
-        o.options.alignment = qkv::causal_mode::none;
-        expect_invalid(o, {"causal_mode::none", "top_left or bottom_right", "causal = false"});
+        o.options.alignment = static_cast<qkv::causal_alignment>(qkv::causal_mode::none);
+        expect_invalid(o, {"unknown alignment (0)"});
     }
     qkv::sdpa_shape s{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 7, .d_qk = 1, .d_v = 1};
-    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_mode::none}) == 0);
+    CHECK(qkv::causal_offset(s, {.alignment = qkv::causal_alignment::top_left}) == 0);
 }
 
 TEST_CASE("validate(sdpa): size products must not overflow", "[cpu][sdpa][validate]") {

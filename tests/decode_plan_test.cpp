@@ -59,14 +59,14 @@ decode_request request(std::size_t batch, std::size_t q_heads, std::size_t kv_he
 }
 
 /// Keys per iteration of the kernel's key loop: KPS (cpu), one tile of WG keys (gpu).
-std::uint64_t key_step(const decode_plan& p) { return p.family == kernel_family::cpu ? p.kps : p.wg; }
+std::uint64_t key_step(const decode_plan& p) { return p.family == kernel_family::row_tiles ? p.kps : p.wg; }
 
 /// Loop iterations of one invocation of shaders/sdpa_decode.comp over a chunk of `keys` keys. cpu:
 /// the key-step loop alone (every inner loop is unrolled). gpu, per tile of WG keys: the tile loop,
 /// the value loop (WG keys for each of the OUTS outputs an invocation owns), and the row maxima
 /// (RPI x gl_NumSubgroups with subgroupMax, at most RPI x WG; log2 WG steps of the shared tree).
 std::uint64_t kernel_loops(const decode_plan& p, std::uint64_t keys) {
-    if (p.family == kernel_family::cpu) return ceil_div(keys, p.kps);
+    if (p.family == kernel_family::row_tiles) return ceil_div(keys, p.kps);
     const std::uint64_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
     const std::uint64_t maxima = p.subgroup ? std::uint64_t{p.rpi} * p.wg : log2_of(p.wg);
     return ceil_div(keys, p.wg) * (1 + outs * p.wg + maxima);
@@ -80,7 +80,7 @@ bool same(const decode_plan& a, const decode_plan& b) {
 }
 
 const char* family_name(kernel_family k) {
-    return k == kernel_family::cpu ? "cpu" : k == kernel_family::gpu ? "gpu" : "automatic";
+    return k == kernel_family::row_tiles ? "cpu" : k == kernel_family::block_tiles ? "gpu" : "automatic";
 }
 
 /// Every invariant plan_decode promises for a request it accepts.
@@ -94,8 +94,8 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
 
     // The family follows the request; automatic: cpu on CPU devices, gpu elsewhere.
     const kernel_family expected = r.kernel != kernel_family::automatic ? r.kernel
-                                   : f.info.type == device_type::cpu    ? kernel_family::cpu
-                                                                        : kernel_family::gpu;
+                                   : f.info.type == device_type::cpu    ? kernel_family::row_tiles
+                                                                        : kernel_family::block_tiles;
     CHECK(p.family == expected);
 
     // The shape, as the shaders read it.
@@ -114,7 +114,7 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
     CHECK(power_of_two(p.wg));
     CHECK(p.wg <= f.info.max_workgroup_invocations);
     CHECK(power_of_two(p.rpi));
-    if (p.family == kernel_family::cpu) {
+    if (p.family == kernel_family::row_tiles) {
         // One subgroup per workgroup: the device's own size wherever it reports a usable one.
         if (power_of_two(f.info.subgroup_size) && f.info.subgroup_size <= f.info.max_workgroup_invocations)
             CHECK(p.wg == f.info.subgroup_size);
@@ -197,7 +197,7 @@ TEST_CASE("decode plan: every shape on every fake device keeps the kernel's inva
         std::size_t q, kv;
     };
     for (const fake& f : fd::fake_devices()) {
-        for (kernel_family kernel : {kernel_family::automatic, kernel_family::cpu, kernel_family::gpu}) {
+        for (kernel_family kernel : {kernel_family::automatic, kernel_family::row_tiles, kernel_family::block_tiles}) {
             for (std::size_t batch : {1u, 4u}) {
                 for (heads h : {heads{1, 1}, heads{8, 2}, heads{3, 1}}) {
                     for (std::size_t q_len : {1u, 3u, 17u}) {
@@ -239,9 +239,10 @@ TEST_CASE("decode plan: the K/V row stride and the chunk cap", "[decode_plan]") 
         CHECK(p.kv_len == 1000);
         check_plan(f, r, p);
         // max_chunks = 1: one chunk while the loop budget allows it, more only where it does not.
-        const decode_plan one = plan_decode(f.info, request(1, 1, 1, 1, 65537, 64, 64, 0, kernel_family::cpu, 1));
+        const decode_plan one = plan_decode(f.info, request(1, 1, 1, 1, 65537, 64, 64, 0, kernel_family::row_tiles, 1));
         CHECK(one.chunks == 1);  // 8,193 key steps of 8 keys: within the budget
-        const decode_plan forced = plan_decode(f.info, request(1, 1, 1, 1, 600000, 64, 64, 0, kernel_family::cpu, 1));
+        const decode_plan forced =
+            plan_decode(f.info, request(1, 1, 1, 1, 600000, 64, 64, 0, kernel_family::row_tiles, 1));
         CHECK(forced.chunks > 1);  // 75,000 key steps would pass llvmpipe's limit
         CHECK(forced.max_loop < lavapipe_loop_limit);
         // An explicit cap of n chunks gives n where the keys allow it.
@@ -262,7 +263,7 @@ TEST_CASE("decode plan: the K/V row stride and the chunk cap", "[decode_plan]") 
 TEST_CASE("decode plan: requests the kernels cannot run are refused with limit_exceeded", "[decode_plan]") {
     for (const fake& f : fd::fake_devices()) {
         INFO(f.name);
-        for (kernel_family kernel : {kernel_family::automatic, kernel_family::cpu, kernel_family::gpu}) {
+        for (kernel_family kernel : {kernel_family::automatic, kernel_family::row_tiles, kernel_family::block_tiles}) {
             INFO(family_name(kernel));
             // Head widths above the kernel's 4,096.
             std::string m = refusal(f.info, request(1, 1, 1, 1, 100, 4097, 64, 0, kernel));
@@ -288,7 +289,7 @@ TEST_CASE("decode plan: requests the kernels cannot run are refused with limit_e
             CHECK_FALSE(mentions(m, "per K/V head"));
         }
         // More chunks than the merge reads: 2^31 - 1 keys at 131,072 keys per cpu chunk.
-        const std::string m = refusal(f.info, request(1, 1, 1, 1, 0x7fffffffu, 16, 16, 0, kernel_family::cpu, 0));
+        const std::string m = refusal(f.info, request(1, 1, 1, 1, 0x7fffffffu, 16, 16, 0, kernel_family::row_tiles, 0));
         INFO(m);
         CHECK(mentions(m, "kv_len = 2147483647"));
         CHECK(mentions(m, "at most 4096"));
@@ -296,15 +297,15 @@ TEST_CASE("decode plan: requests the kernels cannot run are refused with limit_e
     // The gpu kernel's Q rows and score tiles in shared memory: d_qk = 4,096 needs 16 KiB for one row's
     // queries alone, more than the minimal device's 16,384 bytes.
     const fake minimal = fd::fake_devices()[fd::minimal];
-    const std::string m = refusal(minimal.info, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::gpu));
+    const std::string m = refusal(minimal.info, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::block_tiles));
     INFO(m);
     CHECK(mentions(m, "shared memory"));
     CHECK(mentions(m, "d_qk = 4096"));
     // The same width on a device with 48 KiB fits, one row per workgroup.
     const fake nv = fd::fake_devices()[fd::discrete_32];
-    const decode_plan wide = plan_decode(nv.info, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::gpu));
+    const decode_plan wide = plan_decode(nv.info, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::block_tiles));
     CHECK(wide.rpi == 1);
-    check_plan(nv, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::gpu), wide);
+    check_plan(nv, request(1, 1, 1, 1, 100, 4096, 64, 0, kernel_family::block_tiles), wide);
 }
 
 TEST_CASE("decode_suits: few query rows per K/V head, many keys, no weights", "[decode_plan]") {

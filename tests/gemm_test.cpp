@@ -24,7 +24,7 @@ using qkv_test::require_clean;
 
 namespace {
 
-const char* name(kernel_family k) { return k == kernel_family::cpu ? "cpu family" : "gpu family"; }
+const char* name(kernel_family k) { return k == kernel_family::row_tiles ? "cpu family" : "gpu family"; }
 
 /// Output (and weights, when returned) against the float64 reference by normalised MSE.
 void check(qkv::vulkan::context& ctx, const qkv_test::owned_problem& p, double tolerance) {
@@ -45,7 +45,7 @@ void check(qkv::vulkan::context& ctx, const qkv_test::owned_problem& p, double t
 }  // namespace
 
 TEST_CASE("each kernel family of the products matches the reference on odd shapes", "[vulkan][gemm]") {
-    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+    for (kernel_family family : {kernel_family::row_tiles, kernel_family::block_tiles}) {
         auto ctx = qkv_test::make_context({});
         std::uint64_t seed = 7000;
         std::size_t k = 0;
@@ -105,7 +105,7 @@ TEST_CASE("the projection's texel variant matches the reference", "[vulkan][gemm
         s.biases = sh.seq % 2 == 1;
         s.causal = sh.seq == 113;
         auto p = make_problem(s, seed++);
-        p.options.kernel = kernel_family::cpu;
+        p.options.kernel = kernel_family::row_tiles;
         for (auto impl : {qkv::implementation::staged, qkv::implementation::fused}) {
             p.options.implementation = impl;
             p.options.precision = qkv::precision::fp32;
@@ -156,7 +156,7 @@ TEST_CASE("the staged scores and aggregation through texel views match the refer
     };
     for (const auto& s : specs) {
         auto p = make_problem(s, seed++);
-        p.options.kernel = kernel_family::cpu;
+        p.options.kernel = kernel_family::row_tiles;
         p.options.implementation = qkv::implementation::staged;
         p.options.return_weights = seed % 2 == 0;
         INFO(qkv_test::describe(s));
@@ -171,7 +171,7 @@ TEST_CASE("the staged scores and aggregation through texel views match the refer
     // masked row is zeros, a NaN or +inf score makes its row NaN, the other rows are right.
     {
         auto m = make_problem({.seq = 12, .d_in = 4, .d_k = 4, .d_v = 4, .mask = mask_kind::additive}, seed++);
-        m.options.kernel = kernel_family::cpu;
+        m.options.kernel = kernel_family::row_tiles;
         m.options.implementation = qkv::implementation::staged;
         m.options.return_weights = true;
         for (std::size_t j = 0; j < 12; ++j) m.additive[2 * 12 + j] = -std::numeric_limits<float>::infinity();
@@ -193,7 +193,7 @@ TEST_CASE("the staged scores and aggregation through texel views match the refer
     // NaN in one input row makes that row's V NaN: rows that never attend to it (causal) must
     // stay right, so a zero weight adds nothing rather than 0·NaN.
     auto p = make_problem({.seq = 8, .d_in = 4, .d_k = 4, .d_v = 4, .causal = true}, seed++);
-    p.options.kernel = kernel_family::cpu;
+    p.options.kernel = kernel_family::row_tiles;
     p.options.implementation = qkv::implementation::staged;
     p.x[5 * 4 + 2] = std::numeric_limits<float>::quiet_NaN();
     const auto want = qkv::cpu::attention_f64(p.view()).output;
@@ -212,7 +212,7 @@ TEST_CASE("inner dimensions past 65,535 are right in both families", "[vulkan][g
     // product fail on lavapipe without the split (16 k per step, 5 loop iterations per step:
     // ~210,000), and where the CPU family (4 k per iteration) needs two dispatches.
     const std::size_t wide = GENERATE(std::size_t{65'537}, std::size_t{270'000});
-    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+    for (kernel_family family : {kernel_family::row_tiles, kernel_family::block_tiles}) {
         auto ctx = qkv_test::make_context({});
         SECTION("projection: d_in past 65,535") {
             problem_spec s;
@@ -284,7 +284,7 @@ TEST_CASE("projection timing of each family (not run by default)", "[.][bench]")
     problem_spec s;
     s.batch = 4096, s.seq = 1, s.d_in = 64, s.d_k = 64, s.d_v = 64;
     auto p = make_problem(s, 15);
-    for (kernel_family family : {kernel_family::cpu, kernel_family::gpu}) {
+    for (kernel_family family : {kernel_family::row_tiles, kernel_family::block_tiles}) {
         qkv::vulkan::context ctx;
         p.options.kernel = family;
         std::vector<double> ms;

@@ -68,9 +68,9 @@ float through_half(float f) {
     return static_cast<float>(std::nearbyint(static_cast<double>(f) / ulp) * ulp);
 }
 
-const qkv::kernel_family families[] = {qkv::kernel_family::cpu, qkv::kernel_family::gpu};
+const qkv::kernel_family families[] = {qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles};
 
-const char* name(qkv::kernel_family f) { return f == qkv::kernel_family::cpu ? "cpu" : "gpu"; }
+const char* name(qkv::kernel_family f) { return f == qkv::kernel_family::row_tiles ? "cpu" : "gpu"; }
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 // call needs. Its validation layer, with synchronisation validation, must say nothing.
 #include <qkv/vulkan/interop.hpp>
 #include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/testing.hpp>
 
 #include <cmath>
 #include <random>
@@ -34,14 +35,14 @@ double nmse(const float* got, const std::vector<double>& want) {
 }
 
 qkv::vulkan::context context_on(app::vulkan_app& a) {
-    return qkv::vulkan::make_context({.instance = a.instance,
-                                      .physical_device = a.physical,
-                                      .device = a.device,
-                                      .queue_family = a.family,
-                                      .queue = a.queue,
-                                      .get_instance_proc_addr = vkGetInstanceProcAddr,
-                                      .create_info = &a.device_info},
-                                     {.testing = {.poison_new_memory = true}});  // no test passes on zeroed memory
+    return qkv::vulkan::testing::make_context({.instance = a.instance,
+                                               .physical_device = a.physical,
+                                               .device = a.device,
+                                               .queue_family = a.family,
+                                               .queue = a.queue,
+                                               .get_instance_proc_addr = vkGetInstanceProcAddr,
+                                               .create_info = &a.device_info},
+                                              {}, {.poison_new_memory = true});  // no test passes on zeroed memory
 }
 
 /// Writes host values into an application buffer at an element offset (its memory is mapped).
@@ -86,7 +87,7 @@ TEST_CASE("interop: tensors over the application's buffers at odd offsets, fp32 
     CHECK(to.wraps_caller_memory());
     CHECK(qkv::vulkan::buffer_of(to) == out.handle);
     CHECK(qkv::vulkan::offset_of(to) == o_at * 4);
-    for (const auto family : {qkv::kernel_family::cpu, qkv::kernel_family::gpu}) {
+    for (const auto family : {qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles}) {
         desc.options.kernel = family;
         qkv::vulkan::sdpa_call call(ctx, desc);
         fence_output();

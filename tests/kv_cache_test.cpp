@@ -131,12 +131,13 @@ void fill(qkv::vulkan::kv_cache& cache, const decode_case& c, const decode_data&
 }
 
 qkv::vulkan::kv_cache make_cache(qkv::vulkan::context& ctx, const decode_case& c, std::size_t capacity = 0) {
-    return qkv::vulkan::kv_cache(ctx, {.batch = c.batch,
-                                       .kv_heads = c.kv_heads,
-                                       .capacity = capacity ? capacity : c.kv_len,
-                                       .d_qk = c.d_qk,
-                                       .d_v = c.d_v,
-                                       .precision = c.precision});
+    return qkv::vulkan::kv_cache(
+        ctx, {.batch = c.batch,
+              .kv_heads = c.kv_heads,
+              .capacity = capacity ? capacity : c.kv_len,
+              .d_qk = c.d_qk,
+              .d_v = c.d_v,
+              .type = c.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32});
 }
 
 double tolerance(qkv::precision p) { return p == qkv::precision::fp16 ? 1e-7 : 1e-9; }
@@ -227,7 +228,7 @@ TEST_CASE("kv_cache: append, size, capacity, clear and errors", "[kv_cache]") {
 
 TEST_CASE("kv_cache: fp16 refuses values beyond float16's range", "[kv_cache]") {
     qkv::vulkan::kv_cache cache(
-        gpu(), {.batch = 1, .kv_heads = 1, .capacity = 4, .d_qk = 2, .d_v = 2, .precision = qkv::precision::fp16});
+        gpu(), {.batch = 1, .kv_heads = 1, .capacity = 4, .d_qk = 2, .d_v = 2, .type = qkv::element_type::f16});
     std::vector<float> k{1.0f, 2.0f}, v{3.0f, 70000.0f};
     CHECK_THROWS_AS(cache.append(k, v, 1), qkv::vulkan::numeric_overflow);
     CHECK(cache.size() == 0);
@@ -249,7 +250,7 @@ TEST_CASE("kv_cache: out of device memory at creation", "[kv_cache]") {
 }
 
 TEST_CASE("decode: parity with the float64 reference", "[kv_cache][decode]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     const qkv::precision precision = GENERATE(qkv::precision::fp32, qkv::precision::fp16);
     const std::size_t q_len = GENERATE(std::size_t{1}, std::size_t{3});
     const std::size_t kv_len = GENERATE(std::size_t{1}, std::size_t{300}, std::size_t{5000});
@@ -260,7 +261,7 @@ TEST_CASE("decode: parity with the float64 reference", "[kv_cache][decode]") {
 }
 
 TEST_CASE("decode: head widths 64 and odd, batches", "[kv_cache][decode]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     decode_case c;
     c.kernel = family;
     c.d_qk = 64, c.d_v = 64, c.kv_len = 2000, c.q_len = 1;
@@ -270,7 +271,7 @@ TEST_CASE("decode: head widths 64 and odd, batches", "[kv_cache][decode]") {
 }
 
 TEST_CASE("decode: causal alignments and broadcast masks", "[kv_cache][decode]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     decode_case c;
     c.kernel = family;
     c.q_len = 3, c.kv_len = 2500, c.batch = 2;
@@ -289,7 +290,7 @@ TEST_CASE("decode: causal alignments and broadcast masks", "[kv_cache][decode]")
 }
 
 TEST_CASE("decode: more keys than llvmpipe's 65,535 loop iterations", "[kv_cache][decode][long]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     decode_case c;
     c.kernel = family;
     c.q_heads = 2, c.kv_heads = 1, c.d_qk = 4, c.d_v = 4, c.kv_len = 70001, c.q_len = 1;
@@ -299,7 +300,7 @@ TEST_CASE("decode: more keys than llvmpipe's 65,535 loop iterations", "[kv_cache
 }
 
 TEST_CASE("decode: ten runs give identical bits; the unsplit path agrees", "[kv_cache][decode]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     decode_case c;
     c.kernel = family, c.kv_len = 5000, c.q_len = 1;
     const decode_data d = make_data(c);
@@ -328,7 +329,7 @@ TEST_CASE("kv_cache: a prefill's upload staging is given back, a decode step's k
     constexpr std::size_t Hkv = 2, S = 2048, E = 64, cache_bytes = 2 * Hkv * S * E * 4;
     qkv::vulkan::context ctx =
         qkv_test::make_context({.device_memory_limit = 3 * cache_bytes + 512 * 1024, .force_staging = true});
-    const qkv::vulkan::kv_cache_shape shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E};
+    const qkv::kv_layout shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E};
     qkv::vulkan::kv_cache first(ctx, shape);
     const std::vector<float> k(Hkv * (S - 1) * E, 0.5f), v(Hkv * (S - 1) * E, -0.25f);
     first.append(k, v, S - 1);
@@ -344,18 +345,18 @@ TEST_CASE("decode: staged uploads and the shared-memory maxima", "[kv_cache][dec
     decode_case c;
     c.q_len = 3, c.kv_len = 3000;
     qkv::vulkan::context staged = qkv_test::make_context({.force_staging = true});
-    c.kernel = qkv::kernel_family::cpu;
+    c.kernel = qkv::kernel_family::row_tiles;
     (void)check_case(staged, c);
     // The gpu variant as on a device without subgroup arithmetic: maxima through shared memory.
     qkv::vulkan::device_info no_subgroups = gpu().device();
     no_subgroups.subgroup_arithmetic = false;
     qkv::vulkan::context tree = qkv_test::make_context({.fused_tiles_as = no_subgroups});
-    c.kernel = qkv::kernel_family::gpu;
+    c.kernel = qkv::kernel_family::block_tiles;
     (void)check_case(tree, c);
 }
 
 TEST_CASE("sdpa with host K/V takes the decode kernels for decode shapes", "[kv_cache][decode]") {
-    const qkv::kernel_family family = GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu);
+    const qkv::kernel_family family = GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles);
     decode_case c;
     c.kernel = family, c.q_len = 1, c.kv_len = 3000;
     const decode_data d = make_data(c);

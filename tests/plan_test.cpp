@@ -124,8 +124,8 @@ TEST_CASE("plan: the products' family and shaders follow the device and the requ
         CHECK(p.aggregate.shader == (cpu ? shader_id::aggregate_cpu : shader_id::aggregate));
         CHECK(p.out_projection.shader == (cpu ? shader_id::project_cpu : shader_id::project));
         // Asked for explicitly, either family runs anywhere.
-        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::gpu).project.shader == shader_id::project);
-        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::cpu).project.shader == shader_id::project_cpu);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::block_tiles).project.shader == shader_id::project);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::row_tiles).project.shader == shader_id::project_cpu);
         // fp16 storage: the _f16 twins (the output projection reads float32).
         auto half = pr;
         half.options.precision = qkv::precision::fp16;
@@ -185,14 +185,15 @@ TEST_CASE("plan: the fused kernel's family", "[plan]") {
         INFO(f.name);
         const bool cpu = f.info.type == device_type::cpu;
         // Automatic: the CPU family on CPU devices where it can run, the GPU family elsewhere.
-        CHECK(plan_for(f, pr, facts_for(f, 64)).family == (cpu ? kernel_family::cpu : kernel_family::gpu));
-        CHECK(plan_for(f, pr, facts_for(f, 64, {"no texel format", false})).family == kernel_family::gpu);
-        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::gpu).family == kernel_family::gpu);
-        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::cpu).family == kernel_family::cpu);
+        CHECK(plan_for(f, pr, facts_for(f, 64)).family ==
+              (cpu ? kernel_family::row_tiles : kernel_family::block_tiles));
+        CHECK(plan_for(f, pr, facts_for(f, 64, {"no texel format", false})).family == kernel_family::block_tiles);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::block_tiles).family == kernel_family::block_tiles);
+        CHECK(plan_for(f, pr, facts_for(f, 64), kernel_family::row_tiles).family == kernel_family::row_tiles);
         // Asked for but refused: a typed error saying why.
-        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"too wide", true}), kernel_family::cpu),
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"too wide", true}), kernel_family::row_tiles),
                         qkv::vulkan::limit_exceeded);
-        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"no texel format", false}), kernel_family::cpu),
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 64, {"no texel format", false}), kernel_family::row_tiles),
                         qkv::vulkan::unavailable);
         // The staged implementation has no family.
         const auto staged = problem(2, 113, 16, 32, 2, 0, qkv::implementation::staged);
@@ -205,16 +206,16 @@ TEST_CASE("plan: the fused kernel's key chunks", "[plan]") {
         INFO(f.name);
         const auto pr = problem(1, 16384, 16, 64, 1, 0, qkv::implementation::fused);
         // The CPU family takes its chunk from its own plan (flash_cpu.cpp).
-        const plan c = plan_for(f, pr, facts_for(f, 512), kernel_family::cpu);
+        const plan c = plan_for(f, pr, facts_for(f, 512), kernel_family::row_tiles);
         CHECK(c.flash_chunk_keys == 512);
         // The GPU family: one dispatch on GPUs, chunks under the loop limit on CPU devices.
-        const plan g = plan_for(f, pr, facts_for(f, 512), kernel_family::gpu);
+        const plan g = plan_for(f, pr, facts_for(f, 512), kernel_family::block_tiles);
         if (f.info.type == device_type::cpu)
             CHECK(g.flash_chunk_keys < g.seq);
         else
             CHECK(g.flash_chunk_keys == g.seq);
         // Too many dispatches is refused before anything runs.
-        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 8), kernel_family::cpu), qkv::vulkan::limit_exceeded);
+        CHECK_THROWS_AS(plan_for(f, pr, facts_for(f, 8), kernel_family::row_tiles), qkv::vulkan::limit_exceeded);
         // Staged: no chunks.
         CHECK(
             plan_for(f, problem(1, 17, 16, 64, 1, 0, qkv::implementation::staged), facts_for(f, 8)).flash_chunk_keys ==

@@ -83,7 +83,7 @@ reference_result reference(const owned<double>& p) {
     const std::size_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, L = s.q_len, S = s.kv_len, E = s.d_qk, Ev = s.d_v;
     const double scale = o.scale ? static_cast<double>(*o.scale) : 1.0 / std::sqrt(static_cast<double>(E));
     const double off =
-        o.alignment == qkv::causal_mode::bottom_right ? static_cast<double>(S) - static_cast<double>(L) : 0.0;
+        o.alignment == qkv::causal_alignment::bottom_right ? static_cast<double>(S) - static_cast<double>(L) : 0.0;
     // ALiBi slopes: n = 2^floor(log2 Hq), m0 = 2^(-b/n), m1 = 2^(-b/(2n)).
     std::vector<double> slope(Hq, 0.0);
     if (o.alibi_max_bias > 0) {
@@ -233,7 +233,8 @@ fixture load(const std::string& name) {
             std::string align;
             args >> align;
             REQUIRE((align == "top-left" || align == "bottom-right"));
-            o.options.alignment = align == "top-left" ? qkv::causal_mode::top_left : qkv::causal_mode::bottom_right;
+            o.options.alignment =
+                align == "top-left" ? qkv::causal_alignment::top_left : qkv::causal_alignment::bottom_right;
         } else if (flag == "--scale" || flag == "--softcap" || flag == "--alibi") {
             double value = 0;
             args >> value;
@@ -364,7 +365,7 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                 o.v = qkv_test::normal_values(s.batch * s.kv_heads * S * s.d_v, rng);
                 qkv::sdpa_options& opt = o.options;
                 opt.causal = coin(rng);
-                opt.alignment = coin(rng) ? qkv::causal_mode::top_left : qkv::causal_mode::bottom_right;
+                opt.alignment = coin(rng) ? qkv::causal_alignment::top_left : qkv::causal_alignment::bottom_right;
                 opt.window_left = window_side(rng);
                 opt.window_right = window_side(rng);
                 opt.softcap = coin(rng) ? 0.f : 3.f;
@@ -390,7 +391,7 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                     o.sinks[0] = -inf;
                 }
                 INFO("L " << L << ", S " << S << ", E " << E << ", Hq " << s.q_heads << ", causal " << opt.causal
-                          << ", bottom-right " << (opt.alignment == qkv::causal_mode::bottom_right) << ", window "
+                          << ", bottom-right " << (opt.alignment == qkv::causal_alignment::bottom_right) << ", window "
                           << opt.window_left << "," << opt.window_right << ", softcap " << opt.softcap << ", alibi "
                           << opt.alibi_max_bias << ", sinks " << o.sinks.size() << ", masks " << o.mask.size() << "/"
                           << o.additive.size());
@@ -412,7 +413,7 @@ TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[
     o.k = random_floats(2 * 2 * 113 * 64, rng);
     o.v = random_floats(2 * 2 * 113 * 32, rng);
     o.options.causal = true;
-    o.options.alignment = qkv::causal_mode::bottom_right;
+    o.options.alignment = qkv::causal_alignment::bottom_right;
     o.options.return_weights = true;
     o.options.return_lse = true;
     const qkv::sdpa_output_f64 plain = qkv::cpu::sdpa_f64(o.view());
@@ -532,15 +533,15 @@ TEST_CASE("visible_keys and alibi_slope", "[cpu][sdpa][features]") {
     using v = std::vector<std::size_t>;
     CHECK(keys({}, 0) == v{0, 10});
     CHECK(keys({.causal = true}, 1) == v{0, 2});
-    CHECK(keys({.causal = true, .alignment = qkv::causal_mode::bottom_right}, 1) == v{0, 9});
+    CHECK(keys({.causal = true, .alignment = qkv::causal_alignment::bottom_right}, 1) == v{0, 9});
     CHECK(keys({.window_left = 2, .window_right = 1}, 1) == v{0, 3});
-    CHECK(keys({.alignment = qkv::causal_mode::bottom_right, .window_left = 2, .window_right = 0}, 1) == v{6, 9});
+    CHECK(keys({.alignment = qkv::causal_alignment::bottom_right, .window_left = 2, .window_right = 0}, 1) == v{6, 9});
     CHECK(keys({.causal = true, .window_left = 0}, 2) == v{2, 3});
     CHECK(keys({.window_left = -1, .window_right = std::numeric_limits<std::int64_t>::max()}, 0) == v{0, 10});
     CHECK(keys({.window_left = std::numeric_limits<std::int64_t>::max(), .window_right = 0}, 2) == v{0, 3});
     const qkv::sdpa_shape tall{.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 10, .kv_len = 3, .d_qk = 1, .d_v = 1};
-    const qkv::key_range none =
-        qkv::visible_keys(tall, {.causal = true, .alignment = qkv::causal_mode::bottom_right}, 6);  // 6 + 3 - 10 < 0
+    const qkv::key_range none = qkv::visible_keys(
+        tall, {.causal = true, .alignment = qkv::causal_alignment::bottom_right}, 6);  // 6 + 3 - 10 < 0
     CHECK(none.first >= none.end);
 
     // ggml's slopes: 8 heads, b = 8: 2^-1 ... 2^-8. 12 heads: n = 8, then m1 = 2^-0.5 to odd powers.
@@ -638,8 +639,8 @@ TEST_CASE("validate_queries: every check of validate but K and V, which must be 
     bad.options.scale = std::numeric_limits<float>::infinity();
     refused(bad, "scale must be finite");
     bad = o;
-    bad.options.alignment = qkv::causal_mode::none;
-    refused(bad, "causal_mode::none");
+    bad.options.alignment = static_cast<qkv::causal_alignment>(qkv::causal_mode::none);
+    refused(bad, "unknown alignment (0)");
     bad = o;
     bad.options.window_left = -3;
     refused(bad, "window_left");
@@ -703,7 +704,7 @@ TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole ca
                 o.k = qkv_test::normal_values(2 * 3 * 113 * 32, rng);
                 o.v = qkv_test::normal_values(2 * 3 * 113 * 24, rng);
                 o.options.causal = true;
-                o.options.alignment = qkv::causal_mode::bottom_right;
+                o.options.alignment = qkv::causal_alignment::bottom_right;
                 o.options.window_left = 60;
                 o.options.alibi_max_bias = 4.f;
                 o.options.softcap = 5.f;

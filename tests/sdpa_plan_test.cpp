@@ -70,7 +70,7 @@ TEST_CASE("sdpa plan: decode shapes take the decode route, others the fused kern
         const sized_problem decode(1, 8, 2, 1, 4096, 64, 64, true);
         const sdpa_plan p = plan_sdpa(decode.p, d, set);
         CHECK(p.route == sdpa_route::decode);
-        CHECK(p.kernel() == (f.info.type == device_type::cpu ? kernel_family::cpu : kernel_family::gpu));
+        CHECK(p.kernel() == (f.info.type == device_type::cpu ? kernel_family::row_tiles : kernel_family::block_tiles));
         CHECK(p.decode.refusal.empty());
         CHECK(p.buffers.of(role::partial_acc) == p.decode.acc_bytes());
         CHECK(p.buffers.of(role::texels) == 0);
@@ -84,7 +84,7 @@ TEST_CASE("sdpa plan: decode shapes take the decode route, others the fused kern
         const sized_problem square(2, 4, 2, 113, 113, 32, 16);
         const sdpa_plan s = plan_sdpa(square.p, d, set);
         CHECK(s.route == sdpa_route::fused);
-        CHECK(s.family == (f.info.type == device_type::cpu ? kernel_family::cpu : kernel_family::gpu));
+        CHECK(s.family == (f.info.type == device_type::cpu ? kernel_family::row_tiles : kernel_family::block_tiles));
         CHECK(s.buffers.of(role::texels) == (s.cpu_family() ? s.cpu.bytes : 0));
         check_regions(s, d);
         // The weights, or a test hook of the fused kernels, keep a decode shape on the fused route.
@@ -111,7 +111,7 @@ TEST_CASE("sdpa plan: where the decode kernels cannot run, the plan says so inst
         no_texels.texels_rgba32f = no_texels.texels_rgba16f = false;
         const sdpa_plan p = plan_sdpa(decode.p, no_texels, set);
         CHECK(p.route == sdpa_route::fused);
-        CHECK(p.family == kernel_family::gpu);
+        CHECK(p.family == kernel_family::block_tiles);
         sized_problem cached = decode;
         cached.p.k = {}, cached.p.v = {};
         CHECK_THROWS_AS(plan_sdpa_cache(cached.p, {4096, qkv::element_type::f32}, no_texels, set),

@@ -178,9 +178,9 @@ std::vector<sdpa_spec> suite() {
     };
 }
 
-constexpr qkv::kernel_family families[] = {qkv::kernel_family::cpu, qkv::kernel_family::gpu};
+constexpr qkv::kernel_family families[] = {qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles};
 
-const char* name_of(qkv::kernel_family f) { return f == qkv::kernel_family::cpu ? "cpu family" : "gpu family"; }
+const char* name_of(qkv::kernel_family f) { return f == qkv::kernel_family::row_tiles ? "cpu family" : "gpu family"; }
 
 }  // namespace
 
@@ -238,7 +238,7 @@ TEST_CASE("sdpa with a discrete GPU's tiles (subgroup 32) matches the reference"
     for (const sdpa_spec& s : suite()) {
         owned_sdpa o = make_sdpa(s, seed++);
         INFO(describe(s) << ", gpu family with the tiles of a discrete GPU (subgroup 32)");
-        check_sdpa(ctx, o, qkv::kernel_family::gpu, qkv::precision::fp32);
+        check_sdpa(ctx, o, qkv::kernel_family::block_tiles, qkv::precision::fp32);
     }
     require_clean(ctx);
 }

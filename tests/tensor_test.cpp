@@ -237,8 +237,7 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
     std::vector<qkv::vulkan::tensor> qs, outs;
     std::vector<std::vector<float>> host_q;
     for (std::size_t l = 0; l < layers; ++l) {
-        caches.emplace_back(
-            ctx, qkv::vulkan::kv_cache_shape{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E});
+        caches.emplace_back(ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E});
         caches.back().append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
         calls.emplace_back(ctx, desc, caches.back());
         host_q.push_back(normal(Hq * E, rng));
@@ -269,7 +268,7 @@ struct small_cache {
     std::vector<float> k, v;  // (1, 1, size, E)
 
     small_cache(qkv::vulkan::context& ctx, std::size_t capacity, std::size_t rows, std::mt19937_64& rng)
-        : cache(ctx, qkv::vulkan::kv_cache_shape{.batch = 1, .kv_heads = 1, .capacity = capacity, .d_qk = E, .d_v = E}),
+        : cache(ctx, qkv::kv_layout{.batch = 1, .kv_heads = 1, .capacity = capacity, .d_qk = E, .d_v = E}),
           k(normal(rows * E, rng)),
           v(normal(rows * E, rng)) {
         cache.append(k, v, rows);

@@ -5,6 +5,7 @@
 // families are proven on whatever device runs the suite.
 #include <qkv/tutorial.hpp>
 #include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/testing.hpp>
 
 #include <cmath>
 #include <cstdlib>
@@ -26,12 +27,14 @@ using qkv_test::problem_spec;
 using qkv_test::require_clean;
 
 /// The fused kernel family of this run of the test case: Catch2 runs the case once per value.
-#define FUSED_FAMILY() GENERATE(qkv::kernel_family::cpu, qkv::kernel_family::gpu)
+#define FUSED_FAMILY() GENERATE(qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles)
 
 namespace {
 
 const char* family_name(qkv::kernel_family f) {
-    return f == qkv::kernel_family::cpu ? "cpu family" : f == qkv::kernel_family::gpu ? "gpu family" : "automatic";
+    return f == qkv::kernel_family::row_tiles     ? "cpu family"
+           : f == qkv::kernel_family::block_tiles ? "gpu family"
+                                                  : "automatic";
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -193,8 +196,8 @@ TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") 
     const auto fused = ctx.attention(p.view());
     CHECK(fused.implementation == qkv::implementation::fused);
     // and the cpu kernel family on CPU devices (lavapipe), the gpu family elsewhere
-    CHECK(fused.kernel ==
-          (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::cpu : qkv::kernel_family::gpu));
+    CHECK(fused.kernel == (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::row_tiles
+                                                                              : qkv::kernel_family::block_tiles));
     p.options.return_weights = true;
     const auto r = ctx.attention(p.view());
     CHECK(r.implementation == qkv::implementation::staged);
@@ -214,7 +217,7 @@ TEST_CASE("fused attention takes DeepSeek's MLA widths (576 / 512) on both famil
         qkv::kernel_family family;
     };
     for (const wide_case w :
-         {wide_case{576, 512, qkv::kernel_family::gpu}, wide_case{320, 256, qkv::kernel_family::cpu}}) {
+         {wide_case{576, 512, qkv::kernel_family::block_tiles}, wide_case{320, 256, qkv::kernel_family::row_tiles}}) {
         auto p = make_problem({.seq = 5, .d_in = 7, .d_k = w.d_k, .d_v = w.d_v}, w.d_k);
         p.options.implementation = qkv::implementation::fused;
         p.options.kernel = w.family;
@@ -470,7 +473,7 @@ TEST_CASE("no Vulkan loader gives a clear unavailable error", "[no_loader]") {
 
 TEST_CASE("the device ceiling is measured with positive, finite numbers", "[vulkan][ceiling]") {
     auto& ctx = gpu();
-    const auto c = ctx.measure_ceiling();
+    const auto c = qkv::vulkan::testing::measure_ceiling(ctx);
     CHECK(c.fma_gflops > 0);
     CHECK(std::isfinite(c.fma_gflops));
     CHECK(c.copy_gb_per_s > 0);
@@ -658,7 +661,7 @@ TEST_CASE("N = 65,600 causal, d = 3 / 4: the cpu kernel family gets every key", 
     constexpr std::size_t N = 65600, d_in = 4, dk = 3, dv = 4;
     auto p = make_problem({.seq = N, .d_in = d_in, .d_k = dk, .d_v = dv, .heads = 1, .causal = true}, 65600);
     p.options.implementation = qkv::implementation::fused;
-    p.options.kernel = qkv::kernel_family::cpu;
+    p.options.kernel = qkv::kernel_family::row_tiles;
     const auto project = [&](const std::vector<float>& w, std::size_t width) {
         std::vector<double> out(N * width, 0.0);
         for (std::size_t i = 0; i < N; ++i)
@@ -692,7 +695,7 @@ TEST_CASE("N = 65,600 causal, d = 3 / 4: the cpu kernel family gets every key", 
         auto ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = chunk});
         INFO("at most " << chunk << " keys a dispatch (0: the device's own)");
         const auto r = ctx.attention(p.view());
-        REQUIRE(r.kernel == qkv::kernel_family::cpu);
+        REQUIRE(r.kernel == qkv::kernel_family::row_tiles);
         std::vector<float> got;
         for (const std::size_t i : rows)
             for (std::size_t c = 0; c < dv; ++c) got.push_back(r.output[i * dv + c]);

@@ -71,12 +71,6 @@ private:
     const char* what_;
 };
 
-/// Where query i sits among the S keys, for the sliding window and the ALiBi distance: at key
-/// position i + off, off = 0 (top_left) or S - L (bottom_right, the last query at the last key).
-/// The one causal enum (qkv/causal.hpp) under the name this use reads best with; `none` is not an
-/// alignment (option_error).
-using position_alignment = causal_mode;
-
 /// Options of scaled_dot_product_attention for L queries and S keys of element type T. Every
 /// member has a default, and the defaults mean "off", so designated initialisers read naturally:
 /// `{.scale = 1.f}`, `{.causal = qkv::causal_mode::top_left, .mask = m}`,
@@ -273,7 +267,8 @@ constexpr void check_options(const sdpa_matrix_options<T, L, S, H>& opt) {
         throw option_error("qkv::scaled_dot_product_attention: give alibi_slope or alibi_max_bias, not both");
     if (opt.window.left < -1 || opt.window.right < -1)
         throw option_error("qkv::scaled_dot_product_attention: window sides must be >= -1 (-1 = unbounded)");
-    if (opt.alignment && *opt.alignment == causal_mode::none)
+    if (opt.alignment && *opt.alignment != position_alignment::top_left &&
+        *opt.alignment != position_alignment::bottom_right)
         throw option_error("qkv::scaled_dot_product_attention: alignment must be top_left or bottom_right");
     if (opt.alignment && opt.causal != causal_mode::none && *opt.alignment != alignment_of(opt.causal))
         throw option_error("qkv::scaled_dot_product_attention: alignment differs from the causal mode's");

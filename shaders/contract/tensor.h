@@ -1,5 +1,6 @@
 // The host–shader contract of the tensor kernels (see common.h for the convention): copies between
-// a caller's tensor and a call's buffers (tensor_copy.comp), and the device side of the overflow
+// a caller's tensor and a call's buffers (tensor_copy.comp), float16 and quantized tensors read as
+// float32 (tensor_widen.comp), and the device side of the overflow
 // rule for calls whose inputs the host never sees (sdpa_guard.comp), recorded by
 // src/api/sdpa_call.cpp.
 #ifndef QKV_CONTRACT_TENSOR_H
@@ -24,6 +25,24 @@ QKV_CONST uint TENSOR_COPY_BINDING_SRC = 0u;
 QKV_CONST uint TENSOR_COPY_BINDING_DST = 1u;
 QKV_CONST uint TENSOR_COPY_WORKGROUP = 64u;  // local_size_x; each invocation copies TENSOR_COPY_PER_INVOCATION
 QKV_CONST uint TENSOR_COPY_PER_INVOCATION = 16u;
+
+/// tensor_widen.comp: rows of float16 values, or of ggml's q8_0 / q4_0 blocks
+/// (qkv/runtime/element_type.hpp), read from 32-bit words, written as float32:
+/// dst[dst_off + r·cols + c] = value c of row r, exactly as qkv::dequantize gives it.
+struct tensor_widen_push {
+    uint group_x, group_y, group_z;
+    uint rows, cols;     // cols: values per row (a multiple of 32 for blocks); rows·cols < 2^32
+    uint src_byte;       // where row 0 starts in the source binding (even)
+    uint src_row_bytes;  // bytes of one source row (even)
+    uint dst_off;        // in floats, from the destination binding's start
+    uint format;         // WIDEN_F16, WIDEN_Q8_0 or WIDEN_Q4_0
+};
+QKV_CONST uint TENSOR_WIDEN_BINDING_SRC = 0u;  // 32-bit words
+QKV_CONST uint TENSOR_WIDEN_BINDING_DST = 1u;  // float32
+QKV_CONST uint TENSOR_WIDEN_WORKGROUP = 64u;   // one invocation per value
+QKV_CONST uint WIDEN_F16 = 0u;
+QKV_CONST uint WIDEN_Q8_0 = 1u;  // 34 bytes a block: d (float16), 32 int8
+QKV_CONST uint WIDEN_Q4_0 = 2u;  // 18 bytes a block: d (float16), 16 bytes of nibbles
 
 /// sdpa_guard.comp, its rows pass: the largest row norm of q per (batch, query head), of k per
 /// (batch, K/V head), the largest |v| per (batch, K/V head), all over finite elements, and whether
@@ -58,6 +77,7 @@ QKV_CONST uint GUARD_HEADER_WORDS = 4u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_copy_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::tensor_widen_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::sdpa_guard_push) == 15u * 4u)
 
 #endif

@@ -20,6 +20,7 @@
 #include "api/tensor_impl.hpp"
 #include "kernels/range_guard.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/vulkan/interop.hpp"
 
 namespace qkv::vulkan {
@@ -55,8 +56,7 @@ attention_call::attention_call(context& ctx, const attention_problem& descriptio
         !description.bo.empty())
         throw qkv::invalid_argument(
             "attention_call: the description's x, weight and bias spans must be empty (the data comes as tensors)");
-    if (description.options.return_weights)
-        throw qkv::invalid_argument("attention_call: return_weights is not available over tensors");
+    require_supported(entry_point::attention_call, description);
     c.desc = description;
     c.mask.assign(description.mask.begin(), description.mask.end());
     c.additive.assign(description.additive_mask.begin(), description.additive_mask.end());

@@ -30,6 +30,8 @@ const char* role_name(role r) {
             return "decode partial statistics";
         case role::partial_acc:
             return "decode partial accumulators";
+        case role::widened:
+            return "tensors read as float32";
     }
     return "buffer";
 }

@@ -33,8 +33,9 @@ enum class role : std::uint8_t {
     texels,         ///< the fused cpu family's Q, K, V as texels (flash_cpu_pack.comp)
     partial_stats,  ///< decode: (max, sum) per (row, chunk)
     partial_acc,    ///< decode: the accumulator per (row, chunk)
+    widened,        ///< a call over tensors: its float16 or quantized tensors read as float32 (tensor_widen.comp)
 };
-inline constexpr std::size_t role_count = 9;
+inline constexpr std::size_t role_count = 10;
 const char* role_name(role r);
 
 /// What one call needs of the buffers: bytes per role (0: not used; the buffer is released, so

@@ -1,4 +1,4 @@
-// context::measure_ceiling: the device's own limits, measured with the same executor and clock
+// testing::measure_ceiling (qkv/vulkan/testing.hpp): the device's own limits, measured with the same executor and clock
 // as the attention calls, so kernel throughput can be stated as a fraction of them.
 #include <algorithm>
 #include <chrono>
@@ -36,12 +36,12 @@ double time_ms(executor& exec, Record&& record) {
 
 namespace {
 
-device_ceiling measure(detail::device_core& core) {
+testing::device_ceiling measure(detail::device_core& core) {
     executor& exec = *core.exec;
     pipeline_set& pipes = *core.pipes;
     allocator& alloc = *core.alloc;
     const device_info& info = core.dev->info();
-    device_ceiling c;
+    testing::device_ceiling c;
     c.device_timestamps = info.timestamps;
 
     std::vector<double> empty;
@@ -121,11 +121,11 @@ device_ceiling measure(detail::device_core& core) {
 
 }  // namespace
 
-device_ceiling context::measure_ceiling() {
-    detail::device_core& core = *alive(impl_).core;
+testing::device_ceiling testing::measure_ceiling(context& ctx) {
+    detail::device_core& core = *context_access::of(ctx).core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    return core.guarded("context::measure_ceiling", [&] { return measure(core); });
+    return core.guarded("testing::measure_ceiling", [&] { return measure(core); });
 }
 
 }  // namespace qkv::vulkan

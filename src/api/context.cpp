@@ -8,16 +8,17 @@
 #include "api/context_impl.hpp"
 #include "api/runs.hpp"
 #include "api/settings.hpp"
+#include "qkv/runtime/capabilities.hpp"
 
 namespace qkv::vulkan {
 
 using namespace detail;
 
-context::impl::impl(const context_options& options)
-    : core(std::make_shared<device_core>(options)), set(read_settings(options.testing)) {}
+context::impl::impl(const context_options& options, const testing::hooks& hooks)
+    : core(std::make_shared<device_core>(options, hooks)), set(read_settings(hooks)) {}
 
-context::impl::impl(std::shared_ptr<device_core> shared, const context_options& options)
-    : core(std::move(shared)), set(read_settings(options.testing)) {}
+context::impl::impl(std::shared_ptr<device_core> shared, const testing::hooks& hooks)
+    : core(std::move(shared)), set(read_settings(hooks)) {}
 
 context::impl& context_access::of(const context& c) { return alive(c.impl_); }
 
@@ -27,7 +28,7 @@ context::impl::~impl() {
     buffers.release();
 }
 
-context::context(const context_options& options) : impl_(std::make_unique<impl>(options)) {}
+context::context(const context_options& options) : impl_(std::make_unique<impl>(options, testing::hooks{})) {}
 context::context(std::unique_ptr<impl> i) noexcept : impl_(std::move(i)) {}
 context::~context() = default;
 context::context(context&&) noexcept = default;
@@ -38,12 +39,14 @@ const device_info& context::device() const { return alive(impl_).core->dev->info
 attention_output context::attention(const attention_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
+    require_supported(entry_point::context_attention, problem);
     return self.call("attention", [&](call_env& env) { return run_attention(env, problem); });
 }
 
 sdpa_output context::sdpa(const sdpa_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
+    require_supported(entry_point::context_sdpa, problem);
     return self.call("sdpa", [&](call_env& env) { return run_sdpa(env, problem); });
 }
 
@@ -64,5 +67,9 @@ void context::trim() {
 }
 
 std::vector<std::string> context::take_validation_messages() { return alive(impl_).core->inst->messages().take(); }
+
+context testing::make_context(const context_options& options, const hooks& h) {
+    return context_access::make(std::make_unique<context::impl>(options, h));
+}
 
 }  // namespace qkv::vulkan

@@ -14,6 +14,7 @@
 #include "kernels/settings.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace qkv::vulkan {
 
@@ -23,9 +24,9 @@ struct context::impl {
     detail::call_buffers buffers;  // guarded by core->mutex
     call_stats last{};             // guarded by core->mutex
 
-    explicit impl(const context_options& options);
+    impl(const context_options& options, const testing::hooks& hooks);
     /// A context on a shared device core (a caller's device: interop.cpp).
-    impl(std::shared_ptr<detail::device_core> shared, const context_options& options);
+    impl(std::shared_ptr<detail::device_core> shared, const testing::hooks& hooks);
     ~impl();
     impl(const impl&) = delete;
     impl& operator=(const impl&) = delete;

@@ -5,7 +5,7 @@
 
 namespace qkv::vulkan::detail {
 
-device_core::device_core(const context_options& options) {
+device_core::device_core(const context_options& options, const testing::hooks& hooks) {
     inst = std::make_shared<const instance>(validation_requested(options.validation));
     bool from_environment = false;
     const std::optional<std::string> selector = device_selector(options.device, from_environment);
@@ -17,20 +17,18 @@ device_core::device_core(const context_options& options) {
         throw no_matching_device("QKV_DEVICE=" + *selector + " (environment variable): " + e.what());
     }
     dev = std::make_unique<device>(inst, chosen);
-    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, options.testing.poison_new_memory);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, hooks.poison_new_memory);
     pipes = std::make_unique<pipeline_set>(*dev);
-    exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
-                                      options.testing.simulate_device_lost_at_submit);
+    exec = std::make_unique<executor>(*dev, hooks.max_workgroup_count, hooks.simulate_device_lost_at_submit);
 }
 
 device_core::device_core(std::shared_ptr<const instance> external, const external_handles& handles,
-                         const context_options& options)
+                         const context_options& options, const testing::hooks& hooks)
     : inst(std::move(external)) {
     dev = std::make_unique<device>(inst, handles);
-    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, options.testing.poison_new_memory);
+    alloc = std::make_unique<allocator>(*dev, options.device_memory_limit, hooks.poison_new_memory);
     pipes = std::make_unique<pipeline_set>(*dev);
-    exec = std::make_unique<executor>(*dev, options.testing.max_workgroup_count,
-                                      options.testing.simulate_device_lost_at_submit);
+    exec = std::make_unique<executor>(*dev, hooks.max_workgroup_count, hooks.simulate_device_lost_at_submit);
 }
 
 void device_core::check_alive() const {

@@ -10,6 +10,7 @@
 
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/testing.hpp"
 #include "vk/device.hpp"
 #include "vk/executor.hpp"
 #include "vk/instance.hpp"
@@ -30,9 +31,10 @@ struct device_core {
     bool lost = false;  ///< an earlier call lost the device (VK_ERROR_DEVICE_LOST); guarded by `mutex`
 
     /// Picks and opens the device `options` asks for (QKV_DEVICE where unset).
-    explicit device_core(const context_options& options);
+    device_core(const context_options& options, const testing::hooks& hooks);
     /// The caller's device (interop.hpp: make_context), seen through `inst`.
-    device_core(std::shared_ptr<const instance> inst, const external_handles& handles, const context_options& options);
+    device_core(std::shared_ptr<const instance> inst, const external_handles& handles, const context_options& options,
+                const testing::hooks& hooks);
 
     /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
     void check_alive() const;

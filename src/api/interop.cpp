@@ -74,10 +74,14 @@ external_handles enabled_by(const external_device& d) {
 
 }  // namespace
 
-context make_context(const external_device& d, const context_options& options) {
+context testing::make_context(const external_device& d, const context_options& options, const hooks& h) {
     auto inst = std::make_shared<const instance>(d.instance, d.get_instance_proc_addr, d.physical_device);
-    auto core = std::make_shared<device_core>(std::move(inst), enabled_by(d), options);
-    return context_access::make(std::make_unique<context::impl>(std::move(core), options));
+    auto core = std::make_shared<device_core>(std::move(inst), enabled_by(d), options, h);
+    return context_access::make(std::make_unique<context::impl>(std::move(core), h));
+}
+
+context make_context(const external_device& d, const context_options& options) {
+    return testing::make_context(d, options, {});
 }
 
 tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize size, std::vector<std::size_t> shape,
@@ -87,30 +91,15 @@ tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize siz
     // A tensor of the shape first (its checks), without memory, then the caller's buffer.
     auto t = std::make_unique<tensor::impl>();
     t->core = c.core;
-    std::size_t n = 1;
-    for (const std::size_t dim : shape) {
-        if (dim == 0) throw qkv::invalid_argument("wrap: shape " + shape_string(shape) + " has a zero");
-        if (n > SIZE_MAX / dim / 4) throw qkv::invalid_argument("wrap: shape " + shape_string(shape) + " overflows");
-        n *= dim;
-    }
-    if (shape.empty()) throw qkv::invalid_argument("wrap: a shape of no dimensions");
-    if (type != element_type::f32 && type != element_type::f16)
-        throw qkv::invalid_argument("wrap: element type " + std::string(to_string(type)) + " is not a tensor type");
-    if (type == element_type::f16 && !c.core->dev->info().fp16_storage)
-        throw unavailable("wrap: f16 tensors need storageBuffer16BitAccess, which the device was not created with");
-    t->shape = std::move(shape);
-    t->type = type;
-    t->elements = n;
-    t->bytes = std::uint64_t{n} * t->element_bytes();
-    if (offset % t->element_bytes() != 0)
-        throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) +
-                                    " is not a multiple of the element size");
+    describe(*t, std::move(shape), type, c.core->dev->info(), "wrap");
+    const std::uint64_t align = t->element_bytes() ? t->element_bytes() : 2;  // blocks: every row starts even
+    if (offset % align != 0)
+        throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) + " is not a multiple of " +
+                                    std::to_string(align) + " bytes (" + std::string(to_string(type)) + ")");
     if (t->bytes > size)
         throw qkv::invalid_argument("wrap: shape " + shape_string(t->shape) + " of " + std::string(to_string(type)) +
                                     " needs " + std::to_string(t->bytes) + " bytes; the buffer range has " +
                                     std::to_string(size));
-    if (t->bytes > c.core->dev->info().max_storage_buffer_range)
-        throw limit_exceeded("wrap: " + std::to_string(t->bytes) + " bytes, more than maxStorageBufferRange");
     t->handle = buffer;
     t->offset = offset;
     t->wrapped = true;
@@ -139,7 +128,7 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     c->core->check_alive();
     c->check_room(rows, "record_append", nullptr);
     r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
-    if (rows) c->record_append(*r->rec, k, v, rows);
+    if (rows) c->record_append(*r->rec, k, v, rows, r->scratch);
     r->cache = c;  // its storage and statistics live until the recording goes (after the commands)
     return recording_access::make(std::move(r));
 }

@@ -22,6 +22,7 @@
 #include "api/sdpa_plan.hpp"
 #include "api/tensor_impl.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "qkv/runtime/capabilities.hpp"
 
 namespace qkv::vulkan {
 
@@ -63,18 +64,10 @@ void kv_cache::impl::check_ready(const char* what, const void* by) const {
 
 void kv_cache::impl::check_room(std::size_t rows, const char* what, const void* by) const {
     check_ready(what, by);
-    if (rows > shape.capacity - size)
+    if (rows > layout.capacity - size)
         throw limit_exceeded(std::string(what) + ": " + std::to_string(rows) + " rows do not fit: the cache holds " +
-                             std::to_string(size) + " of its capacity of " + std::to_string(shape.capacity) +
+                             std::to_string(size) + " of its capacity of " + std::to_string(layout.capacity) +
                              " rows; nothing was done");
-}
-
-void kv_cache::impl::check_matches(const sdpa_shape& s, const char* who) const {
-    const kv_cache_shape& cs = shape;
-    if (s.batch != cs.batch || s.kv_heads != cs.kv_heads || s.d_qk != cs.d_qk || s.d_v != cs.d_v)
-        throw qkv::invalid_argument(std::string(who) + ": the problem's (batch, kv_heads, d_qk, d_v) = " +
-                                    shape_string({s.batch, s.kv_heads, s.d_qk, s.d_v}) + " differ from the cache's " +
-                                    shape_string({cs.batch, cs.kv_heads, cs.d_qk, cs.d_v}));
 }
 
 kv_stats kv_cache::impl::read_stats() const {
@@ -94,43 +87,26 @@ kv_cache::impl& alive(const std::shared_ptr<kv_cache::impl>& impl) {
     return *impl;
 }
 
-/// The checks of a cache's shape; fills the texel widths and format.
-void describe(kv_cache::impl& c, const kv_cache_shape& shape) {
-    c.shape = shape;
-    auto positive = [](const char* what, std::size_t v) {
-        if (v == 0) throw qkv::invalid_argument(std::string("kv_cache: ") + what + " must be at least 1");
-    };
-    positive("batch", shape.batch);
-    positive("kv_heads", shape.kv_heads);
-    positive("capacity", shape.capacity);
-    positive("d_qk", shape.d_qk);
-    positive("d_v", shape.d_v);
-    if (shape.precision != precision::fp32 && shape.precision != precision::fp16)
-        throw qkv::invalid_argument("kv_cache: unknown precision (" +
-                                    std::to_string(static_cast<int>(shape.precision)) + ")");
-    if (shape.kv_type && !is_known(*shape.kv_type))
-        throw qkv::invalid_argument("kv_cache: unknown kv_type (" + std::to_string(static_cast<int>(*shape.kv_type)) +
-                                    ")");
-    c.type = shape.type();
-    if (c.blocks() && (shape.d_qk % block_size(c.type) != 0 || shape.d_v % block_size(c.type) != 0))
-        throw qkv::invalid_argument("kv_cache: kv_type " + std::string(to_string(c.type)) + " stores blocks of " +
-                                    std::to_string(block_size(c.type)) + " values along each row: d_qk (" +
-                                    std::to_string(shape.d_qk) + ") and d_v (" + std::to_string(shape.d_v) +
-                                    ") must be multiples of " + std::to_string(block_size(c.type)));
+/// The checks of a cache's layout; fills the texel widths and format.
+void describe(kv_cache::impl& c, const kv_layout& layout) {
+    validate(layout, "kv_cache");
+    c.layout = layout;
+    c.type = layout.type;
     c.format = texel_format(c.half());
     c.texel_bytes = c.half() ? 8 : 16;
-    if (shape.capacity > 0x7fffffffu)
-        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(shape.capacity) +
+    if (layout.capacity > 0x7fffffffu)
+        throw limit_exceeded("kv_cache: a capacity of " + std::to_string(layout.capacity) +
                              " rows is beyond the decode kernels' 2^31 keys");
     // The kernels index a row's texels in 24 bits; a wider row is refused, never cut short.
     constexpr std::size_t widest = std::size_t{0xffffff} * 4;
-    if (shape.d_qk > widest || shape.d_v > widest)
-        throw limit_exceeded("kv_cache: d_qk " + std::to_string(shape.d_qk) + " and d_v " + std::to_string(shape.d_v) +
-                             ": a row is at most " + std::to_string(widest) + " values wide");
-    c.e4 = static_cast<std::uint32_t>((shape.d_qk + 3) / 4);
-    c.ev4 = static_cast<std::uint32_t>((shape.d_v + 3) / 4);
-    c.k_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_qk) : std::uint64_t{c.e4} * c.texel_bytes;
-    c.v_row_bytes = c.blocks() ? bytes_for(c.type, shape.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
+    if (layout.d_qk > widest || layout.d_v > widest)
+        throw limit_exceeded("kv_cache: d_qk " + std::to_string(layout.d_qk) + " and d_v " +
+                             std::to_string(layout.d_v) + ": a row is at most " + std::to_string(widest) +
+                             " values wide");
+    c.e4 = static_cast<std::uint32_t>((layout.d_qk + 3) / 4);
+    c.ev4 = static_cast<std::uint32_t>((layout.d_v + 3) / 4);
+    c.k_row_bytes = c.blocks() ? bytes_for(c.type, layout.d_qk) : std::uint64_t{c.e4} * c.texel_bytes;
+    c.v_row_bytes = c.blocks() ? bytes_for(c.type, layout.d_v) : std::uint64_t{c.ev4} * c.texel_bytes;
 }
 
 /// The overflow rule's statistics of a cache with no rows (the lock held).
@@ -145,7 +121,7 @@ void create_stats(kv_cache::impl& c) {
 void attach_blocks(kv_cache::impl& c) {
     device_core& core = *c.core;
     const device_info& info = core.dev->info();
-    const kv_cache_shape& shape = c.shape;
+    const kv_layout& shape = c.layout;
     const std::uint64_t rows = product({shape.batch, shape.kv_heads, shape.capacity}, "kv_cache");
     for (const auto& [what, row_bytes, store] :
          {std::tuple{"K", c.k_row_bytes, &c.k_blocks}, std::tuple{"V", c.v_row_bytes, &c.v_blocks}}) {
@@ -162,7 +138,7 @@ void attach_blocks(kv_cache::impl& c) {
 }
 
 /// The storage's shapes: (B, Hkv, capacity, 4·texels per row).
-std::vector<std::size_t> storage_shape(const kv_cache_shape& s, std::uint32_t texels) {
+std::vector<std::size_t> storage_shape(const kv_layout& s, std::uint32_t texels) {
     return {s.batch, s.kv_heads, s.capacity, std::size_t{texels} * 4};
 }
 
@@ -199,7 +175,7 @@ void attach(kv_cache::impl& c) {
 
 }  // namespace
 
-kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
+kv_cache::kv_cache(context& ctx, const kv_layout& shape) {
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
     c->force_staging = context_access::of(ctx).set.force_staging;
@@ -223,14 +199,15 @@ kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape) {
     impl_ = std::move(c);
 }
 
-kv_cache::kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v) {
+kv_cache::kv_cache(context& ctx, const kv_layout& shape, tensor k, tensor v) {
     auto c = std::make_shared<impl>();
     c->core = context_access::of(ctx).core;
     c->force_staging = context_access::of(ctx).set.force_staging;
     describe(*c, shape);
     if (c->blocks())
         throw qkv::invalid_argument("kv_cache: a " + std::string(to_string(c->type)) +
-                                    " cache stores ggml's blocks, not tensors (tensors are f32 or f16)");
+                                    " cache keeps its blocks in storage qkv allocates; over a caller's tensors, caches "
+                                    "are f32 or f16");
     const element_type type = c->half() ? element_type::f16 : element_type::f32;
     for (const auto& [what, t, texels] : {std::tuple{"k", &k, c->e4}, std::tuple{"v", &v, c->ev4}}) {
         const tensor::impl& ti = tensor_access::of(*t, "kv_cache");
@@ -259,8 +236,8 @@ std::size_t kv_cache::size() const {
     std::lock_guard lock(c.core->mutex);
     return c.size;
 }
-std::size_t kv_cache::capacity() const { return alive(impl_).shape.capacity; }
-const kv_cache_shape& kv_cache::shape() const { return alive(impl_).shape; }
+std::size_t kv_cache::capacity() const { return alive(impl_).layout.capacity; }
+const kv_layout& kv_cache::layout() const { return alive(impl_).layout; }
 namespace {
 
 const kv_cache::impl& tensors_of(const std::shared_ptr<kv_cache::impl>& p, const char* what) {
@@ -325,7 +302,7 @@ void upload_rows(kv_cache::impl& c, rows_place k, rows_place v, std::size_t rows
     exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
                  VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
     for (std::size_t z = 0; z < groups; ++z) {
-        const std::uint64_t row = std::uint64_t{z} * c.shape.capacity + c.size;
+        const std::uint64_t row = std::uint64_t{z} * c.layout.capacity + c.size;
         exec.copy(c.staging.handle(), z * k_bytes, k.buffer, k.base + row * k.row_bytes, k_bytes);
         exec.copy(c.staging.handle(), groups * k_bytes + z * v_bytes, v.buffer, v.base + row * v.row_bytes, v_bytes);
     }
@@ -356,7 +333,7 @@ block_rows quantize_rows(const kv_cache::impl& c, std::span<const float> k, std:
 /// Quantized rows into a q8_0 / q4_0 cache after its rows (the lock held, the size checked): in
 /// place, or through staging.
 void append_blocks(kv_cache::impl& c, const block_rows& b, std::size_t rows) {
-    const kv_cache_shape& s = c.shape;
+    const kv_layout& s = c.layout;
     const std::size_t groups = c.groups();
     const auto put = [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
         std::memcpy(k_at, b.bytes.data() + z * b.k_bytes, b.k_bytes);
@@ -377,7 +354,8 @@ void append_blocks(kv_cache::impl& c, const block_rows& b, std::size_t rows) {
 
 void kv_cache::append(std::span<const float> k, std::span<const float> v, std::size_t rows) {
     impl& c = alive(impl_);
-    const kv_cache_shape& s = c.shape;
+    require_supported(entry_point::cache_append, features_of(c.type));
+    const kv_layout& s = c.layout;
     const std::size_t want_k = product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append k");
     const std::size_t want_v = product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append v");
     if (k.size() != want_k)
@@ -458,55 +436,42 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     c.size += rows;
 }
 
-namespace {
+namespace {}  // namespace
 
-/// The checks of context::sdpa(problem, cache) before any work (qkv::invalid_argument), with
-/// `rows` the cache's size: the cache's own, then validate()'s for q and the masks.
-sdpa_problem checked_decode_problem(const sdpa_problem& given, const kv_cache::impl& c) {
-    const kv_cache_shape& cs = c.shape;
-    const std::size_t rows = c.size;
-    sdpa_problem p = given;
-    sdpa_shape& s = p.shape;
-    auto fail = [](const std::string& why) { throw qkv::invalid_argument("sdpa with a kv_cache: " + why); };
-    if (!p.k.empty() || !p.v.empty()) fail("k and v come from the cache; leave problem.k and problem.v empty");
-    if (rows == 0) fail("the cache is empty; append keys and values first");
-    if (s.kv_len == 0) s.kv_len = rows;
-    if (s.kv_len != rows)
-        fail("shape.kv_len is " + std::to_string(s.kv_len) + " but the cache holds " + std::to_string(rows) +
-             " rows (0 takes the cache's size)");
-    c.check_matches(s, "sdpa with a kv_cache");
-    if (p.options.return_weights) fail("return_weights is not available with a kv_cache");
-    if (p.options.kv_type && *p.options.kv_type != cs.type())
-        fail("options.kv_type is " + std::string(to_string(*p.options.kv_type)) + " but the cache stores " +
-             std::string(to_string(cs.type())) + " (leave kv_type unset to take the cache's)");
-    try {
-        validate_queries(p);  // the runtime's one validator, without k and v (the cache's)
-    } catch (const qkv::invalid_argument& e) {
-        fail(e.what());
-    }
-    return p;
-}
-
-}  // namespace
-
-void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows) {
-    if (blocks())
-        throw unavailable("kv_cache::append: a " + std::string(to_string(type)) +
-                          " cache quantizes on the host; append host data (device tensors are f32 or f16)");
-    const element_type stored = half() ? element_type::f16 : element_type::f32;
-    const kv_cache_shape& s = shape;
-    // (B, Hkv, rows, E) and (B, Hkv, rows, Ev).
+void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows,
+                                   buffer& scratch) {
+    require_supported(entry_point::cache_append_tensors, features_of(type));
+    const kv_layout& s = layout;
+    // (B, Hkv, rows, E) and (B, Hkv, rows, Ev), of the cache's storage type.
     const tensor::impl& kin = expect_tensor(kt, "kv_cache::append", "k", core,
-                                            product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append"), stored);
+                                            product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append"), type);
     const tensor::impl& vin = expect_tensor(vt, "kv_cache::append", "v", core,
-                                            product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append"), stored);
+                                            product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append"), type);
     const device_desc& desc = core->dev->desc();
-    const tensor::impl::bound kb = kin.bind(), vb = vin.bind();
-    const tensor::impl &ks = tensor_access::of(k, "kv_cache"), &vs = tensor_access::of(v, "kv_cache");
+    pipeline_set& pipes = *core->pipes;
+    if (blocks() && !desc.info.fp16_storage)
+        throw unavailable("kv_cache::append: the rows of " + std::string(to_string(type)) +
+                          " tensors are copied as 16-bit words, which needs 16-bit storage buffers "
+                          "(storageBuffer16BitAccess); " +
+                          desc.info.name + " does not offer it: append host data");
+    tensor::impl::bound kb = kin.bind(), vb = vin.bind();
+    const tensor::impl::bound k_src = kb, v_src = vb;  // the blocks as given (kb, vb become their values)
     const binding stats_all{stats.handle(), 0, stats.size()};
     // Earlier compute writes (the caller's, or a recorded call's) before these reads and writes.
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    if (blocks()) {  // the overflow rule reads the values the blocks hold, as float32, from `scratch`
+        const std::uint64_t k_values = std::uint64_t{groups()} * rows * s.d_qk;
+        const std::uint64_t v_at = align_up(k_values, desc.storage_alignment / 4);
+        const std::uint64_t v_values = std::uint64_t{groups()} * rows * s.d_v;
+        core->alloc->ensure(scratch, (v_at + v_values) * 4, memory_use::device, "K/V cache append (rows as float32)");
+        const binding to{scratch.handle(), 0, scratch.size()};
+        record_tensor_widen(rec, pipes, kb.b, kb.byte, type, to, 0, groups() * rows, s.d_qk);
+        record_tensor_widen(rec, pipes, vb.b, vb.byte, type, to, v_at, groups() * rows, s.d_v);
+        kb = {to, 0, 0};
+        vb = {to, static_cast<std::uint32_t>(v_at), v_at * 4};
+        rec.compute_barrier();
+    }
     // The overflow rule's facts of the new rows, folded into the cache's statistics.
     guard_rows g;
     g.q_rows = 0;
@@ -515,24 +480,44 @@ void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor
     g.d = static_cast<std::uint32_t>(s.d_qk), g.dv = static_cast<std::uint32_t>(s.d_v);
     g.k_off = kb.element, g.v_off = vb.element;
     g.half = half();
-    record_guard_rows(rec, *core->pipes, kb.b, kb.b, vb.b, stats_all, g);
-    // The rows into whole texels, after the rows already held.
-    const std::uint64_t align = desc.storage_alignment;
-    for (const auto& [src, store, width, texels] : {std::tuple{kb, &ks, s.d_qk, e4}, std::tuple{vb, &vs, s.d_v, ev4}}) {
-        const VkDeviceSize start = store->offset / align * align;
-        texel_pack t;
-        t.groups = static_cast<std::uint32_t>(groups());
-        t.rows = static_cast<std::uint32_t>(rows);
-        t.width = static_cast<std::uint32_t>(width);
-        t.w4 = texels;
-        t.src_off = src.element;
-        t.at = static_cast<std::uint32_t>((store->offset - start) / texel_bytes + size * texels);
-        t.stride = static_cast<std::uint32_t>(s.capacity);
-        t.half = half();
-        const binding dst{store->handle, start, store->offset - start + store->bytes};
-        // The packer's flags binding (unused here) is the statistics: ordered after their last use.
-        rec.compute_barrier();
-        record_texel_pack(rec, *core->pipes, src.b, dst, stats_all, t);
+    record_guard_rows(rec, pipes, kb.b, kb.b, vb.b, stats_all, g);
+    if (blocks()) {
+        // The blocks as they are, after the rows already held: each (batch, kv head)'s rows are
+        // contiguous in the tensor, and start at row (z·capacity + size) of the store.
+        for (const auto& [src, store, row_bytes] :
+             {std::tuple{k_src, &k_blocks, k_row_bytes}, std::tuple{v_src, &v_blocks, v_row_bytes}}) {
+            const std::uint64_t cols = rows * row_bytes / 2, count = groups() * cols;  // 16-bit words
+            if (count >= (std::uint64_t{1} << 32) || store->size() / 2 >= (std::uint64_t{1} << 32))
+                throw limit_exceeded("kv_cache::append: a copy of more than 2^32 - 1 16-bit words");
+            rec.compute_barrier();  // the rows pass read the scratch; the copy's destination follows the last reads
+            record_block_copy(rec, pipes, src.b, static_cast<std::uint32_t>(src.byte / 2),
+                              static_cast<std::uint32_t>(cols), binding{store->handle(), 0, store->size()},
+                              static_cast<std::uint32_t>(size * row_bytes / 2),
+                              static_cast<std::uint32_t>(s.capacity * row_bytes / 2),
+                              static_cast<std::uint32_t>(groups()), static_cast<std::uint32_t>(cols), true);
+        }
+    } else {
+        // The rows into whole texels, after the rows already held.
+        const tensor::impl &ks = tensor_access::of(k, "kv_cache"), &vs = tensor_access::of(v, "kv_cache");
+        const std::uint64_t align = desc.storage_alignment;
+        for (const auto& [src, store, width, texels] :
+             {std::tuple{kb, &ks, s.d_qk, e4}, std::tuple{vb, &vs, s.d_v, ev4}}) {
+            const VkDeviceSize start = store->offset / align * align;
+            texel_pack t;
+            t.groups = static_cast<std::uint32_t>(groups());
+            t.rows = static_cast<std::uint32_t>(rows);
+            t.width = static_cast<std::uint32_t>(width);
+            t.w4 = texels;
+            t.src_off = src.element;
+            t.at = static_cast<std::uint32_t>((store->offset - start) / texel_bytes + size * texels);
+            t.stride = static_cast<std::uint32_t>(s.capacity);
+            t.half = half();
+            t.texels_half = half();
+            const binding dst{store->handle, start, store->offset - start + store->bytes};
+            // The packer's flags binding (unused here) is the statistics: ordered after their last use.
+            rec.compute_barrier();
+            record_texel_pack(rec, pipes, src.b, dst, stats_all, t);
+        }
     }
     // The rows and statistics readable by later work in submission order, wherever it is recorded
     // (this command buffer, the next submit), and by the host, which reads the statistics.
@@ -554,7 +539,8 @@ void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
         core.guarded("kv_cache::append", [&] {
             executor& exec = *core.exec;
             exec.begin();
-            c.record_append(exec, k, v, rows);  // ends with the barrier to compute and host reads
+            buffer scratch;                              // quantized rows as float32, for the overflow rule
+            c.record_append(exec, k, v, rows, scratch);  // ends with the barrier to compute and host reads
             (void)exec.submit_and_wait();
         });
     } catch (...) {
@@ -571,7 +557,10 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     return self.call("sdpa with a kv_cache", [&](call_env& env) {
         // Under the lock: the cache's size and rows cannot change during the call.
         c.check_ready("sdpa with a kv_cache", nullptr);
-        const sdpa_problem problem = checked_decode_problem(given, c);
+        const sdpa_problem problem = check_against_cache(given, c.layout, c.size, "sdpa with a kv_cache");
+        std::vector<feature> asked = features_of(problem);
+        for (const feature f : features_of(c.type)) asked.push_back(f);
+        require_supported(entry_point::context_decode, asked);
         const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
         const kv_stats stats = c.read_stats();
         cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};

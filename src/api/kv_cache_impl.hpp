@@ -16,13 +16,13 @@ namespace qkv::vulkan {
 
 struct kv_cache::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the buffers below
-    kv_cache_shape shape{};
+    kv_layout layout{};
     std::uint32_t e4 = 0, ev4 = 0;
     VkFormat format = VK_FORMAT_R32G32B32A32_SFLOAT;
     std::uint64_t texel_bytes = 16;
     tensor k, v;  // the storage (qkv's, or a caller's) of an f32 / f16 cache
     detail::buffer_view k_view, v_view;
-    element_type type = element_type::f32;           // shape.type()
+    element_type type = element_type::f32;           // layout.type
     detail::buffer k_blocks, v_blocks;               // the storage of a q8_0 / q4_0 cache: rows of ggml's blocks
     std::uint64_t k_row_bytes = 0, v_row_bytes = 0;  // bytes of one stored row of K and of V
     // Guarded by core->mutex:
@@ -32,7 +32,7 @@ struct kv_cache::impl {
     /// rows pass into it.
     detail::buffer stats;
     detail::buffer staging;      // the upload staging where the storage is not mapped
-    bool force_staging = false;  // testing_hooks::force_staging: host appends as if it were not
+    bool force_staging = false;  // testing::hooks::force_staging: host appends as if it were not
     /// The sequence (its sequence::impl) holding a recorded append to this cache that has not run:
     /// until it runs, `size` counts rows not yet written, so every other use of the rows waits.
     const void* pending_in = nullptr;
@@ -42,23 +42,23 @@ struct kv_cache::impl {
     impl& operator=(const impl&) = delete;
     ~impl();
 
-    [[nodiscard]] std::size_t groups() const { return shape.batch * shape.kv_heads; }
+    [[nodiscard]] std::size_t groups() const { return layout.batch * layout.kv_heads; }
     [[nodiscard]] bool half() const { return type == element_type::f16; }
     [[nodiscard]] bool blocks() const { return is_quantized(type); }
-    [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(shape.capacity), type}; }
+    [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(layout.capacity), type}; }
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
     /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence
     /// other than `by` (null: none) holds a recorded append to this cache that has not run.
     void check_ready(const char* what, const void* by) const;
-    /// Refuses (qkv::invalid_argument, naming `who`) a problem whose (batch, kv_heads, d_qk, d_v)
-    /// differ from the cache's.
-    void check_matches(const sdpa_shape& s, const char* who) const;
     /// check_ready, then refuses (limit_exceeded) `rows` more than the room left: nothing done.
     void check_room(std::size_t rows, const char* what, const void* by) const;
-    /// Records an append of device tensors (the lock held, `rows` checked): the guard's rows pass
-    /// into `stats`, then K and V packed into their rows. Grows `size`.
-    void record_append(detail::recorder& rec, const tensor& k, const tensor& v, std::size_t rows);
+    /// Records an append of device tensors of the cache's type (the lock held, `rows` checked): the
+    /// guard's rows pass into `stats`, then K and V packed into their rows (texels), or their blocks
+    /// copied (q8_0, q4_0: their values read as float32 into `scratch` for the guard first, which
+    /// must live until the commands have run). Grows `size`.
+    void record_append(detail::recorder& rec, const tensor& k, const tensor& v, std::size_t rows,
+                       detail::buffer& scratch);
 };
 
 struct kv_cache_access {

@@ -128,10 +128,10 @@ std::uint64_t projection_view_bytes(const plan& p) {
 }
 
 kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& no) {
-    if (asked == kernel_family::gpu) return kernel_family::gpu;
-    if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::gpu;
-    if (no.why.empty()) return kernel_family::cpu;
-    if (asked == kernel_family::automatic) return kernel_family::gpu;
+    if (asked == kernel_family::block_tiles) return kernel_family::block_tiles;
+    if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::block_tiles;
+    if (no.why.empty()) return kernel_family::row_tiles;
+    if (asked == kernel_family::automatic) return kernel_family::block_tiles;
     if (no.limit) throw limit_exceeded(no.why);
     throw unavailable(no.why);
 }
@@ -141,9 +141,9 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     const bool fused = p.impl == implementation::fused;
     // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
     const kernel_family fused_asked =
-        facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::gpu : asked;
+        facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::block_tiles : asked;
     p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_refusal) : kernel_family::automatic;
-    const bool cpu_family = p.family == kernel_family::cpu;
+    const bool cpu_family = p.family == kernel_family::row_tiles;
     p.flash_chunk_keys =
         !fused       ? N
         : cpu_family ? facts.cpu_chunk_keys
@@ -231,7 +231,8 @@ plan plan_attention(const attention_problem& problem, const device_desc& desc, c
     p.layout = attention_layout(p);
     p.cpu = plan_flash_cpu(desc, p.layout, set);
     choose_kernels(p, desc.info, device_facts_for(p, desc, set), problem.options.kernel);
-    if (p.impl == implementation::fused && p.family == kernel_family::gpu) p.gpu = plan_flash_gpu(desc, p.layout, set);
+    if (p.impl == implementation::fused && p.family == kernel_family::block_tiles)
+        p.gpu = plan_flash_gpu(desc, p.layout, set);
     return p;
 }
 

@@ -15,8 +15,8 @@
 #include "kernels/flash_tiles.hpp"
 #include "kernels/gemm_tiles.hpp"
 #include "kernels/settings.hpp"
+#include "qkv/runtime/problem.hpp"
 #include "qkv/vulkan/device_info.hpp"
-#include "qkv/vulkan/problem.hpp"
 #include "vk/device_desc.hpp"
 
 namespace qkv::vulkan::detail {

@@ -14,7 +14,9 @@
 #include "api/sdpa_guard.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/settings.hpp"
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/vulkan/interop.hpp"
+#include "qkv/vulkan/sequence.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
 
@@ -25,6 +27,7 @@ struct recording::impl {
     std::unique_ptr<detail::external_recorder> rec;  // its descriptor sets (a caller's command buffer)
     detail::call_buffers buffers;                    // the call's scratch
     detail::buffer guard;                            // the overflow rule's device words (host-visible)
+    detail::buffer scratch;                          // a quantized append's rows as float32
     std::vector<detail::buffer_view> views;
     detail::flash_cpu_views flash_views;
     // What check() needs:
@@ -221,6 +224,7 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
 template <class Call, class Tensors>
 recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
     if (!cmd) throw qkv::invalid_argument("record: no VkCommandBuffer");
+    require_supported(entry_point::interop_record, call.desc);
     auto r = std::make_unique<recording::impl>();
     r->core = call.core;
     std::lock_guard lock(call.core->mutex);
@@ -235,6 +239,7 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
 template <class Call, class Tensors>
 void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
     if (call.core != s.core) throw qkv::invalid_argument("sequence::record: the call is on another device");
+    require_supported(entry_point::sequence_record, call.desc);
     cache_refs release;  // after the lock
     std::lock_guard lock(s.core->mutex);
     s.core->check_alive();

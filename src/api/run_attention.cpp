@@ -103,7 +103,7 @@ void record_fused(const call_session& s, const plan& p, const call_bindings& b, 
     const call_buffers& bufs = s.buffers();
     const binding state = bufs[role::state] ? bufs.bind(role::state, 0, bufs[role::state].size()) : b.any_input;
     const flash_io io{b.qkv, b.mask_bits, b.additive, b.attn_out, state};
-    if (p.family == kernel_family::cpu) {
+    if (p.family == kernel_family::row_tiles) {
         views = make_flash_cpu_views(s.dev(), bufs[role::texels], p.cpu);
         const flash_cpu_texels tx{bufs[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
         record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx);
@@ -188,7 +188,7 @@ void attention_buffers(const plan& p, buffer_plan& b, std::vector<download>& d) 
     b.need(role::concat, p.concat_bytes);
     b.need(role::out, p.out_bytes);
     b.need(role::state, p.flash_chunk_keys < p.seq ? std::uint64_t{p.batch} * p.heads * p.seq * 8 : 0);
-    b.need(role::texels, p.family == kernel_family::cpu ? p.cpu.bytes : 0);
+    b.need(role::texels, p.family == kernel_family::row_tiles ? p.cpu.bytes : 0);
     d = {{role::out, 0, p.out_bytes}};
     if (p.weights_bytes) d.push_back({role::scores, 0, p.weights_bytes});
 }

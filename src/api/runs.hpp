@@ -19,7 +19,7 @@
 #include "api/sdpa_guard.hpp"
 #include "api/sdpa_plan.hpp"
 #include "kernels/settings.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv::vulkan::detail {
 

@@ -3,7 +3,8 @@
 // steps as context::sdpa (runs.hpp); what differs is the write step (compute copies of the
 // caller's tensors into the call's inputs, instead of host packing), the masks (the plan's own
 // constants, uploaded once), and the check (the overflow rule's device pass, read afterwards).
-#include "qkv/vulkan/tensor.hpp"
+#include "qkv/vulkan/sdpa_call.hpp"
+#include "qkv/vulkan/sequence.hpp"
 
 #include <cstring>
 #include <mutex>
@@ -20,6 +21,8 @@
 #include "api/sdpa_plan.hpp"
 #include "api/tensor_impl.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "qkv/runtime/capabilities.hpp"
+#include "qkv/runtime/kv_layout.hpp"
 #include "qkv/vulkan/interop.hpp"
 
 namespace qkv::vulkan {
@@ -35,6 +38,9 @@ struct sdpa_call::impl : planned_call {
     std::shared_ptr<kv_cache::impl> cache;
     sdpa_plan plan;       // Q, K and V from tensors: made once; against a cache: made per call
     mask_bindings masks;  // where the constants hold the masks (bits, then the additive entries)
+    /// Without a cache, where the tensors read as float32 go (role::widened), when they are
+    /// (widen()): q, k and v in turn, in floats.
+    std::uint64_t widened_q = 0, widened_k = 0, widened_v = 0;
 
     /// The problem as it runs now: against a cache, kv_len is the cache's size.
     [[nodiscard]] sdpa_problem current() const {
@@ -42,9 +48,14 @@ struct sdpa_call::impl : planned_call {
         if (cache && desc.shape.kv_len == 0) p.shape.kv_len = cache->size;
         return p;
     }
-    [[nodiscard]] element_type tensor_type() const {
+    /// The element type of q (precision's) and of k and v (stored_kv_type: f32, f16, q8_0, q4_0).
+    [[nodiscard]] element_type q_type() const {
         return desc.options.precision == precision::fp16 ? element_type::f16 : element_type::f32;
     }
+    [[nodiscard]] element_type kv_type() const { return stored_kv_type(desc.options); }
+    /// Whether the tensors are read as float32 first (role::widened): where q, k and v differ in
+    /// type, or K and V are quantized. Otherwise they are all f32, or all f16, and read in place.
+    [[nodiscard]] bool widen() const { return !cache && (q_type() != kv_type() || is_quantized(kv_type())); }
 
     /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
     void record(recorder& rec, recording::impl& r, const sdpa_tensors& t);
@@ -52,20 +63,31 @@ struct sdpa_call::impl : planned_call {
 
 namespace {
 
-/// Q, K and V tensors for a problem of `shape`: their element counts and types.
-void check_tensors(const sdpa_call::impl& c, const sdpa_shape& s, const sdpa_tensors& t, element_type type) {
+/// The tensors of a problem of `shape`: present where the call needs them (q, out; k and v without
+/// a cache; lse and weights where the options return them), of the right element counts and types.
+void check_tensors(const sdpa_call::impl& c, const sdpa_shape& s, const sdpa_tensors& t) {
     const auto expect = [&](const tensor* x, const char* what, std::size_t count, element_type want) {
         if (!x) throw qkv::invalid_argument(std::string("sdpa_call: no ") + what + " tensor");
         (void)expect_tensor(*x, "sdpa_call", what, c.core, count, want);
     };
-    expect(t.q, "q", s.batch * s.q_heads * s.q_len * s.d_qk, type);
+    const sdpa_options& o = c.desc.options;
+    expect(t.q, "q", s.batch * s.q_heads * s.q_len * s.d_qk, c.q_type());
     if (!c.cache) {
-        expect(t.k, "k", s.batch * s.kv_heads * s.kv_len * s.d_qk, type);
-        expect(t.v, "v", s.batch * s.kv_heads * s.kv_len * s.d_v, type);
+        expect(t.k, "k", s.batch * s.kv_heads * s.kv_len * s.d_qk, c.kv_type());
+        expect(t.v, "v", s.batch * s.kv_heads * s.kv_len * s.d_v, c.kv_type());
     } else if (t.k || t.v) {
         throw qkv::invalid_argument("sdpa_call: k and v come from the kv_cache; leave them null");
     }
     expect(t.out, "out", s.batch * s.q_heads * s.q_len * s.d_v, element_type::f32);
+    const auto optional = [&](const tensor* x, bool asked, const char* what, const char* option, std::size_t count) {
+        if (asked) return expect(x, what, count, element_type::f32);
+        if (x)
+            throw qkv::invalid_argument(std::string("sdpa_call: an ") + what + " tensor, but the description's " +
+                                        option + " is not set");
+    };
+    optional(t.lse, o.return_lse, "lse", "options.return_lse", s.batch * s.q_heads * s.q_len);
+    optional(t.weights, o.return_weights, "weights", "options.return_weights",
+             s.batch * s.q_heads * s.q_len * s.kv_len);
 }
 
 }  // namespace
@@ -93,35 +115,42 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
         if (c.cache->core != c.core)
             throw qkv::invalid_argument("sdpa_call: the cache was created from another context");
         const sdpa_shape& s = c.desc.shape;
-        c.cache->check_matches(s, "sdpa_call");
+        check_cache_fit(s, c.desc.options, c.cache->layout, "sdpa_call");
         if (s.kv_len == 0 && (!c.mask.empty() || !c.additive.empty()))
             throw qkv::invalid_argument(
                 "sdpa_call: masks need a fixed kv_len; with kv_len 0 (the cache's size at each call) use causal");
-        if (c.desc.options.return_weights) throw qkv::invalid_argument("sdpa_call: return_weights is not available");
+        std::vector<feature> asked = features_of(c.desc);
+        for (const feature f : features_of(c.cache->type)) asked.push_back(f);
+        require_supported(entry_point::sdpa_call_decode, asked);
         sdpa_problem p = c.desc;
         if (p.shape.kv_len == 0) p.shape.kv_len = 1;  // validated as for one key: the masks are checked above
         validate_description(p);
     } else {
-        if (c.desc.options.return_weights)
-            throw qkv::invalid_argument("sdpa_call: return_weights is not available over tensors");
+        require_supported(entry_point::sdpa_call, c.desc);
         validate_description(c.desc);
     }
-    // Issue 24 over tensors: the score rules (window, softcap, ALiBi, sinks) run; what needs more
-    // than the tensors give is refused, never ignored.
-    if (c.desc.options.return_lse)
-        throw unavailable("sdpa_call: return_lse is not available over tensors yet (no lse tensor); use context::sdpa");
-    if (c.desc.options.kv_type && *c.desc.options.kv_type != c.tensor_type())
-        throw unavailable("sdpa_call: kv_type " + std::string(to_string(*c.desc.options.kv_type)) +
-                          " is not available over tensors (K and V are the tensors' type); use context::sdpa");
-    if (c.cache && is_quantized(c.cache->type))
-        throw unavailable("sdpa_call: a " + std::string(to_string(c.cache->type)) +
-                          " kv_cache is not available over tensors yet; use context::sdpa(problem, cache)");
     c.sinks.assign(description.sinks.begin(), description.sinks.end());
     c.desc.sinks = c.sinks;
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
     const device_desc& dd = c.core->dev->desc();
-    if (!cache) c.plan = plan_sdpa(c.desc, dd, c.set);
+    if (!cache) {
+        // Quantized K and V are read as the float32 values their blocks hold (tensor_widen.comp,
+        // exactly qkv::dequantize's): the call is planned over those.
+        sdpa_problem planned = c.desc;
+        if (is_quantized(c.kv_type())) planned.options.kv_type = element_type::f32;
+        c.plan = plan_sdpa(planned, dd, c.set);
+        if (c.widen()) {
+            const sdpa_shape& s = c.desc.shape;
+            const std::uint64_t align = dd.storage_alignment / 4;  // in floats
+            c.widened_k = align_up(c.q_type() == element_type::f32 ? 0 : s.batch * s.q_heads * s.q_len * s.d_qk, align);
+            c.widened_v = align_up(
+                c.widened_k + (c.kv_type() == element_type::f32 ? 0 : s.batch * s.kv_heads * s.kv_len * s.d_qk), align);
+            const std::uint64_t end =
+                c.widened_v + (c.kv_type() == element_type::f32 ? 0 : s.batch * s.kv_heads * s.kv_len * s.d_v);
+            c.plan.buffers.need(role::widened, end * 4);
+        }
+    }
     // The masks and the score params, once: bits, the additive entries, the params, each at the
     // storage alignment.
     const std::uint64_t bits_bytes = c.mask.empty() ? 0 : mask_bits_bytes(c.mask.size());
@@ -150,22 +179,16 @@ kernel_family sdpa_call::kernel() const {
 }
 
 void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tensors& t) {
-    const sdpa_problem problem = current();
+    // Against a cache, the one check of a call against it, with the rows it holds now.
+    const sdpa_problem problem =
+        cache ? check_against_cache(desc, cache->layout, cache->size, "sdpa_call", true) : desc;
     const sdpa_shape& s = problem.shape;
-    if (cache && s.kv_len == 0)
-        throw qkv::invalid_argument("sdpa_call: the cache is empty; append keys and values first");
-    if (cache && s.kv_len != cache->size)
-        throw qkv::invalid_argument("sdpa_call: the description's kv_len is " + std::to_string(s.kv_len) +
-                                    " but the cache holds " + std::to_string(cache->size) + " rows");
-    const element_type type = tensor_type();
-    check_tensors(*this, s, t, type);
+    check_tensors(*this, s, t);
     const device_desc& dd = core->dev->desc();
     const sdpa_plan p = cache ? plan_sdpa_cache(problem, cache->desc(), dd, set) : plan;
-    const bool half = type == element_type::f16;
-    const std::uint32_t eb = half ? 2 : 4;
     const tensor::impl& q = tensor_access::of(*t.q, "sdpa_call");
     const tensor::impl& out = tensor_access::of(*t.out, "sdpa_call");
-    const tensor::impl::bound qb = q.bind(), ob = out.bind();
+    const tensor::impl::bound ob = out.bind();
 
     r.core = core;
     r.checks = true;
@@ -178,6 +201,35 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     pipeline_set& pipes = *core->pipes;
     const call_buffers& b = r.buffers;
     const buffer& inputs = b[role::inputs];
+    const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
+
+    // Earlier compute writes (the caller's, or another recording's) before these reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    // read: the tensors as the kernels take them: in place where q, k and v share a type (f32, or
+    // f16), else (widen()) each float16 or quantized one first as float32 into role::widened.
+    tensor::impl::bound qb = q.bind(), kb = qb, vb = qb;
+    if (!cache) {
+        kb = tensor_access::of(*t.k, "sdpa_call").bind();
+        vb = tensor_access::of(*t.v, "sdpa_call").bind();
+    }
+    const bool widened = widen();
+    bool half = q_type() == element_type::f16;  // the tensors as read are float16
+    if (widened) {
+        const binding to = b.bind(role::widened, 0, p.buffers.of(role::widened));
+        const auto widen_one = [&](tensor::impl::bound& x, element_type type, std::uint64_t at, std::size_t rows,
+                                   std::size_t cols) {
+            if (type == element_type::f32) return;
+            record_tensor_widen(rec, pipes, x.b, x.byte, type, to, at, rows, cols);
+            x = {to, static_cast<std::uint32_t>(at), at * 4};
+        };
+        widen_one(qb, q_type(), 0, q_groups * s.q_len, s.d_qk);
+        widen_one(kb, kv_type(), widened_k, kv_groups * s.kv_len, s.d_qk);
+        widen_one(vb, kv_type(), widened_v, kv_groups * s.kv_len, s.d_v);
+        half = false;
+        rec.compute_barrier();
+    }
+    const std::uint32_t eb = half ? 2 : 4;
 
     const device& dev = *core->dev;
     const decode_plan& d = p.decode;
@@ -186,22 +238,19 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     // may lack the texel usage, so a wrapped q is packed), and writes the output straight into
     // `out` where its offset is one a storage binding accepts. Otherwise they go through the
     // call's own buffers, as the fused route's always do.
-    const bool q_direct = !p.fused() && !q.wrapped && std::uint64_t{d.e4} * 4 == s.d_qk && half == p.q_fp16 &&
-                          q.offset % dd.texel_alignment == 0;
+    const bool q_direct = !p.fused() && !q.wrapped && qb.b.buffer == q.handle && std::uint64_t{d.e4} * 4 == s.d_qk &&
+                          half == p.q_fp16 && q.offset % dd.texel_alignment == 0;
     const bool out_direct = !p.fused() && ob.element == 0 && d.out_bytes() == out.bytes;
 
-    // check: the overflow rule's device pass over the caller's tensors (a cache's rows: its
+    // check: the overflow rule's device pass over the tensors as read (a cache's rows: its
     // statistics), into verdict words zeroed first.
-    const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
     r.q_groups = q_groups, r.kv_groups = kv_groups;
     core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
     const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
     rec.fill(r.guard.handle(), 0, verdict.range, 0);
-    // Earlier compute writes (the caller's, or another recording's) and the zeroed words before
-    // these reads and writes.
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    // The zeroed words before the guard's reads and writes.
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     guard_rows g;
     g.q_rows = static_cast<std::uint32_t>(q_groups * s.q_len);
     g.q_len = static_cast<std::uint32_t>(s.q_len);
@@ -209,10 +258,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     g.d = static_cast<std::uint32_t>(s.d_qk), g.dv = static_cast<std::uint32_t>(s.d_v);
     g.q_off = qb.element;
     g.half = half;
-    tensor::impl::bound kb = qb, vb = qb;
     if (!cache) {
-        kb = tensor_access::of(*t.k, "sdpa_call").bind();
-        vb = tensor_access::of(*t.v, "sdpa_call").bind();
         g.k_rows = static_cast<std::uint32_t>(kv_groups * s.kv_len);
         g.k_off = kb.element, g.v_off = vb.element;
     }
@@ -221,7 +267,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     const bool rows_first = !p.fused() && !cache;
     if (rows_first) record_guard_rows(rec, pipes, qb.b, kb.b, vb.b, verdict, g);
 
-    // write: the caller's tensors into the call's inputs, as the plan lays them out
+    // write: the tensors into the call's inputs, as the plan lays them out
     bool wrote = rows_first;
     if (p.fused()) {
         record_tensor_copy(rec, pipes, qb.b, qb.element, b.bind(role::inputs, 0, inputs.size()),
@@ -232,24 +278,24 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
                            static_cast<std::uint32_t>(p.v.at / eb), static_cast<std::uint32_t>(p.v.bytes / eb), half);
         wrote = true;
     } else {
-        const std::uint64_t q_tb = p.q_fp16 ? 8 : 16, kv_tb = p.kv_fp16 ? 8 : 16;
         const auto pack = [&](const tensor::impl::bound& src, const region& at, std::uint32_t groups,
-                              std::uint32_t rows, std::uint64_t width, std::uint32_t w4, std::uint64_t tb) {
+                              std::uint32_t rows, std::uint64_t width, std::uint32_t w4, bool texels_half) {
             texel_pack tp;
             tp.groups = groups, tp.rows = rows, tp.width = static_cast<std::uint32_t>(width), tp.w4 = w4;
             tp.src_off = src.element;
-            tp.at = static_cast<std::uint32_t>(at.at / tb);
+            tp.at = static_cast<std::uint32_t>(at.at / (texels_half ? 8 : 16));
             tp.stride = rows;
             tp.half = half;
+            tp.texels_half = texels_half;
             record_texel_pack(rec, pipes, src.b, b.bind(role::inputs, 0, inputs.size()),
                               b.bind(role::partial_stats, 0, 16), tp);
             wrote = true;
         };
         // q: row z·R + r of the groups is exactly q's row (GQA heads of a K/V head are consecutive).
-        if (!q_direct) pack(qb, p.q, d.groups, d.rows, s.d_qk, d.e4, q_tb);
+        if (!q_direct) pack(qb, p.q, d.groups, d.rows, s.d_qk, d.e4, p.q_fp16);
         if (!cache) {
-            pack(kb, p.k, d.groups, d.kv_len, s.d_qk, d.e4, kv_tb);
-            pack(vb, p.v, d.groups, d.kv_len, s.d_v, d.ev4, kv_tb);
+            pack(kb, p.k, d.groups, d.kv_len, s.d_qk, d.e4, p.kv_fp16);
+            pack(vb, p.v, d.groups, d.kv_len, s.d_v, d.ev4, p.kv_fp16);
         }
     }
     if (wrote) rec.compute_barrier();
@@ -264,7 +310,11 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         else
             r.views.emplace_back(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
         VkBufferView kv = VK_NULL_HANDLE, vv = VK_NULL_HANDLE;
-        if (cache) {
+        binding k_blocks{}, v_blocks{};
+        if (cache && cache->blocks()) {
+            k_blocks = {cache->k_blocks.handle(), 0, cache->k_blocks.size()};
+            v_blocks = {cache->v_blocks.handle(), 0, cache->v_blocks.size()};
+        } else if (cache) {
             kv = cache->k_view.handle(), vv = cache->v_view.handle();
         } else {
             r.views.emplace_back(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
@@ -276,18 +326,29 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         // appends): both kernels are recorded, each running only for its kind of values.
         const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
         const binding direct_out = out_direct ? binding{out.handle, out.offset, out.bytes} : binding{};
-        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, {}, {},
-                           gate, direct_out);
+        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, k_blocks,
+                           v_blocks, gate, direct_out);
     }
     rec.compute_barrier();
 
-    // read: the output into the caller's tensor; the output pass of the check (with the rows
-    // pass where it did not go first)
+    // read: the output (and the lse, the weights, where asked) into the caller's tensors; the
+    // output pass of the check (with the rows pass where it did not go first)
     const std::uint32_t out_count = static_cast<std::uint32_t>(p.out_count);
     const guard_output result_check = out_direct ? guard_output{ob.b, ob.element, out_count}
                                                  : guard_output{b.bind(role::out, 0, p.out_count * 4), 0, out_count};
     if (!out_direct)
         record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.out_count * 4), 0, ob.b, ob.element, out_count, false);
+    if (p.lse_count) {
+        const tensor::impl::bound lb = tensor_access::of(*t.lse, "sdpa_call").bind();
+        record_tensor_copy(rec, pipes, b.bind(role::out, 0, p.lse_at + p.lse_count * 4),
+                           static_cast<std::uint32_t>(p.lse_at / 4), lb.b, lb.element,
+                           static_cast<std::uint32_t>(p.lse_count), false);
+    }
+    if (p.weights) {
+        const tensor::impl::bound wb = tensor_access::of(*t.weights, "sdpa_call").bind();
+        record_tensor_copy(rec, pipes, b.bind(role::scores, 0, p.weights_count * 4), 0, wb.b, wb.element,
+                           static_cast<std::uint32_t>(p.weights_count), false);
+    }
     record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                 VK_ACCESS_HOST_READ_BIT);
@@ -321,6 +382,7 @@ recording::impl::~impl() {
     flash_views = {};
     buffers.release();
     guard.reset();
+    scratch.reset();
     rec.reset();
 }
 
@@ -372,7 +434,8 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
         s.ensure_begun();
         s.appended.reserve(s.appended.size() + 1);  // before anything is recorded: no allocation after
         const std::size_t before = c->size;
-        s.record_or_abandon(release, false, [&] { c->record_append(*s.exec, k, v, rows); });
+        recording::impl& r = s.next_scratch(release);  // its scratch: a quantized append's rows as float32
+        s.record_or_abandon(release, true, [&] { c->record_append(*s.exec, k, v, rows, r.scratch); });
         if (c->pending_in != &s) {  // the rows are written when the sequence runs: until then, the cache waits
             s.appended.emplace_back(c, before);
             c->pending_in = &s;

@@ -165,7 +165,7 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
 
     // The family (as for attention, plan.hpp: choose_family), and its plan.
     const kernel_family asked = set.fused_tiles_as && problem.options.kernel == kernel_family::automatic
-                                    ? kernel_family::gpu  // the GPU-tile test hook is for the gpu family
+                                    ? kernel_family::block_tiles  // the GPU-tile test hook is for the gpu family
                                     : problem.options.kernel;
     p.cpu = plan_flash_cpu(desc, l, set);
     const flash_cpu_refusal no = check_flash_cpu(desc, p.cpu);

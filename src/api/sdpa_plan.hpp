@@ -55,7 +55,7 @@ struct sdpa_plan {
 
     // ---- fused route ----
     flash_layout layout;  ///< the kernels' view of [q | k | v] in the inputs buffer, and of the output
-    kernel_family family = kernel_family::gpu;
+    kernel_family family = kernel_family::block_tiles;
     flash_cpu_plan cpu;
     flash_gpu_plan gpu;
     bool weights = false;  ///< return_weights: flash_weights.comp after the kernel
@@ -76,7 +76,7 @@ struct sdpa_plan {
     std::vector<download> downloads;  ///< the output, then the weights where asked, then the lse where asked
 
     [[nodiscard]] bool fused() const { return route == sdpa_route::fused; }
-    [[nodiscard]] bool cpu_family() const { return family == kernel_family::cpu; }
+    [[nodiscard]] bool cpu_family() const { return family == kernel_family::row_tiles; }
     [[nodiscard]] kernel_family kernel() const { return fused() ? family : decode.family; }
     /// Index of the lse in `downloads`.
     [[nodiscard]] std::size_t lse_download() const { return downloads.size() - 1; }

@@ -32,7 +32,7 @@ bool flag(const char* name, const std::string& v, const char* meaning) {
 
 }  // namespace
 
-settings read_settings(const testing_hooks& hooks) {
+settings read_settings(const testing::hooks& hooks) {
     settings s;
     if (const std::string v = environment("QKV_CPU_SHUFFLE"); !v.empty())
         s.cpu_shuffle = flag("QKV_CPU_SHUFFLE", v, "0 (never) or 1 (where the device allows)");

@@ -8,13 +8,13 @@
 #include <string>
 
 #include "kernels/settings.hpp"
-#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace qkv::vulkan::detail {
 
 /// The tuning variables and `hooks`, once. Throws qkv::invalid_argument naming a variable whose
 /// value cannot be used (e.g. "QKV_CPU_SHUFFLE=on: expected 0 (never) or 1 ...").
-settings read_settings(const testing_hooks& hooks);
+settings read_settings(const testing::hooks& hooks);
 
 /// Whether the validation layer is asked for: `requested`, or QKV_VALIDATION set to other than 0.
 bool validation_requested(bool requested);

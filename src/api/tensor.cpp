@@ -31,8 +31,8 @@ tensor::impl::~impl() {
 tensor::impl::bound tensor::impl::bind() const {
     const std::uint64_t align = core->dev->desc().storage_alignment;
     const VkDeviceSize start = offset / align * align;
-    return {binding{handle, start, offset - start + bytes},
-            static_cast<std::uint32_t>((offset - start) / element_bytes())};
+    const std::uint32_t element = element_bytes() ? static_cast<std::uint32_t>((offset - start) / element_bytes()) : 0;
+    return {binding{handle, start, offset - start + bytes}, element, offset - start};
 }
 
 tensor::impl& tensor_access::of(const tensor& t, const char* what) {
@@ -59,41 +59,39 @@ tensor::~tensor() = default;
 tensor::tensor(tensor&&) noexcept = default;
 tensor& tensor::operator=(tensor&&) noexcept = default;
 
-namespace {
-
-/// The checks a tensor's shape and type pass; fills elements and bytes.
-void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type, const device_info& info) {
-    if (type != element_type::f32 && type != element_type::f16)
-        throw qkv::invalid_argument("qkv::vulkan::tensor: element type " + std::string(to_string(type)) +
-                                    " is not a tensor type (f32 or f16; the quantized types are a kv_cache's storage)");
+void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type, const device_info& info,
+              const char* what) {
+    const std::string named = what;
+    if (!is_known(type))
+        throw qkv::invalid_argument(named + ": unknown element type (" + std::to_string(static_cast<int>(type)) + ")");
     if (type == element_type::f16 && !info.fp16_storage)
-        throw unavailable(
-            "qkv::vulkan::tensor: f16 tensors need 16-bit storage buffers (storageBuffer16BitAccess), "
-            "which " +
-            info.name + " does not offer (or the caller's device did not enable)");
-    if (shape.empty()) throw qkv::invalid_argument("qkv::vulkan::tensor: a shape of no dimensions");
+        throw unavailable(named + ": f16 tensors need 16-bit storage buffers (storageBuffer16BitAccess), which " +
+                          info.name + " does not offer (or the caller's device did not enable)");
+    if (shape.empty()) throw qkv::invalid_argument(named + ": a shape of no dimensions");
     std::size_t n = 1;
     for (const std::size_t d : shape) {
-        if (d == 0) throw qkv::invalid_argument("qkv::vulkan::tensor: shape " + shape_string(shape) + " has a zero");
-        if (n > SIZE_MAX / d / 4)
-            throw qkv::invalid_argument("qkv::vulkan::tensor: shape " + shape_string(shape) + " overflows");
+        if (d == 0) throw qkv::invalid_argument(named + ": shape " + shape_string(shape) + " has a zero");
+        if (n > SIZE_MAX / d / 4) throw qkv::invalid_argument(named + ": shape " + shape_string(shape) + " overflows");
         n *= d;
     }
+    if (is_quantized(type) && shape.back() % block_size(type) != 0)
+        throw qkv::invalid_argument(named + ": a " + std::string(to_string(type)) +
+                                    " tensor stores rows of blocks of " + std::to_string(block_size(type)) +
+                                    " values: its last dimension (" + std::to_string(shape.back()) +
+                                    ") must be a multiple of " + std::to_string(block_size(type)));
     t.shape = std::move(shape);
     t.type = type;
     t.elements = n;
-    t.bytes = std::uint64_t{n} * t.element_bytes();
+    t.bytes = bytes_for(type, n);
     if (t.bytes > info.max_storage_buffer_range)
-        throw limit_exceeded("qkv::vulkan::tensor: " + std::to_string(t.bytes) + " bytes, more than " + info.name +
+        throw limit_exceeded(named + ": " + std::to_string(t.bytes) + " bytes, more than " + info.name +
                              "'s maxStorageBufferRange of " + std::to_string(info.max_storage_buffer_range));
 }
-
-}  // namespace
 
 tensor::tensor(context& ctx, std::vector<std::size_t> shape, element_type type) {
     auto t = std::make_unique<impl>();
     t->core = alive(ctx.impl_).core;
-    describe(*t, std::move(shape), type, t->core->dev->info());
+    describe(*t, std::move(shape), type, t->core->dev->info(), "qkv::vulkan::tensor");
     std::lock_guard lock(t->core->mutex);
     t->core->check_alive();
     t->owned = t->core->alloc->create(t->bytes, memory_use::device, "tensor", VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
@@ -116,8 +114,15 @@ void tensor::upload(std::span<const float> values) {
     std::lock_guard lock(core.mutex);
     core.check_alive();
     core.guarded("tensor::upload", [&] {
+        std::vector<std::byte> blocks;  // a quantized tensor's, made (and every value checked) first
+        if (t.quantized()) {
+            blocks.resize(t.bytes);
+            quantize(t.type, values, blocks);
+        }
         const auto write = [&](std::byte* at) {
-            if (t.type == element_type::f16)
+            if (t.quantized())
+                std::memcpy(at, blocks.data(), blocks.size());
+            else if (t.type == element_type::f16)
                 put_halves(at, values, "tensor::upload: value");
             else
                 put_floats(at, values);
@@ -148,7 +153,9 @@ std::vector<float> tensor::download() const {
     return core.guarded("tensor::download", [&] {
         std::vector<float> out(t.elements);
         const auto read = [&](const std::byte* from) {
-            if (t.type == element_type::f16) {
+            if (t.quantized()) {
+                dequantize(t.type, std::span<const std::byte>(from, t.bytes), out);
+            } else if (t.type == element_type::f16) {
                 for (std::size_t i = 0; i < t.elements; ++i) {
                     std::uint16_t h = 0;
                     std::memcpy(&h, from + 2 * i, 2);

@@ -30,15 +30,27 @@ struct tensor::impl {
     impl& operator=(const impl&) = delete;
     ~impl();
 
-    [[nodiscard]] std::uint32_t element_bytes() const { return type == element_type::f16 ? 2 : 4; }
+    /// Bytes of one element (f32, f16); 0 for the quantized types, whose elements are in blocks.
+    [[nodiscard]] std::uint32_t element_bytes() const {
+        return type == element_type::f16 ? 2 : type == element_type::f32 ? 4 : 0;
+    }
+    [[nodiscard]] bool quantized() const { return is_quantized(type); }
     /// A storage binding that reaches the whole tensor from an offset the device accepts
-    /// (minStorageBufferOffsetAlignment), and the element the tensor starts at within it.
+    /// (minStorageBufferOffsetAlignment), and where the tensor starts within it: the element (f32,
+    /// f16) and the byte.
     struct bound {
         detail::binding b;
         std::uint32_t element = 0;
+        std::uint64_t byte = 0;
     };
     [[nodiscard]] bound bind() const;
 };
+
+/// The checks a tensor's shape and type pass, for `what` (a new tensor, or wrap()), on the device
+/// `info` describes: fills t's shape, type, elements and bytes. Types f32 and f16 (16-bit storage),
+/// and the quantized q8_0 and q4_0 (rows of ggml's blocks: the last dimension a multiple of 32).
+void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type, const device_info& info,
+              const char* what);
 
 struct tensor_access {
     static tensor::impl& of(const tensor& t, const char* what);

@@ -17,7 +17,7 @@ bool fits(const gemm_tiles& t, const device_info& info) {
 
 bool cpu_kernels(const device_info& info, qkv::kernel_family requested) {
     if (requested == qkv::kernel_family::automatic) return info.type == device_type::cpu;
-    return requested == qkv::kernel_family::cpu;
+    return requested == qkv::kernel_family::row_tiles;
 }
 
 bool cpu_shuffle(const device_info& info, std::uint32_t workgroup, const settings& set) {

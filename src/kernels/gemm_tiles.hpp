@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "kernels/settings.hpp"
+#include "qkv/runtime/problem.hpp"
 #include "qkv/vulkan/device_info.hpp"
-#include "qkv/vulkan/problem.hpp"
 #include "vk/shaders.hpp"
 
 namespace qkv::vulkan::detail {

@@ -30,7 +30,7 @@
 #include <cstdint>
 
 #include "api/plan.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
 #include "vk/pipelines.hpp"

@@ -48,8 +48,8 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         return p;
     };
     p.family = r.kernel != kernel_family::automatic ? r.kernel
-               : info.type == device_type::cpu      ? kernel_family::cpu
-                                                    : kernel_family::gpu;
+               : info.type == device_type::cpu      ? kernel_family::row_tiles
+                                                    : kernel_family::block_tiles;
     const std::uint64_t rows = std::uint64_t{s.q_heads / s.kv_heads} * s.q_len;
     const std::uint64_t groups = std::uint64_t{s.batch} * s.kv_heads;
     // Each limit its own message, naming the value that passed it.
@@ -86,7 +86,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     std::uint32_t step = 0;            // keys per loop iteration
     std::uint32_t per_step_loops = 1;  // loop iterations per step
     std::uint32_t target = 0, min_chunk = 0;
-    if (p.family == kernel_family::cpu) {
+    if (p.family == kernel_family::row_tiles) {
         // One subgroup per workgroup (never assumed: 8 where the device reports none usable).
         p.wg = info.subgroup_size;
         if (!power_of_two(p.wg) || p.wg > max_wg) {
@@ -183,10 +183,11 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
 void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                    const contract::decode_push& push, decode_values values) {
     const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
-    const shader_id id =
-        plan.family != kernel_family::cpu ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
-        : plan.shuffle ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
-                       : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
+    const shader_id id = plan.family != kernel_family::row_tiles
+                             ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
+                         : plan.shuffle
+                             ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
+                             : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
     const binding gate = io.gate.buffer ? io.gate : io.params;  // read only when gated
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&

@@ -40,7 +40,7 @@ enum class decode_values { finite, nonfinite, gated };
 
 /// The decode kernel's shape for one call.
 struct decode_plan {
-    kernel_family family = kernel_family::cpu;
+    kernel_family family = kernel_family::row_tiles;
     bool subgroup = false;  ///< gpu variant: tile maxima by subgroupMax (else a shared-memory tree)
     bool shuffle = false;   ///< cpu variant: K and V rows shared by subgroupShuffle (cpu_shuffle in flash_cpu.hpp)
     std::uint32_t wg = 8;   ///< invocations per workgroup

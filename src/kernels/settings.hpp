@@ -1,5 +1,5 @@
 // The settings of a context that the planners read: tuning overrides (from the environment) and
-// the test hooks of context_options::testing. One value, made once when a context is created
+// the test hooks (testing::hooks, qkv/vulkan/testing.hpp). One value, made once when a context is created
 // (src/api/settings.cpp: read_settings, the one place that reads the tuning variables), and passed
 // to every plan, so that every plan stays a pure function of the problem, a device description
 // and these settings.
@@ -25,11 +25,11 @@ struct settings {
     /// QKV_PROJECT_TEXELS=0: the projection keeps its storage-buffer variant.
     bool project_texels = true;
 
-    // ---- test hooks (context_options::testing) ----
-    std::uint32_t max_fused_keys = 0;           ///< testing_hooks::max_fused_keys_per_dispatch
-    std::optional<device_info> fused_tiles_as;  ///< testing_hooks::fused_tiles_as
-    std::uint32_t max_decode_chunks = 0;        ///< testing_hooks::max_decode_chunks
-    bool force_staging = false;                 ///< testing_hooks::force_staging
+    // ---- test hooks (testing::hooks) ----
+    std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch
+    std::optional<device_info> fused_tiles_as;  ///< testing::hooks::fused_tiles_as
+    std::uint32_t max_decode_chunks = 0;        ///< testing::hooks::max_decode_chunks
+    bool force_staging = false;                 ///< testing::hooks::force_staging
 
     /// The device description the gpu family's tiles are chosen for (nullptr: the real one).
     [[nodiscard]] const device_info* tiles_as() const { return fused_tiles_as ? &*fused_tiles_as : nullptr; }

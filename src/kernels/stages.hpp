@@ -9,7 +9,7 @@
 
 #include "kernels/flash_tiles.hpp"
 #include "kernels/gemm_tiles.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 #include "vk/executor.hpp"
 #include "vk/pipelines.hpp"
 

@@ -1,5 +1,7 @@
 #include "kernels/tensor_ops.hpp"
 
+#include <string>
+
 #include "contract/flash.h"
 #include "qkv/vulkan/error.hpp"
 
@@ -24,8 +26,8 @@ void record_tensor_copy(recorder& rec, pipeline_set& pipes, binding src, std::ui
 }
 
 void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, std::uint32_t src_rs,
-                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows,
-                       std::uint32_t cols) {
+                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows, std::uint32_t cols,
+                       bool half) {
     const std::uint64_t count = std::uint64_t{rows} * cols;
     if (count >= (std::uint64_t{1} << 32)) throw limit_exceeded("a tensor copy of more than 2^32 - 1 elements");
     contract::tensor_copy_push push{};
@@ -33,7 +35,38 @@ void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uin
     push.dst_rs = dst_rs;
     const std::uint32_t groups[3] = {
         ceil_div(count, std::uint64_t{contract::TENSOR_COPY_WORKGROUP} * contract::TENSOR_COPY_PER_INVOCATION), 1, 1};
-    rec.dispatch(pipes.get(shader_id::tensor_copy), {src, dst}, &push, groups);
+    rec.dispatch(pipes.get(half ? shader_id::tensor_copy_16 : shader_id::tensor_copy), {src, dst}, &push, groups);
+}
+
+void record_tensor_widen(recorder& rec, pipeline_set& pipes, binding src, std::uint64_t src_byte, element_type type,
+                         binding dst, std::uint64_t dst_off, std::uint64_t rows, std::uint64_t cols) {
+    static_assert(contract::TENSOR_WIDEN_BINDING_SRC == 0 && contract::TENSOR_WIDEN_BINDING_DST == 1 &&
+                  row_matches<contract::tensor_widen_push, no_spec>(shader_id::tensor_widen, "ss"));
+    const std::uint64_t count = rows * cols;
+    const std::uint64_t row_bytes = bytes_for(type, cols);
+    if (count >= (std::uint64_t{1} << 32) || src_byte + rows * row_bytes >= (std::uint64_t{1} << 32) ||
+        dst_off + count >= (std::uint64_t{1} << 32))
+        throw limit_exceeded("a tensor read as float32 of more than 2^32 - 1 values or bytes (" +
+                             std::to_string(count) + " values)");
+    contract::tensor_widen_push push{};
+    push.rows = static_cast<std::uint32_t>(rows), push.cols = static_cast<std::uint32_t>(cols);
+    push.src_byte = static_cast<std::uint32_t>(src_byte), push.src_row_bytes = static_cast<std::uint32_t>(row_bytes);
+    push.dst_off = static_cast<std::uint32_t>(dst_off);
+    switch (type) {
+        case element_type::f16:
+            push.format = contract::WIDEN_F16;
+            break;
+        case element_type::q8_0:
+            push.format = contract::WIDEN_Q8_0;
+            break;
+        case element_type::q4_0:
+            push.format = contract::WIDEN_Q4_0;
+            break;
+        default:
+            throw error("internal: tensor_widen reads f16, q8_0 or q4_0, not " + std::string(to_string(type)));
+    }
+    const std::uint32_t groups[3] = {ceil_div(count, contract::TENSOR_WIDEN_WORKGROUP), 1, 1};
+    rec.dispatch(pipes.get(shader_id::tensor_widen), {src, dst}, &push, groups);
 }
 
 void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding dst, binding flags,
@@ -51,7 +84,7 @@ void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding 
     pk.stride = t.stride;
     const std::uint32_t groups[3] = {ceil_div(std::uint64_t{t.rows} * t.w4, workgroup), 1, t.groups};
     const pipeline& p = pipes.get(t.half ? shader_id::flash_cpu_pack_f16 : shader_id::flash_cpu_pack,
-                                  contract::flash_pack_spec{workgroup, t.half ? 1u : 0u});
+                                  contract::flash_pack_spec{workgroup, t.texels_half ? 1u : 0u});
     rec.dispatch(p, {src, dst, flags}, &pk, groups);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "contract/tensor.h"
+#include "qkv/runtime/element_type.hpp"
 #include "vk/executor.hpp"
 #include "vk/pipelines.hpp"
 
@@ -15,18 +16,26 @@ namespace qkv::vulkan::detail {
 /// dst[dst_off + i] = src[src_off + i] for i < count, in elements of 4 bytes (or 2 with `half`).
 void record_tensor_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, binding dst,
                         std::uint32_t dst_off, std::uint32_t count, bool half);
-/// A rows x cols block: dst[dst_off + r·dst_rs + c] = src[src_off + r·src_rs + c] (4-byte elements).
+/// A rows x cols block: dst[dst_off + r·dst_rs + c] = src[src_off + r·src_rs + c] (4-byte elements,
+/// or 2-byte ones with `half`).
 void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uint32_t src_off, std::uint32_t src_rs,
-                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows,
-                       std::uint32_t cols);
+                       binding dst, std::uint32_t dst_off, std::uint32_t dst_rs, std::uint32_t rows, std::uint32_t cols,
+                       bool half = false);
+
+/// The values of a float16 or quantized tensor as float32 (tensor_widen.comp): `rows` rows of
+/// `cols` values of `type` (f16, q8_0 or q4_0), row 0 from byte `src_byte` of `src`, into `dst`
+/// from float `dst_off`, contiguous. Exactly qkv::dequantize's values.
+void record_tensor_widen(recorder& rec, pipeline_set& pipes, binding src, std::uint64_t src_byte, element_type type,
+                         binding dst, std::uint64_t dst_off, std::uint64_t rows, std::uint64_t cols);
 
 /// A (groups, rows, width) tensor of `src` (float32, or float16 with `half`; contiguous from
 /// element src_off) as rows of `w4` texels of 4 values (zero-padded) into `dst`: row r of group z
-/// lands at texel at + (z·stride + r)·w4. RGBA32F texels, or RGBA16F with `half`.
+/// lands at texel at + (z·stride + r)·w4. RGBA32F texels, or RGBA16F with `texels_half`.
 struct texel_pack {
     std::uint32_t groups = 1, rows = 0, width = 0, w4 = 0;
     std::uint32_t src_off = 0, at = 0, stride = 0;
-    bool half = false;
+    bool half = false;         ///< the source is float16
+    bool texels_half = false;  ///< RGBA16F texels (else RGBA32F)
 };
 void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding dst, binding flags,
                        const texel_pack& pack);

@@ -55,15 +55,14 @@ void complete(whole& w, const std::vector<std::size_t>& mask_shape) {
 
 bool visible(const whole& w, row_range q, row_range k) {
     if (q.size() == 0 || k.size() == 0) return false;
-    // Differences j - i present in the block, and those the rules allow (a window side applied
-    // only where it cuts into them, so that no sum overflows whatever its size; |off| <= 2^62).
-    const std::int64_t dmin = i64(k.first) - (i64(q.end) - 1), dmax = (i64(k.end) - 1) - i64(q.first);
-    const std::int64_t left = w.options.window_left, right = w.options.window_right;
-    std::int64_t lo = dmin, hi = dmax;
-    if (left >= 0 && left < w.off - dmin) lo = w.off - left;
-    if (right >= 0 && right < dmax - w.off) hi = w.off + right;
-    if (w.options.causal) hi = std::min(hi, w.off);
-    return lo <= hi;
+    // The block as a problem of its own: q.size() rows against k.size() keys, placed by its offset.
+    sdpa_shape block = w.shape;
+    block.q_len = q.size();
+    block.kv_len = k.size();
+    sdpa_options placed = w.options;
+    placed.position_offset = i64(q.first) + w.off - i64(k.first);
+    const key_range seen = visible_keys(block, placed, 0, q.size());
+    return seen.end > seen.first;
 }
 
 bool visible(const whole& w, const sequence_slice& queries, const sequence_slice& keys) {
@@ -176,26 +175,43 @@ void merged_rows::finish(std::size_t local_rows, std::size_t at, std::vector<flo
         }
 }
 
+void put_le(bytes& out, std::uint64_t v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+}
+
+std::uint64_t get_le(const bytes& in, std::size_t& at, std::size_t n) {
+    if (at + n > in.size()) throw qkv::mpi::error("a message is shorter than its fields");
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        v |= static_cast<std::uint64_t>(std::to_integer<unsigned char>(in[at + i])) << (8 * i);
+    at += n;
+    return v;
+}
+
+bytes problem_bytes(const sdpa_shape& shape, const sdpa_options& options) {
+    bytes out;
+    visit_shape(shape, [&](const char*, std::size_t d) { put_le(out, d, 8); });
+    const std::vector<std::byte> o = to_bytes(options);
+    out.insert(out.end(), o.begin(), o.end());
+    return out;
+}
+
+std::size_t problem_bytes_size() { return problem_bytes({}, {}).size(); }
+
+void problem_from_bytes(const bytes& in, std::size_t& at, sdpa_shape& shape, sdpa_options& options) {
+    const std::size_t dims = problem_bytes_size() - options_bytes();
+    if (at + dims + options_bytes() > in.size())
+        throw qkv::mpi::error("a problem's description is shorter than its fields");
+    visit_shape(shape, [&](const char*, std::size_t& d) { d = static_cast<std::size_t>(get_le(in, at, 8)); });
+    options = options_from_bytes(std::span<const std::byte>(in.data() + at, options_bytes()));
+    at += options_bytes();
+}
+
 void add_problem(fingerprint& fp, const sdpa_shape& s, const sdpa_options& o,
                  const std::vector<std::size_t>& mask_shape, std::span<const std::uint8_t> mask,
                  std::span<const float> additive, std::span<const float> sinks) {
-    for (const std::size_t v : {s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.d_qk, s.d_v}) fp.add_value(v);
-    fp.add_value(o.scale.has_value());
-    fp.add_value(o.scale.value_or(0.0f));
-    fp.add_value(o.causal);
-    fp.add_value(o.alignment);
-    fp.add_value(o.return_weights);
-    fp.add_value(o.precision);
-    fp.add_value(o.kernel);
-    fp.add_value(o.window_left);
-    fp.add_value(o.window_right);
-    fp.add_value(o.softcap);
-    fp.add_value(o.alibi_max_bias);
-    fp.add_value(o.return_lse);
-    fp.add_value(o.kv_type.has_value());
-    fp.add_value(o.kv_type.value_or(element_type::f32));
-    fp.add_value(o.position_offset.has_value());
-    fp.add_value(o.position_offset.value_or(0));
+    const bytes described = problem_bytes(s, o);
+    fp.add(described.data(), described.size());
     fp.add_value(mask_shape.size());
     for (const std::size_t d : mask_shape) fp.add_value(d);
     for (const std::size_t n : {mask.size(), additive.size(), sinks.size()}) fp.add_value(n);

@@ -96,6 +96,18 @@ private:
     std::vector<double> out_, lse_, sinks_;
 };
 
+/// `n` bytes of `v` after `out`, little-endian; and back, from `in` at `at` (advanced past them).
+void put_le(bytes& out, std::uint64_t v, std::size_t n);
+[[nodiscard]] std::uint64_t get_le(const bytes& in, std::size_t& at, std::size_t n);
+
+/// The shape and the options as bytes, every field by the field lists (visit_shape, qkv::to_bytes),
+/// none by name: what a rank tells the others of a problem (the decode step's header) and what
+/// their fingerprints compare.
+[[nodiscard]] bytes problem_bytes(const sdpa_shape& shape, const sdpa_options& options);
+[[nodiscard]] std::size_t problem_bytes_size();
+/// The shape and options problem_bytes wrote, from `in` at byte `at` (advanced past them).
+void problem_from_bytes(const bytes& in, std::size_t& at, sdpa_shape& shape, sdpa_options& options);
+
 /// The fingerprint of what every rank must agree on.
 void add_problem(fingerprint& fp, const sdpa_shape& shape, const sdpa_options& options,
                  const std::vector<std::size_t>& mask_shape, std::span<const std::uint8_t> mask,

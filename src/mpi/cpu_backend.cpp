@@ -21,9 +21,8 @@ namespace {
 /// Rows kept on the host as the float32 values of their stored form.
 class cpu_shard final : public kv_shard {
 public:
-    explicit cpu_shard(const shard_shape& s) : shape_(s) {
-        if (s.batch == 0 || s.kv_heads == 0 || s.capacity == 0 || s.d_qk == 0 || s.d_v == 0)
-            throw qkv::invalid_argument("a cache shard needs batch, kv_heads, capacity, d_qk and d_v of at least 1");
+    explicit cpu_shard(const kv_layout& s) : shape_(s) {
+        validate(s, "a cache shard");
         k_.resize(s.batch * s.kv_heads * s.capacity * s.d_qk);
         v_.resize(s.batch * s.kv_heads * s.capacity * s.d_v);
     }
@@ -65,7 +64,7 @@ public:
     std::size_t size() const override { return size_; }
 
 private:
-    shard_shape shape_;
+    kv_layout shape_;
     std::vector<float> k_, v_;
     std::size_t size_ = 0;
 };
@@ -84,8 +83,8 @@ sdpa_output_f64 cpu_backend::partial(const sdpa_problem& block) {
     return cpu::sdpa_f64(p);
 }
 
-std::unique_ptr<kv_shard> cpu_backend::make_shard(const shard_shape& shape) {
-    return std::make_unique<cpu_shard>(shape);
+std::unique_ptr<kv_shard> cpu_backend::make_shard(const kv_layout& layout) {
+    return std::make_unique<cpu_shard>(layout);
 }
 
 }  // namespace qkv::mpi

@@ -12,6 +12,7 @@
 #include "mpi/blocks.hpp"
 #include "mpi/channel.hpp"
 #include "qkv/mpi/error.hpp"
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/error.hpp"
 
 namespace qkv::mpi {
@@ -46,10 +47,6 @@ void expect_size(const char* name, std::size_t got, std::size_t want, const char
 }
 
 plan make_plan(const cp_problem& p, const cp_options& o, backend& compute, int ranks, int me) {
-    if (p.options.return_weights)
-        throw qkv::invalid_argument(
-            "qkv::mpi::sdpa: return_weights is not available in context parallelism (the weights of a row span "
-            "every rank); use return_lse");
     if (o.mode != cp_mode::ring && o.mode != cp_mode::allgather)
         throw qkv::invalid_argument("qkv::mpi::sdpa: unknown mode");
     if (o.slicing != layout::contiguous && o.slicing != layout::zigzag)
@@ -62,6 +59,7 @@ plan make_plan(const cp_problem& p, const cp_options& o, backend& compute, int r
                              .options = p.options,
                              .sinks = p.sinks};
     validate_description(description);
+    require_supported(entry_point::mpi_sdpa, description);
     plan pl;
     pl.w = whole{.shape = p.shape,
                  .options = p.options,

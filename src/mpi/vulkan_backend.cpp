@@ -31,7 +31,9 @@ sdpa_output_f64 widen(const sdpa_output& o) {
 /// A shard as a qkv::vulkan::kv_cache on the device.
 class vulkan_shard final : public kv_shard {
 public:
-    vulkan_shard(qkv::vulkan::context& ctx, const shard_shape& s) : ctx_(&ctx), cache_(ctx, make_shape(s)) {}
+    // The cache stores the shard's type; the rows it is given are that type's values, so storing
+    // them again (quantizing on append) keeps them exactly.
+    vulkan_shard(qkv::vulkan::context& ctx, const kv_layout& layout) : ctx_(&ctx), cache_(ctx, layout) {}
 
     void append(std::span<const float> k, std::span<const float> v, std::size_t rows) override {
         cache_.append(k, v, rows);
@@ -46,17 +48,6 @@ public:
     std::size_t size() const override { return cache_.size(); }
 
 private:
-    static qkv::vulkan::kv_cache_shape make_shape(const shard_shape& s) {
-        // The cache stores the shard's type; the rows it is given are that type's values, so
-        // storing them again (quantizing on append) keeps them exactly.
-        return {.batch = s.batch,
-                .kv_heads = s.kv_heads,
-                .capacity = s.capacity,
-                .d_qk = s.d_qk,
-                .d_v = s.d_v,
-                .kv_type = s.type};
-    }
-
     qkv::vulkan::context* ctx_;
     qkv::vulkan::kv_cache cache_;
 };
@@ -69,8 +60,8 @@ std::string vulkan_backend::name() const { return ctx_->device().name; }
 
 sdpa_output_f64 vulkan_backend::partial(const sdpa_problem& block) { return widen(ctx_->sdpa(block)); }
 
-std::unique_ptr<kv_shard> vulkan_backend::make_shard(const shard_shape& shape) {
-    return std::make_unique<vulkan_shard>(*ctx_, shape);
+std::unique_ptr<kv_shard> vulkan_backend::make_shard(const kv_layout& layout) {
+    return std::make_unique<vulkan_shard>(*ctx_, layout);
 }
 
 cp_output sdpa(MPI_Comm comm, qkv::vulkan::context& ctx, const cp_problem& description,

@@ -2,6 +2,7 @@
 // to the caller's type once, when stored. No state outside a call. attention is the projections,
 // then SDPA per head by the one float64 row (runtime/sdpa_rows.hpp, as qkv::cpu::sdpa), then the
 // output projection.
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,6 +63,7 @@ template <class T, class Problem>
 results<T> compute(const Problem& p) {
     using input = typename decltype(p.x)::value_type;  // float or double
     validate(p);
+    if constexpr (std::is_same_v<Problem, attention_problem>) require_supported(entry_point::cpu_attention, p);
 
     const attention_shape& s = p.shape;
     const run_options& opt = p.options;

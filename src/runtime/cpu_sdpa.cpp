@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -124,6 +125,7 @@ basic_sdpa_output<T> compute_over(const basic_sdpa_problem<In>& p, std::span<con
 template <class T, class In>
 basic_sdpa_output<T> compute(const basic_sdpa_problem<In>& p) {
     validate(p);
+    require_supported(entry_point::cpu_sdpa, p);
     if (!p.options.kv_type) return compute_over<T, In, In>(p, p.k, p.v);
     const std::vector<float> k = stored_as(*p.options.kv_type, p.k, "k");
     const std::vector<float> v = stored_as(*p.options.kv_type, p.v, "v");

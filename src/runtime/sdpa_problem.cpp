@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,39 @@ std::string number(double value) {
     char text[32];
     std::snprintf(text, sizeof text, "%.9g", value);
     return text;
+}
+
+/// Every option within its row's rule (sdpa_options.def), the message naming the option: any
+/// finite scale, negative and zero included, as PyTorch's scale=; a window side of -1 or more; a
+/// softcap or ALiBi max bias of 0 (off) or finite and above 0; an offset within +-2^62; an enum
+/// one of its values.
+void check_options(const sdpa_options& opt) {
+    visit_options(opt, [](const option_field& field, const auto& given) {
+        const auto check = [&](const auto& value) {
+            using V = std::remove_cvref_t<decltype(value)>;
+            const std::string name(field.name);
+            if constexpr (std::is_enum_v<V>) {
+                if (field.rule == option_rule::known && name_of(value).empty())
+                    fail("unknown " + name + " (" + std::to_string(static_cast<int>(value)) + ")");
+            } else if constexpr (std::is_floating_point_v<V>) {
+                if (field.rule == option_rule::finite && !std::isfinite(value))
+                    fail(name + " must be finite (it is " + number(value) + ")");
+                if (field.rule == option_rule::off_or_positive && !(std::isfinite(value) && value >= 0))
+                    fail(name + " must be finite and at least 0 (0 = off; it is " + number(value) + ")");
+            } else if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+                if (field.rule == option_rule::window_side && value < -1)
+                    fail(name + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(value) + ")");
+                if (field.rule == option_rule::position &&
+                    (value > (std::int64_t{1} << 62) || value < -(std::int64_t{1} << 62)))
+                    fail(name + " must be within +-2^62 (it is " + std::to_string(value) + ")");
+            }
+        };
+        if constexpr (requires { given.has_value(); }) {
+            if (given) check(*given);
+        } else {
+            check(given);
+        }
+    });
 }
 
 /// The checks of validate() and validate_queries(), for float32 and float64 problems alike.
@@ -120,33 +154,10 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
         }
     }
 
-    // Any finite scale, negative and zero included, as PyTorch's scale=.
-    if (opt.scale && !std::isfinite(*opt.scale)) fail("scale must be finite (it is " + number(*opt.scale) + ")");
-    if (opt.alignment == causal_alignment::none)
-        fail(
-            "alignment is causal_mode::none, which is not an alignment: use top_left or bottom_right (no causal "
-            "mask is causal = false)");
-    if (opt.alignment != causal_alignment::top_left && opt.alignment != causal_alignment::bottom_right)
-        fail("unknown causal alignment (" + std::to_string(static_cast<int>(opt.alignment)) + ")");
-    if (opt.precision != precision::fp32 && opt.precision != precision::fp16)
-        fail("unknown precision (" + std::to_string(static_cast<int>(opt.precision)) + ")");
-    if (opt.kernel != kernel_family::automatic && opt.kernel != kernel_family::cpu && opt.kernel != kernel_family::gpu)
-        fail("unknown kernel family (" + std::to_string(static_cast<int>(opt.kernel)) + ")");
-    for (const auto& [name, side] :
-         {std::pair{"window_left", opt.window_left}, std::pair{"window_right", opt.window_right}})
-        if (side < -1)
-            fail(std::string(name) + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(side) + ")");
-    if (opt.position_offset &&
-        (*opt.position_offset > (std::int64_t{1} << 62) || *opt.position_offset < -(std::int64_t{1} << 62)))
-        fail("position_offset must be within +-2^62 (it is " + std::to_string(*opt.position_offset) + ")");
-    if (!(std::isfinite(opt.softcap) && opt.softcap >= 0))
-        fail("softcap must be finite and at least 0 (0 = off; it is " + number(opt.softcap) + ")");
-    if (!(std::isfinite(opt.alibi_max_bias) && opt.alibi_max_bias >= 0))
-        fail("alibi_max_bias must be finite and at least 0 (0 = off; it is " + number(opt.alibi_max_bias) + ")");
+    check_options(opt);
     if (opt.return_lse) (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}});
     if (opt.kv_type) {
         const element_type t = *opt.kv_type;
-        if (!is_known(t)) fail("unknown kv_type (" + std::to_string(static_cast<int>(t)) + ")");
         if (is_quantized(t) && (s.d_qk % block_size(t) != 0 || s.d_v % block_size(t) != 0))
             fail("kv_type " + std::string(to_string(t)) + " stores blocks of " + std::to_string(block_size(t)) +
                  " values along each row: d_qk (" + std::to_string(s.d_qk) + ") and d_v (" + std::to_string(s.d_v) +

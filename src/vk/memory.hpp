@@ -75,7 +75,7 @@ private:
 
 class allocator {
 public:
-    /// `poison`: fill every new host-visible buffer with 0xFF bytes (testing_hooks::poison_new_memory).
+    /// `poison`: fill every new host-visible buffer with 0xFF bytes (testing::hooks::poison_new_memory).
     allocator(const device& dev, std::uint64_t limit, bool poison = false);
 
     /// A buffer of `size` bytes (storage + transfer usage). Throws out_of_memory (cap reached or

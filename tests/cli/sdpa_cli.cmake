@@ -90,7 +90,7 @@ qkv_cli_test(sdpa.bad.scale_text ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --scale
 qkv_cli_test(sdpa.bad.align_without_causal ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal-align bottom-right
              --backend cpu --out out.npy EXIT 2 STDERR "--causal-align needs --causal, --window or --alibi")
 qkv_cli_test(sdpa.bad.align_name ARGS sdpa --q ${q2} --k ${k2} --v ${v2} --causal --causal-align middle --backend cpu
-             --out out.npy EXIT 2 STDERR "'middle' is not one of top-left\\|bottom-right")
+             --out out.npy EXIT 2 STDERR "--causal-align middle: expected one of top_left, bottom_right")
 qkv_cli_test(sdpa.bad.missing_v ARGS sdpa --q ${q2} --k ${k2} --out out.npy EXIT 2 STDERR "--v is required")
 qkv_cli_test(sdpa.bad.missing_file ARGS sdpa --q no-such.npy --k ${k2} --v ${v2} --backend cpu --out out.npy EXIT 2
              STDERR "no-such\\.npy: cannot open")

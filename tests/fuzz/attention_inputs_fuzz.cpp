@@ -21,7 +21,7 @@
 #include "attention_inputs.hpp"
 #include "errors.hpp"
 #include "npy/npy.hpp"
-#include "qkv/vulkan/cpu.hpp"
+#include "qkv/runtime/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace {

@@ -285,8 +285,7 @@ TEST_CASE("a sharded K/V cache fills the ranks in turn and decodes like one cach
     qkv::mpi::cpu_backend cpu;
     for (const qkv::element_type type : {qkv::element_type::f32, qkv::element_type::q8_0}) {
         INFO("type " << qkv::to_string(type));
-        const qkv::mpi::sharded_kv_cache_shape cs{
-            .batch = 1, .kv_heads = 2, .rows_per_rank = 5, .d_qk = 32, .d_v = 32, .type = type};
+        const qkv::kv_layout cs{.batch = 1, .kv_heads = 2, .capacity = 5, .d_qk = 32, .d_v = 32, .type = type};
         qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, cpu, cs);
         CHECK(cache.capacity() == 5 * static_cast<std::size_t>(ranks));
         const std::size_t total = cache.capacity();

@@ -33,7 +33,7 @@ constexpr qkv::causal_alignment bottom_right = qkv::causal_alignment::bottom_rig
 
 TEST_CASE("position_offset on the device matches the cpu backend", "[mpi][vulkan]") {
     qkv::vulkan::context& gpu = qkv_test::gpu();
-    for (const qkv::kernel_family family : {qkv::kernel_family::cpu, qkv::kernel_family::gpu})
+    for (const qkv::kernel_family family : {qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles})
         for (const std::int64_t offset : {-9, 0, 4, 40})
             for (const std::size_t l : {1u, 5u, 21u}) {
                 INFO("family " << static_cast<int>(family) << ", offset " << offset << ", L " << l);
@@ -54,7 +54,7 @@ TEST_CASE("context-parallel sdpa on Vulkan matches the single-process call", "[m
     using qkv::element_type;
     const spec cases[] = {
         {shape(4, 2, 9, 26, 16, 16), {.causal = true, .alignment = bottom_right}},
-        {shape(2, 2, 19, 13, 16, 8), {.causal = true, .kernel = qkv::kernel_family::gpu}},
+        {shape(2, 2, 19, 13, 16, 8), {.causal = true, .kernel = qkv::kernel_family::block_tiles}},
         {shape(4, 2, 10, 33, 32, 32),
          {.causal = true,
           .alignment = bottom_right,
@@ -121,7 +121,7 @@ TEST_CASE("a sharded cache of Vulkan kv_caches", "[mpi][vulkan][cache]") {
     for (const qkv::element_type type : {qkv::element_type::f32, qkv::element_type::q8_0}) {
         INFO("type " << qkv::to_string(type));
         qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, compute,
-                                         {.kv_heads = 2, .rows_per_rank = 6, .d_qk = 32, .d_v = 32, .type = type});
+                                         {.kv_heads = 2, .capacity = 6, .d_qk = 32, .d_v = 32, .type = type});
         const std::size_t total = cache.capacity();
         const whole_problem rows(spec{shape(4, 2, 2, total, 32, 32), {}});
         const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
@@ -134,7 +134,7 @@ TEST_CASE("a sharded cache of Vulkan kv_caches", "[mpi][vulkan][cache]") {
                          rank == 0 ? std::span<const float>(v) : std::span<const float>(), n);
             size += n;
             // The reference: one Vulkan kv_cache holding every row appended so far.
-            qkv::vulkan::kv_cache one(gpu, {.kv_heads = 2, .capacity = total, .d_qk = 32, .d_v = 32, .kv_type = type});
+            qkv::vulkan::kv_cache one(gpu, {.kv_heads = 2, .capacity = total, .d_qk = 32, .d_v = 32, .type = type});
             const qkv::mpi::sequence_slice held{{{0, size}}};
             one.append(qkv::mpi::take_rows<float>(rows.k, 2, total, 32, held),
                        qkv::mpi::take_rows<float>(rows.v, 2, total, 32, held), size);

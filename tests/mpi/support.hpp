@@ -177,9 +177,7 @@ public:
         }
         return inner_.partial(block);
     }
-    std::unique_ptr<qkv::mpi::kv_shard> make_shard(const qkv::mpi::shard_shape& s) override {
-        return inner_.make_shard(s);
-    }
+    std::unique_ptr<qkv::mpi::kv_shard> make_shard(const qkv::kv_layout& s) override { return inner_.make_shard(s); }
 
 private:
     qkv::mpi::backend& inner_;

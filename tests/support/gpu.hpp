@@ -3,6 +3,7 @@
 #pragma once
 
 #include <qkv/vulkan/context.hpp>
+#include <qkv/vulkan/testing.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -16,11 +17,12 @@ namespace qkv_test {
 /// One context per test process, created on first use, with validation on and every new
 /// host-visible allocation filled with 0xFF bytes (no test may pass by finding zeroed memory).
 inline qkv::vulkan::context& gpu() {
-    static qkv::vulkan::context ctx({.validation = true, .testing = {.poison_new_memory = true}});
+    static qkv::vulkan::context ctx =
+        qkv::vulkan::testing::make_context({.validation = true}, {.poison_new_memory = true});
     return ctx;
 }
 
-/// What a test may set of a context: the memory cap and the test hooks (context_options::testing),
+/// What a test may set of a context: the memory cap and the test hooks (qkv/vulkan/testing.hpp),
 /// in the order the tests' designated initialisers name them.
 struct context_setup {
     std::uint64_t device_memory_limit = 0;
@@ -38,14 +40,14 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
     qkv::vulkan::context_options options;
     options.validation = true;
     options.device_memory_limit = setup.device_memory_limit;
-    options.testing = {.max_workgroup_count = setup.max_workgroup_count,
-                       .max_fused_keys_per_dispatch = setup.max_fused_keys_per_dispatch,
-                       .force_staging = setup.force_staging,
-                       .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
-                       .fused_tiles_as = setup.fused_tiles_as,
-                       .max_decode_chunks = setup.max_decode_chunks,
-                       .poison_new_memory = setup.poison_new_memory};
-    return qkv::vulkan::context(options);
+    return qkv::vulkan::testing::make_context(options,
+                                              {.max_workgroup_count = setup.max_workgroup_count,
+                                               .max_fused_keys_per_dispatch = setup.max_fused_keys_per_dispatch,
+                                               .force_staging = setup.force_staging,
+                                               .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
+                                               .fused_tiles_as = setup.fused_tiles_as,
+                                               .max_decode_chunks = setup.max_decode_chunks,
+                                               .poison_new_memory = setup.poison_new_memory});
 }
 
 /// Fails the current test if the validation layer said anything since the last check.

@@ -1,7 +1,7 @@
 // Random attention problems that own their data, for the run-time tests.
 #pragma once
 
-#include <qkv/vulkan/problem.hpp>
+#include <qkv/runtime/problem.hpp>
 
 #include <cmath>
 #include <cstdint>

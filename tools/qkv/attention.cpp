@@ -24,8 +24,8 @@
 #include "errors.hpp"
 #include "npy/npy.hpp"
 #include "output_files.hpp"
-#include "qkv/vulkan/cpu.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv::cli {
 namespace {

@@ -106,9 +106,11 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
                                     "auto (fused, or staged with --weights), staged (four passes, N x N scores in "
                                     "memory) or fused (one flash-attention pass)")
         ->group(running);
-    add_choice<qkv::kernel_family>(cmd, "--kernel", o.kernel, kernel_names(),
-                                   "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), "
-                                   "cpu (rows on SIMD lanes, texel-buffer loads) or gpu (shared-memory tiles)")
+    add_choice<qkv::kernel_family>(
+        cmd, "--kernel", o.kernel, kernel_names(),
+        "kernel family: auto (row_tiles on a CPU device such as lavapipe, block_tiles elsewhere), "
+        "row_tiles (rows on SIMD lanes, texel-buffer loads) or block_tiles (shared-memory tiles); cpu and gpu "
+        "are their old names")
         ->group(running);
     cmd.add_option("--device", o.device,
                    "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "

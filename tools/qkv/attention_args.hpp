@@ -7,7 +7,7 @@
 
 #include "attention_inputs.hpp"
 #include "backend.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace CLI {
 class App;

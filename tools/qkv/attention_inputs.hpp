@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "npy/npy.hpp"
-#include "qkv/vulkan/cpu.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv::cli {
 

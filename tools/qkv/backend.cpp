@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "choice_option.hpp"
+#include "qkv/runtime/cpu.hpp"
 #include "qkv/vulkan/context.hpp"
-#include "qkv/vulkan/cpu.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::cli {
@@ -18,22 +18,22 @@ std::string describe(const qkv::vulkan::device_info& d) {
            d.driver;
 }
 
-/// A context on `device`; when Vulkan itself is missing (rather than the device asked for), the
-/// error also points at the CPU backend.
-qkv::vulkan::context open_context(const std::optional<std::string>& device) {
+}  // namespace
+
+qkv::vulkan::context open_context(const std::string& device, bool cpu_backend,
+                                  const qkv::vulkan::testing::hooks& hooks) {
     try {
-        return qkv::vulkan::context({.device = device});
+        return qkv::vulkan::testing::make_context(
+            {.device = device.empty() ? std::nullopt : std::optional<std::string>(device)}, hooks);
     } catch (const qkv::vulkan::no_matching_device& e) {  // a bad request, not a missing Vulkan
-        if (device) throw qkv::vulkan::no_matching_device("--device " + *device + ": " + e.what());
+        if (!device.empty()) throw qkv::vulkan::no_matching_device("--device " + device + ": " + e.what());
         throw;  // QKV_DEVICE: the message names the variable
     } catch (const qkv::vulkan::unavailable& e) {
-        if (device) throw;
+        if (!device.empty() || !cpu_backend) throw;
         throw qkv::vulkan::unavailable(std::string(e.what()) +
                                        "\nqkv: run with --backend cpu to use the CPU reference backend instead");
     }
 }
-
-}  // namespace
 
 CLI::Option* add_backend_option(CLI::App& command, backend& choice, const std::string& description) {
     return add_choice<backend>(command, "--backend", choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
@@ -45,7 +45,7 @@ backend_result run_attention(const qkv::attention_problem& problem, backend choi
     if (choice == backend::cpu)
         return {qkv::cpu::attention(problem),
                 "the CPU reference backend (qkv::cpu, float64 on the host); no Vulkan device was used"};
-    qkv::vulkan::context ctx = open_context(device);
+    qkv::vulkan::context ctx = open_context(device.value_or(std::string()));
     qkv::attention_output result = ctx.attention(problem);
     return {std::move(result), describe(ctx.device())};
 }

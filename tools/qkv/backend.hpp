@@ -5,7 +5,9 @@
 #include <optional>
 #include <string>
 
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace CLI {
 class App;
@@ -25,6 +27,14 @@ struct backend_result {
     /// llvmpipe (Mesa 22.3.6 (LLVM 15.0.6))", or the CPU reference backend.
     std::string ran_on;
 };
+
+/// The one way the tool opens a Vulkan context: on the device `device` names (the --device flag's
+/// text: a decimal index or a part of the name; empty: QKV_DEVICE, else the best device), with
+/// `hooks` (qkv bench's measurements). A device that matches nothing is no_matching_device naming
+/// --device (or QKV_DEVICE); where Vulkan itself is missing and the command has a CPU backend
+/// (`cpu_backend`), the error also points at --backend cpu.
+qkv::vulkan::context open_context(const std::string& device, bool cpu_backend = true,
+                                  const qkv::vulkan::testing::hooks& hooks = {});
 
 /// Runs `problem` on `choice`. For Vulkan, `device` picks the device (a decimal index or a part of
 /// its name; unset: QKV_DEVICE, else the best device). When Vulkan itself is unavailable the

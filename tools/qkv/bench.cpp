@@ -17,6 +17,7 @@
 // Parts: this file (options, the sweep, the run), bench_measure.cpp, bench_table.cpp, bench_json.cpp.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -24,21 +25,24 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "bench.hpp"
 #include "commands.hpp"
 #include "context_parallel.hpp"
 #include "errors.hpp"
-#include "feature_args.hpp"
 #include "flag_args.hpp"
 #include "names.hpp"
 #include "npy/npy.hpp"
+#include "option_flags.hpp"
 #include "qkv/version.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace qkv::cli {
 namespace bench {
@@ -136,75 +140,75 @@ private:
     std::size_t total_;
 };
 
+/// The option fields an attention row takes (run_options has these); the others time sdpa.
+constexpr std::string_view attention_takes[] = {"scale", "causal", "precision", "kernel"};
+
+/// The option flags given that `takes` does not list, by index.
+std::vector<std::size_t> flags_beyond(const option_inputs& in, std::span<const std::string_view> takes) {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < option_inputs::count; ++i)
+        if (in.given(i) && std::find(takes.begin(), takes.end(), qkv::sdpa_option_fields[i].name) == takes.end())
+            out.push_back(i);
+    return out;
+}
+
+/// The sweep's option sets: the flags' values (each bad value a usage_error naming its flag), over
+/// the bench's defaults: causal no and yes, fp32 (and fp16 where the device stores 16-bit).
+std::vector<qkv::sdpa_options> option_rows(const bench_options& o, const qkv::vulkan::device_info& info, bool sdpa) {
+    std::vector<std::string> precisions{"fp32"};
+    if (info.fp16_storage) precisions.push_back("fp16");
+    return option_sweep(o.flags, sdpa ? sdpa_base() : qkv::sdpa_options{},
+                        {{"causal", {"no", "yes"}}, {"precision", precisions}});
+}
+
 std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info& info) {
-    std::vector<bool> causal_values;
-    for (const auto& s : o.causal) causal_values.push_back(s == "yes");
-    std::vector<qkv::precision> precisions;
-    for (const auto& s : o.precision) precisions.push_back(value_in(precision_names(), s, qkv::precision::fp32));
-    if (o.precision.empty()) {
-        precisions.push_back(qkv::precision::fp32);
-        if (info.fp16_storage) precisions.push_back(qkv::precision::fp16);
-    }
     std::vector<qkv::implementation> impls;
     for (const auto& s : o.impl) impls.push_back(value_in(implementation_names(), s, qkv::implementation::fused));
-    std::vector<qkv::kernel_family> kernels;
-    for (const auto& s : o.kernel) kernels.push_back(value_in(kernel_names(), s, qkv::kernel_family::automatic));
-    // sdpa's rules beyond PyTorch's (each bad value a usage_error naming its flag)
     const bool sdpa = o.decode || !o.kv_seq.empty() || !o.kv_heads.empty();
-    const bool rules = !o.window.empty() || !o.kv_type.empty() || !o.softcap.empty() || !o.alibi.empty() || o.sinks ||
-                       o.lse || !o.dim_v.empty();
-    if (rules && !sdpa)
-        throw usage_error(
-            "--window, --softcap, --alibi, --sinks, --lse, --kv-type and --dim-v time sdpa: add --decode (a "
-            "kv_cache) or --kv-seq (q, k and v from the host)");
-    std::vector<std::pair<std::int64_t, std::int64_t>> windows;
-    for (const std::string& w : o.window) windows.push_back(parse_window(w));
-    if (windows.empty()) windows.push_back({-1, -1});
-    std::vector<std::optional<qkv::element_type>> kv_types;
-    for (const std::string& t : o.kv_type) kv_types.push_back(parse_kv_type(t));
-    if (kv_types.empty()) kv_types.push_back(std::nullopt);
-    const float softcap = o.softcap.empty() ? 0.0f : parse_positive("--softcap", o.softcap);
-    const float alibi = o.alibi.empty() ? 0.0f : parse_positive("--alibi", o.alibi);
+    if (!sdpa) {
+        std::string beyond = flags_given(o.flags, flags_beyond(o.flags, attention_takes));
+        if (o.sinks) beyond += (beyond.empty() ? "" : ", ") + std::string("--sinks");
+        if (!o.dim_v.empty()) beyond += (beyond.empty() ? "" : ", ") + std::string("--dim-v");
+        if (!beyond.empty())
+            throw usage_error(beyond + " time sdpa: add --decode (a kv_cache) or --kv-seq (q, k and v from the host)");
+    }
+    const std::vector<qkv::sdpa_options> rows = option_rows(o, info, sdpa);
     std::vector<config> out;
     for (std::size_t b : o.batch)
         for (std::size_t h : o.heads)
             for (std::size_t n : o.seq)
                 for (std::size_t d : o.dim)
-                    for (bool causal : causal_values)
-                        for (qkv::precision p : precisions) {
-                            if (o.decode || !o.kv_seq.empty() || !o.kv_heads.empty()) {
-                                for (std::size_t s : o.kv_seq.empty() ? std::vector<std::size_t>{n} : o.kv_seq)
-                                    for (std::size_t hkv :
-                                         o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
-                                        for (qkv::kernel_family k : kernels)
-                                            for (const std::string& split : o.split)
-                                                for (std::size_t ev :
-                                                     o.dim_v.empty() ? std::vector<std::size_t>{d} : o.dim_v)
-                                                    for (const auto& [left, right] : windows)
-                                                        for (const auto& kv : kv_types) {
-                                                            config c{b, h, n, d, causal, p, qkv::implementation::fused,
-                                                                     k};
-                                                            c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
-                                                            c.split = split == "on";
-                                                            // sdpa with host K/V: no split choice
-                                                            c.host_kv = !o.decode;
-                                                            if (c.host_kv && !c.split) continue;
-                                                            c.dim_v = ev;
-                                                            c.window_left = left, c.window_right = right;
-                                                            c.softcap = softcap, c.alibi = alibi;
-                                                            c.sinks = o.sinks, c.lse = o.lse;
-                                                            c.kv_type = kv;
-                                                            out.push_back(c);
-                                                        }
-                                continue;
-                            }
-                            for (qkv::implementation i : impls) {
-                                if (i != qkv::implementation::fused)
-                                    out.push_back({b, h, n, d, causal, p, i});
-                                else
-                                    for (qkv::kernel_family k : kernels) out.push_back({b, h, n, d, causal, p, i, k});
-                            }
+                    for (const qkv::sdpa_options& options : rows) {
+                        config base;
+                        base.batch = b, base.heads = h, base.seq = n, base.dim = d;
+                        base.options = options;
+                        if (sdpa) {
+                            for (std::size_t s : o.kv_seq.empty() ? std::vector<std::size_t>{n} : o.kv_seq)
+                                for (std::size_t hkv : o.kv_heads.empty() ? std::vector<std::size_t>{h} : o.kv_heads)
+                                    for (const std::string& split : o.split)
+                                        for (std::size_t ev : o.dim_v.empty() ? std::vector<std::size_t>{d} : o.dim_v) {
+                                            config c = base;
+                                            c.decode = true, c.kv_seq = s, c.kv_heads = hkv;
+                                            c.split = split == "on";
+                                            c.host_kv = !o.decode;  // sdpa with host K/V: no split choice
+                                            if (c.host_kv && !c.split) continue;
+                                            c.dim_v = ev;
+                                            c.sinks = o.sinks;
+                                            out.push_back(c);
+                                        }
+                            continue;
                         }
+                        for (qkv::implementation i : impls) {
+                            config c = base;
+                            c.impl = i;
+                            // The staged route has no fused kernel family: one row whatever --kernel says.
+                            if (i != qkv::implementation::fused) {
+                                if (options.kernel != rows.front().kernel) continue;
+                                c.options.kernel = qkv::kernel_family::automatic;
+                            }
+                            out.push_back(c);
+                        }
+                    }
     return out;
 }
 
@@ -218,9 +222,7 @@ void fill_defaults(bench_options& o, const qkv::vulkan::device_info& info) {
     if (o.seq.empty())
         o.seq = slow ? std::vector<std::size_t>{128, 512, 1024} : std::vector<std::size_t>{512, 1024, 2048, 4096, 8192};
     if (o.dim.empty()) o.dim = {64};
-    if (o.causal.empty()) o.causal = {"no", "yes"};
     if (o.impl.empty()) o.impl = {"staged", "fused"};
-    if (o.kernel.empty()) o.kernel = {"auto"};
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
 }
@@ -241,11 +243,14 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
     if (lc.q_heads % lc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(lc.kv_heads) + " must divide --heads " +
                           std::to_string(lc.q_heads));
-    if (o.precision.size() > 1) throw usage_error("--precision takes one value with --layers");
-    if (!o.precision.empty() && o.precision[0] == "fp16") lc.precision = qkv::precision::fp16;
+    if (const std::string beyond = flags_given(o.flags, flags_beyond(o.flags, layers_takes)); !beyond.empty())
+        throw usage_error(beyond + ": --layers times plain decode layers (it takes --precision of the options)");
+    const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, {});
+    if (rows.size() > 1) throw usage_error("--precision takes one value with --layers");
+    lc.precision = rows.front().precision;
     config one_layer;  // each layer's cache and q: refused before anything is built if no buffer holds them
     one_layer.decode = true, one_layer.seq = 1, one_layer.heads = lc.q_heads, one_layer.kv_heads = lc.kv_heads;
-    one_layer.kv_seq = lc.kv_len, one_layer.dim = lc.dim, one_layer.precision = lc.precision;
+    one_layer.kv_seq = lc.kv_len, one_layer.dim = lc.dim, one_layer.options.precision = lc.precision;
     check_fits_device(one_layer, info);
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
@@ -273,10 +278,8 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
 
 void run(bench_options o) {
     parse_sizes(o);
-    std::optional<std::string> device;
-    if (!o.device.empty()) device = o.device;
     if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
-    qkv::vulkan::context ctx({.device = device});
+    qkv::vulkan::context ctx = open_context(o.device, false);
     if (o.layers) return run_layers_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
@@ -302,10 +305,10 @@ void run(bench_options o) {
               << (info.timestamps ? "device timestamps per phase" : "host clock around each whole call (no timestamps)")
               << "\n\n";
 
-    qkv::vulkan::device_ceiling ceiling;
+    qkv::vulkan::testing::device_ceiling ceiling;
     if (!o.skip_ceiling) {
         std::cerr << "qkv bench: measuring the device's ceiling (FMA and copy shaders)\n";
-        ceiling = ctx.measure_ceiling();
+        ceiling = qkv::vulkan::testing::measure_ceiling(ctx);
         std::cout << "Device ceiling, measured now: FMA " << sig3(ceiling.fma_gflops) << " GFLOP/s, copy "
                   << sig3(ceiling.copy_gb_per_s) << " GB/s, empty submit-and-wait " << fixed(ceiling.empty_submit_ms, 3)
                   << " ms\n";
@@ -325,8 +328,7 @@ void run(bench_options o) {
     const auto measure = [&](const config& c, std::size_t i) {
         if (!c.decode) return run_config(ctx, c, o.warmup, o.repeat, o.seed + i, ceiling.fma_gflops);
         if (c.host_kv) return run_sdpa_host(ctx, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops);
-        if (!c.split && !unsplit)
-            unsplit.emplace(qkv::vulkan::context_options{.device = device, .testing = {.max_decode_chunks = 1}});
+        if (!c.split && !unsplit) unsplit.emplace(open_context(o.device, false, {.max_decode_chunks = 1}));
         // The same seed for a shape with and without the split: the same data.
         return run_decode(c.split ? ctx : *unsplit, c, o.warmup, o.repeat, o.seed + c.kv_seq, ceiling.fma_gflops);
     };
@@ -365,27 +367,31 @@ void run(bench_options o) {
     }
 }
 
-/// `qkv bench --context-parallel`: one configuration, the first value of each list.
+/// `qkv bench --context-parallel`: one configuration, the first value of each list; every option
+/// flag honoured (causal by default, bottom-right).
 context_parallel_bench context_parallel_config(bench_options o) {
     parse_sizes(o);
     for (const auto& [flag, count] :
          {std::pair{"--batch", o.batch.size()}, std::pair{"--heads", o.heads.size()}, std::pair{"--seq", o.seq.size()},
           std::pair{"--dim", o.dim.size()}, std::pair{"--kv-seq", o.kv_seq.size()},
-          std::pair{"--kv-heads", o.kv_heads.size()}, std::pair{"--causal", o.causal.size()}})
+          std::pair{"--kv-heads", o.kv_heads.size()}})
         if (count > 1)
             throw usage_error(std::string(flag) + ": --context-parallel times one configuration; give one value");
-    if (o.decode || o.layers || !o.precision.empty() || !o.impl.empty() || !o.split.empty())
+    if (o.decode || o.layers || !o.impl.empty() || !o.split.empty() || o.sinks || !o.dim_v.empty())
         throw usage_error(
-            "--context-parallel times sdpa over host q, k, v (fp32, the fused kernels): --decode, --layers, "
-            "--precision, --impl and --split do not apply");
+            "--context-parallel times sdpa over host q, k, v (the fused kernels): --decode, --layers, --impl, "
+            "--split, --sinks and --dim-v do not apply");
+    const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, sdpa_base(), {{"causal", {"yes"}}});
+    if (rows.size() > 1)
+        throw usage_error("--context-parallel times one configuration: give each option flag one value");
     context_parallel_bench b;
+    b.options = rows.front();
     if (!o.batch.empty()) b.batch = o.batch[0];
     if (!o.heads.empty()) b.heads = b.kv_heads = o.heads[0];
     if (!o.kv_heads.empty()) b.kv_heads = o.kv_heads[0];
     if (!o.seq.empty()) b.seq = o.seq[0];
     if (!o.kv_seq.empty()) b.kv_seq = o.kv_seq[0];
     if (!o.dim.empty()) b.dim = o.dim[0];
-    if (!o.causal.empty()) b.causal = o.causal[0] == "yes";
     b.device = o.device;
     b.json_file = o.json_file;
     if (o.repeat > 0) b.repeat = o.repeat;
@@ -413,24 +419,11 @@ void add_bench(CLI::App& app) {
         ->delimiter(',')
         ->type_name("N");
     cmd->add_option("--dim", o->dim_text, "Head widths d (default 64)")->delimiter(',')->type_name("d");
-    cmd->add_option("--causal", o->causal, "no, yes, or both as no,yes (default no,yes)")
-        ->delimiter(',')
-        ->check(CLI::IsMember({"no", "yes"}))
-        ->type_name("no|yes");
-    cmd->add_option("--precision", o->precision, "fp32, fp16 (default both where the device stores 16-bit)")
-        ->delimiter(',')
-        ->check(CLI::IsMember(names_of(precision_names())))
-        ->type_name("fp32|fp16");
     cmd->add_option("--impl", o->impl, "staged, fused (default both)")
         ->delimiter(',')
         ->check(CLI::IsMember(
             std::vector<std::string>{name_of(qkv::implementation::staged), name_of(qkv::implementation::fused)}))
         ->type_name("staged|fused");
-    cmd->add_option("--kernel", o->kernel,
-                    "Fused kernel families: cpu, gpu, auto (default auto: cpu on a CPU device, gpu elsewhere)")
-        ->delimiter(',')
-        ->check(CLI::IsMember(names_of(kernel_names())))
-        ->type_name("cpu|gpu|auto");
     cmd->add_flag("--decode", o->decode,
                   "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
                   "1) against --kv-seq keys of --kv-heads K/V heads");
@@ -454,16 +447,8 @@ void add_bench(CLI::App& app) {
     cmd->add_option("--dim-v", o->dim_v_text, "sdpa: value head widths Ev (default: --dim)")
         ->delimiter(',')
         ->type_name("Ev");
-    cmd->add_option("--window", o->window,
-                    "sdpa: a sliding window LEFT,RIGHT (-1: unbounded); repeat it to time several, -1,-1 is none")
-        ->type_name("LEFT,RIGHT");
-    cmd->add_option("--softcap", o->softcap, "sdpa: logit softcapping C > 0")->type_name("C");
-    cmd->add_option("--alibi", o->alibi, "sdpa: ALiBi with this max bias > 0")->type_name("MAX_BIAS");
     cmd->add_flag("--sinks", o->sinks, "sdpa: one sink logit per query head (random, N(0, 1))");
-    cmd->add_flag("--lse", o->lse, "sdpa: also return each row's log-sum-exp");
-    cmd->add_option("--kv-type", o->kv_type, "sdpa: how K and V are stored: f32, f16, q8_0, q4_0 (comma-separated)")
-        ->delimiter(',')
-        ->type_name("f32|f16|q8_0|q4_0");
+    add_option_flags(*cmd, o->flags, option_command::bench, "Options (a list sweeps; causal no,yes by default)");
     cmd->add_option("--repeat", o->repeat, "Timed calls per row (default 5 on a CPU device, 20 on a GPU)")
         ->check(CLI::Range(1, 100000));
     cmd->add_option("--warmup", o->warmup, "Untimed calls before them (default 1 / 3)")->check(CLI::Range(0, 100000));

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "option_flags.hpp"
 #include "qkv/runtime/element_type.hpp"
+#include "qkv/runtime/options.hpp"
 #include "qkv/vulkan/context.hpp"
 
 namespace qkv::cli::bench {
@@ -24,13 +26,13 @@ struct options {
     /// a comma-separated list; parsed and checked into the numbers below before any work.
     std::vector<std::string> batch_text, heads_text, seq_text, dim_text, kv_seq_text, kv_heads_text, dim_v_text;
     std::vector<std::size_t> batch, heads, seq, dim, kv_seq, kv_heads;
-    std::vector<std::string> causal, precision, impl, kernel, split;
-    // sdpa only (--decode or --kv-seq): the options beyond PyTorch's SDPA
-    std::vector<std::size_t> dim_v;            // Ev (default: d)
-    std::vector<std::string> window, kv_type;  // "LEFT,RIGHT" per --window (a sweep); f32, f16, q8_0, q4_0
-    std::string softcap, alibi;                // one value each
-    bool sinks = false, lse = false;
-    bool decode = false;     // time context::sdpa against a kv_cache instead of attention()
+    std::vector<std::string> impl, split;
+    /// The flags of sdpa_options (option_flags.hpp): --causal, --precision, --kernel, --window,
+    /// --softcap, ... each a row's value or a sweep of them.
+    option_inputs flags;
+    std::vector<std::size_t> dim_v;  // sdpa: Ev (default: d)
+    bool sinks = false;              // sdpa: one sink logit per query head
+    bool decode = false;             // time context::sdpa against a kv_cache instead of attention()
     std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
     int repeat = 0;          // 0: chosen for the device
     int warmup = -1;         // -1: chosen for the device
@@ -39,28 +41,28 @@ struct options {
     std::uint64_t seed = 20261122;
 };
 
+/// One row of the sweep: a shape, how it runs, and its sdpa_options (attention rows take their
+/// causal, precision, kernel and scale).
 struct config {
     std::size_t batch = 1, heads = 1, seq = 0, dim = 0;
-    bool causal = false;
-    qkv::precision precision = qkv::precision::fp32;
     qkv::implementation impl = qkv::implementation::fused;
-    qkv::kernel_family kernel = qkv::kernel_family::automatic;  // fused and decode
     // decode: seq is the query rows per head (L), kv_seq the keys in the cache, kv_heads its heads
     bool decode = false;
     std::size_t kv_seq = 0, kv_heads = 0;
-    bool split = true;     // decode: the split-S kernels choose their chunks (false: one chunk)
-    bool host_kv = false;  // with decode: sdpa with K and V from the host (--kv-seq without --decode)
-    // sdpa: the rules beyond PyTorch's SDPA
+    bool split = true;      // decode: the split-S kernels choose their chunks (false: one chunk)
+    bool host_kv = false;   // with decode: sdpa with K and V from the host (--kv-seq without --decode)
     std::size_t dim_v = 0;  // Ev (0: dim)
-    std::int64_t window_left = -1, window_right = -1;
-    float softcap = 0, alibi = 0;
-    bool sinks = false, lse = false;
-    std::optional<qkv::element_type> kv_type{};
+    bool sinks = false;
+    qkv::sdpa_options options{};
     [[nodiscard]] std::size_t ev() const { return dim_v ? dim_v : dim; }
-    [[nodiscard]] bool windowed() const { return window_left >= 0 || window_right >= 0; }
+    [[nodiscard]] bool windowed() const { return options.window_left >= 0 || options.window_right >= 0; }
 };
 
-/// The rules of an sdpa configuration beyond PyTorch's, compact ("window 4095,0 softcap 10 kv q8_0"), or "-".
+/// The options an sdpa row of the bench starts from: bottom-right alignment (a decoder's).
+qkv::sdpa_options sdpa_base();
+
+/// The rules of an sdpa configuration beyond its shape, causal, precision and kernel, compact
+/// ("window_left 4095 window_right 0 softcap 10 kv_type q8_0 sinks"), or "-".
 std::string rules_of(const config& c);
 
 struct summary {
@@ -108,6 +110,8 @@ struct layers_config {
     std::size_t layers = 0, q_heads = 32, kv_heads = 8, kv_len = 1024, dim = 128;
     qkv::precision precision = qkv::precision::fp32;
 };
+/// The option flags --layers takes (the others are refused: it times plain decode layers).
+inline constexpr std::string_view layers_takes[] = {"precision"};
 /// Times N host calls against N calls recorded into one command buffer (qkv::vulkan::sequence),
 /// per token, on the same data; prints both and returns them as JSON ({"host_ms", "recorded_ms"}).
 json run_layers(qkv::vulkan::context& ctx, const layers_config& c, int warmup, int repeat, std::uint64_t seed,

@@ -32,22 +32,16 @@ json results_json(const options& o, const qkv::vulkan::device_info& info, const 
                   {"heads", r.c.heads},
                   {"seq", r.c.seq},
                   {"dim", r.c.dim},
-                  {"causal", r.c.causal},
-                  {"precision", name_of(r.c.precision)},
                   {"impl", r.c.host_kv  ? "sdpa"
                            : r.c.decode ? "decode"
                                         : name_of(r.c.impl)},
                   {"kernel", r.c.decode || r.c.impl == qkv::implementation::fused ? name_of(r.ran_kernel) : "-"},
+                  {"options", options_json(r.c.options)},  // every field of sdpa_options, by its name
                   {"attention_flop", attention_flops(r.c)},
                   {"projection_flop", projection_flops(r.c)}};
         if (r.c.decode) {
             e["dim_v"] = r.c.ev();
-            e["window"] = {r.c.window_left, r.c.window_right};
-            e["softcap"] = r.c.softcap;
-            e["alibi_max_bias"] = r.c.alibi;
             e["sinks"] = r.c.sinks;
-            e["lse"] = r.c.lse;
-            e["kv_type"] = r.c.kv_type ? std::string(qkv::to_string(*r.c.kv_type)) : std::string("-");
             e["kv_seq"] = r.c.kv_seq;
             e["kv_heads"] = r.c.kv_heads;
             e["split"] = r.c.split;

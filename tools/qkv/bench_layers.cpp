@@ -9,7 +9,7 @@
 
 #include "bench.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
-#include "qkv/vulkan/tensor.hpp"
+#include "qkv/vulkan/sequence.hpp"
 
 namespace qkv::cli::bench {
 
@@ -34,8 +34,7 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
     std::vector<std::vector<float>> host_q;
     for (std::size_t l = 0; l < N; ++l) {
         caches.emplace_back(
-            ctx, qkv::vulkan::kv_cache_shape{
-                     .batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = d, .d_v = d, .precision = lc.precision});
+            ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = d, .d_v = d, .type = type});
         caches.back().append(values(Hkv * S * d), values(Hkv * S * d), S);
         calls.emplace_back(ctx, desc, caches.back());
         host_q.push_back(values(Hq * d));

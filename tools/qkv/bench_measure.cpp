@@ -29,7 +29,7 @@ double attention_flops(const config& c) {
         return 2.0 * static_cast<double>(c.batch * c.heads * c.seq * c.kv_seq * (c.dim + c.ev()));
     const double n = static_cast<double>(c.seq);
     const double f = 4.0 * static_cast<double>(c.batch * c.heads * c.dim) * n * n;
-    return c.causal ? f / 2 : f;
+    return c.options.causal ? f / 2 : f;
 }
 double projection_flops(const config& c) {
     if (c.decode) return 0;
@@ -37,29 +37,29 @@ double projection_flops(const config& c) {
     return 2.0 * static_cast<double>(c.batch * c.seq) * width * 3.0 * width;
 }
 double kv_bytes(const config& c) {
-    const qkv::element_type t = c.kv_type                             ? *c.kv_type
-                                : c.precision == qkv::precision::fp16 ? qkv::element_type::f16
-                                                                      : qkv::element_type::f32;
+    const qkv::element_type t = qkv::stored_kv_type(c.options);
     const double element = static_cast<double>(qkv::bytes_per_block(t)) / static_cast<double>(qkv::block_size(t));
     return static_cast<double>(c.batch * c.kv_heads * c.kv_seq * (c.dim + c.ev())) * element;
 }
 
+qkv::sdpa_options sdpa_base() {
+    qkv::sdpa_options o;
+    o.alignment = qkv::causal_alignment::bottom_right;
+    return o;
+}
+
 std::string rules_of(const config& c) {
-    std::string s;
-    const auto add = [&s](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
-    if (c.windowed()) add("window " + std::to_string(c.window_left) + "," + std::to_string(c.window_right));
-    if (c.softcap > 0) add("softcap " + sig3(c.softcap));
-    if (c.alibi > 0) add("alibi " + sig3(c.alibi));
-    if (c.sinks) add("sinks");
-    if (c.lse) add("lse");
-    if (c.kv_type) add("kv " + std::string(qkv::to_string(*c.kv_type)));
+    // causal, precision and the kernel have columns of their own.
+    std::string s =
+        options_label(c.options, c.decode ? sdpa_base() : qkv::sdpa_options{}, {"causal", "precision", "kernel"});
+    if (c.sinks) s += (s.empty() ? "" : " ") + std::string("sinks");
     return s.empty() ? "-" : s;
 }
 
 /// "staged", "fused cpu" (the family that ran), "decode cpu split", or "fused auto" for a
 /// configuration not yet run.
 std::string impl_name(const config& c, qkv::kernel_family ran) {
-    const char* family = name_of(ran == qkv::kernel_family::automatic ? c.kernel : ran);
+    const char* family = name_of(ran == qkv::kernel_family::automatic ? c.options.kernel : ran);
     if (c.decode && c.host_kv) return std::string("sdpa ") + family;
     if (c.decode) return std::string("decode ") + family + (c.split ? " split" : " P=1");
     if (c.impl != qkv::implementation::fused) return name_of(c.impl);
@@ -71,7 +71,7 @@ std::string describe(const config& c) {
     if (c.decode) s += " S=" + std::to_string(c.kv_seq) + " Hkv=" + std::to_string(c.kv_heads);
     s += " d=" + std::to_string(c.dim);
     if (c.ev() != c.dim) s += "/" + std::to_string(c.ev());
-    s += std::string(c.causal ? " causal " : " ") + name_of(c.precision) + " " +
+    s += std::string(c.options.causal ? " causal " : " ") + name_of(c.options.precision) + " " +
          impl_name(c, qkv::kernel_family::automatic);
     if (const std::string r = rules_of(c); r != "-") s += " " + r;
     return s;
@@ -101,10 +101,11 @@ struct bench_problem {
     }
     [[nodiscard]] qkv::attention_problem view(const config& c) const {
         qkv::attention_problem p{.shape = shape, .x = x, .wq = wq, .wk = wk, .wv = wv};
-        p.options.causal = c.causal;
-        p.options.precision = c.precision;
+        p.options.scale = c.options.scale;
+        p.options.causal = c.options.causal;
+        p.options.precision = c.options.precision;
         p.options.implementation = c.impl;
-        p.options.kernel = c.kernel;
+        p.options.kernel = c.options.kernel;
         return p;
     }
 };
@@ -185,13 +186,12 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
         std::vector<float> host_k, host_v;  // host_kv: K and V of every call
         const std::size_t ev = c.ev();
         if (!c.host_kv)
-            cache.emplace(ctx, qkv::vulkan::kv_cache_shape{.batch = c.batch,
-                                                           .kv_heads = c.kv_heads,
-                                                           .capacity = c.kv_seq,
-                                                           .d_qk = c.dim,
-                                                           .d_v = ev,
-                                                           .precision = c.precision,
-                                                           .kv_type = c.kv_type});
+            cache.emplace(ctx, qkv::kv_layout{.batch = c.batch,
+                                              .kv_heads = c.kv_heads,
+                                              .capacity = c.kv_seq,
+                                              .d_qk = c.dim,
+                                              .d_v = ev,
+                                              .type = qkv::stored_kv_type(c.options)});
         // The keys arrive in a few appends, as a decoder's would (K/V of N(0, 1), like q).
         const std::size_t groups = c.batch * c.kv_heads, pieces = std::min<std::size_t>(4, c.kv_seq);
         for (std::size_t done = 0, i = 0; i < pieces; ++i) {
@@ -220,17 +220,9 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
                    .d_qk = c.dim,
                    .d_v = ev};
         p.q = q;
-        p.options.window_left = c.window_left, p.options.window_right = c.window_right;
-        p.options.softcap = c.softcap;
-        p.options.alibi_max_bias = c.alibi;
-        p.options.return_lse = c.lse;
-        p.options.kv_type = c.kv_type;
+        p.options = c.options;
         const std::vector<float> sinks = c.sinks ? normal(c.heads, rng) : std::vector<float>{};
         p.sinks = sinks;
-        p.options.causal = c.causal;
-        p.options.alignment = qkv::causal_alignment::bottom_right;
-        p.options.kernel = c.kernel;
-        p.options.precision = c.precision;
         p.k = host_k;
         p.v = host_v;
         for (int i = 0; i < warmup + repeat; ++i) {

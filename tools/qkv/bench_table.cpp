@@ -41,11 +41,11 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
         if (!r.c.decode) continue;
         const config& c = r.c;
         const std::string d = std::to_string(c.dim) + (c.ev() != c.dim ? "/" + std::to_string(c.ev()) : "");
-        std::vector<std::string> row{std::to_string(c.batch),    std::to_string(c.heads),
-                                     std::to_string(c.kv_heads), std::to_string(c.seq),
-                                     std::to_string(c.kv_seq),   d,
-                                     c.causal ? "yes" : "no",    name_of(c.precision),
-                                     impl_name(c, r.ran_kernel), rules_of(c)};
+        std::vector<std::string> row{std::to_string(c.batch),         std::to_string(c.heads),
+                                     std::to_string(c.kv_heads),      std::to_string(c.seq),
+                                     std::to_string(c.kv_seq),        d,
+                                     c.options.causal ? "yes" : "no", name_of(c.options.precision),
+                                     impl_name(c, r.ran_kernel),      rules_of(c)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
         } else {
@@ -71,13 +71,15 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
         if (!w.ran || !w.c.decode || !w.c.windowed()) continue;
         for (const result& full : results) {
             config a = w.c;
-            a.window_left = a.window_right = -1;
+            a.options.window_left = a.options.window_right = -1;
             const config& b = full.c;
-            if (!full.ran || !b.decode || b.windowed() || describe(a) != describe(b) || a.kernel != b.kernel) continue;
+            if (!full.ran || !b.decode || b.windowed() || describe(a) != describe(b) ||
+                a.options.kernel != b.options.kernel)
+                continue;
             const double ratio = w.attention_ms.median / full.attention_ms.median;
-            os << "  window " << w.c.window_left << "," << w.c.window_right << " against the full call, " << describe(b)
-               << ": " << sig3(w.attention_ms.median) << " ms against " << sig3(full.attention_ms.median) << " ms ("
-               << fixed(ratio, 3) << " of the full call's time)\n";
+            os << "  window " << w.c.options.window_left << "," << w.c.options.window_right
+               << " against the full call, " << describe(b) << ": " << sig3(w.attention_ms.median) << " ms against "
+               << sig3(full.attention_ms.median) << " ms (" << fixed(ratio, 3) << " of the full call's time)\n";
             window_ratios.push_back({{"config", describe(w.c)},
                                      {"window_ms", w.attention_ms.median},
                                      {"full_ms", full.attention_ms.median},
@@ -90,8 +92,7 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
             const config &a = split.c, &b = one.c;
             if (!one.ran || !b.decode || b.split || a.host_kv || b.host_kv || a.batch != b.batch ||
                 a.heads != b.heads || a.kv_heads != b.kv_heads || a.seq != b.seq || a.kv_seq != b.kv_seq ||
-                a.dim != b.dim || a.causal != b.causal || a.precision != b.precision || a.kernel != b.kernel ||
-                rules_of(a) != rules_of(b) || a.ev() != b.ev())
+                a.dim != b.dim || !qkv::same_options(a.options, b.options) || a.sinks != b.sinks || a.ev() != b.ev())
                 continue;
             const double speedup = one.call_ms.median / split.call_ms.median;
             os << "  " << describe(a) << ": split " << sig3(split.call_ms.median) << " ms per call, one chunk "
@@ -126,8 +127,9 @@ json print_results(std::ostream& std_out, const options& o, const qkv::vulkan::d
     std::vector<std::vector<std::string>> rows;
     for (const result& r : results) {
         const config& c = r.c;
-        std::vector<std::string> row{std::to_string(c.batch),   std::to_string(c.heads), std::to_string(c.seq),
-                                     std::to_string(c.dim),     c.causal ? "yes" : "no", name_of(c.precision),
+        std::vector<std::string> row{std::to_string(c.batch),         std::to_string(c.heads),
+                                     std::to_string(c.seq),           std::to_string(c.dim),
+                                     c.options.causal ? "yes" : "no", name_of(c.options.precision),
                                      impl_name(c, r.ran_kernel)};
         if (!r.ran) {
             row.push_back("skipped: " + r.skipped);
@@ -153,14 +155,14 @@ json print_results(std::ostream& std_out, const options& o, const qkv::vulkan::d
         pairs;  // per fused kernel family that ran
     for (const result& r : results)
         if (r.ran && r.c.impl == qkv::implementation::fused)
-            pairs[{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal, static_cast<int>(r.c.precision),
+            pairs[{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.options.causal, static_cast<int>(r.c.options.precision),
                    static_cast<int>(r.ran_kernel)}]
                 .first = r.attention_ms.median;
     for (const result& r : results)
         if (r.ran && r.c.impl == qkv::implementation::staged)
             for (auto& [key, times] : pairs)
-                if (key == decltype(pairs)::key_type{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.causal,
-                                                     static_cast<int>(r.c.precision), std::get<6>(key)})
+                if (key == decltype(pairs)::key_type{r.c.batch, r.c.heads, r.c.seq, r.c.dim, r.c.options.causal,
+                                                     static_cast<int>(r.c.options.precision), std::get<6>(key)})
                     times.second = r.attention_ms.median;
     json ratios = json::array();
     bool header = false;

@@ -56,7 +56,7 @@ void run_sdpa_context_parallel(const context_parallel_flags& flags,
 /// each rank's compute, communication, exposed communication and overlap.
 struct context_parallel_bench {
     std::size_t batch = 1, heads = 8, kv_heads = 8, seq = 1024, kv_seq = 0, dim = 64;
-    bool causal = true;
+    qkv::sdpa_options options{.causal = true, .alignment = qkv::causal_alignment::bottom_right};
     backend choice = backend::vulkan;
     std::string device, json_file;
     int repeat = 3, warmup = 1;

@@ -22,6 +22,7 @@
 #include "context_parallel.hpp"
 #include "errors.hpp"
 #include "npy/npy.hpp"
+#include "option_flags.hpp"
 #include "output_files.hpp"
 #include "qkv/mpi/mpi.hpp"
 #include "qkv/mpi/vulkan.hpp"
@@ -118,17 +119,7 @@ void settle(std::exception_ptr local, const qkv::mpi::comm_options& comm) {
 
 std::optional<qkv::vulkan::context> open_device(backend choice, const std::string& device) {
     std::optional<qkv::vulkan::context> ctx;
-    if (choice != backend::vulkan) return ctx;
-    try {
-        ctx.emplace(qkv::vulkan::context_options{.device = device.empty() ? std::nullopt : std::optional(device)});
-    } catch (const qkv::vulkan::no_matching_device& e) {  // a bad request, not a missing Vulkan
-        if (!device.empty()) throw qkv::vulkan::no_matching_device("--device " + device + ": " + e.what());
-        throw;
-    } catch (const qkv::vulkan::unavailable& e) {
-        if (!device.empty()) throw;
-        throw qkv::vulkan::unavailable(std::string(e.what()) +
-                                       "\nqkv: run with --backend cpu to use the CPU reference backend instead");
-    }
+    if (choice == backend::vulkan) ctx.emplace(open_context(device));
     return ctx;
 }
 
@@ -277,11 +268,7 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
     const std::vector<float> q = draw(s.batch * s.q_heads * s.q_len * s.d_qk),
                              k = draw(s.batch * s.kv_heads * s.kv_len * s.d_qk),
                              v = draw(s.batch * s.kv_heads * s.kv_len * s.d_v);
-    qkv::sdpa_problem whole{.shape = s,
-                            .q = q,
-                            .k = k,
-                            .v = v,
-                            .options = {.causal = b.causal, .alignment = qkv::causal_alignment::bottom_right}};
+    qkv::sdpa_problem whole{.shape = s, .q = q, .k = k, .v = v, .options = b.options};
     const rank_part part = take_part(whole, options.slicing, ranks, rank);
     qkv::mpi::cpu_backend cpu;
     std::optional<qkv::mpi::vulkan_backend> device;
@@ -331,12 +318,14 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
     try {
         if (rank == 0) {
             const std::string who = compute.name();
+            const std::string changed = options_label(b.options);
+            const std::string label = changed.empty() ? std::string("defaults") : changed;
             std::cout << "qkv " << qkv::version_string << " bench --context-parallel "
                       << qkv::mpi::to_string(options.mode) << ": " << ranks << " ranks, "
                       << qkv::mpi::to_string(options.slicing) << " slices, " << who << "\n"
                       << "B " << s.batch << ", Hq " << s.q_heads << ", Hkv " << s.kv_heads << ", L " << s.q_len
-                      << ", S " << s.kv_len << ", d " << s.d_qk << (b.causal ? ", causal (bottom-right)" : "")
-                      << "; medians of " << b.repeat << " calls after " << b.warmup << " warm-up\n"
+                      << ", S " << s.kv_len << ", d " << s.d_qk << ", options: " << label << "; medians of " << b.repeat
+                      << " calls after " << b.warmup << " warm-up\n"
                       << "The whole call on rank 0 alone: " << fixed(single_ms, 2) << " ms\n\n"
                       << "rank  total ms  compute ms  comm ms  exposed ms  overlap  agree ms   sent MiB  recv MiB  "
                          "blocks  skipped\n";
@@ -346,8 +335,9 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
             j["slicing"] = qkv::mpi::to_string(options.slicing);
             j["ranks"] = ranks;
             j["device"] = who;
-            j["shape"] = {{"batch", s.batch},   {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads}, {"q_len", s.q_len},
-                          {"kv_len", s.kv_len}, {"d", s.d_qk},          {"causal", b.causal}};
+            j["shape"] = {{"batch", s.batch}, {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads},
+                          {"q_len", s.q_len}, {"kv_len", s.kv_len},   {"d", s.d_qk}};
+            j["options"] = options_json(b.options);
             j["single_process_ms"] = single_ms;
             for (const qkv::mpi::cp_stats& r : all) {
                 char line[256];

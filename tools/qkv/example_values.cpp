@@ -5,7 +5,7 @@
 #include <optional>
 #include <utility>
 
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv::cli {
 namespace {

@@ -1,17 +1,29 @@
-// The one table of the names the CLI gives precisions, implementations and kernel families: the
-// option parsers (`qkv attention`, `qkv bench`) and every printed table and JSON file use these.
+// The names the CLI gives precisions, implementations and kernel families: the option parsers
+// (`qkv attention`, `qkv bench`) and every printed table and JSON file use these. The options'
+// enums take their names from the runtime's one table each (qkv/runtime/options.hpp).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "choice_option.hpp"
-#include "qkv/vulkan/problem.hpp"
+#include "qkv/runtime/options.hpp"
+#include "qkv/runtime/problem.hpp"
 
 namespace qkv::cli {
 
+/// The runtime's names of an options enum, aliases (accepted, never printed) last.
+template <class Enum>
+choices<Enum> runtime_choices() {
+    choices<Enum> out;
+    for (const bool alias : {false, true})
+        for (const qkv::enum_name<Enum>& n : qkv::names_of<Enum>())
+            if (n.alias == alias) out.emplace_back(std::string(n.name), n.value);
+    return out;
+}
+
 inline const choices<qkv::precision>& precision_names() {
-    static const choices<qkv::precision> names{{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}};
+    static const choices<qkv::precision> names = runtime_choices<qkv::precision>();
     return names;
 }
 
@@ -23,8 +35,7 @@ inline const choices<qkv::implementation>& implementation_names() {
 }
 
 inline const choices<qkv::kernel_family>& kernel_names() {
-    static const choices<qkv::kernel_family> names{
-        {"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}};
+    static const choices<qkv::kernel_family> names = runtime_choices<qkv::kernel_family>();
     return names;
 }
 

@@ -16,8 +16,8 @@
 #include "commands.hpp"
 #include "context_parallel.hpp"
 #include "errors.hpp"
-#include "feature_args.hpp"
 #include "flag_args.hpp"
+#include "option_flags.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/sdpa.hpp"
@@ -30,32 +30,18 @@ namespace {
 
 struct sdpa_command_options {
     sdpa_files files;
-    std::string out, weights, lse;
-    std::string window, softcap, alibi, kv_type;  // parsed in run(): each bad value names its flag
-    std::string scale;  // parse_scale: CLI11's float conversion accepts "" as 0 and 1e39 as inf
-    bool causal = false;
-    qkv::causal_alignment alignment = qkv::causal_alignment::top_left;
+    std::string out;
+    option_inputs options;  // every flag of sdpa_options (option_flags.hpp), --weights and --lse among them
     backend choice = backend::vulkan;
-    qkv::precision precision = qkv::precision::fp32;
-    qkv::kernel_family kernel = qkv::kernel_family::automatic;
     std::string device;
-    const CLI::Option* scale_option = nullptr;
-    const CLI::Option* align_option = nullptr;
-    const CLI::Option* window_option = nullptr;
-    const CLI::Option* softcap_option = nullptr;
-    const CLI::Option* alibi_option = nullptr;
-    const CLI::Option* kv_type_option = nullptr;
     context_parallel_flags parallel;
-};
 
-/// The options beyond PyTorch's SDPA, parsed (each bad value a usage_error naming its flag).
-void parse_features(const sdpa_command_options& o, qkv::sdpa_options& options) {
-    if (o.window_option->count() > 0) std::tie(options.window_left, options.window_right) = parse_window(o.window);
-    if (o.softcap_option->count() > 0) options.softcap = parse_positive("--softcap", o.softcap);
-    if (o.alibi_option->count() > 0) options.alibi_max_bias = parse_positive("--alibi", o.alibi);
-    if (o.kv_type_option->count() > 0) options.kv_type = parse_kv_type(o.kv_type);
-    options.return_lse = !o.lse.empty();
-}
+    /// The file an output field's flag names ("": not asked for).
+    [[nodiscard]] std::string output(std::string_view field) const {
+        const std::size_t i = option_inputs::index_of(field);
+        return options.given(i) && !options.values[i].empty() ? options.values[i].back() : std::string();
+    }
+};
 
 /// q8_0 and q4_0 store blocks of 32 values along each row of K and V.
 void check_kv_type(const qkv::sdpa_options& options, const qkv::sdpa_shape& s) {
@@ -64,21 +50,6 @@ void check_kv_type(const qkv::sdpa_options& options, const qkv::sdpa_shape& s) {
         throw usage_error("--kv-type " + std::string(qkv::to_string(*options.kv_type)) +
                           ": stores blocks of 32 values along each row of K and V, so E (" + std::to_string(s.d_qk) +
                           ") and Ev (" + std::to_string(s.d_v) + ") must be multiples of 32");
-}
-
-qkv::sdpa_output run_on_vulkan(const qkv::sdpa_problem& problem, const std::string& device) {
-    std::optional<qkv::vulkan::context> ctx;
-    try {
-        ctx.emplace(qkv::vulkan::context_options{.device = device.empty() ? std::nullopt : std::optional(device)});
-    } catch (const qkv::vulkan::no_matching_device& e) {  // a bad request, not a missing Vulkan
-        if (!device.empty()) throw qkv::vulkan::no_matching_device("--device " + device + ": " + e.what());
-        throw;
-    } catch (const qkv::vulkan::unavailable& e) {
-        if (!device.empty()) throw;
-        throw qkv::vulkan::unavailable(std::string(e.what()) +
-                                       "\nqkv: run with --backend cpu to use the CPU reference backend instead");
-    }
-    return ctx->sdpa(problem);
 }
 
 /// What every run does first: the flags checked, the options built, the inputs read and validated
@@ -90,22 +61,18 @@ struct prepared {
 };
 
 prepared prepare(const sdpa_command_options& o) {
+    const qkv::sdpa_options options = options_from_flags(o.options);
     // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
-    if (o.align_option->count() > 0 && !o.causal && o.window_option->count() == 0 && o.alibi_option->count() == 0)
+    const bool windowed = options.window_left >= 0 || options.window_right >= 0;
+    if (o.options.given(option_inputs::index_of("alignment")) && !options.causal && !windowed &&
+        options.alibi_max_bias == 0)
         throw usage_error(
             "--causal-align needs --causal, --window or --alibi: it chooses where the causal diagonal (and the "
             "window's and ALiBi's position i + off) starts");
-    qkv::sdpa_options options;
-    if (o.scale_option->count() > 0) options.scale = parse_scale(o.scale);
-    options.causal = o.causal;
-    options.alignment = o.alignment;
-    options.return_weights = !o.weights.empty();
-    options.precision = o.precision;
-    options.kernel = o.kernel;
-    parse_features(o, options);
 
     const sdpa_files& f = o.files;
-    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", o.weights}, {"--lse", o.lse}};
+    const std::string weights = o.output("return_weights"), lse = o.output("return_lse");
+    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", weights}, {"--lse", lse}};
     const std::vector<named_file> inputs = {
         {"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--mask", f.mask}, {"--sinks", f.sinks}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
@@ -135,7 +102,7 @@ void run(const sdpa_command_options& o) {
                                         .choice = o.choice,
                                         .device = o.device,
                                         .out = o.out,
-                                        .lse = o.lse};
+                                        .lse = o.output("return_lse")};
         });
         return;
     }
@@ -143,20 +110,21 @@ void run(const sdpa_command_options& o) {
     const qkv::sdpa_options& options = p.options;
     sdpa_inputs& in = p.in;
     const bool float64 = p.float64;
+    const std::string weights = o.output("return_weights"), lse = o.output("return_lse");
     output_set files;
-    files.reserve({o.out, o.weights, o.lse});  // an output that cannot be created fails before the work
+    files.reserve({o.out, weights, lse});  // an output that cannot be created fails before the work
     if (float64) {
         const qkv::sdpa_output_f64 r = qkv::cpu::sdpa(in.problem_f64(options));
         files.commit({{o.out, in.out_shape(), std::span<const double>(r.output)},
-                      {o.weights, in.weights_shape(), std::span<const double>(r.weights)},
-                      {o.lse, in.lse_shape(), std::span<const double>(r.lse)}});
+                      {weights, in.weights_shape(), std::span<const double>(r.weights)},
+                      {lse, in.lse_shape(), std::span<const double>(r.lse)}});
         return;
     }
-    const qkv::sdpa_output r =
-        o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options)) : run_on_vulkan(in.problem(options), o.device);
+    const qkv::sdpa_output r = o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options))
+                                                        : open_context(o.device).sdpa(in.problem(options));
     files.commit({{o.out, in.out_shape(), std::span<const float>(r.output)},
-                  {o.weights, in.weights_shape(), std::span<const float>(r.weights)},
-                  {o.lse, in.lse_shape(), std::span<const float>(r.lse)}});
+                  {weights, in.weights_shape(), std::span<const float>(r.weights)},
+                  {lse, in.lse_shape(), std::span<const float>(r.lse)}});
 }
 
 constexpr const char* footer =
@@ -209,60 +177,16 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
         ->required()
         ->type_name("OUT.npy")
         ->group(outputs);
-    cmd.add_option("--weights", o.weights, "Also write the attention probabilities")
-        ->type_name("W.npy")
-        ->group(outputs);
-    cmd.add_option("--lse", o.lse, "Also write each row's log-sum-exp (Q's leading dimensions; sinks not included)")
-        ->type_name("LSE.npy")
-        ->group(outputs);
     cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
         ->type_name("SINKS.npy")
         ->group(inputs);
 
-    const std::string attention = "Attention";
-    o.scale_option =
-        cmd.add_option("--scale", o.scale, "Multiplies Q\u00b7K\u1d40: any finite float32, negative and 0 included")
-            ->type_name("S")
-            ->default_str("1/sqrt(E)")
-            ->group(attention);
-    cmd.add_flag("--causal", o.causal, "Query i attends only to keys up to its diagonal (combines with --mask)")
-        ->group(attention);
-    o.align_option =
-        add_choice<qkv::causal_alignment>(
-            cmd, "--causal-align", o.alignment,
-            {{"top-left", qkv::causal_alignment::top_left}, {"bottom-right", qkv::causal_alignment::bottom_right}},
-            "top-left (j <= i, PyTorch's is_causal) or bottom-right (j <= i + S - L, a KV cache)")
-            ->group(attention);
-    o.window_option = cmd.add_option("--window", o.window,
-                                     "Sliding window: key j for query i only where i + off - LEFT <= j <= i + off + "
-                                     "RIGHT (-1: unbounded; off as --causal-align)")
-                          ->type_name("LEFT,RIGHT")
-                          ->group(attention);
-    o.softcap_option = cmd.add_option("--softcap", o.softcap, "Logit softcapping: s becomes C\u00b7tanh(s / C), C > 0")
-                           ->type_name("C")
-                           ->group(attention);
-    o.alibi_option =
-        cmd.add_option("--alibi", o.alibi, "ALiBi with ggml's slopes for this max bias (> 0) over the query heads")
-            ->type_name("MAX_BIAS")
-            ->group(attention);
+    add_option_flags(cmd, o.options, option_command::sdpa, "Options");
 
     const std::string running = "Backend";
     add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
                         "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --kernel "
                         "and --device")
-        ->group(running);
-    add_choice<qkv::precision>(cmd, "--precision", o.precision,
-                               {{"fp32", qkv::precision::fp32}, {"fp16", qkv::precision::fp16}},
-                               "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
-        ->group(running);
-    o.kv_type_option =
-        cmd.add_option("--kv-type", o.kv_type, "How K and V are stored: f32, f16, q8_0, q4_0 (default: as --precision)")
-            ->type_name("f32|f16|q8_0|q4_0")
-            ->group(running);
-    add_choice<qkv::kernel_family>(
-        cmd, "--kernel", o.kernel,
-        {{"auto", qkv::kernel_family::automatic}, {"cpu", qkv::kernel_family::cpu}, {"gpu", qkv::kernel_family::gpu}},
-        "kernel family: auto (cpu on a CPU device such as lavapipe, gpu elsewhere), cpu or gpu")
         ->group(running);
     cmd.add_option("--device", o.device,
                    "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "

@@ -11,15 +11,10 @@
 
 #include "qkv/mpi/export.hpp"
 #include "qkv/runtime/element_type.hpp"
+#include "qkv/runtime/kv_layout.hpp"
 #include "qkv/runtime/sdpa.hpp"
 
 namespace qkv::mpi {
-
-/// A shard of a sharded K/V cache: `capacity` rows of K and V per (batch, kv head) on one rank.
-struct shard_shape {
-    std::size_t batch = 1, kv_heads = 1, capacity = 0, d_qk = 0, d_v = 0;
-    element_type type = element_type::f32;  ///< how K and V are stored
-};
 
 /// The rows of a sharded cache held by one rank.
 class QKV_MPI_API kv_shard {
@@ -47,8 +42,9 @@ public:
     /// place in the whole sequence), no sinks and no weights; its k and v hold values of
     /// kv_storage(options) exactly. Returns the output and the lse (as sdpa_output_f64).
     [[nodiscard]] virtual sdpa_output_f64 partial(const sdpa_problem& block) = 0;
-    /// A shard of a sharded K/V cache.
-    [[nodiscard]] virtual std::unique_ptr<kv_shard> make_shard(const shard_shape& shape) = 0;
+    /// A shard of a sharded K/V cache: `layout.capacity` rows of K and V per (batch, kv head) on
+    /// this rank, stored as `layout.type` says.
+    [[nodiscard]] virtual std::unique_ptr<kv_shard> make_shard(const kv_layout& layout) = 0;
 };
 
 /// The float64 CPU reference backend (qkv::cpu::sdpa_f64): K and V travel as options.kv_type
@@ -58,7 +54,7 @@ public:
     [[nodiscard]] std::string name() const override;
     [[nodiscard]] element_type kv_storage(const sdpa_options& options) const override;
     [[nodiscard]] sdpa_output_f64 partial(const sdpa_problem& block) override;
-    [[nodiscard]] std::unique_ptr<kv_shard> make_shard(const shard_shape& shape) override;
+    [[nodiscard]] std::unique_ptr<kv_shard> make_shard(const kv_layout& layout) override;
 };
 
 }  // namespace qkv::mpi

@@ -1,11 +1,12 @@
 // A K/V cache sharded across the ranks of a communicator, for decoding past one device's memory:
-// rank r holds rows [r·rows_per_rank, r·rows_per_rank + its size) of the sequence, appends fill
+// rank r holds rows [r·capacity, r·capacity + its size) of the sequence (capacity: the layout's,
+// each rank's), appends fill
 // the ranks in turn (rank 0 first), and a decode step sends q from the rank that asks (`root`) to
 // every rank holding rows it may see, computes the partials there and merges them on root.
 //
 //   qkv::mpi::cpu_backend compute;   // or qkv::mpi::vulkan_backend (a kv_cache on each device)
 //   qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, compute,
-//                                    {.kv_heads = 8, .rows_per_rank = 1 << 20, .d_qk = 128, .d_v = 128});
+//                                    {.kv_heads = 8, .capacity = 1 << 20, .d_qk = 128, .d_v = 128});
 //   cache.append(k_new, v_new, 1);                  // every rank calls it; k, v read on root
 //   qkv::sdpa_output o = cache.decode(problem);     // every rank calls it; q read and o filled on root
 //
@@ -26,25 +27,18 @@
 #include "qkv/mpi/export.hpp"
 #include "qkv/mpi/layout.hpp"
 #include "qkv/mpi/sdpa.hpp"
+#include "qkv/runtime/kv_layout.hpp"
 #include "qkv/runtime/sdpa.hpp"
 
 namespace qkv::mpi {
-
-struct sharded_kv_cache_shape {
-    std::size_t batch = 1;                  ///< B
-    std::size_t kv_heads = 1;               ///< Hkv
-    std::size_t rows_per_rank = 0;          ///< each rank's capacity: the cache holds ranks · rows_per_rank rows
-    std::size_t d_qk = 0;                   ///< E
-    std::size_t d_v = 0;                    ///< Ev
-    element_type type = element_type::f32;  ///< how K and V are stored (and travel)
-};
 
 class QKV_MPI_API sharded_kv_cache {
 public:
     /// Collective: each rank makes its shard on `compute` (kept by reference: it must outlive the
     /// cache). Throws on every rank if any rank cannot (qkv::invalid_argument for a zero
     /// dimension, the backend's errors).
-    sharded_kv_cache(MPI_Comm comm, backend& compute, const sharded_kv_cache_shape& shape, int root = 0,
+    /// `layout.capacity` is each rank's: the cache holds ranks · capacity rows.
+    sharded_kv_cache(MPI_Comm comm, backend& compute, const kv_layout& layout, int root = 0,
                      const comm_options& options = {});
     ~sharded_kv_cache();
     sharded_kv_cache(sharded_kv_cache&&) noexcept;
@@ -75,7 +69,8 @@ public:
     [[nodiscard]] std::size_t local_size() const;
     /// The global positions of the rows held here.
     [[nodiscard]] row_range local_rows() const;
-    [[nodiscard]] const sharded_kv_cache_shape& shape() const;
+    /// The layout it was made with (capacity: each rank's).
+    [[nodiscard]] const kv_layout& layout() const;
     /// What this rank did in the last decode (compute, communication, bytes).
     [[nodiscard]] const cp_stats& last_stats() const;
 

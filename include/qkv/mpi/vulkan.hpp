@@ -11,7 +11,7 @@
 #include "qkv/mpi/export.hpp"
 #include "qkv/mpi/sdpa.hpp"
 #include "qkv/vulkan/context.hpp"
-#include "qkv/vulkan/tensor.hpp"
+#include "qkv/vulkan/sdpa_call.hpp"
 
 namespace qkv::mpi {
 
@@ -24,7 +24,7 @@ public:
     explicit vulkan_backend(qkv::vulkan::context& ctx);
     [[nodiscard]] std::string name() const override;
     [[nodiscard]] sdpa_output_f64 partial(const sdpa_problem& block) override;
-    [[nodiscard]] std::unique_ptr<kv_shard> make_shard(const shard_shape& shape) override;
+    [[nodiscard]] std::unique_ptr<kv_shard> make_shard(const kv_layout& layout) override;
 
 private:
     qkv::vulkan::context* ctx_;

@@ -50,13 +50,17 @@ enum class implementation {
     fused,      ///< one flash-attention dispatch, no N x N matrix in memory; cannot return weights
 };
 
-/// Which family of the fused kernel (implementation::fused) and of the matrix products (the
-/// projections, and the staged scores and aggregation) runs. Any family runs on any device;
-/// they differ in speed, not in results beyond rounding.
+/// Which family of the fused kernel (implementation::fused), of the split-S decode and of the
+/// matrix products (the projections, and the staged scores and aggregation) runs. Each family is
+/// named by the shape of its work; any family runs on any device, and they differ in speed, not in
+/// results beyond rounding.
 enum class kernel_family {
-    automatic,  ///< cpu on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe), gpu elsewhere
-    cpu,        ///< one subgroup per workgroup, rows on lanes, K/V through texel buffers, no barriers
-    gpu,        ///< a large workgroup sharing K/V tiles through shared memory (shaders/flash.comp)
+    automatic,    ///< row_tiles on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe), block_tiles elsewhere
+    row_tiles,    ///< one subgroup per workgroup, query rows on lanes, K/V through texel buffers, no barriers
+    block_tiles,  ///< a large workgroup sharing K/V tiles through shared memory (shaders/flash.comp)
+    /// The names of qkv 0.1: deprecated aliases, kept for one release.
+    cpu [[deprecated("kernel_family::cpu is now kernel_family::row_tiles")]] = row_tiles,
+    gpu [[deprecated("kernel_family::gpu is now kernel_family::block_tiles")]] = block_tiles,
 };
 
 struct run_options {

@@ -55,11 +55,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "qkv/causal.hpp"
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/export.hpp"
+#include "qkv/runtime/options.hpp"
 #include "qkv/runtime/problem.hpp"
 
 namespace qkv {
@@ -78,40 +80,35 @@ struct sdpa_shape {
     friend constexpr bool operator==(const sdpa_shape&, const sdpa_shape&) = default;
 };
 
-/// Where the causal diagonal starts: top_left (query i sees keys j <= i, PyTorch's is_causal=True)
-/// or bottom_right (j <= i + kv_len - q_len: the last query sees every key). The core's
-/// qkv::causal_mode (qkv/causal.hpp) under the run-time API's name: one enum, so
-/// `causal_alignment::bottom_right` and `causal_mode::bottom_right` are the same value. Its third
-/// value, `none`, is not an alignment: validate() refuses it (say "no causal mask" with
-/// `causal = false`).
-using causal_alignment = causal_mode;
+/// Calls f(name, member) for every dimension of `s` (an sdpa_shape, const or not), in order: the
+/// one list of the shape's fields, for the code that moves or compares shapes (qkv::mpi's wire).
+template <class Shape, class F>
+requires std::is_same_v<std::remove_const_t<Shape>, sdpa_shape>
+constexpr void visit_shape(Shape& s, F&& f) {
+    f("batch", s.batch);
+    f("q_heads", s.q_heads);
+    f("kv_heads", s.kv_heads);
+    f("q_len", s.q_len);
+    f("kv_len", s.kv_len);
+    f("d_qk", s.d_qk);
+    f("d_v", s.d_v);
+}
+static_assert(sizeof(sdpa_shape) == 7 * sizeof(std::size_t), "a dimension added to sdpa_shape belongs in visit_shape");
 
-struct sdpa_options {
-    std::optional<float> scale{};  ///< multiplies q·k; default 1/sqrt(d_qk); any finite value
-    bool causal = false;
-    /// Sets off (0 or kv_len - q_len) for the causal rule, the window and ALiBi's distances.
-    causal_alignment alignment = causal_alignment::top_left;
-    bool return_weights = false;                           ///< also return the attention probabilities (B, Hq, L, S)
-    qkv::precision precision = precision::fp32;            ///< Vulkan: storage of q (and of k, v unless kv_type)
-    qkv::kernel_family kernel = kernel_family::automatic;  ///< Vulkan: which kernel family runs
-    /// Sliding window: query i may attend key j only if i + off - window_left <= j <= i + off +
-    /// window_right; -1 leaves that side unbounded (both -1: no window). Values below -1 are refused.
-    std::int64_t window_left = -1, window_right = -1;
-    float softcap = 0;         ///< C > 0: every score s becomes C · tanh(s / C), first; 0: off
-    float alibi_max_bias = 0;  ///< b > 0: ALiBi with ggml's slopes over q_heads; 0: off
-    bool return_lse = false;   ///< also return the log-sum-exp of every row (B, Hq, L)
-    /// How K and V are stored on the device: f32, f16, q8_0 or q4_0 (d_qk and d_v multiples of
-    /// 32 for the last two). Unset: as `precision` says (fp32: f32, fp16: f16); see
-    /// stored_kv_type. The CPU backend, which ignores `precision`, computes from K and V as the
-    /// device would store them when kv_type is set (round_trip through that type).
-    std::optional<element_type> kv_type{};
-    /// off given explicitly: query i sits at key position i + position_offset, for the causal
-    /// rule, the window and ALiBi's distances, in place of the alignment's 0 or kv_len - q_len.
-    /// For a block of a longer sequence (queries from position qa, keys from ka, of a whole whose
-    /// off is o: position_offset = qa + o - ka), as context parallelism (qkv::mpi) computes its
-    /// blocks. |position_offset| <= 2^62. Unset: the alignment's.
-    std::optional<std::int64_t> position_offset{};
-};
+// sdpa_options (qkv/runtime/options.hpp, one row each in qkv/runtime/sdpa_options.def): scale,
+// causal, alignment (off: 0 for top_left, kv_len - q_len for bottom_right), return_weights,
+// precision and kernel (the Vulkan backend's storage of q and its kernel family), window_left and
+// window_right, softcap, alibi_max_bias, return_lse, and
+//   kv_type          how K and V are stored on the device: f32, f16, q8_0 or q4_0 (d_qk and d_v
+//                    multiples of 32 for the last two). Unset: as `precision` says (fp32: f32,
+//                    fp16: f16); see stored_kv_type. The CPU backend, which ignores `precision`,
+//                    computes from K and V as the device would store them when kv_type is set
+//                    (round_trip through that type).
+//   position_offset  off given explicitly: query i sits at key position i + position_offset, for
+//                    the causal rule, the window and ALiBi's distances, in place of the
+//                    alignment's. For a block of a longer sequence (queries from position qa,
+//                    keys from ka, of a whole whose off is o: position_offset = qa + o - ka), as
+//                    context parallelism (qkv::mpi) computes its blocks. |position_offset| <= 2^62.
 
 /// The element type K and V are stored in on the device: options.kv_type, or f16 for
 /// precision::fp16 and f32 otherwise.
@@ -217,6 +214,34 @@ struct key_range {
         first = pos - options.window_left;
     if (end <= first) return {0, 0};
     return {static_cast<std::size_t>(first), static_cast<std::size_t>(end)};
+}
+
+/// The keys some query of rows [first_row, end_row) may attend by the causal rule and the window
+/// alone: the union of visible_keys over those rows (empty when none sees a key). Exact: a row's
+/// keys are nonempty for one run of rows (bounds on its position i + off), and the ranges of
+/// neighbouring rows of that run touch, so the union is [the run's first row's first, its last
+/// row's end). A block of a longer sequence is (shape, options) with position_offset set.
+[[nodiscard]] constexpr key_range visible_keys(const sdpa_shape& shape, const sdpa_options& options,
+                                               std::size_t first_row, std::size_t end_row) {
+    if (end_row <= first_row || shape.kv_len == 0) return {0, 0};
+    constexpr std::int64_t reach = std::int64_t{1} << 62;  // |off|, and rows and keys, stay within it
+    const auto S = static_cast<std::int64_t>(shape.kv_len);
+    const std::int64_t off = causal_offset(shape, options);
+    // A row at position pos = i + off sees a key when pos >= low and pos <= high (both within
+    // [-2^62, 2^62): with |off| <= 2^62, no difference below overflows).
+    std::int64_t low = -reach, high = reach - 1;
+    if (options.causal) low = 0;
+    if (options.window_right >= 0 && options.window_right < reach && -options.window_right > low)
+        low = -options.window_right;
+    if (options.window_left >= 0 && options.window_left < reach - S) high = S - 1 + options.window_left;
+    std::int64_t first = static_cast<std::int64_t>(first_row), last = static_cast<std::int64_t>(end_row) - 1;
+    if (low - off > first) first = low - off;
+    if (high - off < last) last = high - off;
+    if (first > last) return {0, 0};
+    const key_range a = visible_keys(shape, options, static_cast<std::size_t>(first));
+    const key_range b = visible_keys(shape, options, static_cast<std::size_t>(last));
+    if (a.end <= a.first || b.end <= b.first) return {0, 0};
+    return {a.first, b.end};
 }
 
 /// ALiBi's slope of query head `head` among `q_heads` for max_bias b (ggml's rule, in float64):

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
-#include "qkv/vulkan/problem.hpp"
 
 namespace qkv::vulkan {
 
@@ -46,44 +46,6 @@ QKV_VULKAN_API std::vector<device_info> list_devices(const instance_options& opt
 QKV_VULKAN_API std::size_t select_device(const std::vector<device_info>& devices,
                                          const std::optional<std::string>& selector);
 
-/// Hooks for tests and measurements. Each changes which path a call takes (never its result
-/// beyond rounding); production code leaves them all at their defaults.
-struct testing_hooks {
-    /// Pretend maxComputeWorkGroupCount is at most this in every dimension (0 = the device's own):
-    /// exercises the dispatch-splitting path without enormous inputs.
-    std::uint32_t max_workgroup_count = 0;
-
-    /// Let one dispatch of the fused kernel cover at most this many keys (0 = what the device
-    /// needs): exercises the key-chunk path, which CPU implementations such as lavapipe take for
-    /// long sequences (their loops end after 65,535 iterations), without long sequences.
-    std::uint32_t max_fused_keys_per_dispatch = 0;
-
-    /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
-    /// even where device memory is host-visible (the calls' inputs and results, and the host
-    /// appends of a kv_cache made from this context).
-    bool force_staging = false;
-
-    /// Fault injection for tests: the n-th queue submission of this context (counting from 1)
-    /// fails as if the driver returned VK_ERROR_DEVICE_LOST; 0 = never. The context then behaves
-    /// exactly as after a real device loss.
-    std::uint32_t simulate_device_lost_at_submit = 0;
-
-    /// Test hook: choose the fused kernel's tiles as for this device description (its type,
-    /// subgroup size and limits) instead of the real device's, within the real device's shared
-    /// memory and invocation limits. Proves a GPU's tile configuration correct on lavapipe.
-    std::optional<device_info> fused_tiles_as{};
-
-    /// The most chunks the split-S decode (context::sdpa with a kv_cache) cuts the keys into;
-    /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
-    /// For measurements and tests.
-    std::uint32_t max_decode_chunks = 0;
-
-    /// Fill every new host-visible allocation with 0xFF bytes (NaN as float32, all ones as words)
-    /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
-    /// before, so a result that depends on fresh memory being zero shows up. For tests.
-    bool poison_new_memory = false;
-};
-
 struct context_options {
     /// Which device: a decimal index, or a case-insensitive substring of the device name.
     /// Unset: the QKV_DEVICE environment variable, else the best device (discrete > integrated >
@@ -95,12 +57,9 @@ struct context_options {
     /// beyond it fails with out_of_memory as VK_ERROR_OUT_OF_DEVICE_MEMORY would. For tests and
     /// for sharing a GPU politely.
     std::uint64_t device_memory_limit = 0;
-
-    /// Test and measurement hooks (see testing_hooks); leave them alone in production.
-    testing_hooks testing{};
 };
 
-/// Per-call timing, filled by context::attention.
+/// Per-call timing of a host call (context::attention, context::sdpa).
 struct call_stats {
     double host_ms = 0;    ///< host call to result, whole call
     double device_ms = 0;  ///< GPU time of the whole command buffer (timestamps), 0 if unsupported
@@ -111,15 +70,6 @@ struct call_stats {
     /// Whether the range check of the projected Q, K, V ran on the device (README, Guarantees):
     /// false where the host proved from the inputs alone that nothing can overflow.
     bool device_range_check = false;
-};
-
-/// What the device itself can do, measured by microbenchmarks in the same process: the yardstick
-/// that `qkv bench` reports each kernel against.
-struct device_ceiling {
-    double fma_gflops = 0;           ///< float32 fused multiply-add throughput (2 FLOP each)
-    double copy_gb_per_s = 0;        ///< device-memory copy bandwidth (bytes read + written)
-    double empty_submit_ms = 0;      ///< an empty command buffer: submit, wait on its fence (median)
-    bool device_timestamps = false;  ///< true: GPU timestamps; false: host clock around the fence
 };
 
 class QKV_VULKAN_API context {
@@ -167,10 +117,6 @@ public:
     /// Releases the cached buffers (they are reallocated on demand).
     void trim();
 
-    /// Measures the device's arithmetic and memory ceilings and the cost of an empty submit
-    /// (takes a fraction of a second on a GPU, a few seconds on lavapipe). Uses temporary buffers.
-    [[nodiscard]] device_ceiling measure_ceiling();
-
     /// Validation-layer messages collected since the last call (then cleared). Empty unless
     /// validation is on.
     [[nodiscard]] std::vector<std::string> take_validation_messages();
@@ -181,7 +127,7 @@ private:
     friend class kv_cache;
     friend class tensor;
     friend class sdpa_call;
-    friend struct context_access;
+    friend struct context_access;  // the library's inside (qkv/vulkan/testing.hpp's contexts too)
     explicit context(std::unique_ptr<impl> i) noexcept;
     std::unique_ptr<impl> impl_;
 };

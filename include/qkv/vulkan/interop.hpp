@@ -42,8 +42,10 @@
 #include <memory>
 #include <vector>
 
+#include "qkv/vulkan/attention_call.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::vulkan {

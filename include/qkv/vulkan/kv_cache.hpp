@@ -2,11 +2,12 @@
 //
 //   qkv::vulkan::context ctx;
 //   qkv::vulkan::kv_cache cache(ctx, {.batch = 1, .kv_heads = 2, .capacity = 65536, .d_qk = 64, .d_v = 64});
+//                                     // a qkv::kv_layout (qkv/runtime/kv_layout.hpp); .type = f16, q8_0, ...
 //   cache.append(k_rows, v_rows, n);          // (B, Hkv, n, E) and (B, Hkv, n, Ev), host data
 //   qkv::sdpa_output o = ctx.sdpa(problem, cache);  // q from the host, K/V from the cache
 //
 // append() writes only the new rows to the device; earlier rows stay where they are. The cache
-// stores K and V as its element type says (kv_cache_shape::type): f32 or f16 as texels of 4 values
+// stores K and V as its layout's type says (kv_layout::type): f32 or f16 as texels of 4 values
 // (RGBA32F or RGBA16F), read through texel buffers, or ggml's q8_0 / q4_0 blocks (quantized on
 // append, on the host, by qkv::quantize: appending then dequantizing gives exactly the values
 // qkv::round_trip gives), which the decode kernel dequantizes in float32; one run of `capacity`
@@ -32,45 +33,28 @@
 #include <span>
 
 #include "qkv/runtime/element_type.hpp"
+#include "qkv/runtime/kv_layout.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/export.hpp"
-#include "qkv/vulkan/problem.hpp"
 #include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::vulkan {
 
-struct kv_cache_shape {
-    std::size_t batch = 1;                            ///< B
-    std::size_t kv_heads = 1;                         ///< Hkv
-    std::size_t capacity = 0;                         ///< the most rows (keys) per (batch, kv head)
-    std::size_t d_qk = 0;                             ///< E, width of the keys
-    std::size_t d_v = 0;                              ///< Ev, width of the values
-    qkv::precision precision = qkv::precision::fp32;  ///< storage of K and V (fp16 rounds to nearest even)
-    /// How K and V are stored: f32, f16, q8_0 or q4_0 (d_qk and d_v multiples of 32 for the last
-    /// two). Unset: as `precision` says (fp32: f32, fp16: f16). A call's options.kv_type, if set,
-    /// must be this type.
-    std::optional<qkv::element_type> kv_type{};
-
-    /// The element type K and V are stored in: kv_type, or f16 for precision fp16 and f32 otherwise.
-    [[nodiscard]] qkv::element_type type() const {
-        if (kv_type) return *kv_type;
-        return precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
-    }
-};
-
 class QKV_VULKAN_API kv_cache {
 public:
-    /// Allocates K and V for `shape.capacity` rows on the context's device. Throws
-    /// qkv::invalid_argument for a zero dimension, limit_exceeded beyond the device's texel-buffer
-    /// or storage-buffer limits, out_of_memory when the memory cannot be had (nothing is kept).
-    kv_cache(context& ctx, const kv_cache_shape& shape);
+    /// Allocates K and V for `layout.capacity` rows on the context's device, stored as
+    /// `layout.type` says. Throws qkv::invalid_argument for a zero dimension (qkv::validate of
+    /// the layout), limit_exceeded beyond the device's texel-buffer or storage-buffer limits,
+    /// out_of_memory when the memory cannot be had (nothing is kept), unavailable for an f16 cache
+    /// on a device without 16-bit storage.
+    kv_cache(context& ctx, const kv_layout& layout);
     /// A cache over the caller's storage (tensors made with interop.hpp's wrap, or qkv's own):
     /// k of shape (B, Hkv, capacity, 4·ceil(E/4)) and v of (B, Hkv, capacity, 4·ceil(Ev/4)), f32
-    /// (f16 for precision fp16), each starting at a multiple of minTexelBufferOffsetAlignment and,
+    /// (f16 for type f16), each starting at a multiple of minTexelBufferOffsetAlignment and,
     /// for a caller's buffer, with VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT. Empty at first; the
     /// cache owns the tensors (a caller's memory is still never freed). Only for f32 and f16 caches
-    /// (qkv::invalid_argument for a q8_0 / q4_0 shape: tensors are f32 or f16).
-    kv_cache(context& ctx, const kv_cache_shape& shape, tensor k, tensor v);
+    /// (qkv::invalid_argument for a q8_0 / q4_0 layout).
+    kv_cache(context& ctx, const kv_layout& layout, tensor k, tensor v);
     ~kv_cache();
     kv_cache(kv_cache&&) noexcept;
     kv_cache& operator=(kv_cache&&) noexcept;
@@ -88,16 +72,16 @@ public:
     /// Rows held per (batch, kv head): at most capacity(), whatever other threads do.
     [[nodiscard]] std::size_t size() const;
     [[nodiscard]] std::size_t capacity() const;
-    /// The shape it was created with (it never changes).
-    [[nodiscard]] const kv_cache_shape& shape() const;
+    /// The layout it was created with (it never changes).
+    [[nodiscard]] const kv_layout& layout() const;
     /// Forgets every row (the memory is kept for the next appends).
     void clear();
 
     /// Appends `rows` rows from device tensors k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev), of the
-    /// cache's storage type (f32, or f16 for an fp16 cache), on the device: nothing crosses to the
-    /// host. Waits until they are in. Throws as append() does (numeric_overflow is not checked
-    /// here: a finite value beyond float16's range cannot be in an f16 tensor); a q8_0 / q4_0 cache
-    /// throws unavailable (it quantizes on the host: append host data).
+    /// cache's storage type (f32, f16, or q8_0 / q4_0 blocks, copied as they are), on the device:
+    /// nothing crosses to the host. Waits until they are in. Throws as append() does
+    /// (numeric_overflow is not checked here: a finite value beyond float16's range cannot be in an
+    /// f16 tensor); a q8_0 / q4_0 append needs 16-bit storage buffers (unavailable without).
     void append(const tensor& k, const tensor& v, std::size_t rows);
 
     /// The cache's storage: K as (B, Hkv, capacity, 4·ceil(E/4)) and V as (B, Hkv, capacity,

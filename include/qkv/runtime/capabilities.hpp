@@ -1,0 +1,99 @@
+// Which entry point takes which feature of a problem: one table, consulted by every entry point
+// through require_supported() before it does anything, and listed in the README ("What each entry
+// point takes"). A feature an entry point lacks is refused from here with qkv::invalid_argument
+// naming the entry point, the feature and why; everything the table does not refuse, the entry
+// point takes. Adding an entry point is adding its enumerator, its name and its refusals here, and
+// a call of require_supported at its start (docs/architecture.md, "How to add an entry point").
+#pragma once
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "qkv/runtime/export.hpp"
+#include "qkv/runtime/problem.hpp"
+#include "qkv/runtime/sdpa.hpp"
+
+namespace qkv {
+
+/// The ways of running a problem, or of appending to a K/V cache.
+enum class entry_point {
+    cpu_sdpa,              ///< qkv::cpu::sdpa, sdpa_f64: host data, float64
+    context_sdpa,          ///< qkv::vulkan::context::sdpa(problem): Q, K and V from the host
+    context_decode,        ///< context::sdpa(problem, cache): K and V in a qkv::vulkan::kv_cache
+    sdpa_call,             ///< qkv::vulkan::sdpa_call over device tensors: run()
+    sdpa_call_decode,      ///< sdpa_call against a kv_cache: run()
+    sequence_record,       ///< qkv::vulkan::sequence::record of an sdpa_call or attention_call
+    interop_record,        ///< qkv::vulkan::record (interop.hpp) of an sdpa_call or attention_call
+    mpi_sdpa,              ///< qkv::mpi::sdpa: context parallelism across ranks
+    mpi_decode,            ///< qkv::mpi::sharded_kv_cache::decode
+    cpu_attention,         ///< qkv::cpu::attention
+    context_attention,     ///< context::attention
+    attention_call,        ///< qkv::vulkan::attention_call over device tensors: run()
+    cache_append,          ///< kv_cache::append of host data
+    cache_append_tensors,  ///< kv_cache::append of device tensors, sequence::record_append, record_append
+    mpi_append,            ///< qkv::mpi::sharded_kv_cache::append
+};
+
+/// What a problem (or an append) may ask of an entry point.
+enum class feature {
+    grouped_query,      ///< kv_heads < q_heads
+    causal,             ///< options.causal (run_options::causal)
+    bool_mask,          ///< mask
+    additive_mask,      ///< additive_mask
+    window,             ///< window_left or window_right
+    softcap,            ///< options.softcap
+    alibi,              ///< options.alibi_max_bias
+    sinks,              ///< sinks
+    position_offset,    ///< options.position_offset
+    weights,            ///< options.return_weights: the attention probabilities
+    lse,                ///< options.return_lse: each row's log-sum-exp
+    fp16,               ///< precision fp16
+    kv_f16,             ///< K and V stored as f16 (kv_type, or a cache's type)
+    kv_quantized,       ///< K and V stored as q8_0 or q4_0 (kv_type, or a cache's type)
+    biases,             ///< attention: bq, bk or bv
+    output_projection,  ///< attention: wo (and bo)
+};
+
+/// "context::sdpa with a kv_cache", ... (the names messages and the README use).
+[[nodiscard]] QKV_RUNTIME_API std::string_view name_of(entry_point e);
+/// "return_weights", "window", ... (the names messages and the README use).
+[[nodiscard]] QKV_RUNTIME_API std::string_view name_of(feature f);
+
+/// Whether `what` is something the problems of `entry` can ask for at all: an sdpa entry point's
+/// problem has no output projection, an attention problem no window, an append only a storage type.
+[[nodiscard]] QKV_RUNTIME_API bool applies(entry_point entry, feature what);
+
+/// Every entry point and every feature, in order.
+[[nodiscard]] QKV_RUNTIME_API std::span<const entry_point> entry_points();
+[[nodiscard]] QKV_RUNTIME_API std::span<const feature> features();
+
+/// One refusal of the table: `entry` does not take `what`, because `why`.
+struct refusal {
+    entry_point entry;
+    feature what;
+    std::string_view why;
+};
+
+/// The whole table: every refusal (what it does not list, the entry point takes).
+[[nodiscard]] QKV_RUNTIME_API std::span<const refusal> refusals();
+
+/// Why `entry` does not take `what` (null: it does).
+[[nodiscard]] QKV_RUNTIME_API const refusal* refused(entry_point entry, feature what);
+
+/// The features a problem asks for.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem_f64& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const attention_problem& problem);
+/// The features of a K/V cache's storage (an append, a decode against it): kv_f16, kv_quantized.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(element_type stored);
+
+/// Throws qkv::invalid_argument "<entry>: <feature> is not available: <why>" for the first feature
+/// of `asked` that `entry` does not take; returns for the rest.
+QKV_RUNTIME_API void require_supported(entry_point entry, std::span<const feature> asked);
+/// The same for a problem's features.
+QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem_f64& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const attention_problem& problem);
+
+}  // namespace qkv

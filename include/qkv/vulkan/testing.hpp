@@ -1,0 +1,82 @@
+// Hooks for tests and measurements, kept out of the production API (qkv/vulkan/context.hpp):
+// contexts whose calls take other paths (never other results beyond rounding), and the device's
+// own ceiling that `qkv bench` states kernel throughput against. Production code never needs this
+// header.
+//
+//   qkv::vulkan::context ctx = qkv::vulkan::testing::make_context({.validation = true},
+//                                                                  {.max_decode_chunks = 1});
+//   qkv::vulkan::testing::device_ceiling c = qkv::vulkan::testing::measure_ceiling(ctx);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/device_info.hpp"
+#include "qkv/vulkan/export.hpp"
+
+namespace qkv::vulkan {
+
+struct external_device;  // qkv/vulkan/interop.hpp
+
+namespace testing {
+
+/// Each hook changes which path a call takes (never its result beyond rounding); all of them at
+/// their defaults is a context as qkv::vulkan::context(options) makes it.
+struct hooks {
+    /// Pretend maxComputeWorkGroupCount is at most this in every dimension (0 = the device's own):
+    /// exercises the dispatch-splitting path without enormous inputs.
+    std::uint32_t max_workgroup_count = 0;
+
+    /// Let one dispatch of the fused kernel cover at most this many keys (0 = what the device
+    /// needs): exercises the key-chunk path, which CPU implementations such as lavapipe take for
+    /// long sequences (their loops end after 65,535 iterations), without long sequences.
+    std::uint32_t max_fused_keys_per_dispatch = 0;
+
+    /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
+    /// even where device memory is host-visible (the calls' inputs and results, and the host
+    /// appends of a kv_cache made from this context).
+    bool force_staging = false;
+
+    /// Fault injection: the n-th queue submission of this context (counting from 1) fails as if
+    /// the driver returned VK_ERROR_DEVICE_LOST; 0 = never. The context then behaves exactly as
+    /// after a real device loss.
+    std::uint32_t simulate_device_lost_at_submit = 0;
+
+    /// Choose the block_tiles family's tiles as for this device description (its type, subgroup
+    /// size and limits) instead of the real device's, within the real device's shared memory and
+    /// invocation limits. Proves a GPU's tile configuration correct on lavapipe.
+    std::optional<device_info> fused_tiles_as{};
+
+    /// The most chunks the split-S decode (context::sdpa with a kv_cache) cuts the keys into;
+    /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
+    std::uint32_t max_decode_chunks = 0;
+
+    /// Fill every new host-visible allocation with 0xFF bytes (NaN as float32, all ones as words)
+    /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
+    /// before, so a result that depends on fresh memory being zero shows up.
+    bool poison_new_memory = false;
+};
+
+/// A context as qkv::vulkan::context(options) makes it, with `h` set.
+[[nodiscard]] QKV_VULKAN_API context make_context(const context_options& options, const hooks& h);
+/// A context on the caller's device (interop.hpp's make_context), with `h` set.
+[[nodiscard]] QKV_VULKAN_API context make_context(const external_device& device, const context_options& options,
+                                                  const hooks& h);
+
+/// What the device itself can do, measured by microbenchmarks in the same process: the yardstick
+/// that `qkv bench` reports each kernel against.
+struct device_ceiling {
+    double fma_gflops = 0;           ///< float32 fused multiply-add throughput (2 FLOP each)
+    double copy_gb_per_s = 0;        ///< device-memory copy bandwidth (bytes read + written)
+    double empty_submit_ms = 0;      ///< an empty command buffer: submit, wait on its fence (median)
+    bool device_timestamps = false;  ///< true: GPU timestamps; false: host clock around the fence
+};
+
+/// Measures the device's arithmetic and memory ceilings and the cost of an empty submit (a
+/// fraction of a second on a GPU, a few seconds on lavapipe), with temporary buffers, on `ctx`'s
+/// queue under its lock.
+[[nodiscard]] QKV_VULKAN_API device_ceiling measure_ceiling(context& ctx);
+
+}  // namespace testing
+}  // namespace qkv::vulkan
