@@ -21,7 +21,7 @@ namespace {
 std::string capability_grid() {
     std::ostringstream os;
     os << "| entry point |";
-    for (const qkv::feature f : qkv::features()) os << " " << qkv::name_of(f) << " |";
+    for (const qkv::feature f : qkv::features()) os << " " << f << " |";
     os << "\n|---|";
     for (std::size_t i = 0; i < qkv::features().size(); ++i) os << "---|";
     os << "\n";
@@ -65,7 +65,8 @@ std::string readme_block() {
 TEST_CASE("capabilities: every refusal names an entry point, a feature it applies to, and why", "[capabilities]") {
     std::map<std::pair<qkv::entry_point, qkv::feature>, int> seen;
     for (const qkv::refusal& r : qkv::refusals()) {
-        INFO(qkv::name_of(r.entry) << " / " << qkv::name_of(r.what));
+        INFO(qkv::name_of(r.entry) << " / " << r.what);
+        CHECK(qkv::is_feature(r.what));  // an option's name that is a field of the option list, or an input
         CHECK(r.why.size() > 20);
         CHECK(qkv::applies(r.entry, r.what));
         CHECK(++seen[{r.entry, r.what}] == 1);
@@ -74,7 +75,7 @@ TEST_CASE("capabilities: every refusal names an entry point, a feature it applie
         const std::vector<qkv::feature> asked{r.what};
         CHECK_THROWS_WITH(qkv::require_supported(r.entry, asked),
                           Catch::Matchers::Contains(std::string(qkv::name_of(r.entry))) &&
-                              Catch::Matchers::Contains(std::string(qkv::name_of(r.what))) &&
+                              Catch::Matchers::Contains(std::string(r.what)) &&
                               Catch::Matchers::Contains(std::string(r.why)));
     }
     // What the table does not refuse, require_supported takes.
@@ -87,7 +88,9 @@ TEST_CASE("capabilities: every refusal names an entry point, a feature it applie
     // Names are unique: messages and the README tell them apart.
     std::vector<std::string_view> names;
     for (const qkv::entry_point e : qkv::entry_points()) names.push_back(qkv::name_of(e));
-    for (const qkv::feature f : qkv::features()) names.push_back(qkv::name_of(f));
+    for (const qkv::feature f : qkv::features()) names.push_back(f);
+    // Every field of the option list is a feature, by its name.
+    for (const qkv::option_field& o : qkv::sdpa_option_fields) CHECK(qkv::is_feature(o.name));
     std::sort(names.begin(), names.end());
     CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
 }
@@ -112,14 +115,15 @@ TEST_CASE("capabilities: a problem's features, as the table reads them", "[capab
                    .position_offset = 2};
     all.sinks = sinks;
     const std::vector<qkv::feature> f = qkv::features_of(all);
-    for (const qkv::feature want :
-         {qkv::feature::grouped_query, qkv::feature::causal, qkv::feature::window, qkv::feature::softcap,
-          qkv::feature::alibi, qkv::feature::sinks, qkv::feature::position_offset, qkv::feature::weights,
-          qkv::feature::lse, qkv::feature::fp16, qkv::feature::kv_f16})
+    // The options by their fields' names, the inputs by theirs.
+    for (const qkv::feature want : std::initializer_list<qkv::feature>{
+             "causal", "return_weights", "precision", "window_left", "softcap", "alibi_max_bias", "return_lse",
+             "position_offset", qkv::inputs::grouped_query, qkv::inputs::sinks, qkv::inputs::kv_f16})
         CHECK(std::count(f.begin(), f.end(), want) == 1);
+    CHECK(f.size() == 11);
     qkv::sdpa_problem q8 = plain;
     q8.options.kv_type = qkv::element_type::q8_0;
-    CHECK(qkv::features_of(q8) == std::vector<qkv::feature>{qkv::feature::kv_quantized});
+    CHECK(qkv::features_of(q8) == std::vector<qkv::feature>{"kv_type", qkv::inputs::kv_quantized});
     // The CPU reference takes everything: it refuses nothing.
     for (const qkv::feature g : qkv::features()) CHECK_FALSE(qkv::refused(qkv::entry_point::cpu_sdpa, g));
 }

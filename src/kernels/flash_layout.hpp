@@ -28,8 +28,8 @@ struct flash_layout {
     std::int32_t causal_offset = 0;  ///< key j is visible from row i when j <= i + causal_offset
     float scale = 1.0f;
     bool fp16 = false;  ///< the Q|K|V binding holds float16
-    /// contract/score.h's SCORE_* rules (softcap, ALiBi, window, sinks, lse): the kernels'
-    /// FEATURES constant; their values are in flash_io::params.
+    /// contract/score.h's SCORE_* rules: the kernels' FEATURES constant; their values are in
+    /// flash_io::params.
     std::uint32_t features = 0;
 
     [[nodiscard]] std::uint32_t group() const { return heads / kv_heads; }

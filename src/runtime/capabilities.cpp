@@ -2,6 +2,7 @@
 #include "qkv/runtime/capabilities.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "qkv/runtime/error.hpp"
@@ -15,12 +16,13 @@ constexpr std::string_view no_weights_in_decode =
 constexpr std::string_view no_weights_across_ranks =
     "the weights of a row span every rank; return_lse gives what merging needs";
 
+// Options by their field's name in the option list (tests/capabilities_test.cpp checks each is one).
 constexpr refusal table[] = {
-    {entry_point::context_decode, feature::weights, no_weights_in_decode},
-    {entry_point::sdpa_call_decode, feature::weights, no_weights_in_decode},
-    {entry_point::mpi_sdpa, feature::weights, no_weights_across_ranks},
-    {entry_point::mpi_decode, feature::weights, no_weights_across_ranks},
-    {entry_point::attention_call, feature::weights,
+    {entry_point::context_decode, "return_weights", no_weights_in_decode},
+    {entry_point::sdpa_call_decode, "return_weights", no_weights_in_decode},
+    {entry_point::mpi_sdpa, "return_weights", no_weights_across_ranks},
+    {entry_point::mpi_decode, "return_weights", no_weights_across_ranks},
+    {entry_point::attention_call, "return_weights",
      "the weights (B, H, N, N) are the staged route's scores buffer, which a call over tensors does not "
      "keep; context::attention returns them"},
 };
@@ -34,32 +36,36 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::cache_append,      entry_point::cache_append_tensors,
                                        entry_point::mpi_append};
 
-constexpr feature all_features[] = {
-    feature::grouped_query,   feature::causal,       feature::bool_mask, feature::additive_mask,
-    feature::window,          feature::softcap,      feature::alibi,     feature::sinks,
-    feature::position_offset, feature::weights,      feature::lse,       feature::fp16,
-    feature::kv_f16,          feature::kv_quantized, feature::biases,    feature::output_projection};
+constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,   inputs::additive_mask,
+                                      inputs::sinks,         inputs::kv_f16, inputs::kv_quantized,
+                                      inputs::biases,        inputs::output_projection};
+
+/// The option list's fields, then the inputs.
+const std::vector<feature>& all_features() {
+    static const std::vector<feature> all = [] {
+        std::vector<feature> f;
+        for (const option_field& o : sdpa_option_fields) f.push_back(o.name);
+        f.insert(f.end(), std::begin(input_features), std::end(input_features));
+        return f;
+    }();
+    return all;
+}
+
+/// The fields of an attention problem's run_options, by the option list's names.
+constexpr feature attention_options[] = {"scale", "causal", "return_weights", "precision", "kernel"};
 
 template <class T>
 std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
-    const sdpa_options& o = p.options;
     std::vector<feature> f;
+    for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
     const auto add = [&](bool on, feature what) {
         if (on) f.push_back(what);
     };
-    add(p.shape.kv_heads != p.shape.q_heads, feature::grouped_query);
-    add(o.causal, feature::causal);
-    add(!p.mask.empty(), feature::bool_mask);
-    add(!p.additive_mask.empty(), feature::additive_mask);
-    add(o.window_left >= 0 || o.window_right >= 0, feature::window);
-    add(o.softcap != 0, feature::softcap);
-    add(o.alibi_max_bias != 0, feature::alibi);
-    add(!p.sinks.empty(), feature::sinks);
-    add(o.position_offset.has_value(), feature::position_offset);
-    add(o.return_weights, feature::weights);
-    add(o.return_lse, feature::lse);
-    add(o.precision == precision::fp16, feature::fp16);
-    for (const feature s : features_of(stored_kv_type(o))) f.push_back(s);
+    add(p.shape.kv_heads != p.shape.q_heads, inputs::grouped_query);
+    add(!p.mask.empty(), inputs::mask);
+    add(!p.additive_mask.empty(), inputs::additive_mask);
+    add(!p.sinks.empty(), inputs::sinks);
+    for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
     return f;
 }
 
@@ -101,46 +107,9 @@ std::string_view name_of(entry_point e) {
     return "an unknown entry point";
 }
 
-std::string_view name_of(feature f) {
-    switch (f) {
-        case feature::grouped_query:
-            return "grouped_query";
-        case feature::causal:
-            return "causal";
-        case feature::bool_mask:
-            return "mask";
-        case feature::additive_mask:
-            return "additive_mask";
-        case feature::window:
-            return "window";
-        case feature::softcap:
-            return "softcap";
-        case feature::alibi:
-            return "alibi";
-        case feature::sinks:
-            return "sinks";
-        case feature::position_offset:
-            return "position_offset";
-        case feature::weights:
-            return "return_weights";
-        case feature::lse:
-            return "return_lse";
-        case feature::fp16:
-            return "fp16";
-        case feature::kv_f16:
-            return "f16 K/V";
-        case feature::kv_quantized:
-            return "q8_0/q4_0 K/V";
-        case feature::biases:
-            return "biases";
-        case feature::output_projection:
-            return "output_projection";
-    }
-    return "an unknown feature";
-}
-
 bool applies(entry_point entry, feature what) {
-    const bool storage = what == feature::kv_f16 || what == feature::kv_quantized;
+    const bool storage = what == inputs::kv_f16 || what == inputs::kv_quantized;
+    const bool attention_only = what == inputs::biases || what == inputs::output_projection;
     switch (entry) {
         case entry_point::cache_append:
         case entry_point::cache_append_tensors:
@@ -149,19 +118,24 @@ bool applies(entry_point entry, feature what) {
         case entry_point::cpu_attention:
         case entry_point::context_attention:
         case entry_point::attention_call:
-            return what == feature::causal || what == feature::bool_mask || what == feature::additive_mask ||
-                   what == feature::weights || what == feature::fp16 || what == feature::biases ||
-                   what == feature::output_projection;
+            return attention_only || what == inputs::mask || what == inputs::additive_mask ||
+                   std::find(std::begin(attention_options), std::end(attention_options), what) !=
+                       std::end(attention_options);
         case entry_point::sequence_record:
         case entry_point::interop_record:
             return true;  // they record either kind of call
         default:
-            return what != feature::biases && what != feature::output_projection;
+            return !attention_only;
     }
 }
 
+bool is_feature(feature f) {
+    const std::vector<feature>& all = all_features();
+    return std::find(all.begin(), all.end(), f) != all.end();
+}
+
 std::span<const entry_point> entry_points() { return all_entries; }
-std::span<const feature> features() { return all_features; }
+std::span<const feature> features() { return all_features(); }
 std::span<const refusal> refusals() { return table; }
 
 const refusal* refused(entry_point entry, feature what) {
@@ -174,31 +148,36 @@ std::vector<feature> features_of(const sdpa_problem& problem) { return sdpa_feat
 std::vector<feature> features_of(const sdpa_problem_f64& problem) { return sdpa_features(problem); }
 
 std::vector<feature> features_of(const attention_problem& p) {
+    // run_options' fields by the option list's names (attention_options), set to other than
+    // their defaults.
     std::vector<feature> f;
     const auto add = [&](bool on, feature what) {
         if (on) f.push_back(what);
     };
-    add(p.options.causal, feature::causal);
-    add(!p.mask.empty(), feature::bool_mask);
-    add(!p.additive_mask.empty(), feature::additive_mask);
-    add(p.options.return_weights, feature::weights);
-    add(p.options.precision == precision::fp16, feature::fp16);
-    add(!p.bq.empty() || !p.bk.empty() || !p.bv.empty(), feature::biases);
-    add(p.shape.d_out != 0, feature::output_projection);
+    const run_options defaults;
+    add(p.options.scale.has_value(), "scale");
+    add(p.options.causal != defaults.causal, "causal");
+    add(p.options.return_weights != defaults.return_weights, "return_weights");
+    add(p.options.precision != defaults.precision, "precision");
+    add(p.options.kernel != defaults.kernel, "kernel");
+    add(!p.mask.empty(), inputs::mask);
+    add(!p.additive_mask.empty(), inputs::additive_mask);
+    add(!p.bq.empty() || !p.bk.empty() || !p.bv.empty(), inputs::biases);
+    add(p.shape.d_out != 0, inputs::output_projection);
     return f;
 }
 
 std::vector<feature> features_of(element_type stored) {
-    if (stored == element_type::f16) return {feature::kv_f16};
-    if (is_quantized(stored)) return {feature::kv_quantized};
+    if (stored == element_type::f16) return {inputs::kv_f16};
+    if (is_quantized(stored)) return {inputs::kv_quantized};
     return {};
 }
 
 void require_supported(entry_point entry, std::span<const feature> asked) {
     for (const feature f : asked)
         if (const refusal* r = refused(entry, f))
-            throw invalid_argument(std::string(name_of(entry)) + ": " + std::string(name_of(f)) +
-                                   " is not available: " + std::string(r->why));
+            throw invalid_argument(std::string(name_of(entry)) + ": " + std::string(f) + " is not available: " +
+                                   std::string(r->why));
 }
 
 void require_supported(entry_point entry, const sdpa_problem& problem) {

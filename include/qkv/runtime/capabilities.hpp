@@ -35,36 +35,33 @@ enum class entry_point {
     mpi_append,            ///< qkv::mpi::sharded_kv_cache::append
 };
 
-/// What a problem (or an append) may ask of an entry point.
-enum class feature {
-    grouped_query,      ///< kv_heads < q_heads
-    causal,             ///< options.causal (run_options::causal)
-    bool_mask,          ///< mask
-    additive_mask,      ///< additive_mask
-    window,             ///< window_left or window_right
-    softcap,            ///< options.softcap
-    alibi,              ///< options.alibi_max_bias
-    sinks,              ///< sinks
-    position_offset,    ///< options.position_offset
-    weights,            ///< options.return_weights: the attention probabilities
-    lse,                ///< options.return_lse: each row's log-sum-exp
-    fp16,               ///< precision fp16
-    kv_f16,             ///< K and V stored as f16 (kv_type, or a cache's type)
-    kv_quantized,       ///< K and V stored as q8_0 or q4_0 (kv_type, or a cache's type)
-    biases,             ///< attention: bq, bk or bv
-    output_projection,  ///< attention: wo (and bo)
-};
+/// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
+/// set to other than its default (its field's name from the option list, qkv/runtime/
+/// sdpa_options.def: "softcap", "return_weights", ...; an attention problem's run_options by the
+/// same names: "causal", "return_weights", "precision", "kernel", "scale"), or one of the inputs
+/// below. A field added to the option list is a feature without an edit here, taken by every
+/// sdpa entry point until a refusal below says otherwise.
+using feature = std::string_view;
+
+/// The features that are not options: the problem's inputs and a cache's storage.
+namespace inputs {
+inline constexpr feature grouped_query = "grouped_query";          ///< kv_heads < q_heads
+inline constexpr feature mask = "mask";                            ///< a bool mask
+inline constexpr feature additive_mask = "additive_mask";          ///< an additive mask
+inline constexpr feature sinks = "sinks";                          ///< sink logits
+inline constexpr feature kv_f16 = "f16 K/V";                       ///< K and V stored as f16
+inline constexpr feature kv_quantized = "q8_0/q4_0 K/V";           ///< K and V stored as q8_0 or q4_0
+inline constexpr feature biases = "biases";                        ///< attention: bq, bk or bv
+inline constexpr feature output_projection = "output_projection";  ///< attention: wo (and bo)
+}  // namespace inputs
 
 /// "context::sdpa with a kv_cache", ... (the names messages and the README use).
 [[nodiscard]] QKV_RUNTIME_API std::string_view name_of(entry_point e);
-/// "return_weights", "window", ... (the names messages and the README use).
-[[nodiscard]] QKV_RUNTIME_API std::string_view name_of(feature f);
-
 /// Whether `what` is something the problems of `entry` can ask for at all: an sdpa entry point's
 /// problem has no output projection, an attention problem no window, an append only a storage type.
 [[nodiscard]] QKV_RUNTIME_API bool applies(entry_point entry, feature what);
 
-/// Every entry point and every feature, in order.
+/// Every entry point, and every feature (the option list's fields, then the inputs), in order.
 [[nodiscard]] QKV_RUNTIME_API std::span<const entry_point> entry_points();
 [[nodiscard]] QKV_RUNTIME_API std::span<const feature> features();
 
@@ -74,6 +71,9 @@ struct refusal {
     feature what;
     std::string_view why;
 };
+
+/// Whether `f` is a feature: a field of the option list, or one of `inputs`.
+[[nodiscard]] QKV_RUNTIME_API bool is_feature(feature f);
 
 /// The whole table: every refusal (what it does not list, the entry point takes).
 [[nodiscard]] QKV_RUNTIME_API std::span<const refusal> refusals();
