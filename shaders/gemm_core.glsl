@@ -12,8 +12,8 @@
 // counter, which the driver loads once and broadcasts; then BM·TN vector multiply-adds. The k loop
 // is unrolled BK times (a constant), so one loop iteration does BK steps.
 //
-// Tile sizes are specialization constants chosen per device by the host (src/api/plan.cpp, through
-// choose_gemm_tiles in src/kernels/stages.cpp). Shapes
+// Tile sizes are specialization constants chosen per device by the host
+// (src/plan/attention_plan.cpp, through choose_gemm_tiles in src/kernels/gemm_tiles.cpp). Shapes
 // and strides come in push constants, so one pipeline serves every shape. A long K is split over
 // several dispatches by the host (CPU drivers end every loop after 65,535 iterations): each covers
 // K columns from k_begin; GEMM_FLAG_ACCUMULATE adds to C, GEMM_FLAG_PARTIAL says more columns follow, so the
@@ -83,7 +83,7 @@ uint k_limit(uint row0);
 // (TN % 8 == 0), else four (store_c4 handles N % 4 != 0 itself where VEC_STORE says so).
 // The including shader defines
 //   vec4 load_a4(uint texel), vec4 load_b4(uint texel)
-// The host guarantees (src/kernels/gemm_tiles.cpp, src/api/plan.cpp): K, every A and B offset,
+// The host guarantees (src/kernels/gemm_tiles.cpp, src/plan/attention_plan.cpp): K, every A and B offset,
 // a_rs, and b_rs (rows) or b_cs (keys) are multiples of 4; rows: b_cs = 1, N a multiple of 4;
 // TN and BK multiples of 4.
 vec4 load_a4(uint texel);

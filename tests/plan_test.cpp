@@ -1,4 +1,4 @@
-// The plan's per-device choices (src/api/plan.cpp, src/kernels/gemm_tiles.cpp), pure functions of a device
+// The plan's per-device choices (src/plan/attention_plan.cpp, src/kernels/gemm_tiles.cpp), pure functions of a device
 // description, against the fake devices of support/fake_devices.hpp: discrete GPUs with subgroups of
 // 32 and 64, an integrated GPU, a CPU implementation like lavapipe, and the smallest device the Vulkan
 // spec allows. No Vulkan device needed, so the GPU choices run in CI too.
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "api/plan.hpp"
-#include "api/settings.hpp"
+#include "plan/attention_plan.hpp"
+#include "plan/settings.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 #include "support/fake_devices.hpp"

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "api/plan.hpp"
 #include "kernels/range_guard.hpp"
+#include "plan/attention_plan.hpp"
 #include "support/catch.hpp"
 #include "support/problems.hpp"
 

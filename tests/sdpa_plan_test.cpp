@@ -1,11 +1,11 @@
-// The sdpa and decode plans (src/api/sdpa_plan.cpp: plan_sdpa, plan_sdpa_cache), pure functions of
+// The sdpa and decode plans (src/plan/sdpa_plan.cpp: plan_sdpa, plan_sdpa_cache), pure functions of
 // the problem's shapes and options, a device description and the settings, against the fake
 // devices of support/fake_devices.hpp: the route (fused or decode), the family, the buffers.
 #include <cstdint>
 #include <vector>
 
-#include "api/sdpa_plan.hpp"
 #include "contract/score.h"
+#include "plan/sdpa_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 #include "support/fake_devices.hpp"

@@ -1,5 +1,5 @@
 // Contract of the matrix-product family (gemm_core.glsl and its stages: project.comp, scores.comp,
-// aggregate.comp) with the host (src/kernels/stages.cpp, src/api/run_attention.cpp). See common.h.
+// aggregate.comp) with the host (src/kernels/stages.cpp, src/run/run_attention.cpp). See common.h.
 #ifndef QKV_CONTRACT_GEMM_H
 #define QKV_CONTRACT_GEMM_H
 #include "common.h"

@@ -12,38 +12,21 @@
 #include <string>
 #include <utility>
 
-#include "api/call_io.hpp"
+#include "api/attention_call_impl.hpp"
 #include "api/context_impl.hpp"
-#include "api/plan.hpp"
 #include "api/recording_impl.hpp"
-#include "api/runs.hpp"
 #include "api/tensor_impl.hpp"
 #include "kernels/range_guard.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "plan/attention_plan.hpp"
 #include "qkv/runtime/capabilities.hpp"
 #include "qkv/vulkan/interop.hpp"
+#include "run/io.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan {
 
 using namespace detail;
-
-struct attention_call::impl : planned_call {
-    attention_problem desc;  // shape, options; its masks' spans point into the vectors below
-    std::vector<std::uint8_t> mask;
-    std::vector<float> additive;
-    plan p;  // planned with the bias and bo regions present (absent ones are zeros); the constants
-             // hold the masks' bits and additive entries at its offsets within its inputs
-    detail::additive_facts mask_facts;  // the overflow rule's view of `additive`
-
-    void record(recorder& rec, recording::impl& r, const attention_tensors& t);
-};
-
-struct attention_call_access {
-    static attention_call::impl& of(attention_call& c) {
-        if (!c.impl_) throw qkv::error("qkv::vulkan::attention_call used after move");
-        return *c.impl_;
-    }
-};
 
 attention_call::attention_call(context& ctx, const attention_problem& description) : impl_(std::make_unique<impl>()) {
     impl& c = *impl_;
@@ -121,9 +104,9 @@ void attention_call::impl::record(recorder& rec, recording::impl& r, const atten
     buffer_plan buffers;
     std::vector<download> downloads;
     attention_buffers(p, buffers, downloads);
-    call_session session(*core, rec, r.buffers, buffers);
+    run_session session(*core, rec, r.buffers, buffers);
     pipeline_set& pipes = *core->pipes;
-    const call_buffers& b = r.buffers;
+    const run_buffers& b = r.buffers;
     const binding inputs = b.bind(role::inputs, 0, p.inputs_bytes);
     const auto u32 = [](std::uint64_t v) { return static_cast<std::uint32_t>(v); };
 
@@ -203,38 +186,8 @@ void attention_call::impl::record(recorder& rec, recording::impl& r, const atten
                 VK_ACCESS_HOST_READ_BIT);
 }
 
-void recording::impl::check_attention(bool locked) const {
-    std::uint32_t in_flags = 0, out_flags = 0;
-    {
-        std::unique_lock lock(core->mutex, std::defer_lock);
-        if (!locked) lock.lock();
-        guard.invalidate();
-        std::memcpy(&in_flags, guard.mapped(), 4);
-        std::memcpy(&out_flags, guard.mapped() + output_flags_at, 4);
-    }
-    input_facts facts;
-    facts.projection_inputs_finite = (in_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
-    facts.output_inputs_finite = (out_flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
-    facts.additive_max = additive.max;
-    facts.additive_nan_or_pos_inf = additive.nan_or_pos_inf;
-    check_range_guard(buffers.guard, *attention, nullptr, facts);  // throws numeric_overflow
-    if (facts.every_output_defined() && (in_flags & contract::GUARD_FLAG_OUTPUT_NONFINITE))
-        throw numeric_overflow(
-            "numeric overflow: an output element is not finite though every input is finite (a float32 sum left "
-            "its range); scale the inputs down, or use the float64 cpu backend");
-}
-
 void attention_call::run(const attention_tensors& tensors) {
     run_call(attention_call_access::of(*this), tensors, "attention_call::run");
-}
-
-recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors) {
-    return record_call(attention_call_access::of(call), cmd, tensors);
-}
-
-void sequence::record(attention_call& call, const attention_tensors& tensors) {
-    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    record_in_sequence(*impl_, attention_call_access::of(call), tensors);
 }
 
 }  // namespace qkv::vulkan

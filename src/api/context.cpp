@@ -1,14 +1,17 @@
-// qkv::vulkan::context: the public calls, each the call skeleton's frame (context_impl.hpp)
-// around a run (runs.hpp).
+// qkv::vulkan::context: the public host calls, each the run skeleton's frame (context_impl.hpp)
+// around a run (run/run.hpp): attention, sdpa, and sdpa against a kv_cache (the decode route with
+// the cache's texel views, or for q8_0 / q4_0 its blocks, as K and V).
 #include "qkv/vulkan/context.hpp"
 
 #include <mutex>
 #include <utility>
 
 #include "api/context_impl.hpp"
-#include "api/runs.hpp"
-#include "api/settings.hpp"
+#include "api/device_request.hpp"
+#include "api/kv_cache_impl.hpp"
+#include "plan/settings.hpp"
 #include "qkv/runtime/capabilities.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan {
 
@@ -40,14 +43,37 @@ attention_output context::attention(const attention_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
     require_supported(entry_point::context_attention, problem);
-    return self.call("attention", [&](call_env& env) { return run_attention(env, problem); });
+    return self.host_call("attention", [&](run_env& env) { return run_attention(env, problem); });
 }
 
 sdpa_output context::sdpa(const sdpa_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
     require_supported(entry_point::context_sdpa, problem);
-    return self.call("sdpa", [&](call_env& env) { return run_sdpa(env, problem); });
+    return self.host_call("sdpa", [&](run_env& env) { return run_sdpa(env, problem); });
+}
+
+sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
+    impl& self = alive(impl_);
+    kv_cache::impl& c = *kv_cache_access::of(cache);
+    if (c.core != self.core)
+        throw qkv::invalid_argument("sdpa with a kv_cache: the cache was created from another context");
+    return self.host_call("sdpa with a kv_cache", [&](run_env& env) {
+        // Under the lock: the cache's size and rows cannot change during the call.
+        c.check_ready("sdpa with a kv_cache", nullptr);
+        const sdpa_problem problem = check_against_cache(given, c.layout, c.size, "sdpa with a kv_cache");
+        std::vector<feature> asked = features_of(problem);
+        for (const feature f : features_of(c.type)) asked.push_back(f);
+        require_supported(entry_point::context_decode, asked);
+        const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
+        const kv_stats stats = c.read_stats();
+        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};
+        if (c.blocks()) {
+            kv.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
+            kv.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
+        }
+        return run_decode(env, p, problem, &kv);
+    });
 }
 
 call_stats context::last_call() const {

@@ -8,21 +8,21 @@
 #include <new>
 #include <string>
 
-#include "api/call_io.hpp"
 #include "api/device_core.hpp"
-#include "api/runs.hpp"
-#include "kernels/settings.hpp"
+#include "plan/settings.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/testing.hpp"
+#include "run/io.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan {
 
 struct context::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the buffers below
     detail::settings set;
-    detail::call_buffers buffers;  // guarded by core->mutex
-    call_stats last{};             // guarded by core->mutex
+    detail::run_buffers buffers;  // guarded by core->mutex
+    call_stats last{};            // guarded by core->mutex
 
     impl(const context_options& options, const testing::hooks& hooks);
     /// A context on a shared device core (a caller's device: interop.cpp).
@@ -31,18 +31,18 @@ struct context::impl {
     impl(const impl&) = delete;
     impl& operator=(const impl&) = delete;
 
-    [[nodiscard]] detail::call_env env() { return {*core, set, buffers}; }
+    [[nodiscard]] detail::run_env env() { return {*core, set, buffers}; }
 
-    /// The call skeleton's frame: the device's lock, the check that the device is alive, the
+    /// The run skeleton's frame: the device's lock, the check that the device is alive, the
     /// bookkeeping of device loss and host allocation failure, and the statistics of the run that
-    /// `body` (a function of call_env returning a call_run) returns. Returns its output.
+    /// `body` (a function of run_env returning a run_result) returns. Returns its output.
     template <class Body>
-    auto call(const char* what, Body&& body) {
+    auto host_call(const char* what, Body&& body) {
         const auto start = std::chrono::steady_clock::now();
         std::lock_guard lock(core->mutex);
         core->check_alive();
         return core->guarded(what, [&] {
-            detail::call_env e = env();
+            detail::run_env e = env();
             auto run = body(e);
             last = call_stats{};
             last.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -1,6 +1,6 @@
 #include "api/device_core.hpp"
 
-#include "api/settings.hpp"
+#include "api/device_request.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {

@@ -3,7 +3,7 @@
 #include <cctype>
 #include <charconv>
 
-#include "api/settings.hpp"
+#include "api/device_request.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "vk/instance.hpp"

@@ -7,9 +7,11 @@
 #include <string>
 #include <utility>
 
+#include "api/attention_call_impl.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
 #include "api/recording_impl.hpp"
+#include "api/sdpa_call_impl.hpp"
 #include "api/tensor_impl.hpp"
 #include "vk/check.hpp"
 
@@ -109,14 +111,12 @@ tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize siz
 VkBuffer buffer_of(const tensor& t) { return tensor_access::of(t, "buffer_of").handle; }
 VkDeviceSize offset_of(const tensor& t) { return tensor_access::of(t, "offset_of").offset; }
 
-recording::recording() noexcept = default;
-recording::~recording() = default;
-recording::recording(recording&&) noexcept = default;
-recording& recording::operator=(recording&&) noexcept = default;
+recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors) {
+    return record_call(sdpa_call_access::of(call), cmd, tensors);
+}
 
-void recording::check() const {
-    if (!impl_) throw qkv::error("qkv::vulkan::recording: empty (or moved from)");
-    impl_->check();
+recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors) {
+    return record_call(attention_call_access::of(call), cmd, tensors);
 }
 
 recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, const tensor& v, std::size_t rows) {

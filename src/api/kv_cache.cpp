@@ -1,6 +1,5 @@
-// qkv::vulkan::kv_cache (K and V resident on the device), and context::sdpa over it: the decode
-// route of the call skeleton (run_decode) with the cache's texel views (or, for q8_0 / q4_0, its
-// blocks) as K and V.
+// qkv::vulkan::kv_cache: K and V resident on the device, appended from the host or from tensors.
+// context::sdpa over it is context.cpp's.
 #include "qkv/vulkan/kv_cache.hpp"
 
 #include <algorithm>
@@ -13,16 +12,16 @@
 #include <utility>
 #include <vector>
 
-#include "api/call_io.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
-#include "api/kv_storage.hpp"
-#include "api/runs.hpp"
-#include "api/sdpa_guard.hpp"
-#include "api/sdpa_plan.hpp"
 #include "api/tensor_impl.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "plan/sdpa_plan.hpp"
 #include "qkv/runtime/capabilities.hpp"
+#include "run/io.hpp"
+#include "run/kv_storage.hpp"
+#include "run/run.hpp"
+#include "run/sdpa_guard.hpp"
 
 namespace qkv::vulkan {
 
@@ -547,29 +546,6 @@ void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
         c.size = before;  // record_append grew it
         throw;
     }
-}
-
-sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
-    impl& self = alive(impl_);
-    kv_cache::impl& c = alive(cache.impl_);
-    if (c.core != self.core)
-        throw qkv::invalid_argument("sdpa with a kv_cache: the cache was created from another context");
-    return self.call("sdpa with a kv_cache", [&](call_env& env) {
-        // Under the lock: the cache's size and rows cannot change during the call.
-        c.check_ready("sdpa with a kv_cache", nullptr);
-        const sdpa_problem problem = check_against_cache(given, c.layout, c.size, "sdpa with a kv_cache");
-        std::vector<feature> asked = features_of(problem);
-        for (const feature f : features_of(c.type)) asked.push_back(f);
-        require_supported(entry_point::context_decode, asked);
-        const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
-        const kv_stats stats = c.read_stats();
-        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};
-        if (c.blocks()) {
-            kv.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
-            kv.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
-        }
-        return run_decode(env, p, problem, &kv);
-    });
 }
 
 }  // namespace qkv::vulkan

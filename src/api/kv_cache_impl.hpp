@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "api/device_core.hpp"
-#include "api/sdpa_guard.hpp"
-#include "api/sdpa_plan.hpp"
 #include "api/tensor_impl.hpp"
+#include "plan/sdpa_plan.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "run/sdpa_guard.hpp"
 #include "vk/memory.hpp"
 
 namespace qkv::vulkan {

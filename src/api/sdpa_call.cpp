@@ -12,54 +12,23 @@
 #include <string>
 #include <utility>
 
-#include "api/call_io.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
 #include "api/recording_impl.hpp"
-#include "api/runs.hpp"
-#include "api/sdpa_guard.hpp"
-#include "api/sdpa_plan.hpp"
+#include "api/sdpa_call_impl.hpp"
 #include "api/tensor_impl.hpp"
 #include "kernels/tensor_ops.hpp"
+#include "plan/sdpa_plan.hpp"
 #include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/kv_layout.hpp"
 #include "qkv/vulkan/interop.hpp"
+#include "run/io.hpp"
+#include "run/run.hpp"
+#include "run/sdpa_guard.hpp"
 
 namespace qkv::vulkan {
 
 using namespace detail;
-
-struct sdpa_call::impl : planned_call {
-    sdpa_problem desc;  // its masks' spans point into the vectors below
-    std::vector<std::uint8_t> mask;
-    std::vector<float> additive;
-    detail::additive_facts mask_facts;  // the overflow rule's view of `additive`, for every check
-    std::vector<float> sinks;
-    std::shared_ptr<kv_cache::impl> cache;
-    sdpa_plan plan;       // Q, K and V from tensors: made once; against a cache: made per call
-    mask_bindings masks;  // where the constants hold the masks (bits, then the additive entries)
-    /// Without a cache, where the tensors read as float32 go (role::widened), when they are
-    /// (widen()): q, k and v in turn, in floats.
-    std::uint64_t widened_q = 0, widened_k = 0, widened_v = 0;
-
-    /// The problem as it runs now: against a cache, kv_len is the cache's size.
-    [[nodiscard]] sdpa_problem current() const {
-        sdpa_problem p = desc;
-        if (cache && desc.shape.kv_len == 0) p.shape.kv_len = cache->size;
-        return p;
-    }
-    /// The element type of q (precision's) and of k and v (stored_kv_type: f32, f16, q8_0, q4_0).
-    [[nodiscard]] element_type q_type() const {
-        return desc.options.precision == precision::fp16 ? element_type::f16 : element_type::f32;
-    }
-    [[nodiscard]] element_type kv_type() const { return stored_kv_type(desc.options); }
-    /// Whether the tensors are read as float32 first (role::widened): where q, k and v differ in
-    /// type, or K and V are quantized. Otherwise they are all f32, or all f16, and read in place.
-    [[nodiscard]] bool widen() const { return !cache && (q_type() != kv_type() || is_quantized(kv_type())); }
-
-    /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
-    void record(recorder& rec, recording::impl& r, const sdpa_tensors& t);
-};
 
 namespace {
 
@@ -197,9 +166,9 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     r.fp16 = p.q_fp16 || p.kv_fp16;
     r.additive = mask_facts;
     r.cache = cache;
-    call_session session(*core, rec, r.buffers, p.buffers);
+    run_session session(*core, rec, r.buffers, p.buffers);
     pipeline_set& pipes = *core->pipes;
-    const call_buffers& b = r.buffers;
+    const run_buffers& b = r.buffers;
     const buffer& inputs = b[role::inputs];
     const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
 
@@ -357,127 +326,6 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
 void sdpa_call::run(const sdpa_tensors& tensors) {
     if (!impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
     run_call(*impl_, tensors, "sdpa_call::run");
-}
-
-// ---- recording into a caller's command buffer ----
-
-struct sdpa_call_access {
-    static sdpa_call::impl& of(sdpa_call& c) {
-        if (!c.impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
-        return *c.impl_;
-    }
-};
-
-recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors) {
-    return record_call(sdpa_call_access::of(call), cmd, tensors);
-}
-
-// ---- recording ----------------------------------------------------------------------------------
-
-recording::impl::~impl() {
-    if (!core) return;
-    std::lock_guard lock(core->mutex);
-    attention_views = {};
-    views.clear();
-    flash_views = {};
-    buffers.release();
-    guard.reset();
-    scratch.reset();
-    rec.reset();
-}
-
-void recording::impl::check(bool locked) const {
-    if (attention) return check_attention(locked);
-    if (!checks) return;
-    kv_stats cache_stats;
-    {
-        std::unique_lock lock(core->mutex, std::defer_lock);
-        if (!locked) lock.lock();
-        guard.invalidate();
-        words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
-        if (cache) cache_stats = cache->read_stats();
-    }
-    const sdpa_facts facts = facts_from_device(words, cache ? &cache_stats : nullptr, additive);
-    check_sdpa_scores(facts, shape, scale, fp16);
-    check_value_sums(facts, shape.kv_len);
-    check_output_flag(facts, (words.flags & contract::GUARD_FLAG_OUTPUT_NONFINITE) != 0);
-}
-
-// ---- sequence ---------------------------------------------------------------------------------
-
-sequence::sequence(context& ctx) : impl_(std::make_unique<impl>()) {
-    context::impl& owner = context_access::of(ctx);
-    impl_->core = owner.core;
-    std::lock_guard lock(owner.core->mutex);
-    impl_->exec = std::make_unique<executor>(*owner.core->dev, owner.core->exec->max_groups(0));
-}
-sequence::~sequence() = default;
-sequence::sequence(sequence&&) noexcept = default;
-sequence& sequence::operator=(sequence&&) noexcept = default;
-
-void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
-    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    record_in_sequence(*impl_, sdpa_call_access::of(call), tensors);
-}
-
-void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {
-    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    impl& s = *impl_;
-    const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
-    if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
-    cache_refs release;  // after the lock
-    std::lock_guard lock(s.core->mutex);
-    s.core->check_alive();
-    c->check_room(rows, "sequence::record_append", &s);
-    if (rows == 0) return;
-    s.core->guarded("sequence::record_append", [&] {
-        s.ensure_begun();
-        s.appended.reserve(s.appended.size() + 1);  // before anything is recorded: no allocation after
-        const std::size_t before = c->size;
-        recording::impl& r = s.next_scratch(release);  // its scratch: a quantized append's rows as float32
-        s.record_or_abandon(release, true, [&] { c->record_append(*s.exec, k, v, rows, r.scratch); });
-        if (c->pending_in != &s) {  // the rows are written when the sequence runs: until then, the cache waits
-            s.appended.emplace_back(c, before);
-            c->pending_in = &s;
-        }
-    });
-}
-
-std::size_t sequence::recorded() const {
-    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    std::lock_guard lock(impl_->core->mutex);
-    return impl_->records;
-}
-
-void sequence::run() {
-    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
-    impl& s = *impl_;
-    cache_refs release;  // after the lock
-    {
-        std::lock_guard lock(s.core->mutex);
-        s.core->check_alive();
-        if (!s.begun) return;
-        try {
-            s.exec->barrier(
-                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                    VK_ACCESS_HOST_READ_BIT);
-            (void)s.exec->submit_and_wait();
-        } catch (const device_lost&) {
-            s.core->lost = true;
-            s.abandon(release);
-            throw;
-        } catch (...) {  // not submitted: the appends did not happen
-            s.abandon(release);
-            throw;
-        }
-        s.begun = false;
-        s.settle(release);
-        // Under the lock that ran them: the verdicts and the caches' statistics as the run left
-        // them (no append or clear of another thread in between).
-        for (std::size_t i = 0; i < s.next; ++i) s.recorded[i]->check(true);
-    }
 }
 
 }  // namespace qkv::vulkan

@@ -8,9 +8,9 @@
 #include <string>
 #include <utility>
 
-#include "api/call_io.hpp"
 #include "api/context_impl.hpp"
 #include "api/tensor_impl.hpp"
+#include "run/io.hpp"
 
 namespace qkv::vulkan {
 

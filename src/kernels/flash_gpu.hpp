@@ -1,31 +1,16 @@
-// The GPU family of the fused attention kernel (shaders/flash.comp): its plan (tiles and key
-// chunks for one call on one device) and its recording. The tiles themselves are chosen by the
-// pure functions of flash_tiles.hpp.
+// The block_tiles family of the fused attention kernel (shaders/flash.comp): its recording, and
+// the weights kernel's. Its plan (tiles and key chunks): flash_gpu_plan.hpp.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/flash_layout.hpp"
-#include "kernels/flash_tiles.hpp"
-#include "kernels/settings.hpp"
+#include "kernels/flash_gpu_plan.hpp"
+#include "kernels/flash_io.hpp"
 #include "vk/device.hpp"
 #include "vk/executor.hpp"
 #include "vk/pipelines.hpp"
 
 namespace qkv::vulkan::detail {
-
-struct flash_gpu_plan {
-    flash_tiles tiles;
-    std::uint32_t chunk_keys = 0;  ///< keys per dispatch (all of them except on CPU devices)
-    [[nodiscard]] std::uint32_t dispatches(std::uint32_t kv_len) const {
-        return kv_len == 0 ? 1 : (kv_len + chunk_keys - 1) / chunk_keys;
-    }
-};
-
-/// Tiles and key chunks for `layout` on the device `desc` describes (settings::fused_tiles_as and
-/// max_fused_keys: the test hooks). Throws limit_exceeded when the tiles for these head widths do
-/// not fit the device's shared memory or workgroup size. A pure function.
-flash_gpu_plan plan_flash_gpu(const device_desc& desc, const flash_layout& layout, const settings& set);
 
 /// Records the kernel over every (batch, query head) and row block, one dispatch per key chunk.
 /// `stats`: the last dispatch also stores each row's final (max, sum) in io.state (for the weights).

@@ -1,13 +1,13 @@
 // One call of a fused attention kernel, as both kernel families (flash_gpu, flash_cpu) and the
 // weights kernel see it: shapes, element strides of every tensor, the masks' broadcast strides,
-// the causal offset and the scale. The self-attention path (dispatch.cpp) describes its projected
-// Q|K|V rows this way, SDPA (sdpa_dispatch.cpp) its (B, H, L, E) tensors.
+// the causal offset and the scale. The attention plan (plan/attention_plan.cpp) describes its
+// projected Q|K|V rows this way, the sdpa plan (plan/sdpa_plan.cpp) its (B, H, L, E) tensors. The
+// buffers the kernels bind: flash_io.hpp.
 #pragma once
 
 #include <cstdint>
 
 #include "contract/flash.h"
-#include "vk/executor.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -80,17 +80,5 @@ void for_each_key_chunk(const Push& push, std::uint32_t kv_len, std::uint32_t ch
         dispatch(part, begin == 0);
     }
 }
-
-/// The buffers a fused kernel reads and writes. `state` holds (max, sum) per (batch, head, row):
-/// needed when the keys are split into chunks or the weights are asked for. `params`: the score
-/// rules' values (contract/score.h), read only where layout.features is set; `lse`: one float per
-/// (batch, head, row), written only with SCORE_LSE. Left empty (a null buffer) they are bound to
-/// qkv and out, which the kernels then never touch through them.
-struct flash_io {
-    binding qkv, mask_bits, additive, out, state;
-    binding params{}, lse{};
-    [[nodiscard]] binding params_or_any() const { return params.buffer != VK_NULL_HANDLE ? params : qkv; }
-    [[nodiscard]] binding lse_or_any() const { return lse.buffer != VK_NULL_HANDLE ? lse : out; }
-};
 
 }  // namespace qkv::vulkan::detail

@@ -10,6 +10,12 @@
 
 namespace qkv::vulkan::detail {
 
+/// The widest head (of Q/K and of V) both fused families take, in attention() and sdpa alike
+/// (DeepSeek's MLA: 576 for Q and K, 512 for V): the block_tiles family's tiles shrink to fit
+/// (flash_tiles.cpp), the row_tiles family keeps one row per invocation. Wider heads: the staged
+/// path.
+inline constexpr std::uint32_t fused_max_head = 576;
+
 /// Tile shape of the fused kernel (GPU family, shaders/flash.comp): WG invocations in WG / team
 /// row teams of `team` lanes; BR query rows per workgroup (br / (wg / team) per team); BC keys per
 /// K/V tile; the head widths rounded up (they size the shared tiles and the register blocks).

@@ -1,12 +1,12 @@
 // The matrix products' and the staged softmax's per-device choices (tiles, K chunks, workgroup
 // sizes): pure functions of a device description, so they are unit-tested against fake devices
-// without one (tests/plan_test.cpp). make_plan (src/api/plan.cpp) makes every choice of a call.
+// without one (tests/plan_test.cpp). make_plan (src/plan/attention_plan.cpp) makes every choice of a call.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "kernels/settings.hpp"
+#include "plan/settings.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "vk/shaders.hpp"
@@ -95,7 +95,7 @@ gemm_step plan_projection_texels(const device_info& info, const settings& set, b
 /// (`aggregate`: O = P·V, m queries x n = head width of V, k = keys) through texel views, lanes
 /// owning rows, B's texels shared by shuffles: scores_cpu_tx, aggregate_cpu_tx. The caller checks
 /// that the device shuffles (cpu_shuffle), reads the views' formats, and that every operand starts
-/// and strides on whole texels (choose_kernels in src/api/plan.cpp).
+/// and strides on whole texels (choose_kernels in src/plan/attention_plan.cpp).
 gemm_step plan_staged_texels(const device_info& info, shader_id shader, std::uint64_t m, std::uint64_t n,
                              std::uint32_t k);
 

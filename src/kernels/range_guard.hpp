@@ -29,33 +29,14 @@
 
 #include <cstdint>
 
-#include "api/plan.hpp"
+#include "kernels/range_proof.hpp"
+#include "plan/attention_plan.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
 #include "vk/pipelines.hpp"
 
 namespace qkv::vulkan::detail {
-
-/// What the host knows about a call's inputs, from one pass over them.
-struct input_facts {
-    bool projection_inputs_finite = true;  ///< x, wq, wk, wv and their biases
-    double x_row_norm = 0;                 ///< the largest Euclidean norm of a row of x (inf if not finite)
-    bool output_inputs_finite = true;      ///< wo and bo
-    bool additive_nan_or_pos_inf = false;  ///< an additive-mask entry that makes its row NaN
-    double additive_max = 0;               ///< largest |finite additive-mask entry|
-    [[nodiscard]] bool every_output_defined() const {
-        return projection_inputs_finite && output_inputs_finite && !additive_nan_or_pos_inf;
-    }
-};
-
-input_facts scan_inputs(const attention_problem& problem);
-
-/// Whether the host's bounds (see above) prove that every check of the guard passes for this call,
-/// so that the device guard need not run. False where they cannot: inputs that are not all
-/// finite, bounds beyond a limit (the exact values may still be within it), or a projection split
-/// over several dispatches in float16 (each rounds its partial sums).
-[[nodiscard]] bool range_proven_on_host(const plan& p, const attention_problem& problem, const input_facts& facts);
 
 /// The guard's buffers, kept between calls in the dispatcher's buffer cache.
 struct range_guard_buffers {
@@ -74,9 +55,5 @@ void record_range_guard(recorder& exec, pipeline_set& pipes, const range_guard_b
 /// `problem`: the host inputs, for the exact value in a message (null for device tensors).
 void check_range_guard(const range_guard_buffers& bufs, const plan& p, const attention_problem* problem,
                        const input_facts& facts);
-
-/// After the readback: throws numeric_overflow for a non-finite output (or weight) where every
-/// input was finite.
-void check_outputs(const attention_output& result, const plan& p, const input_facts& facts);
 
 }  // namespace qkv::vulkan::detail

@@ -1,6 +1,6 @@
 // The overflow rule of the Vulkan backend (README, Guarantees), written once for every call path:
 // the attention's range guard (range_guard.hpp: bounds from the device, or proven on the host) and
-// sdpa's and decode's host checks (src/api/sdpa_guard.hpp) build their verdicts here.
+// sdpa's and decode's host checks (src/run/sdpa_guard.hpp) build their verdicts here.
 //
 // With every input finite a call returns the answer or throws numeric_overflow. The kernels keep
 // scores and value sums in float32, so for each (batch, head):

@@ -30,11 +30,6 @@ inline gemm_push gemm_push_defaults() {
 /// The softmax's push constants (shaders/contract/softmax.h).
 using softmax_push = contract::softmax_push;
 
-/// The widest head (of Q/K and of V) both fused families take, in attention() and sdpa alike
-/// (DeepSeek's MLA: 576 for Q and K, 512 for V): the gpu family's tiles shrink to fit
-/// (flash_tiles.cpp), the cpu family keeps one row per invocation. Wider heads: the staged path.
-inline constexpr std::uint32_t fused_max_head = 576;
-
 // Flags of the stages (shaders/contract/gemm.h, mask.h; the fused kernels' are in contract/flash.h).
 inline constexpr std::uint32_t flag_bias = contract::PROJECT_FLAG_BIAS;                // project
 inline constexpr std::uint32_t flag_causal = contract::MASK_FLAG_CAUSAL;               // scores, aggregate

@@ -36,9 +36,9 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::cache_append,      entry_point::cache_append_tensors,
                                        entry_point::mpi_append};
 
-constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,   inputs::additive_mask,
-                                      inputs::sinks,         inputs::kv_f16, inputs::kv_quantized,
-                                      inputs::biases,        inputs::output_projection};
+constexpr feature input_features[] = {
+    inputs::grouped_query, inputs::mask,         inputs::additive_mask, inputs::sinks,
+    inputs::kv_f16,        inputs::kv_quantized, inputs::biases,        inputs::output_projection};
 
 /// The option list's fields, then the inputs.
 const std::vector<feature>& all_features() {
@@ -176,8 +176,8 @@ std::vector<feature> features_of(element_type stored) {
 void require_supported(entry_point entry, std::span<const feature> asked) {
     for (const feature f : asked)
         if (const refusal* r = refused(entry, f))
-            throw invalid_argument(std::string(name_of(entry)) + ": " + std::string(f) + " is not available: " +
-                                   std::string(r->why));
+            throw invalid_argument(std::string(name_of(entry)) + ": " + std::string(f) +
+                                   " is not available: " + std::string(r->why));
 }
 
 void require_supported(entry_point entry, const sdpa_problem& problem) {

@@ -1,4 +1,4 @@
-#include "api/call_io.hpp"
+#include "run/io.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +36,7 @@ const char* role_name(role r) {
     return "buffer";
 }
 
-void call_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, host_io io) {
+void run_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<const download> downloads, host_io io) {
     try {
         for (std::size_t i = 0; i < role_count; ++i) {
             const auto r = static_cast<role>(i);
@@ -68,7 +68,7 @@ void call_buffers::prepare(allocator& alloc, const buffer_plan& plan, std::span<
     }
 }
 
-void call_buffers::release() {
+void run_buffers::release() {
     for (buffer& b : buffers_) b.reset();
     staging_in_.reset();
     staging_out_.reset();
@@ -76,9 +76,9 @@ void call_buffers::release() {
     staged_ = false;
 }
 
-std::byte* call_buffers::inputs() const { return staged_ ? staging_in_.mapped() : (*this)[role::inputs].mapped(); }
+std::byte* run_buffers::inputs() const { return staged_ ? staging_in_.mapped() : (*this)[role::inputs].mapped(); }
 
-void call_buffers::record_upload(recorder& exec, std::uint64_t bytes) const {
+void run_buffers::record_upload(recorder& exec, std::uint64_t bytes) const {
     if (bytes == 0) return;
     (staged_ ? staging_in_ : (*this)[role::inputs]).flush();
     if (!staged_) return;  // host-visible device memory: the submit makes the writes visible
@@ -87,7 +87,7 @@ void call_buffers::record_upload(recorder& exec, std::uint64_t bytes) const {
                  VK_ACCESS_SHADER_READ_BIT);
 }
 
-void call_buffers::record_download(recorder& exec, std::span<const download> downloads) const {
+void run_buffers::record_download(recorder& exec, std::span<const download> downloads) const {
     if (!staged_) {
         exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                      VK_ACCESS_HOST_READ_BIT);
@@ -104,7 +104,7 @@ void call_buffers::record_download(recorder& exec, std::span<const download> dow
                  VK_ACCESS_HOST_READ_BIT);
 }
 
-void call_buffers::read(std::span<const download> downloads, std::size_t i, void* to) const {
+void run_buffers::read(std::span<const download> downloads, std::size_t i, void* to) const {
     const download& d = downloads[i];
     if (d.bytes == 0) return;
     if (staged_) {

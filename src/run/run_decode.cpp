@@ -1,8 +1,8 @@
 // run_decode: the split-S decode route (kernels/sdpa_decode.hpp) of an sdpa call, with K and V
 // from the host (packed into the call's inputs as texel rows) or from a kv_cache.
-#include "api/kv_storage.hpp"
-#include "api/runs.hpp"
 #include "kernels/sdpa_decode.hpp"
+#include "run/kv_storage.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -29,10 +29,10 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 }  // namespace
 
-void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
+void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
                         binding k_blocks, binding v_blocks, binding gate, binding out) {
-    const call_buffers& b = s.buffers();
+    const run_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
     io.q = q, io.k = k, io.v = v;
@@ -52,8 +52,8 @@ void record_decode_sdpa(const call_session& s, const sdpa_plan& p, const sdpa_pr
     record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }
 
-call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_problem& problem,
-                                 const cache_kv* cache) {
+run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& p, const sdpa_problem& problem,
+                                   const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
     // check: the overflow rule on the host's norms (a cache's from its appends; quantized K and V
     // as they dequantize); the values' scale
@@ -73,7 +73,7 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     const float v_scale = value_scale(facts, s.kv_len);
     const decode_values values = facts.inputs_finite ? decode_values::finite : decode_values::nonfinite;
     // prepare, write
-    call_session session(env, p.buffers, p.downloads);
+    run_session session(env, p.buffers, p.downloads);
     write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
     // record
     const device& dev = session.dev();
@@ -93,7 +93,7 @@ call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& p, const sdpa_p
     record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
                        cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, values, k_blocks, v_blocks);
     session.mark();  // attention done
-    call_run<sdpa_output> run;
+    run_result<sdpa_output> run;
     run.times = session.submit();
     if (const std::vector<double>& m = session.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read

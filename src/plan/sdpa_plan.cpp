@@ -1,13 +1,12 @@
-#include "api/sdpa_plan.hpp"
+#include "plan/sdpa_plan.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
 
-#include "api/plan.hpp"
 #include "contract/score.h"
-#include "kernels/stages.hpp"
+#include "plan/attention_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {

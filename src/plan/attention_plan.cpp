@@ -1,9 +1,8 @@
-#include "api/plan.hpp"
+#include "plan/attention_plan.hpp"
 
 #include <algorithm>
 #include <string>
 
-#include "kernels/stages.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {

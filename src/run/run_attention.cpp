@@ -1,18 +1,18 @@
 // run_attention: self-attention from X and the weights (context::attention): the projection,
 // the range guard where the host could not prove the range, the fused kernel or the staged
-// scores/softmax/aggregation, the output projection; in the call skeleton's steps (runs.hpp).
+// scores/softmax/aggregation, the output projection; in the run skeleton's steps (runs.hpp).
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "api/plan.hpp"
-#include "api/runs.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
 #include "kernels/flash_layout.hpp"
 #include "kernels/range_guard.hpp"
 #include "kernels/stages.hpp"
+#include "plan/attention_plan.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -59,7 +59,7 @@ struct call_bindings {
     binding qkv, any_input, mask_bits, additive, attn_out;
 };
 
-call_bindings bind(const call_buffers& bufs, const plan& p) {
+call_bindings bind(const run_buffers& bufs, const plan& p) {
     call_bindings b;
     b.qkv = whole(bufs[role::qkv], p.qkv_bytes);
     b.any_input = part(bufs[role::inputs], p.x);  // bound where a shader reads nothing
@@ -73,8 +73,8 @@ call_bindings bind(const call_buffers& bufs, const plan& p) {
 /// unless the host has proven its verdicts already (`guard` false).
 /// The texel variant reads X and the weights through `view` (RGBA32F, the inputs from offset 0,
 /// made here; it must live until the submit), at their element offsets in the inputs.
-void record_projection(const call_session& s, const plan& p, const call_bindings& b, buffer_view& view, bool guard) {
-    const call_buffers& bufs = s.buffers();
+void record_projection(const run_session& s, const plan& p, const call_bindings& b, buffer_view& view, bool guard) {
+    const run_buffers& bufs = s.buffers();
     gemm_push g = gemm_push_defaults();
     g.M = p.batch * p.seq, g.N = p.ld, g.K = p.d_in;
     g.a_rs = p.d_in, g.b_rs = p.ld, g.b_cs = 1, g.c_rs = p.ld;
@@ -99,8 +99,8 @@ std::uint32_t mask_flags(const plan& p) {
 
 /// The fused kernel: every (batch, head), every block of query rows, online softmax; one dispatch
 /// per key chunk (of the family the plan chose).
-void record_fused(const call_session& s, const plan& p, const call_bindings& b, flash_cpu_views& views) {
-    const call_buffers& bufs = s.buffers();
+void record_fused(const run_session& s, const plan& p, const call_bindings& b, flash_cpu_views& views) {
+    const run_buffers& bufs = s.buffers();
     const binding state = bufs[role::state] ? bufs.bind(role::state, 0, bufs[role::state].size()) : b.any_input;
     const flash_io io{b.qkv, b.mask_bits, b.additive, b.attn_out, state};
     if (p.family == kernel_family::row_tiles) {
@@ -115,8 +115,8 @@ void record_fused(const call_session& s, const plan& p, const call_bindings& b, 
 /// The staged attention: scores, softmax in place, weights · V into each head's columns.
 /// `v_finite`: every input of the projection is finite, so V is (or the call fails its range
 /// check): the aggregation's texel variant then needs no zero-weight rule against 0·NaN.
-void record_staged(const call_session& s, const plan& p, const call_bindings& b, bool v_finite, staged_views& views) {
-    const call_buffers& bufs = s.buffers();
+void record_staged(const run_session& s, const plan& p, const call_bindings& b, bool v_finite, staged_views& views) {
+    const run_buffers& bufs = s.buffers();
     const std::uint32_t N = p.seq, H = p.heads, dh = p.d_k / H, dvh = p.d_v / H;
     gemm_push g = gemm_push_defaults();
     g.M = N, g.N = N, g.K = dh, g.heads = H;
@@ -158,8 +158,8 @@ void record_staged(const call_session& s, const plan& p, const call_bindings& b,
 }
 
 /// The output projection: concat · Wo + bo.
-void record_output_projection(const call_session& s, const plan& p, const call_bindings& b) {
-    const call_buffers& bufs = s.buffers();
+void record_output_projection(const run_session& s, const plan& p, const call_bindings& b) {
+    const run_buffers& bufs = s.buffers();
     s.rec().compute_barrier();
     gemm_push g = gemm_push_defaults();
     g.M = p.batch * p.seq, g.N = p.d_out, g.K = p.d_v;
@@ -193,7 +193,7 @@ void attention_buffers(const plan& p, buffer_plan& b, std::vector<download>& d) 
     if (p.weights_bytes) d.push_back({role::scores, 0, p.weights_bytes});
 }
 
-void record_attention(const call_session& s, const plan& p, bool guard, bool v_finite, attention_views& views) {
+void record_attention(const run_session& s, const plan& p, bool guard, bool v_finite, attention_views& views) {
     const call_bindings b = bind(s.buffers(), p);
     const bool host = !s.recording();
     record_projection(s, p, b, views.projection, guard);
@@ -209,7 +209,7 @@ void record_attention(const call_session& s, const plan& p, bool guard, bool v_f
     }
 }
 
-call_run<attention_output> run_attention(call_env& env, const attention_problem& problem) {
+run_result<attention_output> run_attention(run_env& env, const attention_problem& problem) {
     // plan
     const plan p = plan_attention(problem, env.core.dev->desc(), env.set);
     buffer_plan buffers;
@@ -219,14 +219,14 @@ call_run<attention_output> run_attention(call_env& env, const attention_problem&
     const input_facts facts = scan_inputs(problem);
     const bool guard = !range_proven_on_host(p, problem, facts);
     // prepare, write
-    call_session s(env, buffers, downloads);
+    run_session s(env, buffers, downloads);
     if (guard) prepare_range_guard(*env.core.alloc, env.buffers.guard, p);
     pack_inputs(s.inputs(), p, problem);
     // record
     s.begin();
     attention_views views;  // texel views made while recording: they live until the submit
     record_attention(s, p, guard, facts.projection_inputs_finite, views);
-    call_run<attention_output> run;
+    run_result<attention_output> run;
     run.times = s.submit();
     // read: the guard's verdicts, the result, the second line of defence
     if (guard) check_range_guard(env.buffers.guard, p, &problem, facts);  // throws numeric_overflow

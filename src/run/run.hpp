@@ -1,33 +1,38 @@
-// The call skeleton: every operation (run_attention, run_sdpa, run_decode) is the same short list
-// of named steps over a call_session:
+// The run skeleton: every operation (run_attention, run_sdpa, run_decode) is the same short list
+// of named steps over a run_session:
 //
 //   plan      a pure function of the problem's shapes and options, the device description and the
-//             settings (plan.hpp, sdpa_plan.hpp): routes, kernels, tiles, buffer sizes, downloads
+//             settings (plan/attention_plan.hpp, plan/sdpa_plan.hpp): routes, kernels, tiles, buffer
+//             sizes, downloads
 //   check     the host's part of the overflow rule (range_guard.hpp, sdpa_guard.hpp)
-//   prepare   call_session(env, plan.buffers, plan.downloads): the buffers, by role (call_io.hpp)
-//   write     the inputs packed at the plan's offsets (call_io.hpp's put_*)
+//   prepare   run_session(env, plan.buffers, plan.downloads): the buffers, by role (run/io.hpp)
+//   write     the inputs packed at the plan's offsets (run/io.hpp's put_*)
 //   record    begin() (the upload), the operation's kernels, finish() (the download), submit
 //   read      read() each download; the verdicts after the readback; assemble the result
 //
-// context.cpp holds the lock, the device-loss bookkeeping and the statistics around each.
+// A host call's frame (context::impl::host_call, api/context_impl.hpp) holds the lock, the
+// device-loss bookkeeping and the statistics around each; a planned call over tensors
+// (api/planned_call.hpp) records the same steps into a command buffer instead.
 #pragma once
 
 #include <span>
 
-#include "api/call_io.hpp"
 #include "api/device_core.hpp"
-#include "api/sdpa_guard.hpp"
-#include "api/sdpa_plan.hpp"
-#include "kernels/settings.hpp"
+#include "kernels/flash_cpu.hpp"
+#include "kernels/sdpa_decode.hpp"
+#include "plan/sdpa_plan.hpp"
+#include "plan/settings.hpp"
 #include "qkv/runtime/problem.hpp"
+#include "run/io.hpp"
+#include "run/sdpa_guard.hpp"
 
 namespace qkv::vulkan::detail {
 
 /// What a run works with: the shared device, the context's settings and buffers.
-struct call_env {
+struct run_env {
     device_core& core;
     const settings& set;
-    call_buffers& buffers;
+    run_buffers& buffers;
 };
 
 /// Device times of a call's phases (0 without timestamps).
@@ -38,7 +43,7 @@ struct phase_times {
 };
 
 template <class Output>
-struct call_run {
+struct run_result {
     Output output;
     phase_times times;
 };
@@ -46,12 +51,12 @@ struct call_run {
 /// One call's commands over a set of call buffers: a host call (the core's executor and the
 /// context's buffers: begin() uploads, submit() downloads and waits) or a recording (a caller's
 /// command buffer through an external_recorder, the recording's own buffers; nothing submitted).
-class call_session {
+class run_session {
 public:
-    /// A host call: prepares the buffers the plan asks for (call_buffers::prepare).
-    call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads);
+    /// A host call: prepares the buffers the plan asks for (run_buffers::prepare).
+    run_session(run_env& env, const buffer_plan& buffers, std::span<const download> downloads);
     /// A recording into `rec` over `buffers` (prepared here, device-only: no staging, no downloads).
-    call_session(device_core& core, recorder& rec, call_buffers& buffers, const buffer_plan& plan);
+    run_session(device_core& core, recorder& rec, run_buffers& buffers, const buffer_plan& plan);
 
     /// Where the inputs are written before begin().
     [[nodiscard]] std::byte* inputs() const { return buffers_.inputs(); }
@@ -72,18 +77,18 @@ public:
     [[nodiscard]] pipeline_set& pipes() const { return *core_.pipes; }
     [[nodiscard]] const device& dev() const { return *core_.dev; }
     [[nodiscard]] allocator& alloc() const { return *core_.alloc; }
-    [[nodiscard]] call_buffers& buffers() const { return buffers_; }
+    [[nodiscard]] run_buffers& buffers() const { return buffers_; }
     [[nodiscard]] bool recording() const { return &rec_ != static_cast<recorder*>(core_.exec.get()); }
 
 private:
     device_core& core_;
     recorder& rec_;
-    call_buffers& buffers_;
+    run_buffers& buffers_;
     buffer_plan plan_;
     std::span<const download> downloads_;
 };
 
-call_run<attention_output> run_attention(call_env& env, const attention_problem& problem);
+run_result<attention_output> run_attention(run_env& env, const attention_problem& problem);
 
 struct plan;
 /// What an attention call's buffers hold (by role) and what the host reads back.
@@ -105,10 +110,10 @@ struct attention_views {
 /// projection (then the device range guard where `guard`), the fused or staged attention, the
 /// output projection, with marks between them on a host call. `v_finite`: every input of the
 /// projection is known finite (the staged aggregation may skip its zero-weight rule).
-void record_attention(const call_session& s, const plan& p, bool guard, bool v_finite, attention_views& views);
+void record_attention(const run_session& s, const plan& p, bool guard, bool v_finite, attention_views& views);
 
 /// Q, K and V from the host: plan_sdpa's route, fused or decode.
-call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem);
+run_result<sdpa_output> run_sdpa(run_env& env, const sdpa_problem& problem);
 
 /// K and V of a kv_cache (kv_cache.cpp), as the decode kernels read them: texel views, or (q8_0,
 /// q4_0) the blocks' storage bindings.
@@ -121,11 +126,11 @@ struct cache_kv {
 
 /// The decode route of a planned call: K and V from the host (packed into the inputs, `cache`
 /// null) or from a cache.
-call_run<sdpa_output> run_decode(call_env& env, const sdpa_plan& plan, const sdpa_problem& problem,
-                                 const cache_kv* cache);
+run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& plan, const sdpa_problem& problem,
+                                   const cache_kv* cache);
 
 /// The fused route of a planned call (run_sdpa.cpp).
-call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
+run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
 
 /// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
 /// regions of the inputs, or a planned call's constants); an empty binding where there is no such
@@ -140,7 +145,7 @@ mask_bindings masks_in(const sdpa_plan& plan, const buffer& b);
 /// chosen family's kernel, then the weights kernel where asked. `views`: the cpu family's texel
 /// views, made here; they must live until the command buffer has run. `v_finite`: the host saw
 /// every input finite (the cpu family then needs no careful pipeline).
-void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_bindings& masks, flash_cpu_views& views,
+void record_fused_sdpa(const run_session& s, const sdpa_plan& plan, const mask_bindings& masks, flash_cpu_views& views,
                        bool v_finite = false);
 
 /// The record step of the decode route: the decode kernel and the merge over q, k and v texel
@@ -149,7 +154,7 @@ void record_fused_sdpa(const call_session& s, const sdpa_plan& plan, const mask_
 /// `values` with `gate`: whether V may hold NaN or Inf, or (decode_values::gated) the flags word
 /// that says so on the device. `out`: where the output goes instead of the session's (a caller's
 /// float32 tensor of the same layout, bound from an aligned offset).
-void record_decode_sdpa(const call_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
+void record_decode_sdpa(const run_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
                         binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {});
 

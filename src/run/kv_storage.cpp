@@ -1,10 +1,10 @@
-#include "api/kv_storage.hpp"
+#include "run/kv_storage.hpp"
 
 #include <string>
 
-#include "api/call_io.hpp"
 #include "qkv/runtime/error.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "run/io.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "api/sdpa_guard.hpp"
+#include "run/sdpa_guard.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -1,14 +1,15 @@
 // The settings of a context that the planners read: tuning overrides (from the environment) and
-// the test hooks (testing::hooks, qkv/vulkan/testing.hpp). One value, made once when a context is created
-// (src/api/settings.cpp: read_settings, the one place that reads the tuning variables), and passed
-// to every plan, so that every plan stays a pure function of the problem, a device description
-// and these settings.
+// the test hooks (testing::hooks, qkv/vulkan/testing.hpp). One value, made once when a context is
+// created (read_settings, the one place that reads the tuning variables), and passed to every
+// plan, so that every plan stays a pure function of the problem, a device description and these
+// settings.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "qkv/vulkan/device_info.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace qkv::vulkan::detail {
 
@@ -36,5 +37,9 @@ struct settings {
     /// Whether a hook of the fused kernels is set: such a call is meant for them, not for decode.
     [[nodiscard]] bool fused_hooks() const { return max_fused_keys != 0 || fused_tiles_as.has_value(); }
 };
+
+/// The tuning variables and `hooks`, once. Throws qkv::invalid_argument naming a variable whose
+/// value cannot be used (e.g. "QKV_CPU_SHUFFLE=on: expected 0 (never) or 1 ...").
+settings read_settings(const testing::hooks& hooks);
 
 }  // namespace qkv::vulkan::detail

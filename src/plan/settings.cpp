@@ -1,9 +1,8 @@
-#include "api/settings.hpp"
+#include "plan/settings.hpp"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <string_view>
 
 #include "qkv/runtime/error.hpp"
 
@@ -57,21 +56,6 @@ settings read_settings(const testing::hooks& hooks) {
     s.max_decode_chunks = hooks.max_decode_chunks;
     s.force_staging = hooks.force_staging;
     return s;
-}
-
-bool validation_requested(bool requested) {
-    const std::string v = environment("QKV_VALIDATION");
-    return requested || (!v.empty() && v != "0");
-}
-
-std::optional<std::string> device_selector(const std::optional<std::string>& requested, bool& from_environment) {
-    from_environment = false;
-    if (requested) return requested;
-    if (std::string v = environment("QKV_DEVICE"); !v.empty()) {
-        from_environment = true;
-        return v;
-    }
-    return std::nullopt;
 }
 
 }  // namespace qkv::vulkan::detail

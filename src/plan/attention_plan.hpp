@@ -9,12 +9,12 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/flash_cpu.hpp"
-#include "kernels/flash_gpu.hpp"
+#include "kernels/flash_cpu_plan.hpp"
+#include "kernels/flash_gpu_plan.hpp"
 #include "kernels/flash_layout.hpp"
 #include "kernels/flash_tiles.hpp"
 #include "kernels/gemm_tiles.hpp"
-#include "kernels/settings.hpp"
+#include "plan/settings.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "vk/device_desc.hpp"

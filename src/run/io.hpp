@@ -1,5 +1,5 @@
-// The call I/O layer every operation (run_attention, run_sdpa, run_decode) shares: the device
-// buffers a context keeps between calls, by role, under one reuse policy; where the host writes a
+// The run I/O every operation (run_attention, run_sdpa, run_decode) shares: the device buffers a
+// context keeps between calls, by role (plan/buffers.hpp), under one reuse policy; where the host writes a
 // call's inputs (the mapped inputs buffer, or upload staging) and how each kind of host tensor is
 // packed there (float32, float16, mask bits, rows of whole texels); the upload and download
 // commands; and reading the results back.
@@ -9,48 +9,17 @@
 // record_upload() and record_download(), submits, and reads each download.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "kernels/range_guard.hpp"
+#include "plan/buffers.hpp"
 #include "vk/executor.hpp"
 #include "vk/memory.hpp"
 
 namespace qkv::vulkan::detail {
-
-/// The device buffers of a call, by what they hold. Every one is a storage buffer that may also be
-/// read through texel views.
-enum class role : std::uint8_t {
-    inputs,         ///< every host input of the call, packed at the plan's offsets
-    qkv,            ///< attention: the projected Q|K|V rows
-    scores,         ///< staged attention: the scores, then the weights; sdpa: the returned weights
-    concat,         ///< attention with an output projection: the heads side by side
-    out,            ///< the output
-    state,          ///< the fused kernels' (max, sum) per row between key chunks / for the weights
-    texels,         ///< the fused cpu family's Q, K, V as texels (flash_cpu_pack.comp)
-    partial_stats,  ///< decode: (max, sum) per (row, chunk)
-    partial_acc,    ///< decode: the accumulator per (row, chunk)
-    widened,        ///< a call over tensors: its float16 or quantized tensors read as float32 (tensor_widen.comp)
-};
-inline constexpr std::size_t role_count = 10;
-const char* role_name(role r);
-
-/// What one call needs of the buffers: bytes per role (0: not used; the buffer is released, so
-/// that memory follows the calls).
-struct buffer_plan {
-    std::array<std::uint64_t, role_count> bytes{};
-    void need(role r, std::uint64_t size) { bytes[static_cast<std::size_t>(r)] = size; }
-    [[nodiscard]] std::uint64_t of(role r) const { return bytes[static_cast<std::size_t>(r)]; }
-};
-
-/// A region of a call buffer the host reads after the call.
-struct download {
-    role from = role::out;
-    std::uint64_t offset = 0, bytes = 0;
-};
 
 /// How the host reaches a call's buffers: through the mapped memory where it is mapped, else
 /// through staging (automatic); always through staging (staged: settings::force_staging); or not
@@ -58,7 +27,7 @@ struct download {
 enum class host_io { automatic, staged, none };
 
 /// The buffers a context keeps between calls.
-class call_buffers {
+class run_buffers {
 public:
     /// Allocates or reuses every buffer `plan` asks for (allocator::ensure) and releases the rest;
     /// decides whether inputs and results go through staging buffers (`io`) and sizes those for
@@ -112,9 +81,5 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
 
 /// Whether a float16 cannot hold the finite value x (it would round to infinity: |x| >= 65520).
 [[nodiscard]] bool half_overflows(float x);
-
-/// Bytes of the bits of a mask of `elements` values (whole 32-bit words).
-[[nodiscard]] constexpr std::uint64_t mask_bits_bytes(std::uint64_t elements) { return (elements + 31) / 32 * 4; }
-[[nodiscard]] constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace qkv::vulkan::detail

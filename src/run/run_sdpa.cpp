@@ -2,36 +2,36 @@
 // chose; and the fused route itself. Also the call session every run shares (runs.hpp).
 #include <cstring>
 
-#include "api/kv_storage.hpp"
-#include "api/runs.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
+#include "run/kv_storage.hpp"
+#include "run/run.hpp"
 
 namespace qkv::vulkan::detail {
 
-call_session::call_session(call_env& env, const buffer_plan& buffers, std::span<const download> downloads)
+run_session::run_session(run_env& env, const buffer_plan& buffers, std::span<const download> downloads)
     : core_(env.core), rec_(*env.core.exec), buffers_(env.buffers), plan_(buffers), downloads_(downloads) {
     env.buffers.prepare(*env.core.alloc, buffers, downloads,
                         env.set.force_staging ? host_io::staged : host_io::automatic);
 }
 
-call_session::call_session(device_core& core, recorder& rec, call_buffers& buffers, const buffer_plan& plan)
+run_session::run_session(device_core& core, recorder& rec, run_buffers& buffers, const buffer_plan& plan)
     : core_(core), rec_(rec), buffers_(buffers), plan_(plan) {
     buffers.prepare(*core.alloc, plan, {}, host_io::none);
 }
 
-executor& call_session::exec() const {
+executor& run_session::exec() const {
     if (recording()) throw error("internal: a recording has no executor");
     return *core_.exec;
 }
 
-void call_session::begin() {
+void run_session::begin() {
     exec().begin();
     buffers_.record_upload(exec(), plan_.of(role::inputs));
     exec().mark();  // inputs on the device
 }
 
-phase_times call_session::submit() {
+phase_times run_session::submit() {
     buffers_.record_download(exec(), downloads_);
     phase_times t;
     t.device_ms = exec().submit_and_wait();
@@ -67,9 +67,9 @@ mask_bindings masks_in(const sdpa_plan& p, const buffer& b) {
     return m;
 }
 
-void record_fused_sdpa(const call_session& s, const sdpa_plan& p, const mask_bindings& masks, flash_cpu_views& views,
+void record_fused_sdpa(const run_session& s, const sdpa_plan& p, const mask_bindings& masks, flash_cpu_views& views,
                        bool v_finite) {
-    const call_buffers& b = s.buffers();
+    const run_buffers& b = s.buffers();
     const binding qkv = b.bind(role::inputs, 0, p.v.at + p.v.bytes);
     flash_io io;
     io.qkv = qkv;  // unused bindings alias it
@@ -108,7 +108,7 @@ sdpa_output new_output(const sdpa_plan& p, const sdpa_problem& problem, const de
 
 }  // namespace
 
-call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
+run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
     // Q, K and V as their types store them, rounded here where the binding holds float32.
     sdpa_problem stored = problem;
     std::vector<float> q_stored, k_stored, v_stored;
@@ -122,14 +122,14 @@ call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sd
     check_sdpa_scores(facts, problem.shape, p.scale, p.layout.fp16);
     const float v_scale = value_scale(facts, problem.shape.kv_len);
     // prepare, write
-    call_session s(env, p.buffers, p.downloads);
+    run_session s(env, p.buffers, p.downloads);
     write_fused_inputs(s.inputs(), p, stored, v_scale);
     // record
     s.begin();
     flash_cpu_views views;
     record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views, facts.inputs_finite);
     s.mark();  // attention done
-    call_run<sdpa_output> run;
+    run_result<sdpa_output> run;
     run.times = s.submit();
     if (const std::vector<double>& m = s.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read
@@ -141,7 +141,7 @@ call_run<sdpa_output> run_fused_sdpa(call_env& env, const sdpa_plan& p, const sd
     return run;
 }
 
-call_run<sdpa_output> run_sdpa(call_env& env, const sdpa_problem& problem) {
+run_result<sdpa_output> run_sdpa(run_env& env, const sdpa_problem& problem) {
     const sdpa_plan p = plan_sdpa(problem, env.core.dev->desc(), env.set);
     return p.fused() ? run_fused_sdpa(env, p, problem) : run_decode(env, p, problem, nullptr);
 }

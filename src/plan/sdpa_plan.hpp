@@ -1,6 +1,6 @@
 // The plan of an sdpa call (context::sdpa): which route runs it (the fused kernels of one family,
 // or the split-S decode kernels), that route's own plan, and where every tensor lives in the call's
-// buffers (call_io.hpp). plan_sdpa (Q, K and V from the host) and plan_sdpa_cache (K and V in a
+// buffers (run/io.hpp). plan_sdpa (Q, K and V from the host) and plan_sdpa_cache (K and V in a
 // kv_cache) are pure functions of the problem's shapes and options (no data is read), a device
 // description and the settings: tests/sdpa_plan_test.cpp runs them against the fake devices.
 //
@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "api/call_io.hpp"
-#include "kernels/flash_cpu.hpp"
-#include "kernels/flash_gpu.hpp"
+#include "kernels/decode_plan.hpp"
+#include "kernels/flash_cpu_plan.hpp"
+#include "kernels/flash_gpu_plan.hpp"
 #include "kernels/flash_layout.hpp"
-#include "kernels/sdpa_decode.hpp"
-#include "kernels/settings.hpp"
+#include "plan/buffers.hpp"
+#include "plan/settings.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "vk/device_desc.hpp"
 
