@@ -1,6 +1,6 @@
-// qkv::mpi's transport: the channel (transfers under a deadline, failure notices, agreements),
-// the error records that carry a failure across ranks, MPI's environment, and the small
-// collectives of collective.hpp.
+// qkv::mpi's transport: the channel (transfers under a deadline, failure notices, agreements) and
+// the transfers a failure leaves behind. A failure travels as failure.hpp encodes it; the
+// collective calls over the channel are collective.cpp's.
 #include "mpi/channel.hpp"
 
 #include <algorithm>
@@ -21,10 +21,6 @@
 #include "qkv/mpi/sdpa.hpp"
 #include "qkv/runtime/error.hpp"
 
-#if defined(QKV_MPI_WITH_VULKAN)
-#include "qkv/vulkan/error.hpp"
-#endif
-
 namespace qkv::mpi {
 namespace detail {
 namespace {
@@ -32,113 +28,6 @@ namespace {
 constexpr int tag_notice = 1;
 constexpr std::size_t piece_bytes = std::size_t{1} << 30;  // MPI counts are int: messages in pieces
 constexpr auto poll_interval = std::chrono::microseconds(100);
-
-// ---- a failure, as it travels ----------------------------------------------------------------
-
-enum class kind : std::int32_t {
-    ok = 0,
-    stopped = 1,  // stopped because another rank failed: not a failure of its own
-    invalid_argument = 2,
-    qkv_error = 3,
-    mpi_error = 4,
-    timeout = 5,
-    other = 6,
-    vk_unavailable = 10,
-    vk_no_matching_device = 11,
-    vk_limit_exceeded = 12,
-    vk_out_of_memory = 13,
-    vk_numeric_overflow = 14,
-    vk_device_lost = 15,
-    vk_error = 16,
-};
-
-struct record {
-    std::int32_t what = 0;      // kind
-    std::int32_t notified = 0;  // this rank sent a failure notice to every other rank
-    std::uint64_t fingerprint = 0;
-    char message[1016] = {};
-};
-static_assert(sizeof(record) == 1032);
-
-std::pair<kind, std::string> classify(const std::exception_ptr& failure) {
-    if (!failure) return {kind::ok, {}};
-    try {
-        std::rethrow_exception(failure);
-    } catch (const peer_failed& e) {
-        return {kind::stopped, "stopped: rank " + std::to_string(e.rank()) + " failed"};
-    } catch (const qkv::invalid_argument& e) {
-        return {kind::invalid_argument, e.what()};
-    } catch (const qkv::mpi::timeout& e) {
-        return {kind::timeout, e.what()};
-    } catch (const qkv::mpi::error& e) {
-        return {kind::mpi_error, e.what()};
-#if defined(QKV_MPI_WITH_VULKAN)
-    } catch (const qkv::vulkan::no_matching_device& e) {
-        return {kind::vk_no_matching_device, e.what()};
-    } catch (const qkv::vulkan::unavailable& e) {
-        return {kind::vk_unavailable, e.what()};
-    } catch (const qkv::vulkan::limit_exceeded& e) {
-        return {kind::vk_limit_exceeded, e.what()};
-    } catch (const qkv::vulkan::out_of_memory& e) {
-        return {kind::vk_out_of_memory, e.what()};
-    } catch (const qkv::vulkan::numeric_overflow& e) {
-        return {kind::vk_numeric_overflow, e.what()};
-    } catch (const qkv::vulkan::device_lost& e) {
-        return {kind::vk_device_lost, e.what()};
-    } catch (const qkv::vulkan::error& e) {
-        return {kind::vk_error, e.what()};
-#endif
-    } catch (const qkv::error& e) {
-        return {kind::qkv_error, e.what()};
-    } catch (const std::bad_alloc&) {
-        return {kind::other, "out of host memory (std::bad_alloc)"};
-    } catch (const std::exception& e) {
-        return {kind::other, e.what()};
-    } catch (...) {
-        return {kind::other, "an unknown exception"};
-    }
-}
-
-[[noreturn]] void rethrow(kind k, const std::string& message) {
-    switch (k) {
-        case kind::invalid_argument:
-            throw qkv::invalid_argument(message);
-        case kind::timeout:
-            throw qkv::mpi::timeout(message);
-        case kind::qkv_error:
-            throw qkv::error(message);
-#if defined(QKV_MPI_WITH_VULKAN)
-        case kind::vk_unavailable:
-            throw qkv::vulkan::unavailable(message);
-        case kind::vk_no_matching_device:
-            throw qkv::vulkan::no_matching_device(message);
-        case kind::vk_limit_exceeded:
-            throw qkv::vulkan::limit_exceeded(message);
-        case kind::vk_out_of_memory:
-            throw qkv::vulkan::out_of_memory(message);
-        case kind::vk_numeric_overflow:
-            throw qkv::vulkan::numeric_overflow(message);
-        case kind::vk_device_lost:
-            throw qkv::vulkan::device_lost(message);
-        case kind::vk_error:
-            throw qkv::vulkan::error(message);
-#endif
-        default:
-            throw qkv::mpi::error(message);
-    }
-}
-
-record make_record(const std::exception_ptr& failure, std::uint64_t fp, bool notified) {
-    record r;
-    const auto [k, message] = classify(failure);
-    r.what = static_cast<std::int32_t>(k);
-    r.notified = notified ? 1 : 0;
-    r.fingerprint = fp;
-    const std::size_t n = std::min(message.size(), sizeof r.message - 1);
-    std::memcpy(r.message, message.data(), n);
-    r.message[n] = '\0';
-    return r;
-}
 
 // ---- transfers left behind by a failure ------------------------------------------------------
 // A send whose receiver stopped cannot always be cancelled: its request and its buffer are parked
@@ -184,6 +73,28 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 }
 
 }  // namespace
+
+void release_parked_transfers() {
+    // Transfers a failure left behind: a point-to-point request is released (MPI finishes or drops
+    // it); an agreement another rank never joined is given a moment, then left to MPI_Finalize.
+    // Their buffers outlive MPI.
+    std::vector<parked> keep;
+    {
+        const std::lock_guard lock(graveyard_mutex());
+        keep.swap(graveyard());
+    }
+    const auto until = clock::now() + std::chrono::seconds(1);
+    for (parked& p : keep) {
+        int flag = 0;
+        while (p.collective && !flag && clock::now() < until) {
+            MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &flag, MPI_STATUSES_IGNORE);
+            if (!flag) std::this_thread::sleep_for(poll_interval);
+        }
+        if (!p.collective)
+            for (MPI_Request& r : p.requests)
+                if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    }
+}
 
 void check_mpi(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return;
@@ -361,9 +272,10 @@ void channel::check_notices() {
     MPI_Status status;
     check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag_notice, comm_, &flag, &status), "MPI_Iprobe");
     if (!flag) return;
-    std::vector<std::byte> r(sizeof(record));
-    check_mpi(MPI_Recv(r.data(), sizeof(record), MPI_BYTE, status.MPI_SOURCE, tag_notice, comm_, MPI_STATUS_IGNORE),
-              "MPI_Recv");
+    std::vector<std::byte> r(sizeof(failure_record));
+    check_mpi(
+        MPI_Recv(r.data(), sizeof(failure_record), MPI_BYTE, status.MPI_SOURCE, tag_notice, comm_, MPI_STATUS_IGNORE),
+        "MPI_Recv");
     notices_[status.MPI_SOURCE] = std::move(r);
     poisoned_ = true;
     throw peer_failed(status.MPI_SOURCE);
@@ -372,7 +284,7 @@ void channel::check_notices() {
 void channel::notify(const std::exception_ptr& failure) {
     if (notified_) return;
     notified_ = true;
-    const record r = make_record(failure, 0, true);
+    const failure_record r = make_record(failure, 0, true);
     for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         auto data = std::make_shared<bytes>(sizeof r);
@@ -475,13 +387,14 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     if (origin) notify(local);  // the others stop waiting on this rank
     // [this rank's record][every rank's record], kept alive with the request should this rank give
     // up before the others arrive.
-    const auto records = std::make_shared<bytes>(sizeof(record) * (static_cast<std::size_t>(size_) + 1));
-    const record mine = make_record(local, fp, notified_);
+    const auto records = std::make_shared<bytes>(sizeof(failure_record) * (static_cast<std::size_t>(size_) + 1));
+    const failure_record mine = make_record(local, fp, notified_);
     std::memcpy(records->data(), &mine, sizeof mine);
     std::vector<MPI_Request> gather(1, MPI_REQUEST_NULL);
-    check_mpi(MPI_Iallgather(records->data(), sizeof(record), MPI_BYTE, records->data() + sizeof(record),
-                             sizeof(record), MPI_BYTE, comm_, gather.data()),
-              "MPI_Iallgather");
+    check_mpi(
+        MPI_Iallgather(records->data(), sizeof(failure_record), MPI_BYTE, records->data() + sizeof(failure_record),
+                       sizeof(failure_record), MPI_BYTE, comm_, gather.data()),
+        "MPI_Iallgather");
     try {
         wait_requests(gather, stage + ": agreeing on the outcome");
     } catch (const qkv::mpi::timeout&) {
@@ -491,17 +404,18 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
         notify(std::current_exception());
         throw;
     }
-    std::vector<record> all(static_cast<std::size_t>(size_));
-    std::memcpy(all.data(), records->data() + sizeof(record), all.size() * sizeof(record));
+    std::vector<failure_record> all(static_cast<std::size_t>(size_));
+    std::memcpy(all.data(), records->data() + sizeof(failure_record), all.size() * sizeof(failure_record));
     // Every failure notice sent is received, so that nothing is left in flight; and any other that
     // came (from a rank that gave up waiting for this agreement after contributing its record).
     std::vector<MPI_Request> drain;
     for (int p = 0; p < size_; ++p) {
         if (p == rank_ || !all[static_cast<std::size_t>(p)].notified || notices_.count(p)) continue;
         std::vector<std::byte>& r = notices_[p];
-        r.resize(sizeof(record));
+        r.resize(sizeof(failure_record));
         drain.push_back(MPI_REQUEST_NULL);
-        check_mpi(MPI_Irecv(r.data(), sizeof(record), MPI_BYTE, p, tag_notice, comm_, &drain.back()), "MPI_Irecv");
+        check_mpi(MPI_Irecv(r.data(), sizeof(failure_record), MPI_BYTE, p, tag_notice, comm_, &drain.back()),
+                  "MPI_Irecv");
     }
     if (!drain.empty()) wait_requests(drain, stage + ": receiving failure notices");
     for (;;) {
@@ -509,8 +423,9 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
         MPI_Status status;
         check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag_notice, comm_, &flag, &status), "MPI_Iprobe");
         if (!flag) break;
-        std::vector<std::byte> r(sizeof(record));
-        check_mpi(MPI_Recv(r.data(), sizeof(record), MPI_BYTE, status.MPI_SOURCE, tag_notice, comm_, MPI_STATUS_IGNORE),
+        std::vector<std::byte> r(sizeof(failure_record));
+        check_mpi(MPI_Recv(r.data(), sizeof(failure_record), MPI_BYTE, status.MPI_SOURCE, tag_notice, comm_,
+                           MPI_STATUS_IGNORE),
                   "MPI_Recv");
         notices_.emplace(status.MPI_SOURCE, std::move(r));
     }
@@ -523,39 +438,33 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     agreement_ms_ += ms_between(start, clock::now());
 
     // A rank whose record shows no failure but that sent a notice gave up after contributing it.
-    const record* late = nullptr;
+    const failure_record* late = nullptr;
     int late_rank = -1;
-    record late_record;
+    failure_record late_record;
     for (const auto& [p, notice] : notices_) {
-        const auto k = static_cast<kind>(all[static_cast<std::size_t>(p)].what);
-        if (k != kind::ok && k != kind::stopped) continue;
+        if (!all[static_cast<std::size_t>(p)].succeeded()) continue;
         std::memcpy(&late_record, notice.data(), sizeof late_record);
         late = &late_record;
         late_rank = p;
         break;  // the lowest such rank (the map is ordered)
     }
     bool failed = late != nullptr;
-    for (const record& r : all) failed = failed || r.what != static_cast<std::int32_t>(kind::ok);
+    for (const failure_record& r : all) failed = failed || r.what != failure_ok;
     if (failed) {
         poisoned_ = true;  // another rank may still be sending what this one no longer waits for
         abandon_pending();
     }
-    const auto message = [](const record& r) {
-        return std::string(r.message, std::find(r.message, r.message + sizeof r.message, '\0'));
-    };
     for (int p = 0; p < size_; ++p) {
-        const record& r = all[static_cast<std::size_t>(p)];
-        const auto k = static_cast<kind>(r.what);
-        if (k == kind::ok || k == kind::stopped) continue;
-        rethrow(k, rank_prefix(p, size_) + message(r));
+        const failure_record& r = all[static_cast<std::size_t>(p)];
+        if (r.succeeded()) continue;
+        rethrow(r.what, rank_prefix(p, size_) + r.text());
     }
     if (late) {
-        const std::string text = message(*late);  // a timeout's message names its rank already
-        rethrow(static_cast<kind>(late->what),
-                text.rfind("rank ", 0) == 0 ? text : rank_prefix(late_rank, size_) + text);
+        const std::string text = late->text();  // a timeout's message names its rank already
+        rethrow(late->what, text.rfind("rank ", 0) == 0 ? text : rank_prefix(late_rank, size_) + text);
     }
     for (int p = 0; p < size_; ++p)
-        if (all[static_cast<std::size_t>(p)].what == static_cast<std::int32_t>(kind::stopped))
+        if (all[static_cast<std::size_t>(p)].what == failure_stopped)
             throw qkv::mpi::error(rank_prefix(p, size_) + operation_ + " stopped, yet no rank reports a failure");
     for (int p = 1; p < size_; ++p)
         if (all[static_cast<std::size_t>(p)].fingerprint != all[0].fingerprint)
@@ -565,135 +474,5 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
 }
 
 }  // namespace detail
-
-// ---- collective.hpp ----------------------------------------------------------------------------
-
-std::chrono::milliseconds default_timeout() {
-    const char* text = std::getenv("QKV_MPI_TIMEOUT");
-    if (text == nullptr || *text == '\0') return std::chrono::milliseconds(120000);
-    char* end = nullptr;
-    errno = 0;
-    const double s = std::strtod(text, &end);
-    if (end == text || *end != '\0' || errno != 0 || !std::isfinite(s) || s <= 0 || s > 1e9)
-        throw qkv::invalid_argument(std::string("QKV_MPI_TIMEOUT is '") + text +
-                                    "': it must be a positive number of seconds (e.g. 120 or 0.5)");
-    return std::chrono::milliseconds(std::max<long long>(1, static_cast<long long>(std::llround(s * 1000.0))));
-}
-
-environment::environment(int& argc, char**& argv) {
-    int initialised = 0, finalised = 0;
-    MPI_Initialized(&initialised);
-    MPI_Finalized(&finalised);
-    if (finalised) throw error("qkv::mpi::environment: MPI has been finalised already; it cannot start again");
-    if (!initialised) {
-        detail::check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &level_), "MPI_Init_thread");
-        owns_ = true;
-    } else {
-        detail::check_mpi(MPI_Query_thread(&level_), "MPI_Query_thread");
-    }
-}
-
-environment::environment() {
-    int initialised = 0, finalised = 0;
-    MPI_Initialized(&initialised);
-    MPI_Finalized(&finalised);
-    if (finalised) throw error("qkv::mpi::environment: MPI has been finalised already; it cannot start again");
-    if (!initialised) {
-        detail::check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &level_), "MPI_Init_thread");
-        owns_ = true;
-    } else {
-        detail::check_mpi(MPI_Query_thread(&level_), "MPI_Query_thread");
-    }
-}
-
-environment::~environment() {
-    if (!owns_) return;
-    // Transfers a failure left behind: a point-to-point request is released (MPI finishes or drops
-    // it); an agreement another rank never joined is given a moment, then left to MPI_Finalize.
-    // Their buffers outlive MPI.
-    std::vector<detail::parked> keep;
-    {
-        const std::lock_guard lock(detail::graveyard_mutex());
-        keep.swap(detail::graveyard());
-    }
-    const auto until = detail::clock::now() + std::chrono::seconds(1);
-    for (detail::parked& p : keep) {
-        int flag = 0;
-        while (p.collective && !flag && detail::clock::now() < until) {
-            MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &flag, MPI_STATUSES_IGNORE);
-            if (!flag) std::this_thread::sleep_for(detail::poll_interval);
-        }
-        if (!p.collective)
-            for (MPI_Request& r : p.requests)
-                if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    }
-    MPI_Finalize();
-}
-
-void agree(MPI_Comm comm, std::exception_ptr local, const comm_options& options) {
-    detail::channel ch(comm, options, "qkv::mpi::agree");
-    ch.agree(std::move(local), 0, "agree");
-}
-
-std::vector<float> gather_rows(MPI_Comm comm, std::span<const float> local, std::size_t outer, std::size_t length,
-                               std::size_t width, layout how, int root, const comm_options& options) {
-    detail::channel ch(comm, options, "qkv::mpi::gather_rows");
-    const int ranks = ch.size();
-    detail::fingerprint fp;
-    for (const std::size_t v : {outer, length, width}) fp.add_value(v);
-    fp.add_value(how);
-    fp.add_value(root);
-    std::exception_ptr failure;
-    std::vector<sequence_slice> slices;
-    try {
-        if (root < 0 || root >= ranks)
-            throw qkv::invalid_argument("gather_rows: root " + std::to_string(root) + " is not a rank of the " +
-                                        std::to_string(ranks) + "-rank communicator");
-        for (int p = 0; p < ranks; ++p) slices.push_back(slice_of(length, ranks, p, how));
-        const std::size_t expect = outer * slices[static_cast<std::size_t>(ch.rank())].rows() * width;
-        if (local.size() != expect)
-            throw qkv::invalid_argument("gather_rows: this rank holds " + std::to_string(local.size()) +
-                                        " elements, expected outer * rows * width = " + std::to_string(expect));
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    ch.agree(failure, fp.value(), "checking the slices");
-
-    std::vector<float> whole;
-    std::vector<detail::shared_bytes> parts(static_cast<std::size_t>(ranks));
-    try {
-        std::vector<std::size_t> transfers;
-        if (ch.rank() == root) {
-            whole.assign(outer * length * width, 0.0f);
-            for (int p = 0; p < ranks; ++p) {
-                if (p == root) continue;
-                const std::size_t n = outer * slices[static_cast<std::size_t>(p)].rows() * width;
-                if (n == 0) continue;
-                parts[static_cast<std::size_t>(p)] = std::make_shared<detail::bytes>(n * sizeof(float));
-                transfers.push_back(ch.post_recv(parts[static_cast<std::size_t>(p)], p, 2, "a slice"));
-            }
-        } else if (!local.empty()) {
-            auto data = std::make_shared<detail::bytes>(local.size() * sizeof(float));
-            std::memcpy(data->data(), local.data(), data->size());
-            transfers.push_back(ch.post_send(std::move(data), root, 2, "its slice"));
-        }
-        ch.wait(transfers);
-        if (ch.rank() == root) {
-            put_rows(local, outer, length, width, slices[static_cast<std::size_t>(root)], std::span<float>(whole));
-            for (int p = 0; p < ranks; ++p) {
-                const auto& part = parts[static_cast<std::size_t>(p)];
-                if (!part) continue;
-                std::vector<float> values(part->size() / sizeof(float));
-                std::memcpy(values.data(), part->data(), part->size());
-                put_rows(std::span<const float>(values), outer, length, width, slices[static_cast<std::size_t>(p)],
-                         std::span<float>(whole));
-            }
-        }
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    ch.agree(failure, fp.value(), "gathering");
-    return whole;
-}
 
 }  // namespace qkv::mpi

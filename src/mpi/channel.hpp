@@ -1,6 +1,7 @@
 // The one way qkv::mpi talks between ranks: a duplicate of the caller's communicator, non-blocking
 // transfers polled against a deadline, failure notices that stop the other ranks early, and the
-// agreement that ends every collective call with the same verdict on every rank. Internal.
+// agreement that ends every collective call with the same verdict on every rank (a failure
+// travels as failure.hpp encodes it). Internal.
 #pragma once
 
 #include <mpi.h>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi/failure.hpp"
 #include "qkv/mpi/collective.hpp"
 
 namespace qkv::mpi::detail {
@@ -44,17 +46,6 @@ public:
 
 private:
     std::uint64_t h_ = 1469598103934665603ull;
-};
-
-/// Thrown inside a call when another rank's failure notice arrives: this rank stops and agrees.
-class peer_failed : public std::exception {
-public:
-    explicit peer_failed(int rank) : rank_(rank) {}
-    [[nodiscard]] const char* what() const noexcept override { return "another rank failed"; }
-    [[nodiscard]] int rank() const { return rank_; }
-
-private:
-    int rank_;
 };
 
 class channel {
@@ -133,6 +124,11 @@ private:
     std::vector<std::pair<clock::time_point, clock::time_point>> work_spans_;  ///< when work ran
     std::uint64_t sent_ = 0, received_ = 0;
 };
+
+/// Before MPI_Finalize (qkv::mpi::environment): the transfers a failure left behind are released
+/// (a point-to-point request is freed: MPI finishes or drops it; an agreement another rank never
+/// joined is given a moment, then left to MPI_Finalize). Their buffers outlive MPI.
+void release_parked_transfers();
 
 /// "rank R of N: " for messages.
 [[nodiscard]] std::string rank_prefix(int rank, int size);

@@ -6,12 +6,45 @@
 #include <utility>
 #include <vector>
 
+#include "mpi/failure.hpp"
 #include "qkv/mpi/error.hpp"
 #include "qkv/runtime/error.hpp"
+#include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
 
 namespace qkv::mpi {
 namespace {
+
+template <class E>
+bool is(const std::exception& e) {
+    return dynamic_cast<const E*>(&e) != nullptr;
+}
+
+template <class E>
+[[noreturn]] void throw_as(const std::string& message) {
+    throw E(message);
+}
+
+/// The Vulkan backend's errors travel between ranks as themselves (failure.hpp), derived types
+/// before their bases. Registered once, when this library is loaded, and again (a no-op) by
+/// every vulkan_backend, for a static link that would leave the initialiser out.
+bool register_vulkan_failures() {
+    static const bool done = [] {
+        namespace vk = qkv::vulkan;
+        for (const detail::failure_kind& k :
+             {detail::failure_kind{11, &is<vk::no_matching_device>, &throw_as<vk::no_matching_device>},
+              detail::failure_kind{10, &is<vk::unavailable>, &throw_as<vk::unavailable>},
+              detail::failure_kind{12, &is<vk::limit_exceeded>, &throw_as<vk::limit_exceeded>},
+              detail::failure_kind{13, &is<vk::out_of_memory>, &throw_as<vk::out_of_memory>},
+              detail::failure_kind{14, &is<vk::numeric_overflow>, &throw_as<vk::numeric_overflow>},
+              detail::failure_kind{15, &is<vk::device_lost>, &throw_as<vk::device_lost>},
+              detail::failure_kind{16, &is<vk::error>, &throw_as<vk::error>}})
+            detail::register_failure_kind(k);
+        return true;
+    }();
+    return done;
+}
+[[maybe_unused]] const bool vulkan_failures_registered = register_vulkan_failures();
 
 void detail_check(int size_rc, int rank_rc) {
     if (size_rc != MPI_SUCCESS || rank_rc != MPI_SUCCESS)
@@ -54,7 +87,7 @@ private:
 
 }  // namespace
 
-vulkan_backend::vulkan_backend(qkv::vulkan::context& ctx) : ctx_(&ctx) {}
+vulkan_backend::vulkan_backend(qkv::vulkan::context& ctx) : ctx_(&ctx) { (void)register_vulkan_failures(); }
 
 std::string vulkan_backend::name() const { return ctx_->device().name; }
 
