@@ -2,6 +2,7 @@
 // against the single-process call of the same backend, for every feature, both modes and both
 // slicings; identical bits on equal runs; failures on one rank seen by all; the sharded cache.
 #include <qkv/mpi/mpi.hpp>
+#include <qkv/runtime/capabilities.hpp>
 #include <qkv/runtime/cpu.hpp>
 
 #include <mpi.h>
@@ -15,6 +16,7 @@
 
 #include "mpi/support.hpp"
 #include "support/catch.hpp"
+#include "support/options.hpp"
 
 namespace {
 
@@ -345,5 +347,48 @@ TEST_CASE("a sharded K/V cache fills the ranks in turn and decodes like one cach
                                        rank == 0 ? std::span<const float>(one) : std::span<const float>(), 1),
                           Catch::Matchers::Contains("rank ") && Catch::Matchers::Contains("capacity"));
         CHECK(cache.size() == total);
+    }
+}
+
+// The option list (qkv/runtime/sdpa_options.def) reaches every rank without naming a field: the
+// fingerprint the ranks compare covers every field (a rank given another value of any one fails
+// every rank), and the decode step's header carries every field to the ranks that hold rows (a
+// sharded decode with any field changed equals the single-process call). A field added to the
+// list is tested here without an edit.
+TEST_CASE("every option of the list is in the fingerprint and on the wire", "[mpi][options]") {
+    const int ranks = world_size(), rank = world_rank();
+    qkv::mpi::cpu_backend cpu;
+    const qkv::sdpa_options base{.causal = true, .alignment = bottom_right};
+    for (const qkv::option_field& f : qkv::sdpa_option_fields) {
+        INFO(f.name);
+        const qkv::sdpa_options changed = qkv_test::with_other(base, f);
+        const bool refused = qkv::refused(qkv::entry_point::mpi_sdpa, f.name) != nullptr;
+        // The fingerprint: rank 1 alone asks for the other value of the field (a field the entry
+        // point refuses fails on rank 1 before the ranks compare, and so on every rank).
+        if (ranks > 1) {
+            whole_problem w({shape(2, 2, 6, 9, 32, 32), base});
+            qkv::mpi::cp_problem mine = w.part(layout::contiguous, ranks, rank);
+            mine.options = rank == 1 ? changed : base;
+            CHECK_THROWS_WITH(qkv::mpi::sdpa(MPI_COMM_WORLD, cpu, mine),
+                              Catch::Matchers::Contains(refused ? "not available" : "differs from rank 0's"));
+        }
+        // The wire: a sharded decode with the field changed, against the single-process call.
+        if (refused || f.name == "kv_type") continue;  // the cache's storage is the cache's own
+        const std::size_t total = 4 * static_cast<std::size_t>(ranks);
+        qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, cpu, {.kv_heads = 2, .capacity = 4, .d_qk = 32, .d_v = 32});
+        const whole_problem rows({shape(4, 2, 2, total, 32, 32), {}});
+        cache.append(rank == 0 ? std::span<const float>(rows.k) : std::span<const float>(),
+                     rank == 0 ? std::span<const float>(rows.v) : std::span<const float>(), total);
+        qkv::sdpa_problem whole{.shape = shape(4, 2, 2, total, 32, 32), .q = rows.q, .k = rows.k, .v = rows.v};
+        whole.options = changed;
+        whole.options.return_lse = true;
+        const qkv::sdpa_output reference = qkv::cpu::sdpa(whole);
+        qkv::sdpa_problem asked = whole;
+        asked.k = {}, asked.v = {};
+        const qkv::sdpa_output got = cache.decode(asked);
+        if (rank == 0) {
+            CHECK(nmse(got.output, reference.output) <= 1e-12);
+            check_lse(got.lse, reference.lse, 1e-6);
+        }
     }
 }
