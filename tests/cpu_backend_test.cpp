@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/expect.hpp"
+#include "support/problems.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -25,25 +27,7 @@ using sizes = std::initializer_list<std::size_t>;
 constexpr float f_inf = std::numeric_limits<float>::infinity();
 constexpr float f_nan = std::numeric_limits<float>::quiet_NaN();
 
-/// A problem that owns its data; view() makes the span-based qkv::attention_problem.
-struct owned_problem {
-    qkv::attention_shape shape{};
-    std::vector<float> x, wq, wk, wv, bq, bk, bv, wo, bo, additive;
-    std::vector<std::uint8_t> mask;
-    qkv::run_options options{};
-
-    [[nodiscard]] qkv::attention_problem view() const {
-        qkv::attention_problem p;
-        p.shape = shape;
-        p.x = x, p.wq = wq, p.wk = wk, p.wv = wv;
-        p.bq = bq, p.bk = bk, p.bv = bv;
-        p.wo = wo, p.bo = bo;
-        p.mask = mask;
-        p.additive_mask = additive;
-        p.options = options;
-        return p;
-    }
-};
+using qkv_test::owned_problem;
 
 std::vector<float> random_floats(std::size_t count, std::mt19937_64& rng, double sigma = 1.0) {
     std::vector<float> v;
@@ -155,16 +139,7 @@ std::vector<float> random_additive(std::size_t slices, std::size_t n, std::mt199
 /// Expects `p` to be refused with a qkv::invalid_argument whose message contains every word.
 void expect_invalid(const owned_problem& o, std::initializer_list<std::string> words) {
     const qkv::attention_problem p = o.view();
-    bool thrown = false;
-    try {
-        qkv::validate(p);
-    } catch (const qkv::invalid_argument& e) {
-        thrown = true;
-        const std::string message = e.what();
-        INFO("message: " << message);
-        for (const std::string& w : words) CHECK(message.find(w) != std::string::npos);
-    }
-    CHECK(thrown);
+    qkv_test::expect_invalid([&] { qkv::validate(p); }, words);
     // The base class catches it too, and the backend validates before computing.
     CHECK_THROWS_AS(qkv::validate(p), qkv::error);
     CHECK_THROWS_AS(qkv::cpu::attention(p), qkv::invalid_argument);

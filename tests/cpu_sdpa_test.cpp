@@ -23,7 +23,9 @@
 
 #include "npy/npy.hpp"
 #include "support/catch.hpp"
+#include "support/expect.hpp"
 #include "support/reference.hpp"
+#include "support/sdpa_problems.hpp"
 #include "support/sdpa_reference.hpp"
 
 namespace {
@@ -89,25 +91,7 @@ qkv::sdpa_shape shape_of(const fixture& f) {
     return s;
 }
 
-/// A problem over data it owns, element type T.
-template <class T>
-struct owned_sdpa {
-    qkv::sdpa_shape shape{};
-    std::vector<T> q, k, v, additive;
-    std::vector<std::uint8_t> mask;
-    dims mask_shape;
-    qkv::sdpa_options options{};
-
-    [[nodiscard]] qkv::basic_sdpa_problem<T> view() const {
-        qkv::basic_sdpa_problem<T> p;
-        p.shape = shape;
-        p.q = q, p.k = k, p.v = v;
-        p.mask = mask, p.additive_mask = additive;
-        p.mask_shape = mask_shape;
-        p.options = options;
-        return p;
-    }
-};
+using qkv_test::sdpa_data;
 
 template <class T>
 std::vector<T> values(const qkv::npy::array& a) {
@@ -118,8 +102,8 @@ std::vector<T> values(const qkv::npy::array& a) {
 }
 
 template <class T>
-owned_sdpa<T> problem_of(const fixture& f) {
-    owned_sdpa<T> o;
+sdpa_data<T> problem_of(const fixture& f) {
+    sdpa_data<T> o;
     o.shape = shape_of(f);
     o.q = values<T>(f.q), o.k = values<T>(f.k), o.v = values<T>(f.v);
     if (f.has_mask) {
@@ -171,7 +155,7 @@ TEST_CASE("cpu sdpa matches the float64 NumPy reference on every fixture", "[cpu
         INFO("fixture " << name);
         const fixture f = load(name);
         REQUIRE(f.q.type == qkv::npy::dtype::f32);
-        const owned_sdpa<float> o = problem_of<float>(f);
+        const sdpa_data<float> o = problem_of<float>(f);
         const qkv::sdpa_problem p = o.view();
 
         const qkv::sdpa_output_f64 got64 = qkv::cpu::sdpa_f64(p);
@@ -187,7 +171,7 @@ TEST_CASE("cpu sdpa matches the float64 NumPy reference on every fixture", "[cpu
             CHECK(got64.weights.empty());
         }
         // The float64 problem of the same float32 values gives sdpa_f64's results exactly.
-        const owned_sdpa<double> o64 = problem_of<double>(f);
+        const sdpa_data<double> o64 = problem_of<double>(f);
         const qkv::sdpa_output_f64 exact = qkv::cpu::sdpa(o64.view());
         CHECK(exact.output == got64.output);
         CHECK(exact.weights == got64.weights);
@@ -198,7 +182,7 @@ TEST_CASE("cpu sdpa: any finite scale, negative and zero included, matches the f
     std::mt19937_64 rng(20261124);
     for (const float scale : {-0.35f, -2.f, 0.f, -0.f}) {
         INFO("scale " << scale);
-        owned_sdpa<float> o;
+        sdpa_data<float> o;
         o.shape = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 32, .d_v = 24};
         const auto floats = [&](std::size_t n) {
             std::vector<float> f;
@@ -225,7 +209,7 @@ TEST_CASE("cpu sdpa: any finite scale, negative and zero included, matches the f
 TEST_CASE("cpu sdpa: float64 inputs beyond float32 are computed in float64", "[cpu][sdpa][f64]") {
     const fixture f = load("float64");
     REQUIRE(f.q.type == qkv::npy::dtype::f64);
-    const owned_sdpa<double> o = problem_of<double>(f);
+    const sdpa_data<double> o = problem_of<double>(f);
     const qkv::sdpa_output_f64 got = qkv::cpu::sdpa(o.view());
     check_close(got.output, f.expected_out, 1e-12, "float64 output");
     check_close(got.weights, f.expected_weights, 1e-12, "float64 weights");
@@ -238,7 +222,7 @@ TEST_CASE("cpu sdpa: float64 inputs beyond float32 are computed in float64", "[c
 
 TEST_CASE("cpu sdpa: fully masked rows give zeros; the causal rule counts from the alignment", "[cpu][sdpa]") {
     // q_len 3, kv_len 5: bottom-right lets row i see j <= i + 2; top-left, j <= i.
-    owned_sdpa<double> o;
+    sdpa_data<double> o;
     o.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 5, .d_qk = 2, .d_v = 1};
     o.q = {1, 0, 0, 1, 1, 1};
     o.k = {1, 0, 0, 1, 1, 1, -1, 0, 0, -1};
@@ -279,7 +263,7 @@ TEST_CASE("cpu sdpa: GQA query head h reads K/V head h / (Hq / Hkv)", "[cpu][sdp
     // Hq 6, Hkv 2: heads 0-2 read K/V head 0, heads 3-5 read head 1. Each head alone, as a 2-D
     // problem over its K/V head, must give the same rows.
     std::mt19937_64 rng(7);
-    owned_sdpa<double> o;
+    sdpa_data<double> o;
     o.shape = {.batch = 2, .q_heads = 6, .kv_heads = 2, .q_len = 3, .kv_len = 17, .d_qk = 5, .d_v = 3};
     o.q = qkv_test::normal_values(2 * 6 * 3 * 5, rng);
     o.k = qkv_test::normal_values(2 * 2 * 17 * 5, rng);
@@ -287,7 +271,7 @@ TEST_CASE("cpu sdpa: GQA query head h reads K/V head h / (Hq / Hkv)", "[cpu][sdp
     const qkv::sdpa_output_f64 all = qkv::cpu::sdpa(o.view());
     for (std::size_t b = 0; b < 2; ++b)
         for (std::size_t h = 0; h < 6; ++h) {
-            owned_sdpa<double> one;
+            sdpa_data<double> one;
             one.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 17, .d_qk = 5, .d_v = 3};
             const std::size_t kvh = h / 3;
             const auto slice = [](const std::vector<double>& v, std::size_t first, std::size_t n) {
@@ -352,7 +336,7 @@ TEST_CASE("cpu attention equals projection + cpu sdpa", "[cpu][sdpa]") {
                             out[((b * H + h) * N + n) * w + c] = m[(b * N + n) * d + h * w + c];
             return out;
         };
-        owned_sdpa<double> o;
+        sdpa_data<double> o;
         o.shape = {.batch = B, .q_heads = H, .kv_heads = H, .q_len = N, .kv_len = N, .d_qk = dk / H, .d_v = dv / H};
         o.q = heads(project(wq, bq, dk), dk);
         o.k = heads(project(wk, bk, dk), dk);
@@ -383,7 +367,7 @@ TEST_CASE("cpu attention equals projection + cpu sdpa", "[cpu][sdpa]") {
 }
 
 TEST_CASE("cpu sdpa: NaN among the allowed scores poisons only its row", "[cpu][sdpa]") {
-    owned_sdpa<float> o;
+    sdpa_data<float> o;
     o.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 2, .kv_len = 3, .d_qk = 1, .d_v = 1};
     o.q = {std::numeric_limits<float>::quiet_NaN(), 1.f};
     o.k = {1.f, 2.f, 3.f};
@@ -405,8 +389,8 @@ TEST_CASE("cpu sdpa: NaN among the allowed scores poisons only its row", "[cpu][
 
 namespace {
 
-owned_sdpa<float> valid_sdpa() {
-    owned_sdpa<float> o;
+sdpa_data<float> valid_sdpa() {
+    sdpa_data<float> o;
     o.shape = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 5, .d_qk = 2, .d_v = 3};
     o.q.assign(2 * 4 * 3 * 2, 0.5f);
     o.k.assign(2 * 2 * 5 * 2, 0.25f);
@@ -414,18 +398,9 @@ owned_sdpa<float> valid_sdpa() {
     return o;
 }
 
-void expect_invalid(const owned_sdpa<float>& o, std::initializer_list<std::string> words) {
+void expect_invalid(const sdpa_data<float>& o, std::initializer_list<std::string> words) {
     const qkv::sdpa_problem p = o.view();
-    bool thrown = false;
-    try {
-        qkv::validate(p);
-    } catch (const qkv::invalid_argument& e) {
-        thrown = true;
-        const std::string message = e.what();
-        INFO("message: " << message);
-        for (const std::string& w : words) CHECK(message.find(w) != std::string::npos);
-    }
-    CHECK(thrown);
+    qkv_test::expect_invalid([&] { qkv::validate(p); }, words);
     CHECK_THROWS_AS(qkv::cpu::sdpa(p), qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::cpu::sdpa_f64(p), qkv::invalid_argument);
 }
@@ -433,7 +408,7 @@ void expect_invalid(const owned_sdpa<float>& o, std::initializer_list<std::strin
 }  // namespace
 
 TEST_CASE("validate(sdpa): valid problems pass", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     CHECK_NOTHROW(qkv::validate(o.view()));
     o.mask.assign(5, 1);
     o.mask_shape = {5};
@@ -456,14 +431,14 @@ TEST_CASE("validate(sdpa): zero dimensions", "[cpu][sdpa][validate]") {
           std::pair{&qkv::sdpa_shape::kv_len, "kv_len"}, std::pair{&qkv::sdpa_shape::d_qk, "d_qk"},
           std::pair{&qkv::sdpa_shape::d_v, "d_v"}}) {
         INFO(name);
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.shape.*member = 0;
         expect_invalid(o, {name, "at least 1"});
     }
 }
 
 TEST_CASE("validate(sdpa): kv_heads must divide q_heads, naming q and k", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     o.shape.kv_heads = 3;
     o.k.assign(2 * 3 * 5 * 2, 0.f), o.v.assign(2 * 3 * 5 * 3, 0.f);
     expect_invalid(o, {"kv_heads (3) must divide q_heads (4)", "q is (2, 4, 3, 2)", "k is (2, 3, 5, 2)"});
@@ -471,40 +446,40 @@ TEST_CASE("validate(sdpa): kv_heads must divide q_heads, naming q and k", "[cpu]
 
 TEST_CASE("validate(sdpa): spans must fit the shape", "[cpu][sdpa][validate]") {
     SECTION("q") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.q.pop_back();
         expect_invalid(o, {"q has 47 elements", "batch x q_heads x q_len x d_qk = 2 x 4 x 3 x 2 = 48"});
     }
     SECTION("k: a width other than q's") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.k.assign(2 * 2 * 5 * 3, 0.f);
         expect_invalid(o, {"k has 60 elements", "batch x kv_heads x kv_len x d_qk = 2 x 2 x 5 x 2 = 40"});
     }
     SECTION("v: a length other than k's") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.v.assign(2 * 2 * 4 * 3, 0.f);
         expect_invalid(o, {"v has 48 elements", "batch x kv_heads x kv_len x d_v = 2 x 2 x 5 x 3 = 60"});
     }
     SECTION("a mask with more elements than its shape") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.mask.assign(6, 1);
         o.mask_shape = {5};
         expect_invalid(o, {"mask has 6 elements", "(5,) = 5"});
     }
     SECTION("an additive mask with fewer elements than L x S") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.additive.assign(14, 0.f);
         expect_invalid(o, {"additive_mask has 14 elements", "(3, 5) = 15"});
     }
     SECTION("a mask shape without a mask") {
-        owned_sdpa<float> o = valid_sdpa();
+        sdpa_data<float> o = valid_sdpa();
         o.mask_shape = {3, 5};
         expect_invalid(o, {"mask_shape (3, 5) given without a mask"});
     }
 }
 
 TEST_CASE("validate(sdpa): masks must broadcast to (B, Hq, L, S)", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     o.mask.assign(4, 1);
     o.mask_shape = {4};
     expect_invalid(o, {"mask shape (4,) does not broadcast to (batch, q_heads, q_len, kv_len) = (2, 4, 3, 5)",
@@ -522,28 +497,28 @@ TEST_CASE("validate(sdpa): masks must broadcast to (B, Hq, L, S)", "[cpu][sdpa][
 }
 
 TEST_CASE("validate(sdpa): mask values and scale", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     o.mask = {1, 0, 2, 1, 1};
     o.mask_shape = {5};
     expect_invalid(o, {"mask values must be 0 or 1", "element 2 is 2"});
     for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                       std::numeric_limits<float>::quiet_NaN()}) {
-        owned_sdpa<float> s = valid_sdpa();
+        sdpa_data<float> s = valid_sdpa();
         s.options.scale = bad;
         expect_invalid(s, {"scale must be finite"});
     }
     // Any finite scale is valid, negative and zero included (PyTorch's scale= takes them).
     for (float good : {0.f, -0.f, -1.f, -3.4e38f, 1e-45f, 3.4e38f}) {
-        owned_sdpa<float> s = valid_sdpa();
+        sdpa_data<float> s = valid_sdpa();
         s.options.scale = good;
         CHECK_NOTHROW(qkv::validate(s.view()));
-        owned_sdpa<double> d;
+        sdpa_data<double> d;
         d.shape = s.shape;
         d.q.assign(s.q.begin(), s.q.end()), d.k.assign(s.k.begin(), s.k.end()), d.v.assign(s.v.begin(), s.v.end());
         d.options = s.options;
         CHECK_NOTHROW(qkv::validate(d.view()));
     }
-    owned_sdpa<float> a = valid_sdpa();
+    sdpa_data<float> a = valid_sdpa();
     a.options.alignment = static_cast<qkv::causal_alignment>(7);
     expect_invalid(a, {"unknown alignment (7)"});
 }
@@ -556,7 +531,7 @@ static_assert(static_cast<int>(qkv::causal_alignment::bottom_right) ==
               static_cast<int>(qkv::causal_mode::bottom_right));
 
 TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, nothing else", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     o.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
     CHECK_NOTHROW(qkv::validate(o.view()));
     for (const bool causal : {true, false}) {
@@ -569,7 +544,7 @@ TEST_CASE("validate(sdpa): the alignment is top_left or bottom_right, nothing el
 }
 
 TEST_CASE("validate(sdpa): size products must not overflow", "[cpu][sdpa][validate]") {
-    owned_sdpa<float> o = valid_sdpa();
+    sdpa_data<float> o = valid_sdpa();
     o.shape.q_len = std::size_t{1} << 62;
     expect_invalid(o, {"shape too large"});
 }

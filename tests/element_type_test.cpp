@@ -21,6 +21,7 @@
 
 #include "npy/npy.hpp"
 #include "support/catch.hpp"
+#include "support/expect.hpp"
 
 namespace {
 
@@ -51,20 +52,6 @@ unsigned q4(const std::vector<std::byte>& blocks, std::size_t block, std::size_t
     return j < 16 ? byte & 0x0fu : byte >> 4;
 }
 
-template <class F>
-void expect_invalid(F&& call, std::initializer_list<std::string> words) {
-    bool thrown = false;
-    try {
-        call();
-    } catch (const qkv::invalid_argument& e) {
-        thrown = true;
-        const std::string message = e.what();
-        INFO("message: " << message);
-        for (const std::string& w : words) CHECK(message.find(w) != std::string::npos);
-    }
-    CHECK(thrown);
-}
-
 std::vector<std::byte> read_bytes(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
     REQUIRE(in);
@@ -93,10 +80,11 @@ TEST_CASE("element_type: names, block sizes, bytes", "[element_type]") {
     CHECK(qkv::bytes_for(element_type::q8_0, 64) == 68);
     CHECK(qkv::bytes_for(element_type::q4_0, 96) == 54);
     CHECK(qkv::bytes_for(element_type::q4_0, 0) == 0);
-    expect_invalid([] { (void)qkv::bytes_for(element_type::q8_0, 40); }, {"q8_0", "blocks of 32", "40"});
-    expect_invalid([] { (void)qkv::bytes_for(element_type::f32, std::numeric_limits<std::size_t>::max()); },
-                   {"overflow"});
-    expect_invalid([] { (void)qkv::bytes_for(static_cast<element_type>(9), 1); }, {"unknown element type (9)"});
+    qkv_test::expect_invalid([] { (void)qkv::bytes_for(element_type::q8_0, 40); }, {"q8_0", "blocks of 32", "40"});
+    qkv_test::expect_invalid([] { (void)qkv::bytes_for(element_type::f32, std::numeric_limits<std::size_t>::max()); },
+                             {"overflow"});
+    qkv_test::expect_invalid([] { (void)qkv::bytes_for(static_cast<element_type>(9), 1); },
+                             {"unknown element type (9)"});
 }
 
 TEST_CASE("float16: rounding to nearest, ties to even, and every pattern back", "[element_type][f16]") {
@@ -287,28 +275,31 @@ TEST_CASE("quantize refuses what it cannot store, writing nothing", "[element_ty
     std::vector<std::byte> out(qkv::bytes_for(element_type::q8_0, 64), std::byte{0x5a});
     const std::vector<std::byte> before = out;
     x[37] = f_nan;
-    expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); }, {"q8_0", "element 37", "nan", "finite"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); },
+                             {"q8_0", "element 37", "nan", "finite"});
     x[37] = -f_inf;
-    expect_invalid([&] { qkv::quantize(element_type::q4_0, x, std::span(out).first(36)); }, {"q4_0", "element 37"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q4_0, x, std::span(out).first(36)); },
+                             {"q4_0", "element 37"});
     CHECK(out == before);
     // d beyond float16: q8_0 max|x| = 9e6 (d = 70,866), q4_0 |m| = 6e5 (d = 75,000). Just inside:
     // q8_0 8.3e6 (d = 65,354), q4_0 5.2e5 (d = 65,000).
     x.assign(64, 1.0f);
     x[40] = 9e6f;
-    expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); },
-                   {"q8_0", "block 1", "elements 32 to 63", "float16"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q8_0, x, out); },
+                             {"q8_0", "block 1", "elements 32 to 63", "float16"});
     CHECK(out == before);
     x[40] = 8.3e6f;
     CHECK_NOTHROW(qkv::quantize(element_type::q8_0, x, out));
     std::vector<std::byte> out4(qkv::bytes_for(element_type::q4_0, 64));
     x[40] = -6e5f;
-    expect_invalid([&] { qkv::quantize(element_type::q4_0, x, out4); }, {"q4_0", "block 1", "m / -8"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q4_0, x, out4); }, {"q4_0", "block 1", "m / -8"});
     x[40] = -5.2e5f;
     CHECK_NOTHROW(qkv::quantize(element_type::q4_0, x, out4));
     // f16: a finite value past 65519.99 would round to inf; NaN and inf are stored as such.
     std::vector<float> h = {1.f, 65504.f, 65519.f, -65520.f};
     std::vector<std::byte> out16(8);
-    expect_invalid([&] { qkv::quantize(element_type::f16, h, out16); }, {"f16", "element 3", "-65520", "65504"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::f16, h, out16); },
+                             {"f16", "element 3", "-65520", "65504"});
     h[3] = f_inf;
     CHECK_NOTHROW(qkv::quantize(element_type::f16, h, out16));
     std::vector<float> back(4);
@@ -316,13 +307,15 @@ TEST_CASE("quantize refuses what it cannot store, writing nothing", "[element_ty
     CHECK(back[2] == 65504.f);
     CHECK(back[3] == f_inf);
     // Sizes.
-    expect_invalid([&] { qkv::quantize(element_type::q8_0, std::span(x).first(40), out); }, {"blocks of 32", "40"});
-    expect_invalid([&] { qkv::quantize(element_type::q8_0, x, std::span(out).first(67)); },
-                   {"out has 67 bytes, expected 68"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q8_0, std::span(x).first(40), out); },
+                             {"blocks of 32", "40"});
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::q8_0, x, std::span(out).first(67)); },
+                             {"out has 67 bytes, expected 68"});
     std::vector<float> back64(64);
-    expect_invalid([&] { qkv::dequantize(element_type::q4_0, std::span(out4).first(35), back64); },
-                   {"in has 35 bytes, expected 36"});
-    expect_invalid([&] { (void)qkv::round_trip(static_cast<element_type>(7), x); }, {"unknown element type (7)"});
+    qkv_test::expect_invalid([&] { qkv::dequantize(element_type::q4_0, std::span(out4).first(35), back64); },
+                             {"in has 35 bytes, expected 36"});
+    qkv_test::expect_invalid([&] { (void)qkv::round_trip(static_cast<element_type>(7), x); },
+                             {"unknown element type (7)"});
     // f32 stores every float, NaN and inf included.
     std::vector<float> odd = {f_nan, -f_inf, 3.4e38f, -0.0f};
     const std::vector<float> rt = qkv::round_trip(element_type::f32, odd);

@@ -23,7 +23,9 @@
 
 #include "npy/npy.hpp"
 #include "support/catch.hpp"
+#include "support/expect.hpp"
 #include "support/reference.hpp"
+#include "support/sdpa_problems.hpp"
 
 namespace {
 
@@ -34,34 +36,15 @@ using qkv::element_type;
 
 constexpr double inf = std::numeric_limits<double>::infinity();
 
-/// A problem over data it owns, element type T.
-template <class T>
-struct owned {
-    qkv::sdpa_shape shape{};
-    std::vector<T> q, k, v, additive, sinks;
-    std::vector<std::uint8_t> mask;
-    dims mask_shape;
-    qkv::sdpa_options options{};
-
-    [[nodiscard]] qkv::basic_sdpa_problem<T> view() const {
-        qkv::basic_sdpa_problem<T> p;
-        p.shape = shape;
-        p.q = q, p.k = k, p.v = v;
-        p.mask = mask, p.additive_mask = additive;
-        p.mask_shape = mask_shape;
-        p.options = options;
-        p.sinks = sinks;
-        return p;
-    }
-};
+using qkv_test::sdpa_data;
 
 template <class To, class From>
 std::vector<To> convert(const std::vector<From>& v) {
     return std::vector<To>(v.begin(), v.end());
 }
 
-owned<double> widen(const owned<float>& o) {
-    owned<double> d;
+sdpa_data<double> widen(const sdpa_data<float>& o) {
+    sdpa_data<double> d;
     d.shape = o.shape;
     d.q = convert<double>(o.q), d.k = convert<double>(o.k), d.v = convert<double>(o.v);
     d.additive = convert<double>(o.additive), d.sinks = convert<double>(o.sinks);
@@ -77,7 +60,7 @@ struct reference_result {
 
 /// Straight loops over (b, h, i, j), each rule as the header states it. K and V are taken as given
 /// (the caller round-trips them for a kv_type).
-reference_result reference(const owned<double>& p) {
+reference_result reference(const sdpa_data<double>& p) {
     const qkv::sdpa_shape& s = p.shape;
     const qkv::sdpa_options& o = p.options;
     const std::size_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, L = s.q_len, S = s.kv_len, E = s.d_qk, Ev = s.d_v;
@@ -185,14 +168,14 @@ void check_close(const std::vector<T>& got, const std::vector<double>& want, dou
 // ---- The NumPy fixtures -------------------------------------------------------------------------
 
 struct fixture {
-    owned<float> problem;
+    sdpa_data<float> problem;
     std::vector<double> out, weights, lse;
 };
 
 fixture load(const std::string& name) {
     const fs::path dir = fs::path(QKV_TEST_DATA_DIR) / "sdpa" / "features" / name;
     fixture f;
-    owned<float>& o = f.problem;
+    sdpa_data<float>& o = f.problem;
     const qkv::npy::array q = qkv::npy::read(dir / "q.npy"), k = qkv::npy::read(dir / "k.npy"),
                           v = qkv::npy::read(dir / "v.npy");
     const auto four = [](const dims& d) {
@@ -286,26 +269,17 @@ std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng, double sig
     return f;
 }
 
-void expect_invalid(const owned<float>& o, std::initializer_list<std::string> words) {
+void expect_invalid(const sdpa_data<float>& o, std::initializer_list<std::string> words) {
     const qkv::sdpa_problem p = o.view();
-    bool thrown = false;
-    try {
-        qkv::validate(p);
-    } catch (const qkv::invalid_argument& e) {
-        thrown = true;
-        const std::string message = e.what();
-        INFO("message: " << message);
-        for (const std::string& w : words) CHECK(message.find(w) != std::string::npos);
-    }
-    CHECK(thrown);
+    qkv_test::expect_invalid([&] { qkv::validate(p); }, words);
     CHECK_THROWS_AS(qkv::validate(widen(o).view()), qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::cpu::sdpa(p), qkv::invalid_argument);
     CHECK_THROWS_AS(qkv::cpu::sdpa_f64(p), qkv::invalid_argument);
 }
 
-owned<float> valid() {
+sdpa_data<float> valid() {
     std::mt19937_64 rng(5);
-    owned<float> o;
+    sdpa_data<float> o;
     o.shape = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 5, .d_qk = 32, .d_v = 64};
     o.q = random_floats(2 * 4 * 3 * 32, rng);
     o.k = random_floats(2 * 2 * 5 * 32, rng);
@@ -351,7 +325,7 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                 // Hq, Hkv: 1:1, 4:2, 12:4 (GQA, Hq not a power of two), 20:5.
                 const std::size_t heads[4][2] = {{1, 1}, {4, 2}, {12, 4}, {20, 5}};
                 const std::size_t* hh = heads[cases % 4];
-                owned<double> o;
+                sdpa_data<double> o;
                 o.shape = {.batch = 1 + cases % 2,
                            .q_heads = hh[0],
                            .kv_heads = hh[1],
@@ -407,7 +381,7 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
 
 TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[cpu][sdpa][features]") {
     std::mt19937_64 rng(24);
-    owned<float> o;
+    sdpa_data<float> o;
     o.shape = {.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 64, .d_v = 32};
     o.q = random_floats(2 * 4 * 17 * 64, rng);
     o.k = random_floats(2 * 2 * 113 * 64, rng);
@@ -430,7 +404,7 @@ TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[
         o.options.kv_type = t;
         CHECK(qkv::stored_kv_type(o.options) == t);
         const qkv::sdpa_output_f64 got = qkv::cpu::sdpa_f64(o.view());
-        owned<float> manual = o;
+        sdpa_data<float> manual = o;
         manual.options.kv_type.reset();
         manual.k = qkv::round_trip(t, o.k);
         manual.v = qkv::round_trip(t, o.v);
@@ -446,7 +420,7 @@ TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[
         CHECK(err < (t == element_type::f16 ? 1e-6 : t == element_type::q8_0 ? 1e-3 : 2e-2));
     }
     // A float64 K beyond float32 cannot be stored as any kv_type; a NaN cannot be quantized.
-    owned<double> big = widen(o);
+    sdpa_data<double> big = widen(o);
     big.k[5] = 1e300;
     for (const element_type t : {element_type::f32, element_type::q8_0}) {
         big.options.kv_type = t;
@@ -467,7 +441,7 @@ TEST_CASE("cpu sdpa: K/V stored as kv_type are round_trip(K), round_trip(V)", "[
 
 TEST_CASE("cpu sdpa: sinks, softcap and ALiBi switched off give exactly the plain call", "[cpu][sdpa][features]") {
     std::mt19937_64 rng(8);
-    owned<float> o = valid();
+    sdpa_data<float> o = valid();
     o.options.return_weights = true;
     o.options.return_lse = true;
     o.options.causal = true;
@@ -499,7 +473,7 @@ TEST_CASE("cpu sdpa: sinks, softcap and ALiBi switched off give exactly the plai
 
 TEST_CASE("cpu sdpa: a row with no key gets zeros and lse -inf, sinks or not; a NaN row gets NaN lse",
           "[cpu][sdpa][features]") {
-    owned<float> o = valid();
+    sdpa_data<float> o = valid();
     o.options.return_lse = true;
     o.options.return_weights = true;
     o.sinks = {1.f, 2.f, 3.f, 4.f};
@@ -561,7 +535,7 @@ TEST_CASE("visible_keys and alibi_slope", "[cpu][sdpa][features]") {
 
 TEST_CASE("validate(sdpa): the new options, named", "[cpu][sdpa][validate][features]") {
     CHECK_NOTHROW(qkv::validate(valid().view()));
-    owned<float> o = valid();
+    sdpa_data<float> o = valid();
     o.options.window_left = -2;
     expect_invalid(o, {"window_left must be -1 (unbounded) or at least 0", "-2"});
     o = valid();
@@ -604,7 +578,7 @@ TEST_CASE("validate(sdpa): the new options, named", "[cpu][sdpa][validate][featu
 }
 
 TEST_CASE("validate_queries: every check of validate but K and V, which must be empty", "[cpu][sdpa][validate]") {
-    owned<float> o = valid();
+    sdpa_data<float> o = valid();
     CHECK_THROWS_WITH(qkv::validate_queries(o.view()), Catch::Matchers::Contains("k and v must be empty"));
     o.k.clear();
     CHECK_THROWS_WITH(qkv::validate_queries(o.view()), Catch::Matchers::Contains("v 1280"));
@@ -613,12 +587,12 @@ TEST_CASE("validate_queries: every check of validate but K and V, which must be 
     CHECK_NOTHROW(qkv::validate_queries(widen(o).view()));
     CHECK_THROWS_AS(qkv::validate(o.view()), qkv::invalid_argument);  // validate wants K and V
     // The same checks as validate, on q, the masks and the options.
-    const auto refused = [&](owned<float> bad, const std::string& words) {
+    const auto refused = [&](sdpa_data<float> bad, const std::string& words) {
         INFO(words);
         CHECK_THROWS_WITH(qkv::validate_queries(bad.view()), Catch::Matchers::Contains(words));
         CHECK_THROWS_WITH(qkv::validate_queries(widen(bad).view()), Catch::Matchers::Contains(words));
     };
-    owned<float> bad = o;
+    sdpa_data<float> bad = o;
     bad.q.pop_back();
     refused(bad, "q has 767 elements");
     bad = o;
@@ -697,7 +671,7 @@ TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole ca
     for (const bool interleaved : {false, true})
         for (const std::size_t n_parts : sizes{1, 2, 3, 4})
             for (const bool sinks : {false, true}) {
-                owned<double> o;
+                sdpa_data<double> o;
                 o.shape = {.batch = 2, .q_heads = 6, .kv_heads = 3, .q_len = 17, .kv_len = 113, .d_qk = 32, .d_v = 24};
                 const qkv::sdpa_shape& s = o.shape;
                 o.q = qkv_test::normal_values(2 * 6 * 17 * 32, rng);
@@ -720,7 +694,7 @@ TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole ca
                     sink_values[1] = -inf;
                     sink_values[4] = 40.0;  // far above every score
                 }
-                owned<double> whole = o;
+                sdpa_data<double> whole = o;
                 whole.sinks = sink_values;
                 const qkv::sdpa_output_f64 want = qkv::cpu::sdpa(whole.view());
 
@@ -729,7 +703,7 @@ TEST_CASE("merge_attention: parts over disjoint key sets merge into the whole ca
                 const auto part_of = [&](std::size_t j) { return interleaved ? j % n_parts : j * n_parts / s.kv_len; };
                 std::vector<qkv::sdpa_output_f64> outs;
                 for (std::size_t p = 0; p < n_parts; ++p) {
-                    owned<double> part = o;
+                    sdpa_data<double> part = o;
                     for (std::size_t b = 0; b < 2; ++b)
                         for (std::size_t i = 0; i < 17; ++i)
                             for (std::size_t j = 0; j < 113; ++j)

@@ -1,4 +1,4 @@
-// Random SDPA problems that own their data, for the run-time tests of sdpa (both kernel
+// SDPA problems that own their data, for the run-time tests of sdpa (the CPU backend, both kernel
 // families, decode, the cache): one builder, so every test draws its data the same way.
 #pragma once
 
@@ -35,7 +35,30 @@ qkv::sdpa_shape shape_of(const Spec& s) {
             .d_v = s.d_v};
 }
 
-/// A problem that owns its data; `problem` views it (its spans stay valid when this moves).
+/// A problem over data it owns, of element type T (float; double for sdpa_f64), built field by
+/// field; view() is the problem over it (valid while this lives unchanged).
+template <class T>
+struct sdpa_data {
+    qkv::sdpa_shape shape{};
+    std::vector<T> q, k, v, additive, sinks;
+    std::vector<std::uint8_t> mask;
+    std::vector<std::size_t> mask_shape;
+    qkv::sdpa_options options{};
+
+    [[nodiscard]] qkv::basic_sdpa_problem<T> view() const {
+        qkv::basic_sdpa_problem<T> p;
+        p.shape = shape;
+        p.q = q, p.k = k, p.v = v;
+        p.mask = mask, p.additive_mask = additive;
+        p.mask_shape = mask_shape;
+        p.options = options;
+        p.sinks = sinks;
+        return p;
+    }
+};
+
+/// A problem that owns its data, drawn by random_sdpa; `problem` views it (its spans stay valid
+/// when this moves).
 struct owned_sdpa {
     std::vector<float> q, k, v, additive, sinks;
     std::vector<std::uint8_t> mask;
