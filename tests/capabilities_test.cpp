@@ -1,7 +1,7 @@
 // The one table of what each entry point takes (qkv/runtime/capabilities.hpp): its refusals are
 // well formed, require_supported refuses from it and from nothing else, and the README lists it
 // as it is (the grid below, between its markers). The Vulkan entry points' behaviour against the
-// table is tests/tensor_test.cpp's "[capabilities]" case; the MPI ones', tests/mpi/mpi_test.cpp's.
+// table is tests/capabilities_vulkan_test.cpp's; the MPI ones', tests/mpi/mpi_test.cpp's.
 #include <qkv/runtime/capabilities.hpp>
 #include <qkv/runtime/cpu.hpp>
 

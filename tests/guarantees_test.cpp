@@ -1,4 +1,4 @@
-// Never silently wrong, on the newer surfaces (issue 21): sdpa's overflow rule on every route
+// Never silently wrong, on the newer surfaces: sdpa's overflow rule on every route
 // (fused families, decode from the host, decode from a kv_cache), +inf values whose weight
 // underflows, one fp16 convention for the fused and the decode routes, a thread-safe kv_cache,
 // and safe lifetimes of moved-from and orphaned contexts and caches. Validation layer on.

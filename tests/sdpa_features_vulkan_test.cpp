@@ -1,4 +1,4 @@
-// The attention of today's models on the Vulkan backend (issue 24): sliding windows, sinks, softcap,
+// The attention of today's models on the Vulkan backend: sliding windows, sinks, softcap,
 // ALiBi, log-sum-exp, wide heads and quantized K/V, on every path (both fused kernel families, the
 // split-S decode from host K/V and from a kv_cache), validation layer and synchronisation
 // validation on, against the float64 CPU backend (qkv::cpu::sdpa) by normalised MSE, failing on

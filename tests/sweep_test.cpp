@@ -7,7 +7,8 @@
 // QKV_SWEEP_SEED=<n> replays another sweep; QKV_SWEEP_CASES=<n> changes its length.
 //
 // [loop_limit]: widths just past 65,535 (llvmpipe ends every shader loop after 65,535
-// iterations); excluded from the CTest entry until the GEMM k-loop is split (issue 14, item 1).
+// iterations), which the matrix products reach by splitting K across dispatches; in the
+// qkv_sweep_tests entry.
 #include <qkv/vulkan/runtime.hpp>
 
 #include <algorithm>

@@ -15,8 +15,8 @@
 # --reach compiles the proofs tests/compile/reach_static.cpp (one evaluation of self_attention and
 # the staged form at N = 64, d = 64) and tests/compile/reach_staged_256.cpp (staged, N = 256,
 # d = 64), each against its float64 reference, under /usr/bin/time -v, and prints wall-clock and
-# CPU seconds, peak RSS, the load average before the compile, and whether it met the budget of
-# issue 13 (<= QKV_MAX_SECONDS wall-clock seconds, default 60, and <= QKV_MAX_MIB MiB, default
+# CPU seconds, peak RSS, the load average before the compile, and whether it met the budget
+# (<= QKV_MAX_SECONDS wall-clock seconds, default 60, and <= QKV_MAX_MIB MiB, default
 # 3072). The exit status is 1 when a proof fails to compile or exceeds the budget.
 #
 # COMPILER is a GCC or Clang C++ driver (g++, g++-12, clang++, clang++-14, ...).

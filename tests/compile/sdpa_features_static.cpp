@@ -1,5 +1,5 @@
-// Compile-time proofs of the attention options of today's models in qkv::scaled_dot_product_attention
-// (issue 24): softcap, ALiBi (a slope, or ggml's slopes from max_bias), sliding windows in both
+// Compile-time proofs of the attention options of today's models in qkv::scaled_dot_product_attention:
+// softcap, ALiBi (a slope, or ggml's slopes from max_bias), sliding windows in both
 // alignments, sinks and the log-sum-exp, alone and combined, single-head, grouped-query (Hq = 12
 // over Hkv = 4, Hq = 3 over 1) and staged, on odd shapes (L, S in 1, 3, 5, 17; E != Ev), against
 // float64 references computed independently (NumPy, tests/compile/gen_sdpa_reference.py); the

@@ -10,10 +10,11 @@
 //   call.run({.q = &q, .k = &k, .v = &v, .out = &out}); // on the device; throws as the host calls do
 //   std::vector<float> o = out.download();
 //
-// A tensor is row-major and contiguous: `shape` outermost first, of element type f32 or f16 (the
-// quantized types are the K/V cache's storage formats, kv_cache). It keeps its device alive, like
-// a kv_cache: destroying the context first is safe. A moved-from tensor is empty: using it throws
-// qkv::error. Member functions are thread-safe (the device's lock).
+// A tensor is row-major and contiguous: `shape` outermost first, of element type f32, f16, or
+// q8_0 / q4_0 (ggml's blocks of 32 values along the last dimension, as a kv_cache stores them: K
+// and V tensors of a quantized kv_type, and the rows appended to a quantized cache). It keeps its
+// device alive, like a kv_cache: destroying the context first is safe. A moved-from tensor is
+// empty: using it throws qkv::error. Member functions are thread-safe (the device's lock).
 #pragma once
 
 #include <cstddef>
@@ -32,9 +33,10 @@ class QKV_VULKAN_API tensor {
 public:
     /// An empty tensor (no memory; using it throws qkv::error).
     tensor() noexcept;
-    /// New device memory of `shape` and `type` (f32 or f16) on ctx's device, counted towards
+    /// New device memory of `shape` and `type` on ctx's device, counted towards
     /// context_options::device_memory_limit; its contents are undefined until written. Throws
-    /// qkv::invalid_argument (a zero dimension, a size that overflows, another type),
+    /// qkv::invalid_argument (a zero dimension, a size that overflows, an unknown type, a q8_0 /
+    /// q4_0 last dimension that is not a multiple of 32),
     /// limit_exceeded (beyond maxStorageBufferRange), out_of_memory, unavailable (f16 on a
     /// device without 16-bit storage).
     tensor(context& ctx, std::vector<std::size_t> shape, element_type type = element_type::f32);
@@ -46,9 +48,10 @@ public:
 
     /// Host values into the tensor (elements() of them, row-major), converted to its type: f16
     /// rounds to nearest even and refuses a finite value beyond float16's range
-    /// (numeric_overflow; nothing is written). Waits until the device has them.
+    /// (numeric_overflow; nothing is written); q8_0 / q4_0 quantize (qkv::quantize). Waits until
+    /// the device has them.
     void upload(std::span<const float> values);
-    /// The tensor's values, as float32. Waits for the device.
+    /// The tensor's values, as float32 (a quantized tensor's dequantized). Waits for the device.
     [[nodiscard]] std::vector<float> download() const;
 
     [[nodiscard]] const std::vector<std::size_t>& shape() const;
