@@ -124,9 +124,7 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     auto r = std::make_unique<recording::impl>();
     r->core = c->core;
-    std::lock_guard lock(c->core->mutex);
-    c->core->check_alive();
-    c->check_room(rows, "record_append", nullptr);
+    const auto lock = c->lock_for_append(rows, "record_append", nullptr);
     r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
     if (rows) c->record_append(*r->rec, k, v, rows, r->scratch);
     r->cache = c;  // its storage and statistics live until the recording goes (after the commands)

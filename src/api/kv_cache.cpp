@@ -69,6 +69,13 @@ void kv_cache::impl::check_room(std::size_t rows, const char* what, const void* 
                              " rows; nothing was done");
 }
 
+std::unique_lock<std::mutex> kv_cache::impl::lock_for_append(std::size_t rows, const char* what, const void* by) const {
+    std::unique_lock lock(core->mutex);
+    core->check_alive();
+    check_room(rows, what, by);
+    return lock;
+}
+
 kv_stats kv_cache::impl::read_stats() const {
     stats.invalidate();
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
@@ -393,11 +400,7 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
         throw out_of_memory("host memory allocation failed while appending to a kv_cache");
     }
     device_core& core = *c.core;
-    // Every check against the cache's size and every write happen under the device's lock, so
-    // concurrent appends both fit or one is refused with nothing appended.
-    std::lock_guard lock(core.mutex);
-    core.check_alive();
-    c.check_room(rows, "kv_cache::append", nullptr);
+    const auto lock = c.lock_for_append(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::uint64_t tb = c.texel_bytes;
     core.guarded("kv_cache::append", [&] {
@@ -529,9 +532,7 @@ void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor
 void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
     impl& c = alive(impl_);
     device_core& core = *c.core;
-    std::lock_guard lock(core.mutex);
-    core.check_alive();
-    c.check_room(rows, "kv_cache::append", nullptr);
+    const auto lock = c.lock_for_append(rows, "kv_cache::append", nullptr);
     if (rows == 0) return;
     const std::size_t before = c.size;
     try {

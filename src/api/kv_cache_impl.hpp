@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "api/device_core.hpp"
@@ -53,6 +54,11 @@ struct kv_cache::impl {
     void check_ready(const char* what, const void* by) const;
     /// check_ready, then refuses (limit_exceeded) `rows` more than the room left: nothing done.
     void check_room(std::size_t rows, const char* what, const void* by) const;
+    /// The start of every append: the device's lock taken, the device alive, check_room. Every
+    /// check against the size and every write happen under the lock, so concurrent appends both
+    /// fit or one is refused with nothing appended.
+    [[nodiscard]] std::unique_lock<std::mutex> lock_for_append(std::size_t rows, const char* what,
+                                                               const void* by) const;
     /// Records an append of device tensors of the cache's type (the lock held, `rows` checked): the
     /// guard's rows pass into `stats`, then K and V packed into their rows (texels), or their blocks
     /// copied (q8_0, q4_0: their values read as float32 into `scratch` for the guard first, which

@@ -35,9 +35,7 @@ void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, 
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     if (c->core != s.core) throw qkv::invalid_argument("sequence::record_append: the cache is on another device");
     cache_refs release;  // after the lock
-    std::lock_guard lock(s.core->mutex);
-    s.core->check_alive();
-    c->check_room(rows, "sequence::record_append", &s);
+    const auto lock = c->lock_for_append(rows, "sequence::record_append", &s);
     if (rows == 0) return;
     s.core->guarded("sequence::record_append", [&] {
         s.ensure_begun();

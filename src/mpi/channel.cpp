@@ -165,25 +165,24 @@ channel::~channel() {
 }
 
 std::size_t channel::post_send(shared_bytes data, int peer, int tag, std::string what) {
-    transfer t{.requests = {}, .data = std::move(data), .peer = peer, .send = true, .what = std::move(what)};
-    for (std::size_t at = 0; at < t.data->size(); at += piece_bytes) {
-        const std::size_t n = std::min(piece_bytes, t.data->size() - at);
-        MPI_Request r = MPI_REQUEST_NULL;
-        check_mpi(MPI_Isend(t.data->data() + at, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
-        t.requests.push_back(r);
-    }
-    sent_ += t.data->size();
-    t.posted = clock::now();
-    transfers_.push_back(std::move(t));
-    return transfers_.size() - 1;
+    const std::size_t posted = post(std::move(data), peer, tag, std::move(what), true);
+    sent_ += transfers_.back().data->size();
+    return posted;
 }
 
 std::size_t channel::post_recv(shared_bytes data, int peer, int tag, std::string what) {
-    transfer t{.requests = {}, .data = std::move(data), .peer = peer, .send = false, .what = std::move(what)};
+    return post(std::move(data), peer, tag, std::move(what), false);
+}
+
+std::size_t channel::post(shared_bytes data, int peer, int tag, std::string what, bool send) {
+    transfer t{.requests = {}, .data = std::move(data), .peer = peer, .send = send, .what = std::move(what)};
     for (std::size_t at = 0; at < t.data->size(); at += piece_bytes) {
-        const std::size_t n = std::min(piece_bytes, t.data->size() - at);
+        const int n = static_cast<int>(std::min(piece_bytes, t.data->size() - at));
         MPI_Request r = MPI_REQUEST_NULL;
-        check_mpi(MPI_Irecv(t.data->data() + at, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
+        if (send)
+            check_mpi(MPI_Isend(t.data->data() + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
+        else
+            check_mpi(MPI_Irecv(t.data->data() + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
         t.requests.push_back(r);
     }
     t.posted = clock::now();

@@ -99,6 +99,8 @@ private:
         std::string what;
         clock::time_point posted{}, done{};
     };
+    /// post_send and post_recv: the transfer in pieces MPI's int counts can hold.
+    std::size_t post(shared_bytes data, int peer, int tag, std::string what, bool send);
     void poll(std::span<const std::size_t> which, bool& all_done);
     void poll_others();
     void check_notices();

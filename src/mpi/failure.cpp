@@ -15,22 +15,12 @@
 namespace qkv::mpi::detail {
 namespace {
 
-template <class E>
-bool is(const std::exception& e) {
-    return dynamic_cast<const E*>(&e) != nullptr;
-}
-
-template <class E>
-[[noreturn]] void throw_as(const std::string& message) {
-    throw E(message);
-}
-
 /// The built-in kinds, tried before the registered ones (none derives from another's type), and
 /// the generic ones tried after them.
-constexpr failure_kind invalid_argument_kind{2, &is<qkv::invalid_argument>, &throw_as<qkv::invalid_argument>};
-constexpr failure_kind timeout_kind{5, &is<qkv::mpi::timeout>, &throw_as<qkv::mpi::timeout>};
-constexpr failure_kind mpi_error_kind{4, &is<qkv::mpi::error>, &throw_as<qkv::mpi::error>};
-constexpr failure_kind qkv_error_kind{3, &is<qkv::error>, &throw_as<qkv::error>};
+constexpr failure_kind invalid_argument_kind = kind_of<qkv::invalid_argument>(2);
+constexpr failure_kind timeout_kind = kind_of<qkv::mpi::timeout>(5);
+constexpr failure_kind mpi_error_kind = kind_of<qkv::mpi::error>(4);
+constexpr failure_kind qkv_error_kind = kind_of<qkv::error>(3);
 constexpr std::int32_t other_code = 6;  // any other exception: qkv::mpi::error on every rank
 
 std::mutex& registry_mutex() {

@@ -48,6 +48,13 @@ struct failure_kind {
     void (*rethrow)(const std::string& message);  ///< throws, never returns
 };
 
+/// The kind of exception type E (constructible from its message), under `code`.
+template <class E>
+constexpr failure_kind kind_of(std::int32_t code) {
+    return {code, [](const std::exception& e) { return dynamic_cast<const E*>(&e) != nullptr; },
+            [](const std::string& message) { throw E(message); }};
+}
+
 /// Adds a kind to the codec (before any channel runs: from a static initialiser of the backend's
 /// source). A code already registered is refused (std::logic_error).
 void register_failure_kind(const failure_kind& kind);

@@ -15,30 +15,17 @@
 namespace qkv::mpi {
 namespace {
 
-template <class E>
-bool is(const std::exception& e) {
-    return dynamic_cast<const E*>(&e) != nullptr;
-}
-
-template <class E>
-[[noreturn]] void throw_as(const std::string& message) {
-    throw E(message);
-}
-
 /// The Vulkan backend's errors travel between ranks as themselves (failure.hpp), derived types
 /// before their bases. Registered once, when this library is loaded, and again (a no-op) by
 /// every vulkan_backend, for a static link that would leave the initialiser out.
 bool register_vulkan_failures() {
     static const bool done = [] {
         namespace vk = qkv::vulkan;
+        using detail::kind_of;
         for (const detail::failure_kind& k :
-             {detail::failure_kind{11, &is<vk::no_matching_device>, &throw_as<vk::no_matching_device>},
-              detail::failure_kind{10, &is<vk::unavailable>, &throw_as<vk::unavailable>},
-              detail::failure_kind{12, &is<vk::limit_exceeded>, &throw_as<vk::limit_exceeded>},
-              detail::failure_kind{13, &is<vk::out_of_memory>, &throw_as<vk::out_of_memory>},
-              detail::failure_kind{14, &is<vk::numeric_overflow>, &throw_as<vk::numeric_overflow>},
-              detail::failure_kind{15, &is<vk::device_lost>, &throw_as<vk::device_lost>},
-              detail::failure_kind{16, &is<vk::error>, &throw_as<vk::error>}})
+             {kind_of<vk::no_matching_device>(11), kind_of<vk::unavailable>(10), kind_of<vk::limit_exceeded>(12),
+              kind_of<vk::out_of_memory>(13), kind_of<vk::numeric_overflow>(14), kind_of<vk::device_lost>(15),
+              kind_of<vk::error>(16)})
             detail::register_failure_kind(k);
         return true;
     }();

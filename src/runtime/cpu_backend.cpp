@@ -21,6 +21,7 @@
 #include "qkv/runtime/error.hpp"
 #include "runtime/parallel_for.hpp"
 #include "runtime/sdpa_rows.hpp"
+#include "runtime/shape_checks.hpp"
 
 namespace qkv::cpu {
 namespace {
@@ -146,11 +147,7 @@ results<T> compute_or_explain(const Problem& p) {
         return compute<T>(p);
     } catch (const std::bad_alloc&) {
         const attention_shape& s = p.shape;
-        const auto gib = [](double bytes) {
-            char text[40];
-            std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
-            return std::string(text);
-        };
+        using shape_checks::gib;
         const double n = static_cast<double>(s.batch) * static_cast<double>(s.seq);
         std::string what = "cpu backend: out of host memory for batch " + std::to_string(s.batch) + ", seq " +
                            std::to_string(s.seq) + ", d_in " + std::to_string(s.d_in) + ", d_k " +

@@ -21,6 +21,7 @@
 #include "qkv/runtime/sdpa.hpp"
 #include "runtime/parallel_for.hpp"
 #include "runtime/sdpa_rows.hpp"
+#include "runtime/shape_checks.hpp"
 
 namespace qkv::cpu {
 namespace {
@@ -139,11 +140,7 @@ basic_sdpa_output<T> compute_or_explain(const basic_sdpa_problem<In>& p) {
         return compute<T>(p);
     } catch (const std::bad_alloc&) {
         const sdpa_shape& s = p.shape;
-        const auto gib = [](double bytes) {
-            char text[40];
-            std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
-            return std::string(text);
-        };
+        using shape_checks::gib;
         const double rows =
             static_cast<double>(s.batch) * static_cast<double>(s.q_heads) * static_cast<double>(s.q_len);
         std::string what = "cpu backend: out of host memory for sdpa with batch " + std::to_string(s.batch) +

@@ -83,13 +83,7 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
     const sdpa_shape& s = problem.shape;
     const sdpa_options& opt = problem.options;
 
-    expect_positive("batch", s.batch);
-    expect_positive("q_heads", s.q_heads);
-    expect_positive("kv_heads", s.kv_heads);
-    expect_positive("q_len", s.q_len);
-    expect_positive("kv_len", s.kv_len);
-    expect_positive("d_qk", s.d_qk);
-    expect_positive("d_v", s.d_v);
+    visit_shape(s, [](const char* name, std::size_t d) { expect_positive(name, d); });
     if (s.q_heads % s.kv_heads != 0)
         fail("kv_heads (" + std::to_string(s.kv_heads) + ") must divide q_heads (" + std::to_string(s.q_heads) +
              "): q is " + dims_of({s.batch, s.q_heads, s.q_len, s.d_qk}) + ", k is " +

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <span>
@@ -15,6 +16,13 @@
 namespace qkv::shape_checks {
 
 [[noreturn]] inline void fail(const std::string& message) { throw invalid_argument(message); }
+
+/// "1.5 GiB": a size in the messages of a host allocation that failed.
+inline std::string gib(double bytes) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
+    return std::string(text);
+}
 
 /// One factor of a size product: its name in messages and its value.
 struct factor {
