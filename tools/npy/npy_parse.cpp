@@ -2,27 +2,8 @@
 #include "npy_detail.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <bit>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <limits>
-#include <memory>
-#include <new>
-#include <system_error>
 #include <utility>
-
-#if defined(_WIN32)
-#include <fcntl.h>
-#include <io.h>
-#include <sys/stat.h>
-#else
-#include <unistd.h>
-#endif
 
 namespace qkv::npy {
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "choice_option.hpp"
+#include "common_flags.hpp"
 #include "errors.hpp"
 #include "flag_args.hpp"
 #include "names.hpp"
@@ -64,17 +65,10 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         ->type_name("BO.npy")
         ->needs(wo)
         ->group(inputs);
-    cmd.add_option("--mask", o.files.mask,
-                   "Mask: bool (true = may attend) or float32/float64 (added to the scaled scores; "
-                   "-inf masks)")
-        ->type_name("M.npy")
-        ->group(inputs);
+    add_mask_option(cmd, o.files.mask, "")->group(inputs);
 
     const std::string outputs = "Outputs";
-    cmd.add_option("--out", o.out, "Where to write the attention output")
-        ->required()
-        ->type_name("OUT.npy")
-        ->group(outputs);
+    add_out_option(cmd, o.out)->group(outputs);
     o.weights_option =
         cmd.add_option("--weights", o.weights, "Also write the attention probabilities (needs --impl staged or auto)")
             ->type_name("W.npy")
@@ -95,9 +89,9 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         ->group(attention);
 
     const std::string running = "Backend";
-    add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
-                        "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --impl "
-                        "and --device")
+    add_backend_option(cmd, o.choice,
+                       "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --impl "
+                       "and --device")
         ->group(running);
     add_choice<qkv::precision>(cmd, "--precision", o.precision, precision_names(),
                                "fp32, or fp16: Q, K, V stored in float16 (needs a device with 16-bit storage)")
@@ -112,11 +106,7 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         "row_tiles (rows on SIMD lanes, texel-buffer loads) or block_tiles (shared-memory tiles); cpu and gpu "
         "are their old names")
         ->group(running);
-    cmd.add_option("--device", o.device,
-                   "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
-                   "else the best device")
-        ->type_name("INDEX|NAME")
-        ->group(running);
+    add_device_option(cmd, o.device)->group(running);
 }
 
 }  // namespace qkv::cli

@@ -7,12 +7,8 @@
 
 #include "attention_inputs.hpp"
 #include "backend.hpp"
+#include "cli_fwd.hpp"
 #include "qkv/runtime/problem.hpp"
-
-namespace CLI {
-class App;
-class Option;
-}  // namespace CLI
 
 namespace qkv::cli {
 

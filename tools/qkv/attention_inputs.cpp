@@ -1,10 +1,7 @@
 // Reading and checking the inputs of `qkv attention` (see attention_inputs.hpp).
 #include "attention_inputs.hpp"
 
-#include <cmath>
-#include <cstdio>
 #include <initializer_list>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -25,51 +22,6 @@ std::string tuple(std::initializer_list<std::string> parts) {
 }
 
 std::string str(std::size_t n) { return std::to_string(n); }
-
-/// Weights, biases and x hold numbers: float32 or float64, kept as they are.
-numeric_input numbers(const qkv::npy::array& a, const std::string& role) {
-    if (a.type == qkv::npy::dtype::b1)
-        throw usage_error(a.name + " has dtype bool: " + role + " must be float32 or float64");
-    numeric_input n;
-    n.name = a.name;
-    n.float64 = a.type == qkv::npy::dtype::f64;
-    try {
-        if (n.float64)
-            n.f64 = a.to_double();
-        else
-            n.f32 = a.to_float();
-    } catch (const qkv::npy::error& e) {
-        throw usage_error(e.what());
-    }
-    return n;
-}
-
-std::string number(double v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.9g", v);
-    return text;
-}
-
-void narrow(numeric_input& n) {
-    if (!n.float64 || !n.f32.empty() || n.f64.empty()) return;
-    constexpr double max = std::numeric_limits<float>::max();
-    n.f32.resize(n.f64.size());
-    for (std::size_t i = 0; i < n.f64.size(); ++i) {
-        const double v = n.f64[i];
-        if (std::isfinite(v) && std::fabs(v) > max) {
-            n.f32.clear();
-            throw usage_error(n.name + ": element " + std::to_string(i) + " is " + number(v) +
-                              ", beyond the float32 range (|value| <= 3.4028235e+38); the Vulkan backend "
-                              "computes in float32 (--backend cpu computes float64 inputs in float64)");
-        }
-        n.f32[i] = static_cast<float>(v);
-    }
-}
-
-void widen(numeric_input& n) {
-    if (n.float64 || !n.f64.empty() || n.f32.empty()) return;
-    n.f64.assign(n.f32.begin(), n.f32.end());
-}
 
 /// A 2-D weight with `rows` rows and at least one column: "wq.npy has shape (5, 3) but x.npy has
 /// d_in = 4: wq must be (4, d_k)".
@@ -191,15 +143,7 @@ attention_inputs load_attention_inputs(const attention_files& files, std::size_t
     if (!files.mask.empty()) {
         const qkv::npy::array m = read(files.mask);
         check_mask(m, s, x);
-        if (m.type == qkv::npy::dtype::b1) {
-            try {
-                in.mask = m.to_bool();
-            } catch (const qkv::npy::error& e) {
-                throw usage_error(e.what());
-            }
-        } else {
-            in.additive_mask = numbers(m, "mask");
-        }
+        read_mask(m, in.mask, in.additive_mask);
     }
     return in;
 }
@@ -218,36 +162,33 @@ void attention_inputs::to_float64() {
     for (numeric_input* n : {&x, &wq, &wk, &wv, &bq, &bk, &bv, &wo, &bo, &additive_mask}) widen(*n);
 }
 
-qkv::attention_problem attention_inputs::problem(const qkv::run_options& options) const {
-    return {.shape = shape,
-            .x = x.f32,
-            .wq = wq.f32,
-            .wk = wk.f32,
-            .wv = wv.f32,
-            .bq = bq.f32,
-            .bk = bk.f32,
-            .bv = bv.f32,
-            .wo = wo.f32,
-            .bo = bo.f32,
-            .mask = mask,
-            .additive_mask = additive_mask.f32,
+namespace {
+
+template <class Problem, class T>
+Problem view(const attention_inputs& in, const qkv::run_options& options) {
+    return {.shape = in.shape,
+            .x = values<T>(in.x),
+            .wq = values<T>(in.wq),
+            .wk = values<T>(in.wk),
+            .wv = values<T>(in.wv),
+            .bq = values<T>(in.bq),
+            .bk = values<T>(in.bk),
+            .bv = values<T>(in.bv),
+            .wo = values<T>(in.wo),
+            .bo = values<T>(in.bo),
+            .mask = in.mask,
+            .additive_mask = values<T>(in.additive_mask),
             .options = options};
 }
 
+}  // namespace
+
+qkv::attention_problem attention_inputs::problem(const qkv::run_options& options) const {
+    return view<qkv::attention_problem, float>(*this, options);
+}
+
 qkv::cpu::attention_problem_f64 attention_inputs::problem_f64(const qkv::run_options& options) const {
-    return {.shape = shape,
-            .x = x.f64,
-            .wq = wq.f64,
-            .wk = wk.f64,
-            .wv = wv.f64,
-            .bq = bq.f64,
-            .bk = bk.f64,
-            .bv = bv.f64,
-            .wo = wo.f64,
-            .bo = bo.f64,
-            .mask = mask,
-            .additive_mask = additive_mask.f64,
-            .options = options};
+    return view<qkv::cpu::attention_problem_f64, double>(*this, options);
 }
 
 }  // namespace qkv::cli

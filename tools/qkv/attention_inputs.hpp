@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "npy/npy.hpp"
+#include "numeric_input.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/problem.hpp"
 
@@ -20,15 +21,6 @@ struct attention_files {
     std::string bq, bk, bv;
     std::string wo, bo;
     std::string mask;
-};
-
-/// One numeric input as read: float32 data, or float64 data, or both once converted (see
-/// attention_inputs::to_float32 and to_float64).
-struct numeric_input {
-    std::string name;      ///< the file, for messages
-    bool float64 = false;  ///< the file holds float64
-    std::vector<float> f32;
-    std::vector<double> f64;
 };
 
 /// The arrays of one problem. Numeric inputs keep the type of their file until the backend is

@@ -1,11 +1,8 @@
-// The --backend option, and running a problem on the backend it names.
+// Opening a Vulkan context for the tool, and running a problem on the backend --backend names.
 #include "backend.hpp"
-
-#include <CLI/CLI.hpp>
 
 #include <utility>
 
-#include "choice_option.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -33,11 +30,6 @@ qkv::vulkan::context open_context(const std::string& device, bool cpu_backend,
         throw qkv::vulkan::unavailable(std::string(e.what()) +
                                        "\nqkv: run with --backend cpu to use the CPU reference backend instead");
     }
-}
-
-CLI::Option* add_backend_option(CLI::App& command, backend& choice, const std::string& description) {
-    return add_choice<backend>(command, "--backend", choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
-                               description);
 }
 
 backend_result run_attention(const qkv::attention_problem& problem, backend choice,

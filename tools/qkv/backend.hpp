@@ -9,17 +9,9 @@
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/testing.hpp"
 
-namespace CLI {
-class App;
-class Option;
-}  // namespace CLI
-
 namespace qkv::cli {
 
 enum class backend { vulkan, cpu };
-
-/// Adds `--backend vulkan|cpu` (default vulkan) to `command`, stored in `choice`.
-CLI::Option* add_backend_option(CLI::App& command, backend& choice, const std::string& description);
 
 struct backend_result {
     qkv::attention_output result;

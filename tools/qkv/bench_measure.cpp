@@ -110,6 +110,24 @@ struct bench_problem {
     }
 };
 
+/// Runs `measure` (a configuration's timed calls) and says whether it ran; where the device cannot
+/// take the configuration (its limits, its memory, a feature it lacks such as 16-bit storage for
+/// fp16) the result is skipped, saying why, instead.
+template <class F>
+bool measured(result& r, F&& measure) {
+    try {
+        measure();
+        return true;
+    } catch (const qkv::vulkan::limit_exceeded& e) {
+        r.skipped = e.what();
+    } catch (const qkv::vulkan::out_of_memory& e) {
+        r.skipped = e.what();
+    } catch (const qkv::vulkan::unavailable& e) {
+        r.skipped = e.what();
+    }
+    return false;
+}
+
 std::vector<float> normal(std::size_t n, std::mt19937_64& rng) {
     std::normal_distribution<float> unit(0.0f, 1.0f);
     std::vector<float> v(n);
@@ -128,34 +146,26 @@ result run_config(qkv::vulkan::context& ctx, const config& c, int warmup, int re
     const bool device_clock = ctx.device().timestamps;
     r.device_clock = device_clock;
     std::vector<double> attention, projection, call;
-    try {
-        ctx.trim();  // the peak is this configuration's alone
-        ctx.reset_peak();
-        for (int i = 0; i < warmup + repeat; ++i) {
-            const qkv::attention_output out = ctx.attention(view);
-            if (i == 0) {  // time only calls that compute something real
-                r.ran_kernel = out.kernel;
-                const bool finite =
-                    std::all_of(out.output.begin(), out.output.end(), [](float v) { return std::isfinite(v); });
-                if (!finite) throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
+    if (!measured(r, [&] {
+            ctx.trim();  // the peak is this configuration's alone
+            ctx.reset_peak();
+            for (int i = 0; i < warmup + repeat; ++i) {
+                const qkv::attention_output out = ctx.attention(view);
+                if (i == 0) {  // time only calls that compute something real
+                    r.ran_kernel = out.kernel;
+                    const bool finite =
+                        std::all_of(out.output.begin(), out.output.end(), [](float v) { return std::isfinite(v); });
+                    if (!finite) throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
+                }
+                if (i < warmup) continue;
+                const qkv::vulkan::call_stats s = ctx.last_call();
+                call.push_back(s.host_ms);
+                attention.push_back(device_clock ? s.attention_ms : s.host_ms);
+                projection.push_back(device_clock ? s.projection_ms : 0.0);
             }
-            if (i < warmup) continue;
-            const qkv::vulkan::call_stats s = ctx.last_call();
-            call.push_back(s.host_ms);
-            attention.push_back(device_clock ? s.attention_ms : s.host_ms);
-            projection.push_back(device_clock ? s.projection_ms : 0.0);
-        }
-        r.peak_bytes = ctx.peak_device_memory();
-    } catch (const qkv::vulkan::limit_exceeded& e) {
-        r.skipped = e.what();
+            r.peak_bytes = ctx.peak_device_memory();
+        }))
         return r;
-    } catch (const qkv::vulkan::out_of_memory& e) {
-        r.skipped = e.what();
-        return r;
-    } catch (const qkv::vulkan::unavailable& e) {  // fp16 on a device without 16-bit storage
-        r.skipped = e.what();
-        return r;
-    }
     r.ran = true;
     r.attention_ms = summarise(attention);
     r.projection_ms = summarise(projection);
@@ -178,76 +188,68 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
     const bool device_clock = ctx.device().timestamps;
     r.device_clock = device_clock;
     std::vector<double> attention, call;
-    try {
-        ctx.trim();
-        ctx.reset_peak();
-        std::mt19937_64 rng(seed);
-        std::optional<qkv::vulkan::kv_cache> cache;
-        std::vector<float> host_k, host_v;  // host_kv: K and V of every call
-        const std::size_t ev = c.ev();
-        if (!c.host_kv)
-            cache.emplace(ctx, qkv::kv_layout{.batch = c.batch,
-                                              .kv_heads = c.kv_heads,
-                                              .capacity = c.kv_seq,
-                                              .d_qk = c.dim,
-                                              .d_v = ev,
-                                              .type = qkv::stored_kv_type(c.options)});
-        // The keys arrive in a few appends, as a decoder's would (K/V of N(0, 1), like q).
-        const std::size_t groups = c.batch * c.kv_heads, pieces = std::min<std::size_t>(4, c.kv_seq);
-        for (std::size_t done = 0, i = 0; i < pieces; ++i) {
-            const std::size_t rows = i + 1 == pieces ? c.kv_seq - done : c.kv_seq / pieces;
-            const std::vector<float> k = normal(groups * rows * c.dim, rng), v = normal(groups * rows * ev, rng);
-            if (cache) {
-                cache->append(k, v, rows);
-            } else {  // the same values in (B, Hkv, S, d) order
-                host_k.resize(groups * c.kv_seq * c.dim), host_v.resize(groups * c.kv_seq * ev);
-                for (std::size_t z = 0; z < groups; ++z) {
-                    for (std::size_t t = 0; t < rows * c.dim; ++t)
-                        host_k[(z * c.kv_seq + done) * c.dim + t] = k[z * rows * c.dim + t];
-                    for (std::size_t t = 0; t < rows * ev; ++t)
-                        host_v[(z * c.kv_seq + done) * ev + t] = v[z * rows * ev + t];
+    if (!measured(r, [&] {
+            ctx.trim();
+            ctx.reset_peak();
+            std::mt19937_64 rng(seed);
+            std::optional<qkv::vulkan::kv_cache> cache;
+            std::vector<float> host_k, host_v;  // host_kv: K and V of every call
+            const std::size_t ev = c.ev();
+            if (!c.host_kv)
+                cache.emplace(ctx, qkv::kv_layout{.batch = c.batch,
+                                                  .kv_heads = c.kv_heads,
+                                                  .capacity = c.kv_seq,
+                                                  .d_qk = c.dim,
+                                                  .d_v = ev,
+                                                  .type = qkv::stored_kv_type(c.options)});
+            // The keys arrive in a few appends, as a decoder's would (K/V of N(0, 1), like q).
+            const std::size_t groups = c.batch * c.kv_heads, pieces = std::min<std::size_t>(4, c.kv_seq);
+            for (std::size_t done = 0, i = 0; i < pieces; ++i) {
+                const std::size_t rows = i + 1 == pieces ? c.kv_seq - done : c.kv_seq / pieces;
+                const std::vector<float> k = normal(groups * rows * c.dim, rng), v = normal(groups * rows * ev, rng);
+                if (cache) {
+                    cache->append(k, v, rows);
+                } else {  // the same values in (B, Hkv, S, d) order
+                    host_k.resize(groups * c.kv_seq * c.dim), host_v.resize(groups * c.kv_seq * ev);
+                    for (std::size_t z = 0; z < groups; ++z) {
+                        for (std::size_t t = 0; t < rows * c.dim; ++t)
+                            host_k[(z * c.kv_seq + done) * c.dim + t] = k[z * rows * c.dim + t];
+                        for (std::size_t t = 0; t < rows * ev; ++t)
+                            host_v[(z * c.kv_seq + done) * ev + t] = v[z * rows * ev + t];
+                    }
                 }
+                done += rows;
             }
-            done += rows;
-        }
-        const std::vector<float> q = normal(c.batch * c.heads * c.seq * c.dim, rng);
-        qkv::sdpa_problem p;
-        p.shape = {.batch = c.batch,
-                   .q_heads = c.heads,
-                   .kv_heads = c.kv_heads,
-                   .q_len = c.seq,
-                   .kv_len = c.kv_seq,
-                   .d_qk = c.dim,
-                   .d_v = ev};
-        p.q = q;
-        p.options = c.options;
-        const std::vector<float> sinks = c.sinks ? normal(c.heads, rng) : std::vector<float>{};
-        p.sinks = sinks;
-        p.k = host_k;
-        p.v = host_v;
-        for (int i = 0; i < warmup + repeat; ++i) {
-            const qkv::sdpa_output out = cache ? ctx.sdpa(p, *cache) : ctx.sdpa(p);
-            if (i == 0) {
-                r.ran_kernel = out.kernel;
-                if (!std::all_of(out.output.begin(), out.output.end(), [](float x) { return std::isfinite(x); }))
-                    throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
+            const std::vector<float> q = normal(c.batch * c.heads * c.seq * c.dim, rng);
+            qkv::sdpa_problem p;
+            p.shape = {.batch = c.batch,
+                       .q_heads = c.heads,
+                       .kv_heads = c.kv_heads,
+                       .q_len = c.seq,
+                       .kv_len = c.kv_seq,
+                       .d_qk = c.dim,
+                       .d_v = ev};
+            p.q = q;
+            p.options = c.options;
+            const std::vector<float> sinks = c.sinks ? normal(c.heads, rng) : std::vector<float>{};
+            p.sinks = sinks;
+            p.k = host_k;
+            p.v = host_v;
+            for (int i = 0; i < warmup + repeat; ++i) {
+                const qkv::sdpa_output out = cache ? ctx.sdpa(p, *cache) : ctx.sdpa(p);
+                if (i == 0) {
+                    r.ran_kernel = out.kernel;
+                    if (!std::all_of(out.output.begin(), out.output.end(), [](float x) { return std::isfinite(x); }))
+                        throw qkv::vulkan::error("the output has NaN or Inf: not timing a broken result");
+                }
+                if (i < warmup) continue;
+                const qkv::vulkan::call_stats s = ctx.last_call();
+                call.push_back(s.host_ms);
+                attention.push_back(device_clock ? s.attention_ms : s.host_ms);
             }
-            if (i < warmup) continue;
-            const qkv::vulkan::call_stats s = ctx.last_call();
-            call.push_back(s.host_ms);
-            attention.push_back(device_clock ? s.attention_ms : s.host_ms);
-        }
-        r.peak_bytes = ctx.peak_device_memory();
-    } catch (const qkv::vulkan::limit_exceeded& e) {
-        r.skipped = e.what();
+            r.peak_bytes = ctx.peak_device_memory();
+        }))
         return r;
-    } catch (const qkv::vulkan::out_of_memory& e) {
-        r.skipped = e.what();
-        return r;
-    } catch (const qkv::vulkan::unavailable& e) {
-        r.skipped = e.what();
-        return r;
-    }
     r.ran = true;
     r.attention_ms = summarise(attention);
     r.call_ms = summarise(call);

@@ -31,6 +31,19 @@ namespace {
 
 std::string mebibytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / (1024.0 * 1024.0), 1); }
 
+/// The cells every table starts a result's timing with: "skipped: why" (false), or the median, the
+/// range and the GFLOP/s of the attention (true: the table adds its own).
+bool timing_cells(std::vector<std::string>& row, const result& r) {
+    if (!r.ran) {
+        row.push_back("skipped: " + r.skipped);
+        return false;
+    }
+    row.push_back(sig3(r.attention_ms.median));
+    row.push_back(sig3(r.attention_ms.min) + "–" + sig3(r.attention_ms.max));
+    row.push_back(sig3(r.attention_gflops));
+    return true;
+}
+
 /// The decode rows: their own table (query rows, keys, K/V heads, K/V bandwidth), then split
 /// against one chunk where both ran.
 json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const std::vector<result>& results,
@@ -46,12 +59,7 @@ json print_decode(std::ostream& os, const qkv::vulkan::device_info& info, const 
                                      std::to_string(c.kv_seq),        d,
                                      c.options.causal ? "yes" : "no", name_of(c.options.precision),
                                      impl_name(c, r.ran_kernel),      rules_of(c)};
-        if (!r.ran) {
-            row.push_back("skipped: " + r.skipped);
-        } else {
-            row.push_back(sig3(r.attention_ms.median));
-            row.push_back(sig3(r.attention_ms.min) + "–" + sig3(r.attention_ms.max));
-            row.push_back(sig3(r.attention_gflops));
+        if (timing_cells(row, r)) {
             row.push_back(sig3(r.kv_gb_per_s));
             row.push_back(sig3(r.call_ms.median));
             row.push_back(mebibytes(r.peak_bytes));
@@ -131,12 +139,7 @@ json print_results(std::ostream& std_out, const options& o, const qkv::vulkan::d
                                      std::to_string(c.seq),           std::to_string(c.dim),
                                      c.options.causal ? "yes" : "no", name_of(c.options.precision),
                                      impl_name(c, r.ran_kernel)};
-        if (!r.ran) {
-            row.push_back("skipped: " + r.skipped);
-        } else {
-            row.push_back(sig3(r.attention_ms.median));
-            row.push_back(sig3(r.attention_ms.min) + "–" + sig3(r.attention_ms.max));
-            row.push_back(sig3(r.attention_gflops));
+        if (timing_cells(row, r)) {
             row.push_back(o.skip_ceiling ? "-" : fixed(r.percent_of_fma, 1));
             row.push_back(info.timestamps ? sig3(r.projection_ms.median) : "-");
             row.push_back(info.timestamps ? sig3(r.projection_gflops) : "-");

@@ -2,9 +2,7 @@
 // application; adding a subcommand is one declaration here and one call in main.cpp.
 #pragma once
 
-namespace CLI {
-class App;
-}
+#include "cli_fwd.hpp"
 
 namespace qkv::cli {
 

@@ -11,13 +11,9 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "cli_fwd.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "sdpa_inputs.hpp"
-
-namespace CLI {
-class App;
-class Option;
-}  // namespace CLI
 
 namespace qkv::cli {
 

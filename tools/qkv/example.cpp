@@ -13,6 +13,7 @@
 #include "agreement.hpp"
 #include "backend.hpp"
 #include "commands.hpp"
+#include "common_flags.hpp"
 #include "example_values.hpp"
 #include "grid.hpp"
 #include "printing.hpp"

@@ -3,9 +3,7 @@
 // into the whole (qkv::merge_attention, qkv/runtime/sdpa.hpp), with the sinks applied once.
 #include <CLI/CLI.hpp>
 
-#include <cmath>
 #include <cstddef>
-#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +12,7 @@
 #include "commands.hpp"
 #include "errors.hpp"
 #include "npy/npy.hpp"
+#include "numeric_input.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/sdpa.hpp"
 
@@ -27,22 +26,13 @@ struct merge_command_options {
     const CLI::Option* lse_option = nullptr;
 };
 
-/// A float input: its file, shape and values as float32 and float64 (exact where it was float32).
-struct tensor {
-    std::string name;
-    std::vector<std::size_t> shape;
-    bool float64 = false;
-    std::vector<double> f64;
-    std::vector<float> f32;
-};
-
 std::string dims(const std::vector<std::size_t>& shape) {
     std::string s = "(";
     for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
     return s + (shape.size() == 1 ? ",)" : ")");
 }
 
-tensor load(const std::string& path, const std::string& flag) {
+numeric_input load(const std::string& path, const std::string& flag) {
     if (path.empty()) throw usage_error(flag + " names an empty path: name a .npy file");
     qkv::npy::array a;
     try {
@@ -51,27 +41,7 @@ tensor load(const std::string& path, const std::string& flag) {
         throw usage_error(e.what());
     }
     if (a.type == qkv::npy::dtype::b1) throw usage_error(a.name + " (" + flag + ") has dtype bool: expected float");
-    tensor t;
-    t.name = a.name;
-    t.shape = a.shape;
-    t.float64 = a.type == qkv::npy::dtype::f64;
-    try {
-        t.f64 = a.to_double();
-    } catch (const qkv::npy::error& e) {
-        throw usage_error(e.what());
-    }
-    return t;
-}
-
-/// float32 values of a float64 input (refused beyond float32's range, naming the file).
-void narrow(tensor& t) {
-    t.f32.resize(t.f64.size());
-    for (std::size_t i = 0; i < t.f64.size(); ++i) {
-        const double v = t.f64[i];
-        if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max()))
-            throw usage_error(t.name + ": element " + std::to_string(i) + " is beyond the float32 range");
-        t.f32[i] = static_cast<float>(v);
-    }
+    return numbers(a, flag);
 }
 
 void run(const merge_command_options& o) {
@@ -90,13 +60,13 @@ void run(const merge_command_options& o) {
     const std::vector<named_file> outputs = {{"--out", o.out}, {"--lse", o.lse}};
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
 
-    std::vector<tensor> outs, lses;
+    std::vector<numeric_input> outs, lses;
     for (std::size_t i = 0; i + 1 < o.parts.size(); i += 2) {
         outs.push_back(load(o.parts[i], "--part"));
         lses.push_back(load(o.parts[i + 1], "--part"));
     }
     // O is (L, Ev), (Hq, L, Ev) or (B, Hq, L, Ev); LSE has O's leading dimensions.
-    const tensor& o0 = outs[0];
+    const numeric_input& o0 = outs[0];
     if (o0.shape.size() < 2 || o0.shape.size() > 4)
         throw usage_error("--part " + o0.name + " " + dims(o0.shape) +
                           ": an output must be (L, Ev), (Hq, L, Ev) or (B, Hq, L, Ev)");
@@ -112,7 +82,7 @@ void run(const merge_command_options& o) {
     std::vector<std::size_t> s4(4 - o0.shape.size(), 1);
     s4.insert(s4.end(), o0.shape.begin(), o0.shape.end());
     const qkv::merge_shape shape{.batch = s4[0], .q_heads = s4[1], .q_len = s4[2], .d_v = s4[3]};
-    tensor sinks;
+    numeric_input sinks;
     if (!o.sinks.empty()) {
         sinks = load(o.sinks, "--sinks");
         if (sinks.shape != std::vector<std::size_t>{shape.q_heads})
@@ -128,18 +98,18 @@ void run(const merge_command_options& o) {
     files.reserve({o.out, o.lse});  // an output that cannot be created fails before the work
     if (float64) {                  // any float64 input: merged and written in float64
         std::vector<qkv::attention_part_f64> parts;
-        for (std::size_t i = 0; i < outs.size(); ++i) parts.push_back({outs[i].f64, lses[i].f64});
+        widen(sinks);
+        for (std::size_t i = 0; i < outs.size(); ++i) {
+            widen(outs[i]), widen(lses[i]);
+            parts.push_back({outs[i].f64, lses[i].f64});
+        }
         const qkv::merged_attention_f64 m = qkv::merge_attention(parts, shape, sinks.f64);
         files.commit(
             {{o.out, o0.shape, std::span<const double>(m.out)}, {o.lse, lse_shape, std::span<const double>(m.lse)}});
         return;
     }
-    std::vector<qkv::attention_part> parts;
-    for (std::size_t i = 0; i < outs.size(); ++i) {
-        narrow(outs[i]), narrow(lses[i]);
-        parts.push_back({outs[i].f32, lses[i].f32});
-    }
-    if (!o.sinks.empty()) narrow(sinks);
+    std::vector<qkv::attention_part> parts;  // every input float32
+    for (std::size_t i = 0; i < outs.size(); ++i) parts.push_back({outs[i].f32, lses[i].f32});
     const qkv::merged_attention m = qkv::merge_attention(parts, shape, sinks.f32);
     files.commit({{o.out, o0.shape, std::span<const float>(m.out)}, {o.lse, lse_shape, std::span<const float>(m.lse)}});
 }

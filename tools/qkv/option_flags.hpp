@@ -13,12 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cli_fwd.hpp"
 #include "qkv/runtime/options.hpp"
-
-namespace CLI {
-class App;
-class Option;
-}  // namespace CLI
 
 namespace qkv::cli {
 

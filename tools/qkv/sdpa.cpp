@@ -14,6 +14,7 @@
 #include "backend.hpp"
 #include "choice_option.hpp"
 #include "commands.hpp"
+#include "common_flags.hpp"
 #include "context_parallel.hpp"
 #include "errors.hpp"
 #include "flag_args.hpp"
@@ -166,17 +167,10 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
         ->group(inputs);
     cmd.add_option("--k", o.files.k, "Keys (B, Hkv, S, E), ...")->required()->type_name("K.npy")->group(inputs);
     cmd.add_option("--v", o.files.v, "Values (B, Hkv, S, Ev), ...")->required()->type_name("V.npy")->group(inputs);
-    cmd.add_option("--mask", o.files.mask,
-                   "Mask broadcasting to (B, Hq, L, S): bool (true = may attend) or float32/float64 (added to "
-                   "the scaled scores; -inf masks)")
-        ->type_name("M.npy")
-        ->group(inputs);
+    add_mask_option(cmd, o.files.mask, "broadcasting to (B, Hq, L, S)")->group(inputs);
 
     const std::string outputs = "Outputs";
-    cmd.add_option("--out", o.out, "Where to write the attention output")
-        ->required()
-        ->type_name("OUT.npy")
-        ->group(outputs);
+    add_out_option(cmd, o.out)->group(outputs);
     cmd.add_option("--sinks", o.files.sinks, "Sink logits, float (Hq,): each joins its head's softmax denominator")
         ->type_name("SINKS.npy")
         ->group(inputs);
@@ -184,15 +178,11 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
     add_option_flags(cmd, o.options, option_command::sdpa, "Options");
 
     const std::string running = "Backend";
-    add_choice<backend>(cmd, "--backend", o.choice, {{"vulkan", backend::vulkan}, {"cpu", backend::cpu}},
-                        "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --kernel "
-                        "and --device")
+    add_backend_option(cmd, o.choice,
+                       "vulkan, or cpu: the float64 CPU reference backend, which ignores --precision, --kernel "
+                       "and --device")
         ->group(running);
-    cmd.add_option("--device", o.device,
-                   "Vulkan device: an index or a part of its name (see `qkv devices`); default: QKV_DEVICE, "
-                   "else the best device")
-        ->type_name("INDEX|NAME")
-        ->group(running);
+    add_device_option(cmd, o.device)->group(running);
     add_context_parallel_flags(cmd, o.parallel);
 }
 

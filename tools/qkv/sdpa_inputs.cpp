@@ -1,9 +1,6 @@
 // Reading and checking the inputs of `qkv sdpa` (see sdpa_inputs.hpp).
 #include "sdpa_inputs.hpp"
 
-#include <cmath>
-#include <cstdio>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,7 +14,7 @@ namespace {
 std::string str(std::size_t n) { return std::to_string(n); }
 
 /// "q.npy (2, 4, 37, 16)"
-std::string named(const sdpa_tensor& t) {
+std::string named(const numeric_input& t) {
     std::string s = t.name + " (";
     for (std::size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + str(t.shape[i]);
     return s + (t.shape.size() == 1 ? ",)" : ")");
@@ -31,48 +28,6 @@ qkv::npy::array read(const std::string& path) {
     }
 }
 
-/// q, k, v and a float mask hold numbers: float32 or float64, kept as they are.
-sdpa_tensor numbers(const qkv::npy::array& a, const std::string& role) {
-    if (a.type == qkv::npy::dtype::b1)
-        throw usage_error(a.name + " has dtype bool: " + role + " must be float32 or float64");
-    sdpa_tensor t;
-    t.name = a.name;
-    t.shape = a.shape;
-    t.float64 = a.type == qkv::npy::dtype::f64;
-    try {
-        if (t.float64)
-            t.f64 = a.to_double();
-        else
-            t.f32 = a.to_float();
-    } catch (const qkv::npy::error& e) {
-        throw usage_error(e.what());
-    }
-    return t;
-}
-
-void narrow(sdpa_tensor& t) {
-    if (!t.float64 || !t.f32.empty()) return;
-    constexpr double max = std::numeric_limits<float>::max();
-    t.f32.resize(t.f64.size());
-    for (std::size_t i = 0; i < t.f64.size(); ++i) {
-        const double v = t.f64[i];
-        if (std::isfinite(v) && std::fabs(v) > max) {
-            t.f32.clear();
-            char text[32];
-            std::snprintf(text, sizeof text, "%.9g", v);
-            throw usage_error(t.name + ": element " + str(i) + " is " + text +
-                              ", beyond the float32 range (|value| <= 3.4028235e+38); the Vulkan backend "
-                              "computes in float32 (--backend cpu computes float64 inputs in float64)");
-        }
-        t.f32[i] = static_cast<float>(v);
-    }
-}
-
-void widen(sdpa_tensor& t) {
-    if (t.float64 || !t.f64.empty()) return;
-    t.f64.assign(t.f32.begin(), t.f32.end());
-}
-
 /// The shape with missing leading dimensions 1: (L, E) -> (1, 1, L, E).
 std::vector<std::size_t> as4(const std::vector<std::size_t>& shape) {
     std::vector<std::size_t> out(4 - shape.size(), 1);
@@ -81,15 +36,15 @@ std::vector<std::size_t> as4(const std::vector<std::size_t>& shape) {
 }
 
 /// q, k, v: the same rank, 2 to 4, no zero dimension; k and v agree; K/V heads divide query heads.
-qkv::sdpa_shape check_qkv(const sdpa_tensor& q, const sdpa_tensor& k, const sdpa_tensor& v) {
+qkv::sdpa_shape check_qkv(const numeric_input& q, const numeric_input& k, const numeric_input& v) {
     const std::size_t rank = q.shape.size();
     if (rank < 2 || rank > 4) throw usage_error(named(q) + ": q must be (L, E), (H, L, E) or (B, H, L, E)");
-    for (const sdpa_tensor* t : {&k, &v})
+    for (const numeric_input* t : {&k, &v})
         if (t->shape.size() != rank)
             throw usage_error(
                 named(*t) + " and " + named(q) +
                 ": q, k and v must have the same number of dimensions, (L, E), (H, L, E) or (B, H, L, E)");
-    for (const sdpa_tensor* t : {&q, &k, &v})
+    for (const numeric_input* t : {&q, &k, &v})
         for (std::size_t d : t->shape)
             if (d == 0) throw usage_error(named(*t) + ": every dimension must be at least 1");
 
@@ -134,15 +89,7 @@ sdpa_inputs load_sdpa_inputs(const sdpa_files& files) {
         } catch (const qkv::invalid_argument& e) {
             throw usage_error(m.name + ": " + e.what() + " (" + named(in.q) + ", " + named(in.k) + ")");
         }
-        if (m.type == qkv::npy::dtype::b1) {
-            try {
-                in.mask = m.to_bool();
-            } catch (const qkv::npy::error& e) {
-                throw usage_error(e.what());
-            }
-        } else {
-            in.additive_mask = numbers(m, "mask");
-        }
+        read_mask(m, in.mask, in.additive_mask);
     }
     if (!files.sinks.empty()) {
         in.sinks = numbers(read(files.sinks), "sinks");
@@ -158,35 +105,34 @@ bool sdpa_inputs::any_float64() const {
 }
 
 void sdpa_inputs::to_float32() {
-    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask, &sinks}) narrow(*t);
+    for (numeric_input* t : {&q, &k, &v, &additive_mask, &sinks}) narrow(*t);
 }
 
 void sdpa_inputs::to_float64() {
-    for (sdpa_tensor* t : {&q, &k, &v, &additive_mask, &sinks}) widen(*t);
+    for (numeric_input* t : {&q, &k, &v, &additive_mask, &sinks}) widen(*t);
 }
 
-qkv::sdpa_problem sdpa_inputs::problem(const qkv::sdpa_options& options) const {
-    return {.shape = shape,
-            .q = q.f32,
-            .k = k.f32,
-            .v = v.f32,
-            .mask = mask,
-            .additive_mask = additive_mask.f32,
-            .mask_shape = mask_shape,
+namespace {
+
+template <class T>
+qkv::basic_sdpa_problem<T> view(const sdpa_inputs& in, const qkv::sdpa_options& options) {
+    return {.shape = in.shape,
+            .q = values<T>(in.q),
+            .k = values<T>(in.k),
+            .v = values<T>(in.v),
+            .mask = in.mask,
+            .additive_mask = values<T>(in.additive_mask),
+            .mask_shape = in.mask_shape,
             .options = options,
-            .sinks = sinks.f32};
+            .sinks = values<T>(in.sinks)};
 }
+
+}  // namespace
+
+qkv::sdpa_problem sdpa_inputs::problem(const qkv::sdpa_options& options) const { return view<float>(*this, options); }
 
 qkv::sdpa_problem_f64 sdpa_inputs::problem_f64(const qkv::sdpa_options& options) const {
-    return {.shape = shape,
-            .q = q.f64,
-            .k = k.f64,
-            .v = v.f64,
-            .mask = mask,
-            .additive_mask = additive_mask.f64,
-            .mask_shape = mask_shape,
-            .options = options,
-            .sinks = sinks.f64};
+    return view<double>(*this, options);
 }
 
 std::vector<std::size_t> sdpa_inputs::out_shape() const {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "numeric_input.hpp"
 #include "qkv/runtime/sdpa.hpp"
 
 namespace qkv::cli {
@@ -16,22 +17,13 @@ struct sdpa_files {
     std::string q, k, v, mask, sinks;
 };
 
-/// One numeric input: its file, its shape, float32 or float64 data (both once converted).
-struct sdpa_tensor {
-    std::string name;
-    std::vector<std::size_t> shape;
-    bool float64 = false;
-    std::vector<float> f32;
-    std::vector<double> f64;
-};
-
 struct sdpa_inputs {
     qkv::sdpa_shape shape{};
-    sdpa_tensor q, k, v;
+    numeric_input q, k, v;
     std::vector<std::uint8_t> mask;  ///< from a bool .npy
-    sdpa_tensor additive_mask;       ///< from a float .npy
+    numeric_input additive_mask;     ///< from a float .npy
     std::vector<std::size_t> mask_shape;
-    sdpa_tensor sinks;  ///< (Hq,): one logit per query head, when given
+    numeric_input sinks;  ///< (Hq,): one logit per query head, when given
 
     /// Some numeric input is float64.
     [[nodiscard]] bool any_float64() const;
