@@ -1,6 +1,6 @@
 // qkv::vulkan::sdpa_call: scaled dot-product attention planned once and run, or recorded into a
 // caller's command buffer (interop.cpp), many times over device tensors. The same plans and record
-// steps as context::sdpa (runs.hpp); what differs is the write step (compute copies of the
+// steps as context::sdpa (run/run.hpp); what differs is the write step (compute copies of the
 // caller's tensors into the call's inputs, instead of host packing), the masks (the plan's own
 // constants, uploaded once), and the check (the overflow rule's device pass, read afterwards).
 #include "qkv/vulkan/sdpa_call.hpp"

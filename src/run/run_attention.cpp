@@ -1,6 +1,6 @@
 // run_attention: self-attention from X and the weights (context::attention): the projection,
 // the range guard where the host could not prove the range, the fused kernel or the staged
-// scores/softmax/aggregation, the output projection; in the run skeleton's steps (runs.hpp).
+// scores/softmax/aggregation, the output projection; in the run skeleton's steps (run/run.hpp).
 #include <algorithm>
 #include <cstring>
 #include <string>

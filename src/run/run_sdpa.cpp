@@ -1,5 +1,5 @@
 // run_sdpa: scaled dot-product attention over Q, K and V from the host, on the route plan_sdpa
-// chose; and the fused route itself. Also the call session every run shares (runs.hpp).
+// chose; and the fused route itself. Also the run session every run shares (run/run.hpp).
 #include <cstring>
 
 #include "kernels/flash_cpu.hpp"
