@@ -74,10 +74,10 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-void release_parked_transfers() {
+void finalize_mpi() {
     // Transfers a failure left behind: a point-to-point request is released (MPI finishes or drops
     // it); an agreement another rank never joined is given a moment, then left to MPI_Finalize.
-    // Their buffers outlive MPI.
+    // Their buffers outlive MPI (`keep` lives until after MPI_Finalize: MPI may still write them).
     std::vector<parked> keep;
     {
         const std::lock_guard lock(graveyard_mutex());
@@ -94,6 +94,7 @@ void release_parked_transfers() {
             for (MPI_Request& r : p.requests)
                 if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
+    MPI_Finalize();
 }
 
 void check_mpi(int rc, const char* call) {

@@ -127,10 +127,11 @@ private:
     std::uint64_t sent_ = 0, received_ = 0;
 };
 
-/// Before MPI_Finalize (qkv::mpi::environment): the transfers a failure left behind are released
+/// MPI_Finalize for qkv::mpi::environment, after the transfers a failure left behind are released
 /// (a point-to-point request is freed: MPI finishes or drops it; an agreement another rank never
-/// joined is given a moment, then left to MPI_Finalize). Their buffers outlive MPI.
-void release_parked_transfers();
+/// joined is given a moment, then left to MPI_Finalize). Their buffers outlive MPI_Finalize, which
+/// may still write them.
+void finalize_mpi();
 
 /// "rank R of N: " for messages.
 [[nodiscard]] std::string rank_prefix(int rank, int size);

@@ -60,8 +60,7 @@ environment::environment() {
 
 environment::~environment() {
     if (!owns_) return;
-    detail::release_parked_transfers();
-    MPI_Finalize();
+    detail::finalize_mpi();
 }
 
 void agree(MPI_Comm comm, std::exception_ptr local, const comm_options& options) {
