@@ -48,6 +48,7 @@ sdpa_data<double> widen(const sdpa_data<float>& o) {
     d.shape = o.shape;
     d.q = convert<double>(o.q), d.k = convert<double>(o.k), d.v = convert<double>(o.v);
     d.additive = convert<double>(o.additive), d.sinks = convert<double>(o.sinks);
+    d.alibi_slopes = convert<double>(o.alibi_slopes);
     d.mask = o.mask, d.mask_shape = o.mask_shape, d.options = o.options;
     return d;
 }
@@ -69,6 +70,7 @@ reference_result reference(const sdpa_data<double>& p) {
         o.alignment == qkv::causal_alignment::bottom_right ? static_cast<double>(S) - static_cast<double>(L) : 0.0;
     // ALiBi slopes: n = 2^floor(log2 Hq), m0 = 2^(-b/n), m1 = 2^(-b/(2n)).
     std::vector<double> slope(Hq, 0.0);
+    if (!p.alibi_slopes.empty()) slope = p.alibi_slopes;  // given, one per query head
     if (o.alibi_max_bias > 0) {
         const double b = o.alibi_max_bias;
         const double n = std::exp2(std::floor(std::log2(static_cast<double>(Hq))));
@@ -344,6 +346,11 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                 opt.window_right = window_side(rng);
                 opt.softcap = coin(rng) ? 0.f : 3.f;
                 opt.alibi_max_bias = coin(rng) ? 0.f : 8.f;
+                if (opt.alibi_max_bias > 0 && coin(rng)) {  // slopes given instead, as FlashAttention takes them
+                    opt.alibi_max_bias = 0;
+                    std::uniform_real_distribution<double> slope(0.0, 1.5);
+                    for (std::size_t h = 0; h < s.q_heads; ++h) o.alibi_slopes.push_back(slope(rng));
+                }
                 opt.scale = coin(rng) ? std::optional<float>{} : std::optional<float>(-0.2f);
                 opt.return_weights = true;
                 opt.return_lse = true;
@@ -367,8 +374,8 @@ TEST_CASE("cpu sdpa: every option over odd shapes, GQA and both alignments match
                 INFO("L " << L << ", S " << S << ", E " << E << ", Hq " << s.q_heads << ", causal " << opt.causal
                           << ", bottom-right " << (opt.alignment == qkv::causal_alignment::bottom_right) << ", window "
                           << opt.window_left << "," << opt.window_right << ", softcap " << opt.softcap << ", alibi "
-                          << opt.alibi_max_bias << ", sinks " << o.sinks.size() << ", masks " << o.mask.size() << "/"
-                          << o.additive.size());
+                          << opt.alibi_max_bias << " slopes " << o.alibi_slopes.size() << ", sinks " << o.sinks.size()
+                          << ", masks " << o.mask.size() << "/" << o.additive.size());
                 const reference_result want = reference(o);
                 const qkv::sdpa_output_f64 got = qkv::cpu::sdpa(o.view());
                 check_close(got.output, want.output, 1e-12, "output");
@@ -558,6 +565,17 @@ TEST_CASE("validate(sdpa): the new options, named", "[cpu][sdpa][validate][featu
     expect_invalid(o, {"sinks[2] is inf"});
     o.sinks = {1.f, 2.f, -std::numeric_limits<float>::infinity(), 4.f};
     CHECK_NOTHROW(qkv::validate(o.view()));
+    o = valid();
+    o.alibi_slopes = {0.5f, 0.25f};
+    expect_invalid(o, {"alibi_slopes has 2 elements", "q_heads = 4"});
+    for (const float bad : {-0.5f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+        o.alibi_slopes = {0.5f, bad, 0.f, 1.f};
+        expect_invalid(o, {"alibi_slopes[1] is", "finite and at least 0"});
+    }
+    o.alibi_slopes = {0.5f, 0.25f, 0.f, 1.f};
+    CHECK_NOTHROW(qkv::validate(o.view()));
+    o.options.alibi_max_bias = 8.f;
+    expect_invalid(o, {"alibi_slopes and alibi_max_bias are both given"});
     o = valid();
     o.shape.d_v = 48;
     o.v.resize(2 * 2 * 5 * 48);

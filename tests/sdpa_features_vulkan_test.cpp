@@ -64,6 +64,7 @@ struct spec {
     std::int64_t window_left = -1, window_right = -1;
     float softcap = 0, alibi = 0;
     bool sinks = false, lse = false, weights = false;
+    bool given_slopes = false;  ///< ALiBi slopes given per query head (alibi_slopes) instead of `alibi`
     std::optional<element_type> kv_type{};
     qkv::precision precision = qkv::precision::fp32;
     float scale = 0;  ///< 0: the default
@@ -81,6 +82,7 @@ std::string describe(const spec& s, path p) {
     if (s.window_left != -1 || s.window_right != -1) o << " window " << s.window_left << "," << s.window_right;
     if (s.softcap > 0) o << " softcap " << s.softcap;
     if (s.alibi > 0) o << " alibi " << s.alibi;
+    if (s.given_slopes) o << " alibi_slopes";
     if (s.sinks) o << " sinks";
     if (s.lse) o << " lse";
     if (s.weights) o << " weights";
@@ -101,6 +103,13 @@ owned_sdpa make(const spec& s, std::uint64_t seed) {
         o.sinks[0] = 6.0f;
         if (s.q_heads > 1) o.sinks[1] = neg_inf;
         p.sinks = o.sinks;
+    }
+    if (s.given_slopes) {  // FlashAttention's alibi_slopes: any slope >= 0 per head, one of them 0
+        std::uniform_real_distribution<float> slope(0.0f, 1.0f);
+        o.alibi_slopes.resize(s.q_heads);
+        for (float& m : o.alibi_slopes) m = slope(rng);
+        o.alibi_slopes[0] = 0.0f;
+        p.alibi_slopes = o.alibi_slopes;
     }
     p.options.causal = s.causal;
     p.options.alignment = s.alignment;
@@ -300,6 +309,47 @@ TEST_CASE("sdpa features: softcap with masks, ALiBi with GQA", "[vulkan][sdpa][f
     };
     std::uint64_t seed = 200;
     for (const spec& s : cases) run_paths(s, fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: ALiBi slopes given per query head, on every path", "[vulkan][sdpa][features]") {
+    using qkv::causal_alignment;
+    // Fused (both families), then a decode shape from host K/V and from a kv_cache, then over tensors.
+    const spec fused{.q_heads = 12,
+                     .kv_heads = 4,
+                     .q_len = 17,
+                     .kv_len = 113,
+                     .d_qk = 40,
+                     .d_v = 40,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .softcap = 10.0f,
+                     .lse = true,
+                     .given_slopes = true};
+    run_paths(fused, fused_paths, 260);
+    const spec decode{.q_heads = 4,
+                      .kv_heads = 2,
+                      .q_len = 2,
+                      .kv_len = 1500,
+                      .causal = true,
+                      .alignment = causal_alignment::bottom_right,
+                      .sinks = true,
+                      .given_slopes = true};
+    REQUIRE(decode_shape(decode));
+    run_paths(decode, {path::decode_host, path::decode_cache}, 261);
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    owned_sdpa o = make(fused, 262);
+    const qkv::sdpa_output_f64 want = reference(o.problem);
+    qkv::sdpa_problem desc = o.problem;
+    desc.q = {}, desc.k = {}, desc.v = {};
+    desc.options.return_lse = false;
+    qkv::vulkan::sdpa_call call(ctx, desc);
+    o.alibi_slopes.assign(o.alibi_slopes.size(), 100.0f);  // the call keeps its own copy
+    qkv::vulkan::tensor q(ctx, {1, 12, 17, 40}), k(ctx, {1, 4, 113, 40}), v(ctx, {1, 4, 113, 40}),
+        out(ctx, {1, 12, 17, 40});
+    q.upload(o.q), k.upload(o.k), v.upload(o.v);
+    call.run({.q = &q, .k = &k, .v = &v, .out = &out});
+    check_close(out.download(), want.output, 40, "output over tensors");
+    require_clean(ctx);
 }
 
 TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, weights", "[vulkan][sdpa][features]") {

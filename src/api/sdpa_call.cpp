@@ -100,6 +100,8 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
     }
     c.sinks.assign(description.sinks.begin(), description.sinks.end());
     c.desc.sinks = c.sinks;
+    c.alibi_slopes.assign(description.alibi_slopes.begin(), description.alibi_slopes.end());
+    c.desc.alibi_slopes = c.alibi_slopes;
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
     const device_desc& dd = c.core->dev->desc();

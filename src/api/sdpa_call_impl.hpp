@@ -20,7 +20,7 @@ struct sdpa_call::impl : planned_call {
     std::vector<std::uint8_t> mask;
     std::vector<float> additive;
     detail::additive_facts mask_facts;  // the overflow rule's view of `additive`, for every check
-    std::vector<float> sinks;
+    std::vector<float> sinks, alibi_slopes;
     std::shared_ptr<kv_cache::impl> cache;
     detail::sdpa_plan plan;       // Q, K and V from tensors: made once; against a cache: made per call
     detail::mask_bindings masks;  // where the constants hold the masks (bits, then the additive entries)

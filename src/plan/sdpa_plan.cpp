@@ -309,7 +309,8 @@ namespace qkv::vulkan::detail {
 
 std::uint32_t score_features(const sdpa_problem& problem) {
     const sdpa_options& o = problem.options;
-    return (o.softcap > 0 ? contract::SCORE_SOFTCAP : 0u) | (o.alibi_max_bias > 0 ? contract::SCORE_ALIBI : 0u) |
+    return (o.softcap > 0 ? contract::SCORE_SOFTCAP : 0u) |
+           (o.alibi_max_bias > 0 || !problem.alibi_slopes.empty() ? contract::SCORE_ALIBI : 0u) |
            (o.window_left >= 0 || o.window_right >= 0 ? contract::SCORE_WINDOW : 0u) |
            (problem.sinks.empty() ? 0u : contract::SCORE_SINKS) | (o.return_lse ? contract::SCORE_LSE : 0u);
 }
@@ -335,7 +336,8 @@ void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t 
     std::memcpy(at, &sp, sizeof sp);
     std::vector<float> heads(2 * s.q_heads);
     for (std::size_t h = 0; h < s.q_heads; ++h) {
-        heads[2 * h] = static_cast<float>(alibi_slope(o.alibi_max_bias, s.q_heads, h));
+        heads[2 * h] = problem.alibi_slopes.empty() ? static_cast<float>(alibi_slope(o.alibi_max_bias, s.q_heads, h))
+                                                    : problem.alibi_slopes[h];
         heads[2 * h + 1] = problem.sinks.empty() ? -std::numeric_limits<float>::infinity() : problem.sinks[h];
     }
     std::memcpy(at + contract::SCORE_PARAMS_HEAD_OFFSET, heads.data(), heads.size() * sizeof(float));

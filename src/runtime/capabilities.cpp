@@ -15,6 +15,9 @@ constexpr std::string_view no_weights_in_decode =
     "sdpa_call without a cache, returns them";
 constexpr std::string_view no_weights_across_ranks =
     "the weights of a row span every rank; return_lse gives what merging needs";
+constexpr std::string_view no_slopes_across_ranks =
+    "the ranks receive the options, not per-head data (mpi::cp_problem has no field for them); "
+    "options.alibi_max_bias gives ggml's slopes";
 
 // Options by their field's name in the option list (tests/capabilities_test.cpp checks each is one).
 constexpr refusal table[] = {
@@ -22,6 +25,8 @@ constexpr refusal table[] = {
     {entry_point::sdpa_call_decode, "return_weights", no_weights_in_decode},
     {entry_point::mpi_sdpa, "return_weights", no_weights_across_ranks},
     {entry_point::mpi_decode, "return_weights", no_weights_across_ranks},
+    {entry_point::mpi_sdpa, inputs::alibi_slopes, no_slopes_across_ranks},
+    {entry_point::mpi_decode, inputs::alibi_slopes, no_slopes_across_ranks},
     {entry_point::attention_call, "return_weights",
      "the weights (B, H, N, N) are the staged route's scores buffer, which a call over tensors does not "
      "keep; context::attention returns them"},
@@ -37,8 +42,8 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::mpi_append};
 
 constexpr feature input_features[] = {
-    inputs::grouped_query, inputs::mask,         inputs::additive_mask, inputs::sinks,
-    inputs::kv_f16,        inputs::kv_quantized, inputs::biases,        inputs::output_projection};
+    inputs::grouped_query, inputs::mask,   inputs::additive_mask, inputs::sinks, inputs::alibi_slopes,
+    inputs::kv_f16,        inputs::kv_quantized, inputs::biases,  inputs::output_projection};
 
 /// The option list's fields, then the inputs.
 const std::vector<feature>& all_features() {
@@ -65,6 +70,7 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     add(!p.mask.empty(), inputs::mask);
     add(!p.additive_mask.empty(), inputs::additive_mask);
     add(!p.sinks.empty(), inputs::sinks);
+    add(!p.alibi_slopes.empty(), inputs::alibi_slopes);
     for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
     return f;
 }

@@ -93,7 +93,8 @@ basic_sdpa_output<T> compute_over(const basic_sdpa_problem<In>& p, std::span<con
         const std::size_t first = block * rows_per_item, last = std::min(L, first + rows_per_item);
 
         detail::head_rules head = rules;
-        head.slope = alibi_slope(opt.alibi_max_bias, Hq, h);
+        head.slope =
+            p.alibi_slopes.empty() ? alibi_slope(opt.alibi_max_bias, Hq, h) : static_cast<double>(p.alibi_slopes[h]);
         if (head.has_sink) head.sink = static_cast<double>(p.sinks[h]);
         detail::head_data<In, KV, KV, In> data;
         data.q = p.q.data() + (b * Hq + h) * L * E;

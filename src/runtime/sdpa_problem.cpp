@@ -148,6 +148,23 @@ void check_sdpa(const basic_sdpa_problem<T>& problem, kv_source kv) {
         }
     }
 
+    // ALiBi slopes given per query head: none, or one finite slope >= 0 per head, without max_bias.
+    if (!problem.alibi_slopes.empty()) {
+        if (problem.alibi_slopes.size() != s.q_heads)
+            fail("alibi_slopes has " + std::to_string(problem.alibi_slopes.size()) +
+                 " elements, expected one per query head, q_heads = " + std::to_string(s.q_heads) + " (or none)");
+        for (std::size_t h = 0; h < problem.alibi_slopes.size(); ++h) {
+            const double slope = static_cast<double>(problem.alibi_slopes[h]);
+            if (!(std::isfinite(slope) && slope >= 0))
+                fail("alibi_slopes[" + std::to_string(h) + "] is " + number(slope) +
+                     ": a slope must be finite and at least 0");
+        }
+        if (opt.alibi_max_bias != 0)
+            fail(
+                "alibi_slopes and alibi_max_bias are both given: ALiBi takes the slopes given or derives them "
+                "from max_bias, not both");
+    }
+
     check_options(opt);
     if (opt.return_lse) (void)checked_product({{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}});
     if (opt.kv_type) {

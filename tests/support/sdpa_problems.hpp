@@ -40,7 +40,7 @@ qkv::sdpa_shape shape_of(const Spec& s) {
 template <class T>
 struct sdpa_data {
     qkv::sdpa_shape shape{};
-    std::vector<T> q, k, v, additive, sinks;
+    std::vector<T> q, k, v, additive, sinks, alibi_slopes;
     std::vector<std::uint8_t> mask;
     std::vector<std::size_t> mask_shape;
     qkv::sdpa_options options{};
@@ -53,6 +53,7 @@ struct sdpa_data {
         p.mask_shape = mask_shape;
         p.options = options;
         p.sinks = sinks;
+        p.alibi_slopes = alibi_slopes;
         return p;
     }
 };
@@ -60,7 +61,7 @@ struct sdpa_data {
 /// A problem that owns its data, drawn by random_sdpa; `problem` views it (its spans stay valid
 /// when this moves).
 struct owned_sdpa {
-    std::vector<float> q, k, v, additive, sinks;
+    std::vector<float> q, k, v, additive, sinks, alibi_slopes;
     std::vector<std::uint8_t> mask;
     qkv::sdpa_problem problem;
 };

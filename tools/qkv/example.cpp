@@ -1,5 +1,7 @@
 // `qkv example`: the tutorial's worked example, step by step, computed now on the chosen backend
 // and checked against the values the compiler computed when qkv was built (qkv::tutorial).
+#include "example.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <array>
@@ -47,7 +49,10 @@ grid first_query_dot_products(const example_values& v) {
     return g;
 }
 
-void run_example(const example_options& opt) {
+}  // namespace
+
+example_verdict print_example(std::ostream& os, backend choice, bool scale_scores) {
+    const example_options opt{.choice = choice, .scaled = scale_scores};
     const example_values v = compute_example(opt.choice, opt.scaled);
     const auto& ct = opt.scaled ? scaled : plain;
     const auto& ct_weighted = opt.scaled ? scaled_weighted : plain_weighted;
@@ -56,7 +61,6 @@ void run_example(const example_options& opt) {
     const std::string on_backend = "run time, " + backend_name;
     const std::string on_host = "run time, host";
 
-    std::ostream& os = std::cout;
     walkthrough w(os);
     os << "Self-attention, step by step\n============================\n";
     w.text(std::string("The worked example of the tutorial qkv grew from: three inputs of width 4, and keys, "
@@ -157,8 +161,15 @@ void run_example(const example_options& opt) {
            << " matrices differ from the values computed at compile time.\n";
     os << "Ran on " << v.ran_on << "\n";
     os.flush();
-    if (w.disagreements() != 0)
-        throw std::runtime_error(std::to_string(w.disagreements()) + " of " + std::to_string(w.checks()) +
+    return {.checks = w.checks(), .disagreements = w.disagreements()};
+}
+
+namespace {
+
+void run_example(const example_options& opt) {
+    const example_verdict verdict = print_example(std::cout, opt.choice, opt.scaled);
+    if (verdict.disagreements != 0)
+        throw std::runtime_error(std::to_string(verdict.disagreements) + " of " + std::to_string(verdict.checks) +
                                  " matrices differ from the compile-time values (marked \u2717 above)");
 }
 

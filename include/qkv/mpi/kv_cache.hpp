@@ -59,8 +59,9 @@ public:
     /// cache) of one cache holding them all. On root: `queries` as for that call (k and v empty,
     /// shape.kv_len 0 or size(); batch, kv_heads, d_qk and d_v the cache's; options.kv_type unset
     /// or the cache's type; masks over (B, Hq, L, size()); sinks applied once, after merging);
-    /// return_weights is refused. Other ranks pass any problem (it is not read). Returns the output
-    /// (and lse) on root, an empty sdpa_output elsewhere.
+    /// return_weights and alibi_slopes (use options.alibi_max_bias) are refused. Other ranks pass
+    /// any problem (it is not read). Returns the output (and lse) on root, an empty sdpa_output
+    /// elsewhere.
     [[nodiscard]] sdpa_output decode(const sdpa_problem& queries);
 
     /// Rows appended in all (the same on every rank), the most it can hold, those held here.

@@ -49,6 +49,7 @@ inline constexpr feature grouped_query = "grouped_query";          ///< kv_heads
 inline constexpr feature mask = "mask";                            ///< a bool mask
 inline constexpr feature additive_mask = "additive_mask";          ///< an additive mask
 inline constexpr feature sinks = "sinks";                          ///< sink logits
+inline constexpr feature alibi_slopes = "alibi_slopes";            ///< ALiBi slopes given per query head
 inline constexpr feature kv_f16 = "f16 K/V";                       ///< K and V stored as f16
 inline constexpr feature kv_quantized = "q8_0/q4_0 K/V";           ///< K and V stored as q8_0 or q4_0
 inline constexpr feature biases = "biases";                        ///< attention: bq, bk or bv

@@ -23,7 +23,9 @@
 //   s = C · tanh(s / C)                       softcap C > 0 (0: off)
 //   s = s - slope_h · |i + off - j|           ALiBi, alibi_max_bias b > 0 (0: off); with
 //                                             n = 2^floor(log2 Hq), m0 = 2^(-b/n), m1 = 2^(-b/(2n)):
-//                                             slope_h = m0^(h+1) for h < n, else m1^(2(h-n)+1)
+//                                             slope_h = m0^(h+1) for h < n, else m1^(2(h-n)+1);
+//                                             or the slopes given, alibi_slopes (one per query
+//                                             head, FlashAttention's alibi_slopes)
 //   s = s + additive_mask                     broadcast; an entry of -inf masks
 // Key j may be attended by query i when it passes every rule given (AND):
 //   mask (bool, 1 = may attend)               broadcast
@@ -133,6 +135,10 @@ struct basic_sdpa_problem {
     /// denominator, attends to nothing. Each is finite or -inf (-inf: no sink for that head);
     /// NaN and +inf are refused.
     std::span<const T> sinks{};
+    /// Empty, or one ALiBi slope per query head (q_heads values), given rather than derived
+    /// (FlashAttention's alibi_slopes): s <- s - alibi_slopes[h] · |i + off - j|, in the place of
+    /// alibi_max_bias's slopes (the two are not given together). Each is finite and at least 0.
+    std::span<const T> alibi_slopes{};
 };
 using sdpa_problem = basic_sdpa_problem<float>;
 using sdpa_problem_f64 = basic_sdpa_problem<double>;
@@ -158,7 +164,8 @@ using sdpa_output_f64 = basic_sdpa_output<double>;
 /// product that overflows; an option out of its range, naming it: alignment none or unknown,
 /// window_left or window_right below -1, softcap or alibi_max_bias negative or not finite, an
 /// unknown kv_type, a quantized kv_type (q8_0, q4_0) with d_qk or d_v not a multiple of 32; sinks
-/// other than empty or q_heads values, or a sink that is NaN or +inf.
+/// other than empty or q_heads values, or a sink that is NaN or +inf; alibi_slopes other than empty
+/// or q_heads values, a slope that is negative or not finite, or alibi_slopes with alibi_max_bias.
 QKV_RUNTIME_API void validate(const sdpa_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
 
