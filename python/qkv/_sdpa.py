@@ -1,0 +1,187 @@
+"""scaled_dot_product_attention and the K/V cache's decode: PyTorch's arguments turned into qkv's
+call (the C++ side, _qkv._sdpa, reads the arrays and checks everything again)."""
+
+import numbers
+
+from . import _arrays, _devices, _qkv
+from ._errors import InvalidArgument
+
+TOP_LEFT, BOTTOM_RIGHT = "top_left", "bottom_right"
+
+
+def check_dropout(dropout_p):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a number (it is a {type(dropout_p).__name__})")
+    if dropout_p != 0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p}: qkv computes attention without dropout so far (dropout comes with "
+            "training); pass dropout_p=0.0")
+
+
+def _flag(value, name):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (it is a {type(value).__name__})")
+    return value
+
+
+def _real(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (it is a {type(value).__name__})")
+    return float(value)
+
+
+def _side(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int (it is a {type(value).__name__})")
+    value = int(value)
+    if value < -(2 ** 63) or value >= 2 ** 63:
+        raise InvalidArgument(f"{name} is {value}: beyond a 64-bit integer")
+    return value
+
+
+def _choice(value, name, allowed):
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str (it is a {type(value).__name__})")
+    if value not in allowed:
+        raise InvalidArgument(f"{name} must be one of {', '.join(repr(a) for a in allowed)} (it is {value!r})")
+    return value
+
+
+def options(*, scale=None, causal=False, alignment=TOP_LEFT, window=None, softcap=0.0, return_lse=False,
+            return_weights=False, kv_type=None, precision=None, kernel="automatic"):
+    """The options dict _qkv reads, with every value's type checked here, naming the argument."""
+    opts = {
+        "causal": _flag(causal, "is_causal"),
+        "alignment": _choice(alignment, "causal_alignment", (TOP_LEFT, BOTTOM_RIGHT)),
+        "softcap": _real(softcap, "softcap"),
+        "return_lse": _flag(return_lse, "return_lse"),
+        "return_weights": _flag(return_weights, "return_weights"),
+        "kv_type": _choice(kv_type, "kv_type", ("f32", "f16", "q8_0", "q4_0")),
+        "precision": _choice(precision, "precision", ("fp32", "fp16")),
+        "kernel": _choice(kernel, "kernel", ("automatic", "cpu", "gpu")),
+    }
+    if scale is not None:
+        opts["scale"] = _real(scale, "scale")
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise TypeError(f"window must be a pair (left, right), -1 for an unbounded side (it is {window!r})") from None
+        opts["window_left"] = _side(left, "window[0]")
+        opts["window_right"] = _side(right, "window[1]")
+    return opts
+
+
+def mask_kind(mask):
+    """(mask, is_bool) for PyTorch's attn_mask: bool (True = may attend) or floating (added)."""
+    if mask is None:
+        return None, False
+    mask = _arrays.host_view(mask, "attn_mask")
+    name = _arrays.dtype_name(mask)
+    if name == "bool":
+        if _arrays.kind_of(mask) == _arrays.TORCH:
+            mask = mask.view(_arrays._torch().uint8)  # DLPack of torch 1.13 has no bool: the same bytes
+        return mask, True
+    if name in _arrays.FLOATS or name is None:
+        return mask, False
+    raise InvalidArgument(f"attn_mask is {name}: it must be bool (True = may attend) or floating point (added to "
+                          "the scores)")
+
+
+def small(x, name):
+    """sinks and alibi_slopes: an array, or a list of numbers."""
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        import array
+
+        try:
+            return array.array("d", [_real(v, name) for v in x])
+        except TypeError:
+            raise TypeError(f"{name} must be an array or a sequence of numbers") from None
+    return _arrays.host_view(x, name)
+
+
+def same_kind(arrays, names):
+    kinds = {_arrays.kind_of(a) for a in arrays}
+    if len(kinds) > 1:
+        raise InvalidArgument(f"{', '.join(names)} mix numpy arrays and torch tensors: pass one kind")
+    return kinds.pop()
+
+
+def check_dtypes(query, key, value):
+    names = [_arrays.dtype_name(a) for a in (query, key, value)]
+    for n, what in zip(names, ("query", "key", "value")):
+        if n is not None and n not in _arrays.FLOATS:
+            raise InvalidArgument(f"{what} is {n}: qkv computes float32, float16 and bfloat16 (and float64 with "
+                                  "device=\"cpu\")")
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+         device=None, precision=None, window=None, softcap=0.0, alibi_slopes=None, sinks=None,
+         causal_alignment=TOP_LEFT, kv_type=None, return_lse=False, return_weights=False, kernel="automatic"):
+    check_dropout(dropout_p)
+    _flag(enable_gqa, "enable_gqa")
+    opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
+                   return_lse=return_lse, return_weights=return_weights, kv_type=kv_type, precision=precision,
+                   kernel=kernel)
+    tensors = [isinstance(a, _qkv.Tensor) for a in (query, key, value)]
+    if any(tensors):
+        return _sdpa_tensors(query, key, value, attn_mask, opts, enable_gqa, alibi_slopes, sinks, device, tensors)
+    q = _arrays.host_view(query, "query")
+    k = _arrays.host_view(key, "key")
+    v = _arrays.host_view(value, "value")
+    kind = same_kind((q, k, v), ("query", "key", "value"))
+    check_dtypes(q, k, v)
+    _check_heads(q, k, enable_gqa)
+    mask, is_bool = mask_kind(attn_mask)
+    context = _devices.resolve(device)
+    out, lse, weights = _qkv._sdpa(q, k, v, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
+                                   alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts, context=context,
+                                   out_perm=[])
+    return _results(kind, out, lse, weights)
+
+
+def _check_heads(q, k, enable_gqa):
+    """PyTorch's rule: query and key heads (dimension -3) are equal unless enable_gqa=True, when the
+    key's divide the query's (qkv checks the division)."""
+    if enable_gqa or _arrays.rank(q) < 3 or _arrays.rank(k) < 3:
+        return
+    hq, hkv = _arrays.shape_of(q)[-3], _arrays.shape_of(k)[-3]
+    if hq != hkv:
+        raise InvalidArgument(f"query has {hq} heads and key {hkv} (dimension -3): pass enable_gqa=True for "
+                              "grouped-query attention")
+
+
+def _results(kind, out, lse, weights):
+    out = _arrays.wrap(out, kind)
+    extra = tuple(_arrays.wrap(r, kind) for r in (lse, weights) if r is not None)
+    return (out, *extra) if extra else out
+
+
+def _sdpa_tensors(query, key, value, attn_mask, opts, enable_gqa, alibi_slopes, sinks, device, tensors):
+    if not all(tensors):
+        raise InvalidArgument("query, key and value must all be qkv.Tensor, or all host arrays")
+    if device is not None and device is not query.context:
+        raise InvalidArgument("device: calls over qkv.Tensor run on the tensors' Context")
+    if not enable_gqa and len(query.shape) >= 3 and len(key.shape) >= 3 and query.shape[-3] != key.shape[-3]:
+        raise InvalidArgument(f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass enable_gqa=True")
+    if opts.get("precision") is not None:
+        raise InvalidArgument("precision: over qkv.Tensor the tensors' dtype sets it (float32: fp32, float16: fp16)")
+    mask, is_bool = mask_kind(attn_mask)
+    return _qkv._sdpa_tensors(query, key, value, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
+                              alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts)
+
+
+def decode(cache, query, attn_mask=None, *, is_causal=False, scale=None, causal_alignment=BOTTOM_RIGHT, window=None,
+           softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False, precision=None, kernel="automatic"):
+    opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
+                   return_lse=return_lse, precision=precision, kernel=kernel)
+    q = _arrays.host_view(query, "query")
+    check_dtypes(q, q, q)
+    mask, is_bool = mask_kind(attn_mask)
+    out, lse, _ = _qkv._decode(cache, q, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
+                               alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts)
+    return _results(_arrays.kind_of(q), out, lse, None)
