@@ -4,6 +4,9 @@
 #   bash quickstart.sh example   install what is missing, build, run `qkv example`
 #   bash quickstart.sh test      install what is missing, build and run every test leg
 #
+# Both also make the Python package importable afterwards (`python3 -c "import qkv"`): a qkv.pth in
+# the user site-packages of the interpreter CMake built it for names the build's python folder.
+#
 # `test` runs, in order: the clang-format and reference checks, GCC (shared library, -Werror; with
 # the install/find_package consumer check), the GCC build's Vulkan and CLI tests again on a second
 # driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed),
@@ -31,9 +34,13 @@ cpu_now() {
 }
 
 # ---- system packages ------------------------------------------------------------------------
+# python3-dev, pybind11-dev and libdlpack-dev build the Python package (python/); python3-numpy,
+# python3-torch, python3-pytest and python3-mpi4py test it (under /usr/bin/python3, their interpreter).
 BUILD_PACKAGES=(cmake ninja-build g++ libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers
-                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
-TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14 python3)
+                vulkan-validationlayers catch2 libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
+                python3-dev pybind11-dev libdlpack-dev)
+TEST_PACKAGES=(clang libclang-rt-14-dev clang-format-14 python3 python3-numpy python3-torch python3-pytest
+               python3-mpi4py)
 # The x86_64, POSIX-threads MinGW-w64 C++ compiler only (the mingw-w64 metapackage adds the i686
 # and win32-thread ones, ~600 MB more); wine64 alone needs no i386 architecture.
 WINDOWS_PACKAGES=(g++-mingw-w64-x86-64-posix wine64 xvfb xauth)
@@ -64,6 +71,30 @@ run_ctest() {
     ctest --test-dir "$1" --output-on-failure -j "$JOBS" "${@:2}"
 }
 
+# link_python <build>: the Python package of <build> importable without PYTHONPATH, by the
+# interpreter CMake built it for: qkv.pth (one line, <build>/python) in that interpreter's user
+# site-packages (`python3 -m site --user-site`: no root needed; a venv's own site-packages where
+# user sites are off). Another python3 of the same version (a pyenv one first on PATH) reads the
+# same user folder. Nothing happens where the build has no Python package.
+link_python() {
+    local build=$ROOT/$1 python site other
+    python=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+    if [ -z "$python" ] || [ ! -f "$build/python/qkv/__init__.py" ]; then
+        echo "no Python package in $build (see README, From Python)"
+        return 0
+    fi
+    site=$("$python" -c 'import site, sys; print(site.getusersitepackages() if site.ENABLE_USER_SITE else site.getsitepackages()[0])')
+    mkdir -p "$site"
+    echo "$build/python" >"$site/qkv.pth"
+    echo "$site/qkv.pth -> $build/python (remove the file to undo)"
+    (cd / && "$python" -c 'import qkv; print("'"$python"': import qkv ->", qkv.__file__, qkv.devices())')
+    other=$(command -v python3 || true)
+    if [ -n "$other" ] && [ "$(readlink -f "$other")" != "$(readlink -f "$python")" ]; then
+        (cd / && "$other" -c 'import qkv; print("'"$other"': import qkv ->", qkv.__file__)') 2>/dev/null ||
+            echo "$other (first on PATH) cannot import qkv: it is not the $python the package was built for"
+    fi
+}
+
 leg_format() {
     log "clang-format: every C++ file of the tree follows .clang-format"
     local files
@@ -83,6 +114,7 @@ leg_gcc() {
     fi
     echo "ldd build/gcc/src/libqkv_vulkan.so: no libvulkan (the loader is opened at run time)"
     run_ctest build/gcc
+    link_python build/gcc
 }
 
 # ---- The second driver: Mesa 25.0's lavapipe (Vulkan 1.4) from Debian's bookworm-backports -------
@@ -164,9 +196,9 @@ leg_mesa25() {
 }
 
 leg_clang() {
-    log "Clang: build (warnings as errors) and test (not the labels variant, long, sweep: the gcc leg runs them)"
+    log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python: the gcc leg runs them)"
     configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON
-    run_ctest build/clang -LE '^(variant|long|sweep)$'
+    run_ctest build/clang -LE '^(variant|long|sweep|python)$'
 }
 
 leg_neutral() {
@@ -229,6 +261,8 @@ case "${1:-}" in
         configure_build build/release
         log "qkv example"
         build/release/bin/qkv example
+        log "The Python package: import qkv"
+        link_python build/release
         ;;
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"

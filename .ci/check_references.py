@@ -13,8 +13,8 @@ What is read
 
 What is checked
   1. Paths: a word that starts with one of the repository's top folders (src/ include/ shaders/
-     tests/ tools/ docs/ bench/ examples/ cmake/ .ci/ .github/) and is not part of a longer path
-     or URL. The path ends at a character that cannot be in one of qkv's file names (so
+     tests/ tools/ docs/ bench/ examples/ cmake/ python/ .ci/ .github/) and is not part of a longer
+     path or URL. The path ends at a character that cannot be in one of qkv's file names (so
      `tests/fuzz/corpus/<name>` checks tests/fuzz/corpus/, `src/api/dispatch.cpp:57` checks the
      file, `src/...` checks src/); trailing punctuation is dropped; `*` is a glob. It must be a
      tracked file or a folder holding one (git ls-files), so a build output never counts.
@@ -50,7 +50,8 @@ import re
 import subprocess
 import sys
 
-TOP_FOLDERS = ("src", "include", "shaders", "tests", "tools", "docs", "bench", "examples", "cmake", ".ci", ".github")
+TOP_FOLDERS = ("src", "include", "shaders", "tests", "tools", "docs", "bench", "examples", "cmake", "python", ".ci",
+               ".github")
 PROSE_GLOBS = ("README.md", "docs/*.md", "bench/*.md")
 C_FAMILY = (".cpp", ".hpp", ".h", ".inl", ".comp", ".glsl", ".def")
 HASH_FAMILY = (".cmake", ".sh", ".py", ".yml", ".yaml", ".supp", ".in", ".txt")

@@ -327,6 +327,35 @@ host_array read_array(py::handle object, const std::string& name) {
                          " is not an array; pass a numpy.ndarray or a CPU torch.Tensor");
 }
 
+bool is_contiguous(const host_array& a) {
+    std::ptrdiff_t expect = 1;
+    for (std::size_t d = a.rank(); d-- > 0;) {
+        if (a.shape[d] != 1 && a.strides[d] != expect) return false;
+        expect *= static_cast<std::ptrdiff_t>(a.shape[d]);
+    }
+    return true;
+}
+
+void read_values(const host_array& a, values<float>& out, const char* name) {
+    if (a.type == dtype::f32 && is_contiguous(a) && reinterpret_cast<std::uintptr_t>(a.data) % alignof(float) == 0) {
+        out.view = std::span<const float>(reinterpret_cast<const float*>(a.data), a.elements());
+        return;
+    }
+    out.owned.resize(a.elements());
+    gather(a, std::span<float>(out.owned), name);
+    out.view = out.owned;
+}
+
+void read_values(const host_array& a, values<double>& out, const char* name) {
+    if (a.type == dtype::f64 && is_contiguous(a) && reinterpret_cast<std::uintptr_t>(a.data) % alignof(double) == 0) {
+        out.view = std::span<const double>(reinterpret_cast<const double*>(a.data), a.elements());
+        return;
+    }
+    out.owned.resize(a.elements());
+    gather(a, std::span<double>(out.owned), name);
+    out.view = out.owned;
+}
+
 void gather(const host_array& a, std::span<float> out, const char* name) {
     expect_count(a, out.size(), name);
     if (a.type == dtype::f64)
@@ -335,6 +364,10 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
                "device computes float32: convert the inputs to float32");
     if (a.type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
     if (a.type == dtype::f32) {
+        if (is_contiguous(a)) {
+            if (!out.empty()) std::memcpy(out.data(), a.data, out.size() * 4);
+            return;
+        }
         each_element(a, [&](const std::byte* p, std::size_t i) { std::memcpy(&out[i], p, 4); });
         return;
     }

@@ -42,6 +42,18 @@ struct host_array {
     [[nodiscard]] std::size_t elements() const;  ///< throws qkv::invalid_argument when it overflows
 };
 
+/// Whether `a` lies row-major and contiguous in memory (dimensions of size 1 may have any stride).
+[[nodiscard]] bool is_contiguous(const host_array& a);
+
+/// The elements of an array the caller holds, as a span of T: over the caller's own memory where it
+/// is already contiguous T (no copy: it stays alive while `owned` or the array does), else gathered
+/// into `owned` (float16 and bfloat16 widened exactly). No GIL needed.
+template <class T>
+struct values {
+    std::vector<T> owned;
+    std::span<const T> view;
+};
+
 /// Reads `object` (`name` names it in messages): the buffer protocol first (NumPy), else
 /// `__dlpack__` (torch). Throws qkv::invalid_argument for an unsupported element type, a device
 /// other than the CPU, strides that are not whole elements; TypeError (py::type_error) for an
@@ -55,6 +67,10 @@ void gather(const host_array& a, std::span<float> out, const char* name);
 void gather(const host_array& a, std::span<double> out, const char* name);
 /// A boolean (or 0/1 integer) array as 0/1 bytes.
 void gather(const host_array& a, std::span<std::uint8_t> out, const char* name);
+
+/// `a`'s elements as T (float or double), without a copy where they already are contiguous T.
+void read_values(const host_array& a, values<float>& out, const char* name);
+void read_values(const host_array& a, values<double>& out, const char* name);
 
 /// A result: contiguous, row-major, owned; exposed through the buffer protocol (format "f", "d",
 /// "e", or "H" for bfloat16 bits, which the Python side views as torch.bfloat16).

@@ -192,9 +192,9 @@ struct host_call {
     std::vector<std::size_t> out_perm;
     call_options opt;
 
-    // Gathered.
-    std::vector<float> qf, kf, vf, additive_f, sinks_f, slopes_f;
-    std::vector<double> qd, kd, vd, additive_d, sinks_d, slopes_d;
+    // Read: over the caller's memory where it is contiguous already, else gathered.
+    values<float> qf, kf, vf, additive_f, sinks_f, slopes_f;
+    values<double> qd, kd, vd, additive_d, sinks_d, slopes_d;
     std::vector<std::uint8_t> mask_bits;
 };
 
@@ -256,16 +256,12 @@ void gather_call(host_call& h, const char* what) {
     if (h.opt.options.return_weights) bytes += 8 * rows * static_cast<double>(s.kv_len);
     check_host_bytes(2 * bytes, what);  // the results are written once more as the caller's dtype
 
-    const auto fill = [&](const std::optional<host_array>& a, std::vector<float>& f, std::vector<double>& d,
-                          const char* name) {
+    const auto fill = [&](const std::optional<host_array>& a, values<float>& f, values<double>& d, const char* name) {
         if (!a) return;
-        if (f64) {
-            d.resize(a->elements());
-            gather(*a, std::span<double>(d), name);
-        } else {
-            f.resize(a->elements());
-            gather(*a, std::span<float>(f), name);
-        }
+        if (f64)
+            read_values(*a, d, name);
+        else
+            read_values(*a, f, name);
     };
     fill(h.q, h.qf, h.qd, "query");
     fill(h.k, h.kf, h.kd, "key");
@@ -275,30 +271,30 @@ void gather_call(host_call& h, const char* what) {
             h.mask_bits.resize(mv->view.elements());
             gather(mv->view, std::span<std::uint8_t>(h.mask_bits), "attn_mask");
         } else if (f64) {
-            h.additive_d.resize(mv->view.elements());
-            gather(mv->view, std::span<double>(h.additive_d), "attn_mask");
+            read_values(mv->view, h.additive_d, "attn_mask");
         } else {
-            h.additive_f.resize(mv->view.elements());
-            gather(mv->view, std::span<float>(h.additive_f), "attn_mask");
+            read_values(mv->view, h.additive_f, "attn_mask");
         }
     }
     // Sinks and slopes are float32 data of qkv's problem whatever the inputs' dtype (float64 on
     // the float64 path).
-    const auto small = [&](const std::optional<host_array>& a, std::vector<float>& f, std::vector<double>& d,
-                           const char* name) {
+    const auto small = [&](const std::optional<host_array>& a, values<float>& f, values<double>& d, const char* name) {
         if (!a) return;
         if (a->type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
-        d.resize(a->elements());
-        gather(*a, std::span<double>(d), name);
+        d.owned.resize(a->elements());
+        gather(*a, std::span<double>(d.owned), name);
+        d.view = d.owned;
         if (!f64) {
-            f.resize(d.size());
-            for (std::size_t i = 0; i < d.size(); ++i) {
-                // float64 sinks or slopes for a float32 call: narrowed only where exact enough to be
-                // the same number; beyond float32's range it is refused, never rounded to inf.
-                if (std::abs(d[i]) > static_cast<double>(std::numeric_limits<float>::max()) && std::isfinite(d[i]))
+            f.owned.resize(d.owned.size());
+            for (std::size_t i = 0; i < d.owned.size(); ++i) {
+                // float64 sinks or slopes for a float32 call: rounded to float32, but never from
+                // beyond its range to inf.
+                const double x = d.owned[i];
+                if (std::abs(x) > static_cast<double>(std::numeric_limits<float>::max()) && std::isfinite(x))
                     refuse(std::string(name) + "[" + std::to_string(i) + "] is beyond float32's range");
-                f[i] = static_cast<float>(d[i]);
+                f.owned[i] = static_cast<float>(x);
             }
+            f.view = f.owned;
         }
     };
     small(h.sinks, h.sinks_f, h.sinks_d, "sinks");
@@ -306,9 +302,9 @@ void gather_call(host_call& h, const char* what) {
 }
 
 template <class T>
-qkv::basic_sdpa_problem<T> problem_of(const host_call& h, const std::vector<T>& q, const std::vector<T>& k,
-                                      const std::vector<T>& v, const std::vector<T>& additive,
-                                      const std::vector<T>& sinks, std::span<const T> slopes) {
+qkv::basic_sdpa_problem<T> problem_of(const host_call& h, std::span<const T> q, std::span<const T> k,
+                                      std::span<const T> v, std::span<const T> additive, std::span<const T> sinks,
+                                      std::span<const T> slopes) {
     qkv::basic_sdpa_problem<T> p;
     p.shape = h.c.shape;
     p.q = q, p.k = k, p.v = v;
@@ -323,18 +319,18 @@ qkv::basic_sdpa_problem<T> problem_of(const host_call& h, const std::vector<T>& 
 
 /// The ALiBi slopes of batch element b: all of them for (Hq,) slopes, row b of (B, Hq).
 template <class T>
-std::span<const T> slopes_of(const host_call& h, const std::vector<T>& slopes, std::size_t b) {
+std::span<const T> slopes_of(const host_call& h, std::span<const T> slopes, std::size_t b) {
     if (!h.slopes || h.slopes->rank() == 1) return slopes;
     const std::size_t hq = h.c.shape.q_heads;
     if (h.slopes->shape[0] != h.c.shape.batch || h.slopes->shape[1] != hq)
         refuse("alibi_slopes has shape " + dims(h.slopes->shape) + "; per batch and head it must be (B, Hq) = (" +
                std::to_string(h.c.shape.batch) + ", " + std::to_string(hq) + ")");
-    return std::span<const T>(slopes).subspan(b * hq, hq);
+    return slopes.subspan(b * hq, hq);
 }
 
 /// Whether (B, Hq) slopes differ between batch elements (then each runs as its own call).
 template <class T>
-bool slopes_differ(const host_call& h, const std::vector<T>& slopes) {
+bool slopes_differ(const host_call& h, std::span<const T> slopes) {
     if (!h.slopes || h.slopes->rank() == 1) return false;
     const std::size_t hq = h.c.shape.q_heads;
     (void)slopes_of(h, slopes, 0);  // checks the shape
@@ -343,14 +339,13 @@ bool slopes_differ(const host_call& h, const std::vector<T>& slopes) {
     return false;
 }
 
-/// The part of a gathered input that batch element b reads (q, k, v: B equal blocks; a mask: its
-/// block of b, or the whole where it broadcasts over the batch).
+/// The part of an input that batch element b reads (q, k, v: B equal blocks; a mask: its block of
+/// b, or the whole where it broadcasts over the batch).
 template <class T>
-std::vector<T> block_of(const std::vector<T>& all, std::size_t blocks, std::size_t b) {
+std::span<const T> block_of(std::span<const T> all, std::size_t blocks, std::size_t b) {
     if (all.empty() || blocks <= 1) return all;
     const std::size_t n = all.size() / blocks;
-    return std::vector<T>(all.begin() + static_cast<std::ptrdiff_t>(b * n),
-                          all.begin() + static_cast<std::ptrdiff_t>((b + 1) * n));
+    return all.subspan(b * n, n);
 }
 
 struct results {
@@ -365,9 +360,9 @@ void append(std::vector<double>& to, std::vector<double>&& from) { to.insert(to.
 /// Runs the gathered call on `ctx` (null: the float64 reference), batch element by batch element
 /// where the ALiBi slopes differ between them. No GIL.
 template <class T>
-results run_gathered(host_call& h, const context_ptr& ctx, const std::vector<T>& q, const std::vector<T>& k,
-                     const std::vector<T>& v, const std::vector<T>& additive, const std::vector<T>& sinks,
-                     const std::vector<T>& slopes, const qkv::vulkan::kv_cache* cache) {
+results run_gathered(host_call& h, const context_ptr& ctx, std::span<const T> q, std::span<const T> k,
+                     std::span<const T> v, std::span<const T> additive, std::span<const T> sinks,
+                     std::span<const T> slopes, const qkv::vulkan::kv_cache* cache) {
     results r;
     r.f64 = ctx == nullptr;
     const std::size_t B = h.c.shape.batch;
@@ -375,17 +370,12 @@ results run_gathered(host_call& h, const context_ptr& ctx, const std::vector<T>&
     const std::size_t calls = split ? B : 1;
     const std::size_t mask_blocks = h.mask && h.mask_shape[0] == B ? B : 1;
     for (std::size_t b = 0; b < calls; ++b) {
-        const std::vector<T> qb = split ? block_of(q, B, b) : std::vector<T>{};
-        const std::vector<T> kb = split ? block_of(k, B, b) : std::vector<T>{};
-        const std::vector<T> vb = split ? block_of(v, B, b) : std::vector<T>{};
-        const std::vector<T> ab = split ? block_of(additive, mask_blocks, b) : std::vector<T>{};
-        const std::vector<std::uint8_t> mb =
-            split ? block_of(h.mask_bits, mask_blocks, b) : std::vector<std::uint8_t>{};
-        qkv::basic_sdpa_problem<T> p = problem_of(h, split ? qb : q, split ? kb : k, split ? vb : v,
-                                                  split ? ab : additive, sinks, slopes_of(h, slopes, b));
-        if (split) {
+        qkv::basic_sdpa_problem<T> p = problem_of(h, q, k, v, additive, sinks, slopes_of(h, slopes, b));
+        if (split) {  // batch element b alone, with its own slopes
             p.shape.batch = 1;
-            p.mask = h.mask ? std::span<const std::uint8_t>(mb) : std::span<const std::uint8_t>{};
+            p.q = block_of(q, B, b), p.k = block_of(k, B, b), p.v = block_of(v, B, b);
+            p.additive_mask = block_of(additive, mask_blocks, b);
+            p.mask = block_of(std::span<const std::uint8_t>(h.mask_bits), mask_blocks, b);
             if (h.mask) p.mask_shape[0] = 1;
         }
         if (cache) {
@@ -477,9 +467,11 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle mask, bool m
         py::gil_scoped_release nogil;
         gather_call(h, "scaled_dot_product_attention");
         if (h.type == dtype::f64)
-            r = run_gathered<double>(h, ctx, h.qd, h.kd, h.vd, h.additive_d, h.sinks_d, h.slopes_d, nullptr);
+            r = run_gathered<double>(h, ctx, h.qd.view, h.kd.view, h.vd.view, h.additive_d.view, h.sinks_d.view,
+                                     h.slopes_d.view, nullptr);
         else
-            r = run_gathered<float>(h, ctx, h.qf, h.kf, h.vf, h.additive_f, h.sinks_f, h.slopes_f, nullptr);
+            r = run_gathered<float>(h, ctx, h.qf.view, h.kf.view, h.vf.view, h.additive_f.view, h.sinks_f.view,
+                                    h.slopes_f.view, nullptr);
     }
     return finish(h, std::move(r));
 }
@@ -499,24 +491,23 @@ py::tuple decode(py_kv_cache& cache, py::handle q, py::handle mask, bool mask_is
     {
         py::gil_scoped_release nogil;
         gather_call(h, "KVCache.decode");
-        const std::vector<float> none;
-        r = run_gathered<float>(h, cache.context, h.qf, none, none, h.additive_f, h.sinks_f, h.slopes_f, &cache.cache);
+        r = run_gathered<float>(h, cache.context, h.qf.view, {}, {}, h.additive_f.view, h.sinks_f.view, h.slopes_f.view,
+                                &cache.cache);
     }
     return finish(h, std::move(r));
 }
 
 /// Host rows for a cache append: (B, Hkv, rows, width), as float.
-std::vector<float> rows_of(py::handle array, const char* name, const qkv::vulkan::kv_cache_shape& s, std::size_t width,
-                           std::size_t& rows) {
-    const host_array a = read_array(array, name);
+values<float> rows_of(const host_array& a, const char* name, const qkv::vulkan::kv_cache_shape& s, std::size_t width,
+                      std::size_t& rows) {
     if (a.rank() != 4 || a.shape[0] != s.batch || a.shape[1] != s.kv_heads || a.shape[3] != width)
         refuse(std::string(name) + " has shape " + dims(a.shape) + "; the cache takes (B, Hkv, rows, " +
                std::string(name[0] == 'k' ? "E" : "Ev") + ") = (" + std::to_string(s.batch) + ", " +
                std::to_string(s.kv_heads) + ", rows, " + std::to_string(width) + ")");
     rows = a.shape[2];
-    std::vector<float> out(a.elements());
+    values<float> out;
     py::gil_scoped_release nogil;
-    gather(a, std::span<float>(out), name);
+    read_values(a, out, name);
     return out;
 }
 
@@ -532,12 +523,13 @@ void cache_append(py_kv_cache& c, py::handle k, py::handle v) {
         return;
     }
     std::size_t k_rows = 0, v_rows = 0;
-    const std::vector<float> kf = rows_of(k, "key", s, s.d_qk, k_rows);
-    const std::vector<float> vf = rows_of(v, "value", s, s.d_v, v_rows);
+    const host_array ka = read_array(k, "key"), va = read_array(v, "value");
+    const values<float> kf = rows_of(ka, "key", s, s.d_qk, k_rows);
+    const values<float> vf = rows_of(va, "value", s, s.d_v, v_rows);
     if (k_rows != v_rows)
         refuse("key has " + std::to_string(k_rows) + " rows, value " + std::to_string(v_rows) + ": they must match");
     py::gil_scoped_release nogil;
-    c.cache.append(kf, vf, k_rows);
+    c.cache.append(kf.view, vf.view, k_rows);
 }
 
 /// Device tensors: q, k, v (B, H, L, E) f32 or f16 (one type, which sets the precision); the
@@ -584,9 +576,8 @@ py_tensor sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
     {
         py::gil_scoped_release nogil;
         gather_call(h, "scaled_dot_product_attention over Tensors");  // no q, k, v: they are on the device
-        const std::vector<float> none;
         const qkv::sdpa_problem desc =
-            problem_of(h, none, none, none, h.additive_f, h.sinks_f, std::span<const float>(h.slopes_f));
+            problem_of<float>(h, {}, {}, {}, h.additive_f.view, h.sinks_f.view, h.slopes_f.view);
         qkv::vulkan::sdpa_call call(*ctx, desc);
         out.tensor = qkv::vulkan::tensor(*ctx, {qs[0], qs[1], qs[2], vs[3]});
         call.run({.q = &q.tensor, .k = &k.tensor, .v = &v.tensor, .out = &out.tensor});

@@ -92,13 +92,12 @@ py_tensor make_tensor(py::handle array, const std::shared_ptr<qkv::vulkan::conte
         else
             throw qkv::invalid_argument("dtype must be \"float32\" or \"float16\" (it is \"" + *type_name + "\")");
     }
-    std::vector<float> values;
+    values<float> data;
     py_tensor t{ctx, {}};
     py::gil_scoped_release nogil;
-    values.resize(a.elements());
-    gather(a, std::span<float>(values), "array");
+    read_values(a, data, "array");
     t.tensor = qkv::vulkan::tensor(*ctx, a.shape, type);
-    t.tensor.upload(values);
+    t.tensor.upload(data.view);
     return t;
 }
 
@@ -160,6 +159,19 @@ void bind_objects(py::module_& m) {
                 return c.take_validation_messages();
             },
             "The validation layer's messages since the last call (then cleared); [] unless validation is on.")
+        .def(
+            "last_call",
+            [](const qkv::vulkan::context& c) {
+                const qkv::vulkan::call_stats s = c.last_call();
+                py::dict d;
+                d["host_ms"] = s.host_ms;
+                d["device_ms"] = s.device_ms;
+                d["attention_ms"] = s.attention_ms;
+                d["device_bytes"] = s.device_bytes;
+                return d;
+            },
+            "Timings of the context's last call, as the C++ library measured them inside it: host_ms (the whole "
+            "call, host clock), device_ms and attention_ms (GPU timestamps, 0 without them), device_bytes held.")
         .def_property_readonly("device_memory_allocated", &qkv::vulkan::context::device_memory_allocated,
                                "Bytes of device memory the context holds now.")
         .def(
