@@ -1,12 +1,13 @@
 # cmake -DMODE=package|subdirectory -DQKV_BUILD=... -DQKV_SOURCE=... -DWORK=... -DCXX=... -DGENERATOR=...
-#       [-DVULKAN=ON|OFF] -P run_consumer.cmake
+#       [-DVULKAN=ON|OFF] [-DPYTHON=...] -P run_consumer.cmake
 # package: installs the qkv build into a prefix, moves that prefix elsewhere (installed binaries
 # must find their libraries relative to themselves, wherever the prefix is), then configures and
 # builds the consumer against it with find_package(qkv CONFIG) and runs, with a clean environment
 # (no LD_LIBRARY_PATH; only PATH, HOME and the Vulkan driver's variables), the installed
 # `qkv --version`, `qkv example --backend cpu` and `qkv devices`, the consumer, and
 # consumer_vulkan_only (linked against qkv::vulkan alone, so that libqkv_vulkan.so has to find
-# libqkv_runtime.so by itself). subdirectory: builds qkv inside the consumer and runs it.
+# libqkv_runtime.so by itself), and `import qkv` from the installed Python package (with PYTHON,
+# the interpreter it was built for). subdirectory: builds qkv inside the consumer and runs it.
 # VULKAN: whether qkv was built with its Vulkan backend (default ON); without it the consumer uses
 # qkv::runtime alone.
 file(REMOVE_RECURSE ${WORK})
@@ -84,5 +85,17 @@ if(MODE STREQUAL "package" AND VULKAN)
       message(FATAL_ERROR "failed (${rc}): qkv devices\n${out}\n${err}")
     endif()
     message(STATUS "${out}${err}")
+  endif()
+  # The installed Python package, when this build has it (QKV_BUILD_PYTHON): the moved prefix's
+  # site-packages on PYTHONPATH, nothing else, and the module finds its libraries by itself.
+  file(GLOB python_packages ${prefix}/lib*/python*/*-packages/qkv/__init__.py)
+  if(python_packages AND PYTHON)
+    list(GET python_packages 0 package)
+    get_filename_component(site ${package} DIRECTORY)
+    get_filename_component(site ${site} DIRECTORY)
+    # (Lines, not semicolons: a CMake list would split the program.)
+    run(${clean_env} "PYTHONPATH=${site}" ${PYTHON} -c "import array, qkv
+x = memoryview(array.array('f', [0.5, 1.0])).cast('B').cast('f', (1, 2))
+print(qkv.__file__, qkv.devices(), qkv.scaled_dot_product_attention(x, x, x, device='cpu').shape)")
   endif()
 endif()
