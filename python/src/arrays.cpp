@@ -181,31 +181,30 @@ double element_as_double(dtype t, const std::byte* p) {
     return static_cast<double>(element_as_float(t, p));
 }
 
-/// Calls f(pointer, index) for every element of `a`, row-major.
+/// Calls row(pointer, step in bytes, count, index) for every row of `a` (its last dimension), in
+/// row-major order: index is the row's first element's position.
 template <class F>
-void each_element(const host_array& a, F&& f) {
+void each_row(const host_array& a, F&& row) {
     const std::size_t n = a.elements();
     if (n == 0) return;
     const std::size_t rank = a.rank(), item = item_size(a.type);
     if (rank == 0) {
-        f(a.data, std::size_t{0});
+        row(a.data, std::ptrdiff_t{0}, std::size_t{1}, std::size_t{0});
         return;
     }
     const std::size_t inner = a.shape[rank - 1];
     const std::ptrdiff_t inner_step = a.strides[rank - 1] * static_cast<std::ptrdiff_t>(item);
     std::vector<std::size_t> index(rank - 1, 0);
-    const std::byte* row = a.data;
+    const std::byte* start = a.data;
     for (std::size_t out = 0; out < n; out += inner) {
-        const std::byte* p = row;
-        for (std::size_t i = 0; i < inner; ++i, p += inner_step) f(p, out + i);
-        // The next row: an odometer over the outer dimensions.
+        row(start, inner_step, inner, out);
         for (std::size_t d = rank - 1; d-- > 0;) {
             const std::ptrdiff_t step = a.strides[d] * static_cast<std::ptrdiff_t>(item);
             if (++index[d] < a.shape[d]) {
-                row += step;
+                start += step;
                 break;
             }
-            row -= step * static_cast<std::ptrdiff_t>(a.shape[d] - 1);
+            start -= step * static_cast<std::ptrdiff_t>(a.shape[d] - 1);
             index[d] = 0;
         }
     }
@@ -368,25 +367,39 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
             if (!out.empty()) std::memcpy(out.data(), a.data, out.size() * 4);
             return;
         }
-        each_element(a, [&](const std::byte* p, std::size_t i) { std::memcpy(&out[i], p, 4); });
+        // Rows whose elements lie side by side (FlashAttention's layout read as qkv's: the heads'
+        // rows of d values) are copied whole.
+        each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+            if (step == 4) {
+                std::memcpy(&out[i], p, count * 4);
+                return;
+            }
+            for (std::size_t c = 0; c < count; ++c, p += step) std::memcpy(&out[i + c], p, 4);
+        });
         return;
     }
     const dtype t = a.type;
-    each_element(a, [&](const std::byte* p, std::size_t i) { out[i] = element_as_float(t, p); });
+    each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        for (std::size_t c = 0; c < count; ++c, p += step) out[i + c] = element_as_float(t, p);
+    });
 }
 
 void gather(const host_array& a, std::span<double> out, const char* name) {
     expect_count(a, out.size(), name);
     if (a.type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
     const dtype t = a.type;
-    each_element(a, [&](const std::byte* p, std::size_t i) { out[i] = element_as_double(t, p); });
+    each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        for (std::size_t c = 0; c < count; ++c, p += step) out[i + c] = element_as_double(t, p);
+    });
 }
 
 void gather(const host_array& a, std::span<std::uint8_t> out, const char* name) {
     expect_count(a, out.size(), name);
     if (a.type != dtype::boolean) refuse(std::string(name) + ": " + to_string(a.type) + " where bool is needed");
     // Any nonzero byte is true (a bool is 0 or 1; DLPack's 8-bit integers are read the same way).
-    each_element(a, [&](const std::byte* p, std::size_t i) { out[i] = *p != std::byte{0} ? 1 : 0; });
+    each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        for (std::size_t c = 0; c < count; ++c, p += step) out[i + c] = *p != std::byte{0} ? 1 : 0;
+    });
 }
 
 out_array::out_array(storage data, dtype type, std::vector<std::size_t> shape)

@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -50,7 +51,22 @@ struct host_array {
 /// into `owned` (float16 and bfloat16 widened exactly). No GIL needed.
 template <class T>
 struct values {
-    std::vector<T> owned;
+    /// Memory the gather writes once: not zeroed first (a second pass over the pages).
+    struct uninitialized : std::allocator<T> {
+        template <class U>
+        struct rebind {
+            using other = typename values<U>::uninitialized;
+        };
+        template <class U>
+        void construct(U* p) noexcept {
+            ::new (static_cast<void*>(p)) U;
+        }
+        template <class U, class... A>
+        void construct(U* p, A&&... args) {
+            ::new (static_cast<void*>(p)) U(std::forward<A>(args)...);
+        }
+    };
+    std::vector<T, uninitialized> owned;
     std::span<const T> view;
 };
 
