@@ -59,6 +59,8 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
     check_dtypes(q, k, v)
     if window_size is None:
         window_size = (-1, -1)
+    if softcap is None:  # callers pass None for "off" as often as FlashAttention's 0.0
+        softcap = 0.0
     opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size, softcap=softcap,
                    return_lse=return_softmax, precision=precision)
     context = _devices.resolve(device)
