@@ -17,7 +17,6 @@ from ._devices import default_context
 from ._errors import (DeviceLost, Error, InvalidArgument, LimitExceeded, NoMatchingDevice, NumericOverflow,
                       OutOfMemory, Unavailable, VulkanError)
 from ._qkv import Context, Device, Tensor, devices
-from ._sdpa import BOTTOM_RIGHT, TOP_LEFT
 from . import _arrays, _devices, _sdpa
 
 __version__ = _qkv.__version__
