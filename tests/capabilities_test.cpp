@@ -121,6 +121,10 @@ TEST_CASE("capabilities: a problem's features, as the table reads them", "[capab
              "position_offset", qkv::inputs::grouped_query, qkv::inputs::sinks, qkv::inputs::kv_f16})
         CHECK(std::count(f.begin(), f.end(), want) == 1);
     CHECK(f.size() == 11);
+    const std::vector<float> slopes{0.5f, 0.25f};
+    qkv::sdpa_problem given = plain;
+    given.alibi_slopes = slopes;
+    CHECK(qkv::features_of(given) == std::vector<qkv::feature>{qkv::inputs::alibi_slopes});
     qkv::sdpa_problem q8 = plain;
     q8.options.kv_type = qkv::element_type::q8_0;
     CHECK(qkv::features_of(q8) == std::vector<qkv::feature>{"kv_type", qkv::inputs::kv_quantized});

@@ -31,7 +31,7 @@ __all__ = [
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, device=None, precision=None, window=None, softcap=0.0,
                                  alibi_slopes=None, sinks=None, causal_alignment="top_left", kv_type=None,
-                                 return_lse=False, return_weights=False, kernel="automatic"):
+                                 return_lse=False, return_weights=False, kernel="auto"):
     """PyTorch's torch.nn.functional.scaled_dot_product_attention, computed by qkv.
 
     Shapes (PyTorch's): query (N..., Hq, L, E), key (N..., Hkv, S, E), value (N..., Hkv, S, Ev) ->
@@ -70,13 +70,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         rounded the same way.
       return_lse=True: also the log-sum-exp of each row, float32 (N..., Hq, L), sinks not included,
         -inf for a row with no key. return_weights=True: also the attention weights (N..., Hq, L, S).
-      kernel: "automatic", "cpu" or "gpu": which kernel family runs (the same results up to rounding).
+      kernel: "auto", "row_tiles" or "block_tiles": which kernel family runs (the same results up to
+        rounding; "cpu" and "gpu" are their deprecated names).
 
     Returns the output, of the inputs' kind (numpy or torch) and dtype; with return_lse and/or
     return_weights the tuple (output, lse, weights), leaving out what was not asked for.
 
     Over qkv.Tensor inputs (all three) the call stays on the device and returns a float32 Tensor
-    (N, Hq, L, Ev); return_lse is not available there yet (qkv.Unavailable).
+    (N, Hq, L, Ev), and with return_lse / return_weights float32 Tensors (N, Hq, L) / (N, Hq, L, S).
 
     Errors: qkv.InvalidArgument (ValueError) for inputs that do not fit, qkv.LimitExceeded for
     shapes beyond the device's limits, qkv.NumericOverflow for finite inputs whose scores or
@@ -137,16 +138,16 @@ class KVCache:
         _qkv._cache_append(self._cache, key, value)
 
     def decode(self, query, attn_mask=None, *, is_causal=False, scale=None, causal_alignment="bottom_right",
-               window=None, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False, precision=None,
-               kernel="automatic"):
+               window=None, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False, return_weights=False,
+               precision=None, kernel="auto"):
         """Attention of query (B, Hq, L, E) (or (Hq, L, E), (L, E)) against every row held: output
         (B, Hq, L, Ev), of the query's kind and dtype, with the options of
         scaled_dot_product_attention (causal_alignment defaults to "bottom_right" here: the last
         query sits at the last key). Runs the split-S decode kernels."""
         return _sdpa.decode(self._cache, query, attn_mask, is_causal=is_causal, scale=scale,
                             causal_alignment=causal_alignment, window=window, softcap=softcap,
-                            alibi_slopes=alibi_slopes, sinks=sinks, return_lse=return_lse, precision=precision,
-                            kernel=kernel)
+                            alibi_slopes=alibi_slopes, sinks=sinks, return_lse=return_lse,
+                            return_weights=return_weights, precision=precision, kernel=kernel)
 
     def clear(self):
         """Forgets every row (the memory is kept)."""

@@ -13,7 +13,7 @@ Array = Any
 Precision = Literal["fp32", "fp16"]
 KVType = Literal["f32", "f16", "q8_0", "q4_0"]
 Alignment = Literal["top_left", "bottom_right"]
-Kernel = Literal["automatic", "cpu", "gpu"]
+Kernel = Literal["auto", "row_tiles", "block_tiles"]
 
 class Device:
     """A Vulkan device of this machine."""
@@ -81,7 +81,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  sinks: Union[None, Array, Sequence[float]] = None,
                                  causal_alignment: Alignment = "top_left", kv_type: Optional[KVType] = None,
                                  return_lse: Literal[False] = False, return_weights: Literal[False] = False,
-                                 kernel: Kernel = "automatic") -> Tensor: ...
+                                 kernel: Kernel = "auto") -> Tensor: ...
 @overload
 def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
@@ -91,7 +91,7 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
                                  sinks: Union[None, Array, Sequence[float]] = None,
                                  causal_alignment: Alignment = "top_left", kv_type: Optional[KVType] = None,
                                  return_lse: bool = False, return_weights: bool = False,
-                                 kernel: Kernel = "automatic") -> Any: ...
+                                 kernel: Kernel = "auto") -> Any: ...
 
 class KVCache:
     """Keys and values kept on a device across calls, for decoding."""
@@ -103,7 +103,8 @@ class KVCache:
                window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                alibi_slopes: Union[None, Array, Sequence[float]] = None,
                sinks: Union[None, Array, Sequence[float]] = None, return_lse: bool = False,
-               precision: Optional[Precision] = None, kernel: Kernel = "automatic") -> Any: ...
+               return_weights: bool = False, precision: Optional[Precision] = None,
+               kernel: Kernel = "auto") -> Any: ...
     def clear(self) -> None: ...
     @property
     def size(self) -> int: ...

@@ -39,28 +39,28 @@ def _side(value, name):
     return value
 
 
-def _choice(value, name, allowed):
+def _name(value, name):
+    """An enum's name: checked to be a str here; which names there are is the library's table
+    (qkv::parse_name, qkv/runtime/options.hpp), so its message lists them."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str (it is a {type(value).__name__})")
-    if value not in allowed:
-        raise InvalidArgument(f"{name} must be one of {', '.join(repr(a) for a in allowed)} (it is {value!r})")
     return value
 
 
 def options(*, scale=None, causal=False, alignment=TOP_LEFT, window=None, softcap=0.0, return_lse=False,
-            return_weights=False, kv_type=None, precision=None, kernel="automatic"):
+            return_weights=False, kv_type=None, precision=None, kernel="auto"):
     """The options dict _qkv reads, with every value's type checked here, naming the argument."""
     opts = {
         "causal": _flag(causal, "is_causal"),
-        "alignment": _choice(alignment, "causal_alignment", (TOP_LEFT, BOTTOM_RIGHT)),
+        "alignment": _name(alignment, "causal_alignment"),
         "softcap": _real(softcap, "softcap"),
         "return_lse": _flag(return_lse, "return_lse"),
         "return_weights": _flag(return_weights, "return_weights"),
-        "kv_type": _choice(kv_type, "kv_type", ("f32", "f16", "q8_0", "q4_0")),
-        "precision": _choice(precision, "precision", ("fp32", "fp16")),
-        "kernel": _choice(kernel, "kernel", ("automatic", "cpu", "gpu")),
+        "kv_type": _name(kv_type, "kv_type"),
+        "precision": _name(precision, "precision"),
+        "kernel": _name(kernel, "kernel"),
     }
     if scale is not None:
         opts["scale"] = _real(scale, "scale")
@@ -121,7 +121,7 @@ def check_dtypes(query, key, value):
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
          device=None, precision=None, window=None, softcap=0.0, alibi_slopes=None, sinks=None,
-         causal_alignment=TOP_LEFT, kv_type=None, return_lse=False, return_weights=False, kernel="automatic"):
+         causal_alignment=TOP_LEFT, kv_type=None, return_lse=False, return_weights=False, kernel="auto"):
     check_dropout(dropout_p)
     _flag(enable_gqa, "enable_gqa")
     opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
@@ -171,14 +171,18 @@ def _sdpa_tensors(query, key, value, attn_mask, opts, enable_gqa, alibi_slopes, 
     if opts.get("precision") is not None:
         raise InvalidArgument("precision: over qkv.Tensor the tensors' dtype sets it (float32: fp32, float16: fp16)")
     mask, is_bool = mask_kind(attn_mask)
-    return _qkv._sdpa_tensors(query, key, value, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
-                              alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts)
+    out, lse, weights = _qkv._sdpa_tensors(query, key, value, mask=mask, mask_is_bool=is_bool,
+                                           sinks=small(sinks, "sinks"), alibi_slopes=small(alibi_slopes, "alibi_slopes"),
+                                           options=opts)
+    extra = tuple(r for r in (lse, weights) if r is not None)
+    return (out, *extra) if extra else out
 
 
 def decode(cache, query, attn_mask=None, *, is_causal=False, scale=None, causal_alignment=BOTTOM_RIGHT, window=None,
-           softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False, precision=None, kernel="automatic"):
+           softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False, return_weights=False, precision=None,
+           kernel="auto"):
     opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
-                   return_lse=return_lse, precision=precision, kernel=kernel)
+                   return_lse=return_lse, return_weights=return_weights, precision=precision, kernel=kernel)
     q = _arrays.host_view(query, "query")
     check_dtypes(q, q, q)
     mask, is_bool = mask_kind(attn_mask)

@@ -16,8 +16,10 @@
 #include "objects.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/options.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::python {
@@ -72,6 +74,46 @@ float get_float(const py::dict& d, const char* key, float fallback) {
                              (x != 0 && static_cast<float>(x) == 0.0f)))
         refuse(std::string(key) + " = " + std::to_string(x) + " is beyond float32's range (qkv's options are float32)");
     return static_cast<float>(x);
+}
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {
+    using value_type = T;
+};
+
+/// An option's value from Python: a bool exactly, an integer in range, a float that float32 holds
+/// (to rounding), an enum by its name (qkv::parse_name: "top_left", "q8_0", "row_tiles", ...).
+template <class T>
+T from_python(py::handle value, const std::string& key) {
+    const auto type_name = [&] { return std::string(py::str(py::type::of(value).attr("__name__"))); };
+    if constexpr (is_optional<T>::value) {
+        return from_python<typename is_optional<T>::value_type>(value, key);
+    } else if constexpr (std::is_same_v<T, bool>) {
+        if (!py::isinstance<py::bool_>(value))
+            throw py::type_error(key + " must be a bool (it is a " + type_name() + ")");
+        return value.cast<bool>();
+    } else if constexpr (std::is_enum_v<T>) {
+        if (!py::isinstance<py::str>(value)) throw py::type_error(key + " must be a str (it is a " + type_name() + ")");
+        const std::string text = value.cast<std::string>();
+        if (const auto v = qkv::parse_name<T>(text)) return *v;
+        refuse(key + " must be one of " + qkv::names_joined<T>(", ") + " (it is \"" + text + "\")");
+    } else if constexpr (std::is_same_v<T, float>) {
+        if (py::isinstance<py::bool_>(value) || !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)))
+            throw py::type_error(key + " must be a number (it is a " + type_name() + ")");
+        py::dict one;
+        one[key.c_str()] = value;
+        return get_float(one, key.c_str(), 0.0f);
+    } else {
+        if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
+            throw py::type_error(key + " must be an int (it is a " + type_name() + ")");
+        try {
+            return value.cast<T>();
+        } catch (const py::cast_error&) {
+            refuse(key + " = " + std::string(py::str(value)) + " is beyond a 64-bit integer");
+        }
+    }
 }
 
 /// The shapes of q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev): the dimensions before
@@ -480,9 +522,8 @@ py::tuple decode(py_kv_cache& cache, py::handle q, py::handle mask, bool mask_is
                  py::handle alibi_slopes, const py::dict& options) {
     host_call h = read_call(q, py::none(), py::none(), mask, mask_is_bool, sinks, alibi_slopes, options, {});
     if (h.type == dtype::f64) refuse("query is float64: a K/V cache on a Vulkan device computes float32");
-    if (h.opt.options.return_weights) refuse("return_weights is not available with a K/V cache");
     choose_precision(h, cache.context);
-    const qkv::vulkan::kv_cache_shape& cs = cache.cache.shape();
+    const qkv::kv_layout& cs = cache.cache.layout();
     h.c.shape.kv_heads = cs.kv_heads;
     h.c.shape.d_v = cs.d_v;
     h.c.shape.kv_len = cache.cache.size();
@@ -498,7 +539,7 @@ py::tuple decode(py_kv_cache& cache, py::handle q, py::handle mask, bool mask_is
 }
 
 /// Host rows for a cache append: (B, Hkv, rows, width), as float.
-values<float> rows_of(const host_array& a, const char* name, const qkv::vulkan::kv_cache_shape& s, std::size_t width,
+values<float> rows_of(const host_array& a, const char* name, const qkv::kv_layout& s, std::size_t width,
                       std::size_t& rows) {
     if (a.rank() != 4 || a.shape[0] != s.batch || a.shape[1] != s.kv_heads || a.shape[3] != width)
         refuse(std::string(name) + " has shape " + dims(a.shape) + "; the cache takes (B, Hkv, rows, " +
@@ -512,7 +553,7 @@ values<float> rows_of(const host_array& a, const char* name, const qkv::vulkan::
 }
 
 void cache_append(py_kv_cache& c, py::handle k, py::handle v) {
-    const qkv::vulkan::kv_cache_shape& s = c.cache.shape();
+    const qkv::kv_layout& s = c.cache.layout();
     if (py::isinstance<py_tensor>(k) || py::isinstance<py_tensor>(v)) {
         const py_tensor& kt = k.cast<const py_tensor&>();
         const py_tensor& vt = v.cast<const py_tensor&>();
@@ -533,8 +574,9 @@ void cache_append(py_kv_cache& c, py::handle k, py::handle v) {
 }
 
 /// Device tensors: q, k, v (B, H, L, E) f32 or f16 (one type, which sets the precision); the
-/// output a new f32 tensor (B, Hq, L, Ev); host masks, sinks and slopes are kept with the plan.
-py_tensor sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& v, py::handle mask, bool mask_is_bool,
+/// results new f32 tensors: (output (B, Hq, L, Ev), lse (B, Hq, L) or None, weights (B, Hq, L, S) or
+/// None); host masks, sinks and slopes are kept with the plan.
+py::tuple sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& v, py::handle mask, bool mask_is_bool,
                        py::handle sinks, py::handle alibi_slopes, const py::dict& options) {
     const context_ptr& ctx = q.context;
     if (k.context != ctx || v.context != ctx) refuse("query, key and value tensors must be made on the same Context");
@@ -572,7 +614,7 @@ py_tensor sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
     if (!sinks.is_none()) h.sinks = per_head(sinks, "sinks", 1);
     if (!alibi_slopes.is_none()) h.slopes = per_head(alibi_slopes, "alibi_slopes", 1);
     h.type = dtype::f32;  // of the host data: masks, sinks, slopes
-    py_tensor out{ctx, {}};
+    py_tensor out{ctx, {}}, lse{ctx, {}}, weights{ctx, {}};
     {
         py::gil_scoped_release nogil;
         gather_call(h, "scaled_dot_product_attention over Tensors");  // no q, k, v: they are on the device
@@ -580,62 +622,38 @@ py_tensor sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
             problem_of<float>(h, {}, {}, {}, h.additive_f.view, h.sinks_f.view, h.slopes_f.view);
         qkv::vulkan::sdpa_call call(*ctx, desc);
         out.tensor = qkv::vulkan::tensor(*ctx, {qs[0], qs[1], qs[2], vs[3]});
-        call.run({.q = &q.tensor, .k = &k.tensor, .v = &v.tensor, .out = &out.tensor});
+        if (opt.options.return_lse) lse.tensor = qkv::vulkan::tensor(*ctx, {qs[0], qs[1], qs[2]});
+        if (opt.options.return_weights) weights.tensor = qkv::vulkan::tensor(*ctx, {qs[0], qs[1], qs[2], ks[2]});
+        call.run({.q = &q.tensor,
+                  .k = &k.tensor,
+                  .v = &v.tensor,
+                  .out = &out.tensor,
+                  .lse = opt.options.return_lse ? &lse.tensor : nullptr,
+                  .weights = opt.options.return_weights ? &weights.tensor : nullptr});
     }
-    return out;
+    return py::make_tuple(std::move(out), opt.options.return_lse ? py::cast(std::move(lse)) : py::none(),
+                          opt.options.return_weights ? py::cast(std::move(weights)) : py::none());
 }
 
 }  // namespace
 
 call_options read_options(const py::dict& d) {
-    static constexpr std::string_view known[] = {"scale",        "causal",    "alignment",  "window_left",
-                                                 "window_right", "softcap",   "return_lse", "return_weights",
-                                                 "kv_type",      "precision", "kernel"};
+    // The keys are the fields of the option list (qkv/runtime/sdpa_options.def), each converted
+    // from its Python value by the field's type; what a value may be is qkv::validate's to say.
+    call_options c;
     for (const auto& item : d) {
         const std::string key = py::str(item.first);
-        if (std::find(std::begin(known), std::end(known), key) == std::end(known)) refuse("unknown option " + key);
+        const qkv::option_field* field = qkv::find_field(key);
+        if (!field) refuse("unknown option " + key);
+        const py::handle value = item.second;
+        if (value.is_none()) continue;
+        if (key == "precision") c.precision_given = true;
+        qkv::visit_options(c.options, [&](const qkv::option_field& f, auto& member) {
+            if (f.name != field->name) return;
+            using M = std::remove_cvref_t<decltype(member)>;
+            member = from_python<M>(value, key);
+        });
     }
-    call_options c;
-    qkv::sdpa_options& o = c.options;
-    if (d.contains("scale") && !d["scale"].is_none()) o.scale = get_float(d, "scale", 0.0f);
-    o.causal = get<bool>(d, "causal", false);
-    const std::string alignment = get<std::string>(d, "alignment", "top_left");
-    if (alignment == "top_left")
-        o.alignment = qkv::causal_alignment::top_left;
-    else if (alignment == "bottom_right")
-        o.alignment = qkv::causal_alignment::bottom_right;
-    else
-        refuse("causal_alignment must be \"top_left\" or \"bottom_right\" (it is \"" + alignment + "\")");
-    o.window_left = get<std::int64_t>(d, "window_left", -1);
-    o.window_right = get<std::int64_t>(d, "window_right", -1);
-    o.softcap = get_float(d, "softcap", 0.0f);
-    o.return_lse = get<bool>(d, "return_lse", false);
-    o.return_weights = get<bool>(d, "return_weights", false);
-    if (d.contains("kv_type") && !d["kv_type"].is_none()) {
-        const std::string t = get<std::string>(d, "kv_type", "");
-        const auto type = qkv::parse_element_type(t);
-        if (!type) refuse("kv_type must be \"f32\", \"f16\", \"q8_0\" or \"q4_0\" (it is \"" + t + "\")");
-        o.kv_type = *type;
-    }
-    if (d.contains("precision") && !d["precision"].is_none()) {
-        const std::string p = get<std::string>(d, "precision", "");
-        if (p == "fp32")
-            o.precision = qkv::precision::fp32;
-        else if (p == "fp16")
-            o.precision = qkv::precision::fp16;
-        else
-            refuse("precision must be \"fp32\" or \"fp16\" (it is \"" + p + "\")");
-        c.precision_given = true;
-    }
-    const std::string kernel = get<std::string>(d, "kernel", "automatic");
-    if (kernel == "automatic")
-        o.kernel = qkv::kernel_family::automatic;
-    else if (kernel == "cpu")
-        o.kernel = qkv::kernel_family::cpu;
-    else if (kernel == "gpu")
-        o.kernel = qkv::kernel_family::gpu;
-    else
-        refuse("kernel must be \"automatic\", \"cpu\" or \"gpu\" (it is \"" + kernel + "\")");
     return c;
 }
 

@@ -14,7 +14,9 @@
 #include "calls.hpp"
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/options.hpp"
 #include "qkv/vulkan/error.hpp"
+#include "qkv/vulkan/testing.hpp"
 
 namespace qkv::python {
 namespace {
@@ -36,18 +38,19 @@ std::shared_ptr<qkv::vulkan::context> open(py::handle device, bool validation, s
     qkv::vulkan::context_options o;
     o.validation = validation;
     o.device_memory_limit = memory_limit;
-    // Test hooks (qkv::vulkan::testing_hooks), for qkv's own tests: named, never silently ignored.
+    // Test hooks (qkv::vulkan::testing::hooks), for qkv's own tests: named, never silently ignored.
+    qkv::vulkan::testing::hooks hooks;
     for (const auto& item : testing) {
         const std::string key = py::str(item.first);
         const auto count = [&] { return item.second.cast<std::uint32_t>(); };
         if (key == "simulate_device_lost_at_submit")
-            o.testing.simulate_device_lost_at_submit = count();
+            hooks.simulate_device_lost_at_submit = count();
         else if (key == "max_decode_chunks")
-            o.testing.max_decode_chunks = count();
+            hooks.max_decode_chunks = count();
         else if (key == "max_fused_keys_per_dispatch")
-            o.testing.max_fused_keys_per_dispatch = count();
+            hooks.max_fused_keys_per_dispatch = count();
         else if (key == "force_staging")
-            o.testing.force_staging = item.second.cast<bool>();
+            hooks.force_staging = item.second.cast<bool>();
         else
             throw qkv::invalid_argument("_testing: unknown hook " + key);
     }
@@ -65,7 +68,8 @@ std::shared_ptr<qkv::vulkan::context> open(py::handle device, bool validation, s
         throw py::type_error("device: a " + std::string(py::str(py::type::of(device).attr("__name__"))) +
                              " is not a device (None, an index, a name or a qkv.Device)");
     py::gil_scoped_release nogil;  // creating a device compiles nothing, but the loader may take a while
-    return std::make_shared<qkv::vulkan::context>(o);
+    if (testing.empty()) return std::make_shared<qkv::vulkan::context>(o);
+    return std::make_shared<qkv::vulkan::context>(qkv::vulkan::testing::make_context(o, hooks));
 }
 
 py::object download(const py_tensor& t) {
@@ -209,7 +213,7 @@ void bind_objects(py::module_& m) {
     py::class_<py_kv_cache>(m, "_KVCache")
         .def(py::init([](const std::shared_ptr<qkv::vulkan::context>& ctx, std::size_t batch, std::size_t kv_heads,
                          std::size_t capacity, std::size_t d_qk, std::size_t d_v, const std::string& kv_type) {
-                 const auto type = qkv::parse_element_type(kv_type);
+                 const auto type = qkv::parse_name<qkv::element_type>(kv_type);
                  if (!type)
                      throw qkv::invalid_argument("kv_type must be \"f32\", \"f16\", \"q8_0\" or \"q4_0\" (it is \"" +
                                                  kv_type + "\")");
@@ -219,7 +223,7 @@ void bind_objects(py::module_& m) {
                                                                       .capacity = capacity,
                                                                       .d_qk = d_qk,
                                                                       .d_v = d_v,
-                                                                      .kv_type = *type})};
+                                                                      .type = *type})};
              }),
              py::arg("context"), py::arg("batch"), py::arg("kv_heads"), py::arg("capacity"), py::arg("d_qk"),
              py::arg("d_v"), py::arg("kv_type"))
@@ -227,7 +231,7 @@ void bind_objects(py::module_& m) {
         .def_property_readonly("capacity", [](const py_kv_cache& c) { return c.cache.capacity(); })
         .def_property_readonly("context", [](const py_kv_cache& c) { return c.context; })
         .def_property_readonly("kv_type",
-                               [](const py_kv_cache& c) { return std::string(qkv::to_string(c.cache.shape().type())); })
+                               [](const py_kv_cache& c) { return std::string(qkv::to_string(c.cache.layout().type)); })
         .def("clear", [](py_kv_cache& c) {
             py::gil_scoped_release nogil;
             c.cache.clear();

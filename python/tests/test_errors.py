@@ -88,9 +88,11 @@ def test_real_calls_raise_each_kind():
     small_ctx = qkv.Context(memory_limit=1 << 16)
     with pytest.raises(qkv.OutOfMemory):
         qkv.scaled_dot_product_attention(*(np.ones((1, 8, 256, 64), np.float32),) * 3, device=small_ctx)
-    tensors = [qkv.tensor(x) for x in (q, k, v)]
-    with pytest.raises(qkv.Unavailable, match="return_lse"):
-        qkv.scaled_dot_product_attention(*tensors, return_lse=True)
+    # what an entry point does not take is refused from the library's capability table
+    cache = qkv.KVCache(None, 1, 2, 8, 32, 32)
+    cache.append(k, v)
+    with pytest.raises(qkv.InvalidArgument, match="return_weights is not available"):
+        cache.decode(q[:, :, :1], return_weights=True)
 
 
 def test_huge_broadcast_views_are_refused_before_allocating():

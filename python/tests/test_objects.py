@@ -44,6 +44,11 @@ def test_tensors_keep_data_on_the_device(rng):
                                             enable_gqa=True, window=(100, 0))
     want = sdpa_reference(q, k, v, is_causal=True, alignment="bottom_right", enable_gqa=True, window=(100, 0))
     assert nmse(out.numpy(), want) <= 1e-9 and nmse(host, want) <= 1e-9
+    t_out, t_lse = qkv.scaled_dot_product_attention(tq, tk, tv, is_causal=True, causal_alignment="bottom_right",
+                                                    enable_gqa=True, window=(100, 0), return_lse=True)
+    _, host_lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                                   enable_gqa=True, window=(100, 0), return_lse=True)
+    assert t_lse.shape == (1, 4, 3) and np.abs(t_lse.numpy() - host_lse).max() < 1e-5
     # float16 tensors run with fp16 storage; torch arrays upload too
     h = [qkv.tensor(torch.from_numpy(x).half(), ctx) for x in (q, k, v)]
     assert h[0].dtype == "float16" and h[0].numpy().dtype == np.float16

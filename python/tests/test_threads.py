@@ -74,10 +74,15 @@ def test_the_gil_is_released_during_the_work():
     """While a thread runs a long call, the main thread keeps executing Python: the longest pause
     between its steps stays far below the call's duration (were the GIL held, it would pause for
     the whole call)."""
-    q, k, v = inputs(1, L=512, S=2048)
-    start = time.perf_counter()
-    qkv.scaled_dot_product_attention(q, k, v, device="cpu")
-    duration = time.perf_counter() - start
+    S = 2048
+    while True:  # a call long enough to tell (a fifth of a second or more), whatever the machine's speed
+        q, k, v = inputs(1, L=512, S=S)
+        start = time.perf_counter()
+        qkv.scaled_dot_product_attention(q, k, v, device="cpu")
+        duration = time.perf_counter() - start
+        if duration >= 0.2 or S >= 32768:
+            break
+        S *= 2
     done = threading.Event()
 
     def call():

@@ -41,9 +41,9 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::cache_append,      entry_point::cache_append_tensors,
                                        entry_point::mpi_append};
 
-constexpr feature input_features[] = {
-    inputs::grouped_query, inputs::mask,   inputs::additive_mask, inputs::sinks, inputs::alibi_slopes,
-    inputs::kv_f16,        inputs::kv_quantized, inputs::biases,  inputs::output_projection};
+constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,         inputs::additive_mask,
+                                      inputs::sinks,         inputs::alibi_slopes, inputs::kv_f16,
+                                      inputs::kv_quantized,  inputs::biases,       inputs::output_projection};
 
 /// The option list's fields, then the inputs.
 const std::vector<feature>& all_features() {

@@ -350,6 +350,23 @@ TEST_CASE("a sharded K/V cache fills the ranks in turn and decodes like one cach
     }
 }
 
+// ALiBi slopes given per head are per-head data the ranks do not receive: the sharded decode
+// refuses them from the capability table, on every rank, and appends nothing.
+TEST_CASE("a sharded decode refuses per-head ALiBi slopes on every rank", "[mpi][capabilities]") {
+    const int ranks = world_size(), rank = world_rank();
+    qkv::mpi::cpu_backend cpu;
+    const std::size_t total = 2 * static_cast<std::size_t>(ranks);
+    qkv::mpi::sharded_kv_cache cache(MPI_COMM_WORLD, cpu, {.kv_heads = 2, .capacity = 2, .d_qk = 32, .d_v = 32});
+    const whole_problem rows({shape(2, 2, 1, total, 32, 32), {}});
+    cache.append(rank == 0 ? std::span<const float>(rows.k) : std::span<const float>(),
+                 rank == 0 ? std::span<const float>(rows.v) : std::span<const float>(), total);
+    const std::vector<float> slopes{0.5f, 0.25f};
+    qkv::sdpa_problem asked{.shape = shape(2, 2, 1, total, 32, 32), .q = rows.q};
+    asked.alibi_slopes = slopes;
+    CHECK_THROWS_WITH(cache.decode(asked), Catch::Matchers::Contains("alibi_slopes is not available"));
+    CHECK(cache.size() == total);
+}
+
 // The option list (qkv/runtime/sdpa_options.def) reaches every rank without naming a field: the
 // fingerprint the ranks compare covers every field (a rank given another value of any one fails
 // every rank), and the decode step's header carries every field to the ranks that hold rows (a
