@@ -44,8 +44,9 @@ FLOATS = ("float32", "float16", "bfloat16", "float64")
 
 
 def check_grad(x, name):
-    """A torch tensor that would record a graph: gradients are not computed yet (they come with
-    the training issue, through an autograd.Function); never a silent no-op."""
+    """A torch tensor that would record a graph, given where no gradient flows (masks, sinks,
+    slopes, cache rows, uploads): refused, never a silent no-op. Query, key and value are
+    _autograd.run's to decide about."""
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
@@ -53,20 +54,28 @@ def check_grad(x, name):
             "torch.no_grad() or pass a detached tensor")
 
 
-def host_view(x, name):
-    """The array qkv reads: a torch tensor detached (a view, no copy), checked to be on the CPU;
-    anything else as it is. Refuses None and non-arrays early, with the argument's name."""
+def host_array(x, name):
+    """An argument checked to be an array qkv can read (not None; a torch tensor on the CPU), as it
+    is: a torch tensor keeps its autograd history, for _autograd.run to decide about."""
     if x is None:
         raise TypeError(f"{name} is None; an array (numpy.ndarray or torch.Tensor) is needed")
-    kind = kind_of(x)
-    if kind == TORCH:
-        check_grad(x, name)
-        if x.device.type != "cpu":
-            raise InvalidArgument(
-                f"{name} is on {x.device}: qkv reads host memory and runs on its own Vulkan device; "
-                f"pass {name}.cpu()")
-        return x.detach()
+    if kind_of(x) == TORCH and x.device.type != "cpu":
+        raise InvalidArgument(
+            f"{name} is on {x.device}: qkv reads host memory and runs on its own Vulkan device; pass {name}.cpu()")
     return x
+
+
+def detached(x):
+    """The array qkv reads: a torch tensor detached (a view, no copy); anything else as it is."""
+    return x.detach() if kind_of(x) == TORCH else x
+
+
+def host_view(x, name):
+    """The array qkv reads, for arguments no gradient can flow to: checked as host_array does,
+    refused (NotImplementedError) where it would record a graph, and detached."""
+    x = host_array(x, name)
+    check_grad(x, name)
+    return detached(x)
 
 
 def permute(x, order):

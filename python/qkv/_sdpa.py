@@ -3,7 +3,7 @@ call (the C++ side, _qkv._sdpa, reads the arrays and checks everything again).""
 
 import numbers
 
-from . import _arrays, _devices, _qkv
+from . import _arrays, _autograd, _devices, _qkv
 from ._errors import InvalidArgument
 
 TOP_LEFT, BOTTOM_RIGHT = "top_left", "bottom_right"
@@ -130,18 +130,42 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     tensors = [isinstance(a, _qkv.Tensor) for a in (query, key, value)]
     if any(tensors):
         return _sdpa_tensors(query, key, value, attn_mask, opts, enable_gqa, alibi_slopes, sinks, device, tensors)
-    q = _arrays.host_view(query, "query")
-    k = _arrays.host_view(key, "key")
-    v = _arrays.host_view(value, "value")
-    kind = same_kind((q, k, v), ("query", "key", "value"))
+    names = ("query", "key", "value")
+    q, k, v = (_arrays.host_array(x, n) for x, n in zip((query, key, value), names))
+    kind = same_kind((q, k, v), names)
     check_dtypes(q, k, v)
     _check_heads(q, k, enable_gqa)
     mask, is_bool = mask_kind(attn_mask)
-    context = _devices.resolve(device)
-    out, lse, weights = _qkv._sdpa(q, k, v, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
-                                   alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts, context=context,
-                                   out_perm=[])
-    return _results(kind, out, lse, weights)
+    call = Attention(q, k, v, names, kind, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
+                     alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts,
+                     context=_devices.resolve(device))
+    out, lse, weights = _autograd.run(call)
+    extra = tuple(r for r in (lse, weights) if r is not None)
+    return (out, *extra) if extra else out
+
+
+class Attention:
+    """One attention call over host arrays, as qkv.scaled_dot_product_attention and every
+    qkv.flash_attn function make it: _qkv._sdpa's arguments, with query, key and value as the
+    caller passed them (torch tensors keep their autograd history: _autograd.run decides whether
+    a graph is recorded), the names to report them by, and the kind (numpy or torch) results take.
+    out_perm: the order of the output's dimensions, as a view of qkv's (B, Hq, L, Ev)."""
+
+    def __init__(self, query, key, value, names, kind, *, mask, mask_is_bool, sinks, alibi_slopes, options, context,
+                 out_perm=()):
+        self.query, self.key, self.value = query, key, value
+        self.names, self.kind = names, kind
+        self.mask, self.mask_is_bool, self.sinks, self.alibi_slopes = mask, mask_is_bool, sinks, alibi_slopes
+        self.options, self.context, self.out_perm = options, context, list(out_perm)
+
+    def run(self, **options):
+        """(output, lse, weights) of the inputs' kind, None for what the options do not ask for,
+        computed from the inputs detached; `options` override the call's (a backward pass asks
+        for return_lse=True)."""
+        results = _qkv._sdpa(*(_arrays.detached(x) for x in (self.query, self.key, self.value)), mask=self.mask,
+                             mask_is_bool=self.mask_is_bool, sinks=self.sinks, alibi_slopes=self.alibi_slopes,
+                             options=dict(self.options, **options), context=self.context, out_perm=self.out_perm)
+        return tuple(_arrays.wrap(r, self.kind) for r in results)
 
 
 def _check_heads(q, k, enable_gqa):

@@ -25,15 +25,15 @@ later); `deterministic` is accepted and changes nothing (qkv's forward pass is d
 
 The variable-length and K/V-cache functions (flash_attn_varlen_func, flash_attn_with_kvcache, ...)
 are here with FlashAttention's signatures and raise NotImplementedError until qkv serves ragged
-batches and paged caches. The forward pass of every function is _forward below: a gradient-aware
-torch.autograd.Function will wrap it when the backward pass arrives.
+batches and paged caches. Every function's call goes through _forward below to _autograd.run, the
+one place where the backward pass (a torch.autograd.Function) plugs in when it arrives.
 
 Extra keyword arguments (qkv's): device= and precision=, as qkv.scaled_dot_product_attention's.
 """
 
-from . import _arrays, _devices, _qkv
+from . import _arrays, _autograd, _devices
 from ._errors import InvalidArgument
-from ._sdpa import BOTTOM_RIGHT, check_dropout, options, same_kind, check_dtypes, small
+from ._sdpa import BOTTOM_RIGHT, Attention, check_dropout, check_dtypes, options, same_kind, small
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
@@ -44,7 +44,7 @@ _SWAP = (0, 2, 1, 3)
 
 
 def _bshd(x, name):
-    x = _arrays.host_view(x, name)
+    x = _arrays.host_array(x, name)
     if _arrays.rank(x) != 4:
         raise InvalidArgument(f"{name} has shape {_arrays.shape_of(x)}: FlashAttention's layout is "
                               "(batch, seqlen, nheads, headdim)")
@@ -52,10 +52,11 @@ def _bshd(x, name):
 
 
 def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_softmax, device,
-             precision):
-    """out (and softmax_lse) of flash attention over (batch, seqlen, nheads, headdim) arrays."""
+             precision, names=("q", "k", "v")):
+    """out (and softmax_lse) of flash attention over (batch, seqlen, nheads, headdim) arrays (views
+    of the arguments `names`, not detached: _autograd.run decides about gradients)."""
     check_dropout(dropout_p)
-    kind = same_kind((q, k, v), ("q", "k", "v"))
+    kind = same_kind((q, k, v), names)
     check_dtypes(q, k, v)
     if window_size is None:
         window_size = (-1, -1)
@@ -63,15 +64,12 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
         softcap = 0.0
     opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size, softcap=softcap,
                    return_lse=return_softmax, precision=precision)
-    context = _devices.resolve(device)
-    out, lse, _ = _qkv._sdpa(_arrays.permute(q, _SWAP), _arrays.permute(k, _SWAP), _arrays.permute(v, _SWAP),
-                             mask=None, mask_is_bool=False, sinks=None,
-                             alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts, context=context,
-                             out_perm=list(_SWAP))
-    out = _arrays.wrap(out, kind)
+    call = Attention(*(_arrays.permute(x, _SWAP) for x in (q, k, v)), names, kind, mask=None, mask_is_bool=False,
+                     sinks=None, alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts,
+                     context=_devices.resolve(device), out_perm=_SWAP)
+    out, lse, _ = _autograd.run(call)
     if not return_softmax:
         return out
-    lse = _arrays.wrap(lse, kind)
     lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
     return out, lse, None
 
@@ -96,13 +94,13 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               device=None, precision=None):
     """FlashAttention's flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, nheads, headdim), q, k and v
     packed along dimension 2 (read as views, not copied). Returns as flash_attn_func."""
-    packed = _arrays.host_view(qkv, "qkv")
+    packed = _arrays.host_array(qkv, "qkv")
     shape = _arrays.shape_of(packed)
     if len(shape) != 5 or shape[2] != 3:
         raise InvalidArgument(f"qkv has shape {shape}: it must be (batch, seqlen, 3, nheads, headdim)")
     q, k, v = (_arrays.select(packed, 2, i) for i in range(3))
     return _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                    device, precision)
+                    device, precision, names=("qkv",) * 3)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -111,13 +109,13 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """FlashAttention's flash_attn_kvpacked_func: q (batch, seqlen_q, nheads, headdim), kv
     (batch, seqlen_k, 2, nheads_k, headdim), k and v packed along dimension 2. Returns as
     flash_attn_func."""
-    packed = _arrays.host_view(kv, "kv")
+    packed = _arrays.host_array(kv, "kv")
     shape = _arrays.shape_of(packed)
     if len(shape) != 5 or shape[2] != 2:
         raise InvalidArgument(f"kv has shape {shape}: it must be (batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = (_arrays.select(packed, 2, i) for i in range(2))
     return _forward(_bshd(q, "q"), k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                    return_attn_probs, device, precision)
+                    return_attn_probs, device, precision, names=("q", "kv", "kv"))
 
 
 def _not_yet(name):

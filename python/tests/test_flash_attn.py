@@ -117,6 +117,11 @@ def test_training_and_later_functions_raise_named_not_implemented():
         flash_attn_func(q.float().requires_grad_(), k.float(), v.float())
     with torch.no_grad():  # no graph would be recorded: computed
         flash_attn_func(q.float().requires_grad_(), k.float(), v.float())
+    # the packed forms name the argument the caller passed
+    with pytest.raises(NotImplementedError, match="^qkv.requires_grad"):
+        flash_attn_qkvpacked_func(torch.stack([q, k, v], 2).float().requires_grad_())
+    with pytest.raises(NotImplementedError, match="^kv.requires_grad"):
+        flash_attn_kvpacked_func(q.float(), torch.stack([k, v], 2).float().requires_grad_())
     cu = torch.tensor([0, 3], dtype=torch.int32)
     for call in (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3),
                  lambda: flash_attn_varlen_qkvpacked_func(torch.stack([q, k, v], 2)[0], cu, 3),
