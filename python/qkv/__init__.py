@@ -24,7 +24,7 @@ __version__ = _qkv.__version__
 __all__ = [
     "scaled_dot_product_attention", "devices", "Device", "Context", "default_context", "Tensor", "tensor", "KVCache",
     "alibi_slopes", "Error", "InvalidArgument", "LimitExceeded", "NumericOverflow", "Unavailable",
-    "NoMatchingDevice", "DeviceLost", "OutOfMemory", "VulkanError", "__version__",
+    "NoMatchingDevice", "DeviceLost", "OutOfMemory", "VulkanError", "__version__", "flash_attn", "mpi", "tutorial",
 ]
 
 
@@ -183,3 +183,7 @@ def alibi_slopes(heads, max_bias=8.0):
     m1 = 2^(-max_bias/(2n)), head h has m0^(h+1) for h < n, else m1^(2(h-n)+1). Pass them as
     alibi_slopes= to scaled_dot_product_attention or flash_attn_func."""
     return list(_qkv._alibi_slopes(heads, max_bias))
+
+
+# The submodules, reachable as attributes after `import qkv` (each imports nothing beyond qkv).
+from . import flash_attn, mpi, tutorial

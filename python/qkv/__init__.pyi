@@ -5,6 +5,7 @@ from ._errors import (DeviceLost as DeviceLost, Error as Error, InvalidArgument 
                       LimitExceeded as LimitExceeded, NoMatchingDevice as NoMatchingDevice,
                       NumericOverflow as NumericOverflow, OutOfMemory as OutOfMemory, Unavailable as Unavailable,
                       VulkanError as VulkanError)
+from . import flash_attn as flash_attn, mpi as mpi, tutorial as tutorial
 
 __version__: str
 

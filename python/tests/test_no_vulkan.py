@@ -50,7 +50,8 @@ def test_import_needs_neither_numpy_nor_torch():
 import sys
 sys.modules["numpy"] = None
 sys.modules["torch"] = None
-import qkv, qkv.flash_attn, qkv.tutorial, qkv.mpi
+import qkv  # its submodules with it: qkv.flash_attn, qkv.mpi, qkv.tutorial
+assert callable(qkv.flash_attn.flash_attn_func) and isinstance(qkv.mpi.available, bool)
 print(qkv.devices(), len(qkv.tutorial.matrices()))
 import array
 q = array.array("f", [0.5] * 16)
