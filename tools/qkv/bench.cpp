@@ -21,12 +21,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,8 +37,10 @@
 #include "errors.hpp"
 #include "flag_args.hpp"
 #include "names.hpp"
-#include "npy/npy.hpp"
 #include "option_flags.hpp"
+#include "output_files.hpp"
+#include "qkv/runtime/error.hpp"
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/version.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -127,6 +129,29 @@ void check_fits_device(const config& c, const qkv::vulkan::device_info& info) {
     }
 }
 
+/// An sdpa row as the library will check it (qkv::validate_description: its shape, options and
+/// sinks; no data): a row the library would refuse, such as q8_0 K/V with d = 48, is refused here
+/// (exit 2, the row named) before any row is timed, not after minutes of others.
+void check_valid(const config& c) {
+    if (!c.decode) return;
+    qkv::sdpa_problem p;
+    p.shape = {.batch = c.batch,
+               .q_heads = c.heads,
+               .kv_heads = c.kv_heads,
+               .q_len = c.seq,
+               .kv_len = c.kv_seq,
+               .d_qk = c.dim,
+               .d_v = c.ev()};
+    p.options = c.options;
+    const std::vector<float> sinks(c.sinks ? c.heads : 0, 0.0f);
+    p.sinks = sinks;
+    try {
+        qkv::validate_description(p);
+    } catch (const qkv::invalid_argument& e) {
+        throw usage_error(describe(c) + ": " + e.what());
+    }
+}
+
 /// Progress on stderr, one line per configuration, so stdout holds only the results.
 class progress {
 public:
@@ -139,6 +164,22 @@ public:
 private:
     std::size_t total_;
 };
+
+/// The --json file, written all or nothing (output_files.hpp): reserved (checked, and a temporary
+/// created beside it) before any timing, so a bad path fails first; renamed into place only when
+/// the whole run succeeded, so a run that fails on the way leaves an existing file as it was.
+void reserve_json(output_set& files, const std::string& path) {
+    if (path.empty()) return;
+    const named_file out{"--json", path};
+    check_output_paths({&out, 1}, {});
+    files.reserve({path});
+}
+void write_json(output_set& files, const std::string& path, const json& j) {
+    if (path.empty()) return;
+    const std::string text = j.dump(2) + "\n";
+    files.commit({{path, {}, std::string_view(text)}});
+    std::cerr << "qkv bench: wrote " << path << "\n";
+}
 
 /// The option fields an attention row takes (run_options has these); the others time sdpa.
 constexpr std::string_view attention_takes[] = {"scale", "causal", "precision", "kernel"};
@@ -255,11 +296,8 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
     if (o.warmup < 0) o.warmup = slow ? 1 : 3;
-    std::ofstream json_out;  // opened first: a bad path fails before the timing
-    if (!o.json_file.empty()) {
-        json_out.open(qkv::npy::path_from_utf8(o.json_file), std::ios::binary);
-        if (!json_out) throw qkv::vulkan::error("cannot write " + o.json_file);
-    }
+    output_set json_out;
+    reserve_json(json_out, o.json_file);
     std::cout << "qkv " << qkv::version_string << " bench, " << utc_now() << "\n"
               << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
               << "\nTiming: " << o.warmup << " warm-up + " << o.repeat
@@ -270,9 +308,7 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
         j["qkv_version"] = qkv::version_string;
         j["device"] = device_json(info);
         j["layers"] = layers;
-        json_out << j.dump(2) << "\n";
-        if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
-        std::cerr << "qkv bench: wrote " << o.json_file << "\n";
+        write_json(json_out, o.json_file, j);
     }
 }
 
@@ -288,15 +324,13 @@ void run(bench_options o) {
         if (c.decode && c.heads % c.kv_heads != 0)
             throw usage_error("--kv-heads " + std::to_string(c.kv_heads) + " must divide --heads " +
                               std::to_string(c.heads));
+        check_valid(c);
         check_fits_device(c, info);
     }
     const std::string date = utc_now();
 
-    std::ofstream json_out;  // opened first: a bad path fails before minutes of benchmarking
-    if (!o.json_file.empty()) {
-        json_out.open(qkv::npy::path_from_utf8(o.json_file), std::ios::binary);  // UTF-8 names on Windows too
-        if (!json_out) throw qkv::vulkan::error("cannot write " + o.json_file);
-    }
+    output_set json_out;  // reserved first: a bad path fails before minutes of benchmarking
+    reserve_json(json_out, o.json_file);
 
     std::cout << "qkv " << qkv::version_string << " bench, " << date << "\n"
               << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", Vulkan "
@@ -361,9 +395,7 @@ void run(bench_options o) {
         j["fused_vs_staged"] = ratios["fused_vs_staged"];
         j["decode_split_vs_unsplit"] = ratios["decode_split_vs_unsplit"];
         j["window_vs_full"] = ratios["window_vs_full"];
-        json_out << j.dump(2) << "\n";
-        if (!json_out.flush()) throw qkv::vulkan::error("cannot write " + o.json_file);
-        std::cerr << "qkv bench: wrote " << o.json_file << "\n";
+        write_json(json_out, o.json_file, j);
     }
 }
 

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -21,12 +20,12 @@
 
 #include "context_parallel.hpp"
 #include "errors.hpp"
-#include "npy/npy.hpp"
 #include "option_flags.hpp"
 #include "output_files.hpp"
 #include "qkv/mpi/mpi.hpp"
 #include "qkv/mpi/vulkan.hpp"
 #include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/version.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -232,25 +231,9 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
     const int rank = world_rank(), ranks = world_size();
     qkv::mpi::cp_options options;
     std::optional<qkv::vulkan::context> gpu;
-    std::ofstream json_out;
+    output_set json_out;  // rank 0's --json: renamed into place only when the whole run succeeded
     std::exception_ptr failure;
     const std::size_t kv_seq = b.kv_seq ? b.kv_seq : b.seq;
-    try {
-        options = parse_flags(flags);
-        if (b.heads % b.kv_heads != 0)
-            throw usage_error("--kv-heads " + std::to_string(b.kv_heads) + " must divide --heads " +
-                              std::to_string(b.heads));
-        gpu = open_device(b.choice, b.device);
-        if (rank == 0 && !b.json_file.empty()) {
-            json_out.open(qkv::npy::path_from_utf8(b.json_file), std::ios::binary);
-            if (!json_out) throw qkv::error("cannot write " + b.json_file);
-        }
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    settle(failure, options.comm);
-
-    // The same inputs on every rank (one seed), each rank its slice.
     const qkv::sdpa_shape s{.batch = b.batch,
                             .q_heads = b.heads,
                             .kv_heads = b.kv_heads,
@@ -258,6 +241,24 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
                             .kv_len = kv_seq,
                             .d_qk = b.dim,
                             .d_v = b.dim};
+    try {
+        options = parse_flags(flags);
+        if (b.heads % b.kv_heads != 0)
+            throw usage_error("--kv-heads " + std::to_string(b.kv_heads) + " must divide --heads " +
+                              std::to_string(b.heads));
+        qkv::validate_description({.shape = s, .options = b.options});  // before any timing
+        gpu = open_device(b.choice, b.device);
+        if (rank == 0 && !b.json_file.empty()) {
+            const named_file out{"--json", b.json_file};
+            check_output_paths({&out, 1}, {});
+            json_out.reserve({b.json_file});
+        }
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    settle(failure, options.comm);
+
+    // The same inputs on every rank (one seed), each rank its slice.
     std::mt19937_64 rng(b.seed);
     std::normal_distribution<double> n01(0.0, 1.0);
     const auto draw = [&](std::size_t n) {
@@ -363,9 +364,9 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
             std::cout << "\ncompute: the backend's partial calls and the merges (worker thread); comm: while this "
                          "rank's transfers were in flight; exposed: waiting with nothing left to compute; overlap = "
                          "1 - exposed / comm\n";
-            if (json_out.is_open()) {
-                json_out << j.dump(2) << "\n";
-                if (!json_out) throw qkv::error("cannot write " + b.json_file);
+            if (!b.json_file.empty()) {
+                const std::string text = j.dump(2) + "\n";
+                json_out.commit({{b.json_file, {}, std::string_view(text)}});
             }
         }
     } catch (...) {

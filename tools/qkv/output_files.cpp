@@ -374,23 +374,29 @@ void output_set::commit(const std::vector<output_file>& files) {
         if (next >= entries.size() || entries[next].name != f.path)
             throw std::logic_error("qkv: output_set::commit: " + f.path + " was not reserved");
         impl::entry& e = entries[next++];
-        const bool is_double = std::holds_alternative<std::span<const double>>(f.data);
-        const std::size_t count = is_double ? std::get<1>(f.data).size() : std::get<0>(f.data).size();
-        const void* bytes = is_double ? static_cast<const void*>(std::get<1>(f.data).data())
-                                      : static_cast<const void*>(std::get<0>(f.data).data());
-        const std::size_t size = count * (is_double ? sizeof(double) : sizeof(float));
         std::vector<std::byte> header;
-        try {
-            header = npy::header(f.shape, is_double ? npy::dtype::f64 : npy::dtype::f32);
-        } catch (const npy::error& err) {
-            impl_->roll_back();
-            throw std::runtime_error(e.name + ": " + err.what());
-        }
-        std::size_t expected = 1;
-        for (const std::size_t d : f.shape) expected *= d;
-        if (expected != count) {
-            impl_->roll_back();
-            throw std::logic_error("qkv: " + e.name + ": shape and data size differ");
+        const void* bytes = nullptr;
+        std::size_t size = 0;
+        if (const auto* text = std::get_if<std::string_view>(&f.data)) {
+            bytes = text->data(), size = text->size();
+        } else {
+            const bool is_double = std::holds_alternative<std::span<const double>>(f.data);
+            const std::size_t count = is_double ? std::get<1>(f.data).size() : std::get<0>(f.data).size();
+            bytes = is_double ? static_cast<const void*>(std::get<1>(f.data).data())
+                              : static_cast<const void*>(std::get<0>(f.data).data());
+            size = count * (is_double ? sizeof(double) : sizeof(float));
+            try {
+                header = npy::header(f.shape, is_double ? npy::dtype::f64 : npy::dtype::f32);
+            } catch (const npy::error& err) {
+                impl_->roll_back();
+                throw std::runtime_error(e.name + ": " + err.what());
+            }
+            std::size_t expected = 1;
+            for (const std::size_t d : f.shape) expected *= d;
+            if (expected != count) {
+                impl_->roll_back();
+                throw std::logic_error("qkv: " + e.name + ": shape and data size differ");
+            }
         }
         errno = 0;
         if (!write_bytes(e.fd, header.data(), header.size()) || !write_bytes(e.fd, bytes, size))

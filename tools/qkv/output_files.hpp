@@ -1,11 +1,13 @@
-// Writing the results of `qkv attention`: all of them or none, never over an input, never over
-// something that is not a plain file, and nothing left behind when interrupted.
+// Writing the results of `qkv attention`, `sdpa`, `merge` and `bench --json`: all of them or none,
+// never over an input, never over something that is not a plain file, and nothing left behind
+// when interrupted.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -25,11 +27,12 @@ struct named_file {
 /// Outputs with an empty path are skipped (not requested); inputs with an empty path likewise.
 void check_output_paths(std::span<const named_file> outputs, std::span<const named_file> inputs);
 
-/// One result to write as .npy: float32 or float64 data.
+/// One result to write: float32 or float64 data as .npy (of `shape`), or text written as it is
+/// (a JSON report; `shape` unused).
 struct output_file {
     std::string path;  ///< UTF-8; empty: not requested
     std::vector<std::size_t> shape;
-    std::variant<std::span<const float>, std::span<const double>> data;
+    std::variant<std::span<const float>, std::span<const double>, std::string_view> data;
 };
 
 /// The outputs of one run, written all or none:
