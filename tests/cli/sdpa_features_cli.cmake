@@ -99,6 +99,13 @@ qkv_cli_test(sdpa.features.bad.sinks_empty ARGS ${f_args} --sinks <EMPTY> --back
 qkv_cli_test(sdpa.features.bad.lse_empty ARGS ${f_args} --lse <EMPTY> --backend cpu EXIT 2 STDERR "--lse is empty")
 qkv_cli_test(sdpa.features.bad.kv_type_name ARGS ${f_args} --kv-type q5_1 --backend cpu EXIT 2
              STDERR "--kv-type q5_1: expected one of f32, f16, q8_0, q4_0")
+# A NaN in K that q8_0 cannot store: the file named, and the element's index in it.
+set(q8 ${features_data}/kv_q8_0)
+foreach(backend IN ITEMS cpu vulkan)
+  qkv_cli_test(sdpa.features.bad.q8_0_nan_k.${backend} ARGS sdpa --q ${q8}/q.npy --k ${q8}/k_nan.npy --v ${q8}/v.npy
+               --kv-type q8_0 --backend ${backend} --out out.npy EXIT 2
+               STDERR "--k .*k_nan\\.npy stored as --kv-type q8_0: quantize to q8_0: element 9797 is nan")
+endforeach()
 set(odd ${sdpa_data}/plain_2d)  # E = 16, Ev = 24
 foreach(t IN ITEMS q8_0 q4_0)
   foreach(backend IN ITEMS cpu vulkan)

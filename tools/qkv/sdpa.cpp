@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_args.hpp"
@@ -21,6 +22,8 @@
 #include "option_flags.hpp"
 #include "output_files.hpp"
 #include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/element_type.hpp"
+#include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -51,6 +54,24 @@ void check_kv_type(const qkv::sdpa_options& options, const qkv::sdpa_shape& s) {
         throw usage_error("--kv-type " + std::string(qkv::to_string(*options.kv_type)) +
                           ": stores blocks of 32 values along each row of K and V, so E (" + std::to_string(s.d_qk) +
                           ") and Ev (" + std::to_string(s.d_v) + ") must be multiples of 32");
+}
+
+/// K and V as --kv-type stores them (q8_0 and q4_0 take finite values only, f16 none beyond its
+/// range), checked on the whole files before any work and before a context-parallel rank takes its
+/// slice: the refusal names the file and the element's index in it (float32 data; the cpu
+/// backend's float64 path is checked by the library on the whole arrays).
+void check_storable(const qkv::sdpa_options& options, const sdpa_inputs& in) {
+    if (!options.kv_type || *options.kv_type == qkv::element_type::f32) return;
+    for (const auto& [flag, input] : {std::pair{"--k", &in.k}, std::pair{"--v", &in.v}}) {
+        if (input->f32.empty()) continue;
+        try {
+            (void)qkv::round_trip(*options.kv_type, input->f32);
+        } catch (const qkv::invalid_argument& e) {
+            throw usage_error(std::string(flag) + " " + input->name + " stored as --kv-type " +
+                              std::string(qkv::to_string(*options.kv_type)) + ": " + e.what() +
+                              " (the index is into the whole file, in C order)");
+        }
+    }
 }
 
 /// What every run does first: the flags checked, the options built, the inputs read and validated
@@ -90,6 +111,7 @@ prepared prepare(const sdpa_command_options& o) {
     } else {
         p.in.to_float32();
         qkv::validate(p.in.problem(options));
+        check_storable(options, p.in);
     }
     return p;
 }

@@ -311,6 +311,11 @@ def feature_fixtures():
     case("kv_q8_0", randn(4, 3, 64), randn(2, 113, 64), randn(2, 113, 32), causal=True, align="bottom-right",
          kv_type="q8_0")
     keep = rng.random((17, 113)) < 0.8
+    # The same K with one NaN (flat index 9797, K[1, 40, 5]), which q8_0 cannot store: the refusal
+    # names the file and that index, also under --context-parallel (row 40 is in rank 1's slice).
+    k_nan = np.load(os.path.join(HERE, "features", "kv_q8_0", "k.npy"))
+    k_nan[1, 40, 5] = np.nan
+    save(os.path.join(HERE, "features", "kv_q8_0", "k_nan.npy"), k_nan)
     case("kv_q4_0", randn(1, 4, 17, 96), randn(1, 2, 113, 96), randn(1, 2, 113, 64), mask=keep,
          sinks=randn(4), kv_type="q4_0", weights=True)
     case("kv_f16", randn(2, 1, 64), randn(2, 113, 64, scale=30), randn(2, 113, 32), softcap=5.0, kv_type="f16")
