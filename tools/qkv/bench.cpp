@@ -181,16 +181,89 @@ void write_json(output_set& files, const std::string& path, const json& j) {
     std::cerr << "qkv bench: wrote " << path << "\n";
 }
 
-/// The option fields an attention row takes (run_options has these); the others time sdpa.
-constexpr std::string_view attention_takes[] = {"scale", "causal", "precision", "kernel"};
+// ---- What each mode honours: one table; every other flag given is refused (exit 2, named) -----
+/// The modes of `qkv bench`, chosen by the flags: --context-parallel, --decode --layers, --decode
+/// (a kv_cache), --kv-seq or --kv-heads (sdpa with q, k, v from the host), else attention().
+enum class mode { attention, sdpa_host, decode, layers, context_parallel };
 
-/// The option flags given that `takes` does not list, by index.
-std::vector<std::size_t> flags_beyond(const option_inputs& in, std::span<const std::string_view> takes) {
-    std::vector<std::size_t> out;
-    for (std::size_t i = 0; i < option_inputs::count; ++i)
-        if (in.given(i) && std::find(takes.begin(), takes.end(), qkv::sdpa_option_fields[i].name) == takes.end())
-            out.push_back(i);
-    return out;
+/// The flags every mode takes.
+constexpr std::string_view common_flags[] = {"--repeat", "--warmup", "--device", "--json", "--seed", "--no-ceiling"};
+
+/// One mode's row: the option fields (sdpa_option_fields' names; their flags come from the field
+/// list) and the bench's own flags it honours, and what it does, for the refusal.
+struct mode_row {
+    mode m;
+    const char* name;
+    bool every_option;                          ///< takes every option field with a bench flag
+    std::span<const std::string_view> options;  ///< else these
+    std::span<const std::string_view> flags;    ///< the bench's own flags it takes
+    const char* does;                           ///< "times ...": why the others do not apply
+};
+
+constexpr std::string_view attention_options[] = {"scale", "causal", "precision", "kernel"};
+constexpr std::string_view attention_flags[] = {"--batch", "--heads", "--seq", "--dim", "--impl"};
+constexpr std::string_view host_flags[] = {"--batch",  "--heads",    "--seq",   "--dim",
+                                           "--kv-seq", "--kv-heads", "--dim-v", "--sinks"};
+constexpr std::string_view decode_flags[] = {"--batch",    "--heads", "--seq",   "--dim",   "--kv-seq",
+                                             "--kv-heads", "--dim-v", "--sinks", "--split", "--decode"};
+constexpr std::string_view layers_options[] = {"precision"};
+constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--kv-seq", "--dim", "--decode", "--layers"};
+constexpr std::string_view context_parallel_flags_taken[] = {
+    "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
+    "--cp-slicing", "--mpi-timeout"};
+
+constexpr mode_row mode_table[] = {
+    {mode::attention, "qkv bench", false, attention_options, attention_flags,
+     "times attention() (projections and attention; the other options and sizes time sdpa: add --decode for a "
+     "kv_cache, or --kv-seq for q, k and v from the host)"},
+    {mode::sdpa_host,
+     "qkv bench --kv-seq",
+     true,
+     {},
+     host_flags,
+     "times sdpa with q, k and v from the host (the fused kernels; --split and --impl are --decode's and "
+     "attention()'s)"},
+    {mode::decode,
+     "qkv bench --decode",
+     true,
+     {},
+     decode_flags,
+     "times sdpa against a kv_cache (the fused kernels, --split choosing the chunks)"},
+    {mode::layers, "qkv bench --decode --layers", false, layers_options, layers_flags,
+     "times one token (L = 1, batch 1) of plain decode layers, taking --precision of the options"},
+    {mode::context_parallel,
+     "qkv bench --context-parallel",
+     true,
+     {},
+     context_parallel_flags_taken,
+     "times one configuration of sdpa over host q, k, v across the ranks"},
+};
+
+mode mode_of(const bench_options& o, bool context_parallel) {
+    if (context_parallel) return mode::context_parallel;
+    if (o.layers) return mode::layers;
+    if (o.decode) return mode::decode;
+    if (!o.kv_seq_text.empty() || !o.kv_heads_text.empty()) return mode::sdpa_host;
+    return mode::attention;
+}
+
+/// Every flag given that `m` neither honours nor shares with every mode: a usage_error naming
+/// them and the mode, before any work (no device is opened).
+void refuse_flags_beyond(const bench_options& o, mode m) {
+    const mode_row& row =
+        *std::find_if(std::begin(mode_table), std::end(mode_table), [&](const mode_row& r) { return r.m == m; });
+    const auto listed = [](std::span<const std::string_view> list, std::string_view name) {
+        return std::find(list.begin(), list.end(), name) != list.end();
+    };
+    std::string beyond;
+    for (const std::string& flag : o.given) {
+        bool taken = listed(common_flags, flag) || listed(row.flags, flag);
+        for (std::size_t i = 0; i < option_inputs::count && !taken; ++i)
+            if (qkv::sdpa_option_fields[i].flag == flag)
+                taken = row.every_option || listed(row.options, qkv::sdpa_option_fields[i].name);
+        if (!taken) beyond += (beyond.empty() ? "" : ", ") + flag;
+    }
+    if (!beyond.empty()) throw usage_error(beyond + ": not taken by " + row.name + ", which " + row.does);
 }
 
 /// The sweep's option sets: the flags' values (each bad value a usage_error naming its flag), over
@@ -206,13 +279,6 @@ std::vector<config> sweep(const bench_options& o, const qkv::vulkan::device_info
     std::vector<qkv::implementation> impls;
     for (const auto& s : o.impl) impls.push_back(value_in(implementation_names(), s, qkv::implementation::fused));
     const bool sdpa = o.decode || !o.kv_seq.empty() || !o.kv_heads.empty();
-    if (!sdpa) {
-        std::string beyond = flags_given(o.flags, flags_beyond(o.flags, attention_takes));
-        if (o.sinks) beyond += (beyond.empty() ? "" : ", ") + std::string("--sinks");
-        if (!o.dim_v.empty()) beyond += (beyond.empty() ? "" : ", ") + std::string("--dim-v");
-        if (!beyond.empty())
-            throw usage_error(beyond + " time sdpa: add --decode (a kv_cache) or --kv-seq (q, k and v from the host)");
-    }
     const std::vector<qkv::sdpa_options> rows = option_rows(o, info, sdpa);
     std::vector<config> out;
     for (std::size_t b : o.batch)
@@ -284,8 +350,6 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
     if (lc.q_heads % lc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(lc.kv_heads) + " must divide --heads " +
                           std::to_string(lc.q_heads));
-    if (const std::string beyond = flags_given(o.flags, flags_beyond(o.flags, layers_takes)); !beyond.empty())
-        throw usage_error(beyond + ": --layers times plain decode layers (it takes --precision of the options)");
     const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, {});
     if (rows.size() > 1) throw usage_error("--precision takes one value with --layers");
     lc.precision = rows.front().precision;
@@ -313,8 +377,9 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
 }
 
 void run(bench_options o) {
-    parse_sizes(o);
     if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
+    refuse_flags_beyond(o, mode_of(o, false));
+    parse_sizes(o);
     qkv::vulkan::context ctx = open_context(o.device, false);
     if (o.layers) return run_layers_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
@@ -402,6 +467,7 @@ void run(bench_options o) {
 /// `qkv bench --context-parallel`: one configuration, the first value of each list; every option
 /// flag honoured (causal by default, bottom-right).
 context_parallel_bench context_parallel_config(bench_options o) {
+    refuse_flags_beyond(o, mode::context_parallel);
     parse_sizes(o);
     for (const auto& [flag, count] :
          {std::pair{"--batch", o.batch.size()}, std::pair{"--heads", o.heads.size()}, std::pair{"--seq", o.seq.size()},
@@ -409,10 +475,6 @@ context_parallel_bench context_parallel_config(bench_options o) {
           std::pair{"--kv-heads", o.kv_heads.size()}})
         if (count > 1)
             throw usage_error(std::string(flag) + ": --context-parallel times one configuration; give one value");
-    if (o.decode || o.layers || !o.impl.empty() || !o.split.empty() || o.sinks || !o.dim_v.empty())
-        throw usage_error(
-            "--context-parallel times sdpa over host q, k, v (the fused kernels): --decode, --layers, --impl, "
-            "--split, --sinks and --dim-v do not apply");
     const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, sdpa_base(), {{"causal", {"yes"}}});
     if (rows.size() > 1)
         throw usage_error("--context-parallel times one configuration: give each option flag one value");
@@ -493,6 +555,8 @@ void add_bench(CLI::App& app) {
     add_context_parallel_flags(*cmd, *parallel);
     cmd->callback([o, cmd, parallel] {
         refuse_empty_file_names(*cmd);  // --json "" is not "no JSON"
+        for (const CLI::Option* opt : cmd->get_options())
+            if (opt->count() > 0) o->given.push_back(opt->get_name());
         if (parallel->requested())
             run_bench_context_parallel(*parallel, context_parallel_config(*o));
         else

@@ -39,6 +39,9 @@ struct options {
     std::string device, json_file;
     bool skip_ceiling = false;
     std::uint64_t seed = 20261122;
+    /// Every flag the command line gave ("--window", "--batch", ...), for the mode's check: each
+    /// mode honours the flags its row of bench.cpp's mode table lists and refuses the others.
+    std::vector<std::string> given;
 };
 
 /// One row of the sweep: a shape, how it runs, and its sdpa_options (attention rows take their
@@ -110,8 +113,6 @@ struct layers_config {
     std::size_t layers = 0, q_heads = 32, kv_heads = 8, kv_len = 1024, dim = 128;
     qkv::precision precision = qkv::precision::fp32;
 };
-/// The option flags --layers takes (the others are refused: it times plain decode layers).
-inline constexpr std::string_view layers_takes[] = {"precision"};
 /// Times N host calls against N calls recorded into one command buffer (qkv::vulkan::sequence),
 /// per token, on the same data; prints both and returns them as JSON ({"host_ms", "recorded_ms"}).
 json run_layers(qkv::vulkan::context& ctx, const layers_config& c, int warmup, int repeat, std::uint64_t seed,

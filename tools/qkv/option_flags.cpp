@@ -125,13 +125,6 @@ std::vector<qkv::sdpa_options> option_sweep(
     return out;
 }
 
-std::string flags_given(const option_inputs& in, const std::vector<std::size_t>& fields) {
-    std::string out;
-    for (const std::size_t i : fields)
-        if (in.given(i)) out += (out.empty() ? "" : ", ") + std::string(sdpa_option_fields[i].flag);
-    return out;
-}
-
 nlohmann::ordered_json options_json(const qkv::sdpa_options& o) {
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
     qkv::visit_options(o, [&](const option_field& f, const auto& value) {

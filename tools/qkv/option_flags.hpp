@@ -51,9 +51,6 @@ void add_option_flags(CLI::App& cmd, option_inputs& in, option_command command, 
     const option_inputs& in, const qkv::sdpa_options& base,
     const std::vector<std::pair<std::string, std::vector<std::string>>>& defaults = {});
 
-/// The flags of the fields given, in order ("--window, --softcap").
-[[nodiscard]] std::string flags_given(const option_inputs& in, const std::vector<std::size_t>& fields);
-
 /// The options as JSON, one key per field (its name): numbers, bools, enum names, null for an
 /// unset optional.
 [[nodiscard]] nlohmann::ordered_json options_json(const qkv::sdpa_options& o);
