@@ -141,10 +141,10 @@ channel::channel(MPI_Comm user, const comm_options& options, std::string operati
         check_mpi(MPI_Test(&dup, &flag, MPI_STATUS_IGNORE), "MPI_Test");
         if (flag) break;
         if (clock::now() > deadline)
-            throw qkv::mpi::timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) +
-                                    " in " + operation_ +
-                                    ": not every rank of the communicator started it (each rank must make the "
-                                    "same collective calls in the same order)");
+            throw_timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) + " in " +
+                          operation_ +
+                          ": not every rank of the communicator started it (each rank must make the "
+                          "same collective calls in the same order)");
         std::this_thread::sleep_for(poll_interval);
     }
     agreement_ms_ += ms_between(start, clock::now());  // every rank arriving: a synchronisation too
@@ -305,9 +305,9 @@ void channel::time_out(std::span<const std::size_t> which, const std::string& du
         if (!pending.empty()) pending += "; ";
         pending += t.what + (t.send ? " to rank " : " from rank ") + std::to_string(t.peer);
     }
-    throw qkv::mpi::timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) + " in " +
-                            operation_ + " (" + during + ") waiting for: " + pending +
-                            " (QKV_MPI_TIMEOUT or comm_options::timeout sets the limit)");
+    throw_timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) + " in " +
+                  operation_ + " (" + during + ") waiting for: " + pending +
+                  " (QKV_MPI_TIMEOUT or comm_options::timeout sets the limit)");
 }
 
 void channel::wait(std::span<const std::size_t> which, const std::function<void()>& work) {
@@ -346,9 +346,8 @@ void channel::wait_requests(std::vector<MPI_Request>& requests, const std::strin
         if (flag) return;
         if (clock::now() > deadline) {
             poisoned_ = true;
-            throw qkv::mpi::timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) +
-                                    " in " + operation_ + " (" + during +
-                                    "): a rank did not arrive (it may have died or hung)");
+            throw_timeout(rank_prefix(rank_, size_) + "timed out after " + seconds_text(options_.timeout) + " in " +
+                          operation_ + " (" + during + "): a rank did not arrive (it may have died or hung)");
         }
         std::this_thread::sleep_for(poll_interval);
     }

@@ -40,9 +40,8 @@ environment::environment(int& argc, char**& argv) {
     if (!initialised) {
         detail::check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &level_), "MPI_Init_thread");
         owns_ = true;
-    } else {
-        detail::check_mpi(MPI_Query_thread(&level_), "MPI_Query_thread");
     }
+    start();
 }
 
 environment::environment() {
@@ -53,13 +52,44 @@ environment::environment() {
     if (!initialised) {
         detail::check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &level_), "MPI_Init_thread");
         owns_ = true;
-    } else {
+    }
+    start();
+}
+
+void environment::start() {
+    if (!owns_) {
         detail::check_mpi(MPI_Query_thread(&level_), "MPI_Query_thread");
+        return;
+    }
+    // Made now, while every rank is in step: after a timeout a new communicator could not be.
+    detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world_), "MPI_Comm_dup");
+}
+
+bool timed_out() { return detail::out_of_step(); }
+
+namespace {
+
+/// Whether every rank of `world` enters the barrier within `grace`.
+bool all_arrive(MPI_Comm world, std::chrono::milliseconds grace) {
+    MPI_Request barrier = MPI_REQUEST_NULL;
+    if (world == MPI_COMM_NULL || MPI_Ibarrier(world, &barrier) != MPI_SUCCESS) return false;
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (;;) {
+        int flag = 0;
+        if (MPI_Test(&barrier, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+        if (flag) return true;
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
 }
 
+}  // namespace
+
 environment::~environment() {
     if (!owns_) return;
+    // After a timeout a rank may never reach MPI_Finalize, which waits for every rank: unless all
+    // arrive within the grace, end the whole job instead, so that no rank waits forever.
+    if (detail::out_of_step() && !all_arrive(world_, grace_)) MPI_Abort(MPI_COMM_WORLD, 1);
     detail::finalize_mpi();
 }
 

@@ -3,6 +3,7 @@
 #include "mpi/failure.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -88,7 +89,19 @@ failure_record make_record(const std::exception_ptr& failure, std::uint64_t fing
     return r;
 }
 
+namespace {
+std::atomic<bool> timed_out_here{false};
+}  // namespace
+
+void throw_timeout(const std::string& message) {
+    timed_out_here = true;
+    throw qkv::mpi::timeout(message);
+}
+
+bool out_of_step() { return timed_out_here; }
+
 void rethrow(std::int32_t what, const std::string& message) {
+    if (what == timeout_kind.code) timed_out_here = true;  // another rank timed out: out of step too
     for (const failure_kind& k : kinds())
         if (k.code == what) k.rethrow(message);
     throw qkv::mpi::error(message);

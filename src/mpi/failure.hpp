@@ -66,4 +66,12 @@ void register_failure_kind(const failure_kind& kind);
 /// Throws the exception of kind `what` with `message` (an unknown kind: qkv::mpi::error).
 [[noreturn]] void rethrow(std::int32_t what, const std::string& message);
 
+/// Throws qkv::mpi::timeout(message), noting first that the ranks are out of step (out_of_step).
+[[noreturn]] void throw_timeout(const std::string& message);
+
+/// Whether a qkv::mpi::timeout has been thrown in this process, by throw_timeout or rethrown from
+/// another rank's report: the ranks' collective calls are then no longer in step, and MPI_Finalize
+/// (which waits for every rank) may wait forever (qkv::mpi::timed_out).
+[[nodiscard]] bool out_of_step();
+
 }  // namespace qkv::mpi::detail

@@ -111,6 +111,25 @@ auto agreed(Step&& step) {
     }
 }
 
+/// Runs `body` with MPI up. After a timeout qkv::mpi::environment waits --mpi-timeout more for
+/// the late ranks, then ends the whole job (MPI_Abort: a frozen rank would never reach
+/// MPI_Finalize; mpirun's exit status is then 1), so main() might never print the failure: a rank
+/// that timed out prints it here first (a rank whose stderr agreed() silenced prints nothing).
+template <class Body>
+void with_mpi(const context_parallel_flags& flags, Body&& body) {
+    qkv::mpi::environment mpi;
+    try {
+        mpi.finalize_grace(parse_flags(flags).comm.timeout);
+    } catch (...) {  // a bad flag fails in the body, agreed by every rank
+    }
+    try {
+        body();
+    } catch (const std::exception& e) {
+        if (qkv::mpi::timed_out()) std::cerr << "qkv: " << e.what() << std::endl;
+        throw;
+    }
+}
+
 /// Every rank's outcome of a local step, agreed.
 void settle(std::exception_ptr local, const qkv::mpi::comm_options& comm) {
     agreed([&] { qkv::mpi::agree(MPI_COMM_WORLD, travelling(std::move(local)), comm); });
@@ -147,11 +166,7 @@ rank_part take_part(const qkv::sdpa_problem& whole, qkv::mpi::layout how, int ra
     return p;
 }
 
-}  // namespace
-
-void run_sdpa_context_parallel(const context_parallel_flags& flags,
-                               const std::function<context_parallel_job()>& prepare) {
-    qkv::mpi::environment mpi;
+void run_sdpa_ranks(const context_parallel_flags& flags, const std::function<context_parallel_job()>& prepare) {
     const int rank = world_rank(), ranks = world_size();
 
     // 1. On every rank: the flags, the inputs, the device; rank 0 reserves the outputs.
@@ -207,6 +222,13 @@ void run_sdpa_context_parallel(const context_parallel_flags& flags,
     settle(failure, options.comm);
 }
 
+}  // namespace
+
+void run_sdpa_context_parallel(const context_parallel_flags& flags,
+                               const std::function<context_parallel_job()>& prepare) {
+    with_mpi(flags, [&] { run_sdpa_ranks(flags, prepare); });
+}
+
 // ---- qkv bench --context-parallel ---------------------------------------------------------------
 
 namespace {
@@ -224,10 +246,7 @@ std::string fixed(double value, int decimals) {
     return text;
 }
 
-}  // namespace
-
-void run_bench_context_parallel(const context_parallel_flags& flags, const context_parallel_bench& b) {
-    qkv::mpi::environment mpi;
+void run_bench_ranks(const context_parallel_flags& flags, const context_parallel_bench& b) {
     const int rank = world_rank(), ranks = world_size();
     qkv::mpi::cp_options options;
     std::optional<qkv::vulkan::context> gpu;
@@ -373,6 +392,12 @@ void run_bench_context_parallel(const context_parallel_flags& flags, const conte
         failure = std::current_exception();
     }
     settle(failure, options.comm);
+}
+
+}  // namespace
+
+void run_bench_context_parallel(const context_parallel_flags& flags, const context_parallel_bench& b) {
+    with_mpi(flags, [&] { run_bench_ranks(flags, b); });
 }
 
 }  // namespace qkv::cli

@@ -37,16 +37,32 @@ struct comm_options {
     ///
     /// A timeout is for ending cleanly, not for carrying on: the rank that was late (hung, or
     /// just slow) may still enter the call the others have left, so after a qkv::mpi::timeout the
-    /// ranks' collective calls on the communicator are no longer in step. End the program (the
-    /// qkv tool exits), or MPI_Abort; do not make further qkv::mpi calls on that communicator.
-    /// Every other failure leaves the ranks in step: later calls work.
+    /// ranks' collective calls on the communicator are no longer in step. End the job: do not
+    /// make further qkv::mpi calls on that communicator, and do not call MPI_Finalize, which waits
+    /// for every rank (a frozen one never comes): qkv::mpi::environment ends the job with
+    /// MPI_Abort instead (see timed_out()). Every other failure leaves the ranks in step: later
+    /// calls work.
     std::chrono::milliseconds timeout = default_timeout();
 };
 
+/// Whether a qkv::mpi call of this process has thrown qkv::mpi::timeout: its own wait ran out, or
+/// another rank's did and the agreement reported it. The ranks are then out of step, and some
+/// rank may never come back (frozen, blocked outside MPI, dead): MPI_Finalize, which waits for
+/// every rank, could wait forever. A program that initialised MPI itself should then end the job
+/// with MPI_Abort (qkv::mpi::environment does).
+[[nodiscard]] QKV_MPI_API bool timed_out();
+
 /// MPI for a program: MPI_Init_thread asking for MPI_THREAD_FUNNELED (qkv::mpi computes on a
 /// worker thread while the thread that called MPI_Init polls the transfers) unless MPI is already
-/// initialised; MPI_Finalize on destruction if this object initialised it. Throws qkv::mpi::error
-/// if MPI cannot start, or has been finalised already.
+/// initialised. On destruction, if this object initialised MPI: MPI_Finalize. After a
+/// qkv::mpi::timeout in this process (timed_out()), first every rank that timed out waits up to
+/// finalize_grace() for the others to reach their environment's end too (a non-blocking barrier on
+/// a duplicate of MPI_COMM_WORLD made at construction); if one does not (frozen, blocked outside
+/// MPI, dead), MPI_Abort(MPI_COMM_WORLD, 1), which does not return: it ends every process of the
+/// job, the late rank included (mpirun's exit status is then 1). So a timed-out job ends every
+/// live rank within its timeout plus the grace (plus the launcher's time to end processes).
+/// Report what the program must report before the environment goes out of scope.
+/// Throws qkv::mpi::error if MPI cannot start, or has been finalised already.
 class QKV_MPI_API environment {
 public:
     environment(int& argc, char**& argv);
@@ -60,10 +76,17 @@ public:
     [[nodiscard]] bool owns() const { return owns_; }
     /// The thread level MPI provides (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
     [[nodiscard]] int thread_level() const { return level_; }
+    /// How long, after a timeout, the destructor waits for every rank before MPI_Abort (default
+    /// 10 s; a program whose late rank is known to come back later sets more).
+    [[nodiscard]] std::chrono::milliseconds finalize_grace() const { return grace_; }
+    void finalize_grace(std::chrono::milliseconds grace) { grace_ = grace; }
 
 private:
+    void start();
     bool owns_ = false;
     int level_ = 0;
+    MPI_Comm world_ = MPI_COMM_NULL;  ///< for the barrier before MPI_Finalize after a timeout
+    std::chrono::milliseconds grace_{10000};
 };
 
 /// Agreement on the outcome of a step that each rank ran on its own. `local` is this rank's
