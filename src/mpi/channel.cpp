@@ -468,8 +468,8 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     for (int p = 1; p < size_; ++p)
         if (all[static_cast<std::size_t>(p)].fingerprint != all[0].fingerprint)
             throw qkv::invalid_argument(rank_prefix(p, size_) + "its " + operation_ +
-                                        " call differs from rank 0's (shapes, options, masks, sinks or layout): every "
-                                        "rank must describe the same problem");
+                                        " call differs from rank 0's (shapes, options, masks, sinks, the whole inputs' "
+                                        "checksum or layout): every rank must describe the same problem");
 }
 
 }  // namespace detail

@@ -309,6 +309,21 @@ std::string to_string(cp_mode mode) {
     return "unknown";
 }
 
+std::uint64_t checksum(std::span<const float> values, std::uint64_t seed) {
+    std::uint64_t h = seed != 0 ? seed : 1469598103934665603ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(values.data());
+    const std::size_t n = values.size_bytes();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, p + i, 8);
+        h = (h ^ word) * 1099511628211ull;
+    }
+    for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    h = (h ^ n) * 1099511628211ull;  // the length too: [] and [0.0f] differ
+    return h != 0 ? h : 1;
+}
+
 cp_output sdpa(MPI_Comm comm, backend& compute, const cp_problem& problem, const cp_options& options) {
     const auto start = detail::clock::now();
     channel ch(comm, options.comm, "qkv::mpi::sdpa (" + to_string(options.mode) + ")");
@@ -320,6 +335,7 @@ cp_output sdpa(MPI_Comm comm, backend& compute, const cp_problem& problem, const
     fp.add_value(options.slicing);
     detail::add_problem(fp, problem.shape, problem.options, problem.mask_shape, problem.mask, problem.additive_mask,
                         problem.sinks);
+    fp.add_value(problem.inputs_checksum);  // the whole inputs, where the caller holds them
     std::exception_ptr failure;
     plan pl;
     try {

@@ -7,7 +7,8 @@
 #   MAX_NMSE                     the context-parallel output against the single-process one
 # The single-process run of the same arguments is the reference; the context-parallel one must
 # match it and, run again, give the same bytes. With EXPECT_EXIT set, the run is instead an MPMD
-# job whose rank FAIL_RANK runs `env FAIL_ENV qkv sdpa ARGS FAIL_ARGS`: every rank must end with
+# job whose rank FAIL_RANK runs `env FAIL_ENV qkv sdpa ARGS FAIL_ARGS` (its --k FAIL_K where
+# given): every rank must end with
 # EXPECT_EXIT, stderr must match STDERR_MATCHES, and no file may be left behind.
 cmake_minimum_required(VERSION 3.25)
 
@@ -29,7 +30,14 @@ if(DEFINED EXPECT_EXIT)
     endif()
     list(APPEND job -np 1)
     if(r EQUAL FAIL_RANK)
-      list(APPEND job env ${FAIL_ENV} "${QKV}" sdpa ${ARGS} ${FAIL_ARGS})
+      set(rank_args ${ARGS})
+      if(FAIL_K)  # this rank's --k is another file
+        list(FIND rank_args --k at)
+        math(EXPR at "${at} + 1")
+        list(REMOVE_AT rank_args ${at})
+        list(INSERT rank_args ${at} "${FAIL_K}")
+      endif()
+      list(APPEND job env ${FAIL_ENV} "${QKV}" sdpa ${rank_args} ${FAIL_ARGS})
     else()
       list(APPEND job "${QKV}" sdpa ${ARGS})
     endif()

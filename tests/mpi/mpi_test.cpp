@@ -220,6 +220,22 @@ TEST_CASE("a failure on one rank is every rank's failure, naming the rank", "[mp
                 qkv::mpi::sdpa(MPI_COMM_WORLD, cpu, p),
                 Catch::Matchers::Contains(who + "its") && Catch::Matchers::Contains("differs from rank 0's"));
     }
+    SECTION("ranks whose whole inputs differ (their checksums do)") {
+        // Each rank's whole K, one value of it changed on the last rank (as two files of the same
+        // name and shape, other bytes): the slices alone could not tell, the checksum does.
+        whole_problem w(s);
+        if (rank == last && ranks > 1) w.k[w.k.size() - 1] += 0.5f;
+        qkv::mpi::cp_problem p = w.part(layout::zigzag, ranks, rank);
+        p.inputs_checksum = qkv::mpi::checksum(w.v, qkv::mpi::checksum(w.k, qkv::mpi::checksum(w.q)));
+        if (ranks > 1)
+            CHECK_THROWS_WITH(
+                qkv::mpi::sdpa(MPI_COMM_WORLD, cpu, p),
+                Catch::Matchers::Contains(who + "its") && Catch::Matchers::Contains("the whole inputs' checksum"));
+        const std::vector<float> one{1.0f}, other{1.0f + 1e-7f}, zero{0.0f};
+        CHECK(qkv::mpi::checksum(one) != qkv::mpi::checksum(other));
+        CHECK(qkv::mpi::checksum(zero) != qkv::mpi::checksum({}));
+        CHECK(qkv::mpi::checksum(one) == qkv::mpi::checksum(std::vector<float>{1.0f}));
+    }
     SECTION("a backend that throws in the middle of the ring") {
         for (const cp_mode mode : {cp_mode::ring, cp_mode::allgather}) {
             faulty_backend broken(cpu, last, 2, faulty_backend::fault::throws);

@@ -141,7 +141,8 @@ std::optional<qkv::vulkan::context> open_device(backend choice, const std::strin
     return ctx;
 }
 
-/// This rank's part of the whole problem: its rows of q, k and v; the masks and sinks whole.
+/// This rank's part of the whole problem: its rows of q, k and v; the masks and sinks whole; the
+/// whole q, k and v's checksum.
 struct rank_part {
     std::vector<float> q, k, v;
     qkv::mpi::cp_problem problem;
@@ -154,15 +155,18 @@ rank_part take_part(const qkv::sdpa_problem& whole, qkv::mpi::layout how, int ra
     p.q = qkv::mpi::take_rows<float>(whole.q, s.batch * s.q_heads, s.q_len, s.d_qk, qs);
     p.k = qkv::mpi::take_rows<float>(whole.k, s.batch * s.kv_heads, s.kv_len, s.d_qk, ks);
     p.v = qkv::mpi::take_rows<float>(whole.v, s.batch * s.kv_heads, s.kv_len, s.d_v, ks);
-    p.problem = {.shape = s,
-                 .q = p.q,
-                 .k = p.k,
-                 .v = p.v,
-                 .mask = whole.mask,
-                 .additive_mask = whole.additive_mask,
-                 .mask_shape = whole.mask_shape,
-                 .options = whole.options,
-                 .sinks = whole.sinks};
+    p.problem = {
+        .shape = s,
+        .q = p.q,
+        .k = p.k,
+        .v = p.v,
+        .mask = whole.mask,
+        .additive_mask = whole.additive_mask,
+        .mask_shape = whole.mask_shape,
+        .options = whole.options,
+        .sinks = whole.sinks,
+        // Every rank read (or drew) the whole inputs: their contents are agreed too.
+        .inputs_checksum = qkv::mpi::checksum(whole.v, qkv::mpi::checksum(whole.k, qkv::mpi::checksum(whole.q)))};
     return p;
 }
 

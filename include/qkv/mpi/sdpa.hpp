@@ -80,7 +80,18 @@ struct cp_problem {
     sdpa_options options{};
     /// Empty, or one logit per query head (the same on every rank): applied once, after merging.
     std::span<const float> sinks{};
+    /// Where every rank holds the same whole inputs and passes each its slice (the qkv tool reads
+    /// whole files on every rank), a checksum of those whole inputs (qkv::mpi::checksum of q, k,
+    /// v): it joins the fingerprint the ranks agree on, so ranks given different contents (the
+    /// same file names and shapes, other bytes) fail on every rank with qkv::invalid_argument
+    /// instead of mixing them. 0: none given. The slices themselves differ from rank to rank, so
+    /// qkv::mpi cannot compare them; the masks and sinks, replicated, are always compared whole.
+    std::uint64_t inputs_checksum = 0;
 };
+
+/// A checksum of `values`' bytes (64-bit, FNV-1a over 8-byte words), continuing from `seed`:
+/// checksum(v, checksum(k, checksum(q))) for cp_problem::inputs_checksum. Never 0.
+[[nodiscard]] QKV_MPI_API std::uint64_t checksum(std::span<const float> values, std::uint64_t seed = 0);
 
 /// What one rank did in one call. Times are host milliseconds; the transfer times are observed by
 /// polling (every ~0.1 ms), so they are upper bounds by that much.
