@@ -37,21 +37,27 @@
 //                       out = Σ e^(s_j - m) v_j / (Σ e^(s_j - m) + e^(σ - m)), m = max(max s_j, σ);
 //                       the weights e^(s_j - m) / (...) no longer sum to 1; a row with no key
 //                       left is still zero.
+//   .dropout {p, seed, offset}  each weight kept with probability 1 - p and scaled by 1 / (1 - p) in
+//                       the output, or dropped; the mask is qkv/dropout.hpp's (Philox4x32-10, row
+//                       h·L + i); the weights returned are the probabilities, a dropped one negated.
 // Every result has lse: log Σ e^(s_j) over the keys the query may attend (the sink not included),
-// -inf for a query with none. An option out of range (a window side below -1, a negative or
-// non-finite softcap, slope or max_bias, both ALiBi forms at once, a NaN or +inf sink, an
-// alignment that contradicts the causal mode) throws qkv::option_error, which at compile time
-// makes the call not a constant expression.
+// -inf for a query with none (dropout does not change it). An option out of range (a window side
+// below -1, a negative or non-finite softcap, slope or max_bias, both ALiBi forms at once, a NaN or
+// +inf sink, an alignment that contradicts the causal mode, a dropout p outside [0, 1)) throws
+// qkv::option_error, which at compile time makes the call not a constant expression.
+// The gradients are qkv::sdpa_backward's (qkv/sdpa_backward.hpp).
 #pragma once
 
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <type_traits>
 
 #include "qkv/causal.hpp"
+#include "qkv/dropout.hpp"
 #include "qkv/math.hpp"
 #include "qkv/matrix.hpp"
 #include "qkv/softmax.hpp"
@@ -99,6 +105,15 @@ struct sdpa_matrix_options {
     /// with a causal mode, it must be that mode's.
     std::optional<position_alignment> alignment{};
     std::optional<row_vector<T, H>> sinks{};  ///< one logit per query head (or one for all) in the denominator
+    /// Attention dropout (qkv/dropout.hpp): each weight kept with probability 1 - p and scaled by
+    /// 1 / (1 - p), or dropped; the mask is Philox4x32-10's under `seed` and `offset`, for query row
+    /// h·L + i of query head h. p = 0 (the default) is off.
+    struct dropout_options {
+        T p{};                     ///< the probability of dropping a weight, 0 <= p < 1
+        std::uint64_t seed = 0;    ///< the Philox key
+        std::uint64_t offset = 0;  ///< added to every counter (units of four keys)
+    };
+    dropout_options dropout{};
 };
 
 /// Whether Opt is an sdpa_matrix_options.
@@ -116,8 +131,9 @@ template <class T, std::size_t L, std::size_t S, std::size_t EV>
 struct sdpa_result {
     matrix<T, L, S> scores;   ///< q·kᵀ·scale, softcapped, minus the ALiBi bias, plus additive_mask: the
                               ///< logits, before the bool, causal and window masks
-    matrix<T, L, S> weights;  ///< softmax of the allowed scores (and the sink); masked entries are 0
-    matrix<T, L, EV> output;  ///< weights · v
+    matrix<T, L, S> weights;  ///< softmax of the allowed scores (and the sink); masked entries are 0;
+                              ///< with dropout, a dropped weight negated (FlashAttention's encoding)
+    matrix<T, L, EV> output;  ///< weights · v (with dropout: the kept weights / (1 - p) · v)
     row_vector<T, L> lse;     ///< log Σ e^(scores) over each query's allowed keys; -inf for none
 
     friend constexpr bool operator==(const sdpa_result&, const sdpa_result&) = default;
@@ -237,6 +253,10 @@ struct head_rules {
     T softcap{};  ///< 0 = none
     T slope{};    ///< ALiBi slope, 0 = none
     std::optional<T> sink{};
+    bool drops = false;              ///< attention dropout (qkv/dropout.hpp) on
+    dropout_stream dropout{};        ///< its seed, offset and threshold
+    T keep_scale{1};                 ///< 1 / (1 - p): what a kept weight is multiplied by
+    std::uint64_t dropout_row0 = 0;  ///< the dropout row of query 0: h·L for query head h
 };
 
 /// The rules of a plain head: a scale and a causal mode (self_attention, multi_head_attention).
@@ -276,6 +296,8 @@ constexpr void check_options(const sdpa_matrix_options<T, L, S, H>& opt) {
         for (std::size_t h = 0; h < H; ++h)
             if (qkv::isnan(opt.sinks->elems[0][h]) || opt.sinks->elems[0][h] == infinity<T>())
                 throw option_error("qkv::scaled_dot_product_attention: sinks must be finite or -inf");
+    if (!(opt.dropout.p >= T{} && opt.dropout.p < T{1}))
+        throw option_error("qkv::scaled_dot_product_attention: dropout.p must be at least 0 and below 1");
 }
 
 /// The rules of query head h of HQ under opt (checked by check_options), with the scale used
@@ -291,6 +313,12 @@ constexpr head_rules<T> head_rules_of(const sdpa_matrix_options<T, L, S, H>& opt
     r.softcap = opt.softcap;
     r.slope = opt.alibi_max_bias != T{} ? alibi_slope(opt.alibi_max_bias, h, HQ) : opt.alibi_slope;
     if (opt.sinks) r.sink = opt.sinks->elems[0][H == 1 ? 0 : h];
+    if (opt.dropout.p != T{}) {
+        r.drops = true;
+        r.dropout = {opt.dropout.seed, opt.dropout.offset, dropout_threshold(static_cast<double>(opt.dropout.p))};
+        r.keep_scale = T{1} / (T{1} - opt.dropout.p);
+        r.dropout_row0 = static_cast<std::uint64_t>(h) * L;
+    }
     return r;
 }
 
@@ -321,22 +349,47 @@ constexpr void alibi_row(const head_rules<T>& rules, std::size_t i, T (&scores)[
     }
 }
 
-/// Query row i of one head: the "may attend" booleans (bool mask, causal mode, window), the scores
-/// (scaled, softcapped, ALiBi, additive mask), the weights (softmax with the sink) and the output
-/// row; returns the row's log-sum-exp. The one row kernel of every form.
+/// Query row i of one head: the "may attend" booleans (bool mask, causal mode, window; an additive
+/// -inf) and the scores (scaled, softcapped, ALiBi, additive mask), as every form, forward and
+/// backward, computes them. `capped`, when given, receives the scores after the softcap, before
+/// ALiBi and the additive mask (the backward's chain rule through tanh).
+template <class T, std::size_t L, std::size_t S, std::size_t E>
+constexpr void score_row(const head_rules<T>& rules, std::size_t i, const T (&q)[E], const T (&k)[S][E],
+                         const std::optional<matrix<bool, L, S>>& mask, const std::optional<matrix<T, L, S>>& additive,
+                         T (&scores)[S], bool (&allowed)[S], T (*capped)[S] = nullptr) {
+    allowed_row(mask, rules.causal, i, allowed);
+    window_row(rules, i, allowed);
+    scores_row(q, k, rules.scale, scores);
+    if (rules.softcap != T{}) softcap_row(rules.softcap, scores);
+    if (capped)
+        for (std::size_t j = 0; j < S; ++j) (*capped)[j] = scores[j];
+    if (rules.slope != T{}) alibi_row(rules, i, scores);
+    if (additive) add_mask_row(additive->elems[i], scores, allowed);
+}
+
+/// Query row i of one head: the scores and "may attend" booleans (score_row), the weights (softmax
+/// with the sink), dropout (a dropped weight's sign flipped, a kept one scaled by 1 / (1 - p) in the
+/// sum) and the output row; returns the row's log-sum-exp. The one forward row kernel of every form.
 template <class T, std::size_t L, std::size_t S, std::size_t E, std::size_t EV>
 constexpr T attend_row(const head_rules<T>& rules, std::size_t i, const T (&q)[E], const T (&k)[S][E],
                        const T (&v)[S][EV], const std::optional<matrix<bool, L, S>>& mask,
                        const std::optional<matrix<T, L, S>>& additive, T (&scores)[S], T (&weights)[S], T (&out)[EV]) {
     bool allowed[S]{};
-    allowed_row(mask, rules.causal, i, allowed);
-    window_row(rules, i, allowed);
-    scores_row(q, k, rules.scale, scores);
-    if (rules.softcap != T{}) softcap_row(rules.softcap, scores);
-    if (rules.slope != T{}) alibi_row(rules, i, scores);
-    if (additive) add_mask_row(additive->elems[i], scores, allowed);
+    score_row(rules, i, q, k, mask, additive, scores, allowed);
     const T lse = masked_softmax_row(scores, allowed, weights, rules.sink);
-    matmul_row(weights, v, out);
+    if (!rules.drops) {
+        matmul_row(weights, v, out);
+        return lse;
+    }
+    T kept[S]{};
+    rules.dropout.for_each_key(rules.dropout_row0 + i, 0, S, [&](std::uint64_t j, bool keep) {
+        if (!allowed[j]) return;
+        if (keep)
+            kept[j] = weights[j] * rules.keep_scale;
+        else
+            weights[j] = -weights[j];
+    });
+    matmul_row(kept, v, out);
     return lse;
 }
 
