@@ -41,6 +41,9 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     const device_info& info = desc.info;
     const sdpa_shape& s = problem.shape;
     const sdpa_options& opt = problem.options;
+    if (opt.dropout_p != 0)
+        throw unavailable(
+            "sdpa: dropout (dropout_p > 0) is not available on the Vulkan backend yet; qkv::cpu::sdpa computes it");
     p.out_count = std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_v;
     p.weights_count = opt.return_weights ? std::uint64_t{s.batch} * s.q_heads * s.q_len * s.kv_len : 0;
     const std::uint64_t mask_count =

@@ -18,6 +18,12 @@ constexpr std::string_view no_weights_across_ranks =
 constexpr std::string_view no_slopes_across_ranks =
     "the ranks receive the options, not per-head data (mpi::cp_problem has no field for them); "
     "options.alibi_max_bias gives ggml's slopes";
+constexpr std::string_view no_dropout_in_decode =
+    "dropout is a training option and the split-S decode kernels do not draw its mask; context::sdpa with "
+    "host K/V (the fused kernels) computes it";
+constexpr std::string_view no_dropout_across_ranks =
+    "the mask is defined by each row's and key's place in the whole call, which a rank's block call does not "
+    "carry; qkv::cpu::sdpa and context::sdpa compute it on one process";
 
 // Options by their field's name in the option list (tests/capabilities_test.cpp checks each is one).
 constexpr refusal table[] = {
@@ -30,6 +36,10 @@ constexpr refusal table[] = {
     {entry_point::attention_call, "return_weights",
      "the weights (B, H, N, N) are the staged route's scores buffer, which a call over tensors does not "
      "keep; context::attention returns them"},
+    {entry_point::context_decode, "dropout_p", no_dropout_in_decode},
+    {entry_point::sdpa_call_decode, "dropout_p", no_dropout_in_decode},
+    {entry_point::mpi_sdpa, "dropout_p", no_dropout_across_ranks},
+    {entry_point::mpi_decode, "dropout_p", no_dropout_across_ranks},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_point::context_sdpa,

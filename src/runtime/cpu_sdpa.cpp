@@ -1,6 +1,6 @@
 // qkv::cpu::sdpa — scaled dot-product attention over caller-held Q, K, V in float64: PyTorch's
 // F.scaled_dot_product_attention semantics and the options beyond it (qkv/runtime/sdpa.hpp), GQA,
-// NumPy-broadcast masks, both causal alignments. Every row is computed by the one float64 row of
+// NumPy-broadcast masks, both causal alignments, dropout. Every row is computed by the one float64 row of
 // runtime/sdpa_rows.hpp, which qkv::cpu::attention runs on its projections too; the results are
 // rounded to the caller's type once, when stored.
 #include <algorithm>
@@ -22,33 +22,14 @@
 #include "runtime/parallel_for.hpp"
 #include "runtime/sdpa_rows.hpp"
 #include "runtime/shape_checks.hpp"
+#include "runtime/stored_kv.hpp"
 
 namespace qkv::cpu {
 namespace {
 
 using detail::parallel_for;
 using detail::rows_per_item;
-
-/// K or V as a device storing them as `type` holds them (options.kv_type): narrowed to float32
-/// (a finite double beyond float32's range is refused), then quantize + dequantize.
-template <class In>
-std::vector<float> stored_as(element_type type, std::span<const In> values, const char* what) {
-    std::vector<float> narrowed(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        const auto value = static_cast<double>(values[i]);
-        if (std::isfinite(value) && std::abs(value) > static_cast<double>(std::numeric_limits<float>::max()))
-            throw invalid_argument(std::string(what) + ": element " + std::to_string(i) +
-                                   " is beyond the float32 range, and kv_type " + std::string(to_string(type)) +
-                                   " stores float32 values");
-        narrowed[i] = static_cast<float>(values[i]);
-    }
-    try {
-        return round_trip(type, narrowed);
-    } catch (const invalid_argument& e) {
-        throw invalid_argument(std::string(what) + " stored as kv_type " + std::string(to_string(type)) + ": " +
-                               e.what());
-    }
-}
+using detail::stored_as;
 
 /// `T`: the type results are stored in; `In`: the problem's element type (float or double);
 /// `KV`: K and V's (In, or float when they are stored as options.kv_type).
@@ -61,13 +42,7 @@ basic_sdpa_output<T> compute_over(const basic_sdpa_problem<In>& p, std::span<con
     const mask_strides ms =
         (!p.mask.empty() || !p.additive_mask.empty()) ? broadcast_strides(p.mask_shape, s) : mask_strides{};
 
-    detail::head_rules rules;
-    rules.shape = s;
-    rules.options = opt;
-    // The exact default scale (default_scale() returns it rounded to float).
-    rules.scale = opt.scale ? static_cast<double>(*opt.scale) : 1.0 / std::sqrt(static_cast<double>(E));
-    rules.softcap = static_cast<double>(opt.softcap);
-    rules.has_sink = !p.sinks.empty();
+    const detail::head_rules rules = detail::problem_rules(s, opt, !p.sinks.empty());
 
     // Kᵀ per (batch element, K/V head): E x S, so a row's scores are built a column at a time.
     std::vector<KV> kt(k.size());
@@ -92,10 +67,9 @@ basic_sdpa_output<T> compute_over(const basic_sdpa_problem<In>& p, std::span<con
         const std::size_t kvh = h / group;  // GQA: query head h reads K/V head h / (Hq / Hkv)
         const std::size_t first = block * rows_per_item, last = std::min(L, first + rows_per_item);
 
-        detail::head_rules head = rules;
-        head.slope =
-            p.alibi_slopes.empty() ? alibi_slope(opt.alibi_max_bias, Hq, h) : static_cast<double>(p.alibi_slopes[h]);
-        if (head.has_sink) head.sink = static_cast<double>(p.sinks[h]);
+        const detail::head_rules head =
+            detail::head_rules_for(rules, b, h, p.sinks.empty() ? 0.0 : static_cast<double>(p.sinks[h]),
+                                   detail::given_slope(p.alibi_slopes, h));
         detail::head_data<In, KV, KV, In> data;
         data.q = p.q.data() + (b * Hq + h) * L * E;
         data.q_stride = E;

@@ -158,7 +158,14 @@ T parse_value(std::string_view text, const option_field& field) {
         const float f = parse_float(text);
         if (field.rule == option_rule::off_or_positive && !(f > 0))
             refuse("must be above 0 (leave " + std::string(field.flag) + " out to turn it off)");
+        if (field.rule == option_rule::probability && !(f >= 0 && f < 1)) refuse("must be at least 0 and below 1");
         return f;
+    } else if constexpr (std::is_unsigned_v<T>) {
+        T v = 0;
+        const char* end = text.data() + text.size();
+        const auto [at, ec] = std::from_chars(text.data(), end, v);
+        if (text.empty() || ec != std::errc() || at != end) refuse("expected a whole number from 0 to 2^64 - 1");
+        return v;
     } else {
         const std::int64_t v = parse_integer(text);
         if (field.rule == option_rule::window_side && v < -1) refuse("each side must be -1 (unbounded) or at least 0");

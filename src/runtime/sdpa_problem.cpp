@@ -61,7 +61,9 @@ void check_options(const sdpa_options& opt) {
                     fail(name + " must be finite (it is " + number(value) + ")");
                 if (field.rule == option_rule::off_or_positive && !(std::isfinite(value) && value >= 0))
                     fail(name + " must be finite and at least 0 (0 = off; it is " + number(value) + ")");
-            } else if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+                if (field.rule == option_rule::probability && !(value >= 0 && value < 1))
+                    fail(name + " must be at least 0 and below 1 (0 = off; it is " + number(value) + ")");
+            } else if constexpr (std::is_integral_v<V> && std::is_signed_v<V>) {
                 if (field.rule == option_rule::window_side && value < -1)
                     fail(name + " must be -1 (unbounded) or at least 0 (it is " + std::to_string(value) + ")");
                 if (field.rule == option_rule::position &&

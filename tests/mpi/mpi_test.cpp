@@ -262,6 +262,12 @@ TEST_CASE("a failure on one rank is every rank's failure, naming the rank", "[mp
         p.options.return_weights = true;
         CHECK_THROWS_WITH(qkv::mpi::sdpa(MPI_COMM_WORLD, cpu, p), Catch::Matchers::Contains("return_weights"));
     }
+    SECTION("dropout is refused, not ignored") {
+        whole_problem w(s);
+        qkv::mpi::cp_problem p = w.part(layout::zigzag, ranks, rank);
+        p.options.dropout_p = 0.1f;
+        CHECK_THROWS_WITH(qkv::mpi::sdpa(MPI_COMM_WORLD, cpu, p), Catch::Matchers::Contains("dropout"));
+    }
     SECTION("agree") {
         std::exception_ptr mine;
         if (rank == last) mine = std::make_exception_ptr(qkv::invalid_argument("cannot read q.npy"));
@@ -356,6 +362,13 @@ TEST_CASE("a sharded K/V cache fills the ranks in turn and decodes like one cach
                     CHECK(got.output.empty());
                 }
             }
+        }
+        // Dropout is refused (on every rank, root's refusal agreed), not ignored.
+        {
+            const std::vector<float> q(4 * 32, 0.5f);
+            qkv::sdpa_problem dropped{.shape = shape(4, 2, 1, 0, 32, 32), .q = q};
+            dropped.options.dropout_p = 0.25f;
+            CHECK_THROWS_WITH(cache.decode(dropped), Catch::Matchers::Contains("dropout"));
         }
         // Full: one row more is refused on every rank, and nothing is appended.
         const std::vector<float> one(2 * 32, 1.0f);

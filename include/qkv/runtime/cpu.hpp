@@ -14,6 +14,7 @@
 
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/sdpa_backward.hpp"
 
 namespace qkv::cpu {
 
@@ -52,6 +53,7 @@ QKV_RUNTIME_API void validate(const attention_problem_f64& problem);
 /// Scaled dot-product attention over caller-held Q, K, V (qkv/runtime/sdpa.hpp), validated first
 /// (throws qkv::invalid_argument). Computed in float64; float32 inputs are widened exactly and the
 /// results rounded to float32 once, at the end. precision and kernel are accepted and ignored.
+/// Dropout (options.dropout_p) is computed here (qkv/dropout.hpp's mask).
 [[nodiscard]] QKV_RUNTIME_API sdpa_output sdpa(const sdpa_problem& problem);
 
 /// The same computation with float64 results, for tests that need the unrounded reference.
@@ -59,5 +61,25 @@ QKV_RUNTIME_API void validate(const attention_problem_f64& problem);
 
 /// A float64 problem, computed in float64 throughout: nothing is narrowed to float32.
 [[nodiscard]] QKV_RUNTIME_API sdpa_output_f64 sdpa(const sdpa_problem_f64& problem);
+
+/// The gradients of sdpa(problem.forward) (qkv/runtime/sdpa_backward.hpp), validated first (throws
+/// qkv::invalid_argument). Computed in float64, rounded to float32 once, at the end; deterministic
+/// (the same inputs give the same bits, whatever the thread count). out and lse, when given, must
+/// be the forward's results: a row whose probabilities recomputed from lse do not sum to 1 (with
+/// the sink's) within 1 %, whose rowsum(d_out ∘ out) differs from Σ_j P_ij·dP_ij by more than 1 %
+/// of Σ_j P_ij·|dP_ij| terms, or whose lse says "no key" (-inf) where it has keys or the reverse,
+/// is refused (qkv::invalid_argument). Non-finite values: a NaN or infinite input (q, k, v, the
+/// additive mask beyond its -inf entries, out, lse) poisons the gradients it reaches, as its
+/// forward poisons the output (PyTorch's autograd does the same); where every input is finite, a
+/// gradient that is not (in float64, or once rounded to float32) is refused
+/// (qkv::invalid_argument), never returned. kv_type: the gradients are taken at K and V as stored
+/// (straight through the rounding: dk and dv are the gradients of the stored values).
+[[nodiscard]] QKV_RUNTIME_API sdpa_gradients sdpa_backward(const sdpa_backward_problem& problem);
+
+/// The same computation with float64 results, for tests that need the unrounded reference.
+[[nodiscard]] QKV_RUNTIME_API sdpa_gradients_f64 sdpa_backward_f64(const sdpa_backward_problem& problem);
+
+/// A float64 problem, computed in float64 throughout: nothing is narrowed to float32.
+[[nodiscard]] QKV_RUNTIME_API sdpa_gradients_f64 sdpa_backward(const sdpa_backward_problem_f64& problem);
 
 }  // namespace qkv::cpu

@@ -121,6 +121,7 @@ enum class option_rule {
     window_side,      ///< -1 (unbounded) or at least 0
     position,         ///< within +-2^62
     known,            ///< one of the enum's values
+    probability,      ///< at least 0 and below 1 (dropout_p)
 };
 
 /// How `qkv sdpa` takes a field.

@@ -49,6 +49,9 @@
 // A row left with no key to attend to gets zero weights, a zero output (PyTorch gives NaN) and
 // lse = -inf, sinks or not. A NaN or +inf among a row's allowed scores makes its weights, output
 // and lse NaN (as PyTorch); a masked key contributes nothing, even a NaN value.
+// Dropout (dropout_p > 0): output = Σ_j z_ij · w_ij / (1 - p) · v_j with qkv/dropout.hpp's z; the
+// weights returned are w_ij, negated where z_ij = 0; lse unchanged.
+// The gradients: qkv/runtime/sdpa_backward.hpp.
 // Partial results over disjoint key sets merge into the whole: merge_attention below.
 #pragma once
 
@@ -111,6 +114,14 @@ static_assert(sizeof(sdpa_shape) == 7 * sizeof(std::size_t), "a dimension added 
 //                    alignment's. For a block of a longer sequence (queries from position qa,
 //                    keys from ka, of a whole whose off is o: position_offset = qa + o - ka), as
 //                    context parallelism (qkv::mpi) computes its blocks. |position_offset| <= 2^62.
+//   dropout_p, dropout_seed, dropout_offset
+//                    attention dropout, PyTorch's dropout_p (qkv/dropout.hpp defines the mask):
+//                    each weight is kept with probability 1 - dropout_p and scaled by
+//                    1 / (1 - dropout_p), or dropped. The mask is Philox4x32-10's under the 64-bit
+//                    dropout_seed, for row (b·Hq + h)·L + i and key j, from counter
+//                    dropout_offset + ⌊j / 4⌋; the lse and the sinks are not affected; returned
+//                    weights are the probabilities, a dropped one negated (FlashAttention's
+//                    return_attn_probs). 0 <= dropout_p < 1; 0: off.
 
 /// The element type K and V are stored in on the device: options.kv_type, or f16 for
 /// precision::fp16 and f32 otherwise.
@@ -163,9 +174,10 @@ using sdpa_output_f64 = basic_sdpa_output<double>;
 /// non-finite scale (any finite scale is valid, negative and zero included, as PyTorch's), a size
 /// product that overflows; an option out of its range, naming it: alignment none or unknown,
 /// window_left or window_right below -1, softcap or alibi_max_bias negative or not finite, an
-/// unknown kv_type, a quantized kv_type (q8_0, q4_0) with d_qk or d_v not a multiple of 32; sinks
-/// other than empty or q_heads values, or a sink that is NaN or +inf; alibi_slopes other than empty
-/// or q_heads values, a slope that is negative or not finite, or alibi_slopes with alibi_max_bias.
+/// unknown kv_type, a quantized kv_type (q8_0, q4_0) with d_qk or d_v not a multiple of 32, a
+/// dropout_p outside [0, 1); sinks other than empty or q_heads values, or a sink that is NaN or +inf;
+/// alibi_slopes other than empty or q_heads values, a slope that is negative or not finite, or
+/// alibi_slopes with alibi_max_bias.
 QKV_RUNTIME_API void validate(const sdpa_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_problem_f64& problem);
 

@@ -1,0 +1,53 @@
+// qkv::validate for SDPA backward problems: the forward problem's checks, then the saved tensors'
+// and the loss gradient's.
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "qkv/runtime/error.hpp"
+#include "qkv/runtime/sdpa_backward.hpp"
+#include "runtime/shape_checks.hpp"
+
+namespace qkv {
+namespace {
+
+using namespace shape_checks;
+
+std::string number(double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", value);
+    return text;
+}
+
+template <class T>
+void check_backward(const basic_sdpa_backward_problem<T>& problem) {
+    validate(problem.forward);
+    const sdpa_shape& s = problem.forward.shape;
+    const std::initializer_list<factor> output{
+        {"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_v", s.d_v}};
+    expect_size("d_out", problem.d_out, output);
+    for (std::size_t i = 0; i < problem.d_out.size(); ++i)
+        if (!std::isfinite(static_cast<double>(problem.d_out[i])))
+            fail("d_out element " + std::to_string(i) + " is " + number(static_cast<double>(problem.d_out[i])) +
+                 ": the loss gradient must be finite");
+    if (!problem.out.empty()) expect_size("out", problem.out, output);
+    if (!problem.lse.empty()) {
+        expect_size("lse", problem.lse, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}});
+        for (std::size_t i = 0; i < problem.lse.size(); ++i)
+            if (static_cast<double>(problem.lse[i]) == std::numeric_limits<double>::infinity())
+                fail("lse element " + std::to_string(i) +
+                     " is +inf: a log-sum-exp beyond the range of its type, from which no probability can be "
+                     "recomputed exactly");
+    }
+    if (problem.return_d_additive_mask && problem.forward.additive_mask.empty())
+        fail("return_d_additive_mask is set, but the problem has no additive_mask");
+}
+
+}  // namespace
+
+void validate(const sdpa_backward_problem& problem) { check_backward(problem); }
+void validate(const sdpa_backward_problem_f64& problem) { check_backward(problem); }
+
+}  // namespace qkv
