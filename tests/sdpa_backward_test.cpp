@@ -399,7 +399,7 @@ TEST_CASE("sdpa_backward: saved tensors that are not the forward's are refused",
 
     owned<float> bad = o;
     bad.lse[2] += 0.5f;  // its probabilities sum to e^-0.5
-    expect_invalid(bad, {"lse of row 2", "sum to 0.6", "not this problem's forward result"});
+    expect_invalid(bad, {"lse of row 2", "sum to 0.6", "must be this problem's forward results"});
     bad = o;
     std::swap(bad.lse[0], bad.lse[5]);
     expect_invalid(bad, {"lse of row"});

@@ -158,7 +158,9 @@ struct backward_inputs {
 
 [[noreturn]] void refuse_saved(const char* what, std::size_t row, const std::string& why) {
     throw invalid_argument(std::string(what) + " of row " + std::to_string(row) + " (b·q_heads·q_len + h·q_len + i) " +
-                           why + ": it is not this problem's forward result");
+                           why +
+                           ": out and lse must be this problem's forward results, to within 1 % (empty, they "
+                           "are recomputed here in float64)");
 }
 
 /// The row pass of rows [first, last) of (b, h): lse' and D into `state`, dq (scaled) into `dq`,
