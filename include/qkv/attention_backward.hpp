@@ -24,7 +24,7 @@ namespace qkv {
 /// The gradients of self_attention with respect to everything it was given, and to its
 /// projections Q, K, V and scores.
 template <class T, std::size_t N, std::size_t DIN, std::size_t DK, std::size_t DV>
-struct attention_gradients {
+struct attention_backward_result {
     matrix<T, N, DIN> dx;
     matrix<T, DIN, DK> dwq;
     matrix<T, DIN, DK> dwk;
@@ -37,7 +37,7 @@ struct attention_gradients {
     matrix<T, N, DV> dv;       ///< of V
     matrix<T, N, N> d_scores;  ///< of the scores Q·Kᵀ·scale (0 where masked)
 
-    friend constexpr bool operator==(const attention_gradients&, const attention_gradients&) = default;
+    friend constexpr bool operator==(const attention_backward_result&, const attention_backward_result&) = default;
 };
 
 namespace detail {
@@ -72,7 +72,7 @@ constexpr auto self_attention_backward(const X& x, const WQ& wq, const WK& wk, c
     matrix<T, N, DV> out{};
     T lse[N]{};
     detail::sdpa_into(q, k, v, rules, opt.mask, no_additive, scores, weights, out, lse);
-    attention_gradients<T, N, DIN, DK, DV> g{};
+    attention_backward_result<T, N, DIN, DK, DV> g{};
     detail::sdpa_backward_into(q, k, v, rules, opt.mask, no_additive, out, lse, d_out, g.dq, g.dk, g.dv, g.d_scores);
     const matrix<T, DIN, N> xt = transpose(x);
     g.dwq = matmul(xt, g.dq);

@@ -26,8 +26,8 @@
 //
 // The forms follow scaled_dot_product_attention's: one head (q L x E, k S x E, v S x Ev, d_out
 // L x Ev), and HQ query heads over HKV K/V heads side by side in the columns. They give
-// sdpa_gradients / multi_head_sdpa_gradients. qkv::staged::sdpa_backward (staged_backward.hpp) is
-// the one-head form, bit for bit, as many small constant evaluations.
+// sdpa_backward_result / multi_head_sdpa_backward_result. qkv::staged::sdpa_backward
+// (staged_backward.hpp) is the one-head form, bit for bit, as many small constant evaluations.
 #pragma once
 
 #include <array>
@@ -44,29 +44,30 @@ namespace qkv {
 
 /// The gradients of one head: H is the number of sinks the options carry (1 for the one-head form).
 template <class T, std::size_t L, std::size_t S, std::size_t E, std::size_t EV, std::size_t H = 1>
-struct sdpa_gradients {
+struct sdpa_backward_result {
     matrix<T, L, E> dq;
     matrix<T, S, E> dk;
     matrix<T, S, EV> dv;
     matrix<T, L, S> d_scores;  ///< dS: the gradient of each logit s_ij, and so of the additive mask; 0 where masked
     row_vector<T, H> d_sinks;  ///< the sinks' gradients (0 without sinks)
 
-    friend constexpr bool operator==(const sdpa_gradients&, const sdpa_gradients&) = default;
+    friend constexpr bool operator==(const sdpa_backward_result&, const sdpa_backward_result&) = default;
 };
 
 /// The gradients of HQ query heads over HKV K/V heads, in the forward's column layout; H is the
 /// number of sinks the options carry (HQ, or 1 for one sink shared by every head).
 template <class T, std::size_t HQ, std::size_t H, std::size_t L, std::size_t S, std::size_t DQ, std::size_t DK,
           std::size_t DV>
-struct multi_head_sdpa_gradients {
+struct multi_head_sdpa_backward_result {
     matrix<T, L, DQ> dq;                       ///< query heads side by side
     matrix<T, S, DK> dk;                       ///< K/V heads side by side, each summed over its query heads
     matrix<T, S, DV> dv;                       ///< likewise
-    std::array<matrix<T, L, S>, HQ> d_scores;  ///< per query head, as sdpa_gradients::d_scores
+    std::array<matrix<T, L, S>, HQ> d_scores;  ///< per query head, as sdpa_backward_result::d_scores
     matrix<T, L, S> d_additive_mask;           ///< Σ_h d_scores[h]: the additive mask serves every head
     row_vector<T, H> d_sinks;                  ///< per sink (a shared sink: the sum over the heads)
 
-    friend constexpr bool operator==(const multi_head_sdpa_gradients&, const multi_head_sdpa_gradients&) = default;
+    friend constexpr bool operator==(const multi_head_sdpa_backward_result&,
+                                     const multi_head_sdpa_backward_result&) = default;
 };
 
 namespace detail {
@@ -190,7 +191,7 @@ constexpr auto sdpa_backward(const Q& q, const K& k, const V& v,
                              const sdpa_options_for<Q, K>& opt = {}) {
     using T = typename Q::value_type;
     detail::check_options(opt);
-    sdpa_gradients<T, Q::rows, K::rows, Q::cols, V::cols> g{};
+    sdpa_backward_result<T, Q::rows, K::rows, Q::cols, V::cols> g{};
     g.d_sinks.elems[0][0] = detail::sdpa_backward_into(
         q, k, v, detail::head_rules_of<1>(opt, 0, detail::default_scale<T, Q::cols>()), opt.mask, opt.additive_mask,
         forward.output, forward.lse.elems[0], d_out, g.dq, g.dk, g.dv, g.d_scores);
@@ -213,7 +214,7 @@ constexpr auto sdpa_backward(
     constexpr std::size_t L = Q::rows, S = K::rows, E = Q::cols / HQ, EV = V::cols / HKV, group = HQ / HKV;
     using sinks_t = typename std::remove_cvref_t<decltype(opt.sinks)>::value_type;  // row_vector<T, HQ or 1>
     detail::check_options(opt);
-    multi_head_sdpa_gradients<T, HQ, sinks_t::cols, L, S, Q::cols, K::cols, V::cols> g{};
+    multi_head_sdpa_backward_result<T, HQ, sinks_t::cols, L, S, Q::cols, K::cols, V::cols> g{};
     const T scale = detail::default_scale<T, E>();
     for (std::size_t kv = 0; kv < HKV; ++kv) {
         const matrix<T, S, E> kg = columns<E>(k, kv * E);

@@ -11,7 +11,7 @@
 //                            row's dS, dR, the weights dV is made of, dq and its sink term
 //   backward_matrices<...>   the blocks' dR and weights side by side (L x S each, copies)
 //   key_block<..., b>        key rows: dk and dv from those matrices (qkv::detail::key_gradient_row)
-//   sdpa_backward<...>       the blocks assembled into a qkv::sdpa_gradients
+//   sdpa_backward<...>       the blocks assembled into a qkv::sdpa_backward_result
 //
 // The kernels are sdpa_backward's, on the same rows in the same order, so the results are identical.
 #pragma once
@@ -153,7 +153,7 @@ constexpr auto assemble_backward(std::index_sequence<B...>, std::index_sequence<
     using T = typename QT::value_type;
     constexpr std::size_t per = backward_rows_per_block<QT, KT, VT, Opt, RowsPerBlock>;
     constexpr std::size_t per_key = key_rows_per_block<QT, KT, VT, RowsPerBlock>;
-    sdpa_gradients<T, QT::rows, KT::rows, QT::cols, VT::cols> g{};
+    sdpa_backward_result<T, QT::rows, KT::rows, QT::cols, VT::cols> g{};
     (copy_block(g.dq, B * per, backward_block<Q, K, V, Fwd, DOut, Opt, RowsPerBlock, B>.dq), ...);
     (copy_block(g.d_scores, B * per, backward_block<Q, K, V, Fwd, DOut, Opt, RowsPerBlock, B>.d_scores), ...);
     (copy_block(g.dk, C * per_key, key_block<Q, K, V, Fwd, DOut, Opt, RowsPerBlock, C>.dk), ...);
@@ -185,7 +185,7 @@ concept backward_inputs_for = std::is_same_v<Fwd, sdpa_result<typename Q::value_
 
 /// The gradients of scaled dot-product attention of given Q (L x E), K (S x E), V (S x Ev) for the
 /// loss gradient DOut (L x Ev), from the forward result Forward (its output and lse): the same
-/// qkv::sdpa_gradients as qkv::sdpa_backward(q, k, v, forward, d_out, options), bit for bit,
+/// qkv::sdpa_backward_result as qkv::sdpa_backward(q, k, v, forward, d_out, options), bit for bit,
 /// computed as many small constant evaluations (blocks of query rows, then of key rows). Every
 /// argument a constexpr object with static storage duration (Forward, e.g.,
 /// qkv::staged::scaled_dot_product_attention<q, k, v, options>); Options: a constexpr

@@ -18,6 +18,13 @@ constexpr auto wv = qkv::matrix_of<float>({{0, 2, 0}, {0, 3, 0}, {1, 0, 3}, {1, 
 constexpr auto expected =
     qkv::matrix_of<float>({{1.9366f, 6.6831f, 1.5951f}, {2.0f, 7.9640f, 0.0540f}, {2.0f, 7.7599f, 0.3584f}});
 static_assert(qkv::approx_equal(qkv::self_attention(x, wq, wk, wv, {.scale = 1.f}).output, expected, 1e-3f));
+// The gradients of the tutorial's attention for d_out = identity, by the compiler.
+constexpr auto tutorial = qkv::self_attention(x, wq, wk, wv, {.scale = 1.f});
+constexpr auto d_out = qkv::matrix_of<float>({{1, 0, 0}, {0, 1, 0}, {0, 0, 1}});
+constexpr auto grads = qkv::sdpa_backward(
+    tutorial.queries, tutorial.keys, tutorial.values,
+    qkv::scaled_dot_product_attention(tutorial.queries, tutorial.keys, tutorial.values, {.scale = 1.f}), d_out,
+    {.scale = 1.f});
 
 int main() {
     const std::vector<float> xs{1, 0, 1, 0, 0, 2, 0, 2, 1, 1, 1, 1};
@@ -39,6 +46,15 @@ int main() {
     const auto sdpa = qkv::cpu::sdpa(sp);
     for (std::size_t i = 0; i < cpu.output.size(); ++i)
         if (std::abs(sdpa.output[i] - cpu.output[i]) > 1e-5f) return 1;
+    // The same gradients from the CPU backend's float64 reference.
+    const std::vector<float> d_outs{1, 0, 0, 0, 1, 0, 0, 0, 1};
+    const qkv::sdpa_gradients g = qkv::cpu::sdpa_backward({.forward = sp, .d_out = d_outs});
+    for (std::size_t i = 0; i < 3; ++i)
+        for (std::size_t c = 0; c < 3; ++c)
+            if (std::abs(g.dq[i * 3 + c] - grads.dq(i, c)) > 1e-4f ||
+                std::abs(g.dk[i * 3 + c] - grads.dk(i, c)) > 1e-4f ||
+                std::abs(g.dv[i * 3 + c] - grads.dv(i, c)) > 1e-4f)
+                return 1;
 #ifdef QKV_CONSUMER_VULKAN
     try {
         qkv::vulkan::context ctx;
