@@ -29,6 +29,9 @@
 // With a causal mask the key loop stops at the block's last visible key: tiles above the
 // diagonal are never loaded or computed.
 //
+// Dropout (SCORE_DROPOUT, dropout.glsl): a weight is kept, scaled by 1 / (1 - p), or dropped after
+// the row's statistics have seen it.
+//
 // Key chunks: a dispatch may cover only the keys [kv_begin, kv_stop). Then the running maximum
 // and sum go to `state` (NaN maximum = poisoned row) and the unnormalised accumulator to the
 // output (FLASH_PARTIAL, more chunks follow); the next dispatch resumes from them (FLASH_RESUME).
@@ -46,6 +49,8 @@
 #include "values.glsl"
 #define QKV_SCORE_PARAMS_BINDING FLASH_BINDING_PARAMS
 #include "score_rules.glsl"
+#include "contract/philox.h"
+#include "dropout.glsl"
 #ifdef QKV_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -145,7 +150,7 @@ void locate() {
     m_base = batch * pc.m_bs + head * pc.m_hs;
     a_base = batch * pc.a_bs + head * pc.m_hs;
     state_base = z * pc.q_len;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     slope = 0.0;
     sink = score_neg_inf();
     if (FEATURES != 0u) sp = score_in;
@@ -303,7 +308,9 @@ void reduce_max() {
 }
 
 // P = exp(S - m_new) into p_tile, the rescale factors alpha; red[i] = this lane's sum of row i.
-void probabilities() {
+// With dropout the sum sees every weight and p_tile the kept ones, scaled (a dropped one as a
+// masked key: dropout.glsl).
+void probabilities(uint j0) {
     [[unroll]] for (uint i = 0; i < RPG; ++i) {
         const float m_old = m_run[i], m_new = max(m_old, red[i]);
         const bool live = m_new != neg_inf && m_new != pos_inf;  // something allowed, not poisoned
@@ -314,7 +321,10 @@ void probabilities() {
             const float sv = s[i * KPL + n];
             const float p = (live && sv != neg_inf) ? exp(sv - m_new) : MASKED_WEIGHT;
             const uint j = lane + n * T;
-            if (j < BC) p_tile[(r_first + i) * BC + j] = p;
+            float kept = p;
+            if ((FEATURES & SCORE_DROPOUT) != 0u)
+                kept = dropout_keeps(state_base + row0 + r_first + i, j0 + j, sp) ? p * sp.dropout_scale : MASKED_WEIGHT;
+            if (j < BC) p_tile[(r_first + i) * BC + j] = kept;
             sum += p;
         }
         red[i] = sum;
@@ -428,7 +438,7 @@ void main() {
         score_tile();
         mask_tile(j0, bc);
         reduce_max();
-        probabilities();
+        probabilities(j0);
         reduce_sum();
         accumulate(careful, bc);
     }

@@ -43,6 +43,9 @@
 // the same for all lanes; so what the host knows (the mask kinds) is a specialization constant,
 // and what only the device knows (CAREFUL) empties the key loop rather than branching around it.
 //
+// Dropout (SCORE_DROPOUT, dropout.glsl): each weight is kept, scaled by 1 / (1 - p), or dropped
+// after the row's softmax statistics have seen it; the lse and the sinks are not affected.
+//
 // Key chunks: a dispatch covers keys [kv_begin, kv_stop) (a multiple of KPS apart), resuming from
 // (m, l) in `state` and the accumulator in the output (FLASH_RESUME) and handing them on (FLASH_PARTIAL); FLASH_STATS stores the last chunk's
 // (m, l) for flash_weights.comp.
@@ -58,6 +61,8 @@
 #include "values.glsl"
 #define QKV_SCORE_PARAMS_BINDING FLASH_CPU_BINDING_PARAMS
 #include "score_rules.glsl"
+#include "contract/philox.h"
+#include "dropout.glsl"
 
 layout(local_size_x_id = FLASH_CPU_SPEC_WG, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = FLASH_CPU_SPEC_RPI) const uint RPI = 4;   // query rows per invocation
@@ -106,7 +111,7 @@ void main() {
     const uint qbase = z * pc.npad_q, kvbase = kvz * pc.npad_kv;
     const uint obase = batch * pc.heads * pc.q_len * pc.dv + head * pc.o_hs;
     const uint mbase = batch * pc.m_bs + head * pc.m_hs, abase = batch * pc.a_bs + head * pc.m_hs;
-    score_params sp = score_params(-1, -1, 0.0, 0u);
+    score_params sp = no_score_params();
     float slope = 0.0, sink = neg_inf;
     if (FEATURES != 0u) sp = score_in;
     if ((FEATURES & SCORE_ALIBI) != 0u) slope = head_values[head].x;
@@ -214,6 +219,19 @@ void main() {
             }
             l[i] = l[i] * alpha + sum;
             m[i] = m_new;
+            // Dropout (dropout.glsl): the softmax's sum saw every weight; the values see the kept
+            // ones, scaled, and a dropped one as a masked key (nothing added, even to a NaN value).
+            // The host keeps KPS and every step's first key multiples of 4 (one Philox per 4 keys).
+            if ((FEATURES & SCORE_DROPOUT) != 0u) {
+                const uint r = z * pc.q_len + row0 + i * WG + lane;
+                [[unroll]] for (uint q4 = 0; q4 < KPS / 4u; ++q4) {
+                    const uvec4 x = dropout_draws(r, j0 / 4u + q4, sp);
+                    [[unroll]] for (uint e = 0; e < 4u; ++e) {
+                        const float p = s[i * KPS + q4 * 4u + e];
+                        s[i * KPS + q4 * 4u + e] = x[e] >= sp.dropout_threshold ? p * sp.dropout_scale : MASKED_WEIGHT;
+                    }
+                }
+            }
             if (CAREFUL != 0u)
                 [[unroll]] for (uint c = 0; c < DV4; ++c) acc[i * DV4 + c] = rescaled(acc[i * DV4 + c], alpha);
             else

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : enable
 // The attention weights of scaled_dot_product_attention on request, without an L x S staging
 // pass: the fused kernel (flash.comp or flash_cpu.comp, with FLASH_STATS) has stored each row's
 // final softmax statistics (m, l) in `state`; this kernel recomputes one score per invocation and
@@ -7,7 +8,8 @@
 // output used (with a sink, exp(score - m) / (l + exp(sink - m))). The score rules are
 // score_rules.glsl's, with the call's features read from the params buffer (score_params::features).
 // 0 where the key is masked and for a row with nothing to attend to (l = 0); NaN for a poisoned row
-// (m stored as NaN). Weights are (batch, heads, L, S), contiguous.
+// (m stored as NaN). With dropout, a dropped weight is negated (FlashAttention's return_attn_probs).
+// Weights are (batch, heads, L, S), contiguous.
 //
 // The grid: x = key blocks of FLASH_WEIGHTS_WORKGROUP, y = query rows, z = batch · heads. The only
 // loop runs over the E columns of one q·k (the host keeps E far below llvmpipe's 65,535
@@ -17,6 +19,8 @@
 #include "contract/score.h"
 #define QKV_SCORE_PARAMS_BINDING FLASH_WEIGHTS_BINDING_PARAMS
 #include "score_rules.glsl"
+#include "contract/philox.h"
+#include "dropout.glsl"
 
 layout(local_size_x = FLASH_WEIGHTS_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
 
@@ -66,6 +70,8 @@ void main() {
             w = exp(score - m) * row_normaliser(m, l, features, head_values[head].y);
         else
             w = exp(score - m) / l;
+        // FlashAttention's return_attn_probs: a dropped weight negated (its sign bit set)
+        if ((features & SCORE_DROPOUT) != 0u && !dropout_keeps(z * pc.q_len + i, j, sp)) w = -w;
     }
     weights[out_at] = w;
 }

@@ -21,6 +21,9 @@ layout(std430, binding = QKV_SCORE_PARAMS_BINDING) readonly buffer ScoreParams {
 
 float score_neg_inf() { return uintBitsToFloat(0xff800000u); }
 
+/// The params of a call without rules (a kernel whose FEATURES constant is 0 reads none).
+score_params no_score_params() { return score_params(-1, -1, 0.0, 0u, 0u, 0u, 0u, 0u, 0u, 1.0, 0u, 0u); }
+
 /// tanh without overflow for any finite x (absolute error about 1e-7).
 float stable_tanh(float x) {
     const float e = exp(-2.0 * abs(x));

@@ -136,7 +136,7 @@ void decode(const bool careful) {
     const uint lane = gl_LocalInvocationID.x;
     const uint row0 = block * BLOCK;
     const uint kbase = z * pc.kv_stride;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
     [[unroll]] for (uint i = 0; i < RPI; ++i) slope[i] = row_slope(row0 + i * WG + lane, kv_head);
@@ -255,7 +255,7 @@ void decode(const bool careful) {
     const uint t = gl_LocalInvocationID.x;
     const uint row0 = block * RPI;
     const uint kbase = z * pc.kv_stride;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
     [[unroll]] for (uint r = 0; r < RPI; ++r) slope[r] = row_slope(row0 + r, kv_head);

@@ -386,12 +386,6 @@ TEST_CASE("sdpa_backward: validation names what is wrong", "[sdpa_backward]") {
     owned<float> o = valid;
     o.d_out.pop_back();
     expect_invalid(o, {"d_out has 11 elements", "batch x q_heads x q_len x d_v = 1 x 2 x 3 x 2 = 12"});
-    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity()}) {
-        o = valid;
-        o.d_out[7] = bad;
-        expect_invalid(o, {"d_out element 7", "must be finite"});
-    }
     o = valid;
     o.out.assign(11, 0.f);
     expect_invalid(o, {"out has 11 elements"});
@@ -490,6 +484,23 @@ TEST_CASE("sdpa_backward: rows without keys, masked keys and non-finite values",
     CHECK(std::isnan(p.dk[0]));
     CHECK(std::isnan(p.d_sinks[0]));
     CHECK(std::isfinite(p.d_sinks[1]));
+
+    // A NaN or infinite d_out (a scaled fp16 loss that overflowed) is taken and reaches what its row
+    // reaches: the row's dq, the dk and dv of the keys it attends, its head's sink; nothing else.
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+        owned<float> scaled = small();
+        scaled.d_out[7] = bad;  // row 3: head 1, query 0
+        qkv::sdpa_gradients r{};
+        REQUIRE_NOTHROW(r = qkv::cpu::sdpa_backward(scaled.backward()));
+        for (std::size_t c = 0; c < 4; ++c) CHECK(!std::isfinite(r.dq[3 * 4 + c]));
+        for (std::size_t n = 0; n < 3 * 4; ++n) CHECK(std::isfinite(r.dq[n]));  // head 0
+        for (std::size_t c = 0; c < 4; ++c) CHECK(!std::isfinite(r.dk[c]));     // through D
+        CHECK(!std::isfinite(r.dv[1]));                                         // dv's column of the element
+        CHECK(std::isfinite(r.dv[0]));
+        CHECK(std::isfinite(r.d_sinks[0]));
+        CHECK(!std::isfinite(r.d_sinks[1]));
+    }
 
     // Finite inputs whose gradients leave float32's range: refused by the float32 variant, given
     // by the float64 one; beyond float64's range: refused by both.

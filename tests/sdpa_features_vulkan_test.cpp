@@ -647,20 +647,12 @@ TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]")
     v8[70] = 0.25f;
     q8.append(k8, v8, 2);
     CHECK(q8.size() == 2);
-    // Dropout is computed by the CPU reference only (for now): every device path refuses it, none
-    // ignores it. The fused route, the decode route (L = 1 over many keys), a cache, a planned call.
-    owned_sdpa decode = make({.q_len = 1, .kv_len = 1500, .d_qk = 40, .d_v = 40}, 3);
-    for (qkv::sdpa_problem* p : {&o.problem, &decode.problem}) {
-        p->options.dropout_p = 0.1f;
-        CHECK_THROWS_WITH(ctx.sdpa(*p), Catch::Contains("dropout") && Catch::Contains("not available"));
-        CHECK_THROWS_AS(ctx.sdpa(*p), qkv::vulkan::unavailable);
-    }
+    // Dropout is a training option: the decode kernels against a cache refuse it, never ignore it
+    // (the fused routes compute it: tests/sdpa_backward_vulkan_test.cpp).
     q.options.kv_type.reset();
     q.options.dropout_p = 0.5f;
-    CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::vulkan::unavailable);
-    qkv::sdpa_problem desc = o.problem;
-    desc.q = {}, desc.k = {}, desc.v = {};
-    CHECK_THROWS_AS(qkv::vulkan::sdpa_call(ctx, desc), qkv::vulkan::unavailable);
+    CHECK_THROWS_WITH(ctx.sdpa(q, cache), Catch::Contains("dropout_p is not available"));
+    CHECK_THROWS_AS(ctx.sdpa(q, cache), qkv::invalid_argument);
     require_clean(ctx);
 }
 

@@ -48,7 +48,8 @@ void check_regions(const sdpa_plan& p, const device_desc& d) {
     }
     if (p.mask_bits.bytes) CHECK(p.mask_bits.at % d.storage_alignment == 0);
     CHECK(p.params.at % d.storage_alignment == 0);  // the score params: always, a storage binding
-    CHECK(p.params.bytes == 16 + 8 * std::uint64_t{p.fused() ? p.layout.heads : p.decode.q_heads});
+    CHECK(p.params.bytes ==
+          qkv::contract::SCORE_PARAMS_HEAD_OFFSET + 8 * std::uint64_t{p.fused() ? p.layout.heads : p.decode.q_heads});
     if (!p.fused())
         for (const region& r : {p.q, p.k, p.v})
             if (r.bytes) CHECK(r.at % d.texel_alignment == 0);

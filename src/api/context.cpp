@@ -76,6 +76,12 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     });
 }
 
+sdpa_gradients context::sdpa_backward(const sdpa_backward_problem& problem) {
+    impl& self = alive(impl_);
+    validate(problem);
+    return self.host_call("sdpa_backward", [&](run_env& env) { return run_sdpa_backward(env, problem); });
+}
+
 call_stats context::last_call() const {
     impl& self = alive(impl_);
     std::lock_guard lock(self.core->mutex);

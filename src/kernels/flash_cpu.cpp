@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "contract/score.h"
 #include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "contract/score.h"
 #include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 
@@ -46,6 +47,8 @@ flash_cpu_plan plan_flash_cpu(const device_desc& desc, const flash_layout& l, co
     while (p.rpi > 1 && p.rpi * widest > 32) p.rpi /= 2;
     p.kps = p.rpi <= 2 ? 8 : 4;
     if (set.flash_cpu_rows) p.rpi = set.flash_cpu_rows, p.kps = set.flash_cpu_keys;
+    // Dropout draws one Philox block per 4 keys of a row: steps of whole blocks (flash_cpu.comp).
+    if ((l.features & contract::SCORE_DROPOUT) != 0) p.kps = (p.kps + 3) / 4 * 4;
     p.shuffle = cpu_shuffle(info, p.wg, set);
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), p.block()));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), p.kps));

@@ -7,6 +7,7 @@
 
 #include "contract/score.h"
 #include "plan/attention_plan.hpp"
+#include "qkv/dropout.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -41,9 +42,6 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     const device_info& info = desc.info;
     const sdpa_shape& s = problem.shape;
     const sdpa_options& opt = problem.options;
-    if (opt.dropout_p != 0)
-        throw unavailable(
-            "sdpa: dropout (dropout_p > 0) is not available on the Vulkan backend yet; qkv::cpu::sdpa computes it");
     p.out_count = std::uint64_t{s.batch} * s.q_heads * s.q_len * s.d_v;
     p.weights_count = opt.return_weights ? std::uint64_t{s.batch} * s.q_heads * s.q_len * s.kv_len : 0;
     const std::uint64_t mask_count =
@@ -286,11 +284,19 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
 sdpa_plan plan_sdpa(const sdpa_problem& problem, const device_desc& desc, const settings& set) {
     sdpa_plan p;
     plan_common(p, problem, desc);
-    // The test hooks of the fused kernels ask for them.
-    if (decode_suits(problem.shape, problem.options.return_weights) && !set.fused_hooks()) {
+    // The test hooks of the fused kernels ask for them; dropout is theirs alone (training shapes).
+    if (decode_suits(problem.shape, problem.options.return_weights) && !set.fused_hooks() &&
+        problem.options.dropout_p == 0) {
         sdpa_plan d = p;
         if (plan_decode_route(d, problem, desc, set, nullptr).why.empty()) return d;
     }
+    plan_fused(p, problem, desc, set);
+    return p;
+}
+
+sdpa_plan plan_sdpa_fused(const sdpa_problem& problem, const device_desc& desc, const settings& set) {
+    sdpa_plan p;
+    plan_common(p, problem, desc);
     plan_fused(p, problem, desc, set);
     return p;
 }
@@ -315,7 +321,8 @@ std::uint32_t score_features(const sdpa_problem& problem) {
     return (o.softcap > 0 ? contract::SCORE_SOFTCAP : 0u) |
            (o.alibi_max_bias > 0 || !problem.alibi_slopes.empty() ? contract::SCORE_ALIBI : 0u) |
            (o.window_left >= 0 || o.window_right >= 0 ? contract::SCORE_WINDOW : 0u) |
-           (problem.sinks.empty() ? 0u : contract::SCORE_SINKS) | (o.return_lse ? contract::SCORE_LSE : 0u);
+           (problem.sinks.empty() ? 0u : contract::SCORE_SINKS) | (o.return_lse ? contract::SCORE_LSE : 0u) |
+           (o.dropout_p > 0 ? contract::SCORE_DROPOUT : 0u);
 }
 
 std::uint64_t score_params_bytes(const sdpa_shape& shape) {
@@ -336,6 +343,15 @@ void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t 
     sp.window_right = side(o.window_right);
     sp.softcap = o.softcap;
     sp.features = features;
+    sp.dropout_seed_lo = static_cast<std::uint32_t>(o.dropout_seed);
+    sp.dropout_seed_hi = static_cast<std::uint32_t>(o.dropout_seed >> 32);
+    sp.dropout_offset_lo = static_cast<std::uint32_t>(o.dropout_offset);
+    sp.dropout_offset_hi = static_cast<std::uint32_t>(o.dropout_offset >> 32);
+    sp.dropout_scale = 1.0f;
+    if (o.dropout_p > 0) {  // a float p < 1 has a threshold below 2^32 (qkv/dropout.hpp)
+        sp.dropout_threshold = static_cast<std::uint32_t>(dropout_threshold(static_cast<double>(o.dropout_p)));
+        sp.dropout_scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(o.dropout_p)));
+    }
     std::memcpy(at, &sp, sizeof sp);
     std::vector<float> heads(2 * s.q_heads);
     for (std::size_t h = 0; h < s.q_heads; ++h) {

@@ -83,18 +83,22 @@ struct sdpa_plan {
     [[nodiscard]] bool kv_blocks() const { return is_quantized(kv_type); }
 };
 
-/// The contract/score.h features of a problem: softcap, ALiBi, the window, sinks, lse.
+/// The contract/score.h features of a problem: softcap, ALiBi, the window, sinks, lse, dropout.
 std::uint32_t score_features(const sdpa_problem& problem);
 /// Bytes of the score params of a problem (score_params, then a (slope, sink) pair per query head).
 std::uint64_t score_params_bytes(const sdpa_shape& shape);
 /// Writes the score params of `problem` (its features `features`): the window's sides (clamped to
-/// kv_len + q_len), the softcap, each head's ALiBi slope (qkv::alibi_slope, float64 rounded once)
-/// and sink (-inf without).
+/// kv_len + q_len), the softcap, dropout's seed, offset, threshold and scale, each head's ALiBi
+/// slope (qkv::alibi_slope, float64 rounded once) and sink (-inf without).
 void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t features);
 
 /// Q, K and V from the host. Throws limit_exceeded / unavailable (naming the limit) where no route
 /// can run the call on this device.
 sdpa_plan plan_sdpa(const sdpa_problem& problem, const device_desc& desc, const settings& set);
+
+/// The fused route alone, whatever the shape: the layout the backward pass plans on. Throws as
+/// plan_sdpa.
+sdpa_plan plan_sdpa_fused(const sdpa_problem& problem, const device_desc& desc, const settings& set);
 
 /// Q from the host, K and V (problem.shape.kv_len rows) in a cache described by `cache`: always the
 /// decode route. Throws limit_exceeded / unavailable where the decode kernels cannot run it.

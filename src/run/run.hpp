@@ -23,6 +23,7 @@
 #include "plan/sdpa_plan.hpp"
 #include "plan/settings.hpp"
 #include "qkv/runtime/problem.hpp"
+#include "qkv/runtime/sdpa_backward.hpp"
 #include "run/io.hpp"
 #include "run/sdpa_guard.hpp"
 
@@ -131,6 +132,14 @@ run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& plan, const sd
 
 /// The fused route of a planned call (run_sdpa.cpp).
 run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
+
+/// The write step of the fused route: q, k and v as stored (float32, or float16 where the binding
+/// is; V scaled by `v_scale`), the masks and the score params, at the plan's offsets of `in`.
+void write_fused_inputs(std::byte* in, const sdpa_plan& plan, const sdpa_problem& problem, float v_scale);
+
+/// The backward pass over host data (run_sdpa_backward.cpp): the forward first where out or lse
+/// is not given, then the backward kernels.
+run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_problem& problem);
 
 /// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
 /// regions of the inputs, or a planned call's constants); an empty binding where there is no such

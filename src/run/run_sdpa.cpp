@@ -38,10 +38,6 @@ phase_times run_session::submit() {
     return t;
 }
 
-namespace {
-
-/// q, k and v as stored (float32, or float16 where the binding is; V scaled by `v_scale`), the
-/// masks and the score params.
 void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& problem, float v_scale) {
     if (p.layout.fp16) {
         put_halves(in + p.q.at, problem.q, "sdpa: q");
@@ -56,8 +52,6 @@ void write_fused_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& p
     if (p.additive.bytes) put_floats(in + p.additive.at, problem.additive_mask);
     put_score_params(in + p.params.at, problem, p.features);
 }
-
-}  // namespace
 
 mask_bindings masks_in(const sdpa_plan& p, const buffer& b) {
     mask_bindings m;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "contract/backward.h"
 #include "contract/tensor.h"
 #include "kernels/range_rule.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -159,6 +160,29 @@ void check_output_flag(const sdpa_facts& f, bool output_nonfinite) {
         throw numeric_overflow(std::string("sdpa: an output element is not finite though every input is finite (a "
                                            "float32 sum left its range); ") +
                                advice);
+}
+
+void check_backward_verdict(std::uint32_t flags, std::uint32_t row, bool inputs_finite) {
+    const std::uint32_t saved = contract::BWD_FLAG_BAD_LSE | contract::BWD_FLAG_BAD_OUT | contract::BWD_FLAG_NO_KEY;
+    if ((flags & saved) != 0) {
+        std::string why;
+        if (flags & contract::BWD_FLAG_NO_KEY)
+            why = "its lse says -inf (no key) where it attends to keys, or the reverse";
+        else if (flags & contract::BWD_FLAG_BAD_LSE)
+            why = "the probabilities recomputed from its lse do not sum to 1 with the sink's";
+        else
+            why = "its rowsum(d_out * out) differs from the one its recomputed probabilities give";
+        throw qkv::invalid_argument("sdpa_backward: row " + std::to_string(row) +
+                                    " (b·q_heads·q_len + h·q_len + i): " + why +
+                                    ": out and lse must be this problem's forward results, to within 1 % (empty, "
+                                    "they are recomputed)");
+    }
+    if ((flags & contract::BWD_FLAG_NONFINITE_GRADIENT) != 0 && inputs_finite &&
+        (flags & contract::BWD_FLAG_NONFINITE_INPUT) == 0)
+        throw numeric_overflow(
+            "sdpa_backward: a gradient is not finite though every input is finite: the inputs are too large for "
+            "these gradients in float32; scale them down, or use the float64 cpu reference "
+            "(qkv::cpu::sdpa_backward_f64)");
 }
 
 void kv_stats::add(std::span<const float> k, std::span<const float> v, std::size_t groups, std::size_t rows,

@@ -67,6 +67,13 @@ void check_value_sums(const sdpa_facts& facts, std::uint64_t kv_len);
 /// Throws numeric_overflow where the device found a non-finite output though every input was finite.
 void check_output_flag(const sdpa_facts& facts, bool output_nonfinite);
 
+/// The backward pass's verdict (contract/backward.h: the flags and the first row whose saved
+/// tensors are not the forward's): throws qkv::invalid_argument for saved out or lse that are not
+/// this problem's forward results (naming the row), and numeric_overflow for a non-finite gradient
+/// where every input was finite (`inputs_finite`: the host's scan; for device tensors, with the
+/// prep kernel's flag for dO, out and lse).
+void check_backward_verdict(std::uint32_t flags, std::uint32_t row, bool inputs_finite);
+
 /// One pass over q, k, v and the additive mask.
 sdpa_facts scan_sdpa(const sdpa_problem& problem);
 /// One pass over q and the additive mask; k and v as a cache saw them.

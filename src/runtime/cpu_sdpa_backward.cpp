@@ -410,7 +410,7 @@ basic_sdpa_gradients<T> backward_over(const basic_sdpa_backward_problem<In>& bp,
 
     const bool inputs_finite = all_finite(p.q, false) && all_finite(k, false) && all_finite(v, false) &&
                                all_finite(p.additive_mask, true) && all_finite(bp.out, false) &&
-                               all_finite(bp.lse, true);
+                               all_finite(bp.lse, true) && all_finite(bp.d_out, false);
     basic_sdpa_gradients<T> g;
     g.dq = finish<T>(dq, inputs_finite, "dq");
     g.dk = finish<T>(dk, inputs_finite, "dk");

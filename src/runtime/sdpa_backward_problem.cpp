@@ -2,7 +2,6 @@
 // and the loss gradient's.
 #include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -15,23 +14,15 @@ namespace {
 
 using namespace shape_checks;
 
-std::string number(double value) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.9g", value);
-    return text;
-}
-
 template <class T>
 void check_backward(const basic_sdpa_backward_problem<T>& problem) {
     validate(problem.forward);
     const sdpa_shape& s = problem.forward.shape;
     const std::initializer_list<factor> output{
         {"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}, {"d_v", s.d_v}};
+    // A NaN or infinite d_out is taken, as the forward takes NaN inputs: it poisons the gradients it
+    // reaches (a scaled fp16 loss that overflowed must reach them, so that a gradient scaler sees it).
     expect_size("d_out", problem.d_out, output);
-    for (std::size_t i = 0; i < problem.d_out.size(); ++i)
-        if (!std::isfinite(static_cast<double>(problem.d_out[i])))
-            fail("d_out element " + std::to_string(i) + " is " + number(static_cast<double>(problem.d_out[i])) +
-                 ": the loss gradient must be finite");
     if (!problem.out.empty()) expect_size("out", problem.out, output);
     if (!problem.lse.empty()) {
         expect_size("lse", problem.lse, {{"batch", s.batch}, {"q_heads", s.q_heads}, {"q_len", s.q_len}});

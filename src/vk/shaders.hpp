@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "contract/backward.h"
 #include "contract/ceiling.h"
 #include "contract/decode.h"
 #include "contract/flash.h"

@@ -55,7 +55,9 @@ struct basic_sdpa_backward_problem {
     /// The forward's log-sum-exp (B, Hq, L), sinks not included (-inf for a row with no key), for
     /// P = e^(s - lse'). Empty: recomputed here in float64.
     std::span<const T> lse{};
-    /// The loss's gradient with respect to the output (B, Hq, L, Ev): every element finite.
+    /// The loss's gradient with respect to the output (B, Hq, L, Ev). A NaN or infinite element is
+    /// taken, as the forward takes NaN inputs: it poisons the gradients its row reaches (so that a
+    /// gradient scaler sees an overflowed fp16 loss).
     std::span<const T> d_out{};
     /// Also return the additive mask's gradient (in its shape; the problem must have one).
     bool return_d_additive_mask = false;
@@ -77,9 +79,9 @@ using sdpa_gradients = basic_sdpa_gradients<float>;
 using sdpa_gradients_f64 = basic_sdpa_gradients<double>;
 
 /// Throws qkv::invalid_argument naming the input when the backward problem is not well-formed:
-/// every check of validate(forward); d_out not of the output's size (B·Hq·L·Ev) or holding a NaN or
-/// an infinity; out or lse neither empty nor of their sizes; an lse of +inf (beyond float32's
-/// range: the saved result cannot be exact); return_d_additive_mask without an additive mask.
+/// every check of validate(forward); d_out not of the output's size (B·Hq·L·Ev); out or lse
+/// neither empty nor of their sizes; an lse of +inf (beyond float32's range: the saved result
+/// cannot be exact); return_d_additive_mask without an additive mask.
 /// (That out and lse are the forward's results is checked while computing: qkv::cpu::sdpa_backward.)
 QKV_RUNTIME_API void validate(const sdpa_backward_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_backward_problem_f64& problem);

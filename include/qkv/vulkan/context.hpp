@@ -23,6 +23,7 @@
 
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/sdpa_backward.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
@@ -104,6 +105,16 @@ public:
     /// order, so equal inputs give identical bits); causal (both alignments) and masks are
     /// supported; return_weights is not (qkv::invalid_argument).
     [[nodiscard]] sdpa_output sdpa(const sdpa_problem& problem, const kv_cache& cache);
+
+    /// The backward pass of sdpa(problem.forward) (qkv/runtime/sdpa_backward.hpp): the gradients
+    /// of q, k, v (and of the sinks and, with return_d_additive_mask, the additive mask) from the
+    /// loss's gradient d_out and the forward's saved out and lse (empty: the forward runs first,
+    /// here), FlashAttention-2's algorithm in float32 on the device, deterministic (the same inputs
+    /// give the same bits). Validates first (qkv::invalid_argument), then checks device limits
+    /// (limit_exceeded); throws qkv::invalid_argument where out and lse are not this problem's
+    /// forward results (within 1 %, as qkv::cpu::sdpa_backward), and numeric_overflow where a
+    /// gradient left float32's range though every input was finite.
+    [[nodiscard]] sdpa_gradients sdpa_backward(const sdpa_backward_problem& problem);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;

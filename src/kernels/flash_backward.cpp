@@ -1,0 +1,339 @@
+#include "kernels/flash_backward.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "contract/score.h"
+#include "kernels/gemm_tiles.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+constexpr std::uint32_t pack_workgroup = 64;
+constexpr std::uint32_t small_workgroup = 64;
+// llvmpipe ends every loop of an invocation after 65,535 iterations in total: one dispatch of the
+// dq or dk/dv kernel takes at most this many steps of its one loop (with a margin), a fold this
+// many terms of each output.
+constexpr std::uint32_t max_steps_per_dispatch = 65535 - 1023;
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
+bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+std::uint64_t bwd_fold::terms() const {
+    std::uint64_t n = 1;
+    for (int d = 0; d < 4; ++d)
+        if (onto[d] == 1) n *= dims[d];
+    return n;
+}
+
+std::uint32_t flash_bwd_plan::dispatches(const flash_layout& l) const {
+    const std::uint32_t dq = l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
+    const std::uint32_t dkdv = ceil_div(std::uint64_t{l.group()} * npad_q, dkdv_chunk);
+    return dq + dkdv;
+}
+
+flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& l, const flash_bwd_request& r,
+                                   const settings& set) {
+    const device_info& info = desc.info;
+    flash_bwd_plan p;
+    // One subgroup per workgroup, as the forward's cpu family (flash_cpu.cpp): a device that reports
+    // no usable subgroup size gets 8 lanes (or fewer, if its workgroups are smaller).
+    const std::uint32_t max_wg = desc.max_workgroup_x();
+    p.wg = info.subgroup_size;
+    if (!power_of_two(p.wg) || p.wg > max_wg) {
+        p.wg = 8;
+        while (p.wg > max_wg) p.wg /= 2;
+    }
+    p.d4 = ceil_div(std::max(l.d, 1u), 4);
+    p.dv4 = ceil_div(std::max(l.dv, 1u), 4);
+    // Rows (dq) or keys (dk/dv) per invocation: each keeps three or four rows of texels per owned
+    // row in registers and every loop over them is unrolled, so the tile is capped as the forward's
+    // (rows x texels <= 32: LLVM's compile time grows faster than the unrolled body; docs/devices.md).
+    const std::uint32_t widest = std::max(p.d4, p.dv4);
+    std::uint32_t own = 8;
+    while (own > 1 && own * widest > 32) own /= 2;
+    p.rpi = own;
+    p.kpi = own;               // 1, 2, 4 or 8: a lane's keys share their dropout counters (flash_bwd_dkdv.comp)
+    p.kps = own <= 2 ? 8 : 4;  // multiples of 4: one Philox evaluation per 4 keys of a row
+    p.rps = own <= 2 ? 8 : 4;
+    p.shuffle = cpu_shuffle(info, p.wg, set);
+    const std::uint32_t row_align = std::max(p.dq_block(), p.rps), key_align = std::max(p.kps, p.dkdv_block());
+    p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), row_align));
+    p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), key_align));
+    // Chunks: dq's key steps, dk/dv's row steps (beside a few iterations per head: the skips over
+    // rows no key of the block sees, and the flags of the group's heads), each below the loop limit.
+    std::uint64_t keys = std::uint64_t{max_steps_per_dispatch} * p.kps;
+    const std::uint64_t head_iterations = 3 * std::uint64_t{l.group()} + 1;
+    std::uint64_t slots =
+        (max_steps_per_dispatch > head_iterations + 1 ? max_steps_per_dispatch - head_iterations : 1) *
+        std::uint64_t{p.rps};
+    if (const std::uint32_t at_most = set.max_fused_keys) {
+        keys = std::min<std::uint64_t>(keys, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
+        slots = std::min<std::uint64_t>(slots, std::max<std::uint64_t>(p.rps, at_most / p.rps * p.rps));
+    }
+    p.dq_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(keys, p.npad_kv));
+    p.dkdv_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, std::uint64_t{l.group()} * p.npad_q));
+    p.fold_chunk = max_steps_per_dispatch;
+    if (set.max_fused_keys) p.fold_chunk = std::max(1u, std::min(p.fold_chunk, set.max_fused_keys));
+
+    p.half = l.fp16;
+    p.format = texel_format(l.fp16);
+    p.extras = (r.d_mask ? contract::BWD_WRITE_DS : 0u) | (r.check ? contract::BWD_CHECK : 0u);
+    if (r.d_sinks) p.sinks = {true, {l.batch, l.heads, l.q_len, 1}, {1, l.heads, 1, 1}};
+    if (r.d_mask)
+        p.mask = {true,
+                  {l.batch, l.heads, l.q_len, l.kv_len},
+                  {r.mask_dims[0], r.mask_dims[1], r.mask_dims[2], r.mask_dims[3]}};
+
+    const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
+    const std::uint64_t tb = p.texel_bytes();
+    p.q_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.d4;
+    p.k_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.d4;
+    p.v_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.dv4;
+    p.do_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.dv4;
+    p.k_flags_at = 0;
+    p.q_flags_at = align_up(std::uint64_t{l.kv_batches()} * 4, desc.storage_alignment);
+    p.flags_bytes = p.q_flags_at + std::uint64_t{l.q_batches()} * 4;
+    p.q_at = align_up(p.flags_bytes, align);
+    p.k_at = align_up(p.q_at + p.q_texels * tb, align);
+    p.v_at = align_up(p.k_at + p.k_texels * tb, align);
+    p.do_at = align_up(p.v_at + p.v_texels * tb, align);
+    p.texel_bytes_total = p.do_at + p.do_texels * tb;
+
+    const std::uint64_t rows = std::uint64_t{l.q_batches()} * l.q_len;
+    p.stats_at = 0;
+    p.sums_at = align_up(std::uint64_t{l.q_batches()} * p.npad_q * 16, desc.storage_alignment);
+    p.sink_terms_at = align_up(p.sums_at + (r.check ? rows * 16 : 0), desc.storage_alignment);
+    p.scratch_bytes = p.sink_terms_at + (r.d_sinks ? rows * 4 : 0);
+    p.ds_bytes = r.d_mask ? rows * l.kv_len * 4 : 0;
+    return p;
+}
+
+flash_bwd_refusal check_flash_backward(const device_desc& desc, const flash_bwd_plan& p) {
+    const device_info& info = desc.info;
+    if (!desc.uniform_texels(p.half))
+        return {std::string("the backward kernels read q, k, v and d_out through ") +
+                    (p.half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers, which " +
+                    info.name + " does not support",
+                false};
+    const std::uint64_t texels = std::max({p.q_texels, p.k_texels, p.v_texels, p.do_texels});
+    if (texels > desc.max_texel_elements)
+        return {"the backward kernels would read " + std::to_string(texels) +
+                    " texels through one texel buffer, more than this device's maxTexelBufferElements of " +
+                    std::to_string(desc.max_texel_elements) + "; split the batch into several calls",
+                true};
+    const auto beyond = [&](const char* what, std::uint64_t bytes) -> std::string {
+        if (bytes <= info.max_storage_buffer_range && bytes / 4 <= 0xffffffffu) return {};
+        return std::string("the backward kernels' ") + what + " needs " + std::to_string(bytes) +
+               " bytes, more than this device's maxStorageBufferRange of " +
+               std::to_string(info.max_storage_buffer_range) + "; split the batch or the heads into several calls";
+    };
+    for (const auto& [what, bytes] :
+         {std::pair{"texel buffer", p.texel_bytes_total}, std::pair{"scratch", p.scratch_bytes},
+          std::pair{"dS scratch of the additive mask's gradient", p.ds_bytes}})
+        if (std::string why = beyond(what, bytes); !why.empty()) return {why, true};
+    return {};
+}
+
+flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, const flash_bwd_plan& p) {
+    flash_bwd_views v;
+    const std::uint64_t tb = p.texel_bytes();
+    v.q = buffer_view(dev, texels, p.format, p.q_at, p.q_texels * tb);
+    v.k = buffer_view(dev, texels, p.format, p.k_at, p.k_texels * tb);
+    v.v = buffer_view(dev, texels, p.format, p.v_at, p.v_texels * tb);
+    v.d_out = buffer_view(dev, texels, p.format, p.do_at, p.do_texels * tb);
+    return v;
+}
+
+namespace {
+
+/// flash_cpu_pack.comp over the backward's four tensors.
+void record_packs(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_bwd_plan& p,
+                  const flash_bwd_io& io) {
+    static_assert(
+        contract::FLASH_PACK_BINDINGS == 3 &&
+        row_matches<contract::flash_pack_push, contract::flash_pack_spec>(shader_id::flash_cpu_pack, "sss") &&
+        row_matches<contract::flash_pack_push, contract::flash_pack_spec>(shader_id::flash_cpu_pack_f16, "sss"));
+    const pipeline& pack = pipes.get(l.fp16 ? shader_id::flash_cpu_pack_f16 : shader_id::flash_cpu_pack,
+                                     contract::flash_pack_spec{pack_workgroup, p.half ? 1u : 0u});
+    const std::uint64_t tb = p.texel_bytes();
+    struct tensor {
+        binding src;
+        std::uint32_t rows, npad, width, w4, off, heads;
+        tensor_strides strides;
+        std::uint64_t at, flags_at, flags_bytes;
+        bool mark;
+    };
+    const std::uint32_t ev = l.dv;
+    const tensor_strides d_out{l.heads * l.q_len * ev, l.q_len * ev, ev};
+    const std::uint64_t q_flags = std::uint64_t{l.q_batches()} * 4, k_flags = std::uint64_t{l.kv_batches()} * 4;
+    const tensor tensors[4] = {
+        {io.qkv, l.q_len, p.npad_q, l.d, p.d4, 0, l.heads, l.q, p.q_at, p.q_flags_at, q_flags, true},
+        {io.qkv, l.kv_len, p.npad_kv, l.d, p.d4, l.k_off, l.kv_heads, l.k, p.k_at, p.k_flags_at, k_flags, true},
+        {io.qkv, l.kv_len, p.npad_kv, l.dv, p.dv4, l.v_off, l.kv_heads, l.v, p.v_at, p.k_flags_at, k_flags, false},
+        {io.d_out, l.q_len, p.npad_q, l.dv, p.dv4, io.d_out_element, l.heads, d_out, p.do_at, p.q_flags_at, q_flags,
+         true},
+    };
+    for (const tensor& t : tensors) {
+        if (&t != tensors) exec.compute_barrier();  // disjoint regions of one buffer: keeps syncval exact
+        contract::flash_pack_push pk{};
+        pk.rows = t.rows, pk.npad = t.npad, pk.width = t.width, pk.w4 = t.w4;
+        pk.bs = t.strides.bs, pk.hs = t.strides.hs, pk.rs = t.strides.rs, pk.off = t.off;
+        pk.heads = t.heads;
+        pk.at = static_cast<std::uint32_t>(t.at / tb);
+        pk.mark_nonfinite = t.mark ? 1u : 0u;
+        pk.stride = t.npad;
+        const std::uint32_t groups[3] = {ceil_div(std::uint64_t{t.npad} * t.w4, pack_workgroup), 1, l.batch * t.heads};
+        exec.dispatch(
+            pack, {t.src, binding{io.texels, 0, p.texel_bytes_total}, binding{io.texels, t.flags_at, t.flags_bytes}},
+            &pk, groups);
+    }
+}
+
+void record_folds(recorder& exec, pipeline_set& pipes, const flash_bwd_plan& p, const bwd_fold& f, binding in,
+                  binding out, binding verdict) {
+    static_assert(contract::BWD_FOLD_BINDINGS == 3 &&
+                  row_matches<contract::bwd_fold_push, contract::bwd_small_spec>(shader_id::flash_bwd_fold, "sss"));
+    const pipeline& fold = pipes.get(shader_id::flash_bwd_fold, contract::bwd_small_spec{small_workgroup});
+    contract::bwd_fold_push push{};
+    push.b = f.dims[0], push.h = f.dims[1], push.l = f.dims[2], push.s = f.dims[3];
+    push.mb = f.onto[0], push.mh = f.onto[1], push.ml = f.onto[2], push.ms = f.onto[3];
+    push.outputs = f.outputs();
+    const std::uint32_t groups[3] = {ceil_div(push.outputs, small_workgroup), 1, 1};
+    const std::uint64_t terms = f.terms();
+    for (std::uint64_t first = 0; first < terms; first += p.fold_chunk) {
+        if (first > 0) exec.compute_barrier();
+        push.first = static_cast<std::uint32_t>(first);
+        push.stop = static_cast<std::uint32_t>(std::min<std::uint64_t>(terms, first + p.fold_chunk));
+        push.resume = first > 0 ? 1u : 0u;
+        exec.dispatch(fold, {in, out, verdict}, &push, groups);
+    }
+}
+
+}  // namespace
+
+void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_bwd_plan& p,
+                           const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite) {
+    // 1. The flags, the verdict (no flag, no row) and the dS scratch, set by transfers.
+    exec.fill(io.texels, 0, p.flags_bytes, 0);
+    exec.fill(io.verdict.buffer, io.verdict.offset, 4, 0);
+    exec.fill(io.verdict.buffer, io.verdict.offset + 4, 4, contract::BWD_NO_ROW);
+    if (p.ds_bytes) exec.fill(io.ds.buffer, io.ds.offset, p.ds_bytes, 0);
+    exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+
+    // 2. Q, K, V and dO into texels, flagging non-finite rows; 3. the row statistics.
+    record_packs(exec, pipes, l, p, io);
+    exec.compute_barrier();
+    static_assert(
+        contract::BWD_PREP_BINDINGS == 7 &&
+        row_matches<contract::bwd_prep_push, contract::bwd_small_spec>(shader_id::flash_bwd_prep, "sssssss") &&
+        row_matches<contract::bwd_prep_push, contract::bwd_small_spec>(shader_id::flash_bwd_prep_f16, "sssssss"));
+    const binding stats{io.scratch, p.stats_at, std::uint64_t{l.q_batches()} * p.npad_q * 16};
+    const std::uint64_t rows = std::uint64_t{l.q_batches()} * l.q_len;
+    const binding sink_terms = p.sinks.used ? binding{io.scratch, p.sink_terms_at, rows * 4} : stats;
+    const binding sums = (p.extras & contract::BWD_CHECK) ? binding{io.scratch, p.sums_at, rows * 16} : stats;
+    {
+        const pipeline& prep = pipes.get(l.fp16 ? shader_id::flash_bwd_prep_f16 : shader_id::flash_bwd_prep,
+                                         contract::bwd_small_spec{small_workgroup});
+        contract::bwd_prep_push push{};
+        push.q_len = l.q_len, push.npad_q = p.npad_q, push.dv = l.dv, push.heads = l.heads;
+        push.rows = l.q_batches() * p.npad_q;
+        push.do_off = io.d_out_element;
+        push.features = l.features & contract::SCORE_SINKS;
+        const std::uint32_t groups[3] = {ceil_div(push.rows, small_workgroup), 1, 1};
+        exec.dispatch(prep, {io.d_out, io.out, io.lse, io.params, stats, sink_terms, io.verdict}, &push, groups);
+    }
+    exec.compute_barrier();
+
+    // 4. dq, then dk and dv: one dispatch pair (plain, careful) per chunk.
+    static_assert(
+        contract::BWD_DQ_BINDINGS == 13 && contract::BWD_DKDV_BINDINGS == 12 &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq, "ttttsssssssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_shuffle, "ttttsssssssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssssssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssssssss"));
+    const std::uint32_t masks = l.mask_flags();
+    const auto spec = [&](std::uint32_t own, std::uint32_t step, bool careful, std::uint32_t extras) {
+        return contract::bwd_spec{p.wg, own, step, p.d4, p.dv4, masks, l.features, careful ? 1u : 0u, extras};
+    };
+    contract::bwd_push push{};
+    push.q_len = l.q_len, push.kv_len = l.kv_len;
+    push.npad_q = p.npad_q, push.npad_kv = p.npad_kv;
+    push.d = l.d, push.dv = l.dv;
+    push.heads = l.heads, push.group = l.group();
+    push.causal_offset = l.causal_offset;
+    push.a_bs = l.a_bs;
+    push.m_bs = l.m_bs, push.m_hs = l.m_hs, push.m_rs = l.m_rs, push.m_cs = l.m_cs;
+    push.scale = l.scale;
+    const binding mask_bits = io.mask_bits.buffer ? io.mask_bits : stats;
+    const binding additive = io.additive.buffer ? io.additive : stats;
+    const binding k_flags{io.texels, p.k_flags_at, std::uint64_t{l.kv_batches()} * 4};
+    const binding q_flags{io.texels, p.q_flags_at, std::uint64_t{l.q_batches()} * 4};
+    const binding ds = p.ds_bytes ? io.ds : io.dq;
+    {
+        const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dq_shuffle : shader_id::flash_bwd_dq;
+        const pipeline& plain = pipes.get(kernel, spec(p.rpi, p.kps, false, p.extras));
+        const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.rpi, p.kps, true, p.extras));
+        const std::uint32_t blocks = ceil_div(l.q_len, p.dq_block());
+        const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
+        push.blocks = blocks;
+        const std::uint32_t keys = std::max(l.kv_len, 1u);
+        for (std::uint32_t begin = 0; begin < keys; begin += p.dq_chunk) {
+            contract::bwd_push part = push;
+            part.begin = begin;
+            part.stop = keys - begin < p.dq_chunk ? keys : begin + p.dq_chunk;
+            part.flags = (begin > 0 ? contract::BWD_RESUME : 0u) | (part.stop < keys ? contract::BWD_PARTIAL : 0u);
+            for (const pipeline* k : {&plain, careful}) {
+                if (!k) continue;
+                if (begin > 0 || k == careful) exec.compute_barrier();
+                exec.dispatch(*k,
+                              {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, stats, io.dq, ds, sums,
+                               k_flags, io.verdict},
+                              &part, groups);
+            }
+        }
+    }
+    exec.compute_barrier();
+    {
+        const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dkdv_shuffle : shader_id::flash_bwd_dkdv;
+        const pipeline& plain = pipes.get(kernel, spec(p.kpi, p.rps, false, 0));
+        const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, true, 0));
+        const std::uint32_t blocks = ceil_div(std::max(l.kv_len, 1u), p.dkdv_block());
+        const std::uint32_t groups[3] = {blocks, 1, l.kv_batches()};
+        push.blocks = blocks;
+        const std::uint32_t slots = l.group() * p.npad_q;
+        for (std::uint32_t begin = 0; begin < slots; begin += p.dkdv_chunk) {
+            contract::bwd_push part = push;
+            part.begin = begin;
+            part.stop = slots - begin < p.dkdv_chunk ? slots : begin + p.dkdv_chunk;
+            part.flags = (begin > 0 ? contract::BWD_RESUME : 0u) | (part.stop < slots ? contract::BWD_PARTIAL : 0u);
+            for (const pipeline* k : {&plain, careful}) {
+                if (!k) continue;
+                if (begin > 0 || k == careful) exec.compute_barrier();
+                exec.dispatch(*k,
+                              {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, stats, io.dk, io.dv,
+                               q_flags, io.verdict},
+                              &part, groups);
+            }
+        }
+    }
+
+    // 5. The sums over broadcast dimensions: the sinks' gradient, the mask's.
+    if (p.sinks.used) {
+        exec.compute_barrier();
+        record_folds(exec, pipes, p, p.sinks, sink_terms, io.d_sinks, io.verdict);
+    }
+    if (p.mask.used) {
+        exec.compute_barrier();
+        record_folds(exec, pipes, p, p.mask, io.ds, io.d_mask, io.verdict);
+    }
+}
+
+}  // namespace qkv::vulkan::detail
