@@ -1,6 +1,7 @@
 #include "kernels/flash_backward.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "contract/score.h"
@@ -50,17 +51,20 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     }
     p.d4 = ceil_div(std::max(l.d, 1u), 4);
     p.dv4 = ceil_div(std::max(l.dv, 1u), 4);
-    // Rows (dq) or keys (dk/dv) per invocation: each keeps three or four rows of texels per owned
-    // row in registers and every loop over them is unrolled, so the tile is capped as the forward's
-    // (rows x texels <= 32: LLVM's compile time grows faster than the unrolled body; docs/devices.md).
+    // Rows (dq) or keys (dk/dv) per invocation, in registers with every loop over them unrolled:
+    // dq keeps three texel rows per row (q, dO, dq), dk/dv four per key (k, v, dk, dv). Measured on
+    // lavapipe at N = 1024 and 4096, d = 64 (docs/devices.md): 4 rows x 8 keys a step for dq and
+    // 2 keys x 4 rows for dk/dv; half as many per invocation for each doubling of the width.
     const std::uint32_t widest = std::max(p.d4, p.dv4);
-    std::uint32_t own = 8;
-    while (own > 1 && own * widest > 32) own /= 2;
-    p.rpi = own;
-    p.kpi = own;               // 1, 2, 4 or 8: a lane's keys share their dropout counters (flash_bwd_dkdv.comp)
-    p.kps = own <= 2 ? 8 : 4;  // multiples of 4: one Philox evaluation per 4 keys of a row
-    p.rps = own <= 2 ? 8 : 4;
+    // Powers of two, so that the dq block and the dk/dv step divide each other (npad_q).
+    p.rpi = std::bit_floor(std::clamp<std::uint32_t>(64 / widest, 1, 8));
+    p.kps = 8;  // a multiple of 4: one Philox evaluation per 4 keys of a row
+    p.kpi = std::bit_floor(std::clamp<std::uint32_t>(32 / widest, 1, 8));  // a lane's keys share dropout counters
+    p.rps = 4;
     p.shuffle = cpu_shuffle(info, p.wg, set);
+    if (set.backward_rows)
+        p.rpi = set.backward_rows, p.kps = set.backward_keys, p.kpi = set.backward_own_keys,
+        p.rps = set.backward_rows_step;
     const std::uint32_t row_align = std::max(p.dq_block(), p.rps), key_align = std::max(p.kps, p.dkdv_block());
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), row_align));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), key_align));

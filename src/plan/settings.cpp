@@ -51,6 +51,18 @@ settings read_settings(const testing::hooks& hooks) {
     }
     if (const std::string v = environment("QKV_PROJECT_TEXELS"); !v.empty())
         s.project_texels = flag("QKV_PROJECT_TEXELS", v, "0 or 1");
+    if (const std::string v = environment("QKV_BACKWARD_TILES"); !v.empty()) {  // tuning
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        char tail = 0;
+        const bool ok = std::sscanf(v.c_str(), "%u,%u,%u,%u%c", &a, &b, &c, &d, &tail) == 4 && power_of_two(a) &&
+                        a <= 8 && power_of_two(b) && b >= 4 && b <= 32 && power_of_two(c) && c <= 8 &&
+                        power_of_two(d) && d <= 32;
+        if (!ok)
+            throw invalid_argument("QKV_BACKWARD_TILES=" + v +
+                                   ": expected rows,keys,keys,rows, powers of two: rows per invocation <= 8, keys "
+                                   "per step 4..32, keys per invocation <= 8, rows per step <= 32 (e.g. 2,8,2,8)");
+        s.backward_rows = a, s.backward_keys = b, s.backward_own_keys = c, s.backward_rows_step = d;
+    }
     s.max_fused_keys = hooks.max_fused_keys_per_dispatch;
     s.fused_tiles_as = hooks.fused_tiles_as;
     s.max_decode_chunks = hooks.max_decode_chunks;

@@ -25,6 +25,9 @@ struct settings {
     std::uint32_t project_rows = 0, project_cols = 0;
     /// QKV_PROJECT_TEXELS=0: the projection keeps its storage-buffer variant.
     bool project_texels = true;
+    /// QKV_BACKWARD_TILES=rows,keys,keys,rows: the backward's dq rows per invocation and keys per
+    /// step, dk/dv keys per invocation and rows per step (0: chosen by plan_flash_backward).
+    std::uint32_t backward_rows = 0, backward_keys = 0, backward_own_keys = 0, backward_rows_step = 0;
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch
