@@ -38,8 +38,11 @@ void main() {
     }
     const uint r = z * pc.q_len + i;
     float d = 0.0, spread = 0.0;
+    bool inputs_finite = true;
     for (uint c = 0; c < pc.dv; ++c) {
-        const float t = float(d_out[pc.do_off + r * pc.dv + c]) * o[r * pc.dv + c];
+        const float g = float(d_out[pc.do_off + r * pc.dv + c]), x = o[r * pc.dv + c];
+        inputs_finite = inputs_finite && finite(g) && finite(x);
+        const float t = g * x;
         d += t;
         spread += abs(t);
     }
@@ -54,5 +57,6 @@ void main() {
     stats[n] = vec4(total, d, spread, saved);
     if ((pc.features & SCORE_SINKS) != 0u)
         sink_terms[r] = sink == neg_inf ? 0.0 : -exp(sink - total) * d;
-    if (!finite(d) || !finite(spread) || isnan(saved) || saved == pos_inf) atomicOr(verdict[0], BWD_FLAG_NONFINITE_INPUT);
+    // (D itself may overflow from finite inputs: the gradients then show it, BWD_FLAG_NONFINITE_GRADIENT.)
+    if (!inputs_finite || isnan(saved) || saved == pos_inf) atomicOr(verdict[0], BWD_FLAG_NONFINITE_INPUT);
 }

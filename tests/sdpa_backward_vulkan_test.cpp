@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -99,6 +100,30 @@ void check_against_reference(const owned& o, double bound) {
     if (!want.d_additive_mask.empty()) CHECK(nmse(got.d_additive_mask, want.d_additive_mask) <= bound);
 }
 
+/// The same problem with q, k, v and d_out as float16 stores them (precision fp16's storage).
+owned rounded_to_half(owned o) {
+    for (std::vector<float>* t : {&o.q, &o.k, &o.v, &o.d_out}) *t = qkv::round_trip(qkv::element_type::f16, *t);
+    return o;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+template <class F>
+void expect_throw_with(F&& f, std::initializer_list<std::string> words) {
+    bool thrown = false;
+    try {
+        f();
+    } catch (const std::exception& e) {
+        thrown = true;
+        const std::string m = e.what();
+        INFO("message: " << m);
+        for (const std::string& w : words) CHECK(m.find(w) != std::string::npos);
+    }
+    CHECK(thrown);
+}
+
 }  // namespace
 
 TEST_CASE("sdpa_backward on the device: odd shapes against the float64 reference", "[backward]") {
@@ -136,6 +161,151 @@ TEST_CASE("sdpa_backward on the device: dropout", "[backward]") {
     owned o = make(s, {.dropout_p = 0.25f, .dropout_seed = 0x123456789abcdefull, .dropout_offset = 77}, 11);
     save_forward(o);
     check_against_reference(o, 1e-9);
+    // With every rule, GQA, both alignments' offset and the mask's gradient: the same mask as the
+    // forward's, whatever else the call does.
+    const qkv::sdpa_shape g{.batch = 2, .q_heads = 3, .kv_heads = 1, .q_len = 17, .kv_len = 29, .d_qk = 16, .d_v = 8};
+    owned all = make(g,
+                     {.causal = true,
+                      .alignment = qkv::causal_alignment::bottom_right,
+                      .window_left = 9,
+                      .softcap = 5.f,
+                      .alibi_max_bias = 4.f,
+                      .dropout_p = 0.5f,
+                      .dropout_seed = 3,
+                      .dropout_offset = 5},
+                     12);
+    std::mt19937 rng(13);
+    all.sinks = normal(3, rng);
+    all.additive = normal(3 * 17 * 29, rng);
+    all.mask_shape = {3, 1, 29};  // (Hq, 1, S): broadcast over batch and rows
+    all.additive.resize(3 * 29);
+    all.want_d_additive = true;
+    save_forward(all);
+    check_against_reference(all, 1e-9);
+}
+
+TEST_CASE("sdpa_backward on the device: rows without keys, masks, offsets and K/V types", "[backward]") {
+    std::mt19937 rng(21);
+    // L > S bottom-right: the first L - S rows see no key (zero gradients), with sinks (their
+    // gradient still has every row's term) and a bool mask broadcast over the batch.
+    const qkv::sdpa_shape s{.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 13, .kv_len = 5, .d_qk = 16, .d_v = 16};
+    owned o = make(s, {.causal = true, .alignment = qkv::causal_alignment::bottom_right}, 22);
+    o.sinks = normal(2, rng);
+    o.mask.resize(2 * 13 * 5);
+    for (std::size_t n = 0; n < o.mask.size(); ++n) o.mask[n] = (n * 7 + 3) % 5 != 0 ? 1 : 0;
+    o.mask_shape = {1, 2, 13, 5};
+    save_forward(o);
+    check_against_reference(o, 1e-9);
+    // An explicit position offset with a window on both sides; an additive mask with -inf entries,
+    // its gradient of the full shape.
+    owned w = make(s, {.window_left = 3, .window_right = 2, .position_offset = -4}, 23);
+    w.additive = normal(2 * 2 * 13 * 5, rng);
+    for (std::size_t n = 0; n < w.additive.size(); n += 7) w.additive[n] = -std::numeric_limits<float>::infinity();
+    w.mask_shape = {2, 2, 13, 5};
+    w.want_d_additive = true;
+    save_forward(w);
+    check_against_reference(w, 1e-9);
+    // K and V stored as q8_0: the gradients at the stored values (the reference rounds them too).
+    const qkv::sdpa_shape wide{
+        .batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 9, .kv_len = 33, .d_qk = 32, .d_v = 32};
+    owned q8 = make(wide, {.causal = true, .kv_type = qkv::element_type::q8_0}, 24);
+    save_forward(q8);
+    check_against_reference(q8, 1e-9);
+}
+
+TEST_CASE("sdpa_backward on the device: fp16 storage", "[backward]") {
+    // Q, K, V and d_out stored as float16, every sum in float32: against the reference of the
+    // values float16 holds.
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 37, .kv_len = 41, .d_qk = 64, .d_v = 64};
+    owned o = make(s, {.causal = true, .precision = qkv::precision::fp16, .softcap = 20.f}, 31);
+    save_forward(o);
+    const owned r = rounded_to_half(o);
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(r.backward());
+    const qkv::sdpa_gradients got = gpu().sdpa_backward(o.backward());
+    require_clean(gpu());
+    CHECK(nmse(got.dq, want.dq) <= 1e-9);
+    CHECK(nmse(got.dk, want.dk) <= 1e-9);
+    CHECK(nmse(got.dv, want.dv) <= 1e-9);
+    // A d_out beyond float16's range is refused, as q, k and v are.
+    o.d_out[5] = 1e6f;
+    CHECK_THROWS_AS(gpu().sdpa_backward(o.backward()), qkv::vulkan::numeric_overflow);
+}
+
+TEST_CASE("sdpa_backward on the device: deterministic, chunked, recomputed", "[backward]") {
+    const qkv::sdpa_shape s{.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 45, .kv_len = 53, .d_qk = 16, .d_v = 16};
+    owned o = make(s, {.causal = true, .window_left = 20, .softcap = 8.f}, 41);
+    std::mt19937 rng(42);
+    o.sinks = normal(4, rng);
+    o.additive = normal(45 * 53, rng);
+    o.mask_shape = {45, 53};
+    o.want_d_additive = true;
+    save_forward(o);
+    const qkv::sdpa_gradients first = gpu().sdpa_backward(o.backward());
+    const qkv::sdpa_gradients again = gpu().sdpa_backward(o.backward());
+    CHECK(same_bits(first.dq, again.dq));
+    CHECK(same_bits(first.dk, again.dk));
+    CHECK(same_bits(first.dv, again.dv));
+    CHECK(same_bits(first.d_sinks, again.d_sinks));
+    CHECK(same_bits(first.d_additive_mask, again.d_additive_mask));
+    // Keys (dq), row slots (dk/dv) and sums (the folds) cut into chunks of 8, as lavapipe's loop
+    // limit cuts long sequences: the same gradients.
+    qkv::vulkan::context chunked = qkv_test::make_context({.max_fused_keys_per_dispatch = 8});
+    const qkv::sdpa_gradients cut = chunked.sdpa_backward(o.backward());
+    qkv_test::require_clean(chunked);
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(o.backward());
+    CHECK(nmse(cut.dq, want.dq) <= 1e-9);
+    CHECK(nmse(cut.dk, want.dk) <= 1e-9);
+    CHECK(nmse(cut.dv, want.dv) <= 1e-9);
+    CHECK(nmse(cut.d_sinks, want.d_sinks) <= 1e-9);
+    CHECK(nmse(cut.d_additive_mask, want.d_additive_mask) <= 1e-9);
+    // Without out and lse the forward runs first: the same gradients.
+    owned bare = o;
+    bare.out.clear(), bare.lse.clear();
+    const qkv::sdpa_gradients recomputed = gpu().sdpa_backward(bare.backward());
+    require_clean(gpu());
+    CHECK(nmse(recomputed.dq, want.dq) <= 1e-9);
+    CHECK(nmse(recomputed.dk, want.dk) <= 1e-9);
+}
+
+TEST_CASE("sdpa_backward on the device: saved tensors and non-finite values", "[backward]") {
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 11, .kv_len = 13, .d_qk = 16, .d_v = 16};
+    owned o = make(s, {.causal = true}, 51);
+    save_forward(o);
+    // out and lse of another problem are refused, naming a row, as the CPU reference does.
+    owned bad = o;
+    bad.lse[3] += 0.5f;
+    expect_throw_with([&] { (void)gpu().sdpa_backward(bad.backward()); },
+                      {"row 3", "must be this problem's forward results"});
+    bad = o;
+    bad.out[5 * 16 + 2] += 10.f;
+    expect_throw_with([&] { (void)gpu().sdpa_backward(bad.backward()); }, {"row 5", "rowsum(d_out * out)"});
+    bad = o;
+    bad.lse[0] = -std::numeric_limits<float>::infinity();
+    expect_throw_with([&] { (void)gpu().sdpa_backward(bad.backward()); }, {"row 0", "-inf"});
+    CHECK_THROWS_AS(gpu().sdpa_backward(bad.backward()), qkv::invalid_argument);
+    require_clean(gpu());
+
+    // A NaN the forward reads poisons what it reaches, exactly where the reference's does: a key's
+    // value (the rows that attend it), a query (its row), a d_out element (its row's dq, the dk and
+    // dv of the keys it attends; the others stay finite, masked keys get nothing).
+    for (const int where : {0, 1, 2}) {
+        owned poisoned = o;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        if (where == 0) poisoned.v[4 * 16 + 1] = nan;
+        if (where == 1) poisoned.q[2 * 16 + 3] = nan;
+        if (where == 2) poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::infinity();
+        save_forward(poisoned);
+        INFO("poisoned input " << where);
+        check_against_reference(poisoned, 1e-9);
+    }
+    // Finite inputs whose gradients leave float32's range: numeric_overflow, never inf or NaN.
+    owned big = o;
+    for (float& x : big.v) x *= 1e30f;
+    for (float& x : big.d_out) x *= 1e20f;
+    save_forward(big);
+    expect_throw_with([&] { (void)gpu().sdpa_backward(big.backward()); }, {"not finite", "every input is finite"});
+    CHECK_THROWS_AS(gpu().sdpa_backward(big.backward()), qkv::vulkan::numeric_overflow);
+    require_clean(gpu());
 }
 
 TEST_CASE("dropout on the device: the forward's mask bit for bit, on both families", "[backward][dropout]") {
