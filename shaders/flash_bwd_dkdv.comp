@@ -48,7 +48,7 @@ layout(binding = BWD_DKDV_BINDING_V) uniform textureBuffer v_tex;
 layout(binding = BWD_DKDV_BINDING_DO) uniform textureBuffer do_tex;
 layout(std430, binding = BWD_DKDV_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = BWD_DKDV_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
-layout(std430, binding = BWD_DKDV_BINDING_STATS) readonly buffer Stats { vec4 stats[]; };
+layout(binding = BWD_DKDV_BINDING_STATS) uniform textureBuffer stats;  // [B·Hq][npad_q] RGBA32F
 layout(std430, binding = BWD_DKDV_BINDING_DK) buffer DK { float dk_out[]; };  // (B, Hkv, S, E)
 layout(std430, binding = BWD_DKDV_BINDING_DV) buffer DV { float dv_out[]; };  // (B, Hkv, S, Ev)
 layout(std430, binding = BWD_DKDV_BINDING_FLAGS) readonly buffer Flags { uint q_nonfinite[]; };  // per (batch, query head)
@@ -61,6 +61,9 @@ const uint BLOCK = WG * KPI;
 const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
 #ifdef QKV_SHUFFLE
 const uint ROUNDS = (RPS + WG - 1u) / WG;  // rows fetched per round: one per lane
+// Q and dO rows of a step in one gather per texel, where the subgroup has the lanes for both
+// (q_tex is then a view over Q and dO, the host's choice: bwd_push::pair_offset).
+const bool PAIRED = D4 == DV4 && 2u * RPS <= WG;
 #endif
 
 void main() {
@@ -130,10 +133,20 @@ void main() {
         uint at[ROUNDS];
         [[unroll]] for (uint r = 0; r < ROUNDS; ++r) at[r] = tex0 + min(r * WG + gl_SubgroupInvocationID, RPS - 1u);
         vec4 qf[ROUNDS * D4], of[ROUNDS * DV4], sf[ROUNDS];
-        [[unroll]] for (uint r = 0; r < ROUNDS; ++r) {
-            [[unroll]] for (uint c = 0; c < D4; ++c) qf[r * D4 + c] = texelFetch(q_tex, int(at[r] * D4 + c)) * pc.scale;
-            [[unroll]] for (uint c = 0; c < DV4; ++c) of[r * DV4 + c] = texelFetch(do_tex, int(at[r] * DV4 + c));
-            sf[r] = stats[at[r]];
+        if (PAIRED) {
+            // One gather per texel for both: lanes below RPS fetch the step's Q rows, the next RPS
+            // lanes its dO rows, through the one view over Q and dO (q_tex; dO from pair_offset).
+            const uint lane_row = tex0 + gl_SubgroupInvocationID % RPS;
+            const uint base = gl_SubgroupInvocationID < RPS ? lane_row * D4 : pc.pair_offset + lane_row * D4;
+            const float factor = gl_SubgroupInvocationID < RPS ? pc.scale : 1.0;
+            [[unroll]] for (uint c = 0; c < D4; ++c) qf[c] = texelFetch(q_tex, int(base + c)) * factor;
+            sf[0] = texelFetch(stats, int(at[0]));
+        } else {
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) {
+                [[unroll]] for (uint c = 0; c < D4; ++c) qf[r * D4 + c] = texelFetch(q_tex, int(at[r] * D4 + c)) * pc.scale;
+                [[unroll]] for (uint c = 0; c < DV4; ++c) of[r * DV4 + c] = texelFetch(do_tex, int(at[r] * DV4 + c));
+                sf[r] = texelFetch(stats, int(at[r]));
+            }
         }
 #endif
         // s = (scale·q)·k for the step's rows and this lane's keys
@@ -183,7 +196,7 @@ void main() {
         [[unroll]] for (uint c = 0; c < DV4; ++c) {
             [[unroll]] for (uint r = 0; r < RPS; ++r) {
 #ifdef QKV_SHUFFLE
-                const vec4 ov = subgroupShuffle(of[(r / WG) * DV4 + c], r % WG);
+                const vec4 ov = PAIRED ? subgroupShuffle(qf[c], RPS + r) : subgroupShuffle(of[(r / WG) * DV4 + c], r % WG);
 #else
                 const vec4 ov = texelFetch(do_tex, int((tex0 + r) * DV4 + c));
 #endif
@@ -199,7 +212,7 @@ void main() {
 #ifdef QKV_SHUFFLE
             const vec4 st = subgroupShuffle(sf[r / WG], r % WG);
 #else
-            const vec4 st = stats[tex0 + r];
+            const vec4 st = texelFetch(stats, int(tex0 + r));
 #endif
             uvec4 drawn = uvec4(0u);
             [[unroll]] for (uint n = 0; n < KPI; ++n) {
@@ -222,7 +235,7 @@ void main() {
         [[unroll]] for (uint c = 0; c < DV4; ++c) {
             [[unroll]] for (uint r = 0; r < RPS; ++r) {
 #ifdef QKV_SHUFFLE
-                const vec4 ov = subgroupShuffle(of[(r / WG) * DV4 + c], r % WG);
+                const vec4 ov = PAIRED ? subgroupShuffle(qf[c], RPS + r) : subgroupShuffle(of[(r / WG) * DV4 + c], r % WG);
 #else
                 const vec4 ov = texelFetch(do_tex, int((tex0 + r) * DV4 + c));
 #endif

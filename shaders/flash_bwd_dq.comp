@@ -52,7 +52,7 @@ layout(binding = BWD_DQ_BINDING_V) uniform textureBuffer v_tex;   // [B·Hkv][np
 layout(binding = BWD_DQ_BINDING_DO) uniform textureBuffer do_tex;  // [B·Hq][npad_q][DV4]
 layout(std430, binding = BWD_DQ_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };
 layout(std430, binding = BWD_DQ_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
-layout(std430, binding = BWD_DQ_BINDING_STATS) readonly buffer Stats { vec4 stats[]; };  // [B·Hq][npad_q]
+layout(binding = BWD_DQ_BINDING_STATS) uniform textureBuffer stats;  // [B·Hq][npad_q] RGBA32F
 layout(std430, binding = BWD_DQ_BINDING_DQ) buffer DQ { float dq_out[]; };              // (B, Hq, L, E)
 layout(std430, binding = BWD_DQ_BINDING_DS) writeonly buffer DS { float ds_out[]; };     // (B, Hq, L, S)
 layout(std430, binding = BWD_DQ_BINDING_SUMS) buffer Sums { vec4 sums[]; };             // (B·Hq·L)
@@ -97,7 +97,7 @@ void main() {
         const uint row = row0 + i * WG + lane;
         [[unroll]] for (uint c = 0; c < D4; ++c) q[i * D4 + c] = texelFetch(q_tex, int((qbase + row) * D4 + c)) * pc.scale;
         [[unroll]] for (uint c = 0; c < DV4; ++c) dout[i * DV4 + c] = texelFetch(do_tex, int((qbase + row) * DV4 + c));
-        const vec4 st = stats[qbase + row];
+        const vec4 st = texelFetch(stats, int(qbase + row));
         lse[i] = st.x;
         dd[i] = st.y;
         check[i] = vec4(0.0);
@@ -254,7 +254,7 @@ void main() {
         }
         // The CPU reference's rules (qkv::cpu::sdpa_backward): lse -inf exactly where no key is
         // allowed; the probabilities (with the sink's) sum to 1 and Σ P·dP = D, within 1 %.
-        const vec4 st = stats[qbase + row];
+        const vec4 st = texelFetch(stats, int(qbase + row));
         const float saved = st.w, total = st.x;
         const float sink = (FEATURES & SCORE_SINKS) != 0u ? head_values[head].y : neg_inf;
         if (isnan(saved) || isnan(total)) continue;  // a poisoned row: NaN, as its forward

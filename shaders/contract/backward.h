@@ -20,7 +20,8 @@
 // flash.h): Q and dO npad_q rows per (batch, query head), K and V npad_kv rows per (batch, K/V head).
 // The score rules are score_rules.glsl's (contract/score.h), dropout's mask shaders/dropout.glsl's.
 //
-// Row statistics (binding STATS), one vec4 per padded query row, (B·Hq) x npad_q:
+// Row statistics (written by prep as a storage buffer, read by dq and dk/dv as RGBA32F texels),
+// one vec4 per padded query row, (B·Hq) x npad_q:
 //   x = lse'  (+inf for a padding row: every P is 0; -inf for a row with no key; NaN: poisoned)
 //   y = D     z = Σ_c |dO_c·O_c| (the scale of D's rounding)     w = unused
 // Verdict (binding VERDICT, zeroed by the host): word 0 the BWD_FLAG_* bits, word 1 the first row
@@ -51,6 +52,7 @@ struct bwd_push {
     uint flags;        // BWD_RESUME, BWD_PARTIAL
     uint begin, stop;  // this dispatch's streamed range: keys (dq), or (head, row) slots u·npad_q + i (dkdv)
     uint blocks;       // owner blocks per (batch, head): row blocks (dq), key blocks (dkdv)
+    uint pair_offset;  // dk/dv's paired fetches: the first texel of dO in the view over Q and dO
 };
 
 /// Push block of flash_bwd_prep.comp (one invocation per padded query row).
@@ -142,7 +144,7 @@ QKV_CONST uint BWD_DQ_BINDING_DO = 3u;
 QKV_CONST uint BWD_DQ_BINDING_MASK = 4u;
 QKV_CONST uint BWD_DQ_BINDING_ADDITIVE = 5u;
 QKV_CONST uint BWD_DQ_BINDING_PARAMS = 6u;
-QKV_CONST uint BWD_DQ_BINDING_STATS = 7u;
+QKV_CONST uint BWD_DQ_BINDING_STATS = 7u;       // uniform texel buffer (RGBA32F) over the row statistics
 QKV_CONST uint BWD_DQ_BINDING_DQ = 8u;      // (B, Hq, L, E) float32
 QKV_CONST uint BWD_DQ_BINDING_DS = 9u;      // (B, Hq, L, S) float32, with BWD_WRITE_DS
 QKV_CONST uint BWD_DQ_BINDING_SUMS = 10u;   // (B·Hq·L) x 3 floats between key chunks, with BWD_CHECK
@@ -158,7 +160,7 @@ QKV_CONST uint BWD_DKDV_BINDING_DO = 3u;
 QKV_CONST uint BWD_DKDV_BINDING_MASK = 4u;
 QKV_CONST uint BWD_DKDV_BINDING_ADDITIVE = 5u;
 QKV_CONST uint BWD_DKDV_BINDING_PARAMS = 6u;
-QKV_CONST uint BWD_DKDV_BINDING_STATS = 7u;
+QKV_CONST uint BWD_DKDV_BINDING_STATS = 7u;     // uniform texel buffer (RGBA32F)
 QKV_CONST uint BWD_DKDV_BINDING_DK = 8u;      // (B, Hkv, S, E) float32
 QKV_CONST uint BWD_DKDV_BINDING_DV = 9u;      // (B, Hkv, S, Ev) float32
 QKV_CONST uint BWD_DKDV_BINDING_FLAGS = 10u;  // per (batch, query head): Q or dO holds a NaN or Inf

@@ -85,7 +85,7 @@ run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_p
     io.texels = b[role::texels].handle();
     io.scratch = b[role::state].handle();
     if (p.kernels.ds_bytes) io.ds = b.bind(role::scores, 0, p.kernels.ds_bytes);
-    const flash_bwd_views views = make_flash_bwd_views(s.dev(), io.texels, p.kernels);
+    const flash_bwd_views views = make_flash_bwd_views(s.dev(), io.texels, io.scratch, p.kernels);
     record_flash_backward(s.rec(), s.pipes(), fp.layout, p.kernels, io, views, inputs_finite);
     s.mark();  // gradients done
     run_result<sdpa_gradients> run;

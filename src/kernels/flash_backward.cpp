@@ -103,14 +103,15 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     p.q_flags_at = align_up(std::uint64_t{l.kv_batches()} * 4, desc.storage_alignment);
     p.flags_bytes = p.q_flags_at + std::uint64_t{l.q_batches()} * 4;
     p.q_at = align_up(p.flags_bytes, align);
-    p.k_at = align_up(p.q_at + p.q_texels * tb, align);
+    p.do_at = align_up(p.q_at + p.q_texels * tb, align);
+    p.k_at = align_up(p.do_at + p.do_texels * tb, align);
     p.v_at = align_up(p.k_at + p.k_texels * tb, align);
-    p.do_at = align_up(p.v_at + p.v_texels * tb, align);
-    p.texel_bytes_total = p.do_at + p.do_texels * tb;
+    p.texel_bytes_total = p.v_at + p.v_texels * tb;
 
     const std::uint64_t rows = std::uint64_t{l.q_batches()} * l.q_len;
     p.stats_at = 0;
-    p.sums_at = align_up(std::uint64_t{l.q_batches()} * p.npad_q * 16, desc.storage_alignment);
+    p.stats_texels = std::uint64_t{l.q_batches()} * p.npad_q;
+    p.sums_at = align_up(p.stats_texels * 16, desc.storage_alignment);
     p.sink_terms_at = align_up(p.sums_at + (r.check ? rows * 16 : 0), desc.storage_alignment);
     p.scratch_bytes = p.sink_terms_at + (r.d_sinks ? rows * 4 : 0);
     p.ds_bytes = r.d_mask ? rows * l.kv_len * 4 : 0;
@@ -124,7 +125,8 @@ flash_bwd_refusal check_flash_backward(const device_desc& desc, const flash_bwd_
                     (p.half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers, which " +
                     info.name + " does not support",
                 false};
-    const std::uint64_t texels = std::max({p.q_texels, p.k_texels, p.v_texels, p.do_texels});
+    const std::uint64_t paired = p.paired() ? (p.do_at - p.q_at) / p.texel_bytes() + p.do_texels : 0;
+    const std::uint64_t texels = std::max({p.q_texels, p.k_texels, p.v_texels, p.do_texels, p.stats_texels, paired});
     if (texels > desc.max_texel_elements)
         return {"the backward kernels would read " + std::to_string(texels) +
                     " texels through one texel buffer, more than this device's maxTexelBufferElements of " +
@@ -143,13 +145,15 @@ flash_bwd_refusal check_flash_backward(const device_desc& desc, const flash_bwd_
     return {};
 }
 
-flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, const flash_bwd_plan& p) {
+flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, VkBuffer scratch, const flash_bwd_plan& p) {
     flash_bwd_views v;
     const std::uint64_t tb = p.texel_bytes();
     v.q = buffer_view(dev, texels, p.format, p.q_at, p.q_texels * tb);
     v.k = buffer_view(dev, texels, p.format, p.k_at, p.k_texels * tb);
     v.v = buffer_view(dev, texels, p.format, p.v_at, p.v_texels * tb);
     v.d_out = buffer_view(dev, texels, p.format, p.do_at, p.do_texels * tb);
+    v.stats = buffer_view(dev, scratch, VK_FORMAT_R32G32B32A32_SFLOAT, p.stats_at, p.stats_texels * 16);
+    if (p.paired()) v.q_d_out = buffer_view(dev, texels, p.format, p.q_at, p.do_at - p.q_at + p.do_texels * tb);
     return v;
 }
 
@@ -257,10 +261,10 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
     // 4. dq, then dk and dv: one dispatch pair (plain, careful) per chunk.
     static_assert(
         contract::BWD_DQ_BINDINGS == 13 && contract::BWD_DKDV_BINDINGS == 12 &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq, "ttttsssssssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_shuffle, "ttttsssssssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssssssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssssssss"));
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq, "ttttssstsssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_shuffle, "ttttssstsssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssstssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssstssss"));
     const std::uint32_t masks = l.mask_flags();
     const auto spec = [&](std::uint32_t own, std::uint32_t step, bool careful, std::uint32_t extras) {
         return contract::bwd_spec{p.wg, own, step, p.d4, p.dv4, masks, l.features, careful ? 1u : 0u, extras};
@@ -297,8 +301,8 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
                 if (begin > 0 || k == careful) exec.compute_barrier();
                 exec.dispatch(*k,
                               {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
-                               texel(views.d_out.handle()), mask_bits, additive, io.params, stats, io.dq, ds, sums,
-                               k_flags, io.verdict},
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
+                               io.dq, ds, sums, k_flags, io.verdict},
                               &part, groups);
             }
         }
@@ -312,6 +316,8 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         const std::uint32_t groups[3] = {blocks, 1, l.kv_batches()};
         push.blocks = blocks;
         const std::uint32_t slots = l.group() * p.npad_q;
+        push.pair_offset = static_cast<std::uint32_t>((p.do_at - p.q_at) / p.texel_bytes());
+        const VkBufferView q_view = p.paired() ? views.q_d_out.handle() : views.q.handle();
         for (std::uint32_t begin = 0; begin < slots; begin += p.dkdv_chunk) {
             contract::bwd_push part = push;
             part.begin = begin;
@@ -320,11 +326,11 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             for (const pipeline* k : {&plain, careful}) {
                 if (!k) continue;
                 if (begin > 0 || k == careful) exec.compute_barrier();
-                exec.dispatch(*k,
-                              {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
-                               texel(views.d_out.handle()), mask_bits, additive, io.params, stats, io.dk, io.dv,
-                               q_flags, io.verdict},
-                              &part, groups);
+                exec.dispatch(
+                    *k,
+                    {texel(q_view), texel(views.k.handle()), texel(views.v.handle()), texel(views.d_out.handle()),
+                     mask_bits, additive, io.params, texel(views.stats.handle()), io.dk, io.dv, q_flags, io.verdict},
+                    &part, groups);
             }
         }
     }

@@ -44,7 +44,10 @@ struct flash_bwd_plan {
     // Tiles (bwd_spec): invocations per workgroup (one subgroup), dq's rows per invocation and
     // keys per step, dk/dv's keys per invocation and rows per step, the widths in texels.
     std::uint32_t wg = 8, rpi = 2, kps = 8, kpi = 2, rps = 8, d4 = 1, dv4 = 1;
-    bool shuffle = false;          ///< the shuffle variants (gemm_tiles.hpp: cpu_shuffle)
+    bool shuffle = false;  ///< the shuffle variants (gemm_tiles.hpp: cpu_shuffle)
+    /// dk/dv fetches a step's Q rows and dO rows in one gather (flash_bwd_dkdv.comp: PAIRED): with
+    /// shuffles, equal widths and a subgroup of at least twice the step's rows.
+    [[nodiscard]] bool paired() const { return shuffle && d4 == dv4 && 2 * rps <= wg; }
     std::uint32_t npad_q = 0;      ///< Q and dO texel rows per (batch, query head)
     std::uint32_t npad_kv = 0;     ///< K and V texel rows per (batch, K/V head)
     std::uint32_t dq_chunk = 0;    ///< keys per dq dispatch (a multiple of kps)
@@ -56,10 +59,12 @@ struct flash_bwd_plan {
     bwd_fold sinks, mask;      ///< the folds of the sinks' and the mask's gradients, where used
 
     // The texel buffer: K's flags (per (batch, K/V head)), Q's and dO's (per (batch, query head)),
-    // then Q, K, V, dO, each region aligned for a view.
+    // then Q, dO, K, V, each region aligned for a view (Q and dO side by side: one view over both
+    // where dk/dv fetches a step's Q and dO rows in one gather, paired()).
     std::uint64_t k_flags_at = 0, q_flags_at = 0, flags_bytes = 0;
     std::uint64_t q_at = 0, k_at = 0, v_at = 0, do_at = 0, texel_bytes_total = 0;
     std::uint64_t q_texels = 0, k_texels = 0, v_texels = 0, do_texels = 0;
+    std::uint64_t stats_texels = 0;  ///< one RGBA32F texel per padded query row
     // The scratch buffer: the row statistics, the check's sums, the sinks' row terms.
     std::uint64_t stats_at = 0, sums_at = 0, sink_terms_at = 0, scratch_bytes = 0;
     std::uint64_t ds_bytes = 0;  ///< the (B, Hq, L, S) dS scratch of the mask's gradient (0: none)
@@ -102,9 +107,11 @@ struct flash_bwd_io {
 
 /// The texel views of the plan's texel buffer: they must live until the commands have run.
 struct flash_bwd_views {
-    buffer_view q, k, v, d_out;
+    buffer_view q, k, v, d_out, stats;
+    buffer_view q_d_out;  ///< Q and dO together, where plan.paired()
 };
-flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, const flash_bwd_plan& plan);
+/// The views of Q, K, V and dO over `texels`, and of the row statistics over `scratch`.
+flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, VkBuffer scratch, const flash_bwd_plan& plan);
 
 /// Records the whole backward pass: the verdict and scratch set, Q, K, V and dO packed into texels,
 /// the row statistics, dq, dk and dv, and the folds. `inputs_finite`: the caller knows every

@@ -1,0 +1,158 @@
+// The backward pass's plans (src/kernels/flash_backward.cpp: plan_flash_backward; src/api/
+// sdpa_backward_plan.cpp: plan_sdpa_backward), pure functions of the problem's shapes and options,
+// a device description and the settings, against the fake devices of support/fake_devices.hpp:
+// tiles, padding, the chunks that keep every loop below lavapipe's limit, the buffers and their
+// regions, and the refusals.
+#include <cstdint>
+#include <vector>
+
+#include "api/sdpa_backward_plan.hpp"
+#include "contract/score.h"
+#include "qkv/vulkan/error.hpp"
+#include "support/catch.hpp"
+#include "support/fake_devices.hpp"
+
+using namespace qkv::vulkan::detail;
+
+namespace {
+
+using qkv::test::desc_of;
+using qkv::test::fake_devices;
+
+/// A backward problem of this shape; its spans only have the sizes (a plan never reads data).
+struct sized_backward {
+    std::vector<float> q, k, v, d_out, out, lse, additive, sinks;
+    qkv::sdpa_backward_problem b;
+    sized_backward(std::size_t batch, std::size_t hq, std::size_t hkv, std::size_t L, std::size_t S, std::size_t E,
+                   std::size_t Ev, const qkv::sdpa_options& options = {})
+        : q(batch * hq * L * E),
+          k(batch * hkv * S * E),
+          v(batch * hkv * S * Ev),
+          d_out(batch * hq * L * Ev),
+          out(batch * hq * L * Ev),
+          lse(batch * hq * L) {
+        b.forward.shape = {
+            .batch = batch, .q_heads = hq, .kv_heads = hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev};
+        b.forward.q = q, b.forward.k = k, b.forward.v = v, b.forward.options = options;
+        b.d_out = d_out, b.out = out, b.lse = lse;
+    }
+};
+
+bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+TEST_CASE("backward plan: tiles, padding and chunks on every device", "[plan][backward]") {
+    for (const auto& f : fake_devices()) {
+        const device_desc d = desc_of(f);
+        INFO(f.name);
+        for (const std::size_t E : {16u, 64u, 80u, 128u, 576u}) {
+            sized_backward s(2, 8, 2, 113, 1000, E, E, {.causal = true, .dropout_p = 0.1f});
+            const sdpa_backward_plan p = plan_sdpa_backward(s.b, d, {});
+            const flash_bwd_plan& k = p.kernels;
+            INFO("E " << E);
+            // One subgroup per workgroup, the device's own size (never assumed).
+            CHECK(k.wg <= d.max_workgroup_x());
+            CHECK(power_of_two(k.wg));
+            // Dropout: whole Philox blocks per dq step; a lane's keys within one block or whole blocks.
+            CHECK(k.kps % 4 == 0);
+            CHECK((k.kpi == 1 || k.kpi == 2 || k.kpi == 4 || k.kpi == 8));
+            CHECK(power_of_two(k.rpi));
+            // Padding: the dq block and the dk/dv step divide the query rows; the key steps and the
+            // dk/dv block divide the keys.
+            CHECK(k.npad_q % k.dq_block() == 0);
+            CHECK(k.npad_q % k.rps == 0);
+            CHECK(k.npad_q >= 113);
+            CHECK(k.npad_kv % k.kps == 0);
+            CHECK(k.npad_kv % k.dkdv_block() == 0);
+            CHECK(k.npad_kv >= 1000);
+            // Every loop of one dispatch below 65,535 iterations (llvmpipe's limit).
+            CHECK(k.dq_chunk / k.kps < 65535);
+            CHECK(k.dkdv_chunk / k.rps + 3 * 4 + 1 < 65535);
+            CHECK(k.fold_chunk < 65535);
+            CHECK(k.dq_chunk % k.kps == 0);
+            CHECK(k.dkdv_chunk % k.rps == 0);
+            // The shuffle variants only where a workgroup is one subgroup of a CPU device.
+            if (f.info.type != qkv::vulkan::device_type::cpu) CHECK(!k.shuffle);
+            // Texel regions aligned for views, in order, within the buffer.
+            for (const std::uint64_t at : {k.q_at, k.k_at, k.v_at, k.do_at}) CHECK(at % d.texel_alignment == 0);
+            CHECK(k.q_at >= k.flags_bytes);
+            CHECK(k.texel_bytes_total == k.do_at + k.do_texels * k.texel_bytes());
+        }
+    }
+}
+
+TEST_CASE("backward plan: buffers, regions and downloads", "[plan][backward]") {
+    const device_desc d = desc_of(fake_devices()[qkv::test::cpu_8]);
+    sized_backward s(2, 4, 2, 17, 29, 16, 8, {.causal = true});
+    s.additive.assign(4 * 17 * 29, 0.f);
+    s.sinks.assign(4, 0.f);
+    s.b.forward.additive_mask = s.additive;
+    s.b.forward.mask_shape = {4, 17, 29};
+    s.b.forward.sinks = s.sinks;
+    s.b.return_d_additive_mask = true;
+    const sdpa_backward_plan p = plan_sdpa_backward(s.b, d, {});
+    // Inputs: the forward's, then dO, out, lse, each aligned and after the last.
+    CHECK(p.d_out.at >= p.forward.params.at + p.forward.params.bytes);
+    CHECK(p.out.at >= p.d_out.at + p.d_out.bytes);
+    CHECK(p.lse.at >= p.out.at + p.out.bytes);
+    for (const region& r : {p.d_out, p.out, p.lse}) CHECK(r.at % d.storage_alignment == 0);
+    CHECK(p.buffers.of(role::inputs) == p.lse.at + p.lse.bytes);
+    // Outputs: dq, dk, dv, the sinks' and the mask's gradients, the verdict; downloaded in that order.
+    CHECK(p.dq_count == 2 * 4 * 17 * 16);
+    CHECK(p.dk_count == 2 * 2 * 29 * 16);
+    CHECK(p.dv_count == 2 * 2 * 29 * 8);
+    CHECK(p.d_sinks_count == 4);
+    CHECK(p.d_mask_count == 4 * 17 * 29);
+    REQUIRE(p.downloads.size() == 6);
+    CHECK(p.downloads[0].offset == p.dq_at);
+    CHECK(p.downloads[4].offset == p.d_mask_at);
+    CHECK(p.downloads[5].bytes == 4 * qkv::contract::BWD_VERDICT_WORDS);
+    // The mask's gradient: (Hq, L, S) summed over the batch; the sinks' over batch and rows.
+    CHECK(p.kernels.mask.used);
+    CHECK(p.kernels.mask.outputs() == 4 * 17 * 29);
+    CHECK(p.kernels.mask.terms() == 2);
+    CHECK(p.kernels.sinks.outputs() == 4);
+    CHECK(p.kernels.sinks.terms() == 2 * 17);
+    CHECK(p.kernels.ds_bytes == std::uint64_t{2} * 4 * 17 * 29 * 4);
+    CHECK(p.buffers.of(role::scores) == p.kernels.ds_bytes);
+    // Without them, no fold and no dS scratch.
+    sized_backward plain(1, 2, 2, 5, 7, 16, 16);
+    const sdpa_backward_plan q = plan_sdpa_backward(plain.b, d, {});
+    CHECK(!q.kernels.mask.used);
+    CHECK(!q.kernels.sinks.used);
+    CHECK(q.kernels.ds_bytes == 0);
+    CHECK(q.downloads.size() == 4);
+}
+
+TEST_CASE("backward plan: the test hook cuts every loop into chunks", "[plan][backward]") {
+    const device_desc d = desc_of(fake_devices()[qkv::test::cpu_8]);
+    sized_backward s(1, 4, 1, 45, 53, 16, 16);
+    settings set;
+    set.max_fused_keys = 8;
+    const sdpa_backward_plan p = plan_sdpa_backward(s.b, d, set);
+    CHECK(p.kernels.dq_chunk == 8);
+    CHECK(p.kernels.dkdv_chunk == 8);
+    CHECK(p.kernels.fold_chunk == 8);
+    CHECK(p.kernels.dispatches(p.layout()) > 2);
+}
+
+TEST_CASE("backward plan: refusals name the limit", "[plan][backward]") {
+    const device_desc d = desc_of(fake_devices()[qkv::test::cpu_8]);
+    // Positions the kernels form in 32 bits.
+    sized_backward far(1, 1, 1, 4, 4, 16, 16, {.position_offset = std::int64_t{1} << 31});
+    CHECK_THROWS_AS(plan_sdpa_backward(far.b, d, {}), qkv::vulkan::limit_exceeded);
+    // A mask gradient whose dS scratch exceeds one binding.
+    device_desc small = d;
+    small.info.max_storage_buffer_range = 1 << 20;
+    sized_backward wide(1, 1, 1, 600, 600, 16, 16);
+    std::vector<float> additive(600 * 600);
+    wide.b.forward.additive_mask = additive;
+    wide.b.return_d_additive_mask = true;
+    CHECK_THROWS_WITH(plan_sdpa_backward(wide.b, small, {}), Catch::Contains("maxStorageBufferRange"));
+    // Without RGBA32F uniform texel buffers.
+    device_desc no_texels = d;
+    no_texels.texels_rgba32f = false;
+    sized_backward s(1, 1, 1, 4, 4, 16, 16);
+    CHECK_THROWS_WITH(plan_sdpa_backward(s.b, no_texels, {}), Catch::Contains("uniform texel buffers"));
+}
