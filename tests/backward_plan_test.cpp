@@ -77,7 +77,11 @@ TEST_CASE("backward plan: tiles, padding and chunks on every device", "[plan][ba
             // Texel regions aligned for views, in order, within the buffer.
             for (const std::uint64_t at : {k.q_at, k.k_at, k.v_at, k.do_at}) CHECK(at % d.texel_alignment == 0);
             CHECK(k.q_at >= k.flags_bytes);
-            CHECK(k.texel_bytes_total == k.do_at + k.do_texels * k.texel_bytes());
+            CHECK(k.do_at >= k.q_at + k.q_texels * k.texel_bytes());  // Q, dO side by side (paired())
+            CHECK(k.k_at >= k.do_at + k.do_texels * k.texel_bytes());
+            CHECK(k.v_at >= k.k_at + k.k_texels * k.texel_bytes());
+            CHECK(k.texel_bytes_total == k.v_at + k.v_texels * k.texel_bytes());
+            if (k.paired()) CHECK(2 * k.rps <= k.wg);
         }
     }
 }
