@@ -258,6 +258,17 @@ TEST_CASE("sdpa_backward on the device: deterministic, chunked, recomputed", "[b
     CHECK(nmse(cut.dv, want.dv) <= 1e-9);
     CHECK(nmse(cut.d_sinks, want.d_sinks) <= 1e-9);
     CHECK(nmse(cut.d_additive_mask, want.d_additive_mask) <= 1e-9);
+    // A GPU's tiles (one row or key per invocation, K, V, Q and dO fetched by every lane, no
+    // shuffles), planned as for a discrete GPU on this device.
+    qkv::vulkan::device_info discrete = gpu().device();
+    discrete.type = qkv::vulkan::device_type::discrete_gpu;
+    qkv::vulkan::context as_gpu = qkv_test::make_context({.fused_tiles_as = discrete});
+    const qkv::sdpa_gradients tiles = as_gpu.sdpa_backward(o.backward());
+    qkv_test::require_clean(as_gpu);
+    CHECK(nmse(tiles.dq, want.dq) <= 1e-9);
+    CHECK(nmse(tiles.dk, want.dk) <= 1e-9);
+    CHECK(nmse(tiles.dv, want.dv) <= 1e-9);
+    CHECK(nmse(tiles.d_additive_mask, want.d_additive_mask) <= 1e-9);
     // Without out and lse the forward runs first: the same gradients.
     owned bare = o;
     bare.out.clear(), bare.lse.clear();

@@ -61,7 +61,12 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     p.kps = 8;  // a multiple of 4: one Philox evaluation per 4 keys of a row
     p.kpi = std::bit_floor(std::clamp<std::uint32_t>(32 / widest, 1, 8));  // a lane's keys share dropout counters
     p.rps = 4;
-    p.shuffle = cpu_shuffle(info, p.wg, set);
+    // A GPU's registers are per invocation, not a CPU's stack: one row or key each, which keeps
+    // three or four texel rows of the head's width in them (no measurement on a GPU here). The
+    // test hook settings::fused_tiles_as plans them so on a CPU device.
+    const device_info& as = set.fused_tiles_as ? *set.fused_tiles_as : info;
+    if (as.type != device_type::cpu) p.rpi = 1, p.kpi = 1;
+    p.shuffle = cpu_shuffle(as, p.wg, set) && cpu_shuffle(info, p.wg, set);
     if (set.backward_rows)
         p.rpi = set.backward_rows, p.kps = set.backward_keys, p.kpi = set.backward_own_keys,
         p.rps = set.backward_rows_step;
