@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "api/sdpa_backward_plan.hpp"
 #include "contract/score.h"
+#include "plan/sdpa_backward_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
 #include "support/fake_devices.hpp"

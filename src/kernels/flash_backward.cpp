@@ -1,11 +1,9 @@
 #include "kernels/flash_backward.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <string>
 
 #include "contract/score.h"
-#include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -13,152 +11,21 @@ namespace {
 
 constexpr std::uint32_t pack_workgroup = 64;
 constexpr std::uint32_t small_workgroup = 64;
-// llvmpipe ends every loop of an invocation after 65,535 iterations in total: one dispatch of the
-// dq or dk/dv kernel takes at most this many steps of its one loop (with a margin), a fold this
-// many terms of each output.
-constexpr std::uint32_t max_steps_per_dispatch = 65535 - 1023;
 
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
-bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
-
-std::uint64_t bwd_fold::terms() const {
-    std::uint64_t n = 1;
-    for (int d = 0; d < 4; ++d)
-        if (onto[d] == 1) n *= dims[d];
-    return n;
-}
-
-std::uint32_t flash_bwd_plan::dispatches(const flash_layout& l) const {
-    const std::uint32_t dq = l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
-    const std::uint32_t dkdv = ceil_div(std::uint64_t{l.group()} * npad_q, dkdv_chunk);
-    return dq + dkdv;
-}
-
-flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& l, const flash_bwd_request& r,
-                                   const settings& set) {
-    const device_info& info = desc.info;
-    flash_bwd_plan p;
-    // One subgroup per workgroup, as the forward's cpu family (flash_cpu.cpp): a device that reports
-    // no usable subgroup size gets 8 lanes (or fewer, if its workgroups are smaller).
-    const std::uint32_t max_wg = desc.max_workgroup_x();
-    p.wg = info.subgroup_size;
-    if (!power_of_two(p.wg) || p.wg > max_wg) {
-        p.wg = 8;
-        while (p.wg > max_wg) p.wg /= 2;
-    }
-    p.d4 = ceil_div(std::max(l.d, 1u), 4);
-    p.dv4 = ceil_div(std::max(l.dv, 1u), 4);
-    // Rows (dq) or keys (dk/dv) per invocation, in registers with every loop over them unrolled:
-    // dq keeps three texel rows per row (q, dO, dq), dk/dv four per key (k, v, dk, dv). Measured on
-    // lavapipe at N = 1024 and 4096, d = 64 (docs/devices.md): 4 rows x 8 keys a step for dq and
-    // 2 keys x 4 rows for dk/dv; half as many per invocation for each doubling of the width.
-    const std::uint32_t widest = std::max(p.d4, p.dv4);
-    // Powers of two, so that the dq block and the dk/dv step divide each other (npad_q).
-    p.rpi = std::bit_floor(std::clamp<std::uint32_t>(64 / widest, 1, 8));
-    p.kps = 8;  // a multiple of 4: one Philox evaluation per 4 keys of a row
-    p.kpi = std::bit_floor(std::clamp<std::uint32_t>(32 / widest, 1, 8));  // a lane's keys share dropout counters
-    p.rps = 4;
-    // A GPU's registers are per invocation, not a CPU's stack: one row or key each, which keeps
-    // three or four texel rows of the head's width in them (no measurement on a GPU here). The
-    // test hook settings::fused_tiles_as plans them so on a CPU device.
-    const device_info& as = set.fused_tiles_as ? *set.fused_tiles_as : info;
-    if (as.type != device_type::cpu) p.rpi = 1, p.kpi = 1;
-    p.shuffle = cpu_shuffle(as, p.wg, set) && cpu_shuffle(info, p.wg, set);
-    if (set.backward_rows)
-        p.rpi = set.backward_rows, p.kps = set.backward_keys, p.kpi = set.backward_own_keys,
-        p.rps = set.backward_rows_step;
-    const std::uint32_t row_align = std::max(p.dq_block(), p.rps), key_align = std::max(p.kps, p.dkdv_block());
-    p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), row_align));
-    p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), key_align));
-    // Chunks: dq's key steps, dk/dv's row steps (beside a few iterations per head: the skips over
-    // rows no key of the block sees, and the flags of the group's heads), each below the loop limit.
-    std::uint64_t keys = std::uint64_t{max_steps_per_dispatch} * p.kps;
-    const std::uint64_t head_iterations = 3 * std::uint64_t{l.group()} + 1;
-    std::uint64_t slots =
-        (max_steps_per_dispatch > head_iterations + 1 ? max_steps_per_dispatch - head_iterations : 1) *
-        std::uint64_t{p.rps};
-    if (const std::uint32_t at_most = set.max_fused_keys) {
-        keys = std::min<std::uint64_t>(keys, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
-        slots = std::min<std::uint64_t>(slots, std::max<std::uint64_t>(p.rps, at_most / p.rps * p.rps));
-    }
-    p.dq_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(keys, p.npad_kv));
-    p.dkdv_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, std::uint64_t{l.group()} * p.npad_q));
-    p.fold_chunk = max_steps_per_dispatch;
-    if (set.max_fused_keys) p.fold_chunk = std::max(1u, std::min(p.fold_chunk, set.max_fused_keys));
-
-    p.half = l.fp16;
-    p.format = texel_format(l.fp16);
-    p.extras = (r.d_mask ? contract::BWD_WRITE_DS : 0u) | (r.check ? contract::BWD_CHECK : 0u);
-    if (r.d_sinks) p.sinks = {true, {l.batch, l.heads, l.q_len, 1}, {1, l.heads, 1, 1}};
-    if (r.d_mask)
-        p.mask = {true,
-                  {l.batch, l.heads, l.q_len, l.kv_len},
-                  {r.mask_dims[0], r.mask_dims[1], r.mask_dims[2], r.mask_dims[3]}};
-
-    const std::uint64_t align = std::max(desc.texel_alignment, desc.storage_alignment);
-    const std::uint64_t tb = p.texel_bytes();
-    p.q_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.d4;
-    p.k_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.d4;
-    p.v_texels = std::uint64_t{l.kv_batches()} * p.npad_kv * p.dv4;
-    p.do_texels = std::uint64_t{l.q_batches()} * p.npad_q * p.dv4;
-    p.k_flags_at = 0;
-    p.q_flags_at = align_up(std::uint64_t{l.kv_batches()} * 4, desc.storage_alignment);
-    p.flags_bytes = p.q_flags_at + std::uint64_t{l.q_batches()} * 4;
-    p.q_at = align_up(p.flags_bytes, align);
-    p.do_at = align_up(p.q_at + p.q_texels * tb, align);
-    p.k_at = align_up(p.do_at + p.do_texels * tb, align);
-    p.v_at = align_up(p.k_at + p.k_texels * tb, align);
-    p.texel_bytes_total = p.v_at + p.v_texels * tb;
-
-    const std::uint64_t rows = std::uint64_t{l.q_batches()} * l.q_len;
-    p.stats_at = 0;
-    p.stats_texels = std::uint64_t{l.q_batches()} * p.npad_q;
-    p.sums_at = align_up(p.stats_texels * 16, desc.storage_alignment);
-    p.sink_terms_at = align_up(p.sums_at + (r.check ? rows * 16 : 0), desc.storage_alignment);
-    p.scratch_bytes = p.sink_terms_at + (r.d_sinks ? rows * 4 : 0);
-    p.ds_bytes = r.d_mask ? rows * l.kv_len * 4 : 0;
-    return p;
-}
-
-flash_bwd_refusal check_flash_backward(const device_desc& desc, const flash_bwd_plan& p) {
-    const device_info& info = desc.info;
-    if (!desc.uniform_texels(p.half))
-        return {std::string("the backward kernels read q, k, v and d_out through ") +
-                    (p.half ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT") + " uniform texel buffers, which " +
-                    info.name + " does not support",
-                false};
-    const std::uint64_t paired = p.paired() ? (p.do_at - p.q_at) / p.texel_bytes() + p.do_texels : 0;
-    const std::uint64_t texels = std::max({p.q_texels, p.k_texels, p.v_texels, p.do_texels, p.stats_texels, paired});
-    if (texels > desc.max_texel_elements)
-        return {"the backward kernels would read " + std::to_string(texels) +
-                    " texels through one texel buffer, more than this device's maxTexelBufferElements of " +
-                    std::to_string(desc.max_texel_elements) + "; split the batch into several calls",
-                true};
-    const auto beyond = [&](const char* what, std::uint64_t bytes) -> std::string {
-        if (bytes <= info.max_storage_buffer_range && bytes / 4 <= 0xffffffffu) return {};
-        return std::string("the backward kernels' ") + what + " needs " + std::to_string(bytes) +
-               " bytes, more than this device's maxStorageBufferRange of " +
-               std::to_string(info.max_storage_buffer_range) + "; split the batch or the heads into several calls";
-    };
-    for (const auto& [what, bytes] :
-         {std::pair{"texel buffer", p.texel_bytes_total}, std::pair{"scratch", p.scratch_bytes},
-          std::pair{"dS scratch of the additive mask's gradient", p.ds_bytes}})
-        if (std::string why = beyond(what, bytes); !why.empty()) return {why, true};
-    return {};
-}
 
 flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, VkBuffer scratch, const flash_bwd_plan& p) {
     flash_bwd_views v;
     const std::uint64_t tb = p.texel_bytes();
-    v.q = buffer_view(dev, texels, p.format, p.q_at, p.q_texels * tb);
-    v.k = buffer_view(dev, texels, p.format, p.k_at, p.k_texels * tb);
-    v.v = buffer_view(dev, texels, p.format, p.v_at, p.v_texels * tb);
-    v.d_out = buffer_view(dev, texels, p.format, p.do_at, p.do_texels * tb);
+    v.q = buffer_view(dev, texels, texel_format(p.half), p.q_at, p.q_texels * tb);
+    v.k = buffer_view(dev, texels, texel_format(p.half), p.k_at, p.k_texels * tb);
+    v.v = buffer_view(dev, texels, texel_format(p.half), p.v_at, p.v_texels * tb);
+    v.d_out = buffer_view(dev, texels, texel_format(p.half), p.do_at, p.do_texels * tb);
     v.stats = buffer_view(dev, scratch, VK_FORMAT_R32G32B32A32_SFLOAT, p.stats_at, p.stats_texels * 16);
-    if (p.paired()) v.q_d_out = buffer_view(dev, texels, p.format, p.q_at, p.do_at - p.q_at + p.do_texels * tb);
+    if (p.paired())
+        v.q_d_out = buffer_view(dev, texels, texel_format(p.half), p.q_at, p.do_at - p.q_at + p.do_texels * tb);
     return v;
 }
 

@@ -1,4 +1,4 @@
-#include "api/sdpa_backward_plan.hpp"
+#include "plan/sdpa_backward_plan.hpp"
 
 #include <algorithm>
 #include <string>

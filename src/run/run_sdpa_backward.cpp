@@ -6,7 +6,8 @@
 #include <limits>
 #include <string>
 
-#include "api/sdpa_backward_plan.hpp"
+#include "kernels/flash_backward.hpp"
+#include "plan/sdpa_backward_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "run/kv_storage.hpp"
 #include "run/run.hpp"

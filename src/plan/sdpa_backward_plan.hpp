@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/flash_backward_plan.hpp"
 #include "plan/buffers.hpp"
 #include "plan/sdpa_plan.hpp"
-#include "kernels/flash_backward.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
 
 namespace qkv::vulkan::detail {
