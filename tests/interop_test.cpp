@@ -303,3 +303,74 @@ TEST_CASE("interop: self-attention recorded over the application's buffers", "[i
     CHECK(nmse(mem.data<float>() + at, qkv::cpu::attention_f64(host).output) <= 1e-10);
     CHECK(a.log.count() == 0);
 }
+
+TEST_CASE("interop: the forward and the backward recorded in the application's command buffer", "[interop][backward]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    std::mt19937_64 rng(5);
+    constexpr std::size_t Hq = 4, Hkv = 2, L = 17, S = 23, E = 16, Ev = 8;
+    constexpr std::size_t nq = Hq * L * E, nk = Hkv * S * E, nv = Hkv * S * Ev, no = Hq * L * Ev, nl = Hq * L;
+    const std::vector<float> q = normal(nq, rng), k = normal(nk, rng), v = normal(nv, rng), d_out = normal(no, rng),
+                             sinks = normal(Hq, rng);
+    qkv::sdpa_backward_problem desc;
+    desc.forward.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev};
+    desc.forward.options = {.causal = true, .softcap = 4.f, .dropout_p = 0.2f, .dropout_seed = 9};
+    desc.forward.sinks = sinks;
+    qkv::sdpa_backward_problem host = desc;
+    host.forward.q = q, host.forward.k = k, host.forward.v = v, host.d_out = d_out;  // out, lse: recomputed
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(host);
+    // Every tensor at an odd element offset of one buffer; the gradients in another, each fenced.
+    std::size_t at = 1;
+    app::buffer mem = a.make_buffer((nq + nk + nv + 3 * no + nl + 16) * 4);
+    app::buffer grads = a.make_buffer((nq + nk + nv + Hq + 16) * 4);
+    for (std::size_t i = 0; i < nq + nk + nv + Hq + 16; ++i) grads.data<float>()[i] = 1234.5f;
+    const auto place = [&](app::buffer& b, std::size_t& next, const std::vector<float>* values, std::size_t n,
+                           std::vector<std::size_t> shape) {
+        if (values) put(b, next, *values);
+        qkv::vulkan::tensor t = qkv::vulkan::wrap(ctx, b.handle, next * 4, n * 4, std::move(shape));
+        next += n + 3;
+        return t;
+    };
+    qkv::vulkan::tensor tq = place(mem, at, &q, nq, {1, Hq, L, E}), tk = place(mem, at, &k, nk, {1, Hkv, S, E}),
+                        tv = place(mem, at, &v, nv, {1, Hkv, S, Ev}), tdo = place(mem, at, &d_out, no, {1, Hq, L, Ev}),
+                        to = place(mem, at, nullptr, no, {1, Hq, L, Ev}), tl = place(mem, at, nullptr, nl, {1, Hq, L});
+    std::size_t g_at = 1;
+    const std::size_t dq_at = g_at;
+    qkv::vulkan::tensor dq = place(grads, g_at, nullptr, nq, {1, Hq, L, E});
+    const std::size_t dk_at = g_at;
+    qkv::vulkan::tensor dk = place(grads, g_at, nullptr, nk, {1, Hkv, S, E});
+    const std::size_t dv_at = g_at;
+    qkv::vulkan::tensor dv = place(grads, g_at, nullptr, nv, {1, Hkv, S, Ev});
+    const std::size_t ds_at = g_at;
+    qkv::vulkan::tensor ds = place(grads, g_at, nullptr, Hq, {Hq});
+
+    qkv::sdpa_problem forward = desc.forward;
+    forward.options.return_lse = true;
+    qkv::vulkan::sdpa_call f(ctx, forward);
+    qkv::vulkan::sdpa_backward_call b(ctx, desc);
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording rf = qkv::vulkan::record(f, cmd, {.q = &tq, .k = &tk, .v = &tv, .out = &to, .lse = &tl});
+    qkv::vulkan::recording rb = qkv::vulkan::record(b, cmd,
+                                                    {.q = &tq,
+                                                     .k = &tk,
+                                                     .v = &tv,
+                                                     .out = &to,
+                                                     .lse = &tl,
+                                                     .d_out = &tdo,
+                                                     .dq = &dq,
+                                                     .dk = &dk,
+                                                     .dv = &dv,
+                                                     .d_sinks = &ds});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    rf.check();
+    rb.check();
+    const float* g = grads.data<float>();
+    CHECK(nmse(g + dq_at, want.dq) <= 1e-9);
+    CHECK(nmse(g + dk_at, want.dk) <= 1e-9);
+    CHECK(nmse(g + dv_at, want.dv) <= 1e-9);
+    CHECK(nmse(g + ds_at, want.d_sinks) <= 1e-9);
+    for (const std::size_t gap : {dq_at - 1, dk_at - 1, dv_at - 1, ds_at - 1, ds_at + Hq})
+        CHECK(g[gap] == 1234.5f);  // nothing written outside the gradients
+    CHECK(a.log.count() == 0);
+}

@@ -5,6 +5,10 @@
 // key and row chunks, and dropout's mask bit for bit against the CPU's.
 #include <qkv/runtime/cpu.hpp>
 #include <qkv/vulkan/context.hpp>
+#include <qkv/vulkan/sdpa_backward_call.hpp>
+#include <qkv/vulkan/sdpa_call.hpp>
+#include <qkv/vulkan/sequence.hpp>
+#include <qkv/vulkan/tensor.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -12,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -122,6 +127,123 @@ void expect_throw_with(F&& f, std::initializer_list<std::string> words) {
         for (const std::string& w : words) CHECK(m.find(w) != std::string::npos);
     }
     CHECK(thrown);
+}
+
+/// The description of a backward call over tensors: `o`'s shape, options, masks and sinks, no data.
+qkv::sdpa_backward_problem description_of(const owned& o) {
+    qkv::sdpa_backward_problem b = o.backward();
+    b.forward.q = {}, b.forward.k = {}, b.forward.v = {};
+    b.out = {}, b.lse = {}, b.d_out = {};
+    return b;
+}
+
+/// A backward call's tensors on the device: q, k, v and d_out of the precision's type, uploaded;
+/// out and lse uploaded where `o` holds them; the gradients (d_sinks and the mask's where asked).
+struct device_tensors {
+    qkv::vulkan::tensor q, k, v, d_out, out, lse, dq, dk, dv, d_sinks, d_mask;
+
+    device_tensors(qkv::vulkan::context& ctx, const owned& o) {
+        const qkv::sdpa_shape& s = o.shape;
+        const qkv::element_type type =
+            o.options.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+        const auto make_one = [&](std::vector<std::size_t> shape, const std::vector<float>& values,
+                                  qkv::element_type t = qkv::element_type::f32) {
+            qkv::vulkan::tensor x(ctx, std::move(shape), t);
+            if (!values.empty()) x.upload(values);
+            return x;
+        };
+        q = make_one({s.batch, s.q_heads, s.q_len, s.d_qk}, o.q, type);
+        k = make_one({s.batch, s.kv_heads, s.kv_len, s.d_qk}, o.k, type);
+        v = make_one({s.batch, s.kv_heads, s.kv_len, s.d_v}, o.v, type);
+        d_out = make_one({s.batch, s.q_heads, s.q_len, s.d_v}, o.d_out, type);
+        out = make_one({s.batch, s.q_heads, s.q_len, s.d_v}, o.out);
+        lse = make_one({s.batch, s.q_heads, s.q_len}, o.lse);
+        dq = make_one({s.batch, s.q_heads, s.q_len, s.d_qk}, {});
+        dk = make_one({s.batch, s.kv_heads, s.kv_len, s.d_qk}, {});
+        dv = make_one({s.batch, s.kv_heads, s.kv_len, s.d_v}, {});
+        if (!o.sinks.empty()) d_sinks = make_one({s.q_heads}, {});
+        if (o.want_d_additive) d_mask = make_one({o.additive.size()}, {});
+    }
+    [[nodiscard]] qkv::vulkan::sdpa_backward_tensors view() {
+        return {.q = &q,
+                .k = &k,
+                .v = &v,
+                .out = &out,
+                .lse = &lse,
+                .d_out = &d_out,
+                .dq = &dq,
+                .dk = &dk,
+                .dv = &dv,
+                .d_sinks = d_sinks ? &d_sinks : nullptr,
+                .d_additive_mask = d_mask ? &d_mask : nullptr};
+    }
+    /// The gradients as the device holds them.
+    [[nodiscard]] qkv::sdpa_gradients gradients() const {
+        qkv::sdpa_gradients g;
+        g.dq = dq.download(), g.dk = dk.download(), g.dv = dv.download();
+        if (d_sinks) g.d_sinks = d_sinks.download();
+        if (d_mask) g.d_additive_mask = d_mask.download();
+        return g;
+    }
+};
+
+/// `got` against the float64 reference of `o` (the values float16 stores, with precision fp16; the
+/// reference's own forward where `o` holds no out and lse).
+void check_gradients(const qkv::sdpa_gradients& got, const owned& o, double bound) {
+    const owned r = o.options.precision == qkv::precision::fp16 ? rounded_to_half(o) : o;
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(r.backward());
+    CHECK(nmse(got.dq, want.dq) <= bound);
+    CHECK(nmse(got.dk, want.dk) <= bound);
+    CHECK(nmse(got.dv, want.dv) <= bound);
+    REQUIRE(got.d_sinks.size() == want.d_sinks.size());
+    if (!want.d_sinks.empty()) CHECK(nmse(got.d_sinks, want.d_sinks) <= bound);
+    REQUIRE(got.d_additive_mask.size() == want.d_additive_mask.size());
+    if (!want.d_additive_mask.empty()) CHECK(nmse(got.d_additive_mask, want.d_additive_mask) <= bound);
+}
+
+bool same_gradients(const qkv::sdpa_gradients& a, const qkv::sdpa_gradients& b) {
+    return same_bits(a.dq, b.dq) && same_bits(a.dk, b.dk) && same_bits(a.dv, b.dv) && same_bits(a.d_sinks, b.d_sinks) &&
+           same_bits(a.d_additive_mask, b.d_additive_mask);
+}
+
+/// The problems the calls over tensors are tested on: odd shapes, then every rule together
+/// (GQA, causal bottom-right, a window, softcap, ALiBi, sinks, an additive mask and its gradient,
+/// dropout), a bool mask with rows that see no key, and fp16 storage.
+std::vector<owned> tensor_problems() {
+    std::vector<owned> all;
+    for (const auto& [L, S, E] :
+         {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 16}, {3, 17, 16}, {17, 113, 80}, {113, 3, 16}}) {
+        const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = L, .kv_len = S, .d_qk = E, .d_v = E};
+        all.push_back(make(s, {}, static_cast<std::uint32_t>(L * 100 + S)));
+    }
+    std::mt19937 rng(61);
+    const qkv::sdpa_shape g{.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 29, .d_qk = 16, .d_v = 8};
+    owned every = make(g,
+                       {.causal = true,
+                        .alignment = qkv::causal_alignment::bottom_right,
+                        .window_left = 9,
+                        .softcap = 5.f,
+                        .alibi_max_bias = 4.f,
+                        .dropout_p = 0.25f,
+                        .dropout_seed = 0xfeedull,
+                        .dropout_offset = 3},
+                       62);
+    every.sinks = normal(4, rng);
+    every.additive = normal(17 * 29, rng);
+    every.mask_shape = {17, 29};
+    every.want_d_additive = true;
+    all.push_back(every);
+    const qkv::sdpa_shape b{.batch = 2, .q_heads = 2, .kv_heads = 2, .q_len = 13, .kv_len = 5, .d_qk = 16, .d_v = 16};
+    owned masked = make(b, {.causal = true, .alignment = qkv::causal_alignment::bottom_right}, 63);
+    masked.mask.resize(2 * 13 * 5);
+    for (std::size_t n = 0; n < masked.mask.size(); ++n) masked.mask[n] = (n * 7 + 3) % 5 != 0 ? 1 : 0;
+    masked.mask_shape = {1, 2, 13, 5};
+    all.push_back(masked);
+    const qkv::sdpa_shape h{.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 37, .kv_len = 41, .d_qk = 64, .d_v = 64};
+    if (gpu().device().fp16_storage)
+        all.push_back(make(h, {.causal = true, .precision = qkv::precision::fp16, .softcap = 20.f}, 64));
+    for (owned& o : all) save_forward(o);
+    return all;
 }
 
 }  // namespace
@@ -350,4 +472,116 @@ TEST_CASE("dropout on the device: the forward's mask bit for bit, on both famili
             CHECK(differ == 0);
             CHECK(dropped > 0);
         }
+}
+
+TEST_CASE("sdpa_backward_call: over tensors, the host path's gradients bit for bit", "[backward][tensors]") {
+    std::size_t n = 0;
+    for (const owned& o : tensor_problems()) {
+        INFO("problem " << n++ << ": L " << o.shape.q_len << ", S " << o.shape.kv_len);
+        qkv::vulkan::sdpa_backward_call call(gpu(), description_of(o));
+        device_tensors t(gpu(), o);
+        call.run(t.view());
+        const qkv::sdpa_gradients got = t.gradients();
+        require_clean(gpu());
+        check_gradients(got, o, 1e-9);
+        // The same kernels as context::sdpa_backward: the same bits; and again, the same bits.
+        CHECK(same_gradients(got, gpu().sdpa_backward(o.backward())));
+        call.run(t.view());
+        CHECK(same_gradients(got, t.gradients()));
+        require_clean(gpu());
+    }
+}
+
+TEST_CASE("sdpa_backward_call: in a sequence after the forward over the same tensors", "[backward][tensors]") {
+    // The forward (sdpa_call, with its lse) writes out and lse; the backward reads them: one submit.
+    // Dropout in both draws the same mask (the same seed and offset).
+    for (const owned& o : tensor_problems()) {
+        INFO("L " << o.shape.q_len << ", S " << o.shape.kv_len);
+        owned bare = o;
+        bare.out.clear(), bare.lse.clear();
+        device_tensors t(gpu(), bare);
+        qkv::sdpa_problem forward = description_of(o).forward;
+        forward.options.return_lse = true;
+        qkv::vulkan::sdpa_call f(gpu(), forward);
+        qkv::vulkan::sdpa_backward_call b(gpu(), description_of(o));
+        qkv::vulkan::sequence seq(gpu());
+        seq.record(f, {.q = &t.q, .k = &t.k, .v = &t.v, .out = &t.out, .lse = &t.lse});
+        seq.record(b, t.view());
+        CHECK(seq.recorded() == 2);
+        seq.run();
+        require_clean(gpu());
+        check_gradients(t.gradients(), bare, 1e-9);  // the reference's own forward (of the stored values)
+    }
+}
+
+TEST_CASE("sdpa_backward_call: what it refuses, and its checks on the device", "[backward][tensors]") {
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 11, .kv_len = 13, .d_qk = 16, .d_v = 16};
+    std::mt19937 rng(71);
+    owned o = make(s, {.causal = true}, 72);
+    o.sinks = normal(2, rng);
+    save_forward(o);
+    const qkv::sdpa_backward_problem desc = description_of(o);
+    // K and V of another type than Q's, or quantized, only from the host; data in the description.
+    qkv::sdpa_backward_problem other = desc;
+    other.forward.options.kv_type = qkv::element_type::f16;
+    expect_throw_with([&] { qkv::vulkan::sdpa_backward_call c(gpu(), other); },
+                      {"sdpa_backward_call", "kv_type", "context::sdpa_backward"});
+    CHECK_THROWS_AS(qkv::vulkan::sdpa_backward_call(gpu(), o.backward()), qkv::invalid_argument);
+    other = desc;
+    other.d_out = o.d_out;
+    expect_throw_with([&] { qkv::vulkan::sdpa_backward_call c(gpu(), other); }, {"d_out must be empty"});
+    other = desc;
+    other.return_d_additive_mask = true;
+    CHECK_THROWS_AS(qkv::vulkan::sdpa_backward_call(gpu(), other), qkv::invalid_argument);
+
+    qkv::vulkan::sdpa_backward_call call(gpu(), desc);
+    device_tensors t(gpu(), o);
+    // Tensors missing, of the wrong size or type, or one the description does not ask for.
+    qkv::vulkan::sdpa_backward_tensors v = t.view();
+    v.d_sinks = nullptr;
+    expect_throw_with([&] { call.run(v); }, {"no d_sinks tensor"});
+    v = t.view();
+    v.d_additive_mask = &t.dq;
+    expect_throw_with([&] { call.run(v); }, {"d_additive_mask", "return_d_additive_mask is not set"});
+    v = t.view();
+    v.dk = &t.dq;  // dq's size
+    CHECK_THROWS_AS(call.run(v), qkv::invalid_argument);
+    if (gpu().device().fp16_storage) {
+        qkv::vulkan::tensor half(gpu(), {1, 2, 11, 16}, qkv::element_type::f16);
+        v = t.view();
+        v.q = &half;
+        CHECK_THROWS_AS(call.run(v), qkv::invalid_argument);
+    }
+    // Saved tensors that are not the forward's: refused after the run, naming the row.
+    std::vector<float> lse = o.lse;
+    lse[3] += 0.5f;
+    t.lse.upload(lse);
+    expect_throw_with([&] { call.run(t.view()); }, {"row 3", "must be this problem's forward results"});
+    t.lse.upload(o.lse);
+    // Finite inputs whose gradients leave float32's range: numeric_overflow, never inf or NaN.
+    owned big = o;
+    for (float& x : big.v) x *= 1e30f;
+    for (float& x : big.d_out) x *= 1e20f;
+    save_forward(big);
+    device_tensors tb(gpu(), big);
+    expect_throw_with([&] { call.run(tb.view()); }, {"not finite", "every input is finite"});
+    CHECK_THROWS_AS(call.run(tb.view()), qkv::vulkan::numeric_overflow);
+    // Scores beyond float32: the overflow rule, as on the host path.
+    owned huge = o;
+    for (float& x : huge.q) x *= 1e20f;
+    for (float& x : huge.k) x *= 1e20f;
+    device_tensors th(gpu(), huge);
+    CHECK_THROWS_AS(call.run(th.view()), qkv::vulkan::numeric_overflow);
+    // A NaN in d_out: its gradients NaN where the reference's are, no error.
+    owned poisoned = o;
+    poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
+    device_tensors tp(gpu(), poisoned);
+    call.run(tp.view());
+    check_gradients(tp.gradients(), poisoned, 1e-9);
+    // And the call is as good as new after each refusal.
+    call.run(t.view());
+    check_gradients(t.gradients(), o, 1e-9);
+    require_clean(gpu());
+    qkv::vulkan::sdpa_backward_call moved = std::move(call);
+    CHECK_THROWS_AS(call.run(t.view()), qkv::error);  // NOLINT(bugprone-use-after-move): the test
 }

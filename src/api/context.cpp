@@ -79,6 +79,7 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
 sdpa_gradients context::sdpa_backward(const sdpa_backward_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
+    require_supported(entry_point::context_sdpa_backward, problem);
     return self.host_call("sdpa_backward", [&](run_env& env) { return run_sdpa_backward(env, problem); });
 }
 

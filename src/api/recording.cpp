@@ -25,6 +25,7 @@ recording::impl::~impl() {
     if (!core) return;
     std::lock_guard lock(core->mutex);
     attention_views = {};
+    backward_views = {};
     views.clear();
     flash_views = {};
     buffers.release();
@@ -35,6 +36,7 @@ recording::impl::~impl() {
 
 void recording::impl::check(bool locked) const {
     if (attention) return check_attention(locked);
+    if (backward) return check_backward(locked);
     if (!checks) return;
     kv_stats cache_stats;
     {

@@ -8,6 +8,7 @@
 
 #include "api/device_core.hpp"
 #include "api/kv_cache_impl.hpp"
+#include "kernels/flash_backward.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "plan/attention_plan.hpp"
 #include "plan/settings.hpp"
@@ -42,6 +43,11 @@ struct recording::impl {
     std::unique_ptr<detail::plan> attention;
     detail::attention_views attention_views;
     std::uint64_t output_flags_at = 0;  // byte offset of the output projection inputs' flags in `guard`
+    // A backward call's check (sdpa_backward_call.cpp): the kernels' verdict words in `guard`, after
+    // the overflow rule's, and the texel views its kernels read.
+    bool backward = false;
+    std::uint64_t backward_verdict_at = 0;  // byte offset of the BWD_VERDICT_WORDS words in `guard`
+    detail::flash_bwd_views backward_views;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -52,6 +58,7 @@ struct recording::impl {
     /// core's lock (a run checks under the lock that ran it); else it is taken here.
     void check(bool locked = false) const;
     void check_attention(bool locked) const;  // attention_call.cpp
+    void check_backward(bool locked) const;   // sdpa_backward_call.cpp
     /// Ready for the next recording at the same place: the buffers and device words are kept, the
     /// views and the check's facts are the new recording's. Returns the cache the last recording
     /// held, for the caller to let go of after the core's lock (a cache's destructor takes it).
@@ -59,7 +66,9 @@ struct recording::impl {
         views.clear();
         flash_views = {};
         attention_views = {};
+        backward_views = {};
         checks = false;
+        backward = false;
         attention.reset();
         return std::move(cache);
     }

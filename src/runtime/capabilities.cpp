@@ -21,6 +21,9 @@ constexpr std::string_view no_slopes_across_ranks =
 constexpr std::string_view no_dropout_in_decode =
     "dropout is a training option and the split-S decode kernels do not draw its mask; context::sdpa with "
     "host K/V (the fused kernels) computes it";
+constexpr std::string_view one_type_over_tensors =
+    "q, k, v and d_out come as tensors of the precision's type (f32, or f16); K and V of another type, or "
+    "as ggml's blocks (a decode cache's storage), only from the host (context::sdpa_backward rounds them)";
 constexpr std::string_view no_dropout_across_ranks =
     "the mask is defined by each row's and key's place in the whole call, which a rank's block call does not "
     "carry; qkv::cpu::sdpa and context::sdpa compute it on one process";
@@ -40,20 +43,33 @@ constexpr refusal table[] = {
     {entry_point::sdpa_call_decode, "dropout_p", no_dropout_in_decode},
     {entry_point::mpi_sdpa, "dropout_p", no_dropout_across_ranks},
     {entry_point::mpi_decode, "dropout_p", no_dropout_across_ranks},
+    {entry_point::sdpa_backward_call, "kv_type", one_type_over_tensors},
+    {entry_point::sdpa_backward_call, inputs::kv_quantized, one_type_over_tensors},
 };
 
-constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_point::context_sdpa,
-                                       entry_point::context_decode,    entry_point::sdpa_call,
-                                       entry_point::sdpa_call_decode,  entry_point::sequence_record,
-                                       entry_point::interop_record,    entry_point::mpi_sdpa,
-                                       entry_point::mpi_decode,        entry_point::cpu_attention,
-                                       entry_point::context_attention, entry_point::attention_call,
-                                       entry_point::cache_append,      entry_point::cache_append_tensors,
-                                       entry_point::mpi_append};
+constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
+                                       entry_point::context_sdpa,
+                                       entry_point::context_decode,
+                                       entry_point::sdpa_call,
+                                       entry_point::sdpa_call_decode,
+                                       entry_point::sequence_record,
+                                       entry_point::interop_record,
+                                       entry_point::mpi_sdpa,
+                                       entry_point::mpi_decode,
+                                       entry_point::cpu_attention,
+                                       entry_point::context_attention,
+                                       entry_point::attention_call,
+                                       entry_point::cache_append,
+                                       entry_point::cache_append_tensors,
+                                       entry_point::mpi_append,
+                                       entry_point::cpu_sdpa_backward,
+                                       entry_point::context_sdpa_backward,
+                                       entry_point::sdpa_backward_call};
 
-constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,         inputs::additive_mask,
-                                      inputs::sinks,         inputs::alibi_slopes, inputs::kv_f16,
-                                      inputs::kv_quantized,  inputs::biases,       inputs::output_projection};
+constexpr feature input_features[] = {inputs::grouped_query,  inputs::mask,         inputs::additive_mask,
+                                      inputs::sinks,          inputs::alibi_slopes, inputs::kv_f16,
+                                      inputs::kv_quantized,   inputs::biases,       inputs::output_projection,
+                                      inputs::d_additive_mask};
 
 /// The option list's fields, then the inputs.
 const std::vector<feature>& all_features() {
@@ -119,6 +135,12 @@ std::string_view name_of(entry_point e) {
             return "kv_cache::append (tensors), record_append";
         case entry_point::mpi_append:
             return "mpi::sharded_kv_cache::append";
+        case entry_point::cpu_sdpa_backward:
+            return "cpu::sdpa_backward";
+        case entry_point::context_sdpa_backward:
+            return "context::sdpa_backward";
+        case entry_point::sdpa_backward_call:
+            return "sdpa_backward_call";
     }
     return "an unknown entry point";
 }
@@ -126,6 +148,7 @@ std::string_view name_of(entry_point e) {
 bool applies(entry_point entry, feature what) {
     const bool storage = what == inputs::kv_f16 || what == inputs::kv_quantized;
     const bool attention_only = what == inputs::biases || what == inputs::output_projection;
+    const bool backward_only = what == inputs::d_additive_mask;
     switch (entry) {
         case entry_point::cache_append:
         case entry_point::cache_append_tensors:
@@ -139,9 +162,13 @@ bool applies(entry_point entry, feature what) {
                        std::end(attention_options);
         case entry_point::sequence_record:
         case entry_point::interop_record:
-            return true;  // they record either kind of call
-        default:
+            return true;  // they record every kind of call
+        case entry_point::cpu_sdpa_backward:
+        case entry_point::context_sdpa_backward:
+        case entry_point::sdpa_backward_call:
             return !attention_only;
+        default:
+            return !attention_only && !backward_only;
     }
 }
 
@@ -183,6 +210,16 @@ std::vector<feature> features_of(const attention_problem& p) {
     return f;
 }
 
+template <class T>
+std::vector<feature> backward_features(const basic_sdpa_backward_problem<T>& p) {
+    std::vector<feature> f = sdpa_features(p.forward);
+    if (p.return_d_additive_mask) f.push_back(inputs::d_additive_mask);
+    return f;
+}
+
+std::vector<feature> features_of(const sdpa_backward_problem& problem) { return backward_features(problem); }
+std::vector<feature> features_of(const sdpa_backward_problem_f64& problem) { return backward_features(problem); }
+
 std::vector<feature> features_of(element_type stored) {
     if (stored == element_type::f16) return {inputs::kv_f16};
     if (is_quantized(stored)) return {inputs::kv_quantized};
@@ -200,6 +237,12 @@ void require_supported(entry_point entry, const sdpa_problem& problem) {
     require_supported(entry, features_of(problem));
 }
 void require_supported(entry_point entry, const sdpa_problem_f64& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const sdpa_backward_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const sdpa_backward_problem_f64& problem) {
     require_supported(entry, features_of(problem));
 }
 void require_supported(entry_point entry, const attention_problem& problem) {

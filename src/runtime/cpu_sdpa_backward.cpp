@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/error.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
@@ -425,6 +426,7 @@ basic_sdpa_gradients<T> backward_over(const basic_sdpa_backward_problem<In>& bp,
 template <class T, class In>
 basic_sdpa_gradients<T> compute(const basic_sdpa_backward_problem<In>& bp) {
     validate(bp);
+    require_supported(entry_point::cpu_sdpa_backward, bp);
     const basic_sdpa_problem<In>& p = bp.forward;
     if (!p.options.kv_type) return backward_over<T, In, In>(bp, p.k, p.v);
     const std::vector<float> k = stored_as(*p.options.kv_type, p.k, "k");

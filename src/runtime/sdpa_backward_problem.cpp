@@ -39,6 +39,17 @@ void check_backward(const basic_sdpa_backward_problem<T>& problem) {
 }  // namespace
 
 void validate(const sdpa_backward_problem& problem) { check_backward(problem); }
+
+void validate_description(const sdpa_backward_problem& problem) {
+    validate_description(problem.forward);
+    for (const auto& [name, span] :
+         {std::pair{"out", problem.out}, std::pair{"lse", problem.lse}, std::pair{"d_out", problem.d_out}})
+        if (!span.empty())
+            fail(std::string(name) + " must be empty: the description of a call over device tensors holds no data (" +
+                 name + " has " + std::to_string(span.size()) + " elements)");
+    if (problem.return_d_additive_mask && problem.forward.additive_mask.empty())
+        fail("return_d_additive_mask is set, but the problem has no additive_mask");
+}
 void validate(const sdpa_backward_problem_f64& problem) { check_backward(problem); }
 
 }  // namespace qkv

@@ -13,26 +13,30 @@
 #include "qkv/runtime/export.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/sdpa_backward.hpp"
 
 namespace qkv {
 
 /// The ways of running a problem, or of appending to a K/V cache.
 enum class entry_point {
-    cpu_sdpa,              ///< qkv::cpu::sdpa, sdpa_f64: host data, float64
-    context_sdpa,          ///< qkv::vulkan::context::sdpa(problem): Q, K and V from the host
-    context_decode,        ///< context::sdpa(problem, cache): K and V in a qkv::vulkan::kv_cache
-    sdpa_call,             ///< qkv::vulkan::sdpa_call over device tensors: run()
-    sdpa_call_decode,      ///< sdpa_call against a kv_cache: run()
-    sequence_record,       ///< qkv::vulkan::sequence::record of an sdpa_call or attention_call
-    interop_record,        ///< qkv::vulkan::record (interop.hpp) of an sdpa_call or attention_call
-    mpi_sdpa,              ///< qkv::mpi::sdpa: context parallelism across ranks
-    mpi_decode,            ///< qkv::mpi::sharded_kv_cache::decode
-    cpu_attention,         ///< qkv::cpu::attention
-    context_attention,     ///< context::attention
-    attention_call,        ///< qkv::vulkan::attention_call over device tensors: run()
-    cache_append,          ///< kv_cache::append of host data
-    cache_append_tensors,  ///< kv_cache::append of device tensors, sequence::record_append, record_append
-    mpi_append,            ///< qkv::mpi::sharded_kv_cache::append
+    cpu_sdpa,               ///< qkv::cpu::sdpa, sdpa_f64: host data, float64
+    context_sdpa,           ///< qkv::vulkan::context::sdpa(problem): Q, K and V from the host
+    context_decode,         ///< context::sdpa(problem, cache): K and V in a qkv::vulkan::kv_cache
+    sdpa_call,              ///< qkv::vulkan::sdpa_call over device tensors: run()
+    sdpa_call_decode,       ///< sdpa_call against a kv_cache: run()
+    sequence_record,        ///< qkv::vulkan::sequence::record of an sdpa_call or attention_call
+    interop_record,         ///< qkv::vulkan::record (interop.hpp) of an sdpa_call or attention_call
+    mpi_sdpa,               ///< qkv::mpi::sdpa: context parallelism across ranks
+    mpi_decode,             ///< qkv::mpi::sharded_kv_cache::decode
+    cpu_attention,          ///< qkv::cpu::attention
+    context_attention,      ///< context::attention
+    attention_call,         ///< qkv::vulkan::attention_call over device tensors: run()
+    cache_append,           ///< kv_cache::append of host data
+    cache_append_tensors,   ///< kv_cache::append of device tensors, sequence::record_append, record_append
+    mpi_append,             ///< qkv::mpi::sharded_kv_cache::append
+    cpu_sdpa_backward,      ///< qkv::cpu::sdpa_backward, sdpa_backward_f64: the float64 reference's gradients
+    context_sdpa_backward,  ///< qkv::vulkan::context::sdpa_backward: the gradients from host data
+    sdpa_backward_call,     ///< qkv::vulkan::sdpa_backward_call over device tensors: run()
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
@@ -54,6 +58,7 @@ inline constexpr feature kv_f16 = "f16 K/V";                       ///< K and V 
 inline constexpr feature kv_quantized = "q8_0/q4_0 K/V";           ///< K and V stored as q8_0 or q4_0
 inline constexpr feature biases = "biases";                        ///< attention: bq, bk or bv
 inline constexpr feature output_projection = "output_projection";  ///< attention: wo (and bo)
+inline constexpr feature d_additive_mask = "d_additive_mask";      ///< a backward pass: the additive mask's gradient
 }  // namespace inputs
 
 /// "context::sdpa with a kv_cache", ... (the names messages and the README use).
@@ -86,6 +91,9 @@ struct refusal {
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem_f64& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const attention_problem& problem);
+/// A backward problem's: its forward problem's, and d_additive_mask where asked.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_backward_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_backward_problem_f64& problem);
 /// The features of a K/V cache's storage (an append, a decode against it): kv_f16, kv_quantized.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(element_type stored);
 
@@ -96,5 +104,7 @@ QKV_RUNTIME_API void require_supported(entry_point entry, std::span<const featur
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem_f64& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const attention_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_problem_f64& problem);
 
 }  // namespace qkv

@@ -86,4 +86,9 @@ using sdpa_gradients_f64 = basic_sdpa_gradients<double>;
 QKV_RUNTIME_API void validate(const sdpa_backward_problem& problem);
 QKV_RUNTIME_API void validate(const sdpa_backward_problem_f64& problem);
 
+/// Every check of validate() but those of the data, whose spans must all be empty (the forward's
+/// q, k and v, and out, lse and d_out): the description of a backward call over device tensors
+/// (qkv::vulkan::sdpa_backward_call), with its shape, options, masks and sinks.
+QKV_RUNTIME_API void validate_description(const sdpa_backward_problem& problem);
+
 }  // namespace qkv

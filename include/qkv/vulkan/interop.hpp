@@ -45,6 +45,7 @@
 #include "qkv/vulkan/attention_call.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/sdpa_backward_call.hpp"
 #include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/tensor.hpp"
 
@@ -112,6 +113,7 @@ private:
 /// inside; submits nothing. See the synchronisation contract above.
 QKV_VULKAN_API recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors);
 QKV_VULKAN_API recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors);
+QKV_VULKAN_API recording record(sdpa_backward_call& call, VkCommandBuffer cmd, const sdpa_backward_tensors& tensors);
 
 /// Records an append of `rows` rows of k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev) tensors to
 /// `cache`; the cache's size grows now (record in submission order). The recording keeps the
