@@ -182,9 +182,9 @@ void write_json(output_set& files, const std::string& path, const json& j) {
 }
 
 // ---- What each mode honours: one table; every other flag given is refused (exit 2, named) -----
-/// The modes of `qkv bench`, chosen by the flags: --context-parallel, --decode --layers, --decode
+/// The modes of `qkv bench`, chosen by the flags: --context-parallel, --backward, --decode --layers, --decode
 /// (a kv_cache), --kv-seq or --kv-heads (sdpa with q, k, v from the host), else attention().
-enum class mode { attention, sdpa_host, decode, layers, context_parallel };
+enum class mode { attention, sdpa_host, decode, layers, backward, context_parallel };
 
 /// The flags every mode takes.
 constexpr std::string_view common_flags[] = {"--repeat", "--warmup", "--device", "--json", "--seed", "--no-ceiling"};
@@ -208,6 +208,7 @@ constexpr std::string_view decode_flags[] = {"--batch",    "--heads", "--seq",  
                                              "--kv-heads", "--dim-v", "--sinks", "--split", "--decode"};
 constexpr std::string_view layers_options[] = {"precision"};
 constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--kv-seq", "--dim", "--decode", "--layers"};
+constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -231,6 +232,13 @@ constexpr mode_row mode_table[] = {
      "times sdpa against a kv_cache (the fused kernels, --split choosing the chunks)"},
     {mode::layers, "qkv bench --decode --layers", false, layers_options, layers_flags,
      "times one token (L = 1, batch 1) of plain decode layers, taking --precision of the options"},
+    {mode::backward,
+     "qkv bench --backward",
+     true,
+     {},
+     backward_flags,
+     "times sdpa and its backward pass over host q, k and v with L = S = --seq (one --batch, --heads and "
+     "--kv-heads)"},
     {mode::context_parallel,
      "qkv bench --context-parallel",
      true,
@@ -241,6 +249,7 @@ constexpr mode_row mode_table[] = {
 
 mode mode_of(const bench_options& o, bool context_parallel) {
     if (context_parallel) return mode::context_parallel;
+    if (o.backward) return mode::backward;
     if (o.layers) return mode::layers;
     if (o.decode) return mode::decode;
     if (!o.kv_seq_text.empty() || !o.kv_heads_text.empty()) return mode::sdpa_host;
@@ -376,12 +385,55 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
     }
 }
 
+/// `--backward`: context::sdpa_backward beside context::sdpa over host q, k, v.
+void run_backward_bench(bench_options& o, qkv::vulkan::context& ctx) {
+    const qkv::vulkan::device_info& info = ctx.device();
+    const bool slow = info.type == qkv::vulkan::device_type::cpu;
+    const auto one = [](const std::vector<std::size_t>& v, const char* flag, std::size_t fallback) {
+        if (v.size() > 1) throw usage_error(std::string(flag) + " takes one value with --backward");
+        return v.empty() ? fallback : v[0];
+    };
+    backward_config bc;
+    bc.batch = one(o.batch, "--batch", 1);
+    bc.heads = one(o.heads, "--heads", slow ? 1 : 8);
+    bc.kv_heads = one(o.kv_heads, "--kv-heads", bc.heads);
+    if (bc.heads % bc.kv_heads != 0)
+        throw usage_error("--kv-heads " + std::to_string(bc.kv_heads) + " must divide --heads " +
+                          std::to_string(bc.heads));
+    bc.seq = o.seq.empty() ? std::vector<std::size_t>{1024, 4096} : o.seq;
+    bc.dim = o.dim.empty() ? std::vector<std::size_t>{64, 128} : o.dim;
+    bc.options = option_sweep(o.flags, {}, {{"causal", {"no", "yes"}}});
+    for (const std::size_t n : bc.seq)
+        for (const std::size_t d : bc.dim) {
+            config c;  // q, k, v, d_out and the gradients: refused before anything is built if no buffer holds them
+            c.decode = true, c.seq = n, c.kv_seq = n, c.batch = bc.batch, c.heads = bc.heads, c.kv_heads = bc.kv_heads;
+            c.dim = d;
+            check_fits_device(c, info);
+        }
+    if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
+    if (o.warmup < 0) o.warmup = slow ? 1 : 3;
+    output_set json_out;  // reserved first: a bad path fails before the timing
+    reserve_json(json_out, o.json_file);
+    std::cout << "qkv " << qkv::version_string << " bench, " << utc_now() << "\n"
+              << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
+              << "\nTiming: " << o.warmup << " warm-up + " << o.repeat << " timed calls of each\n\n";
+    const json backward = run_backward(ctx, bc, o.warmup, o.repeat, o.seed, std::cout);
+    if (!o.json_file.empty()) {
+        json j;
+        j["qkv_version"] = qkv::version_string;
+        j["device"] = device_json(info);
+        j["backward"] = backward;
+        write_json(json_out, o.json_file, j);
+    }
+}
+
 void run(bench_options o) {
     if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
     refuse_flags_beyond(o, mode_of(o, false));
     parse_sizes(o);
     qkv::vulkan::context ctx = open_context(o.device, false);
     if (o.layers) return run_layers_bench(o, ctx);
+    if (o.backward) return run_backward_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
@@ -521,6 +573,10 @@ void add_bench(CLI::App& app) {
     cmd->add_flag("--decode", o->decode,
                   "Time sdpa against a kv_cache (K/V resident on the device): --seq query rows per head (default "
                   "1) against --kv-seq keys of --kv-heads K/V heads");
+    cmd->add_flag("--backward", o->backward,
+                  "Time the backward pass (context::sdpa_backward) beside the forward (context::sdpa) over host q, "
+                  "k, v with L = S = --seq (default 1024,4096), --dim (default 64,128), causal no,yes: each one's "
+                  "time and backward / forward");
     cmd->add_option("--layers", o->layers,
                     "With --decode: time one token of N layers (L = 1 against --kv-seq keys, default 1024; --heads "
                     "32, --kv-heads 8, --dim 128 by default) as N host calls and as one recorded sequence")

@@ -33,6 +33,7 @@ struct options {
     std::vector<std::size_t> dim_v;  // sdpa: Ev (default: d)
     bool sinks = false;              // sdpa: one sink logit per query head
     bool decode = false;             // time context::sdpa against a kv_cache instead of attention()
+    bool backward = false;           // time context::sdpa_backward beside context::sdpa
     std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
     int repeat = 0;          // 0: chosen for the device
     int warmup = -1;         // -1: chosen for the device
@@ -117,6 +118,19 @@ struct layers_config {
 /// per token, on the same data; prints both and returns them as JSON ({"host_ms", "recorded_ms"}).
 json run_layers(qkv::vulkan::context& ctx, const layers_config& c, int warmup, int repeat, std::uint64_t seed,
                 std::ostream& os);
+
+// bench_backward.cpp
+/// `--backward`: the backward pass beside the forward, for every N, d and option set.
+struct backward_config {
+    std::size_t batch = 1, heads = 1, kv_heads = 1;
+    std::vector<std::size_t> seq, dim;
+    std::vector<qkv::sdpa_options> options;
+};
+/// Times context::sdpa (with its lse) and context::sdpa_backward (from the saved out and lse) in
+/// turn on the same data; prints a table and returns it as JSON ({"rows": [{"forward_ms",
+/// "backward_ms", "backward_over_forward", ...}]}).
+json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmup, int repeat, std::uint64_t seed,
+                  std::ostream& os);
 
 // bench_table.cpp
 void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);

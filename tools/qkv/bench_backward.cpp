@@ -1,0 +1,92 @@
+// `qkv bench --backward`: the backward pass (context::sdpa_backward, FlashAttention-2's algorithm)
+// beside the forward (context::sdpa with its lse) on the same data and device, alternating so both
+// see the same machine load: each one's device time (GPU timestamps, else the host clock around
+// the call) and the ratio backward / forward, FlashAttention-2's figure of merit (about 2.5 on its
+// GPUs).
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "bench.hpp"
+#include "names.hpp"
+#include "qkv/vulkan/error.hpp"
+
+namespace qkv::cli::bench {
+
+json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warmup, int repeat, std::uint64_t seed,
+                  std::ostream& os) {
+    const bool device_clock = ctx.device().timestamps;
+    os << "Backward beside forward (B = " << bc.batch << ", H = " << bc.heads << ", Hkv = " << bc.kv_heads
+       << ", L = S = N, Ev = d), " << (device_clock ? "device time of the kernels" : "host clock around each call")
+       << ", median (min-max) ms:\n\n"
+       << "|     N |   d | causal | prec | forward ms          | backward ms         | backward / forward |\n"
+       << "|------:|----:|:------:|:----:|:--------------------|:--------------------|-------------------:|\n";
+    json rows = json::array();
+    for (const std::size_t n : bc.seq)
+        for (const std::size_t d : bc.dim)
+            for (const qkv::sdpa_options& options : bc.options) {
+                std::mt19937_64 rng(seed + n * 131 + d);
+                std::normal_distribution<float> unit(0.0f, 1.0f);
+                const auto values = [&](std::size_t count) {
+                    std::vector<float> v(count);
+                    for (float& x : v) x = unit(rng);
+                    return v;
+                };
+                const std::vector<float> q = values(bc.batch * bc.heads * n * d),
+                                         k = values(bc.batch * bc.kv_heads * n * d),
+                                         v = values(bc.batch * bc.kv_heads * n * d),
+                                         d_out = values(bc.batch * bc.heads * n * d);
+                qkv::sdpa_problem p{.shape = {.batch = bc.batch,
+                                              .q_heads = bc.heads,
+                                              .kv_heads = bc.kv_heads,
+                                              .q_len = n,
+                                              .kv_len = n,
+                                              .d_qk = d,
+                                              .d_v = d},
+                                    .q = q,
+                                    .k = k,
+                                    .v = v,
+                                    .options = options};
+                p.options.return_lse = true;
+                std::vector<double> forward_ms, backward_ms;
+                for (int i = 0; i < warmup + repeat; ++i) {
+                    const qkv::sdpa_output out = ctx.sdpa(p);
+                    const double f = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
+                    const qkv::sdpa_backward_problem b{.forward = p, .out = out.output, .lse = out.lse, .d_out = d_out};
+                    const qkv::sdpa_gradients g = ctx.sdpa_backward(b);
+                    const double bw = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
+                    if (i == 0)  // time only calls that compute something real
+                        for (const std::vector<float>* t : {&g.dq, &g.dk, &g.dv})
+                            if (!std::all_of(t->begin(), t->end(), [](float x) { return std::isfinite(x); }))
+                                throw qkv::vulkan::error("a gradient has NaN or Inf: not timing a broken result");
+                    if (i >= warmup) forward_ms.push_back(f), backward_ms.push_back(bw);
+                }
+                const summary f = summarise(forward_ms), b = summarise(backward_ms);
+                const auto cell = [](const summary& s) {
+                    std::string t = sig3(s.median) + " (" + sig3(s.min) + "-" + sig3(s.max) + ")";
+                    t.resize(std::max<std::size_t>(t.size(), 19), ' ');
+                    return t;
+                };
+                char lead[64];
+                std::snprintf(lead, sizeof lead, "| %5zu | %3zu | %-6s | %-4s | ", n, d, options.causal ? "yes" : "no",
+                              name_of(options.precision));
+                os << lead << cell(f) << " | " << cell(b) << " | " << fixed(b.median / f.median, 2) << "x |\n";
+                os.flush();
+                rows.push_back(json{{"seq", n},
+                                    {"dim", d},
+                                    {"causal", options.causal},
+                                    {"precision", name_of(options.precision)},
+                                    {"forward_ms", summary_json(f)},
+                                    {"backward_ms", summary_json(b)},
+                                    {"backward_over_forward", b.median / f.median}});
+            }
+    return json{{"batch", bc.batch},
+                {"heads", bc.heads},
+                {"kv_heads", bc.kv_heads},
+                {"device_clock", device_clock},
+                {"rows", rows}};
+}
+
+}  // namespace qkv::cli::bench
