@@ -46,7 +46,7 @@ double nmse(const std::vector<float>& got, const std::vector<double>& want) {
 struct owned {
     qkv::sdpa_shape shape;
     qkv::sdpa_options options;
-    std::vector<float> q, k, v, d_out, additive, sinks, out, lse;
+    std::vector<float> q, k, v, d_out, additive, sinks, slopes, out, lse;
     std::vector<std::uint8_t> mask;
     std::vector<std::size_t> mask_shape;
     bool want_d_additive = false;
@@ -54,6 +54,7 @@ struct owned {
     [[nodiscard]] qkv::sdpa_problem forward() const {
         qkv::sdpa_problem p{.shape = shape, .q = q, .k = k, .v = v, .options = options};
         p.mask = mask, p.additive_mask = additive, p.mask_shape = mask_shape, p.sinks = sinks;
+        p.alibi_slopes = slopes;
         return p;
     }
     [[nodiscard]] qkv::sdpa_backward_problem backward() const {
@@ -208,7 +209,7 @@ bool same_gradients(const qkv::sdpa_gradients& a, const qkv::sdpa_gradients& b) 
 
 /// The problems the calls over tensors are tested on: odd shapes, then every rule together
 /// (GQA, causal bottom-right, a window, softcap, ALiBi, sinks, an additive mask and its gradient,
-/// dropout), a bool mask with rows that see no key, and fp16 storage.
+/// dropout), a bool mask with rows that see no key and given ALiBi slopes, and fp16 storage.
 std::vector<owned> tensor_problems() {
     std::vector<owned> all;
     for (const auto& [L, S, E] :
@@ -238,6 +239,7 @@ std::vector<owned> tensor_problems() {
     masked.mask.resize(2 * 13 * 5);
     for (std::size_t n = 0; n < masked.mask.size(); ++n) masked.mask[n] = (n * 7 + 3) % 5 != 0 ? 1 : 0;
     masked.mask_shape = {1, 2, 13, 5};
+    masked.slopes = {0.5f, 0.125f};  // ALiBi's slopes given per head (FlashAttention's alibi_slopes)
     all.push_back(masked);
     const qkv::sdpa_shape h{.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 37, .kv_len = 41, .d_qk = 64, .d_v = 64};
     if (gpu().device().fp16_storage)
