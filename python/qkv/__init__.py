@@ -43,8 +43,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     of any shape that broadcasts to (N..., Hq, L, S). is_causal keeps key j for query i when
     j <= i (top-left, PyTorch's tril(ones(L, S))); causal_alignment="bottom_right" puts the
     diagonal at j <= i + S - L instead (the K/V-cache convention). scale: default 1/sqrt(E).
-    dropout_p > 0 raises NotImplementedError, as do inputs that require gradients (with grad
-    enabled): qkv computes the forward pass only, for now.
+    dropout_p: attention dropout (kept weights scaled by 1/(1 - p)), its Philox seed drawn from
+    torch's default generator, so torch.manual_seed(s) before a call reproduces it. Torch inputs
+    that require grad (with grad enabled) record a graph: .backward() runs qkv's backward pass on
+    the same device (with the forward's dropout mask) and gives query, key and value their
+    gradients; a mask, sinks or slopes that require grad are refused (NotImplementedError).
 
     Where qkv differs from PyTorch, deliberately:
       - is_causal together with attn_mask is allowed and combines them by AND (PyTorch raises);

@@ -50,8 +50,8 @@ def check_grad(x, name):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
-            f"{name}.requires_grad: qkv computes the forward pass only (no gradients yet); call it under "
-            "torch.no_grad() or pass a detached tensor")
+            f"{name}.requires_grad: qkv's gradients reach query, key and value, not {name} (the library computes "
+            f"the sinks' and the additive mask's, which Python does not pass on yet); pass {name}.detach()")
 
 
 def host_array(x, name):

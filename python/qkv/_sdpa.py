@@ -2,6 +2,7 @@
 call (the C++ side, _qkv._sdpa, reads the arrays and checks everything again)."""
 
 import numbers
+import sys
 
 from . import _arrays, _autograd, _devices, _qkv
 from ._errors import InvalidArgument
@@ -9,13 +10,26 @@ from ._errors import InvalidArgument
 TOP_LEFT, BOTTOM_RIGHT = "top_left", "bottom_right"
 
 
-def check_dropout(dropout_p):
+def dropout_options(dropout_p):
+    """Dropout's options for a call with dropout_p: none for 0; else p, a 64-bit seed drawn from torch's
+    default generator (so torch.manual_seed(s) before a call reproduces its mask, as with PyTorch's and
+    FlashAttention's dropout; numpy's global generator where torch is not imported) and offset 0. The
+    backward pass of the call draws the same mask (the same options)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a number (it is a {type(dropout_p).__name__})")
-    if dropout_p != 0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p}: qkv computes attention without dropout so far (dropout comes with "
-            "training); pass dropout_p=0.0")
+    if dropout_p == 0:
+        return {}
+    p = float(dropout_p)
+    if not 0 < p < 1:
+        raise InvalidArgument(f"dropout_p={dropout_p}: it must be at least 0 and below 1")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        seed = int(torch.randint(-(2 ** 63), 2 ** 63 - 1, (), dtype=torch.int64).item()) % 2 ** 64
+    else:
+        import numpy
+
+        seed = int(numpy.random.randint(0, 2 ** 63, dtype=numpy.int64)) * 2 + int(numpy.random.randint(0, 2))
+    return {"dropout_p": p, "dropout_seed": seed, "dropout_offset": 0}
 
 
 def _flag(value, name):
@@ -122,11 +136,11 @@ def check_dtypes(query, key, value):
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
          device=None, precision=None, window=None, softcap=0.0, alibi_slopes=None, sinks=None,
          causal_alignment=TOP_LEFT, kv_type=None, return_lse=False, return_weights=False, kernel="auto"):
-    check_dropout(dropout_p)
     _flag(enable_gqa, "enable_gqa")
     opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
                    return_lse=return_lse, return_weights=return_weights, kv_type=kv_type, precision=precision,
                    kernel=kernel)
+    opts.update(dropout_options(dropout_p))
     tensors = [isinstance(a, _qkv.Tensor) for a in (query, key, value)]
     if any(tensors):
         return _sdpa_tensors(query, key, value, attn_mask, opts, enable_gqa, alibi_slopes, sinks, device, tensors)

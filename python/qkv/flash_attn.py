@@ -13,27 +13,33 @@ The layout, the flags and the return values are FlashAttention's:
     without causal; alibi_slopes (nheads,) or (batch, nheads) add -slope * |i + seqlen_k - seqlen_q - j|;
     softcap > 0 caps each scaled score s to softcap * tanh(s / softcap);
   - return_attn_probs=True returns (out, softmax_lse, S_dmask): softmax_lse float32
-    (batch, nheads, seqlen_q), the log-sum-exp of each row of the scaled scores, and S_dmask None,
-    as FlashAttention returns it when dropout_p == 0 (it carries the dropout pattern); for the
-    probabilities themselves use qkv.scaled_dot_product_attention(..., return_weights=True).
+    (batch, nheads, seqlen_q), the log-sum-exp of each row of the scaled scores, and S_dmask: None
+    when dropout_p == 0, as FlashAttention returns it; with dropout (batch, nheads, seqlen_q,
+    seqlen_k), the probabilities with each dropped one negated (FlashAttention's encoding of the
+    dropout pattern); for the probabilities without dropout use
+    qkv.scaled_dot_product_attention(..., return_weights=True);
+  - dropout_p > 0: its Philox seed is drawn from torch's default generator, so torch.manual_seed(s)
+    before a call reproduces its mask, and the backward pass uses the same one;
+  - inputs that require grad: .backward() gives q, k, v (and the packed qkv, kv) their gradients
+    through qkv's backward pass on the same device (a torch.autograd.Function).
 
 Where it differs: float32 inputs are accepted too (FlashAttention takes float16 and bfloat16 only),
 any head width up to the device's limit (576 on the fused kernels); a row with no key (a window or
 the causal rule leaving none) gets a zero output and softmax_lse +inf, as FlashAttention 2 stores
-it. dropout_p > 0 and inputs that require gradients raise NotImplementedError (training comes
-later); `deterministic` is accepted and changes nothing (qkv's forward pass is deterministic).
+it. `deterministic` is accepted and changes nothing (qkv's forward and backward passes are
+deterministic).
 
 The variable-length and K/V-cache functions (flash_attn_varlen_func, flash_attn_with_kvcache, ...)
 are here with FlashAttention's signatures and raise NotImplementedError until qkv serves ragged
 batches and paged caches. Every function's call goes through _forward below to _autograd.run, the
-one place where the backward pass (a torch.autograd.Function) plugs in when it arrives.
+one place where the backward pass (a torch.autograd.Function) plugs in.
 
 Extra keyword arguments (qkv's): device= and precision=, as qkv.scaled_dot_product_attention's.
 """
 
 from . import _arrays, _autograd, _devices
 from ._errors import InvalidArgument
-from ._sdpa import BOTTOM_RIGHT, Attention, check_dropout, check_dtypes, options, same_kind, small
+from ._sdpa import BOTTOM_RIGHT, Attention, check_dtypes, dropout_options, options, same_kind, small
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
@@ -55,7 +61,7 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
              precision, names=("q", "k", "v")):
     """out (and softmax_lse) of flash attention over (batch, seqlen, nheads, headdim) arrays (views
     of the arguments `names`, not detached: _autograd.run decides about gradients)."""
-    check_dropout(dropout_p)
+    dropout = dropout_options(dropout_p)
     kind = same_kind((q, k, v), names)
     check_dtypes(q, k, v)
     if window_size is None:
@@ -63,15 +69,17 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
     if softcap is None:  # callers pass None for "off" as often as FlashAttention's 0.0
         softcap = 0.0
     opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size, softcap=softcap,
-                   return_lse=return_softmax, precision=precision)
+                   return_lse=return_softmax, return_weights=bool(return_softmax and dropout), precision=precision)
+    opts.update(dropout)
     call = Attention(*(_arrays.permute(x, _SWAP) for x in (q, k, v)), names, kind, mask=None, mask_is_bool=False,
                      sinks=None, alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts,
                      context=_devices.resolve(device), out_perm=_SWAP)
-    out, lse, _ = _autograd.run(call)
+    out, lse, weights = _autograd.run(call)
     if not return_softmax:
         return out
+    lse = lse.copy() if kind != _arrays.TORCH else lse.clone()  # the backward pass keeps the original
     lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
-    return out, lse, None
+    return out, lse, weights
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,

@@ -635,6 +635,74 @@ py::tuple sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
                           opt.options.return_weights ? py::cast(std::move(weights)) : py::none());
 }
 
+/// The backward pass over host arrays (qkv/_autograd.py): q, k and v as the forward read them, and
+/// d_out, out (..., Hq, L, Ev) and lse (..., Hq, L) in qkv's order; (dq, dk, dv, d_sinks or None),
+/// dq, dk and dv of the inputs' dtype and of q's, k's and v's shapes, d_sinks (Hq,) float32 (float64
+/// on the reference path). No GIL while it computes.
+py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_out, py::handle out, py::handle lse,
+                        py::handle mask, bool mask_is_bool, py::handle sinks, py::handle alibi_slopes,
+                        const py::dict& options, py::handle device) {
+    const context_ptr ctx = context_of(device);
+    host_call h = read_call(q, k, v, mask, mask_is_bool, sinks, alibi_slopes, options, {});
+    if (!h.k) refuse("key and value are needed");
+    if (ctx && h.type == dtype::f64)
+        refuse(
+            "query, key and value are float64: a Vulkan device computes float32, the float64 reference "
+            "float64 (device=\"cpu\")");
+    choose_precision(h, ctx);
+    const qkv::sdpa_shape& s = h.c.shape;
+    const host_array da = read_array(d_out, "grad_output"), oa = read_array(out, "output"), la = read_array(lse, "lse");
+    const std::size_t rows = s.batch * s.q_heads * s.q_len;
+    if (da.elements() != rows * s.d_v || oa.elements() != rows * s.d_v || la.elements() != rows)
+        refuse("grad_output " + dims(da.shape) + ", output " + dims(oa.shape) + " and lse " + dims(la.shape) +
+               " do not fit the call: (..., Hq, L, Ev) and (..., Hq, L)");
+    const std::vector<std::size_t> q_shape = h.q->shape, k_shape = h.k->shape, v_shape = h.v->shape;
+    const bool f64 = h.type == dtype::f64;
+    std::optional<out_array> dq, dk, dv, ds;
+    {
+        py::gil_scoped_release nogil;
+        gather_call(h, "the backward pass of scaled_dot_product_attention");
+        const std::vector<std::size_t> none;
+        const auto finish_grads = [&](auto&& g) {
+            dq = make_output(std::move(g.dq), h.type, q_shape, none, "dq");
+            dk = make_output(std::move(g.dk), h.type, k_shape, none, "dk");
+            dv = make_output(std::move(g.dv), h.type, v_shape, none, "dv");
+            if (!g.d_sinks.empty())
+                ds = make_output(std::move(g.d_sinks), f64 ? dtype::f64 : dtype::f32, {s.q_heads}, none, "d_sinks");
+        };
+        if (f64) {
+            if (slopes_differ<double>(h, h.slopes_d.view))
+                refuse("alibi_slopes differ between batch elements: the backward pass takes (Hq,) slopes");
+            values<double> dd, od, ld;
+            read_values(da, dd, "grad_output"), read_values(oa, od, "output"), read_values(la, ld, "lse");
+            const qkv::sdpa_backward_problem_f64 b{
+                .forward = problem_of<double>(h, h.qd.view, h.kd.view, h.vd.view, h.additive_d.view, h.sinks_d.view,
+                                              slopes_of<double>(h, h.slopes_d.view, 0)),
+                .out = od.view,
+                .lse = ld.view,
+                .d_out = dd.view};
+            finish_grads(qkv::cpu::sdpa_backward(b));
+        } else {
+            if (slopes_differ<float>(h, h.slopes_f.view))
+                refuse("alibi_slopes differ between batch elements: the backward pass takes (Hq,) slopes");
+            values<float> dd, od, ld;
+            read_values(da, dd, "grad_output"), read_values(oa, od, "output"), read_values(la, ld, "lse");
+            const qkv::sdpa_backward_problem b{
+                .forward = problem_of<float>(h, h.qf.view, h.kf.view, h.vf.view, h.additive_f.view, h.sinks_f.view,
+                                             slopes_of<float>(h, h.slopes_f.view, 0)),
+                .out = od.view,
+                .lse = ld.view,
+                .d_out = dd.view};
+            if (ctx)
+                finish_grads(ctx->sdpa_backward(b));
+            else
+                finish_grads(qkv::cpu::sdpa_backward_f64(b));
+        }
+    }
+    return py::make_tuple(wrap(std::move(*dq)), wrap(std::move(*dk)), wrap(std::move(*dv)),
+                          ds ? wrap(std::move(*ds)) : py::none());
+}
+
 }  // namespace
 
 call_options read_options(const py::dict& d) {
@@ -663,6 +731,11 @@ void bind_calls(py::module_& m) {
           py::arg("out_perm"),
           "scaled_dot_product_attention over host arrays; the Python layer (qkv/_sdpa.py) calls it. Returns "
           "(output, lse or None, weights or None) as _Array buffers.");
+    m.def("_sdpa_backward", &sdpa_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_output"),
+          py::arg("output"), py::arg("lse"), py::kw_only(), py::arg("mask"), py::arg("mask_is_bool"), py::arg("sinks"),
+          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"),
+          "The backward pass of _sdpa over host arrays (qkv/_autograd.py calls it). Returns (dq, dk, dv, d_sinks or "
+          "None) as _Array buffers.");
     m.def("_decode", &decode, py::arg("cache"), py::arg("query"), py::kw_only(), py::arg("mask"),
           py::arg("mask_is_bool"), py::arg("sinks"), py::arg("alibi_slopes"), py::arg("options"));
     m.def("_cache_append", &cache_append, py::arg("cache"), py::arg("key"), py::arg("value"));

@@ -177,10 +177,14 @@ def test_dunder_dlpack_that_lies():
 
 def test_cuda_like_and_grad_inputs_are_named():
     q = torch.zeros(1, 2, 3, 32, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="query.requires_grad"):
-        qkv.scaled_dot_product_attention(q, q.detach(), q.detach(), device="cpu")
-    with pytest.raises(NotImplementedError, match="dropout_p=0.1"):
-        qkv.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    # No gradient flows to a mask, sinks or slopes through Python: refused, naming it.
+    with pytest.raises(NotImplementedError, match="attn_mask.requires_grad"):
+        qkv.scaled_dot_product_attention(q, q.detach(), q.detach(), torch.zeros(3, 3, requires_grad=True),
+                                         device="cpu")
+    with pytest.raises(NotImplementedError, match="sinks.requires_grad"):
+        qkv.scaled_dot_product_attention(q, q, q, sinks=torch.zeros(2, requires_grad=True), device="cpu")
+    with pytest.raises(qkv.InvalidArgument, match="dropout_p=1"):
+        qkv.scaled_dot_product_attention(q, q, q, dropout_p=1.0, device="cpu")
     with pytest.raises(qkv.InvalidArgument, match="meta"):
         m = torch.zeros(1, 2, 3, 32, device="meta")
         qkv.scaled_dot_product_attention(m, m, m, device="cpu")
