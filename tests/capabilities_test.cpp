@@ -129,7 +129,10 @@ TEST_CASE("capabilities: a problem's features, as the table reads them", "[capab
     q8.options.kv_type = qkv::element_type::q8_0;
     CHECK(qkv::features_of(q8) == std::vector<qkv::feature>{"kv_type", qkv::inputs::kv_quantized});
     // The CPU reference takes everything: it refuses nothing.
-    for (const qkv::feature g : qkv::features()) CHECK_FALSE(qkv::refused(qkv::entry_point::cpu_sdpa, g));
+    for (const qkv::feature g : qkv::features()) {
+        CHECK_FALSE(qkv::refused(qkv::entry_point::cpu_sdpa, g));
+        CHECK_FALSE(qkv::refused(qkv::entry_point::cpu_sdpa_backward, g));
+    }
 }
 
 TEST_CASE("capabilities: the README lists the table as it is", "[capabilities]") {

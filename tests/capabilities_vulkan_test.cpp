@@ -198,9 +198,13 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
         .shape = {.batch = 1, .seq = 8, .d_in = 4, .d_k = 4, .d_v = 4}, .x = x, .wq = w, .wk = w, .wv = w};
     // A runner per entry point: it calls the entry point with a problem that asks for `f`.
     using runner = std::function<void(qkv::feature)>;
+    // The features the runners can ask for: every one the table refuses from these entry points.
+    const std::vector<qkv::feature> askable{"return_weights", "dropout_p", "kv_type", qkv::inputs::kv_quantized};
     const auto sdpa_with = [&](qkv::feature f) {
         qkv::sdpa_problem p = o.problem;
         if (f == "return_weights") p.options.return_weights = true;
+        if (f == "dropout_p") p.options.dropout_p = 0.25f;
+        if (f == "kv_type" || f == qkv::inputs::kv_quantized) p.options.kv_type = qkv::element_type::q8_0;
         return p;
     };
     const auto description = [](qkv::sdpa_problem p) {
@@ -218,6 +222,10 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
         {entry_point::sdpa_call, [&](qkv::feature f) { qkv::vulkan::sdpa_call(ctx, description(sdpa_with(f))); }},
         {entry_point::sdpa_call_decode,
          [&](qkv::feature f) { qkv::vulkan::sdpa_call(ctx, description(sdpa_with(f)), cache); }},
+        {entry_point::context_sdpa_backward,
+         [&](qkv::feature f) { (void)ctx.sdpa_backward({.forward = sdpa_with(f)}); }},
+        {entry_point::sdpa_backward_call,
+         [&](qkv::feature f) { qkv::vulkan::sdpa_backward_call(ctx, {.forward = description(sdpa_with(f))}); }},
         {entry_point::context_attention,
          [&](qkv::feature f) {
              qkv::attention_problem p = attention;
@@ -231,14 +239,15 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
              qkv::vulkan::attention_call(ctx, p);
          }},
     };
-    // The entry points tested elsewhere: the CPU backend's (tests/capabilities_test.cpp: it refuses
+    // The entry points tested elsewhere: the CPU backend's (tests/capabilities_test.cpp: they refuse
     // nothing), the MPI ones (tests/mpi/mpi_test.cpp), the recordings (they record the calls
     // above: the sdpa_call and attention_call rows' refusals come first, at the calls' making), and
     // the appends (of every storage type: the cases above and tests/kv_cache_test.cpp).
     const std::vector<entry_point> elsewhere{
-        entry_point::cpu_sdpa,       entry_point::cpu_attention, entry_point::mpi_sdpa,
-        entry_point::mpi_decode,     entry_point::mpi_append,    entry_point::sequence_record,
-        entry_point::interop_record, entry_point::cache_append,  entry_point::cache_append_tensors};
+        entry_point::cpu_sdpa,         entry_point::cpu_attention, entry_point::mpi_sdpa,
+        entry_point::mpi_decode,       entry_point::mpi_append,    entry_point::sequence_record,
+        entry_point::interop_record,   entry_point::cache_append,  entry_point::cache_append_tensors,
+        entry_point::cpu_sdpa_backward};
     for (const entry_point e : qkv::entry_points()) {
         INFO(qkv::name_of(e));
         const bool has_runner = runners.count(e) > 0;
@@ -247,7 +256,7 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
         for (const qkv::refusal& r : qkv::refusals()) {
             if (r.entry != e) continue;
             INFO(r.what);
-            REQUIRE(r.what == "return_weights");  // the only feature these runners can ask for
+            REQUIRE(std::count(askable.begin(), askable.end(), r.what) == 1);  // a runner can ask for it
             CHECK_THROWS_WITH(runners.at(e)(r.what), Catch::Matchers::Contains(std::string(r.why)));
         }
     }
