@@ -114,7 +114,8 @@ float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_h
     float add = 0.0;
     if (HAS_MASK) bit = ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
     if (HAS_ADD) add = additive[mi];
-    const float v = rule_score(s, int(key) - (int(i) + pc.causal_offset), FEATURES, MASKS, sp, slope, bit, add);
+    const int p = int(i) + pc.causal_offset;
+    const float v = rule_score(s, int(key) - p, nearest_key_distance(p, pc.kv_len), FEATURES, MASKS, sp, slope, bit, add);
     return r < pc.rows && key < kv_end ? v : score_neg_inf();
 }
 
@@ -136,7 +137,7 @@ void decode(const bool careful) {
     const uint lane = gl_LocalInvocationID.x;
     const uint row0 = block * BLOCK;
     const uint kbase = z * pc.kv_stride;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
     [[unroll]] for (uint i = 0; i < RPI; ++i) slope[i] = row_slope(row0 + i * WG + lane, kv_head);
@@ -255,7 +256,7 @@ void decode(const bool careful) {
     const uint t = gl_LocalInvocationID.x;
     const uint row0 = block * RPI;
     const uint kbase = z * pc.kv_stride;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
     [[unroll]] for (uint r = 0; r < RPI; ++r) slope[r] = row_slope(row0 + r, kv_head);

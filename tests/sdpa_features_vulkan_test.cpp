@@ -67,7 +67,8 @@ struct spec {
     bool given_slopes = false;  ///< ALiBi slopes given per query head (alibi_slopes) instead of `alibi`
     std::optional<element_type> kv_type{};
     qkv::precision precision = qkv::precision::fp32;
-    float scale = 0;  ///< 0: the default
+    float scale = 0;                                ///< 0: the default
+    std::optional<std::int64_t> position_offset{};  ///< unset: the alignment's
 };
 
 std::string describe(const spec& s, path p) {
@@ -88,6 +89,7 @@ std::string describe(const spec& s, path p) {
     if (s.weights) o << " weights";
     if (s.kv_type) o << " kv " << qkv::to_string(*s.kv_type);
     if (s.precision == qkv::precision::fp16) o << " fp16";
+    if (s.position_offset) o << " position_offset " << *s.position_offset;
     return o.str();
 }
 
@@ -122,6 +124,7 @@ owned_sdpa make(const spec& s, std::uint64_t seed) {
     p.options.kv_type = s.kv_type;
     p.options.precision = s.precision;
     if (s.scale != 0) p.options.scale = s.scale;
+    p.options.position_offset = s.position_offset;
     return o;
 }
 
@@ -350,6 +353,101 @@ TEST_CASE("sdpa features: ALiBi slopes given per query head, on every path", "[v
     call.run({.q = &q, .k = &k, .v = &v, .out = &out});
     check_close(out.download(), want.output, 40, "output over tensors");
     require_clean(ctx);
+}
+
+TEST_CASE("sdpa features: softcap with a large C keeps float32's precision on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // C·tanh(s / C) with tanh's absolute error (about 1e-7) multiplied by C gave nmse 2.6e-9 at
+    // C = 1e4, 2.3e-5 at 1e6 and an lse off by about 3e22 at 1e30. Also a subnormal C (which a
+    // device may flush to zero) and a small one that saturates most scores.
+    std::uint64_t seed = 250;
+    for (const float c : {1e4f, 1e6f, 1e30f, std::numeric_limits<float>::min() / 8, 0.25f}) {
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .causal = true,
+                   .softcap = c,
+                   .sinks = true,
+                   .lse = true,
+                   .scale = 2.0f},
+                  fused_paths, ++seed);
+        run_paths({.q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 1030, .softcap = c, .lse = true, .scale = 2.0f},
+                  {path::decode_host, path::decode_cache}, ++seed);
+    }
+}
+
+TEST_CASE("sdpa features: ALiBi far from the diagonal keeps float32's precision on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // Every key 1e5 to 2^62 positions from every query (after them and before them): the bias,
+    // rounded in float32 before it met the scores, gave nmse 2.4e-6 at 1e5 and 3e-4 at 1e6.
+    constexpr std::int64_t two62 = std::int64_t{1} << 62;
+    std::uint64_t seed = 260;
+    for (const std::int64_t off : {std::int64_t{100'000}, std::int64_t{1'000'000}, std::int64_t{1'000'000'000},
+                                   two62 - 1000, two62, std::int64_t{-1'000'000}, -two62}) {
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .alibi = 8.0f,
+                   .sinks = true,
+                   .lse = true,
+                   .position_offset = off},
+                  fused_paths, ++seed);
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 3,
+                   .kv_len = 1030,
+                   .alibi = 8.0f,
+                   .sinks = true,
+                   .lse = true,
+                   .position_offset = off},
+                  {path::decode_host, path::decode_cache}, ++seed);
+    }
+}
+
+TEST_CASE("sdpa features: positions and window sides at the 32-bit and 2^62 edges on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // |position_offset| <= 2^62 on every path: the device refused 2^31 and beyond (naming "the
+    // causal offset kv_len - q_len"), and window or ALiBi distances of 2^30 and beyond even where
+    // the answer is all zeros. Windows whose edge, seen from 2^31 or 2^62 away, cuts into the keys
+    // row by row; rows that see nothing (zeros, lse -inf).
+    constexpr std::int64_t two30 = std::int64_t{1} << 30, two31 = std::int64_t{1} << 31, two62 = std::int64_t{1} << 62;
+    struct edge {
+        std::int64_t off, left, right;
+        bool causal;
+        float alibi;
+    };
+    const edge edges[] = {
+        {two31 - 1, -1, -1, true, 0.0f},             // every key visible
+        {two31, 40, 0, true, 0.0f},                  // a window far behind the keys: nothing
+        {two31 + 1, two31 + 1 - 50, 0, true, 8.0f},  // the left edge at key i + 50
+        {-two31, -1, -1, true, 0.0f},                // causal, every key after the rows: nothing
+        {-two31 - 1, -1, two31 + 60, false, 8.0f},   // the right edge at key i + 59
+        {two62, two62 - 60, -1, false, 8.0f},        // the left edge at key i + 60
+        {-two62, two30, two62 + 30, false, 0.0f},    // the right edge at key i + 30
+        {5, two30, two30, true, 8.0f},               // sides of 2^30 near the keys
+        {-3, two62, two62, false, 8.0f},             // and of 2^62
+    };
+    std::uint64_t seed = 270;
+    for (const edge& e : edges) {
+        for (const bool decode : {false, true}) {
+            const spec s{.q_heads = 4,
+                         .kv_heads = 2,
+                         .q_len = decode ? 3u : 17u,
+                         .kv_len = decode ? 1030u : 113u,
+                         .causal = e.causal,
+                         .window_left = e.left,
+                         .window_right = e.right,
+                         .alibi = e.alibi,
+                         .sinks = true,
+                         .lse = true,
+                         .position_offset = e.off};
+            if (decode) REQUIRE(decode_shape(s));
+            run_paths(s, decode ? std::initializer_list<path>{path::decode_host, path::decode_cache} : fused_paths,
+                      ++seed);
+        }
+    }
 }
 
 TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, weights", "[vulkan][sdpa][features]") {

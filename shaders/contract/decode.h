@@ -33,7 +33,7 @@ struct decode_push {
     uint chunks;                     // P
     uint row_blocks;                 // row blocks per group
     float scale;
-    int causal_offset;                    // key j is visible from query row i when j <= i + causal_offset
+    int causal_offset;                    // off' (contract/score.h): key j is visible from row i when j <= i + off'
     uint q_heads, kv_heads;               // Hq, Hkv (z = batch·Hkv + kv head)
     uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
     float v_scale;                        // the values accumulate multiplied by this power of two
@@ -45,6 +45,8 @@ struct decode_merge_push {
     uint rows, q_len, chunks, dv, dv_stride;  // dv_stride: floats per partial accumulator (4·ceil(Ev/4))
     uint groups;                              // B·Hkv
     uint q_heads;                             // Hq (output row (b·Hq + h)·L + i)
+    int causal_offset;                        // as decode_push's (ALiBi's part of the lse and sinks)
+    uint kv_len;                              // S
 };
 
 /// Specialization constants of sdpa_decode.comp: the struct the host fills (decode_plan::spec), and
@@ -111,7 +113,7 @@ QKV_CONST uint MERGE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 21u * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 10u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 12u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&
                    offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u &&

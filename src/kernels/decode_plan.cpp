@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/gemm_tiles.hpp"
+#include "kernels/score_positions.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -164,7 +165,7 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
     c.chunks = plan.chunks;
     c.row_blocks = plan.row_blocks;
     c.scale = problem.options.scale ? *problem.options.scale : default_scale(problem.shape);
-    c.causal_offset = static_cast<int>(causal_offset(problem.shape, problem.options));
+    c.causal_offset = positions_of(problem).offset;
     c.q_heads = static_cast<std::uint32_t>(problem.shape.q_heads);
     c.kv_heads = static_cast<std::uint32_t>(problem.shape.kv_heads);
     c.v_scale = v_scale;

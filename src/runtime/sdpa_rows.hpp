@@ -67,6 +67,12 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
     const key_range keys = visible_keys(r.shape, r.options, i);  // causal and window
     const std::size_t first = keys.first, end = keys.end;
     const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(r.shape, r.options);
+    // ALiBi relative to the row's nearest key: s - slope·(|pos - j| - near), exact integers below
+    // kv_len, so the bias of a row far from every key (|off| up to 2^62) keeps its precision; the
+    // row's constant slope·near cancels in the weights and is taken off the lse (and added to the
+    // sink, which it must meet) at the end.
+    const auto last_key = static_cast<std::int64_t>(S) - 1;
+    const std::int64_t near = pos < 0 ? -pos : (pos > last_key ? pos - last_key : 0);
     // Locals, so that the compiler need not reload them after every store (a byte store may alias
     // anything).
     const double scale = r.scale, softcap = r.softcap, slope = r.slope;
@@ -98,7 +104,7 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
         if (mask && mask[m] == 0) continue;
         double sc = score[j] * scale;
         if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
-        if (slope != 0) sc -= slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)));
+        if (slope != 0) sc -= slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)) - near);
         if (additive) sc += static_cast<double>(additive[m]);
         score[j] = sc;
         if (sc == neg_inf) continue;
@@ -123,7 +129,10 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
 
     // Stable softmax: subtracting the largest of the row's scores and its sink keeps every
     // exponent <= 0. Without a sink (or with a sink below the row's max) this is the row's max.
-    const double top = r.has_sink && r.sink > max ? r.sink : max;
+    // The scores are ALiBi's relative ones: the sink meets them raised by the row's drop.
+    const double drop = slope != 0 ? slope * static_cast<double>(near) : 0.0;
+    const double sink = r.sink + drop;
+    const double top = r.has_sink && sink > max ? sink : max;
     if (lse) {
         if (top == max) {
             *lse = max;  // + log(sum), below
@@ -140,7 +149,8 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
         sum += score[j];
     }
     if (lse && top == max) *lse += std::log(sum);  // sum >= 1, as above
-    const double denominator = r.has_sink ? sum + std::exp(r.sink - top) : sum;
+    if (lse) *lse -= drop;
+    const double denominator = r.has_sink ? sum + std::exp(sink - top) : sum;
     // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf).
     std::fill(acc, acc + Ev, 0.0);
     for (std::size_t j = first; j < end; ++j) {
