@@ -649,12 +649,13 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
     }
 }
 
-TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
-    // One call reads every stored element back: row (j, c) has the one-hot query e_c (scale 1) and a
-    // mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored, lse = k_j[c] as
-    // stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows of q4_0 blocks
-    // (18 bytes) start at both halves of a 32-bit word.
-    qkv::vulkan::context& ctx = qkv_test::gpu();
+namespace {
+
+/// One call reads every stored element of a cache back: row (j, c) has the one-hot query e_c
+/// (scale 1) and a mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored,
+/// lse = k_j[c] as stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows
+/// of q4_0 blocks (18 bytes) start at both halves of a 32-bit word.
+void check_cache_reads_back(qkv::vulkan::context& ctx) {
     for (const element_type t : {element_type::f16, element_type::q8_0, element_type::q4_0}) {
         INFO(qkv::to_string(t));
         const std::size_t B = 1, Hkv = 2, S = 5, E = 64, Ev = 32, L = S * E;
@@ -711,6 +712,12 @@ TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for b
         CHECK(k_wrong == 0);
         CHECK(v_wrong == 0);
     }
+}
+
+}  // namespace
+
+TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
+    check_cache_reads_back(qkv_test::gpu());
 }
 
 TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]") {
@@ -817,6 +824,125 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
     CHECK_NOTHROW(qkv::vulkan::sdpa_call(ctx, desc, cache));
     CHECK_THROWS_AS((void)cache.keys(), qkv::vulkan::unavailable);
     require_clean(ctx);
+}
+
+TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type, and heads to 4,096",
+          "[vulkan][sdpa][features][decode_wide]") {
+    // Heads wider than 32 texels loop over E and Ev rather than unroll them (src/kernels/decode_plan.cpp);
+    // a context whose hook puts every head on that form runs the rules at small widths, and real
+    // wide heads run as they are.
+    using qkv::causal_alignment;
+    qkv::vulkan::context ctx = qkv_test::make_context({.decode_unrolled_texels = 1});
+    std::uint64_t seed = 1500;
+    const auto both = {path::decode_host, path::decode_cache};
+    for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
+        const spec s{.q_heads = 8,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1500,
+                     .d_qk = 64,
+                     .d_v = 32,
+                     .mask = masks::additive,
+                     .mask_shape = {1500},
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            run(ctx, o, route, s);
+        }
+    }
+    // Rows past one lane each (16 rows: 2 a lane; 64: 4 a lane, 2 row blocks), a bool mask with an
+    // empty row, widths of 12 and 20 texels (4 and 2 a loop iteration), fp16 queries.
+    const spec more[] = {
+        {.q_heads = 16, .kv_heads = 1, .q_len = 1, .kv_len = 1100, .d_qk = 48, .d_v = 80, .sinks = true, .lse = true},
+        {.batch = 2,
+         .q_heads = 16,
+         .kv_heads = 2,
+         .q_len = 8,
+         .kv_len = 1030,
+         .d_qk = 32,
+         .d_v = 32,
+         .mask = masks::boolean,
+         .mask_shape = {2, 16, 8, 1030},
+         .empty_row = true,
+         .lse = true},
+        {.q_heads = 4,
+         .kv_heads = 4,
+         .q_len = 1,
+         .kv_len = 1100,
+         .d_qk = 96,
+         .d_v = 64,
+         .precision = qkv::precision::fp16},
+    };
+    for (const spec& s : more)
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            run(ctx, o, route, s);
+        }
+    // Values holding NaN and Inf: masked ones add nothing, an allowed +inf reaches the output.
+    {
+        const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = 1024, .d_qk = 64, .d_v = 64, .lse = true};
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            o.additive.assign(s.kv_len, 0.0f);
+            o.additive[5] = o.additive[700] = neg_inf;
+            o.problem.additive_mask = o.additive;
+            o.problem.mask_shape = {s.kv_len};
+            o.v[5 * s.d_v + 3] = std::numeric_limits<float>::quiet_NaN();
+            o.v[700 * s.d_v + 9] = std::numeric_limits<float>::infinity();
+            o.v[900 * s.d_v + 17] = std::numeric_limits<float>::infinity();
+            o.problem.v = o.v;
+            INFO(name_of(route));
+            const qkv::sdpa_output_f64 want = reference(o.problem);
+            qkv::sdpa_problem p = o.problem;
+            qkv::sdpa_output got;
+            if (route == path::decode_cache) {
+                qkv::vulkan::kv_cache cache(ctx, {.capacity = s.kv_len, .d_qk = s.d_qk, .d_v = s.d_v});
+                cache.append(o.k, o.v, s.kv_len);
+                p.k = {}, p.v = {}, p.shape.kv_len = 0;
+                got = ctx.sdpa(p, cache);
+            } else {
+                got = ctx.sdpa(p);
+            }
+            require_clean(ctx);
+            REQUIRE(got.output.size() == want.output.size());
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < want.output.size(); ++i) {
+                const double w = want.output[i], g = got.output[i];
+                wrong += std::isinf(w) ? g != w : !(std::abs(g - w) <= 1e-5 * (1 + std::abs(w)));
+            }
+            CHECK(wrong == 0);
+        }
+    }
+    // Every stored element read back bit for bit through the wide form's block reads.
+    check_cache_reads_back(ctx);
+    // Real wide heads: E = 1,024 over q8_0 blocks, E = Ev = 4,096 over float32 texels.
+    {
+        const spec s{.q_heads = 2,
+                     .kv_heads = 1,
+                     .q_len = 1,
+                     .kv_len = 1024,
+                     .d_qk = 1024,
+                     .d_v = 1024,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .lse = true,
+                     .kv_type = element_type::q8_0};
+        owned_sdpa o = make(s, ++seed);
+        run(qkv_test::gpu(), o, path::decode_cache, s);
+    }
+    {
+        const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = 1024, .d_qk = 4096, .d_v = 4096, .lse = true};
+        owned_sdpa o = make(s, ++seed);
+        run(qkv_test::gpu(), o, path::decode_host, s);
+    }
 }
 
 // ---- the grid -----------------------------------------------------------------------------------

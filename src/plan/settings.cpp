@@ -51,9 +51,17 @@ settings read_settings(const testing::hooks& hooks) {
     }
     if (const std::string v = environment("QKV_PROJECT_TEXELS"); !v.empty())
         s.project_texels = flag("QKV_PROJECT_TEXELS", v, "0 or 1");
+    if (const std::string v = environment("QKV_DECODE_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
+        unsigned r = 0, k = 0;
+        if (!two_numbers(v, r, k) || !power_of_two(r) || r > 8 || !power_of_two(k) || k < 4 || k > 64)
+            throw invalid_argument("QKV_DECODE_CPU_TILES=" + v +
+                                   ": expected rows,keys, powers of two with rows <= 8 and keys in 4..64 (e.g. 1,8)");
+        s.decode_cpu_rows = r, s.decode_cpu_keys = k;
+    }
     s.max_fused_keys = hooks.max_fused_keys_per_dispatch;
     s.fused_tiles_as = hooks.fused_tiles_as;
     s.max_decode_chunks = hooks.max_decode_chunks;
+    s.decode_unrolled_texels = hooks.decode_unrolled_texels;
     s.force_staging = hooks.force_staging;
     return s;
 }
