@@ -23,7 +23,7 @@ layout(std430, binding = QKV_SCORE_PARAMS_BINDING) readonly buffer ScoreParams {
 float score_neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 /// The params of a call without rules (a kernel whose FEATURES constant is 0 reads none).
-score_params no_score_params() { return score_params(-1, -1, 1.0, 1.0, 0.0, 0u, 0u, 0u); }
+score_params no_score_params() { return score_params(-1, -1, 1.0, 1.0, 1.0, 0.0, 0u, 0u); }
 
 /// Distance from position p to the nearest key of [0, kv_len): ALiBi's reference for a row at p
 /// (0 inside the keys). |p| < 2^31 - kv_len (contract/score.h: SCORE_POSITION_LIMIT).
@@ -41,7 +41,7 @@ bool window_admits(int d, score_params sp) {
 /// mask's entry (with MASK_FLAG_ADDITIVE); `slope`: the row's head's ALiBi slope (with SCORE_ALIBI).
 float rule_score(float s, int d, int near, uint features, uint masks, score_params sp, float slope, bool mask_bit,
                  float add) {
-    if ((features & SCORE_SOFTCAP) != 0u) s = softcapped(s, sp.softcap, sp.softcap_inverse);
+    if ((features & SCORE_SOFTCAP) != 0u) s = softcapped(s, sp.softcap, sp.softcap_prescale, sp.softcap_inverse);
     if ((features & SCORE_ALIBI) != 0u) s -= slope * float(abs(d) - near);  // abs(d) - near in [0, kv_len)
     if ((masks & MASK_FLAG_ADDITIVE) != 0u) s += add;
     bool ok = true;

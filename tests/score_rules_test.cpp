@@ -25,8 +25,11 @@ double units(float got, long double want) {
     return static_cast<double>(std::fabs((static_cast<long double>(got) - want) / want) / std::ldexp(1.0L, -24));
 }
 
-/// softcapped with 1/C rounded once, as the host writes it (sdpa_plan.cpp: put_score_params).
-float cap(float s, float c) { return softcapped(s, c, static_cast<float>(1.0 / static_cast<double>(c))); }
+/// softcapped with C and 1/C as the host writes them (sdpa_plan.cpp: put_score_params).
+float cap(float s, float c) {
+    const qkv::contract::softcap_factors f = qkv::contract::softcap_factors_of(c);
+    return softcapped(s, f.c, f.prescale, f.inverse);
+}
 
 }  // namespace
 
@@ -62,6 +65,26 @@ TEST_CASE("softcap: C·tanh(s / C) within a few units of 2^-24 for every C and e
     }
     INFO("worst: " << worst << " units of 2^-24 at " << where);
     CHECK(worst <= 3.0);  // 2.6 measured with glibc's expf (docs/kernels.md has the budget)
+}
+
+TEST_CASE("softcap: the host's factors are normal floats for every C, 1/C to within one rounding",
+          "[score_rules][softcap]") {
+    // A device may flush subnormals to zero: 1/C for C above 2^126 is one, so it is split.
+    const float smallest = std::numeric_limits<float>::min();
+    for (const float c : {std::numeric_limits<float>::denorm_min(), smallest / 8, smallest, 1e-30f, 1.0f, 3e20f,
+                          8.5e37f, 1e38f, 3e38f, std::numeric_limits<float>::max()}) {
+        INFO("C = " << c);
+        const qkv::contract::softcap_factors f = qkv::contract::softcap_factors_of(c);
+        CHECK(f.c == std::max(c, smallest));
+        CHECK(std::fpclassify(f.prescale) == FP_NORMAL);
+        CHECK(std::fpclassify(f.inverse) == FP_NORMAL);
+        const double want = 1.0 / static_cast<double>(f.c);
+        CHECK(std::fabs(static_cast<double>(f.prescale) * f.inverse - want) <= want * std::ldexp(1.0, -24));
+    }
+    // With C near float's largest and s within a few orders of it, x = s / C is no longer tiny:
+    // a flushed 1/C would have returned s.
+    CHECK(units(cap(1e37f, 3e38f), 3e38L * std::tanh(1e37L / 3e38L)) <= 3.0);
+    CHECK(units(cap(-2e38f, 3e38f), 3e38L * std::tanh(-2e38L / 3e38L)) <= 3.0);
 }
 
 TEST_CASE("softcap: its limits and special values", "[score_rules][softcap]") {

@@ -31,6 +31,7 @@
 #include "common.h"
 #ifdef __cplusplus
 #include <cmath>
+#include <limits>
 #endif
 
 QKV_CONTRACT_BEGIN
@@ -44,10 +45,11 @@ struct score_params {
     int window_left, window_right;  // key j may be attended from position p = i + off' when
                                     // p - window_left <= j <= p + window_right; -1: that side unbounded
     float softcap;                  // C > 0: s <- C·tanh(s / C) (at least the smallest normal float)
-    float softcap_inverse;          // 1 / C, rounded once by the host
+    float softcap_prescale;         // 1, or 2^-32 where 1 / C is below the smallest normal float
+    float softcap_inverse;          // 1 / (C · prescale), rounded once by the host (softcap_factors_of)
     float alibi_far;                // ALiBi: what the reduction took off every row's distance to its nearest key
     uint features;                  // SCORE_* below
-    uint pad0, pad1;
+    uint pad;
 };
 
 QKV_CONST uint SCORE_SOFTCAP = 1u;  // s <- C·tanh(s / C), first
@@ -72,9 +74,10 @@ QKV_CONST int SCORE_POSITION_LIMIT = 1 << 30;
 //             error, and for C far above s the result tends to s;
 //   |x| >= 1: C·tanh(|x|)·sign(x), tanh(|x|) = 1 − 2e / (1 + e), e = exp(−2|x|) <= e^−2: no
 //             overflow for any x, and exp's error scaled down by e.
-// Relative error: 1.5 units of 2^-24 with a correctly rounded exp, 6 with the worst exp and
-// division the Vulkan spec allows (3 + 2|x| ulp, 2.5 ulp). x = s·(1/C) with 1/C rounded on the
-// host: one rounding, and no division by a C whose quotient the spec leaves undefined.
+// Relative error: at most 2.7 units of 2^-24 with glibc's expf, 5.7 with the worst exp and
+// division the Vulkan spec allows (3 + 2|x| ulp, 2.5 ulp). x = (s·prescale)·inverse, the host's
+// 1/C split so that both factors are normal floats (a device may flush a subnormal 1/C, for C
+// above 2^126, to zero): no division by a C whose quotient the spec leaves undefined.
 QKV_CONST float SOFTCAP_P0 = -3.333329856e-01f;
 QKV_CONST float SOFTCAP_P1 = 1.333241165e-01f;
 QKV_CONST float SOFTCAP_P2 = -5.388410762e-02f;
@@ -83,8 +86,8 @@ QKV_CONST float SOFTCAP_P4 = -7.965224795e-03f;
 QKV_CONST float SOFTCAP_P5 = 2.315473510e-03f;
 QKV_CONST float SOFTCAP_P6 = -3.625251411e-04f;
 
-QKV_FUNCTION float softcapped(float s, float c, float c_inverse) {
-    const float x = s * c_inverse;
+QKV_FUNCTION float softcapped(float s, float c, float prescale, float inverse) {
+    const float x = (s * prescale) * inverse;
     const float z = x * x;
     float p = SOFTCAP_P6;
     p = p * z + SOFTCAP_P5;
@@ -99,6 +102,23 @@ QKV_FUNCTION float softcapped(float s, float c, float c_inverse) {
     const float large = (x < 0.0f ? -c : c) * t;
     return abs(x) < 1.0f ? small : large;  // NaN takes the exp branch and stays NaN
 }
+
+#ifdef __cplusplus
+/// The softcap's values as softcapped takes them: C, at least the smallest normal float (a
+/// subnormal C may be flushed to zero on a device; every capped score lies within ±C, below what
+/// the softmax can tell from 0 either way), and 1/C, rounded once from float64, as prescale ·
+/// inverse with both normal floats.
+struct softcap_factors {
+    float c, prescale, inverse;
+};
+inline softcap_factors softcap_factors_of(float softcap) {
+    const float smallest = std::numeric_limits<float>::min();
+    const float c = softcap < smallest ? smallest : softcap;
+    const double inverse = 1.0 / static_cast<double>(c);
+    const float prescale = inverse < static_cast<double>(smallest) ? 0x1p-32f : 1.0f;
+    return {c, prescale, static_cast<float>(inverse / static_cast<double>(prescale))};
+}
+#endif
 
 QKV_CONTRACT_END
 

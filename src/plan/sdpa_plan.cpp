@@ -315,12 +315,10 @@ void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t 
     contract::score_params sp{};
     sp.window_left = pos.window_left;
     sp.window_right = pos.window_right;
-    // The softcap's C at least the smallest normal float: a subnormal C may be flushed to 0 on the
-    // device, and C·tanh(s / C) lies within ±C, below any float32 difference the softmax can see,
-    // for every C up to that (so the answer is the same to float64's precision).
-    const float c = std::max(o.softcap, std::numeric_limits<float>::min());
-    sp.softcap = c;
-    sp.softcap_inverse = static_cast<float>(1.0 / static_cast<double>(c));
+    const contract::softcap_factors cap = contract::softcap_factors_of(o.softcap);
+    sp.softcap = cap.c;
+    sp.softcap_prescale = cap.prescale;
+    sp.softcap_inverse = cap.inverse;
     sp.alibi_far = static_cast<float>(pos.alibi_far);
     sp.features = features;
     std::memcpy(at, &sp, sizeof sp);
