@@ -397,6 +397,7 @@ void decode_wide(const bool careful) {
 #else  // QKV_DECODE_GPU
 
 const uint OUTS = (RPI * EV4 + WG - 1u) / WG;  // (row, texel) outputs per invocation
+
 shared vec4 q_sh[RPI * E4];
 shared float p_sh[RPI * WG];
 shared float red_sh[RPI * WG];
@@ -441,9 +442,16 @@ void decode(const bool careful) {
         const uint at = kbase + min(key, last);
         float s[RPI];
         [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = 0.0;
-        [[unroll]] for (uint c = 0; c < E4; ++c) {
-            const vec4 kv = k_texel(at, c);
-            [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+        if (E4 <= DECODE_GPU_UNROLLED_TEXELS) {  // a constant: one of the two loops is built
+            [[unroll]] for (uint c = 0; c < E4; ++c) {
+                const vec4 kv = k_texel(at, c);
+                [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+            }
+        } else {  // wide heads: a loop (Q is in shared memory, so nothing is indexed in registers)
+            [[dont_unroll]] for (uint c = 0; c < E4; ++c) {
+                const vec4 kv = k_texel(at, c);
+                [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+            }
         }
         [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head, slope[r]);
 

@@ -64,7 +64,8 @@ std::uint64_t key_step(const decode_plan& p) { return p.family == kernel_family:
 /// Loop iterations of one invocation of shaders/sdpa_decode.comp over a chunk of `keys` keys. cpu:
 /// the key-step loop alone (every inner loop is unrolled); its wide form (tb > 0) first clears the
 /// accumulator (EV4 / TB iterations), then loops over E and Ev TB texels an iteration in every key
-/// step (1 + E4 / TB + EV4 / TB). gpu, per tile of WG keys: the tile loop,
+/// step (1 + E4 / TB + EV4 / TB). gpu, per tile of WG keys: the tile loop, the score loop over E
+/// (a loop past 32 texels),
 /// the value loop (WG keys for each of the OUTS outputs an invocation owns), and the row maxima
 /// (RPI x gl_NumSubgroups with subgroupMax, at most RPI x WG; log2 WG steps of the shared tree).
 std::uint64_t kernel_loops(const decode_plan& p, std::uint64_t keys) {
@@ -73,7 +74,8 @@ std::uint64_t kernel_loops(const decode_plan& p, std::uint64_t keys) {
         return p.ev4 / p.tb + ceil_div(keys, p.kps) * (1 + p.e4 / p.tb + p.ev4 / p.tb);
     const std::uint64_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
     const std::uint64_t maxima = p.subgroup ? std::uint64_t{p.rpi} * p.wg : log2_of(p.wg);
-    return ceil_div(keys, p.wg) * (1 + outs * p.wg + maxima);
+    const std::uint64_t scores = p.e4 > 32 ? p.e4 : 0;  // the score loop over E, unrolled up to 32 texels
+    return ceil_div(keys, p.wg) * (1 + scores + outs * p.wg + maxima);
 }
 
 bool same(const decode_plan& a, const decode_plan& b) {

@@ -923,6 +923,30 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
     }
     // Every stored element read back bit for bit through the wide form's block reads.
     check_cache_reads_back(ctx);
+    // The gpu decode kernel loops over E past 32 texels too (its Q is in shared memory): asked for
+    // by name, with a bool mask, ALiBi and sinks, over q8_0 blocks and float32 texels.
+    for (const element_type t : {element_type::f32, element_type::q8_0}) {
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1030,
+                     .d_qk = 256,
+                     .d_v = 160,
+                     .mask = masks::boolean,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
+        owned_sdpa o = make(s, ++seed);
+        o.problem.options.kernel = qkv::kernel_family::block_tiles;
+        INFO(describe(s, path::decode_host) << " (gpu kernel)");
+        const qkv::sdpa_output_f64 want = reference(o.problem);
+        const qkv::sdpa_output got = qkv_test::gpu().sdpa(o.problem);
+        CHECK(got.kernel == qkv::kernel_family::block_tiles);
+        check_close(got.output, want.output, s.d_v, "output");
+        check_lse(got.lse, want.lse);
+        require_clean(qkv_test::gpu());
+    }
     // Real wide heads: E = 1,024 over q8_0 blocks, E = Ev = 4,096 over float32 texels.
     {
         const spec s{.q_heads = 2,

@@ -79,6 +79,10 @@ QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u;  // how K and V are stored (below)
 QKV_CONST uint DECODE_SPEC_TB = 10u;        // cpu: texels an iteration of the wide form's loops over E, Ev
 QKV_CONST uint DECODE_SPEC_COUNT = 11u;
 
+// The gpu variant's score loop over E is unrolled up to this many texels and a loop beyond (the
+// plan counts its iterations): an unrolled 256 took lavapipe's LLVM more than five minutes to build.
+QKV_CONST uint DECODE_GPU_UNROLLED_TEXELS = 32u;
+
 // K/V storage (DECODE_SPEC_KV_FORMAT)
 QKV_CONST uint DECODE_KV_TEXELS = 0u;  // uniform texel buffers (RGBA32F or RGBA16F, the views' format)
 QKV_CONST uint DECODE_KV_Q8_0 = 1u;    // storage buffers of ggml's block_q8_0

@@ -144,6 +144,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         // subgroups, or log2 wg), the tile itself.
         const std::uint32_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
         per_step_loops = outs * p.wg + p.rpi * p.wg + 32 + 1;
+        if (p.e4 > DECODE_GPU_UNROLLED_TEXELS) per_step_loops += p.e4;  // the score loop over E
         target = target_groups_gpu, min_chunk = min_chunk_gpu;
     }
 
