@@ -819,6 +819,49 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
         check_close(out.download(), want.output, s.d_v, "output against a cache");
         require_clean(ctx);
     }
+    {
+        // ALiBi and a window seen from past 2^31, against a cache that grows between two runs of
+        // one planned call: its params, written once, hold positions reduced without kv_len.
+        const std::int64_t off = (std::int64_t{1} << 31) + 7;
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1500,
+                     .window_left = off - 1000,  // keys from i + 1000 on
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .position_offset = off};
+        owned_sdpa o = make(s, 991);
+        qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
+        qkv::sdpa_problem desc = o.problem;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        desc.shape.kv_len = 0;
+        qkv::vulkan::sdpa_call call(ctx, desc, kvc);
+        qkv::vulkan::tensor q(ctx, {1, 4, 2, 32}), out(ctx, {1, 4, 2, 32});
+        q.upload(o.q);
+        std::size_t have = 0;
+        for (const std::size_t rows : {std::size_t{1200}, std::size_t{1500}}) {
+            // Rows [have, rows) of both K/V heads, then the call over the first `rows` keys.
+            const auto slice = [&](const std::vector<float>& t, std::size_t from, std::size_t to) {
+                std::vector<float> r;
+                for (std::size_t z = 0; z < 2; ++z)
+                    r.insert(r.end(), t.begin() + static_cast<std::ptrdiff_t>((z * 1500 + from) * 32),
+                             t.begin() + static_cast<std::ptrdiff_t>((z * 1500 + to) * 32));
+                return r;
+            };
+            kvc.append(slice(o.k, have, rows), slice(o.v, have, rows), rows - have);
+            have = rows;
+            const std::vector<float> k = slice(o.k, 0, rows), v = slice(o.v, 0, rows);
+            qkv::sdpa_problem part = o.problem;
+            part.shape.kv_len = rows;
+            part.k = k, part.v = v;
+            const qkv::sdpa_output_f64 want = reference(part);
+            call.run({.q = &q, .out = &out});
+            INFO("position_offset " << off << ", " << rows << " keys in the cache");
+            check_close(out.download(), want.output, s.d_v, "output against a growing cache");
+            require_clean(ctx);
+        }
+    }
     qkv::vulkan::kv_cache cache(ctx, {.capacity = 8, .d_qk = 32, .d_v = 32, .type = element_type::q4_0});
     qkv::sdpa_problem desc{.shape = {.q_len = 1, .d_qk = 32, .d_v = 32}};
     CHECK_NOTHROW(qkv::vulkan::sdpa_call(ctx, desc, cache));
