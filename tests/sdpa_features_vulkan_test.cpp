@@ -1012,6 +1012,34 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
     }
 }
 
+TEST_CASE("sdpa features: the decode kernel's wide form with the score rules far from the keys, one call each",
+          "[vulkan][sdpa][decode_wide_smoke]") {
+    // Its own CTest entry, labelled driver2: the wide form and the reduced positions on every driver
+    // leg, a few pipelines (Mesa 25 builds each 10-40x slower cold). E = 160 (40 texels: wide),
+    // float32 K/V from the host and a q8_0 cache, softcap, ALiBi and a window seen from 2^31 + 5.
+    const std::int64_t off = (std::int64_t{1} << 31) + 5;
+    const spec s{.q_heads = 4,
+                 .kv_heads = 2,
+                 .q_len = 2,
+                 .kv_len = 1100,
+                 .d_qk = 160,
+                 .d_v = 96,
+                 .window_left = off - 300,
+                 .softcap = 1e6f,
+                 .alibi = 8.0f,
+                 .sinks = true,
+                 .lse = true,
+                 .position_offset = off};
+    std::uint64_t seed = 1600;
+    for (const element_type t : {element_type::f32, element_type::q8_0}) {
+        spec st = s;
+        st.kv_type = t;
+        REQUIRE(decode_shape(st));
+        owned_sdpa o = make(st, ++seed);
+        run(qkv_test::gpu(), o, t == element_type::f32 ? path::decode_host : path::decode_cache, st);
+    }
+}
+
 // ---- the grid -----------------------------------------------------------------------------------
 //
 // ggml's test-backend-ops FLASH_ATTN_EXT cases: head sizes 40, 64, 72, 80, 96, 128, 192/128, 256,
