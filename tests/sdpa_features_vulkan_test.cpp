@@ -404,6 +404,25 @@ TEST_CASE("sdpa features: ALiBi far from the diagonal keeps float32's precision 
                    .position_offset = off},
                   {path::decode_host, path::decode_cache}, ++seed);
     }
+    // Slopes given per query head (one of them 0) take the same relative bias.
+    const spec given{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1030,
+                     .sinks = true,
+                     .lse = true,
+                     .given_slopes = true,
+                     .position_offset = 1'000'000'000};
+    REQUIRE(decode_shape(given));
+    run_paths(given, {path::decode_host, path::decode_cache}, ++seed);
+    run_paths({.q_heads = 4,
+               .kv_heads = 2,
+               .q_len = 17,
+               .kv_len = 113,
+               .lse = true,
+               .given_slopes = true,
+               .position_offset = -two62},
+              fused_paths, ++seed);
 }
 
 TEST_CASE("sdpa features: positions and window sides at the 32-bit and 2^62 edges on every path",
