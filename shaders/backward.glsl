@@ -5,13 +5,16 @@
 /// The rows [first, end) within [0, q_len) from which some key of [k_first, k_last] may be attended
 /// by the causal rule and the window alone (the inverse of score_rules.glsl's visible_keys): the
 /// dk/dv kernel skips every step of rows outside them. Positions as the forward's: row i sits at
-/// i + off; the host keeps q_len, kv_len and |off| below 2^30 and the window's sides below 2^30,
-/// so no sum here leaves 32 bits.
+/// i + off (kernels/score_positions.hpp: |off| <= 2^30, q_len + kv_len <= 2^30 with a positional
+/// rule) and a side is at most 2^31 - 1, so no sum here leaves 32 bits: a side is applied only
+/// where it cuts into [0, q_len).
 uvec2 visible_rows(int k_first, int k_last, int off, uint features, bool causal, score_params sp, uint q_len) {
     int first = 0, end = int(q_len);
-    if (causal) first = max(first, k_first - off);  // j <= i + off
+    const int t = k_first - off;
+    if (causal) first = max(first, t);  // j <= i + off
     if ((features & SCORE_WINDOW) != 0u) {
-        if (sp.window_right >= 0) first = max(first, k_first - off - sp.window_right);  // j <= i + off + right
+        // j <= i + off + right: rows from t - right, where that is above 0 (right < t)
+        if (sp.window_right >= 0 && sp.window_right < t) first = max(first, t - sp.window_right);
         const int x = k_last - off + 1;  // i + off - left <= j: rows below x + left
         if (sp.window_left >= 0 && x < end && sp.window_left < end - x) end = x + sp.window_left;
     }
@@ -19,10 +22,14 @@ uvec2 visible_rows(int k_first, int k_last, int off, uint features, bool causal,
     return uvec2(uint(first), uint(end));
 }
 
-/// d(C·tanh(r / C)) / dr = 1 - tanh²(r / C), as 4e / (1 + e)² with e = e^(-2|r| / C): no
-/// cancellation near |tanh| = 1 and no overflow for any r (NaN stays NaN).
+/// d(C·tanh(r / C)) / dr = 1 - tanh²(x), x = r / C taken as contract/score.h's softcapped takes
+/// it ((r·prescale)·inverse: no division by a C whose quotient the Vulkan spec leaves undefined,
+/// so any C the forward takes), as 4e / (1 + e)² with e = e^(-2|x|): no cancellation near
+/// |tanh| = 1 (1 - (capped / C)² would lose its relative precision there) and no overflow for any
+/// r (NaN stays NaN).
 float softcap_slope(float r, score_params sp) {
-    const float e = exp(-2.0 * abs(r) / sp.softcap);
+    const float x = (r * sp.softcap_prescale) * sp.softcap_inverse;
+    const float e = exp(-2.0 * abs(x));
     const float u = 1.0 + e;
     return 4.0 * e / (u * u);
 }

@@ -281,7 +281,8 @@ void mask_tile(uint j0, uint bc) {
                 float add = 0.0;
                 if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
                 if (has_add) add = additive[a_base + mi];
-                v = rule_score(s[i * KPL + n], int(key) - (int(row) + pc.causal_offset), FEATURES, masks, sp, slope,
+                const int p = int(row) + pc.causal_offset;
+                v = rule_score(s[i * KPL + n], int(key) - p, nearest_key_distance(p, pc.kv_len), FEATURES, masks, sp, slope,
                                allowed, add);
             }
             s[i * KPL + n] = v;
@@ -380,6 +381,9 @@ void accumulate(bool careful, uint bc) {
     barrier();  // #2: every read of this tile's shared memory is done
 }
 
+// ALiBi's part left out of query row `row`'s scores (score_rules.glsl: alibi_drop).
+float row_drop(uint row) { return alibi_drop(int(row) + pc.causal_offset, pc.kv_len, FEATURES, sp, slope); }
+
 // Hand the state to the next chunk (or to the weights kernel), and write the output: the
 // accumulator as it is when more chunks follow, else O / l (O / (l + e^(sink - m)) with a sink),
 // and with SCORE_LSE each row's log-sum-exp.
@@ -398,7 +402,8 @@ void write_results() {
     if ((FEATURES & SCORE_LSE) != 0u && !partial && lane == 0) {
         [[unroll]] for (uint i = 0; i < RPG; ++i) {
             const uint row = row0 + r_first + i;
-            if (row < pc.q_len) lse_out[state_base + row] = row_lse(m_run[i], l_run[i], m_run[i] == pos_inf);
+            if (row < pc.q_len)
+                lse_out[state_base + row] = row_lse(m_run[i], l_run[i], m_run[i] == pos_inf, row_drop(row));
         }
     }
     [[unroll]] for (uint k = 0; k < O_ROWS; ++k) {
@@ -415,7 +420,8 @@ void write_results() {
         }
         [[unroll]] for (uint m = 0; m < O_COLS; ++m) {
             const uint c = 4 * (o_lane + m * O_LANES);
-            const vec4 r = partial ? o[k * O_COLS + m] : (poisoned ? vec4(nan) : normalised(o[k * O_COLS + m], mr, l, FEATURES, sink));
+            const vec4 r = partial ? o[k * O_COLS + m]
+                                   : (poisoned ? vec4(nan) : normalised(o[k * O_COLS + m], mr, l, FEATURES, sink + row_drop(row)));
             const uint at = o_base + row * pc.o_rs + c;
             [[unroll]] for (uint e = 0; e < 4; ++e)
                 if (c + e < pc.dv) o_out[at + e] = r[e];

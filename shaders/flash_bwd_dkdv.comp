@@ -184,8 +184,9 @@ void main() {
                     float add = 0.0;
                     if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
                     if (has_add) add = additive[abase + mi];
-                    const float x = rule_score(s[r * KPI + n], int(key) - (int(row) + pc.causal_offset), FEATURES, MASKS,
-                                               sp, slope, allowed, add);
+                    const int p = int(row) + pc.causal_offset;
+                    const float x = rule_score(s[r * KPI + n], int(key) - p, nearest_key_distance(p, pc.kv_len),
+                                               FEATURES, MASKS, sp, slope, allowed, add);
                     s[r * KPI + n] = key < pc.kv_len && row < pc.q_len ? x : neg_inf;
                 }
             }

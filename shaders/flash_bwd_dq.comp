@@ -165,8 +165,9 @@ void main() {
                     float add = 0.0;
                     if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
                     if (has_add) add = additive[abase + mi];
-                    const float v = rule_score(s[i * KPS + j], int(key) - (int(row) + pc.causal_offset), FEATURES,
-                                               MASKS, sp, slope, allowed, add);
+                    const int p = int(row) + pc.causal_offset;
+                    const float v = rule_score(s[i * KPS + j], int(key) - p, nearest_key_distance(p, pc.kv_len),
+                                               FEATURES, MASKS, sp, slope, allowed, add);
                     s[i * KPS + j] = key < kv_end ? v : neg_inf;
                 }
             }
@@ -256,7 +257,9 @@ void main() {
         // allowed; the probabilities (with the sink's) sum to 1 and Σ P·dP = D, within 1 %.
         const vec4 st = texelFetch(stats, int(qbase + row));
         const float saved = st.w, total = st.x;
-        const float sink = (FEATURES & SCORE_SINKS) != 0u ? head_values[head].y : neg_inf;
+        // lse' (total) is relative to ALiBi's nearest key, as the scores: so is the sink here.
+        const float drop = alibi_drop(int(row) + pc.causal_offset, pc.kv_len, FEATURES, sp, slope);
+        const float sink = (FEATURES & SCORE_SINKS) != 0u ? head_values[head].y + drop : neg_inf;
         if (isnan(saved) || isnan(total)) continue;  // a poisoned row: NaN, as its forward
         uint bad = 0u;
         if ((saved == neg_inf) != (check[i].w == 0.0)) {

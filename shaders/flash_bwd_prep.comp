@@ -3,7 +3,8 @@
 // The backward pass's first step (contract/backward.h): for each query row, from the loss's
 // gradient dO and the forward's saved output O and log-sum-exp,
 //   D = Σ_c dO_c·O_c,  Σ_c |dO_c·O_c|,  lse' = log(e^lse + e^σ) (the head's sink σ; lse without one)
-// and the sink's term -e^(σ - lse')·D (its gradient's share from this row, summed per head by
+// and the sink's term -e^(σ - lse')·D; with ALiBi, lse' is relative as the kernels' scores are
+// (score_rules.glsl: rule_score): lse and σ both raised by the row's alibi_drop (its gradient's share from this row, summed per head by
 // flash_bwd_fold.comp), into the row statistics that flash_bwd_dq.comp and flash_bwd_dkdv.comp
 // read. One invocation per padded row slot (B·Hq·npad_q); a padding row gets lse' = +inf, so that
 // every probability recomputed for it is 0. Its only loop runs over the Ev columns.
@@ -47,12 +48,18 @@ void main() {
         spread += abs(t);
     }
     const float saved = lse[r];
-    const float sink = (pc.features & SCORE_SINKS) != 0u ? head_values[z % pc.heads].y : neg_inf;
+    // ALiBi's scores are relative to the row's nearest key, raised by its drop over their true
+    // values: the saved lse and the sink meet them raised by as much (the forward's own method).
+    float drop = 0.0;
+    if ((pc.features & SCORE_ALIBI) != 0u)
+        drop = alibi_drop(int(i) + pc.causal_offset, pc.kv_len, SCORE_ALIBI, score_in, head_values[z % pc.heads].x);
+    const float raw_sink = (pc.features & SCORE_SINKS) != 0u ? head_values[z % pc.heads].y : neg_inf;
+    const float sink = raw_sink + drop;
     // lse' = log(e^lse + e^σ) without overflow; -inf where both are (no key, no sink)
-    float total = saved;
+    float total = saved + drop;
     if (sink != neg_inf && !isnan(saved)) {
-        const float m = max(saved, sink);
-        total = m + log(exp(saved - m) + exp(sink - m));
+        const float m = max(saved + drop, sink);
+        total = m + log(exp(saved + drop - m) + exp(sink - m));
     }
     stats[n] = vec4(total, d, spread, saved);
     if ((pc.features & SCORE_SINKS) != 0u)

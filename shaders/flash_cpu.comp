@@ -197,8 +197,9 @@ void main() {
                     float add = 0.0;
                     if (has_mask) allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
                     if (has_add) add = additive[abase + mi];
-                    const float v = rule_score(s[i * KPS + j], int(key) - (int(row) + pc.causal_offset), FEATURES,
-                                               MASKS, sp, slope, allowed, add);
+                    const int p = int(row) + pc.causal_offset;
+                    const float v = rule_score(s[i * KPS + j], int(key) - p, nearest_key_distance(p, pc.kv_len),
+                                               FEATURES, MASKS, sp, slope, allowed, add);
                     s[i * KPS + j] = key < kv_end ? v : neg_inf;
                 }
             }
@@ -287,8 +288,10 @@ void main() {
                     if (c + 1u < DV4 || c * 4u + e < pc.dv) o_out[ob + c * 4u + e] = acc[i * DV4 + c][e];
         } else {
             // l = 0: nothing to attend (zeros); l NaN: a NaN or +inf score (NaN row); a sink joins l
-            const float inv = row_normaliser(m[i], l[i], FEATURES, sink);
-            if ((FEATURES & SCORE_LSE) != 0u) lse_out[z * pc.q_len + row] = row_lse(m[i], l[i], false);
+            // ALiBi's part left out of the row's scores: off its lse, onto its sink (score_rules.glsl)
+            const float drop = alibi_drop(int(row) + pc.causal_offset, pc.kv_len, FEATURES, sp, slope);
+            const float inv = row_normaliser(m[i], l[i], FEATURES, sink + drop);
+            if ((FEATURES & SCORE_LSE) != 0u) lse_out[z * pc.q_len + row] = row_lse(m[i], l[i], false, drop);
             [[unroll]] for (uint c = 0; c < DV4; ++c)
                 [[unroll]] for (uint e = 0; e < 4; ++e)
                     if (c + 1u < DV4 || c * 4u + e < pc.dv)

@@ -43,8 +43,9 @@ void main() {
     const float m = state[2u * (z * pc.q_len + i)], l = state[2u * (z * pc.q_len + i) + 1u];
     const uint masks = pc.flags & (MASK_FLAG_CAUSAL | MASK_FLAG_BOOLEAN | MASK_FLAG_ADDITIVE);
     const score_params sp = score_in;
+    const int p = int(i) + pc.causal_offset;
     const uint features = sp.features;
-    const int d = int(j) - (int(i) + pc.causal_offset);
+    const int d = int(j) - p;
     const uint mi = head * pc.m_hs + i * pc.m_rs + j * pc.m_cs, bit = batch * pc.m_bs + mi;
     bool allowed = (masks & MASK_FLAG_CAUSAL) == 0u || d <= 0;
     if ((features & SCORE_WINDOW) != 0u) allowed = allowed && window_admits(d, sp);
@@ -63,11 +64,12 @@ void main() {
     for (uint c = 0; c < pc.d; ++c) dot_qk += (float(qkv[q_at + c]) * pc.scale) * float(qkv[k_at + c]);
     const float slope = (features & SCORE_ALIBI) != 0u ? head_values[head].x : 0.0;
     const float add = (masks & MASK_FLAG_ADDITIVE) != 0u ? additive[batch * pc.a_bs + mi] : 0.0;
-    const float score = rule_score(dot_qk, d, features, masks, sp, slope, true, add);
+    const float score = rule_score(dot_qk, d, nearest_key_distance(p, pc.kv_len), features, masks, sp, slope, true, add);
     float w = 0.0;
     if (score != score_neg_inf()) {
-        if ((features & SCORE_SINKS) != 0u)
-            w = exp(score - m) * row_normaliser(m, l, features, head_values[head].y);
+        if ((features & SCORE_SINKS) != 0u)  // the sink meets ALiBi's relative scores (score_rules.glsl)
+            w = exp(score - m) *
+                row_normaliser(m, l, features, head_values[head].y + alibi_drop(p, pc.kv_len, features, sp, slope));
         else
             w = exp(score - m) / l;
         // FlashAttention's return_attn_probs: a dropped weight negated (its sign bit set)

@@ -11,6 +11,9 @@
 //
 // QKV_BLOCK_TEXEL(name, words) defines vec4 name(uint row_byte, uint c, bool q8): the texel c
 // (values 4c .. 4c + 3) of the row of blocks starting at byte row_byte of the buffer `words`.
+// QKV_BLOCK_TEXELS(name, words) defines void name(uint row_byte, uint b, bool q8, out vec4 t[8]):
+// the 8 texels of block b of that row, from one pass over its words (9 loads for q8_0, 5 for
+// q4_0, the scale read once) where 8 calls of the first would make 24 or 16.
 
 #define QKV_BLOCK_TEXEL(name, words)                                                            \
     uint name##_word_at(uint o) { /* 4 bytes from the even byte offset o */                    \
@@ -30,4 +33,24 @@
         }                                                                                      \
         const uint q = name##_word_at(at + 2u + (within & 15u)) >> (within >= 16u ? 4u : 0u);  \
         return (vec4(q & 15u, (q >> 8u) & 15u, (q >> 16u) & 15u, (q >> 24u) & 15u) - 8.0) * d; \
+    }
+
+#define QKV_BLOCK_TEXELS(name, words)                                                           \
+    void name(uint row_byte, uint b, bool q8, out vec4 t[8]) {                                 \
+        const uint at = row_byte + b * (q8 ? 34u : 18u);                                       \
+        const uint a = at >> 2u;                                                               \
+        const bool odd = (at & 2u) != 0u; /* the scale in the high half of word a */           \
+        uint w[9];                                                                             \
+        [[unroll]] for (uint i = 0; i < 9u; ++i) w[i] = q8 || i < 5u ? words[a + i] : 0u;      \
+        const float d = unpackHalf2x16(odd ? w[0] >> 16u : w[0]).x;                            \
+        uint qw[8]; /* the quant bytes, 4 a word */                                            \
+        [[unroll]] for (uint i = 0; i < 8u; ++i) qw[i] = odd ? w[i + 1u] : (w[i] >> 16u) | (w[i + 1u] << 16u); \
+        [[unroll]] for (uint i = 0; i < 8u; ++i) {                                             \
+            if (q8) { /* each byte to the top, then an arithmetic shift back: its sign */      \
+                t[i] = vec4((ivec4(qw[i]) << ivec4(24, 16, 8, 0)) >> 24) * d;                  \
+            } else { /* texels 0..3 the low nibbles of the 16 bytes, 4..7 the high ones */     \
+                const uint q = qw[i & 3u] >> (i >= 4u ? 4u : 0u);                              \
+                t[i] = (vec4(q & 15u, (q >> 8u) & 15u, (q >> 16u) & 15u, (q >> 24u) & 15u) - 8.0) * d; \
+            }                                                                                  \
+        }                                                                                      \
     }

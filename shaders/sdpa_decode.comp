@@ -27,6 +27,13 @@
 //     rows, every K/V texel is fetched at a lane-uniform address (one fetch serves all lanes) and
 //     every inner loop has a constant trip count and is unrolled, so the key-step loop is the only
 //     loop: at most chunk / KPS iterations, which the host keeps far below llvmpipe's 65,535.
+//     Wide heads (TB > 0, the host's choice past 32 texels a row): unrolling every texel of E and
+//     Ev made LLVM's compile time grow faster than the body (minutes at E = 1,024 with q8_0, over
+//     ten at E = 4,096) and an indexed register array is far worse on llvmpipe, so the wide form
+//     loops over E and Ev TB texels an iteration (unrolled within), fetches Q's texels as it
+//     needs them and keeps the accumulator in the partial output it writes anyway (acc_out, one
+//     load and one store a texel per step of KPS keys); quantized K and V are read a block (TB = 8
+//     texels) at a time, the scale once.
 //   gpu (QKV_DECODE_GPU): WG invocations, RPI rows per workgroup; each tile of WG keys is one key
 //     per invocation, scores for all rows against Q in shared memory, the tile's row maxima by
 //     subgroupMax + shared memory (SUBGROUP = 1) or a shared-memory tree (SUBGROUP = 0), the
@@ -55,6 +62,8 @@ layout(constant_id = DECODE_SPEC_SUBGROUP) const uint SUBGROUP = 0;
 layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // DECODE_VALUES_* (values.glsl)
 layout(constant_id = DECODE_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
 layout(constant_id = DECODE_SPEC_KV_FORMAT) const uint KV_FORMAT = DECODE_KV_TEXELS;
+layout(constant_id = DECODE_SPEC_TB) const uint TB = 0;  // cpu: 0 unrolled, else the wide form's texels an iteration
+const uint TBX = TB == 0u ? 1u : TB;                     // (array sizes: never 0)
 
 layout(binding = DECODE_BINDING_Q) uniform textureBuffer q_tex;
 #ifdef QKV_KV_BLOCKS
@@ -63,6 +72,8 @@ layout(std430, binding = DECODE_BINDING_V) readonly buffer VBlocks { uint v_word
 #include "kv_blocks.glsl"
 QKV_BLOCK_TEXEL(k_block_texel, k_words)
 QKV_BLOCK_TEXEL(v_block_texel, v_words)
+QKV_BLOCK_TEXELS(k_block_texels, k_words)
+QKV_BLOCK_TEXELS(v_block_texels, v_words)
 const uint BLOCK_BYTES = KV_FORMAT == DECODE_KV_Q8_0 ? 34u : 18u;
 const uint K_ROW_BYTES = E4 / 8u * BLOCK_BYTES, V_ROW_BYTES = EV4 / 8u * BLOCK_BYTES;  // E, Ev multiples of 32
 vec4 k_texel(uint row, uint c) { return k_block_texel(row * K_ROW_BYTES, c, KV_FORMAT == DECODE_KV_Q8_0); }
@@ -76,7 +87,7 @@ vec4 v_texel(uint row, uint c) { return texelFetch(v_tex, int(row * EV4 + c)); }
 layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };  // bit n of word n / 32
 layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
 layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
-layout(std430, binding = DECODE_BINDING_ACC) writeonly buffer Acc { vec4 acc_out[]; };
+layout(std430, binding = DECODE_BINDING_ACC) buffer Acc { vec4 acc_out[]; };  // the wide form reads it too
 layout(push_constant) uniform Push { decode_push pc; };
 layout(std430, binding = DECODE_BINDING_GATE) readonly buffer Gate { uint gate_word[]; };
 
@@ -114,7 +125,8 @@ float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_h
     float add = 0.0;
     if (HAS_MASK) bit = ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
     if (HAS_ADD) add = additive[mi];
-    const float v = rule_score(s, int(key) - (int(i) + pc.causal_offset), FEATURES, MASKS, sp, slope, bit, add);
+    const int p = int(i) + pc.causal_offset;
+    const float v = rule_score(s, int(key) - p, nearest_key_distance(p, pc.kv_len), FEATURES, MASKS, sp, slope, bit, add);
     return r < pc.rows && key < kv_end ? v : score_neg_inf();
 }
 
@@ -239,9 +251,153 @@ void decode(const bool careful) {
     }
 }
 
+// The wide form (TB > 0): the same steps as decode(), with loops over E and Ev of TB texels an
+// iteration, Q fetched per texel and the accumulator in acc_out (this workgroup's partial slot of
+// each of its rows, which no other workgroup touches). Loop iterations per invocation: EV4 / TB
+// to clear the accumulator, then per key step 1 + E4 / TB + EV4 / TB (decode_plan.cpp counts them).
+void decode_wide(const bool careful) {
+    const float neg_inf = uintBitsToFloat(0xff800000u);
+    const uint BLOCK = WG * RPI;
+    const uint wx = gl_WorkGroupID.x + pc.group_x;
+    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
+    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
+    const uint lane = gl_LocalInvocationID.x;
+    const uint row0 = block * BLOCK;
+    const uint kbase = z * pc.kv_stride;
+    sp = no_score_params();
+    if (FEATURES != 0u) sp = score_in;
+    float slope[RPI];
+    uint q_at[RPI], acc_at[RPI];  // first texel of each row's Q and of its partial accumulator
+    bool owns[RPI];               // a row of the group (lanes past the last row compute its copy)
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        slope[i] = row_slope(row0 + i * WG + lane, kv_head);
+        owns[i] = row0 + i * WG + lane < pc.rows;
+        const uint r = min(row0 + i * WG + lane, pc.rows - 1u);
+        q_at[i] = (z * pc.rows + r) * E4;
+        acc_at[i] = ((z * pc.rows + r) * pc.chunks + chunk) * EV4;
+    }
+    float m[RPI], l[RPI];
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        m[i] = neg_inf;
+        l[i] = 0.0;
+    }
+    for (uint cb = 0; cb < EV4; cb += TBX)
+        [[unroll]] for (uint i = 0; i < RPI; ++i)
+            [[unroll]] for (uint cc = 0; cc < TBX; ++cc)
+                if (owns[i]) acc_out[acc_at[i] + cb + cc] = vec4(0.0);
+
+    const uvec2 range = key_range(chunk);
+    const uint last = max(range.y, 1u) - 1u;  // keys past the end re-read the last key, with weight 0
+    for (uint j0 = range.x; j0 < range.y; j0 += KPS) {
+#ifdef QKV_SHUFFLE
+        const uint ROUNDS = (KPS + WG - 1u) / WG;
+        uint mine[ROUNDS];  // lane i fetches key j0 + r·WG + i of the step (clamped)
+        [[unroll]] for (uint r = 0; r < ROUNDS; ++r)
+            mine[r] = kbase + min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last);
+#else
+        uint at[KPS];
+        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = kbase + min(j0 + j, last);
+#endif
+        float s[RPI * KPS];
+        [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
+        for (uint cb = 0; cb < E4; cb += TBX) {
+#ifdef QKV_SHUFFLE
+            vec4 fetched[ROUNDS * TBX];  // round r's key, texels cb .. cb + TB - 1
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) {
+#ifdef QKV_KV_BLOCKS
+                vec4 b8[8];
+                k_block_texels(mine[r] * K_ROW_BYTES, cb / 8u, KV_FORMAT == DECODE_KV_Q8_0, b8);
+                [[unroll]] for (uint cc = 0; cc < TBX; ++cc) fetched[r * TBX + cc] = b8[cc];
+#else
+                [[unroll]] for (uint cc = 0; cc < TBX; ++cc) fetched[r * TBX + cc] = k_texel(mine[r], cb + cc);
+#endif
+            }
+#endif
+            [[unroll]] for (uint cc = 0; cc < TBX; ++cc) {
+                vec4 qv[RPI];
+                [[unroll]] for (uint i = 0; i < RPI; ++i) qv[i] = texelFetch(q_tex, int(q_at[i] + cb + cc)) * pc.scale;
+                [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                    const vec4 kv = subgroupShuffle(fetched[(j / WG) * TBX + cc], j % WG);
+#else
+                    const vec4 kv = k_texel(at[j], cb + cc);
+#endif
+                    [[unroll]] for (uint i = 0; i < RPI; ++i) s[i * KPS + j] += dot(qv[i], kv);
+                }
+            }
+        }
+        if (EVERY_STEP || MASKS != 0u || j0 + KPS > range.y) {
+            [[unroll]] for (uint i = 0; i < RPI; ++i)
+                [[unroll]] for (uint j = 0; j < KPS; ++j)
+                    s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
+                                                  slope[i]);
+        }
+        float alpha[RPI];
+        [[unroll]] for (uint i = 0; i < RPI; ++i) {
+            float mx = s[i * KPS];
+            [[unroll]] for (uint j = 1; j < KPS; ++j) mx = max(mx, s[i * KPS + j]);
+            const float m_new = max(m[i], mx);
+            const float m_use = m_new == neg_inf ? 0.0 : m_new;  // nothing allowed yet: no -inf - -inf
+            alpha[i] = exp(m[i] - m_use);
+            float sum = 0.0;
+            [[unroll]] for (uint j = 0; j < KPS; ++j) {
+                const float x = s[i * KPS + j];
+                const float p = x == neg_inf ? MASKED_WEIGHT : exp(x - m_use);
+                s[i * KPS + j] = p * pc.v_scale;  // the values accumulate scaled (exact: a power of two)
+                sum += p;
+            }
+            l[i] = l[i] * alpha[i] + sum;
+            m[i] = m_new;
+        }
+        // acc = acc·alpha + Σ_j p_j·v_j, a TB-texel slice of Ev at a time
+        for (uint cb = 0; cb < EV4; cb += TBX) {
+#ifdef QKV_SHUFFLE
+            vec4 fetched[ROUNDS * TBX];
+            [[unroll]] for (uint r = 0; r < ROUNDS; ++r) {
+#ifdef QKV_KV_BLOCKS
+                vec4 b8[8];
+                v_block_texels(mine[r] * V_ROW_BYTES, cb / 8u, KV_FORMAT == DECODE_KV_Q8_0, b8);
+                [[unroll]] for (uint cc = 0; cc < TBX; ++cc) fetched[r * TBX + cc] = b8[cc];
+#else
+                [[unroll]] for (uint cc = 0; cc < TBX; ++cc) fetched[r * TBX + cc] = v_texel(mine[r], cb + cc);
+#endif
+            }
+#endif
+            [[unroll]] for (uint cc = 0; cc < TBX; ++cc) {
+                vec4 a[RPI];
+                [[unroll]] for (uint i = 0; i < RPI; ++i) {
+                    const vec4 old = owns[i] ? acc_out[acc_at[i] + cb + cc] : vec4(0.0);  // no read of another lane's row
+                    a[i] = careful ? rescaled(old, alpha[i]) : old * alpha[i];
+                }
+                [[unroll]] for (uint j = 0; j < KPS; ++j) {
+#ifdef QKV_SHUFFLE
+                    const vec4 vv = subgroupShuffle(fetched[(j / WG) * TBX + cc], j % WG);
+#else
+                    const vec4 vv = v_texel(at[j], cb + cc);
+#endif
+                    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+                        const float p = s[i * KPS + j];
+                        if (careful)
+                            a[i] += weighted(p, vv);
+                        else
+                            a[i] += p * vv;
+                    }
+                }
+                [[unroll]] for (uint i = 0; i < RPI; ++i)
+                    if (owns[i]) acc_out[acc_at[i] + cb + cc] = a[i];
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0; i < RPI; ++i)
+        if (owns[i]) stats[(z * pc.rows + row0 + i * WG + lane) * pc.chunks + chunk] = vec2(m[i], l[i]);
+}
+
 #else  // QKV_DECODE_GPU
 
 const uint OUTS = (RPI * EV4 + WG - 1u) / WG;  // (row, texel) outputs per invocation
+
 shared vec4 q_sh[RPI * E4];
 shared float p_sh[RPI * WG];
 shared float red_sh[RPI * WG];
@@ -286,9 +442,16 @@ void decode(const bool careful) {
         const uint at = kbase + min(key, last);
         float s[RPI];
         [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = 0.0;
-        [[unroll]] for (uint c = 0; c < E4; ++c) {
-            const vec4 kv = k_texel(at, c);
-            [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+        if (E4 <= DECODE_GPU_UNROLLED_TEXELS) {  // a constant: one of the two loops is built
+            [[unroll]] for (uint c = 0; c < E4; ++c) {
+                const vec4 kv = k_texel(at, c);
+                [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+            }
+        } else {  // wide heads: a loop (Q is in shared memory, so nothing is indexed in registers)
+            [[dont_unroll]] for (uint c = 0; c < E4; ++c) {
+                const vec4 kv = k_texel(at, c);
+                [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
+            }
         }
         [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head, slope[r]);
 
@@ -373,6 +536,15 @@ void decode(const bool careful) {
 // Each call of decode() is inlined with its constant argument: two specialised bodies where the
 // pipeline is gated, one otherwise.
 void main() {
+#ifndef QKV_DECODE_GPU
+    if (TB != 0u) {  // a constant: one form is built
+        if (careful_values())
+            decode_wide(true);
+        else
+            decode_wide(false);
+        return;
+    }
+#endif
     if (careful_values())
         decode(true);
     else

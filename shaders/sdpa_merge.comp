@@ -6,7 +6,9 @@
 // A row with nothing to attend (every l_p = 0) gets zeros; a NaN sum gives a NaN row. With
 // SCORE_SINKS (score_params::features, read at run time) the row's head's sink joins the
 // denominator here, once: out = Σ w_p·acc_p / (Σ w_p·l_p + e^(σ − M)); with SCORE_LSE the row's
-// log-sum-exp M + log Σ w_p·l_p (sinks not included) goes to `lse` (score_rules.glsl).
+// log-sum-exp M + log Σ w_p·l_p (sinks not included) goes to `lse` (score_rules.glsl). With ALiBi
+// the partial states hold scores relative to the row's nearest key, and the part left out
+// (alibi_drop) meets the sink and the lse here.
 // One invocation per output element; the output row of group z's row r is z·R + r, which is
 // exactly (batch, query head, query row) of a (B, Hq, L, Ev) tensor.
 #include "contract/decode.h"
@@ -38,13 +40,18 @@ void main() {
         l += w * st.y;
         a += w * acc[(base + p) * pc.dv_stride + c];
     }
-    const uint features = score_in.features;
-    const float sink = (features & SCORE_SINKS) != 0u ? head_values[(row / pc.q_len) % pc.q_heads].y : neg_inf;
+    const score_params sp = score_in;
+    const uint features = sp.features;
+    const uint head = (row / pc.q_len) % pc.q_heads;
+    // ALiBi's part left out of the row's scores (score_rules.glsl): off its lse, onto its sink
+    const float slope = (features & SCORE_ALIBI) != 0u ? head_values[head].x : 0.0;
+    const float drop = alibi_drop(int(row % pc.q_len) + pc.causal_offset, pc.kv_len, features, sp, slope);
+    const float sink = (features & SCORE_SINKS) != 0u ? head_values[head].y + drop : neg_inf;
     if (isnan(l))
         o_out[row * pc.dv + c] = uintBitsToFloat(0x7fc00000u);
     else if ((features & SCORE_SINKS) != 0u)
         o_out[row * pc.dv + c] = a * row_normaliser(big, l, features, sink);
     else
         o_out[row * pc.dv + c] = l == 0.0 ? 0.0 : a / l;
-    if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[row] = row_lse(big, l, false);
+    if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[row] = row_lse(big, l, false, drop);
 }

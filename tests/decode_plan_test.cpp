@@ -62,21 +62,28 @@ decode_request request(std::size_t batch, std::size_t q_heads, std::size_t kv_he
 std::uint64_t key_step(const decode_plan& p) { return p.family == kernel_family::row_tiles ? p.kps : p.wg; }
 
 /// Loop iterations of one invocation of shaders/sdpa_decode.comp over a chunk of `keys` keys. cpu:
-/// the key-step loop alone (every inner loop is unrolled). gpu, per tile of WG keys: the tile loop,
+/// the key-step loop alone (every inner loop is unrolled); its wide form (tb > 0) first clears the
+/// accumulator (EV4 / TB iterations), then loops over E and Ev TB texels an iteration in every key
+/// step (1 + E4 / TB + EV4 / TB). gpu, per tile of WG keys: the tile loop, the score loop over E
+/// (a loop past 32 texels),
 /// the value loop (WG keys for each of the OUTS outputs an invocation owns), and the row maxima
 /// (RPI x gl_NumSubgroups with subgroupMax, at most RPI x WG; log2 WG steps of the shared tree).
 std::uint64_t kernel_loops(const decode_plan& p, std::uint64_t keys) {
-    if (p.family == kernel_family::row_tiles) return ceil_div(keys, p.kps);
+    if (p.family == kernel_family::row_tiles && p.tb == 0) return ceil_div(keys, p.kps);
+    if (p.family == kernel_family::row_tiles)
+        return p.ev4 / p.tb + ceil_div(keys, p.kps) * (1 + p.e4 / p.tb + p.ev4 / p.tb);
     const std::uint64_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
     const std::uint64_t maxima = p.subgroup ? std::uint64_t{p.rpi} * p.wg : log2_of(p.wg);
-    return ceil_div(keys, p.wg) * (1 + outs * p.wg + maxima);
+    const std::uint64_t scores = p.e4 > 32 ? p.e4 : 0;  // the score loop over E, unrolled up to 32 texels
+    return ceil_div(keys, p.wg) * (1 + scores + outs * p.wg + maxima);
 }
 
 bool same(const decode_plan& a, const decode_plan& b) {
     return a.family == b.family && a.subgroup == b.subgroup && a.wg == b.wg && a.rpi == b.rpi && a.kps == b.kps &&
            a.e4 == b.e4 && a.ev4 == b.ev4 && a.masks == b.masks && a.groups == b.groups && a.rows == b.rows &&
            a.q_len == b.q_len && a.kv_len == b.kv_len && a.kv_stride == b.kv_stride && a.dv == b.dv &&
-           a.row_blocks == b.row_blocks && a.chunk == b.chunk && a.chunks == b.chunks && a.max_loop == b.max_loop;
+           a.row_blocks == b.row_blocks && a.chunk == b.chunk && a.chunks == b.chunks && a.max_loop == b.max_loop &&
+           a.tb == b.tb;
 }
 
 const char* family_name(kernel_family k) {
@@ -120,11 +127,24 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
             CHECK(p.wg == f.info.subgroup_size);
         else
             CHECK(p.wg <= 8);
-        CHECK((p.kps == 4 || p.kps == 8));
+        // Rows of up to 32 texels unrolled whole; wider ones the wide form, whose loops take tb
+        // texels an iteration, dividing both widths (a block of 8 for quantized K/V).
+        if (std::max(p.e4, p.ev4) <= 32) {
+            CHECK(p.tb == 0);
+            CHECK((p.kps == 4 || p.kps == 8));
+        } else {
+            CHECK((p.tb == 1 || p.tb == 2 || p.tb == 4 || p.tb == 8));
+            CHECK(p.e4 % p.tb == 0);
+            CHECK(p.ev4 % p.tb == 0);
+            if (r.kv_format != qkv::contract::DECODE_KV_TEXELS) CHECK(p.tb == 8);
+            CHECK((p.rpi == 1 || p.rpi == 2));
+            CHECK(p.rpi * p.kps == 64);
+        }
         CHECK(std::uint64_t{p.row_blocks} * p.wg * p.rpi >= rows);  // every row in a block, no empty block
         CHECK(std::uint64_t{p.row_blocks - 1} * p.wg * p.rpi < rows);
     } else {
         CHECK(p.kps == p.wg);  // a tile is one key per invocation
+        CHECK(p.tb == 0);
         CHECK(p.rpi <= 8);
         CHECK(std::uint64_t{p.row_blocks} * p.rpi >= rows);
         CHECK(std::uint64_t{p.row_blocks - 1} * p.rpi < rows);
@@ -174,6 +194,7 @@ void check_plan(const fake& f, const decode_request& r, const decode_plan& p) {
     CHECK(spec.ev4 == p.ev4);
     CHECK(spec.masks == p.masks);
     CHECK(spec.subgroup == (p.subgroup ? 1u : 0u));
+    CHECK(spec.tb == p.tb);
     CHECK(p.partials() == std::uint64_t{p.groups} * p.rows * p.chunks);
 }
 
@@ -256,6 +277,58 @@ TEST_CASE("decode plan: the K/V row stride and the chunk cap", "[decode_plan]") 
                                                             max_chunks_total))
                                     .chunks);
             check_plan(f, capped, big);
+        }
+    }
+}
+
+TEST_CASE("decode plan: wide heads take the cpu kernel's wide form, every K/V format, every width to 4,096",
+          "[decode_plan]") {
+    for (const fake& f : fd::fake_devices()) {
+        for (kernel_family kernel : {kernel_family::automatic, kernel_family::row_tiles, kernel_family::block_tiles}) {
+            for (std::uint32_t format :
+                 {qkv::contract::DECODE_KV_TEXELS, qkv::contract::DECODE_KV_Q8_0, qkv::contract::DECODE_KV_Q4_0}) {
+                for (const auto& [e, ev] : {std::pair<std::size_t, std::size_t>{576, 512},
+                                            {1024, 1024},
+                                            {4096, 4096},
+                                            {4096, 128},
+                                            {128, 4096},
+                                            {160, 96}}) {
+                    for (const auto& [hq, q_len] : {std::pair<std::size_t, std::size_t>{1, 1}, {16, 1}, {32, 3}}) {
+                        for (std::size_t kv_len : {1u, 113u, 8192u, 600000u}) {
+                            decode_request r =
+                                request(1, hq, 1, q_len, kv_len, e, ev, qkv::contract::MASK_FLAG_CAUSAL, kernel);
+                            r.kv_format = format;
+                            INFO(f.name << ", " << family_name(kernel) << ", format " << format << ": E " << e
+                                        << ", Ev " << ev << ", Hq " << hq << ", L " << q_len << ", S " << kv_len);
+                            decode_plan p;
+                            try {
+                                p = plan_decode(f.info, r);
+                            } catch (const qkv::vulkan::limit_exceeded& refused) {
+                                // Only the gpu kernel refuses some of these: Q of E = 4,096 in its
+                                // shared memory, or Ev = 4,096 at 600,000 keys in more chunks than
+                                // the merge reads (its value loop counts Ev per tile).
+                                INFO(refused.what());
+                                CHECK((kernel == kernel_family::block_tiles ||
+                                       (kernel == kernel_family::automatic && f.info.type != device_type::cpu)));
+                                CHECK((mentions(refused.what(), "shared memory") ||
+                                       mentions(refused.what(), "chunks; at most 4096")));
+                                continue;
+                            }
+                            check_plan(f, r, p);
+                            if (p.family == kernel_family::row_tiles) CHECK(p.tb == 8);  // every width here divides
+                        }
+                    }
+                }
+            }
+        }
+        // Widths of an odd number of texels (E = 4 x odd): one texel an iteration, still within
+        // the loop budget.
+        for (std::size_t e : {4092u, 300u, 1028u}) {
+            const decode_request r = request(1, 4, 1, 1, 65536, e, e, 0, kernel_family::row_tiles);
+            const decode_plan p = plan_decode(f.info, r);
+            INFO(f.name << ": E " << e);
+            check_plan(f, r, p);
+            CHECK(p.tb == 1);
         }
     }
 }

@@ -616,3 +616,36 @@ TEST_CASE("dropout: cpu::sdpa's mask is the generator's, and p = 0 is no dropout
 }
 
 }  // namespace
+
+TEST_CASE("sdpa_backward: ALiBi far from every key keeps float64's precision", "[sdpa_backward]") {
+    // Rows past every key: ALiBi's scores relative to each row's nearest key are the same at
+    // position_offset 20 and 2^40 + 20, and so are the probabilities, hence the gradients (no
+    // sink: its share depends on the absolute lse). Absolute biases of 2^40·slope in float64 would
+    // round the scores by about 1e-4.
+    owned<float> o;
+    o.shape = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 5, .kv_len = 9, .d_qk = 16, .d_v = 8};
+    std::mt19937 rng(81);
+    std::normal_distribution<float> normal;
+    const auto fill = [&](std::size_t n) {
+        std::vector<float> v(n);
+        for (float& x : v) x = normal(rng);
+        return v;
+    };
+    o.q = fill(2 * 5 * 16), o.k = fill(9 * 16), o.v = fill(9 * 8), o.d_out = fill(2 * 5 * 8);
+    o.options = {.position_offset = 20, .alibi_max_bias = 8.f};
+    const qkv::sdpa_gradients_f64 near = qkv::cpu::sdpa_backward_f64(o.backward());
+    o.options.position_offset = (std::int64_t{1} << 40) + 20;
+    const qkv::sdpa_gradients_f64 far = qkv::cpu::sdpa_backward_f64(o.backward());
+    CHECK(nmse(far.dq, near.dq, "dq") <= 1e-24);
+    CHECK(nmse(far.dk, near.dk, "dk") <= 1e-24);
+    CHECK(nmse(far.dv, near.dv, "dv") <= 1e-24);
+    // From the forward's saved float64 lse too: lse and the relative scores meet again.
+    qkv::basic_sdpa_problem<double> p = widen(o).forward();
+    p.options.return_lse = true;
+    const auto saved = qkv::cpu::sdpa(p);
+    owned<double> d = widen(o);
+    d.out = saved.output, d.lse = saved.lse;
+    const qkv::sdpa_gradients_f64 from_saved = qkv::cpu::sdpa_backward(d.backward());
+    CHECK(nmse(from_saved.dq, near.dq, "dq from the saved lse") <= 1e-24);
+    CHECK(nmse(from_saved.dk, near.dk, "dk from the saved lse") <= 1e-24);
+}

@@ -587,3 +587,28 @@ TEST_CASE("sdpa_backward_call: what it refuses, and its checks on the device", "
     qkv::vulkan::sdpa_backward_call moved = std::move(call);
     CHECK_THROWS_AS(call.run(t.view()), qkv::error);  // NOLINT(bugprone-use-after-move): the test
 }
+
+TEST_CASE("sdpa_backward on the device: ALiBi from rows beyond the keys, huge softcaps, and the limit", "[backward]") {
+    std::mt19937 rng(71);
+    // Rows past every key (positions 12..28 over keys 0..8) and before them (-20..-4), with sinks:
+    // the kernels' scores are relative to each row's nearest key, so lse' and the sink are raised
+    // by slope·distance (up to 0.5·20 = 10) to meet them. The second with a softcap above 2^126,
+    // whose 1/C only the host's two normal factors hold.
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 17, .kv_len = 9, .d_qk = 16, .d_v = 8};
+    for (const auto& [off, cap] : {std::pair{std::int64_t{12}, 0.f}, std::pair{std::int64_t{-20}, 3e38f}}) {
+        INFO("position_offset " << off << ", softcap " << cap);
+        owned o = make(s, {.position_offset = off, .softcap = cap}, 72);
+        o.slopes = {0.5f, 0.25f};
+        o.sinks = normal(2, rng);
+        save_forward(o);
+        check_against_reference(o, 1e-9);
+    }
+    // A drop beyond 16 (slope 1, rows 20 before the keys): the float32 lse has lost the precision
+    // the probabilities need, so the plan refuses it, naming the option.
+    owned far = make(s, {.position_offset = -20}, 73);
+    far.slopes = {1.f, 0.25f};
+    save_forward(far);
+    expect_throw_with([&] { (void)gpu().sdpa_backward(far.backward()); }, {"ALiBi", "alibi_slopes", "position_offset"});
+    CHECK_THROWS_AS(gpu().sdpa_backward(far.backward()), qkv::vulkan::limit_exceeded);
+    require_clean(gpu());
+}

@@ -67,7 +67,8 @@ struct spec {
     bool given_slopes = false;  ///< ALiBi slopes given per query head (alibi_slopes) instead of `alibi`
     std::optional<element_type> kv_type{};
     qkv::precision precision = qkv::precision::fp32;
-    float scale = 0;  ///< 0: the default
+    float scale = 0;                                ///< 0: the default
+    std::optional<std::int64_t> position_offset{};  ///< unset: the alignment's
 };
 
 std::string describe(const spec& s, path p) {
@@ -88,6 +89,7 @@ std::string describe(const spec& s, path p) {
     if (s.weights) o << " weights";
     if (s.kv_type) o << " kv " << qkv::to_string(*s.kv_type);
     if (s.precision == qkv::precision::fp16) o << " fp16";
+    if (s.position_offset) o << " position_offset " << *s.position_offset;
     return o.str();
 }
 
@@ -122,6 +124,7 @@ owned_sdpa make(const spec& s, std::uint64_t seed) {
     p.options.kv_type = s.kv_type;
     p.options.precision = s.precision;
     if (s.scale != 0) p.options.scale = s.scale;
+    p.options.position_offset = s.position_offset;
     return o;
 }
 
@@ -352,6 +355,120 @@ TEST_CASE("sdpa features: ALiBi slopes given per query head, on every path", "[v
     require_clean(ctx);
 }
 
+TEST_CASE("sdpa features: softcap with a large C keeps float32's precision on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // C·tanh(s / C) with tanh's absolute error (about 1e-7) multiplied by C gave nmse 2.6e-9 at
+    // C = 1e4, 2.3e-5 at 1e6 and an lse off by about 3e22 at 1e30. Also a subnormal C (which a
+    // device may flush to zero) and a small one that saturates most scores.
+    std::uint64_t seed = 250;
+    for (const float c : {1e4f, 1e6f, 1e30f, std::numeric_limits<float>::min() / 8, 0.25f}) {
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .causal = true,
+                   .softcap = c,
+                   .sinks = true,
+                   .lse = true,
+                   .scale = 2.0f},
+                  fused_paths, ++seed);
+        run_paths({.q_heads = 4, .kv_heads = 2, .q_len = 3, .kv_len = 1030, .softcap = c, .lse = true, .scale = 2.0f},
+                  {path::decode_host, path::decode_cache}, ++seed);
+    }
+}
+
+TEST_CASE("sdpa features: ALiBi far from the diagonal keeps float32's precision on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // Every key 1e5 to 2^62 positions from every query (after them and before them): the bias,
+    // rounded in float32 before it met the scores, gave nmse 2.4e-6 at 1e5 and 3e-4 at 1e6.
+    constexpr std::int64_t two62 = std::int64_t{1} << 62;
+    std::uint64_t seed = 260;
+    for (const std::int64_t off : {std::int64_t{100'000}, std::int64_t{1'000'000}, std::int64_t{1'000'000'000},
+                                   two62 - 1000, two62, std::int64_t{-1'000'000}, -two62}) {
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 17,
+                   .kv_len = 113,
+                   .alibi = 8.0f,
+                   .sinks = true,
+                   .lse = true,
+                   .position_offset = off},
+                  fused_paths, ++seed);
+        run_paths({.q_heads = 4,
+                   .kv_heads = 2,
+                   .q_len = 3,
+                   .kv_len = 1030,
+                   .alibi = 8.0f,
+                   .sinks = true,
+                   .lse = true,
+                   .position_offset = off},
+                  {path::decode_host, path::decode_cache}, ++seed);
+    }
+    // Slopes given per query head (one of them 0) take the same relative bias.
+    const spec given{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1030,
+                     .sinks = true,
+                     .lse = true,
+                     .given_slopes = true,
+                     .position_offset = 1'000'000'000};
+    REQUIRE(decode_shape(given));
+    run_paths(given, {path::decode_host, path::decode_cache}, ++seed);
+    run_paths({.q_heads = 4,
+               .kv_heads = 2,
+               .q_len = 17,
+               .kv_len = 113,
+               .lse = true,
+               .given_slopes = true,
+               .position_offset = -two62},
+              fused_paths, ++seed);
+}
+
+TEST_CASE("sdpa features: positions and window sides at the 32-bit and 2^62 edges on every path",
+          "[vulkan][sdpa][features][numerics]") {
+    // |position_offset| <= 2^62 on every path: the device refused 2^31 and beyond (naming "the
+    // causal offset kv_len - q_len"), and window or ALiBi distances of 2^30 and beyond even where
+    // the answer is all zeros. Windows whose edge, seen from 2^31 or 2^62 away, cuts into the keys
+    // row by row; rows that see nothing (zeros, lse -inf).
+    constexpr std::int64_t two30 = std::int64_t{1} << 30, two31 = std::int64_t{1} << 31, two62 = std::int64_t{1} << 62;
+    struct edge {
+        std::int64_t off, left, right;
+        bool causal;
+        float alibi;
+    };
+    const edge edges[] = {
+        {two31 - 1, -1, -1, true, 0.0f},             // every key visible
+        {two31, 40, 0, true, 0.0f},                  // a window far behind the keys: nothing
+        {two31 + 1, two31 + 1 - 50, 0, true, 8.0f},  // the left edge at key i + 50
+        {-two31, -1, -1, true, 0.0f},                // causal, every key after the rows: nothing
+        {-two31 - 1, -1, two31 + 60, false, 8.0f},   // the right edge at key i + 59
+        {two62, two62 - 60, -1, false, 8.0f},        // the left edge at key i + 60
+        {-two62, two30, two62 + 30, false, 0.0f},    // the right edge at key i + 30
+        {5, two30, two30, true, 8.0f},               // sides of 2^30 near the keys
+        {-3, two62, two62, false, 8.0f},             // and of 2^62
+    };
+    std::uint64_t seed = 270;
+    for (const edge& e : edges) {
+        for (const bool decode : {false, true}) {
+            const spec s{.q_heads = 4,
+                         .kv_heads = 2,
+                         .q_len = decode ? 3u : 17u,
+                         .kv_len = decode ? 1030u : 113u,
+                         .causal = e.causal,
+                         .window_left = e.left,
+                         .window_right = e.right,
+                         .alibi = e.alibi,
+                         .sinks = true,
+                         .lse = true,
+                         .position_offset = e.off};
+            if (decode) REQUIRE(decode_shape(s));
+            run_paths(s, decode ? std::initializer_list<path>{path::decode_host, path::decode_cache} : fused_paths,
+                      ++seed);
+        }
+    }
+}
+
 TEST_CASE("sdpa features: sinks with fully masked rows, lse with every feature, weights", "[vulkan][sdpa][features]") {
     using qkv::causal_alignment;
     const spec cases[] = {
@@ -551,12 +668,13 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
     }
 }
 
-TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
-    // One call reads every stored element back: row (j, c) has the one-hot query e_c (scale 1) and a
-    // mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored, lse = k_j[c] as
-    // stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows of q4_0 blocks
-    // (18 bytes) start at both halves of a 32-bit word.
-    qkv::vulkan::context& ctx = qkv_test::gpu();
+namespace {
+
+/// One call reads every stored element of a cache back: row (j, c) has the one-hot query e_c
+/// (scale 1) and a mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored,
+/// lse = k_j[c] as stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows
+/// of q4_0 blocks (18 bytes) start at both halves of a 32-bit word.
+void check_cache_reads_back(qkv::vulkan::context& ctx) {
     for (const element_type t : {element_type::f16, element_type::q8_0, element_type::q4_0}) {
         INFO(qkv::to_string(t));
         const std::size_t B = 1, Hkv = 2, S = 5, E = 64, Ev = 32, L = S * E;
@@ -613,6 +731,12 @@ TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for b
         CHECK(k_wrong == 0);
         CHECK(v_wrong == 0);
     }
+}
+
+}  // namespace
+
+TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
+    check_cache_reads_back(qkv_test::gpu());
 }
 
 TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]") {
@@ -720,11 +844,225 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
         check_close(out.download(), want.output, s.d_v, "output against a cache");
         require_clean(ctx);
     }
+    {
+        // ALiBi and a window seen from past 2^31, against a cache that grows between two runs of
+        // one planned call: its params, written once, hold positions reduced without kv_len.
+        const std::int64_t off = (std::int64_t{1} << 31) + 7;
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1500,
+                     .window_left = off - 1000,  // keys from i + 1000 on
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .position_offset = off};
+        owned_sdpa o = make(s, 991);
+        qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
+        qkv::sdpa_problem desc = o.problem;
+        desc.q = {}, desc.k = {}, desc.v = {};
+        desc.shape.kv_len = 0;
+        qkv::vulkan::sdpa_call call(ctx, desc, kvc);
+        qkv::vulkan::tensor q(ctx, {1, 4, 2, 32}), out(ctx, {1, 4, 2, 32});
+        q.upload(o.q);
+        std::size_t have = 0;
+        for (const std::size_t rows : {std::size_t{1200}, std::size_t{1500}}) {
+            // Rows [have, rows) of both K/V heads, then the call over the first `rows` keys.
+            const auto slice = [&](const std::vector<float>& t, std::size_t from, std::size_t to) {
+                std::vector<float> r;
+                for (std::size_t z = 0; z < 2; ++z)
+                    r.insert(r.end(), t.begin() + static_cast<std::ptrdiff_t>((z * 1500 + from) * 32),
+                             t.begin() + static_cast<std::ptrdiff_t>((z * 1500 + to) * 32));
+                return r;
+            };
+            kvc.append(slice(o.k, have, rows), slice(o.v, have, rows), rows - have);
+            have = rows;
+            const std::vector<float> k = slice(o.k, 0, rows), v = slice(o.v, 0, rows);
+            qkv::sdpa_problem part = o.problem;
+            part.shape.kv_len = rows;
+            part.k = k, part.v = v;
+            const qkv::sdpa_output_f64 want = reference(part);
+            call.run({.q = &q, .out = &out});
+            INFO("position_offset " << off << ", " << rows << " keys in the cache");
+            check_close(out.download(), want.output, s.d_v, "output against a growing cache");
+            require_clean(ctx);
+        }
+    }
     qkv::vulkan::kv_cache cache(ctx, {.capacity = 8, .d_qk = 32, .d_v = 32, .type = element_type::q4_0});
     qkv::sdpa_problem desc{.shape = {.q_len = 1, .d_qk = 32, .d_v = 32}};
     CHECK_NOTHROW(qkv::vulkan::sdpa_call(ctx, desc, cache));
     CHECK_THROWS_AS((void)cache.keys(), qkv::vulkan::unavailable);
     require_clean(ctx);
+}
+
+TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type, and heads to 4,096",
+          "[vulkan][sdpa][features][decode_wide]") {
+    // Heads wider than 32 texels loop over E and Ev rather than unroll them (src/kernels/decode_plan.cpp);
+    // a context whose hook puts every head on that form runs the rules at small widths, and real
+    // wide heads run as they are.
+    using qkv::causal_alignment;
+    qkv::vulkan::context ctx = qkv_test::make_context({.decode_unrolled_texels = 1});
+    std::uint64_t seed = 1500;
+    const auto both = {path::decode_host, path::decode_cache};
+    for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
+        const spec s{.q_heads = 8,
+                     .kv_heads = 2,
+                     .q_len = 3,
+                     .kv_len = 1500,
+                     .d_qk = 64,
+                     .d_v = 32,
+                     .mask = masks::additive,
+                     .mask_shape = {1500},
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .window_left = 700,
+                     .window_right = 0,
+                     .softcap = 10.0f,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            run(ctx, o, route, s);
+        }
+    }
+    // Rows past one lane each (16 rows: 2 a lane; 64: 4 a lane, 2 row blocks), a bool mask with an
+    // empty row, widths of 12 and 20 texels (4 and 2 a loop iteration), fp16 queries.
+    const spec more[] = {
+        {.q_heads = 16, .kv_heads = 1, .q_len = 1, .kv_len = 1100, .d_qk = 48, .d_v = 80, .sinks = true, .lse = true},
+        {.batch = 2,
+         .q_heads = 16,
+         .kv_heads = 2,
+         .q_len = 8,
+         .kv_len = 1030,
+         .d_qk = 32,
+         .d_v = 32,
+         .mask = masks::boolean,
+         .mask_shape = {2, 16, 8, 1030},
+         .empty_row = true,
+         .lse = true},
+        {.q_heads = 4,
+         .kv_heads = 4,
+         .q_len = 1,
+         .kv_len = 1100,
+         .d_qk = 96,
+         .d_v = 64,
+         .precision = qkv::precision::fp16},
+    };
+    for (const spec& s : more)
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            run(ctx, o, route, s);
+        }
+    // Values holding NaN and Inf: masked ones add nothing, an allowed +inf reaches the output.
+    {
+        const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = 1024, .d_qk = 64, .d_v = 64, .lse = true};
+        for (const path route : both) {
+            owned_sdpa o = make(s, ++seed);
+            o.additive.assign(s.kv_len, 0.0f);
+            o.additive[5] = o.additive[700] = neg_inf;
+            o.problem.additive_mask = o.additive;
+            o.problem.mask_shape = {s.kv_len};
+            o.v[5 * s.d_v + 3] = std::numeric_limits<float>::quiet_NaN();
+            o.v[700 * s.d_v + 9] = std::numeric_limits<float>::infinity();
+            o.v[900 * s.d_v + 17] = std::numeric_limits<float>::infinity();
+            o.problem.v = o.v;
+            INFO(name_of(route));
+            const qkv::sdpa_output_f64 want = reference(o.problem);
+            qkv::sdpa_problem p = o.problem;
+            qkv::sdpa_output got;
+            if (route == path::decode_cache) {
+                qkv::vulkan::kv_cache cache(ctx, {.capacity = s.kv_len, .d_qk = s.d_qk, .d_v = s.d_v});
+                cache.append(o.k, o.v, s.kv_len);
+                p.k = {}, p.v = {}, p.shape.kv_len = 0;
+                got = ctx.sdpa(p, cache);
+            } else {
+                got = ctx.sdpa(p);
+            }
+            require_clean(ctx);
+            REQUIRE(got.output.size() == want.output.size());
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < want.output.size(); ++i) {
+                const double w = want.output[i], g = got.output[i];
+                wrong += std::isinf(w) ? g != w : !(std::abs(g - w) <= 1e-5 * (1 + std::abs(w)));
+            }
+            CHECK(wrong == 0);
+        }
+    }
+    // Every stored element read back bit for bit through the wide form's block reads.
+    check_cache_reads_back(ctx);
+    // The gpu decode kernel loops over E past 32 texels too (its Q is in shared memory): asked for
+    // by name, with a bool mask, ALiBi and sinks, over q8_0 blocks and float32 texels.
+    for (const element_type t : {element_type::f32, element_type::q8_0}) {
+        const spec s{.q_heads = 4,
+                     .kv_heads = 2,
+                     .q_len = 2,
+                     .kv_len = 1030,
+                     .d_qk = 256,
+                     .d_v = 160,
+                     .mask = masks::boolean,
+                     .alibi = 8.0f,
+                     .sinks = true,
+                     .lse = true,
+                     .kv_type = t};
+        owned_sdpa o = make(s, ++seed);
+        o.problem.options.kernel = qkv::kernel_family::block_tiles;
+        INFO(describe(s, path::decode_host) << " (gpu kernel)");
+        const qkv::sdpa_output_f64 want = reference(o.problem);
+        const qkv::sdpa_output got = qkv_test::gpu().sdpa(o.problem);
+        CHECK(got.kernel == qkv::kernel_family::block_tiles);
+        check_close(got.output, want.output, s.d_v, "output");
+        check_lse(got.lse, want.lse);
+        require_clean(qkv_test::gpu());
+    }
+    // Real wide heads: E = 1,024 over q8_0 blocks, E = Ev = 4,096 over float32 texels.
+    {
+        const spec s{.q_heads = 2,
+                     .kv_heads = 1,
+                     .q_len = 1,
+                     .kv_len = 1024,
+                     .d_qk = 1024,
+                     .d_v = 1024,
+                     .causal = true,
+                     .alignment = causal_alignment::bottom_right,
+                     .lse = true,
+                     .kv_type = element_type::q8_0};
+        owned_sdpa o = make(s, ++seed);
+        run(qkv_test::gpu(), o, path::decode_cache, s);
+    }
+    {
+        const spec s{.q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = 1024, .d_qk = 4096, .d_v = 4096, .lse = true};
+        owned_sdpa o = make(s, ++seed);
+        run(qkv_test::gpu(), o, path::decode_host, s);
+    }
+}
+
+TEST_CASE("sdpa features: the decode kernel's wide form with the score rules far from the keys, one call each",
+          "[vulkan][sdpa][decode_wide_smoke]") {
+    // Its own CTest entry, labelled driver2: the wide form and the reduced positions on every driver
+    // leg, a few pipelines (Mesa 25 builds each 10-40x slower cold). E = 160 (40 texels: wide),
+    // float32 K/V from the host and a q8_0 cache, softcap, ALiBi and a window seen from 2^31 + 5.
+    const std::int64_t off = (std::int64_t{1} << 31) + 5;
+    const spec s{.q_heads = 4,
+                 .kv_heads = 2,
+                 .q_len = 2,
+                 .kv_len = 1100,
+                 .d_qk = 160,
+                 .d_v = 96,
+                 .window_left = off - 300,
+                 .softcap = 1e6f,
+                 .alibi = 8.0f,
+                 .sinks = true,
+                 .lse = true,
+                 .position_offset = off};
+    std::uint64_t seed = 1600;
+    for (const element_type t : {element_type::f32, element_type::q8_0}) {
+        spec st = s;
+        st.kv_type = t;
+        REQUIRE(decode_shape(st));
+        owned_sdpa o = make(st, ++seed);
+        run(qkv_test::gpu(), o, t == element_type::f32 ? path::decode_host : path::decode_cache, st);
+    }
 }
 
 // ---- the grid -----------------------------------------------------------------------------------

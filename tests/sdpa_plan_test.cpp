@@ -253,3 +253,41 @@ TEST_CASE("sdpa plan: fp16 stores Q, K and V as float16 on both routes", "[plan]
         }
     }
 }
+
+TEST_CASE("sdpa plan: positions past 32 bits are planned; q_len + kv_len past 2^30 is refused, named",
+          "[plan][sdpa][positions]") {
+    const settings set;
+    constexpr std::int64_t two30 = std::int64_t{1} << 30, two31 = std::int64_t{1} << 31, two62 = std::int64_t{1} << 62;
+    for (const auto& f : fake_devices()) {
+        INFO(f.name);
+        const device_desc d = desc_of(f);
+        // A plan reads shapes and options only: no data needed.
+        qkv::sdpa_problem p;
+        p.shape = {.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 17, .kv_len = 113, .d_qk = 32, .d_v = 32};
+        for (const std::int64_t off : {two31 - 1, two31, two31 + 1, -two31, two62, -two62}) {
+            INFO("position_offset " << off);
+            p.options = {.causal = true,
+                         .window_left = two62,
+                         .window_right = two30,
+                         .alibi_max_bias = 8.0f,
+                         .position_offset = off};
+            const sdpa_plan s = plan_sdpa(p, d, set);
+            REQUIRE(s.fused());
+            CHECK(s.layout.causal_offset == (off > 0 ? 1 << 30 : -(1 << 30)));
+        }
+        p.shape = {.q_len = std::size_t{1} << 29, .kv_len = (std::size_t{1} << 29) + 1, .d_qk = 1, .d_v = 1};
+        for (const qkv::sdpa_options& o : {qkv::sdpa_options{.causal = true}, qkv::sdpa_options{.window_left = 4},
+                                           qkv::sdpa_options{.alibi_max_bias = 8.0f}}) {
+            p.options = o;
+            CHECK_THROWS_WITH(plan_sdpa(p, d, set),
+                              Catch::Contains("q_len + kv_len (1073741825)") && Catch::Contains("at most 2^30"));
+        }
+        // Without a positional rule positions play no part: whatever else refuses, not that.
+        p.options = {};
+        try {
+            (void)plan_sdpa(p, d, set);
+        } catch (const qkv::vulkan::limit_exceeded& e) {
+            CHECK_THAT(e.what(), !Catch::Contains("q_len + kv_len"));
+        }
+    }
+}

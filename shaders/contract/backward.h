@@ -60,9 +60,11 @@ struct bwd_prep_push {
     uint group_x, group_y, group_z;
     uint q_len, npad_q, dv;
     uint heads;
-    uint rows;      // batch · heads · npad_q
-    uint do_off;    // first element of dO in its binding
-    uint features;  // contract/score.h's SCORE_SINKS (the params are read only with it)
+    uint rows;          // batch · heads · npad_q
+    uint do_off;        // first element of dO in its binding
+    uint features;      // contract/score.h's SCORE_SINKS and SCORE_ALIBI (the params are read only with them)
+    uint kv_len;        // S: ALiBi's nearest key of a row (score_rules.glsl: alibi_drop)
+    int causal_offset;  // row i sits at position i + causal_offset, as bwd_push
 };
 
 /// Push block of flash_bwd_fold.comp: out[m] (+)= Σ in[(b·H + h)·L + i)·S + j] over the elements
@@ -144,7 +146,7 @@ QKV_CONST uint BWD_DQ_BINDING_DO = 3u;
 QKV_CONST uint BWD_DQ_BINDING_MASK = 4u;
 QKV_CONST uint BWD_DQ_BINDING_ADDITIVE = 5u;
 QKV_CONST uint BWD_DQ_BINDING_PARAMS = 6u;
-QKV_CONST uint BWD_DQ_BINDING_STATS = 7u;       // uniform texel buffer (RGBA32F) over the row statistics
+QKV_CONST uint BWD_DQ_BINDING_STATS = 7u;   // uniform texel buffer (RGBA32F) over the row statistics
 QKV_CONST uint BWD_DQ_BINDING_DQ = 8u;      // (B, Hq, L, E) float32
 QKV_CONST uint BWD_DQ_BINDING_DS = 9u;      // (B, Hq, L, S) float32, with BWD_WRITE_DS
 QKV_CONST uint BWD_DQ_BINDING_SUMS = 10u;   // (B·Hq·L) x 3 floats between key chunks, with BWD_CHECK
@@ -160,7 +162,7 @@ QKV_CONST uint BWD_DKDV_BINDING_DO = 3u;
 QKV_CONST uint BWD_DKDV_BINDING_MASK = 4u;
 QKV_CONST uint BWD_DKDV_BINDING_ADDITIVE = 5u;
 QKV_CONST uint BWD_DKDV_BINDING_PARAMS = 6u;
-QKV_CONST uint BWD_DKDV_BINDING_STATS = 7u;     // uniform texel buffer (RGBA32F)
+QKV_CONST uint BWD_DKDV_BINDING_STATS = 7u;   // uniform texel buffer (RGBA32F)
 QKV_CONST uint BWD_DKDV_BINDING_DK = 8u;      // (B, Hkv, S, E) float32
 QKV_CONST uint BWD_DKDV_BINDING_DV = 9u;      // (B, Hkv, S, Ev) float32
 QKV_CONST uint BWD_DKDV_BINDING_FLAGS = 10u;  // per (batch, query head): Q or dO holds a NaN or Inf

@@ -19,6 +19,9 @@
 //   QKV_CONTRACT_END
 //   QKV_CONTRACT_CHECK(sizeof(example_push) == 8u)   // checked by the C++ compiler only
 //
+// A function both sides must compute alike is written once too, as QKV_FUNCTION, in the subset
+// of GLSL and C++ they share (float literals with an f suffix, so that C++ computes in float).
+//
 // In C++ these land in namespace qkv::contract (uint is std::uint32_t); in GLSL they are globals.
 #ifndef QKV_CONTRACT_COMMON_H
 #define QKV_CONTRACT_COMMON_H
@@ -31,11 +34,13 @@ using uint = std::uint32_t;
 #define QKV_CONTRACT_BEGIN namespace qkv::contract {
 #define QKV_CONTRACT_END }
 #define QKV_CONST inline constexpr
+#define QKV_FUNCTION inline
 #define QKV_CONTRACT_CHECK(condition) static_assert(condition, #condition);
 #else
 #define QKV_CONTRACT_BEGIN
 #define QKV_CONTRACT_END
 #define QKV_CONST const
+#define QKV_FUNCTION
 #define QKV_CONTRACT_CHECK(condition)
 #endif
 

@@ -33,7 +33,7 @@ struct decode_push {
     uint chunks;                     // P
     uint row_blocks;                 // row blocks per group
     float scale;
-    int causal_offset;                    // key j is visible from query row i when j <= i + causal_offset
+    int causal_offset;                    // off' (contract/score.h): key j is visible from row i when j <= i + off'
     uint q_heads, kv_heads;               // Hq, Hkv (z = batch·Hkv + kv head)
     uint mask_b, mask_h, mask_i, mask_j;  // broadcast element strides of the masks
     float v_scale;                        // the values accumulate multiplied by this power of two
@@ -45,6 +45,8 @@ struct decode_merge_push {
     uint rows, q_len, chunks, dv, dv_stride;  // dv_stride: floats per partial accumulator (4·ceil(Ev/4))
     uint groups;                              // B·Hkv
     uint q_heads;                             // Hq (output row (b·Hq + h)·L + i)
+    int causal_offset;                        // as decode_push's (ALiBi's part of the lse and sinks)
+    uint kv_len;                              // S
 };
 
 /// Specialization constants of sdpa_decode.comp: the struct the host fills (decode_plan::spec), and
@@ -61,6 +63,8 @@ struct decode_spec {
                      // weights keep infinities), or the gate word says
     uint features;   // contract/score.h's SCORE_* rules of the call
     uint kv_format;  // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
+    uint tb;         // cpu: 0, every texel of a row unrolled (Q and the accumulator in registers); n > 0,
+                     // the wide form: loops over E and Ev of n texels an iteration (8 = one block)
 };
 QKV_CONST uint DECODE_SPEC_WG = 0u;         // invocations per workgroup
 QKV_CONST uint DECODE_SPEC_RPI = 1u;        // cpu: rows per invocation; gpu: rows per workgroup
@@ -72,7 +76,12 @@ QKV_CONST uint DECODE_SPEC_SUBGROUP = 6u;   // gpu: 1 = subgroupMax across the t
 QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;    // 1: V may hold NaN or Inf (shaders/values.glsl)
 QKV_CONST uint DECODE_SPEC_FEATURES = 8u;   // contract/score.h's SCORE_* bits
 QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u;  // how K and V are stored (below)
-QKV_CONST uint DECODE_SPEC_COUNT = 10u;
+QKV_CONST uint DECODE_SPEC_TB = 10u;        // cpu: texels an iteration of the wide form's loops over E, Ev
+QKV_CONST uint DECODE_SPEC_COUNT = 11u;
+
+// The gpu variant's score loop over E is unrolled up to this many texels and a loop beyond (the
+// plan counts its iterations): an unrolled 256 took lavapipe's LLVM more than five minutes to build.
+QKV_CONST uint DECODE_GPU_UNROLLED_TEXELS = 32u;
 
 // K/V storage (DECODE_SPEC_KV_FORMAT)
 QKV_CONST uint DECODE_KV_TEXELS = 0u;  // uniform texel buffers (RGBA32F or RGBA16F, the views' format)
@@ -88,7 +97,8 @@ QKV_CONST uint DECODE_BINDING_V = 2u;         // uniform texel buffer, [z][kv_st
 QKV_CONST uint DECODE_BINDING_MASK = 3u;      // storage, a bit per element
 QKV_CONST uint DECODE_BINDING_ADDITIVE = 4u;  // storage, float per element
 QKV_CONST uint DECODE_BINDING_STATS = 5u;     // storage, (m, l) per (z, row, chunk)
-QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk)
+QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z, row, chunk); the wide form
+                                              // accumulates there (read and written)
 QKV_CONST uint DECODE_BINDING_PARAMS = 7u;    // storage, contract/score.h's params
 QKV_CONST uint DECODE_BINDING_GATE = 8u;      // storage, a flags word (DECODE_VALUES_GATED)
 QKV_CONST uint DECODE_BINDINGS = 9u;
@@ -111,12 +121,13 @@ QKV_CONST uint MERGE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 21u * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 10u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 12u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&
                    offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u &&
                    offsetof(qkv::contract::decode_spec, features) == qkv::contract::DECODE_SPEC_FEATURES * 4u &&
-                   offsetof(qkv::contract::decode_spec, kv_format) == qkv::contract::DECODE_SPEC_KV_FORMAT * 4u)
+                   offsetof(qkv::contract::decode_spec, kv_format) == qkv::contract::DECODE_SPEC_KV_FORMAT * 4u &&
+                   offsetof(qkv::contract::decode_spec, tb) == qkv::contract::DECODE_SPEC_TB * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

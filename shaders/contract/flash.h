@@ -42,7 +42,7 @@ struct flash_push {
     uint k_off, v_off;      // first element of K and of V in the Q|K|V binding (Q starts at 0)
     uint heads;             // query heads (the grid's z is batch · heads + head)
     uint group;             // query heads per K/V head
-    int causal_offset;      // key j is visible from row i when j <= i + causal_offset
+    int causal_offset;      // off' (contract/score.h): key j is visible from row i when j <= i + off'
     uint m_bs, m_hs, m_rs, m_cs;
     float scale;
     uint flags;              // FLASH_* below

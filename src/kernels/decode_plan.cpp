@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/gemm_tiles.hpp"
+#include "kernels/score_positions.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -30,6 +31,10 @@ constexpr std::uint32_t target_groups_cpu = 64, target_groups_gpu = 512;
 // No chunk shorter than this (unless the keys run out): below it the partials cost more than the
 // parallelism gains.
 constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
+// The cpu kernel unrolls every texel of rows up to this wide (E, Ev <= 128); wider rows take its
+// wide form. LLVM's time to build the unrolled body grows faster than the body: at E = 1,024 with
+// q8_0 K/V about a minute, at E = 4,096 more than ten (docs/devices.md).
+constexpr std::uint32_t unrolled_texels_cpu = 32;
 
 }  // namespace
 
@@ -37,7 +42,7 @@ contract::decode_spec decode_plan::spec(decode_values values) const {
     const std::uint32_t careful = values == decode_values::finite      ? contract::DECODE_VALUES_FINITE
                                   : values == decode_values::nonfinite ? contract::DECODE_VALUES_NONFINITE
                                                                        : contract::DECODE_VALUES_GATED;
-    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful, features, kv_format};
+    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful, features, kv_format, tb};
 }
 
 decode_plan try_plan_decode(const device_info& info, const decode_request& r, const settings& set) {
@@ -85,6 +90,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
 
     std::uint32_t step = 0;            // keys per loop iteration
     std::uint32_t per_step_loops = 1;  // loop iterations per step
+    std::uint32_t fixed_loops = 0;     // loop iterations before the first step
     std::uint32_t target = 0, min_chunk = 0;
     if (p.family == kernel_family::row_tiles) {
         // One subgroup per workgroup (never assumed: 8 where the device reports none usable).
@@ -93,11 +99,30 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
             p.wg = 8;
             while (p.wg > max_wg) p.wg /= 2;
         }
-        // Rows per lane: enough for the group's rows in one block, within the unrolled body that
-        // LLVM builds in a few seconds (rows x texels per row <= 32, as the fused cpu family).
-        p.rpi = 1;
-        while (p.rpi * p.wg < p.rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
-        p.kps = p.rpi <= 2 ? 8 : 4;
+        const std::uint32_t unrolled = set.decode_unrolled_texels ? set.decode_unrolled_texels : unrolled_texels_cpu;
+        if (widest <= unrolled) {
+            // Rows per lane: enough for the group's rows in one block, within the unrolled body
+            // that LLVM builds in a few seconds (rows x texels per row <= 32, as the fused cpu
+            // family).
+            p.rpi = 1;
+            while (p.rpi * p.wg < p.rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
+            p.kps = p.rpi <= 2 ? 8 : 4;
+        } else {
+            // The wide form: loops over E and Ev, tb texels an iteration (a whole block of
+            // quantized K/V; for texels the most of 8, 4, 2, 1 that divides both widths, so that
+            // no texel is read twice). Each texel costs a Q fetch and an accumulator load and
+            // store per row, shared by the step's keys: rows x keys per step = 64, 1 x 64 up to a
+            // lane's worth of rows, else 2 x 32 (by CPU time per call on lavapipe: 2 x 32 at 16
+            // and 32 rows, 1 x 64 at 8, each 10-15 % under the next best; bench/RESULTS.md).
+            p.tb = 8;
+            if (r.kv_format == contract::DECODE_KV_TEXELS)
+                while (p.e4 % p.tb != 0 || p.ev4 % p.tb != 0) p.tb /= 2;
+            p.rpi = p.rows > p.wg ? 2 : 1;
+            p.kps = 64 / p.rpi;
+            per_step_loops = 1 + p.e4 / p.tb + p.ev4 / p.tb;
+            fixed_loops = p.ev4 / p.tb;  // clearing the accumulators
+        }
+        if (set.decode_cpu_rows) p.rpi = set.decode_cpu_rows, p.kps = set.decode_cpu_keys;
         p.row_blocks = ceil_div(p.rows, std::uint64_t{p.wg} * p.rpi);
         p.shuffle = cpu_shuffle(info, p.wg, set);
         step = p.kps;
@@ -119,13 +144,14 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         // subgroups, or log2 wg), the tile itself.
         const std::uint32_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
         per_step_loops = outs * p.wg + p.rpi * p.wg + 32 + 1;
+        if (p.e4 > DECODE_GPU_UNROLLED_TEXELS) per_step_loops += p.e4;  // the score loop over E
         target = target_groups_gpu, min_chunk = min_chunk_gpu;
     }
 
     // The split: P chunks of `chunk` keys over the keys some row may see.
     const std::uint32_t keys = std::max<std::uint32_t>(p.kv_end - p.kv_first, 1);
-    const std::uint64_t max_chunk =
-        std::max<std::uint64_t>(step, std::uint64_t{loop_budget / per_step_loops} * step);  // loop limit
+    const std::uint64_t max_chunk = std::max<std::uint64_t>(
+        step, std::uint64_t{(loop_budget - fixed_loops) / per_step_loops} * step);  // loop limit
     const std::uint64_t base = std::uint64_t{p.row_blocks} * p.groups;
     std::uint64_t want = r.max_chunks ? r.max_chunks : std::max<std::uint64_t>(1, (target + base - 1) / base);
     want = std::min<std::uint64_t>(want, r.max_chunks ? want : std::max<std::uint64_t>(1, keys / min_chunk));
@@ -138,7 +164,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     if (p.chunks > max_chunks_total)
         return refuse("the decode kernel would split kv_len = " + std::to_string(p.kv_len) + " into " +
                       std::to_string(p.chunks) + " chunks; at most " + std::to_string(max_chunks_total));
-    p.max_loop = std::max<std::uint32_t>(ceil_div(p.chunk, step) * per_step_loops, p.chunks);
+    p.max_loop = std::max<std::uint32_t>(fixed_loops + ceil_div(p.chunk, step) * per_step_loops, p.chunks);
     return p;
 }
 
@@ -164,7 +190,7 @@ contract::decode_push decode_push_for(const decode_plan& plan, const sdpa_proble
     c.chunks = plan.chunks;
     c.row_blocks = plan.row_blocks;
     c.scale = problem.options.scale ? *problem.options.scale : default_scale(problem.shape);
-    c.causal_offset = static_cast<int>(causal_offset(problem.shape, problem.options));
+    c.causal_offset = positions_of(problem).offset;
     c.q_heads = static_cast<std::uint32_t>(problem.shape.q_heads);
     c.kv_heads = static_cast<std::uint32_t>(problem.shape.kv_heads);
     c.v_scale = v_scale;

@@ -45,6 +45,9 @@ struct decode_plan {
     std::uint32_t kps = 8;  ///< cpu: keys per step; gpu: keys per tile (= wg)
     std::uint32_t e4 = 1, ev4 = 1, masks = 0;
     std::uint32_t features = 0, kv_format = contract::DECODE_KV_TEXELS;
+    /// cpu: 0, every texel of a row unrolled; n > 0, the wide form, whose loops over E and Ev take
+    /// n texels an iteration (n divides e4 and ev4; 8, one block, for quantized K/V)
+    std::uint32_t tb = 0;
     std::uint32_t kv_first = 0, kv_end = 0;  ///< the keys the chunks cover
     std::uint32_t groups = 0;                ///< batch x kv_heads
     std::uint32_t rows = 0;                  ///< G x q_len rows per group

@@ -124,7 +124,8 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         push.q_len = l.q_len, push.npad_q = p.npad_q, push.dv = l.dv, push.heads = l.heads;
         push.rows = l.q_batches() * p.npad_q;
         push.do_off = io.d_out_element;
-        push.features = l.features & contract::SCORE_SINKS;
+        push.features = l.features & (contract::SCORE_SINKS | contract::SCORE_ALIBI);
+        push.kv_len = l.kv_len, push.causal_offset = l.causal_offset;
         const std::uint32_t groups[3] = {ceil_div(push.rows, small_workgroup), 1, 1};
         exec.dispatch(prep, {io.d_out, io.out, io.lse, io.params, stats, sink_terms, io.verdict}, &push, groups);
     }

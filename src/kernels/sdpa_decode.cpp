@@ -58,6 +58,8 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
     m.dv_stride = plan.ev4 * 4;
     m.groups = plan.groups;
     m.q_heads = plan.q_heads;
+    m.causal_offset = push.causal_offset;
+    m.kv_len = push.kv_len;
     static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 &&
                   MERGE_BINDING_PARAMS == 3 && MERGE_BINDING_LSE == 4 && MERGE_BINDINGS == 5 &&
                   row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sssss"));

@@ -1,6 +1,7 @@
 #include "plan/sdpa_backward_plan.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "qkv/vulkan/error.hpp"
@@ -10,6 +11,32 @@ namespace {
 
 /// Positions the backward kernels form in 32 bits (backward.glsl: visible_rows) stay there.
 constexpr std::int64_t position_limit = std::int64_t{1} << 30;
+
+/// The largest ALiBi drop (slope · a row's distance to its nearest key) the backward takes. The
+/// kernels' scores are relative to each row's nearest key (score_rules.glsl: rule_score), and
+/// the forward's lse is the absolute one, a float32 lower by the drop: the backward raises it by
+/// the drop again, so the lse's rounding, |drop|·2^-24, becomes P's relative error. Up to 16 that
+/// is at most 2^-20, as float32 scores of magnitude 16 have; beyond, the gradient would be
+/// silently less precise than the forward, so it is refused.
+constexpr double max_alibi_drop = 16.0;
+
+/// The largest slope · nearest-key distance over the problem's heads and rows (0 without ALiBi).
+double largest_alibi_drop(const sdpa_problem& fp, std::int64_t off) {
+    const sdpa_shape& s = fp.shape;
+    double slope = 0;
+    if (!fp.alibi_slopes.empty()) {
+        for (const float m : fp.alibi_slopes) slope = std::max(slope, static_cast<double>(m));
+    } else if (fp.options.alibi_max_bias > 0) {
+        for (std::size_t h = 0; h < s.q_heads; ++h)
+            slope = std::max(slope, alibi_slope(fp.options.alibi_max_bias, s.q_heads, h));
+    }
+    if (slope == 0) return 0;
+    // Rows sit at i + off, i in [0, q_len); the nearest key of [0, kv_len) is farthest from the
+    // first row (before the keys) or the last (past them).
+    const std::int64_t before = -off,
+                       past = static_cast<std::int64_t>(s.q_len) - 1 + off - (static_cast<std::int64_t>(s.kv_len) - 1);
+    return slope * static_cast<double>(std::max<std::int64_t>({0, before, past}));
+}
 
 void refuse_beyond(const char* what, std::uint64_t count, std::uint64_t bytes, const device_info& info) {
     if (count >= (std::uint64_t{1} << 32))
@@ -38,7 +65,16 @@ sdpa_backward_plan plan_sdpa_backward(const sdpa_backward_problem& problem, cons
     p.forward = plan_sdpa_fused(forward, desc, set);
     const std::int64_t off = causal_offset(s, fp.options);
     if (s.q_len >= position_limit || s.kv_len >= position_limit || off >= position_limit || off <= -position_limit)
-        throw limit_exceeded("sdpa_backward: q_len, kv_len and the causal offset must be below 2^30 on the device");
+        throw limit_exceeded(
+            "sdpa_backward: q_len, kv_len and the causal offset (position_offset, or kv_len - q_len "
+            "with the bottom_right alignment) must be below 2^30 on the device");
+    if (const double drop = largest_alibi_drop(fp, off); drop > max_alibi_drop)
+        throw limit_exceeded(
+            "sdpa_backward: ALiBi (alibi_max_bias or alibi_slopes) lowers the lse of rows far from "
+            "their nearest key (position_offset, alignment) by slope·distance, here up to " +
+            std::to_string(drop) +
+            ", more than 16 on the device: the float32 lse no longer holds the precision to "
+            "recompute the probabilities; use the CPU backend (float64) or rows nearer the keys");
 
     flash_bwd_request r;
     r.d_sinks = !fp.sinks.empty();

@@ -15,9 +15,6 @@ namespace {
 
 std::uint32_t u32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
 
-/// The largest window side the kernels get (a larger one is the same window: see put_score_params).
-constexpr std::int64_t max_window_side = (std::int64_t{1} << 30) - 1;
-
 /// Why a count cannot be indexed by the kernels' 32-bit indices (empty: it can).
 std::string beyond_u32(const char* what, std::uint64_t count, const std::string& device) {
     if (count < (std::uint64_t{1} << 32)) return {};
@@ -55,9 +52,6 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     refuse_if(beyond_u32("the softmax statistics", 2 * std::uint64_t{s.batch} * s.q_heads * s.q_len, info.name));
     if (s.q_len > 0x7fffffffu || s.kv_len > 0x7fffffffu)
         throw limit_exceeded("sdpa: q_len and kv_len must be below 2^31 on the device");
-    const std::ptrdiff_t offset = causal_offset(s, opt);
-    if (offset > std::numeric_limits<std::int32_t>::max() || offset < std::numeric_limits<std::int32_t>::min())
-        throw limit_exceeded("sdpa: the causal offset kv_len - q_len does not fit 32 bits");
     // One convention on every route (README, "fp16"): precision fp16 stores Q as float16, and K and
     // V too unless kv_type says otherwise.
     p.q_fp16 = opt.precision == precision::fp16;
@@ -67,21 +61,14 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
         throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
                           info.name + " does not offer; use fp32");
     p.features = score_features(problem);
-    // Positions and distances (i + off, j - (i + off)) and the window's bounds are 32-bit signed
-    // in the kernels; with sides clamped to 2^30 - 1 (put_score_params) nothing overflows.
-    if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 &&
-        std::uint64_t{s.q_len} + s.kv_len > max_window_side + 1)
-        throw limit_exceeded("sdpa: with a window or ALiBi, q_len + kv_len must be at most 2^30 on the device");
-    // An explicit position_offset (a block of a longer sequence) moves the distances: every
-    // |j - (i + off)| must stay below 2^30 too, so that the clamped sides still admit what the
-    // true ones do.
-    const auto reach = [&](std::int64_t v) { return v < 0 ? -v : v; };
-    if ((p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0 && opt.position_offset &&
-        std::max(reach(static_cast<std::int64_t>(s.kv_len) - 1 - offset),
-                 reach(static_cast<std::int64_t>(s.q_len) - 1 + offset)) > max_window_side)
-        throw limit_exceeded(
-            "sdpa: with a window or ALiBi, a position_offset must keep every distance |j - (i + off)| "
-            "below 2^30 on the device");
+    // Positions are 32-bit in the kernels: the offset (any |off| <= 2^62) and the window's sides
+    // (any size) are reduced to values that keep every rule's answer (kernels/score_positions.hpp),
+    // which holds while q_len + kv_len <= 2^30.
+    if ((opt.causal || (p.features & (contract::SCORE_WINDOW | contract::SCORE_ALIBI)) != 0) &&
+        std::uint64_t{s.q_len} + s.kv_len > std::uint64_t{contract::SCORE_POSITION_LIMIT})
+        throw limit_exceeded("sdpa: with the causal rule, a window or ALiBi, q_len + kv_len (" +
+                             std::to_string(std::uint64_t{s.q_len} + s.kv_len) +
+                             ") must be at most 2^30 on the device (its positions are 32-bit)");
     p.scale = opt.scale ? *opt.scale : default_scale(s);
     p.lse_count = opt.return_lse ? std::uint64_t{s.batch} * s.q_heads * s.q_len : 0;
     refuse_if(beyond_range("the output", p.out_count * 4, info));
@@ -158,7 +145,7 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
     }
     l.mask = !problem.mask.empty(), l.additive = !problem.additive_mask.empty();
     l.causal = problem.options.causal;
-    l.causal_offset = static_cast<std::int32_t>(causal_offset(s, problem.options));
+    l.causal_offset = positions_of(problem).offset;
     l.scale = p.scale;
     l.fp16 = binding_f16;
     l.features = p.features;
@@ -332,16 +319,17 @@ std::uint64_t score_params_bytes(const sdpa_shape& shape) {
 void put_score_params(std::byte* at, const sdpa_problem& problem, std::uint32_t features) {
     const sdpa_shape& s = problem.shape;
     const sdpa_options& o = problem.options;
-    // A side of kv_len + q_len - 1 or more admits every key (|j - (i + off)| < kv_len + q_len), and
-    // plan_common keeps kv_len + q_len <= 2^30 with a window: the clamp changes nothing, whatever
-    // the keys of a later call against a growing cache, and keeps the kernels' sums in 32 bits.
-    const auto side = [](std::int64_t w) {
-        return static_cast<std::int32_t>(w < 0 ? -1 : std::min<std::int64_t>(w, max_window_side));
-    };
+    // The reduced sides and ALiBi's far part depend on the offset and the sides alone, not on
+    // kv_len: params written once serve a planned call against a growing cache.
+    const score_positions pos = positions_of(problem);
     contract::score_params sp{};
-    sp.window_left = side(o.window_left);
-    sp.window_right = side(o.window_right);
-    sp.softcap = o.softcap;
+    sp.window_left = pos.window_left;
+    sp.window_right = pos.window_right;
+    const contract::softcap_factors cap = contract::softcap_factors_of(o.softcap);
+    sp.softcap = cap.c;
+    sp.softcap_prescale = cap.prescale;
+    sp.softcap_inverse = cap.inverse;
+    sp.alibi_far = static_cast<float>(pos.alibi_far);
     sp.features = features;
     sp.dropout_seed_lo = static_cast<std::uint32_t>(o.dropout_seed);
     sp.dropout_seed_hi = static_cast<std::uint32_t>(o.dropout_seed >> 32);

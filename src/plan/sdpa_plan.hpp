@@ -25,6 +25,7 @@
 #include "kernels/flash_cpu_plan.hpp"
 #include "kernels/flash_gpu_plan.hpp"
 #include "kernels/flash_layout.hpp"
+#include "kernels/score_positions.hpp"
 #include "plan/buffers.hpp"
 #include "plan/settings.hpp"
 #include "qkv/runtime/sdpa.hpp"

@@ -63,9 +63,17 @@ settings read_settings(const testing::hooks& hooks) {
                                    "per step 4..32, keys per invocation <= 8, rows per step <= 32 (e.g. 2,8,2,8)");
         s.backward_rows = a, s.backward_keys = b, s.backward_own_keys = c, s.backward_rows_step = d;
     }
+    if (const std::string v = environment("QKV_DECODE_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
+        unsigned r = 0, k = 0;
+        if (!two_numbers(v, r, k) || !power_of_two(r) || r > 8 || !power_of_two(k) || k < 4 || k > 64)
+            throw invalid_argument("QKV_DECODE_CPU_TILES=" + v +
+                                   ": expected rows,keys, powers of two with rows <= 8 and keys in 4..64 (e.g. 1,8)");
+        s.decode_cpu_rows = r, s.decode_cpu_keys = k;
+    }
     s.max_fused_keys = hooks.max_fused_keys_per_dispatch;
     s.fused_tiles_as = hooks.fused_tiles_as;
     s.max_decode_chunks = hooks.max_decode_chunks;
+    s.decode_unrolled_texels = hooks.decode_unrolled_texels;
     s.force_staging = hooks.force_staging;
     return s;
 }

@@ -28,11 +28,15 @@ struct settings {
     /// QKV_BACKWARD_TILES=rows,keys,keys,rows: the backward's dq rows per invocation and keys per
     /// step, dk/dv keys per invocation and rows per step (0: chosen by plan_flash_backward).
     std::uint32_t backward_rows = 0, backward_keys = 0, backward_own_keys = 0, backward_rows_step = 0;
+    /// QKV_DECODE_CPU_TILES=rows,keys: the cpu decode kernel's rows per lane and keys per step
+    /// (0: chosen by try_plan_decode).
+    std::uint32_t decode_cpu_rows = 0, decode_cpu_keys = 0;
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch
     std::optional<device_info> fused_tiles_as;  ///< testing::hooks::fused_tiles_as
     std::uint32_t max_decode_chunks = 0;        ///< testing::hooks::max_decode_chunks
+    std::uint32_t decode_unrolled_texels = 0;   ///< testing::hooks::decode_unrolled_texels
     bool force_staging = false;                 ///< testing::hooks::force_staging
 
     /// The device description the gpu family's tiles are chosen for (nullptr: the real one).

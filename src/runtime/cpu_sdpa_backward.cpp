@@ -199,7 +199,9 @@ void row_pass(const backward_inputs<In, KV>& in, std::size_t b, std::size_t h, s
         }
         const double* const score = sc.row.score.data();
         const unsigned char* const allowed = sc.row.allowed.data();
-        double lse = saved_lse;
+        // The scores are ALiBi's relative ones (rs.drop above the true ones): so are lse' and the
+        // sink here, and state.total, which the key and mask passes meet with the same scores.
+        double lse = saved_lse + rs.drop;
         if (bp.lse.empty()) {
             double sum = 0;
             for (std::size_t j = rs.first; j < rs.end; ++j)
@@ -211,9 +213,10 @@ void row_pass(const backward_inputs<In, KV>& in, std::size_t b, std::size_t h, s
         // lse' = log(e^lse + e^σ), P_σ = e^(σ - lse').
         double total = lse, p_sink = 0;
         if (r.has_sink && r.sink != neg_inf) {
-            const double m = std::max(lse, r.sink);
-            total = m + std::log(std::exp(lse - m) + std::exp(r.sink - m));
-            p_sink = std::exp(r.sink - total);
+            const double sink = r.sink + rs.drop;
+            const double m = std::max(lse, sink);
+            total = m + std::log(std::exp(lse - m) + std::exp(sink - m));
+            p_sink = std::exp(sink - total);
         }
         double spread = 0;
         in.probabilities(d, r, i, row, rs, total, sc, &spread);

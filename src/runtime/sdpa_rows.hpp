@@ -110,24 +110,34 @@ struct row_scores {
     bool any = false;
     bool has_nan = false;
     double max = -std::numeric_limits<double>::infinity();
+    /// ALiBi's slope·near: the scores are relative to the row's nearest key, raised by this much
+    /// over their true values (0 without ALiBi).
+    double drop = 0;
 };
 
 /// The scores of query row i over keys [lo, hi), in the order of qkv/runtime/sdpa.hpp: s.score[j]
 /// and s.allowed[j] for j in the returned [first, end) (the visible keys among [lo, hi); s.allowed
 /// is cleared over [lo, hi)). `softcap_slope`, when not null, receives 1 - tanh²(r_j / C) for the
-/// allowed keys (the softcap's derivative, for the backward pass).
+/// allowed keys (the softcap's derivative, for the backward pass). With ALiBi the scores are
+/// relative to the row's nearest key (row_scores::drop above their true values).
 template <class Q, class K, class V, class A>
 row_scores score_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t i, row_scratch& s, std::size_t lo,
                      std::size_t hi, double* softcap_slope = nullptr) {
     constexpr double neg_inf = -std::numeric_limits<double>::infinity();
     constexpr double pos_inf = std::numeric_limits<double>::infinity();
-    const std::size_t E = r.shape.d_qk;
+    const std::size_t S = r.shape.kv_len, E = r.shape.d_qk;
     const key_range keys = visible_keys(r.shape, r.options, i);  // causal and window
     row_scores rs;
     rs.first = std::max(keys.first, lo);
     rs.end = std::max(rs.first, std::min(keys.end, hi));
     const std::size_t first = rs.first, end = rs.end;
     const std::int64_t pos = static_cast<std::int64_t>(i) + causal_offset(r.shape, r.options);
+    // ALiBi relative to the row's nearest key: s - slope·(|pos - j| - near), exact integers below
+    // kv_len, so the bias of a row far from every key (|off| up to 2^62) keeps its precision; the
+    // row's constant slope·near cancels in the weights and is taken off the lse (and added to the
+    // sink, which it must meet) by the caller.
+    const auto last_key = static_cast<std::int64_t>(S) - 1;
+    const std::int64_t near = pos < 0 ? -pos : (pos > last_key ? pos - last_key : 0);
     // Locals, so that the compiler need not reload them after every store (a byte store may alias
     // anything).
     const double scale = r.scale, softcap = r.softcap, slope = r.slope;
@@ -157,7 +167,7 @@ row_scores score_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::s
             sc = softcap * t;
             if (softcap_slope) softcap_slope[j] = 1.0 - t * t;
         }
-        if (slope != 0) sc -= slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)));
+        if (slope != 0) sc -= slope * static_cast<double>(std::llabs(pos - static_cast<std::int64_t>(j)) - near);
         if (additive) sc += static_cast<double>(additive[m]);
         score[j] = sc;
         if (sc == neg_inf) continue;
@@ -166,6 +176,7 @@ row_scores score_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::s
         if (!rs.any || sc > rs.max) rs.max = sc;
         rs.any = true;
     }
+    rs.drop = slope != 0 ? slope * static_cast<double>(near) : 0.0;
     return rs;
 }
 
@@ -211,7 +222,10 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
 
     // Stable softmax: subtracting the largest of the row's scores and its sink keeps every
     // exponent <= 0. Without a sink (or with a sink below the row's max) this is the row's max.
-    const double top = r.has_sink && r.sink > max ? r.sink : max;
+    // The scores are ALiBi's relative ones: the sink meets them raised by the row's drop.
+    const double drop = rs.drop;
+    const double sink = r.sink + drop;
+    const double top = r.has_sink && sink > max ? sink : max;
     if (lse) {
         if (top == max) {
             *lse = max;  // + log(sum), below
@@ -228,7 +242,8 @@ void attend_row(const head_data<Q, K, V, A>& d, const head_rules& r, std::size_t
         sum += score[j];
     }
     if (lse && top == max) *lse += std::log(sum);  // sum >= 1, as above
-    const double denominator = r.has_sink ? sum + std::exp(r.sink - top) : sum;
+    if (lse) *lse -= drop;
+    const double denominator = r.has_sink ? sum + std::exp(sink - top) : sum;
     // out = Σ_j w_j · v_j over the allowed j only (a masked v_j may hold NaN or inf); with dropout,
     // over the kept ones, w_j / (1 - p).
     if (r.drops) keep_row(r, i, first, end, s);

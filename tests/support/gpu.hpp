@@ -32,6 +32,7 @@ struct context_setup {
     std::uint32_t simulate_device_lost_at_submit = 0;
     std::optional<qkv::vulkan::device_info> fused_tiles_as{};
     std::uint32_t max_decode_chunks = 0;
+    std::uint32_t decode_unrolled_texels = 0;
     bool poison_new_memory = true;  // new host-visible memory filled with 0xFF bytes
 };
 
@@ -47,6 +48,7 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
                                                .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
                                                .fused_tiles_as = setup.fused_tiles_as,
                                                .max_decode_chunks = setup.max_decode_chunks,
+                                               .decode_unrolled_texels = setup.decode_unrolled_texels,
                                                .poison_new_memory = setup.poison_new_memory});
 }
 

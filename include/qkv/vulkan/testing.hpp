@@ -52,6 +52,11 @@ struct hooks {
     /// 0 = chosen for the device, 1 = no split (as far as the device's loop limits allow).
     std::uint32_t max_decode_chunks = 0;
 
+    /// The split-S decode's cpu kernel unrolls rows of up to this many texels (4 elements each)
+    /// whole and takes its wide form (loops over the head's texels) beyond; 0 = chosen (32 texels,
+    /// E or Ev up to 128). 1 puts every head wider than 4 on the wide form.
+    std::uint32_t decode_unrolled_texels = 0;
+
     /// Fill every new host-visible allocation with 0xFF bytes (NaN as float32, all ones as words)
     /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
     /// before, so a result that depends on fresh memory being zero shows up.
