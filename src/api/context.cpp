@@ -76,6 +76,30 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
     });
 }
 
+varlen_output context::sdpa(const varlen_problem& problem) {
+    impl& self = alive(impl_);
+    validate(problem);
+    require_supported(entry_point::context_varlen, problem);
+    return self.host_call("sdpa over a ragged batch", [&](run_env& env) {
+        run_result<varlen_output> run;
+        run.output = empty_output(problem);
+        run.output.device = env.core.dev->info().name;
+        for (std::size_t b = 0; b < batch_of(problem); ++b) {
+            const basic_varlen_sequence<float> s = sequence_of(problem, b);
+            if (s.problem.shape.q_len == 0) continue;
+            if (s.problem.shape.kv_len == 0) {
+                scatter_sequence<float>(problem, b, {}, {}, run.output);
+                continue;
+            }
+            const run_result<sdpa_output> one = run_sdpa(env, s.problem);
+            scatter_sequence<float>(problem, b, one.output.output, one.output.lse, run.output);
+            run.times.device_ms += one.times.device_ms;
+            run.times.attention_ms += one.times.attention_ms;
+        }
+        return run;
+    });
+}
+
 call_stats context::last_call() const {
     impl& self = alive(impl_);
     std::lock_guard lock(self.core->mutex);

@@ -13,6 +13,8 @@ namespace {
 constexpr std::string_view no_weights_in_decode =
     "the split-S decode kernels never form the weights (B, Hq, L, S); context::sdpa with host K/V, or an "
     "sdpa_call without a cache, returns them";
+constexpr std::string_view no_weights_in_ragged =
+    "a ragged batch has no (B, Hq, L, S) weights; return_lse gives each row's normaliser";
 constexpr std::string_view no_weights_across_ranks =
     "the weights of a row span every rank; return_lse gives what merging needs";
 constexpr std::string_view no_slopes_across_ranks =
@@ -30,6 +32,8 @@ constexpr refusal table[] = {
     {entry_point::attention_call, "return_weights",
      "the weights (B, H, N, N) are the staged route's scores buffer, which a call over tensors does not "
      "keep; context::attention returns them"},
+    {entry_point::cpu_varlen, "return_weights", no_weights_in_ragged},
+    {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_point::context_sdpa,
@@ -39,7 +43,8 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::mpi_decode,        entry_point::cpu_attention,
                                        entry_point::context_attention, entry_point::attention_call,
                                        entry_point::cache_append,      entry_point::cache_append_tensors,
-                                       entry_point::mpi_append};
+                                       entry_point::mpi_append,        entry_point::cpu_varlen,
+                                       entry_point::context_varlen};
 
 constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,         inputs::additive_mask,
                                       inputs::sinks,         inputs::alibi_slopes, inputs::kv_f16,
@@ -71,6 +76,16 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     add(!p.additive_mask.empty(), inputs::additive_mask);
     add(!p.sinks.empty(), inputs::sinks);
     add(!p.alibi_slopes.empty(), inputs::alibi_slopes);
+    for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
+    return f;
+}
+
+template <class T>
+std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
+    std::vector<feature> f;
+    for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
+    if (p.kv_heads != p.q_heads) f.push_back(inputs::grouped_query);
+    if (!p.sinks.empty()) f.push_back(inputs::sinks);
     for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
     return f;
 }
@@ -109,6 +124,10 @@ std::string_view name_of(entry_point e) {
             return "kv_cache::append (tensors), record_append";
         case entry_point::mpi_append:
             return "mpi::sharded_kv_cache::append";
+        case entry_point::cpu_varlen:
+            return "cpu::sdpa over a ragged batch";
+        case entry_point::context_varlen:
+            return "context::sdpa over a ragged batch";
     }
     return "an unknown entry point";
 }
@@ -130,6 +149,9 @@ bool applies(entry_point entry, feature what) {
         case entry_point::sequence_record:
         case entry_point::interop_record:
             return true;  // they record either kind of call
+        case entry_point::cpu_varlen:
+        case entry_point::context_varlen:
+            return !attention_only && what != inputs::mask && what != inputs::additive_mask;  // no masks
         default:
             return !attention_only;
     }
@@ -152,6 +174,9 @@ const refusal* refused(entry_point entry, feature what) {
 
 std::vector<feature> features_of(const sdpa_problem& problem) { return sdpa_features(problem); }
 std::vector<feature> features_of(const sdpa_problem_f64& problem) { return sdpa_features(problem); }
+
+std::vector<feature> features_of(const varlen_problem& problem) { return varlen_features(problem); }
+std::vector<feature> features_of(const varlen_problem_f64& problem) { return varlen_features(problem); }
 
 std::vector<feature> features_of(const attention_problem& p) {
     // run_options' fields by the option list's names (attention_options), set to other than
@@ -193,6 +218,12 @@ void require_supported(entry_point entry, const sdpa_problem_f64& problem) {
     require_supported(entry, features_of(problem));
 }
 void require_supported(entry_point entry, const attention_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const varlen_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const varlen_problem_f64& problem) {
     require_supported(entry, features_of(problem));
 }
 

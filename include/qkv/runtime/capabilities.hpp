@@ -13,6 +13,7 @@
 #include "qkv/runtime/export.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/varlen.hpp"
 
 namespace qkv {
 
@@ -33,6 +34,8 @@ enum class entry_point {
     cache_append,          ///< kv_cache::append of host data
     cache_append_tensors,  ///< kv_cache::append of device tensors, sequence::record_append, record_append
     mpi_append,            ///< qkv::mpi::sharded_kv_cache::append
+    cpu_varlen,            ///< qkv::cpu::sdpa over a ragged batch (varlen.hpp), float64
+    context_varlen,        ///< context::sdpa over a ragged batch (varlen.hpp)
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
@@ -86,6 +89,9 @@ struct refusal {
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_problem_f64& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const attention_problem& problem);
+/// A ragged batch's: its options', grouped_query, sinks and the K/V storage, as an sdpa problem's.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem_f64& problem);
 /// The features of a K/V cache's storage (an append, a decode against it): kv_f16, kv_quantized.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(element_type stored);
 
@@ -96,5 +102,7 @@ QKV_RUNTIME_API void require_supported(entry_point entry, std::span<const featur
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem_f64& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const attention_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem_f64& problem);
 
 }  // namespace qkv

@@ -23,6 +23,7 @@
 
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/varlen.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
@@ -104,6 +105,14 @@ public:
     /// order, so equal inputs give identical bits); causal (both alignments) and masks are
     /// supported; return_weights is not (qkv::invalid_argument).
     [[nodiscard]] sdpa_output sdpa(const sdpa_problem& problem, const kv_cache& cache);
+
+    /// scaled_dot_product_attention over a ragged batch the caller holds (qkv/runtime/varlen.hpp:
+    /// FlashAttention's flash_attn_varlen_func). Validates first (qkv::invalid_argument), then
+    /// asks the capability table; each sequence is planned as its own sdpa problem (the route and
+    /// family of its shape) and run as context::sdpa runs it, in turn, under one hold of the
+    /// device (a sequence with no queries runs nothing, one with no keys none either: zeros and
+    /// lse -inf). last_call() sums the sequences' device times.
+    [[nodiscard]] varlen_output sdpa(const varlen_problem& problem);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;
