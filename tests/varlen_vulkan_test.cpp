@@ -121,6 +121,33 @@ TEST_CASE("varlen vulkan: fp16 and quantized K/V", "[varlen]") {
     }
 }
 
+TEST_CASE("varlen vulkan: one command buffer gives each sequence's context::sdpa bits, staged or mapped", "[varlen]") {
+    for (const bool staged : {false, true}) {
+        INFO((staged ? "staged" : "mapped"));
+        qkv::vulkan::context ctx = qkv_test::make_context({.force_staging = staged});
+        // Both routes in one batch: a decode-shaped sequence (1 query, 150 keys) beside fused ones.
+        qkv_test::owned_varlen o = qkv_test::random_varlen({1, 17, 3, 113}, {150, 17, 40, 113}, 4, 2, 16, 16, 21);
+        o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+        const qkv::varlen_output got = ctx.sdpa(o.problem);
+        check(got, reference(o.problem));
+        const std::size_t total_q = static_cast<std::size_t>(o.cu_q.back());
+        for (std::size_t b = 0; b < 4; ++b) {
+            const qkv::basic_varlen_sequence<float> s = qkv::sequence_of(o.problem, b);
+            const qkv::sdpa_output one = ctx.sdpa(s.problem);
+            const std::size_t L = s.problem.shape.q_len, q0 = static_cast<std::size_t>(o.cu_q[b]);
+            std::size_t differ = 0;
+            for (std::size_t h = 0; h < 4; ++h)
+                for (std::size_t i = 0; i < L; ++i) {
+                    for (std::size_t e = 0; e < 16; ++e)
+                        differ += got.output[((q0 + i) * 4 + h) * 16 + e] != one.output[(h * L + i) * 16 + e];
+                    differ += got.lse[h * total_q + q0 + i] != one.lse[h * L + i];
+                }
+            CHECK(differ == 0);
+        }
+        qkv_test::require_clean(ctx);
+    }
+}
+
 TEST_CASE("varlen vulkan: refusals come first, typed, with the table's reason", "[varlen]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
     qkv_test::owned_varlen o = qkv_test::random_varlen({3, 2}, {4, 1}, 2, 1, 8, 8, 1);

@@ -109,9 +109,10 @@ public:
     /// scaled_dot_product_attention over a ragged batch the caller holds (qkv/runtime/varlen.hpp:
     /// FlashAttention's flash_attn_varlen_func). Validates first (qkv::invalid_argument), then
     /// asks the capability table; each sequence is planned as its own sdpa problem (the route and
-    /// family of its shape) and run as context::sdpa runs it, in turn, under one hold of the
-    /// device (a sequence with no queries runs nothing, one with no keys none either: zeros and
-    /// lse -inf). last_call() sums the sequences' device times.
+    /// family of its shape: split-S decode for a few queries against many keys, else the fused
+    /// kernels) and checked before anything is recorded; all of them are recorded into one command
+    /// buffer, each over its own buffers (kept by the context between calls), and submitted once.
+    /// A sequence with no queries runs nothing; one with no keys none either (zeros, lse -inf).
     [[nodiscard]] varlen_output sdpa(const varlen_problem& problem);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
