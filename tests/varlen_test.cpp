@@ -43,8 +43,13 @@ TEST_CASE("varlen: the CPU reference equals the packed reference, every rule per
         const char* name;
         qkv::sdpa_options options;
         bool sinks;
+        bool slopes = false;
     };
     const rules cases[] = {
+        {"ALiBi slopes given, causal bottom-right, lse",
+         {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+         false,
+         true},
         {"plain", {}, false},
         {"causal top-left", {.causal = true}, false},
         {"causal bottom-right, lse",
@@ -68,6 +73,10 @@ TEST_CASE("varlen: the CPU reference equals the packed reference, every rule per
         if (c.sinks) {
             o.sinks = {0.5f, -1.0f, 2.0f, -std::numeric_limits<float>::infinity(), 0.0f, 1.5f};
             o.problem.sinks = o.sinks;
+        }
+        if (c.slopes) {
+            o.slopes = {0.5f, 0.0f, 0.125f, 1.0f, 0.25f, 0.0625f};
+            o.problem.alibi_slopes = o.slopes;
         }
         const qkv_test::varlen_ref_result want = qkv_test::varlen_reference(o);
         const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(o.problem);
@@ -165,6 +174,9 @@ TEST_CASE("varlen: malformed batches are refused, naming what is wrong", "[varle
     const std::vector<float> nan_sink{std::nanf(""), 0.0f};
     p = o.problem, p.sinks = nan_sink;
     refused(p, {"sinks[0]"});
+    const std::vector<float> one_slope{0.5f};
+    p = o.problem, p.alibi_slopes = one_slope;
+    refused(p, {"alibi_slopes"});
     // The capability table's refusal, with its reason.
     p = o.problem, p.options.return_weights = true;
     expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a ragged batch", "return_weights", "ragged"});

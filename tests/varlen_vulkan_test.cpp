@@ -70,6 +70,7 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
         const char* name;
         qkv::sdpa_options options;
         bool sinks;
+        bool slopes = false;
     };
     const qkv::sdpa_options all{.causal = true,
                                 .alignment = qkv::causal_alignment::bottom_right,
@@ -83,6 +84,7 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
          {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
          false},
         {"window, softcap, ALiBi, sinks, lse", all, true},
+        {"ALiBi slopes given", {.causal = true, .alignment = qkv::causal_alignment::bottom_right}, false, true},
     };
     const qkv::kernel_family families[] = {qkv::kernel_family::automatic, qkv::kernel_family::row_tiles,
                                            qkv::kernel_family::block_tiles};
@@ -95,6 +97,10 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
             if (c.sinks) {
                 o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
                 o.problem.sinks = o.sinks;
+            }
+            if (c.slopes) {
+                o.slopes = {0.5f, 0.0f, 0.125f, 1.0f};
+                o.problem.alibi_slopes = o.slopes;
             }
             const qkv::varlen_output got = ctx.sdpa(o.problem);
             check(got, reference(o.problem));
@@ -146,6 +152,17 @@ TEST_CASE("varlen vulkan: one command buffer gives each sequence's context::sdpa
         }
         qkv_test::require_clean(ctx);
     }
+}
+
+TEST_CASE("varlen vulkan: more sequences than one command buffer takes", "[varlen]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    // 70 short sequences: two command buffers (64 sequences each at most), the rows in order.
+    std::vector<std::size_t> lq, lk;
+    for (std::size_t b = 0; b < 70; ++b) lq.push_back(1 + b % 3), lk.push_back(2 + b % 5);
+    qkv_test::owned_varlen o = qkv_test::random_varlen(lq, lk, 2, 1, 8, 8, 70);
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    check(ctx.sdpa(o.problem), reference(o.problem));
+    qkv_test::require_clean(ctx);
 }
 
 TEST_CASE("varlen vulkan: refusals come first, typed, with the table's reason", "[varlen]") {

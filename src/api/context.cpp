@@ -81,25 +81,23 @@ varlen_output context::sdpa(const varlen_problem& problem) {
     impl& self = alive(impl_);
     validate(problem);
     require_supported(entry_point::context_varlen, problem);
-    // Each sequence as its own sdpa problem (qkv::sequence_of), those with queries and keys run in
-    // one command buffer; the rest written here (no queries: nothing; no keys: zeros, lse -inf).
-    std::vector<basic_varlen_sequence<float>> sequences;
-    std::vector<sdpa_problem> problems;
-    std::vector<std::size_t> which;
-    for (std::size_t b = 0; b < batch_of(problem); ++b) {
-        const sdpa_shape s = sequence_shape(problem, b);
-        if (s.q_len == 0 || s.kv_len == 0) continue;
-        sequences.push_back(sequence_of(problem, b));
-        which.push_back(b);
-    }
-    for (const basic_varlen_sequence<float>& s : sequences) problems.push_back(s.problem);
     return self.host_call("sdpa over a ragged batch", [&](run_env& env) {
+        // Each sequence as its own sdpa problem (qkv::sequence_of), those with queries and keys run
+        // in one command buffer; the rest written here (no queries: nothing; no keys: zeros, lse -inf).
         run_result<varlen_output> run;
         run.output = empty_output(problem);
         run.output.device = env.core.dev->info().name;
-        for (std::size_t b = 0; b < batch_of(problem); ++b)
-            if (const sdpa_shape s = sequence_shape(problem, b); s.q_len != 0 && s.kv_len == 0)
-                scatter_sequence<float>(problem, b, {}, {}, run.output);
+        std::vector<basic_varlen_sequence<float>> sequences;
+        std::vector<sdpa_problem> problems;
+        std::vector<std::size_t> which;
+        for (std::size_t b = 0; b < batch_of(problem); ++b) {
+            const sdpa_shape s = sequence_shape(problem, b);
+            if (s.q_len != 0 && s.kv_len == 0) scatter_sequence<float>(problem, b, {}, {}, run.output);
+            if (s.q_len == 0 || s.kv_len == 0) continue;
+            sequences.push_back(sequence_of(problem, b));
+            which.push_back(b);
+        }
+        for (const basic_varlen_sequence<float>& s : sequences) problems.push_back(s.problem);
         if (problems.empty()) return run;
         const run_result<std::vector<sdpa_output>> done = run_sdpa_batch(env, problems, self.parts);
         for (std::size_t i = 0; i < which.size(); ++i)

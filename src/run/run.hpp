@@ -184,11 +184,15 @@ run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& plan, const sd
 /// The fused route of a planned call (run_sdpa.cpp).
 run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& plan, const sdpa_problem& problem);
 
-/// Several sdpa problems (Q, K and V from the host) in one command buffer, one submit: the
-/// sequences of a ragged batch. Each is planned by plan_sdpa (its own route and family) and checked
-/// before anything is recorded, so a refusal leaves nothing begun; each runs over its own buffers,
-/// parts[i] (kept by the caller between calls, grown to the count), so the parts need no barrier
-/// between them. The outputs in order; times.device_ms is the whole command buffer's.
+/// The most problems run_sdpa_batch records into one command buffer.
+inline constexpr std::size_t max_batch_parts = 64;
+
+/// Several sdpa problems (Q, K and V from the host) in one command buffer per max_batch_parts, one
+/// submit each: the sequences of a ragged batch. Each is planned by plan_sdpa (its own route and
+/// family) and checked before anything is recorded, so a refusal leaves nothing begun; each runs
+/// over its own buffers, parts[i] (kept by the caller between calls, grown to at most
+/// max_batch_parts), so the parts need no barrier between them. The outputs in order;
+/// times.device_ms is the command buffers'.
 run_result<std::vector<sdpa_output>> run_sdpa_batch(run_env& env, std::span<const sdpa_problem> problems,
                                                     std::vector<run_buffers>& parts);
 

@@ -1,5 +1,6 @@
 // run_sdpa: scaled dot-product attention over Q, K and V from the host, on the route plan_sdpa
 // chose; and the fused route itself. Also the run session every run shares (run/run.hpp).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -183,31 +184,42 @@ run_result<std::vector<sdpa_output>> run_sdpa_batch(run_env& env, std::span<cons
         const sdpa_plan& p = plans.back();
         preps.push_back(p.fused() ? prepare_fused(p, problem) : prepare_decode(p, problem, nullptr));
     }
-    // prepare each part's buffers (its own: the parts run without barriers between them)
-    if (parts.size() < problems.size()) parts.resize(problems.size());
-    std::vector<std::unique_ptr<run_session>> sessions;
-    sessions.reserve(problems.size());
-    for (std::size_t i = 0; i < problems.size(); ++i)
-        sessions.push_back(std::make_unique<run_session>(env, parts[i], plans[i].buffers, plans[i].downloads,
-                                                         shared_command_buffer{}));
-    // write and record each part into one command buffer, one submit
-    std::vector<sdpa_views> views(problems.size());
-    env.core.exec->begin();
-    for (std::size_t i = 0; i < problems.size(); ++i) {
-        if (plans[i].fused())
-            record_fused_part(*sessions[i], plans[i], problems[i], preps[i], views[i]);
-        else
-            record_decode_part(*sessions[i], plans[i], problems[i], preps[i], nullptr, views[i]);
-        sessions[i]->finish();
-    }
     run_result<std::vector<sdpa_output>> run;
-    run.times.device_ms = env.core.exec->submit_and_wait();
-    run.times.attention_ms = run.times.device_ms;
-    // read
     run.output.reserve(problems.size());
-    for (std::size_t i = 0; i < problems.size(); ++i)
-        run.output.push_back(plans[i].fused() ? read_fused_part(*sessions[i], plans[i], problems[i], preps[i])
-                                              : read_decode_part(*sessions[i], plans[i], problems[i], preps[i]));
+    // max_batch_parts problems per command buffer, so that the buffers held (and the device memory
+    // allocations: drivers may allow as few as 4,096) stay bounded whatever the batch
+    for (std::size_t first = 0; first < problems.size(); first += max_batch_parts) {
+        const std::size_t n = std::min(max_batch_parts, problems.size() - first);
+        if (parts.size() < n) parts.resize(n);
+        // prepare each part's buffers (its own: the parts run without barriers between them)
+        std::vector<std::unique_ptr<run_session>> sessions;
+        sessions.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const sdpa_plan& p = plans[first + i];
+            sessions.push_back(
+                std::make_unique<run_session>(env, parts[i], p.buffers, p.downloads, shared_command_buffer{}));
+        }
+        // write and record each part into one command buffer, one submit
+        std::vector<sdpa_views> views(n);
+        env.core.exec->begin();
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t at = first + i;
+            if (plans[at].fused())
+                record_fused_part(*sessions[i], plans[at], problems[at], preps[at], views[i]);
+            else
+                record_decode_part(*sessions[i], plans[at], problems[at], preps[at], nullptr, views[i]);
+            sessions[i]->finish();
+        }
+        run.times.device_ms += env.core.exec->submit_and_wait();
+        // read
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t at = first + i;
+            run.output.push_back(plans[at].fused()
+                                     ? read_fused_part(*sessions[i], plans[at], problems[at], preps[at])
+                                     : read_decode_part(*sessions[i], plans[at], problems[at], preps[at]));
+        }
+    }
+    run.times.attention_ms = run.times.device_ms;
     return run;
 }
 

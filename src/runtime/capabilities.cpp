@@ -86,6 +86,7 @@ std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
     for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
     if (p.kv_heads != p.q_heads) f.push_back(inputs::grouped_query);
     if (!p.sinks.empty()) f.push_back(inputs::sinks);
+    if (!p.alibi_slopes.empty()) f.push_back(inputs::alibi_slopes);
     for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
     return f;
 }

@@ -74,7 +74,8 @@ void check_varlen(const basic_varlen_problem<T>& p) {
                                    .k = k,
                                    .v = v,
                                    .options = p.options,
-                                   .sinks = p.sinks});
+                                   .sinks = p.sinks,
+                                   .alibi_slopes = p.alibi_slopes});
 }
 
 /// Rows [first, first + n) of a packed (total, H, D) array, in (H, n, D) order.
@@ -100,6 +101,7 @@ basic_varlen_sequence<T> sequence_at(const basic_varlen_problem<T>& p, std::size
     s.problem.q = s.q, s.problem.k = s.k, s.problem.v = s.v;
     s.problem.options = p.options;
     s.problem.sinks = p.sinks;
+    s.problem.alibi_slopes = p.alibi_slopes;
     return s;
 }
 
@@ -198,13 +200,14 @@ varlen_output_f64 compute_f64(const varlen_problem_f64& p) {
 
 /// A float32 problem widened exactly to float64.
 struct widened {
-    std::vector<double> q, k, v, sinks;
+    std::vector<double> q, k, v, sinks, slopes;
     varlen_problem_f64 problem;
     explicit widened(const varlen_problem& p)
         : q(p.q.begin(), p.q.end()),
           k(p.k.begin(), p.k.end()),
           v(p.v.begin(), p.v.end()),
           sinks(p.sinks.begin(), p.sinks.end()),
+          slopes(p.alibi_slopes.begin(), p.alibi_slopes.end()),
           problem{.q_heads = p.q_heads,
                   .kv_heads = p.kv_heads,
                   .d_qk = p.d_qk,
@@ -217,7 +220,8 @@ struct widened {
                   .k = k,
                   .v = v,
                   .options = p.options,
-                  .sinks = sinks} {}
+                  .sinks = sinks,
+                  .alibi_slopes = slopes} {}
     widened(const widened&) = delete;
     widened& operator=(const widened&) = delete;
 };

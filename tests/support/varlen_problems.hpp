@@ -1,7 +1,7 @@
 // Ragged batches for the tests: a packed problem over data it owns, and a float64 reference over
 // the packed layout written from FlashAttention's flash_attn_varlen_func documentation and
 // qkv/runtime/varlen.hpp's comment (each sequence's block on its own, the causal rule and the
-// window aligned by that sequence's S_b - L_b, softcap, ALiBi, sinks, lse), as plainly as possible
+// window aligned by that sequence's S_b - L_b, softcap, ALiBi by bias or by slopes, sinks, lse), as plainly as possible
 // and without qkv's own code.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace qkv_test {
 /// A ragged batch over data it owns; `problem` views it (valid while this lives, moves included).
 struct owned_varlen {
     std::vector<std::int32_t> cu_q, cu_k;
-    std::vector<float> q, k, v, sinks;
+    std::vector<float> q, k, v, sinks, slopes;
     qkv::varlen_problem problem;
 };
 
@@ -75,7 +75,9 @@ inline varlen_ref_result varlen_reference(const qkv::varlen_problem& p, const st
     const double neg_inf = -std::numeric_limits<double>::infinity();
     // ALiBi's slopes, from the formula in qkv/runtime/sdpa.hpp's comment.
     std::vector<double> slope(Hq, 0.0);
-    if (p.options.alibi_max_bias > 0) {
+    if (!p.alibi_slopes.empty()) {
+        for (std::size_t h = 0; h < Hq; ++h) slope[h] = static_cast<double>(p.alibi_slopes[h]);
+    } else if (p.options.alibi_max_bias > 0) {
         const double n = std::exp2(std::floor(std::log2(static_cast<double>(Hq))));
         const double bias = p.options.alibi_max_bias;
         for (std::size_t h = 0; h < Hq; ++h)

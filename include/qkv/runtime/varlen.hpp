@@ -8,12 +8,13 @@
 //                                     [cu_seqlens_q[b], cu_seqlens_q[b+1]), its keys and values
 //                                     [cu_seqlens_k[b], cu_seqlens_k[b+1])
 //   sinks   q_heads                   (Hq,), optional
+//   alibi_slopes q_heads              (Hq,), optional
 //   output  total_q x q_heads x d_v   (total_q, Hq, Ev)
 //   lse     q_heads x total_q         (Hq, total_q), on request (FlashAttention's softmax_lse)
 //
 // Sequence b is the SDPA problem of qkv/runtime/sdpa.hpp with shape (1, Hq, Hkv, L_b, S_b, E, Ev),
 // L_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] and S_b likewise, its rows of q, k and v, the same
-// options and sinks: every score rule applies per sequence, the causal rule, the window and ALiBi's
+// options, sinks and ALiBi slopes: every score rule applies per sequence, the causal rule, the window and ALiBi's
 // distances measured with that sequence's own offset (alignment bottom_right: S_b - L_b, as
 // FlashAttention's varlen call, whose causal mask is aligned to the bottom right of each
 // sequence's L_b x S_b block). No query attends a key of another sequence. A sequence with no
@@ -50,6 +51,9 @@ struct basic_varlen_problem {
     sdpa_options options{};
     /// Empty, or one logit per query head, as basic_sdpa_problem's sinks.
     std::span<const T> sinks{};
+    /// Empty, or one ALiBi slope per query head, as basic_sdpa_problem's alibi_slopes (every
+    /// sequence's distances measured within it).
+    std::span<const T> alibi_slopes{};
 };
 using varlen_problem = basic_varlen_problem<float>;
 using varlen_problem_f64 = basic_varlen_problem<double>;

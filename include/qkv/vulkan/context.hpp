@@ -110,8 +110,9 @@ public:
     /// FlashAttention's flash_attn_varlen_func). Validates first (qkv::invalid_argument), then
     /// asks the capability table; each sequence is planned as its own sdpa problem (the route and
     /// family of its shape: split-S decode for a few queries against many keys, else the fused
-    /// kernels) and checked before anything is recorded; all of them are recorded into one command
-    /// buffer, each over its own buffers (kept by the context between calls), and submitted once.
+    /// kernels) and checked before anything is recorded; they are recorded into one command buffer
+    /// (up to 64 sequences per command buffer), each over its own buffers (kept by the context
+    /// between calls, released by trim()), with one submit per command buffer.
     /// A sequence with no queries runs nothing; one with no keys none either (zeros, lse -inf).
     [[nodiscard]] varlen_output sdpa(const varlen_problem& problem);
 
