@@ -632,20 +632,21 @@ TEST_CASE("sdpa_backward: ALiBi far from every key keeps float64's precision", "
         return v;
     };
     o.q = fill(2 * 5 * 16), o.k = fill(9 * 16), o.v = fill(9 * 8), o.d_out = fill(2 * 5 * 8);
-    o.options = {.position_offset = 20, .alibi_max_bias = 8.f};
+    o.options = {.alibi_max_bias = 8.f, .position_offset = 20};
     const qkv::sdpa_gradients_f64 near = qkv::cpu::sdpa_backward_f64(o.backward());
     o.options.position_offset = (std::int64_t{1} << 40) + 20;
     const qkv::sdpa_gradients_f64 far = qkv::cpu::sdpa_backward_f64(o.backward());
     CHECK(nmse(far.dq, near.dq, "dq") <= 1e-24);
     CHECK(nmse(far.dk, near.dk, "dk") <= 1e-24);
     CHECK(nmse(far.dv, near.dv, "dv") <= 1e-24);
-    // From the forward's saved float64 lse too: lse and the relative scores meet again.
-    qkv::basic_sdpa_problem<double> p = widen(o).forward();
+    // From the forward's saved float64 lse too: lse and the relative scores meet again, as precisely
+    // as the saved lse holds its row (it is about -2^36 here: rounded by 2^-17, so P by ~1e-5).
+    owned<double> d = widen(o);  // p's spans view d's vectors
+    qkv::basic_sdpa_problem<double> p = d.forward();
     p.options.return_lse = true;
     const auto saved = qkv::cpu::sdpa(p);
-    owned<double> d = widen(o);
     d.out = saved.output, d.lse = saved.lse;
     const qkv::sdpa_gradients_f64 from_saved = qkv::cpu::sdpa_backward(d.backward());
-    CHECK(nmse(from_saved.dq, near.dq, "dq from the saved lse") <= 1e-24);
-    CHECK(nmse(from_saved.dk, near.dk, "dk from the saved lse") <= 1e-24);
+    CHECK(nmse(from_saved.dq, near.dq, "dq from the saved lse") <= 1e-8);
+    CHECK(nmse(from_saved.dk, near.dk, "dk from the saved lse") <= 1e-8);
 }

@@ -597,7 +597,7 @@ TEST_CASE("sdpa_backward on the device: ALiBi from rows beyond the keys, huge so
     const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 17, .kv_len = 9, .d_qk = 16, .d_v = 8};
     for (const auto& [off, cap] : {std::pair{std::int64_t{12}, 0.f}, std::pair{std::int64_t{-20}, 3e38f}}) {
         INFO("position_offset " << off << ", softcap " << cap);
-        owned o = make(s, {.position_offset = off, .softcap = cap}, 72);
+        owned o = make(s, {.softcap = cap, .position_offset = off}, 72);
         o.slopes = {0.5f, 0.25f};
         o.sinks = normal(2, rng);
         save_forward(o);

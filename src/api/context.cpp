@@ -29,6 +29,7 @@ context::impl::~impl() {
     // The buffers go back to the shared device under its lock: a cache may be using it.
     std::lock_guard lock(core->mutex);
     buffers.release();
+    parts.clear();
 }
 
 context::context(const context_options& options) : impl_(std::make_unique<impl>(options, testing::hooks{})) {}
@@ -83,6 +84,36 @@ sdpa_gradients context::sdpa_backward(const sdpa_backward_problem& problem) {
     return self.host_call("sdpa_backward", [&](run_env& env) { return run_sdpa_backward(env, problem); });
 }
 
+varlen_output context::sdpa(const varlen_problem& problem) {
+    impl& self = alive(impl_);
+    validate(problem);
+    require_supported(entry_point::context_varlen, problem);
+    return self.host_call("sdpa over a ragged batch", [&](run_env& env) {
+        // Each sequence as its own sdpa problem (qkv::sequence_of), those with queries and keys run
+        // in one command buffer; the rest written here (no queries: nothing; no keys: zeros, lse -inf).
+        run_result<varlen_output> run;
+        run.output = empty_output(problem);
+        run.output.device = env.core.dev->info().name;
+        std::vector<basic_varlen_sequence<float>> sequences;
+        std::vector<sdpa_problem> problems;
+        std::vector<std::size_t> which;
+        for (std::size_t b = 0; b < batch_of(problem); ++b) {
+            const sdpa_shape s = sequence_shape(problem, b);
+            if (s.q_len != 0 && s.kv_len == 0) scatter_sequence<float>(problem, b, {}, {}, run.output);
+            if (s.q_len == 0 || s.kv_len == 0) continue;
+            sequences.push_back(sequence_of(problem, b));
+            which.push_back(b);
+        }
+        for (const basic_varlen_sequence<float>& s : sequences) problems.push_back(s.problem);
+        if (problems.empty()) return run;
+        const run_result<std::vector<sdpa_output>> done = run_sdpa_batch(env, problems, self.parts);
+        for (std::size_t i = 0; i < which.size(); ++i)
+            scatter_sequence<float>(problem, which[i], done.output[i].output, done.output[i].lse, run.output);
+        run.times = done.times;
+        return run;
+    });
+}
+
 call_stats context::last_call() const {
     impl& self = alive(impl_);
     std::lock_guard lock(self.core->mutex);
@@ -97,6 +128,7 @@ void context::trim() {
     impl& self = alive(impl_);
     std::lock_guard lock(self.core->mutex);
     self.buffers.release();
+    self.parts.clear();
 }
 
 std::vector<std::string> context::take_validation_messages() { return alive(impl_).core->inst->messages().take(); }

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "api/device_core.hpp"
 #include "plan/settings.hpp"
@@ -22,7 +23,10 @@ struct context::impl {
     std::shared_ptr<detail::device_core> core;  // declared first: outlives the buffers below
     detail::settings set;
     detail::run_buffers buffers;  // guarded by core->mutex
-    call_stats last{};            // guarded by core->mutex
+    /// A ragged batch's sequences' own buffers (run_sdpa_batch), kept between calls; guarded by
+    /// core->mutex.
+    std::vector<detail::run_buffers> parts;
+    call_stats last{};  // guarded by core->mutex
 
     impl(const context_options& options, const testing::hooks& hooks);
     /// A context on a shared device core (a caller's device: interop.cpp).

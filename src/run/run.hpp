@@ -16,6 +16,7 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "api/device_core.hpp"
 #include "kernels/flash_cpu.hpp"
@@ -49,20 +50,31 @@ struct run_result {
     phase_times times;
 };
 
+/// The tag of a run_session that is one of several problems in the executor's command buffer.
+struct shared_command_buffer {};
+
 /// One call's commands over a set of call buffers: a host call (the core's executor and the
-/// context's buffers: begin() uploads, submit() downloads and waits) or a recording (a caller's
+/// context's buffers: begin() uploads, submit() downloads and waits), one part of a host call that
+/// runs several problems (run_sdpa_batch: its own buffers; begin() and finish() record its upload
+/// and download into the executor, which the caller begins and submits), or a recording (a caller's
 /// command buffer through an external_recorder, the recording's own buffers; nothing submitted).
 class run_session {
 public:
     /// A host call: prepares the buffers the plan asks for (run_buffers::prepare).
     run_session(run_env& env, const buffer_plan& buffers, std::span<const download> downloads);
+    /// A part of a host call, over `buffers` (prepared here as a host call's).
+    run_session(run_env& env, run_buffers& buffers, const buffer_plan& plan, std::span<const download> downloads,
+                shared_command_buffer);
     /// A recording into `rec` over `buffers` (prepared here, device-only: no staging, no downloads).
     run_session(device_core& core, recorder& rec, run_buffers& buffers, const buffer_plan& plan);
 
     /// Where the inputs are written before begin().
     [[nodiscard]] std::byte* inputs() const { return buffers_.inputs(); }
-    /// Starts the command buffer with the upload of the inputs; marks "inputs on the device".
+    /// Starts the command buffer with the upload of the inputs; marks "inputs on the device". A
+    /// part records its upload only.
     void begin();
+    /// Records the download (submit() does, then submits): a part's last step.
+    void finish();
     /// Ends a phase (a timestamp; see executor::mark).
     void mark() const { exec().mark(); }
     /// Records the download, submits, waits; returns the device time and each phase's (from the
@@ -87,6 +99,7 @@ private:
     run_buffers& buffers_;
     buffer_plan plan_;
     std::span<const download> downloads_;
+    bool part_ = false;
 };
 
 run_result<attention_output> run_attention(run_env& env, const attention_problem& problem);
@@ -125,6 +138,45 @@ struct cache_kv {
     const kv_stats* stats = nullptr;
 };
 
+/// The host's side of one planned sdpa run, made before anything is recorded: the facts of its
+/// inputs as stored (the overflow rule applied to them: check_sdpa_scores), the values' scale, and
+/// the fused route's copies of Q, K and V rounded to their stored types (empty: used as given).
+struct sdpa_prepared {
+    sdpa_facts facts;
+    float v_scale = 1.0f;
+    std::vector<float> q, k, v;
+    /// `problem` over the stored copies where there are any.
+    [[nodiscard]] sdpa_problem stored(const sdpa_problem& problem) const {
+        sdpa_problem s = problem;
+        if (!q.empty()) s.q = q;
+        if (!k.empty()) s.k = k;
+        if (!v.empty()) s.v = v;
+        return s;
+    }
+};
+
+/// The texel views a recorded sdpa run's commands read: they must live until the commands have run.
+struct sdpa_views {
+    flash_cpu_views flash;  ///< the fused cpu family's
+    buffer_view q, k, v;    ///< the decode route's (k and v: host K/V only)
+};
+
+/// A planned sdpa run in three steps, so that several can share one command buffer: prepare (the
+/// check), record (write the inputs into the session's buffers, begin(): the upload, the route's
+/// kernels) and, after the submit, read (the output assembled and scaled back). The fused route's
+/// (run_sdpa.cpp) and the decode route's, K and V from the host (cache null) or a cache
+/// (run_decode.cpp).
+sdpa_prepared prepare_fused(const sdpa_plan& plan, const sdpa_problem& problem);
+void record_fused_part(run_session& s, const sdpa_plan& plan, const sdpa_problem& problem, const sdpa_prepared& prep,
+                       sdpa_views& views);
+sdpa_output read_fused_part(const run_session& s, const sdpa_plan& plan, const sdpa_problem& problem,
+                            const sdpa_prepared& prep);
+sdpa_prepared prepare_decode(const sdpa_plan& plan, const sdpa_problem& problem, const cache_kv* cache);
+void record_decode_part(run_session& s, const sdpa_plan& plan, const sdpa_problem& problem, const sdpa_prepared& prep,
+                        const cache_kv* cache, sdpa_views& views);
+sdpa_output read_decode_part(const run_session& s, const sdpa_plan& plan, const sdpa_problem& problem,
+                             const sdpa_prepared& prep);
+
 /// The decode route of a planned call: K and V from the host (packed into the inputs, `cache`
 /// null) or from a cache.
 run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& plan, const sdpa_problem& problem,
@@ -140,6 +192,17 @@ void write_fused_inputs(std::byte* in, const sdpa_plan& plan, const sdpa_problem
 /// The backward pass over host data (run_sdpa_backward.cpp): the forward first where out or lse
 /// is not given, then the backward kernels.
 run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_problem& problem);
+/// The most problems run_sdpa_batch records into one command buffer.
+inline constexpr std::size_t max_batch_parts = 64;
+
+/// Several sdpa problems (Q, K and V from the host) in one command buffer per max_batch_parts, one
+/// submit each: the sequences of a ragged batch. Each is planned by plan_sdpa (its own route and
+/// family) and checked before anything is recorded, so a refusal leaves nothing begun; each runs
+/// over its own buffers, parts[i] (kept by the caller between calls, grown to at most
+/// max_batch_parts), so the parts need no barrier between them. The outputs in order;
+/// times.device_ms is the command buffers'.
+run_result<std::vector<sdpa_output>> run_sdpa_batch(run_env& env, std::span<const sdpa_problem> problems,
+                                                    std::vector<run_buffers>& parts);
 
 /// Where a call's masks and score params (contract/score.h, put_score_params) are (the plan's
 /// regions of the inputs, or a planned call's constants); an empty binding where there is no such

@@ -52,37 +52,38 @@ void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_pro
     record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }
 
-run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& p, const sdpa_problem& problem,
-                                   const cache_kv* cache) {
+sdpa_prepared prepare_decode(const sdpa_plan& p, const sdpa_problem& problem, const cache_kv* cache) {
     const sdpa_shape& s = problem.shape;
     // check: the overflow rule on the host's norms (a cache's from its appends; quantized K and V
     // as they dequantize); the values' scale
-    sdpa_facts facts;
+    sdpa_prepared prep;
     if (cache) {
-        facts = scan_sdpa(problem, *cache->stats);
+        prep.facts = scan_sdpa(problem, *cache->stats);
     } else if (p.kv_blocks()) {
         const std::vector<float> k = stored_values(p.kv_type, problem.k, "sdpa: k");
         const std::vector<float> v = stored_values(p.kv_type, problem.v, "sdpa: v");
         sdpa_problem stored = problem;
         stored.k = k, stored.v = v;
-        facts = scan_sdpa(stored);
+        prep.facts = scan_sdpa(stored);
     } else {
-        facts = scan_sdpa(problem);
+        prep.facts = scan_sdpa(problem);
     }
-    check_sdpa_scores(facts, s, p.scale, p.q_fp16 || p.kv_fp16);
-    const float v_scale = value_scale(facts, s.kv_len);
-    const decode_values values = facts.inputs_finite ? decode_values::finite : decode_values::nonfinite;
-    // prepare, write
-    run_session session(env, p.buffers, p.downloads);
+    check_sdpa_scores(prep.facts, s, p.scale, p.q_fp16 || p.kv_fp16);
+    prep.v_scale = value_scale(prep.facts, s.kv_len);
+    return prep;
+}
+
+void record_decode_part(run_session& session, const sdpa_plan& p, const sdpa_problem& problem,
+                        const sdpa_prepared& prep, const cache_kv* cache, sdpa_views& views) {
+    // write
     write_decode_inputs(session.inputs(), p, problem, cache == nullptr);
     // record
     const device& dev = session.dev();
     const buffer& inputs = session.buffers()[role::inputs];
-    const buffer_view q_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
-    buffer_view k_view, v_view;  // host K/V: views of the inputs
-    if (!cache && !p.kv_blocks()) {
-        k_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
-        v_view = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
+    views.q = buffer_view(dev, inputs, texel_format(p.q_fp16), p.q.at, p.q.bytes);
+    if (!cache && !p.kv_blocks()) {  // host K/V: views of the inputs
+        views.k = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.k.at, p.k.bytes);
+        views.v = buffer_view(dev, inputs, texel_format(p.kv_fp16), p.v.at, p.v.bytes);
     }
     session.begin();
     binding k_blocks{}, v_blocks{};
@@ -90,21 +91,39 @@ run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& p, const sdpa_
         k_blocks = cache ? cache->k_blocks : binding{inputs.handle(), p.k.at, p.k.bytes};
         v_blocks = cache ? cache->v_blocks : binding{inputs.handle(), p.v.at, p.v.bytes};
     }
-    record_decode_sdpa(session, p, problem, q_view.handle(), cache ? cache->k : k_view.handle(),
-                       cache ? cache->v : v_view.handle(), masks_in(p, inputs), v_scale, values, k_blocks, v_blocks);
+    const decode_values values = prep.facts.inputs_finite ? decode_values::finite : decode_values::nonfinite;
+    record_decode_sdpa(session, p, problem, views.q.handle(), cache ? cache->k : views.k.handle(),
+                       cache ? cache->v : views.v.handle(), masks_in(p, inputs), prep.v_scale, values, k_blocks,
+                       v_blocks);
+}
+
+sdpa_output read_decode_part(const run_session& session, const sdpa_plan& p, const sdpa_problem& problem,
+                             const sdpa_prepared& prep) {
+    sdpa_output out;
+    out.shape = problem.shape;
+    out.kernel = p.decode.family;
+    out.device = session.dev().info().name;
+    out.output.resize(p.out_count);
+    session.read(0, out.output.data());
+    out.lse.resize(p.lse_count);
+    if (p.lse_count) session.read(p.lse_download(), out.lse.data());
+    finish_sdpa_output(out.output, prep.facts, prep.v_scale, problem.shape);
+    return out;
+}
+
+run_result<sdpa_output> run_decode(run_env& env, const sdpa_plan& p, const sdpa_problem& problem,
+                                   const cache_kv* cache) {
+    const sdpa_prepared prep = prepare_decode(p, problem, cache);
+    // prepare, write, record
+    run_session session(env, p.buffers, p.downloads);
+    sdpa_views views;
+    record_decode_part(session, p, problem, prep, cache, views);
     session.mark();  // attention done
     run_result<sdpa_output> run;
     run.times = session.submit();
     if (const std::vector<double>& m = session.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read
-    run.output.shape = s;
-    run.output.kernel = p.decode.family;
-    run.output.device = dev.info().name;
-    run.output.output.resize(p.out_count);
-    session.read(0, run.output.output.data());
-    run.output.lse.resize(p.lse_count);
-    if (p.lse_count) session.read(p.lse_download(), run.output.lse.data());
-    finish_sdpa_output(run.output.output, facts, v_scale, s);
+    run.output = read_decode_part(session, p, problem, prep);
     return run;
 }
 

@@ -1,6 +1,9 @@
 // run_sdpa: scaled dot-product attention over Q, K and V from the host, on the route plan_sdpa
 // chose; and the fused route itself. Also the run session every run shares (run/run.hpp).
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
@@ -15,6 +18,12 @@ run_session::run_session(run_env& env, const buffer_plan& buffers, std::span<con
                         env.set.force_staging ? host_io::staged : host_io::automatic);
 }
 
+run_session::run_session(run_env& env, run_buffers& buffers, const buffer_plan& plan,
+                         std::span<const download> downloads, shared_command_buffer)
+    : core_(env.core), rec_(*env.core.exec), buffers_(buffers), plan_(plan), downloads_(downloads), part_(true) {
+    buffers.prepare(*env.core.alloc, plan, downloads, env.set.force_staging ? host_io::staged : host_io::automatic);
+}
+
 run_session::run_session(device_core& core, recorder& rec, run_buffers& buffers, const buffer_plan& plan)
     : core_(core), rec_(rec), buffers_(buffers), plan_(plan) {
     buffers.prepare(*core.alloc, plan, {}, host_io::none);
@@ -26,13 +35,16 @@ executor& run_session::exec() const {
 }
 
 void run_session::begin() {
-    exec().begin();
+    if (!part_) exec().begin();
     buffers_.record_upload(exec(), plan_.of(role::inputs));
-    exec().mark();  // inputs on the device
+    if (!part_) exec().mark();  // inputs on the device
 }
 
+void run_session::finish() { buffers_.record_download(exec(), downloads_); }
+
 phase_times run_session::submit() {
-    buffers_.record_download(exec(), downloads_);
+    if (part_) throw error("internal: a part of a shared command buffer is submitted by its caller");
+    finish();
     phase_times t;
     t.device_ms = exec().submit_and_wait();
     return t;
@@ -102,42 +114,107 @@ sdpa_output new_output(const sdpa_plan& p, const sdpa_problem& problem, const de
 
 }  // namespace
 
-run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
+sdpa_prepared prepare_fused(const sdpa_plan& p, const sdpa_problem& problem) {
     // Q, K and V as their types store them, rounded here where the binding holds float32.
-    sdpa_problem stored = problem;
-    std::vector<float> q_stored, k_stored, v_stored;
-    if (p.round_q) q_stored = stored_values(element_type::f16, problem.q, "sdpa: q"), stored.q = q_stored;
+    sdpa_prepared prep;
+    if (p.round_q) prep.q = stored_values(element_type::f16, problem.q, "sdpa: q");
     if (p.round_kv) {
-        k_stored = stored_values(p.kv_type, problem.k, "sdpa: k"), stored.k = k_stored;
-        v_stored = stored_values(p.kv_type, problem.v, "sdpa: v"), stored.v = v_stored;
+        prep.k = stored_values(p.kv_type, problem.k, "sdpa: k");
+        prep.v = stored_values(p.kv_type, problem.v, "sdpa: v");
     }
     // check: the overflow rule on the host's exact norms (of the stored values); the values' scale
-    const sdpa_facts facts = scan_sdpa(stored);
-    check_sdpa_scores(facts, problem.shape, p.scale, p.layout.fp16);
-    const float v_scale = value_scale(facts, problem.shape.kv_len);
-    // prepare, write
-    run_session s(env, p.buffers, p.downloads);
-    write_fused_inputs(s.inputs(), p, stored, v_scale);
-    // record
+    prep.facts = scan_sdpa(prep.stored(problem));
+    check_sdpa_scores(prep.facts, problem.shape, p.scale, p.layout.fp16);
+    prep.v_scale = value_scale(prep.facts, problem.shape.kv_len);
+    return prep;
+}
+
+void record_fused_part(run_session& s, const sdpa_plan& p, const sdpa_problem& problem, const sdpa_prepared& prep,
+                       sdpa_views& views) {
+    write_fused_inputs(s.inputs(), p, prep.stored(problem), prep.v_scale);
     s.begin();
-    flash_cpu_views views;
-    record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views, facts.inputs_finite);
+    record_fused_sdpa(s, p, masks_in(p, s.buffers()[role::inputs]), views.flash, prep.facts.inputs_finite);
+}
+
+sdpa_output read_fused_part(const run_session& s, const sdpa_plan& p, const sdpa_problem& problem,
+                            const sdpa_prepared& prep) {
+    sdpa_output out = new_output(p, problem, s.dev());
+    s.read(0, out.output.data());
+    if (p.weights) s.read(1, out.weights.data());
+    if (p.lse_count) s.read(p.lse_download(), out.lse.data());
+    finish_sdpa_output(out.output, prep.facts, prep.v_scale, problem.shape);
+    return out;
+}
+
+run_result<sdpa_output> run_fused_sdpa(run_env& env, const sdpa_plan& p, const sdpa_problem& problem) {
+    const sdpa_prepared prep = prepare_fused(p, problem);
+    // prepare, write, record
+    run_session s(env, p.buffers, p.downloads);
+    sdpa_views views;
+    record_fused_part(s, p, problem, prep, views);
     s.mark();  // attention done
     run_result<sdpa_output> run;
     run.times = s.submit();
     if (const std::vector<double>& m = s.exec().marks_ms(); m.size() >= 2) run.times.attention_ms = m[1] - m[0];
     // read
-    run.output = new_output(p, problem, s.dev());
-    s.read(0, run.output.output.data());
-    if (p.weights) s.read(1, run.output.weights.data());
-    if (p.lse_count) s.read(p.lse_download(), run.output.lse.data());
-    finish_sdpa_output(run.output.output, facts, v_scale, problem.shape);
+    run.output = read_fused_part(s, p, problem, prep);
     return run;
 }
 
 run_result<sdpa_output> run_sdpa(run_env& env, const sdpa_problem& problem) {
     const sdpa_plan p = plan_sdpa(problem, env.core.dev->desc(), env.set);
     return p.fused() ? run_fused_sdpa(env, p, problem) : run_decode(env, p, problem, nullptr);
+}
+
+run_result<std::vector<sdpa_output>> run_sdpa_batch(run_env& env, std::span<const sdpa_problem> problems,
+                                                    std::vector<run_buffers>& parts) {
+    // plan and check every problem before anything is recorded: a refusal leaves nothing begun
+    std::vector<sdpa_plan> plans;
+    std::vector<sdpa_prepared> preps;
+    plans.reserve(problems.size());
+    preps.reserve(problems.size());
+    for (const sdpa_problem& problem : problems) {
+        plans.push_back(plan_sdpa(problem, env.core.dev->desc(), env.set));
+        const sdpa_plan& p = plans.back();
+        preps.push_back(p.fused() ? prepare_fused(p, problem) : prepare_decode(p, problem, nullptr));
+    }
+    run_result<std::vector<sdpa_output>> run;
+    run.output.reserve(problems.size());
+    // max_batch_parts problems per command buffer, so that the buffers held (and the device memory
+    // allocations: drivers may allow as few as 4,096) stay bounded whatever the batch
+    for (std::size_t first = 0; first < problems.size(); first += max_batch_parts) {
+        const std::size_t n = std::min(max_batch_parts, problems.size() - first);
+        if (parts.size() < n) parts.resize(n);
+        // prepare each part's buffers (its own: the parts run without barriers between them)
+        std::vector<std::unique_ptr<run_session>> sessions;
+        sessions.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const sdpa_plan& p = plans[first + i];
+            sessions.push_back(
+                std::make_unique<run_session>(env, parts[i], p.buffers, p.downloads, shared_command_buffer{}));
+        }
+        // write and record each part into one command buffer, one submit
+        std::vector<sdpa_views> views(n);
+        env.core.exec->begin();
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t at = first + i;
+            if (plans[at].fused())
+                record_fused_part(*sessions[i], plans[at], problems[at], preps[at], views[i]);
+            else
+                record_decode_part(*sessions[i], plans[at], problems[at], preps[at], nullptr, views[i]);
+            sessions[i]->finish();
+        }
+        run.times.device_ms += env.core.exec->submit_and_wait();
+        // read
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t at = first + i;
+            run.output.push_back(plans[at].fused()
+                                     ? read_fused_part(*sessions[i], plans[at], problems[at], preps[at])
+                                     : read_decode_part(*sessions[i], plans[at], problems[at], preps[at]));
+        }
+    }
+    run.times.attention_ms = run.times.device_ms;
+    return run;
 }
 
 }  // namespace qkv::vulkan::detail

@@ -13,11 +13,16 @@ namespace {
 constexpr std::string_view no_weights_in_decode =
     "the split-S decode kernels never form the weights (B, Hq, L, S); context::sdpa with host K/V, or an "
     "sdpa_call without a cache, returns them";
+constexpr std::string_view no_weights_in_ragged =
+    "a ragged batch has no (B, Hq, L, S) weights; return_lse gives each row's normaliser";
 constexpr std::string_view no_weights_across_ranks =
     "the weights of a row span every rank; return_lse gives what merging needs";
 constexpr std::string_view no_slopes_across_ranks =
     "the ranks receive the options, not per-head data (mpi::cp_problem has no field for them); "
     "options.alibi_max_bias gives ggml's slopes";
+constexpr std::string_view no_dropout_in_ragged =
+    "dropout's mask is drawn per row of a (B, Hq, L) batch, which a ragged batch does not have; run "
+    "its sequences as sdpa problems with their own dropout_offset";
 constexpr std::string_view no_dropout_in_decode =
     "dropout is a training option and the split-S decode kernels do not draw its mask; context::sdpa with "
     "host K/V (the fused kernels) computes it";
@@ -45,6 +50,10 @@ constexpr refusal table[] = {
     {entry_point::mpi_decode, "dropout_p", no_dropout_across_ranks},
     {entry_point::sdpa_backward_call, "kv_type", one_type_over_tensors},
     {entry_point::sdpa_backward_call, inputs::kv_quantized, one_type_over_tensors},
+    {entry_point::cpu_varlen, "return_weights", no_weights_in_ragged},
+    {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
+    {entry_point::cpu_varlen, "dropout_p", no_dropout_in_ragged},
+    {entry_point::context_varlen, "dropout_p", no_dropout_in_ragged},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
@@ -64,7 +73,9 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
                                        entry_point::mpi_append,
                                        entry_point::cpu_sdpa_backward,
                                        entry_point::context_sdpa_backward,
-                                       entry_point::sdpa_backward_call};
+                                       entry_point::sdpa_backward_call,
+                                       entry_point::cpu_varlen,
+                                       entry_point::context_varlen};
 
 constexpr feature input_features[] = {inputs::grouped_query,  inputs::mask,         inputs::additive_mask,
                                       inputs::sinks,          inputs::alibi_slopes, inputs::kv_f16,
@@ -97,6 +108,17 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     add(!p.additive_mask.empty(), inputs::additive_mask);
     add(!p.sinks.empty(), inputs::sinks);
     add(!p.alibi_slopes.empty(), inputs::alibi_slopes);
+    for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
+    return f;
+}
+
+template <class T>
+std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
+    std::vector<feature> f;
+    for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
+    if (p.kv_heads != p.q_heads) f.push_back(inputs::grouped_query);
+    if (!p.sinks.empty()) f.push_back(inputs::sinks);
+    if (!p.alibi_slopes.empty()) f.push_back(inputs::alibi_slopes);
     for (const feature s : features_of(stored_kv_type(p.options))) f.push_back(s);
     return f;
 }
@@ -141,6 +163,10 @@ std::string_view name_of(entry_point e) {
             return "context::sdpa_backward";
         case entry_point::sdpa_backward_call:
             return "sdpa_backward_call";
+        case entry_point::cpu_varlen:
+            return "cpu::sdpa over a ragged batch";
+        case entry_point::context_varlen:
+            return "context::sdpa over a ragged batch";
     }
     return "an unknown entry point";
 }
@@ -163,6 +189,10 @@ bool applies(entry_point entry, feature what) {
         case entry_point::sequence_record:
         case entry_point::interop_record:
             return true;  // they record every kind of call
+        case entry_point::cpu_varlen:
+        case entry_point::context_varlen:
+            return !attention_only && !backward_only && what != inputs::mask &&
+                   what != inputs::additive_mask;  // no masks
         case entry_point::cpu_sdpa_backward:
         case entry_point::context_sdpa_backward:
         case entry_point::sdpa_backward_call:
@@ -189,6 +219,9 @@ const refusal* refused(entry_point entry, feature what) {
 
 std::vector<feature> features_of(const sdpa_problem& problem) { return sdpa_features(problem); }
 std::vector<feature> features_of(const sdpa_problem_f64& problem) { return sdpa_features(problem); }
+
+std::vector<feature> features_of(const varlen_problem& problem) { return varlen_features(problem); }
+std::vector<feature> features_of(const varlen_problem_f64& problem) { return varlen_features(problem); }
 
 std::vector<feature> features_of(const attention_problem& p) {
     // run_options' fields by the option list's names (attention_options), set to other than
@@ -246,6 +279,12 @@ void require_supported(entry_point entry, const sdpa_backward_problem_f64& probl
     require_supported(entry, features_of(problem));
 }
 void require_supported(entry_point entry, const attention_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const varlen_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const varlen_problem_f64& problem) {
     require_supported(entry, features_of(problem));
 }
 

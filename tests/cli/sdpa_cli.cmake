@@ -142,3 +142,22 @@ qkv_cli_test(sdpa.files.weights_fail_keeps_out ARGS sdpa --q ${q2} --k ${k2} --v
              STDERR "missing/w\\.npy: cannot create a file in its directory")
 qkv_cli_test(sdpa.files.bad_input_keeps_out ARGS sdpa --q ${q2} --k ${k2} --v ${sdpa_data}/single/v.npy --backend cpu
              --out out.npy EXIT 2 COPY ${sdpa_data}/plain_2d/expected_out.npy out.npy STDERR "same length S")
+
+# ---- ragged batches (--cu-seqlens-q/--cu-seqlens-k): FlashAttention's varlen layout ------------------
+# Lengths 0, 1, 3, 17 and 113 in one batch, GQA, causal bottom-right per sequence, softcap, a window:
+# OUT and LSE against make_varlen_fixtures.py's reference, on both backends.
+set(varlen ${sdpa_data}/varlen)
+file(STRINGS ${varlen}/args.txt varlen_flags)
+separate_arguments(varlen_flags UNIX_COMMAND "${varlen_flags}")
+set(varlen_args sdpa --q ${varlen}/q.npy --k ${varlen}/k.npy --v ${varlen}/v.npy --out out.npy)
+foreach(backend IN LISTS sdpa_backends)
+  qkv_cli_test(sdpa.varlen.${backend} ARGS ${varlen_args} ${varlen_flags} --lse lse.npy --backend ${backend}
+               COMPARE out.npy ${varlen}/expected_out.npy lse.npy ${varlen}/expected_lse.npy)
+endforeach()
+# Refused before any file is written: offsets that decrease, one list alone, a mask, the weights.
+qkv_cli_test(sdpa.varlen.decreasing ARGS ${varlen_args} --cu-seqlens-q 0,4,1,21,21,134,143
+             --cu-seqlens-k 0,1,18,23,27,140,143 --backend cpu EXIT 2 STDERR "cu_seqlens_q must be nondecreasing")
+qkv_cli_test(sdpa.varlen.k_alone ARGS ${varlen_args} --cu-seqlens-k 0,143 --backend cpu EXIT 2
+             STDERR "--cu-seqlens-q and --cu-seqlens-k go together")
+qkv_cli_test(sdpa.varlen.weights ARGS ${varlen_args} ${varlen_flags} --weights w.npy EXIT 2
+             STDERR "context::sdpa over a ragged batch: return_weights is not available")

@@ -182,9 +182,10 @@ void write_json(output_set& files, const std::string& path, const json& j) {
 }
 
 // ---- What each mode honours: one table; every other flag given is refused (exit 2, named) -----
-/// The modes of `qkv bench`, chosen by the flags: --context-parallel, --backward, --decode --layers, --decode
-/// (a kv_cache), --kv-seq or --kv-heads (sdpa with q, k, v from the host), else attention().
-enum class mode { attention, sdpa_host, decode, layers, backward, context_parallel };
+/// The modes of `qkv bench`, chosen by the flags: --context-parallel, --backward, --varlen (a ragged
+/// batch three ways), --decode --layers, --decode (a kv_cache), --kv-seq or --kv-heads (sdpa with
+/// q, k, v from the host), else attention().
+enum class mode { attention, sdpa_host, decode, layers, backward, varlen, context_parallel };
 
 /// The flags every mode takes.
 constexpr std::string_view common_flags[] = {"--repeat", "--warmup", "--device", "--json", "--seed", "--no-ceiling"};
@@ -209,6 +210,8 @@ constexpr std::string_view decode_flags[] = {"--batch",    "--heads", "--seq",  
 constexpr std::string_view layers_options[] = {"precision"};
 constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--kv-seq", "--dim", "--decode", "--layers"};
 constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
+constexpr std::string_view varlen_options[] = {"precision"};
+constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -239,6 +242,9 @@ constexpr mode_row mode_table[] = {
      backward_flags,
      "times sdpa and its backward pass over host q, k and v with L = S = --seq (one --batch, --heads and "
      "--kv-heads)"},
+    {mode::varlen, "qkv bench --varlen", false, varlen_options, varlen_flags,
+     "times a ragged batch of causal self-attention sequences (S_b = L_b, lengths drawn up to --seq) three ways, "
+     "taking --precision of the options"},
     {mode::context_parallel,
      "qkv bench --context-parallel",
      true,
@@ -250,6 +256,7 @@ constexpr mode_row mode_table[] = {
 mode mode_of(const bench_options& o, bool context_parallel) {
     if (context_parallel) return mode::context_parallel;
     if (o.backward) return mode::backward;
+    if (o.varlen) return mode::varlen;
     if (o.layers) return mode::layers;
     if (o.decode) return mode::decode;
     if (!o.kv_seq_text.empty() || !o.kv_heads_text.empty()) return mode::sdpa_host;
@@ -427,6 +434,50 @@ void run_backward_bench(bench_options& o, qkv::vulkan::context& ctx) {
     }
 }
 
+/// `--varlen B`: a ragged batch as one call, as B calls and padded to the longest.
+void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
+    const qkv::vulkan::device_info& info = ctx.device();
+    varlen_config vc;
+    vc.batch = o.varlen;
+    const auto one = [](const std::vector<std::size_t>& v, const char* flag, std::size_t fallback) {
+        if (v.size() > 1) throw usage_error(std::string(flag) + " takes one value with --varlen");
+        return v.empty() ? fallback : v[0];
+    };
+    vc.q_heads = one(o.heads, "--heads", 8);
+    vc.kv_heads = one(o.kv_heads, "--kv-heads", vc.q_heads);
+    vc.max_len = one(o.seq, "--seq", 512);
+    vc.dim = one(o.dim, "--dim", 64);
+    if (vc.q_heads % vc.kv_heads != 0)
+        throw usage_error("--kv-heads " + std::to_string(vc.kv_heads) + " must divide --heads " +
+                          std::to_string(vc.q_heads));
+    if (vc.max_len < 16) throw usage_error("--seq " + std::to_string(vc.max_len) + ": --varlen draws lengths from 16");
+    const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, {});
+    if (rows.size() > 1) throw usage_error("--precision takes one value with --varlen");
+    vc.precision = rows.front().precision;
+    config padded;  // the padded form is the largest: refused before anything is built if no buffer holds it
+    padded.batch = vc.batch, padded.heads = vc.q_heads, padded.kv_heads = vc.kv_heads, padded.seq = vc.max_len;
+    padded.kv_seq = vc.max_len, padded.dim = vc.dim, padded.decode = true, padded.host_kv = true;
+    padded.options.precision = vc.precision;
+    check_fits_device(padded, info);
+    const bool slow = info.type == qkv::vulkan::device_type::cpu;
+    if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
+    if (o.warmup < 0) o.warmup = 1;
+    output_set json_out;
+    reserve_json(json_out, o.json_file);
+    std::cout << "qkv " << qkv::version_string << " bench, " << utc_now() << "\n"
+              << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
+              << "\nTiming: " << o.warmup << " warm-up + " << o.repeat
+              << " timed rounds, host clock around each form (q, k, v up and the output down included)\n\n";
+    const json varlen = run_varlen(ctx, vc, o.warmup, o.repeat, o.seed, std::cout);
+    if (!o.json_file.empty()) {
+        json j;
+        j["qkv_version"] = qkv::version_string;
+        j["device"] = device_json(info);
+        j["varlen"] = varlen;
+        write_json(json_out, o.json_file, j);
+    }
+}
+
 void run(bench_options o) {
     if (o.layers && !o.decode) throw usage_error("--layers needs --decode");
     refuse_flags_beyond(o, mode_of(o, false));
@@ -434,6 +485,7 @@ void run(bench_options o) {
     qkv::vulkan::context ctx = open_context(o.device, false);
     if (o.layers) return run_layers_bench(o, ctx);
     if (o.backward) return run_backward_bench(o, ctx);
+    if (o.varlen) return run_varlen_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
@@ -581,6 +633,12 @@ void add_bench(CLI::App& app) {
                     "With --decode: time one token of N layers (L = 1 against --kv-seq keys, default 1024; --heads "
                     "32, --kv-heads 8, --dim 128 by default) as N host calls and as one recorded sequence")
         ->check(CLI::Range(1, 4096));
+    cmd->add_option("--varlen", o->varlen,
+                    "Time a ragged batch of B causal sequences, lengths log-uniform in [16, --seq] (default 512; "
+                    "--heads 8, --dim 64 by default): one ragged call, B separate calls, and padding to the longest, "
+                    "in tokens/s")
+        ->check(CLI::Range(1, 4096))
+        ->type_name("B");
     cmd->add_option("--kv-seq", o->kv_seq_text,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")

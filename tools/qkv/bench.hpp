@@ -35,6 +35,7 @@ struct options {
     bool decode = false;             // time context::sdpa against a kv_cache instead of attention()
     bool backward = false;           // time context::sdpa_backward beside context::sdpa
     std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
+    std::size_t varlen = 0;  // a ragged batch of this many sequences: one ragged call, separate calls, padding
     int repeat = 0;          // 0: chosen for the device
     int warmup = -1;         // -1: chosen for the device
     std::string device, json_file;
@@ -131,6 +132,17 @@ struct backward_config {
 /// "backward_ms", "backward_over_forward", ...}]}).
 json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmup, int repeat, std::uint64_t seed,
                   std::ostream& os);
+// bench_varlen.cpp
+/// `--varlen B`: a ragged batch of B causal sequences (L_b = S_b), lengths log-uniform in [16, max_len].
+struct varlen_config {
+    std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
+    qkv::precision precision = qkv::precision::fp32;
+};
+/// Times one ragged call (context::sdpa over a varlen_problem), B separate calls and one call
+/// padded to the longest, in turn on the same data; prints them with tokens/s and returns them as
+/// JSON ({"ragged_ms", "separate_ms", "padded_ms", ...}).
+json run_varlen(qkv::vulkan::context& ctx, const varlen_config& c, int warmup, int repeat, std::uint64_t seed,
+                std::ostream& os);
 
 // bench_table.cpp
 void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);

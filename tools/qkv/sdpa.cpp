@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include "flag_args.hpp"
 #include "option_flags.hpp"
 #include "output_files.hpp"
+#include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/error.hpp"
@@ -39,6 +41,7 @@ struct sdpa_command_options {
     backend choice = backend::vulkan;
     std::string device;
     context_parallel_flags parallel;
+    std::vector<std::int64_t> cu_q, cu_k;  // a ragged batch's offsets (--cu-seqlens-q/--cu-seqlens-k)
 
     /// The file an output field's flag names ("": not asked for).
     [[nodiscard]] std::string output(std::string_view field) const {
@@ -82,7 +85,8 @@ struct prepared {
     bool float64 = false;
 };
 
-prepared prepare(const sdpa_command_options& o) {
+/// The options of the flags, --causal-align refused where nothing uses it.
+qkv::sdpa_options options_of(const sdpa_command_options& o) {
     const qkv::sdpa_options options = options_from_flags(o.options);
     // The alignment sets the offset of the causal diagonal, the window and ALiBi's distances.
     const bool windowed = options.window_left >= 0 || options.window_right >= 0;
@@ -91,6 +95,11 @@ prepared prepare(const sdpa_command_options& o) {
         throw usage_error(
             "--causal-align needs --causal, --window or --alibi: it chooses where the causal diagonal (and the "
             "window's and ALiBi's position i + off) starts");
+    return options;
+}
+
+prepared prepare(const sdpa_command_options& o) {
+    const qkv::sdpa_options options = options_of(o);
 
     const sdpa_files& f = o.files;
     const std::string weights = o.output("return_weights"), lse = o.output("return_lse");
@@ -116,7 +125,49 @@ prepared prepare(const sdpa_command_options& o) {
     return p;
 }
 
+/// A ragged batch (--cu-seqlens-q/--cu-seqlens-k): OUT (total_q, Hq, Ev), LSE (Hq, total_q).
+void run_varlen(const sdpa_command_options& o) {
+    if (o.cu_q.empty() || o.cu_k.empty())
+        throw usage_error("--cu-seqlens-q and --cu-seqlens-k go together: the offsets of the queries and of the keys");
+    if (o.parallel.requested())
+        throw usage_error("--cu-seqlens-q: a ragged batch runs in one process (no --context-parallel)");
+    if (!o.files.mask.empty()) throw usage_error("--mask: a ragged batch takes no mask (FlashAttention's varlen call)");
+    const qkv::sdpa_options options = options_of(o);
+    const sdpa_files& f = o.files;
+    const std::string lse = o.output("return_lse"), weights = o.output("return_weights");
+    const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", weights}, {"--lse", lse}};
+    const std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--sinks", f.sinks}};
+    check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
+    varlen_inputs in = load_varlen_inputs(f, o.cu_q, o.cu_k);
+    const bool float64 = o.choice == backend::cpu && in.any_float64();
+    if (float64) {
+        in.to_float64();
+        qkv::validate(in.problem_f64(options));
+    } else {
+        in.to_float32();
+        qkv::validate(in.problem(options));
+    }
+    // The table's refusals (weights) before any file is made.
+    const qkv::entry_point entry =
+        o.choice == backend::cpu ? qkv::entry_point::cpu_varlen : qkv::entry_point::context_varlen;
+    qkv::require_supported(entry,
+                           float64 ? qkv::features_of(in.problem_f64(options)) : qkv::features_of(in.problem(options)));
+    output_set files;
+    files.reserve({o.out, lse});
+    if (float64) {
+        const qkv::varlen_output_f64 r = qkv::cpu::sdpa(in.problem_f64(options));
+        files.commit({{o.out, in.out_shape(), std::span<const double>(r.output)},
+                      {lse, in.lse_shape(), std::span<const double>(r.lse)}});
+        return;
+    }
+    const qkv::varlen_output r = o.choice == backend::cpu ? qkv::cpu::sdpa(in.problem(options))
+                                                          : open_context(o.device).sdpa(in.problem(options));
+    files.commit({{o.out, in.out_shape(), std::span<const float>(r.output)},
+                  {lse, in.lse_shape(), std::span<const float>(r.lse)}});
+}
+
 void run(const sdpa_command_options& o) {
+    if (!o.cu_q.empty() || !o.cu_k.empty()) return run_varlen(o);
     if (o.parallel.requested()) {
         run_sdpa_context_parallel(o.parallel, [&] {
             prepared p = prepare(o);
@@ -171,6 +222,11 @@ constexpr const char* footer =
     "-inf for a row with no key), Q's leading dimensions; --kv-type stores K and V as f32, f16, or\n"
     "ggml's q8_0 / q4_0 blocks (E and Ev multiples of 32; --backend cpu computes from the values\n"
     "as stored).\n"
+    "\nRagged batches (FlashAttention's flash_attn_varlen_func): --cu-seqlens-q 0,L1,L1+L2,... and\n"
+    "--cu-seqlens-k 0,S1,... give the B + 1 offsets of each sequence's rows in Q (total_q, Hq, E) and in\n"
+    "K, V (total_k, Hkv, E / Ev); each sequence is attended on its own with every option above\n"
+    "(--causal-align bottom-right aligns each sequence's own S - L); OUT is (total_q, Hq, Ev), LSE\n"
+    "(Hq, total_q); no --mask, no --weights.\n"
     "\nTypes: --backend cpu computes in float64; when any input is float64 it reads every input\n"
     "without rounding and writes OUT and W as float64, else as float32. --backend vulkan computes\n"
     "in float32 (or fp16): float64 inputs are rounded to float32, and a finite value beyond the\n"
@@ -190,6 +246,16 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
     cmd.add_option("--k", o.files.k, "Keys (B, Hkv, S, E), ...")->required()->type_name("K.npy")->group(inputs);
     cmd.add_option("--v", o.files.v, "Values (B, Hkv, S, Ev), ...")->required()->type_name("V.npy")->group(inputs);
     add_mask_option(cmd, o.files.mask, "broadcasting to (B, Hq, L, S)")->group(inputs);
+    cmd.add_option("--cu-seqlens-q", o.cu_q,
+                   "A ragged batch (FlashAttention's varlen): the B + 1 offsets of the sequences' rows in q, then "
+                   "(total_q, Hq, E); k and v (total_k, Hkv, E / Ev); OUT (total_q, Hq, Ev), LSE (Hq, total_q)")
+        ->delimiter(',')
+        ->type_name("0,L1,...")
+        ->group(inputs);
+    cmd.add_option("--cu-seqlens-k", o.cu_k, "With --cu-seqlens-q: the B + 1 offsets of the sequences' rows in k and v")
+        ->delimiter(',')
+        ->type_name("0,S1,...")
+        ->group(inputs);
 
     const std::string outputs = "Outputs";
     add_out_option(cmd, o.out)->group(outputs);

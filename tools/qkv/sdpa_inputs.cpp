@@ -1,6 +1,9 @@
 // Reading and checking the inputs of `qkv sdpa` (see sdpa_inputs.hpp).
 #include "sdpa_inputs.hpp"
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -152,5 +155,82 @@ std::vector<std::size_t> sdpa_inputs::weights_shape() const {
 namespace qkv::cli {
 
 std::vector<std::size_t> sdpa_inputs::lse_shape() const { return {q.shape.begin(), q.shape.end() - 1}; }
+
+}  // namespace qkv::cli
+
+namespace qkv::cli {
+
+varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::vector<std::int64_t>& cu_q,
+                                 const std::vector<std::int64_t>& cu_k) {
+    varlen_inputs in;
+    in.q = numbers(read(files.q), "q");
+    in.k = numbers(read(files.k), "k");
+    in.v = numbers(read(files.v), "v");
+    for (const numeric_input* t : {&in.q, &in.k, &in.v})
+        if (t->shape.size() != 3)
+            throw usage_error(named(*t) +
+                              ": a ragged batch's q, k and v are (total_q, Hq, E), (total_k, Hkv, E) and "
+                              "(total_k, Hkv, Ev)");
+    if (in.k.shape[0] != in.v.shape[0] || in.k.shape[1] != in.v.shape[1])
+        throw usage_error(named(in.k) + " and " + named(in.v) + ": k and v must have the same rows and heads");
+    const auto offsets = [](const std::vector<std::int64_t>& given, const char* flag, std::vector<std::int32_t>& to,
+                            std::size_t& longest) {
+        for (std::size_t b = 0; b < given.size(); ++b) {
+            if (given[b] < 0 || given[b] > std::numeric_limits<std::int32_t>::max())
+                throw usage_error(std::string(flag) + ": offset " + std::to_string(b) + " is " +
+                                  std::to_string(given[b]) + ", outside [0, 2^31)");
+            to.push_back(static_cast<std::int32_t>(given[b]));
+            if (b > 0 && given[b] > given[b - 1])
+                longest = std::max(longest, static_cast<std::size_t>(given[b] - given[b - 1]));
+        }
+    };
+    offsets(cu_q, "--cu-seqlens-q", in.cu_q, in.max_q);
+    offsets(cu_k, "--cu-seqlens-k", in.cu_k, in.max_k);
+    if (!files.sinks.empty()) {
+        in.sinks = numbers(read(files.sinks), "sinks");
+        if (in.sinks.shape != std::vector<std::size_t>{in.q.shape[1]})
+            throw usage_error("--sinks " + named(in.sinks) + ": the sinks must be one logit per query head, (Hq,) = (" +
+                              str(in.q.shape[1]) + ",) for " + named(in.q));
+    }
+    return in;
+}
+
+bool varlen_inputs::any_float64() const { return q.float64 || k.float64 || v.float64 || sinks.float64; }
+void varlen_inputs::to_float32() {
+    for (numeric_input* t : {&q, &k, &v, &sinks}) narrow(*t);
+}
+void varlen_inputs::to_float64() {
+    for (numeric_input* t : {&q, &k, &v, &sinks}) widen(*t);
+}
+
+namespace {
+
+template <class T>
+qkv::basic_varlen_problem<T> view(const varlen_inputs& in, const qkv::sdpa_options& options) {
+    return {.q_heads = in.q.shape[1],
+            .kv_heads = in.k.shape[1],
+            .d_qk = in.q.shape[2],
+            .d_v = in.v.shape[2],
+            .cu_seqlens_q = in.cu_q,
+            .cu_seqlens_k = in.cu_k,
+            .max_seqlen_q = in.max_q,
+            .max_seqlen_k = in.max_k,
+            .q = values<T>(in.q),
+            .k = values<T>(in.k),
+            .v = values<T>(in.v),
+            .options = options,
+            .sinks = values<T>(in.sinks)};
+}
+
+}  // namespace
+
+qkv::varlen_problem varlen_inputs::problem(const qkv::sdpa_options& options) const {
+    return view<float>(*this, options);
+}
+qkv::varlen_problem_f64 varlen_inputs::problem_f64(const qkv::sdpa_options& options) const {
+    return view<double>(*this, options);
+}
+std::vector<std::size_t> varlen_inputs::out_shape() const { return {q.shape[0], q.shape[1], v.shape[2]}; }
+std::vector<std::size_t> varlen_inputs::lse_shape() const { return {q.shape[1], q.shape[0]}; }
 
 }  // namespace qkv::cli

@@ -9,6 +9,7 @@
 
 #include "numeric_input.hpp"
 #include "qkv/runtime/sdpa.hpp"
+#include "qkv/runtime/varlen.hpp"
 
 namespace qkv::cli {
 
@@ -48,5 +49,29 @@ struct sdpa_inputs {
 /// mask (bool or float, broadcasting NumPy-style to (B, Hq, L, S)) and the optional sinks (float,
 /// (Hq,)), and checks they fit together.
 sdpa_inputs load_sdpa_inputs(const sdpa_files& files);
+
+/// A ragged batch (`--cu-seqlens-q/--cu-seqlens-k`, FlashAttention's varlen layout): q (total_q,
+/// Hq, E), k (total_k, Hkv, E), v (total_k, Hkv, Ev), the optional sinks (Hq,), and the offsets.
+struct varlen_inputs {
+    numeric_input q, k, v, sinks;
+    std::vector<std::int32_t> cu_q, cu_k;
+    std::size_t max_q = 0, max_k = 0;  ///< the longest sequence's queries and keys
+
+    [[nodiscard]] bool any_float64() const;
+    void to_float32();  ///< as sdpa_inputs::to_float32
+    void to_float64();  ///< as sdpa_inputs::to_float64
+    [[nodiscard]] qkv::varlen_problem problem(const qkv::sdpa_options& options) const;
+    [[nodiscard]] qkv::varlen_problem_f64 problem_f64(const qkv::sdpa_options& options) const;
+    /// OUT (total_q, Hq, Ev); LSE (Hq, total_q), FlashAttention's softmax_lse.
+    [[nodiscard]] std::vector<std::size_t> out_shape() const;
+    [[nodiscard]] std::vector<std::size_t> lse_shape() const;
+};
+
+/// Reads q, k, v (each 3-D) and the optional sinks of a ragged batch and takes the offsets as
+/// given: usage_error for another rank, k and v disagreeing, or an offset outside [0, 2^31); the
+/// rest (offsets from 0, nondecreasing, ending at total_q and total_k) is the library's
+/// validation (qkv::validate(varlen_problem)).
+varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::vector<std::int64_t>& cu_q,
+                                 const std::vector<std::int64_t>& cu_k);
 
 }  // namespace qkv::cli

@@ -14,6 +14,7 @@
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
+#include "qkv/runtime/varlen.hpp"
 
 namespace qkv {
 
@@ -37,6 +38,8 @@ enum class entry_point {
     cpu_sdpa_backward,      ///< qkv::cpu::sdpa_backward, sdpa_backward_f64: the float64 reference's gradients
     context_sdpa_backward,  ///< qkv::vulkan::context::sdpa_backward: the gradients from host data
     sdpa_backward_call,     ///< qkv::vulkan::sdpa_backward_call over device tensors: run()
+    cpu_varlen,             ///< qkv::cpu::sdpa over a ragged batch (varlen.hpp), float64
+    context_varlen,         ///< context::sdpa over a ragged batch (varlen.hpp)
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
@@ -94,6 +97,9 @@ struct refusal {
 /// A backward problem's: its forward problem's, and d_additive_mask where asked.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_backward_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const sdpa_backward_problem_f64& problem);
+/// A ragged batch's: its options', grouped_query, sinks and the K/V storage, as an sdpa problem's.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem_f64& problem);
 /// The features of a K/V cache's storage (an append, a decode against it): kv_f16, kv_quantized.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(element_type stored);
 
@@ -106,5 +112,7 @@ QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_problem_f64
 QKV_RUNTIME_API void require_supported(entry_point entry, const attention_problem& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_problem& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_problem_f64& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem_f64& problem);
 
 }  // namespace qkv

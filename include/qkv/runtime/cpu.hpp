@@ -15,6 +15,7 @@
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
+#include "qkv/runtime/varlen.hpp"
 
 namespace qkv::cpu {
 
@@ -81,5 +82,11 @@ QKV_RUNTIME_API void validate(const attention_problem_f64& problem);
 
 /// A float64 problem, computed in float64 throughout: nothing is narrowed to float32.
 [[nodiscard]] QKV_RUNTIME_API sdpa_gradients_f64 sdpa_backward(const sdpa_backward_problem_f64& problem);
+/// A ragged batch (qkv/runtime/varlen.hpp), validated first: each sequence computed by sdpa above
+/// (one reference), its rows scattered into the packed output. Float64 throughout; the float32
+/// form's results are rounded once.
+[[nodiscard]] QKV_RUNTIME_API varlen_output sdpa(const varlen_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa_f64(const varlen_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa(const varlen_problem_f64& problem);
 
 }  // namespace qkv::cpu

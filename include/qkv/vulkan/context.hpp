@@ -24,6 +24,7 @@
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
+#include "qkv/runtime/varlen.hpp"
 #include "qkv/vulkan/device_info.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/export.hpp"
@@ -115,6 +116,15 @@ public:
     /// forward results (within 1 %, as qkv::cpu::sdpa_backward), and numeric_overflow where a
     /// gradient left float32's range though every input was finite.
     [[nodiscard]] sdpa_gradients sdpa_backward(const sdpa_backward_problem& problem);
+    /// scaled_dot_product_attention over a ragged batch the caller holds (qkv/runtime/varlen.hpp:
+    /// FlashAttention's flash_attn_varlen_func). Validates first (qkv::invalid_argument), then
+    /// asks the capability table; each sequence is planned as its own sdpa problem (the route and
+    /// family of its shape: split-S decode for a few queries against many keys, else the fused
+    /// kernels) and checked before anything is recorded; they are recorded into one command buffer
+    /// (up to 64 sequences per command buffer), each over its own buffers (kept by the context
+    /// between calls, released by trim()), with one submit per command buffer.
+    /// A sequence with no queries runs nothing; one with no keys none either (zeros, lse -inf).
+    [[nodiscard]] varlen_output sdpa(const varlen_problem& problem);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;
