@@ -57,8 +57,8 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     p.kv_type = stored_kv_type(opt);
     p.kv_fp16 = p.kv_type == element_type::f16;
     if (p.q_fp16 && !info.fp16_storage)
-        throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
-                          info.name + " does not offer; use fp32");
+        throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess): " +
+                          lacks(info) + "; use fp32");
     p.features = score_features(problem);
     // Positions are 32-bit in the kernels: the offset (any |off| <= 2^62) and the window's sides
     // (any size) are reduced to values that keep every rule's answer (kernels/score_positions.hpp),

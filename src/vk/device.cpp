@@ -130,6 +130,7 @@ device::device(std::shared_ptr<const instance> inst, const external_handles& h)
     // Only what the caller enabled counts: a feature the device has but was not created with is
     // not there (fp16 precision is then refused, naming storageBuffer16BitAccess).
     info_.fp16_storage = info_.fp16_storage && h.storage_16bit;
+    info_.caller_device = true;
     info_.shader_int64 = info_.shader_int64 && h.shader_int64;
     info_.timestamps = info_.timestamps && families[h.queue_family].timestampValidBits > 0;
     if (h.subgroup_size_control && has_extension(ifn, physical_, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {

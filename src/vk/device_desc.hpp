@@ -7,6 +7,8 @@
 
 #include "qkv/vulkan/device_info.hpp"
 
+#include <string>
+
 namespace qkv::vulkan::detail {
 
 /// What a device offers for choosing the subgroup size of a pipeline (VK_EXT_subgroup_size_control,
@@ -39,5 +41,12 @@ struct device_desc {
                    : info.max_workgroup_invocations;
     }
 };
+
+/// The end of a refusal for a feature `info`'s device lacks: "<name> does not offer it", or, on a
+/// caller's device, that the caller did not enable it.
+inline std::string lacks(const device_info& info) {
+    return info.caller_device ? "the caller's device (" + info.name + ") was not created with it enabled"
+                              : info.name + " does not offer it";
+}
 
 }  // namespace qkv::vulkan::detail

@@ -37,6 +37,9 @@ struct device_info {
     bool timestamps = false;                ///< timestampComputeAndGraphics
     double timestamp_period_ns = 0;
     bool has_compute_queue = false;
+    /// A caller's device (interop.hpp's make_context): the optional features above are the ones it
+    /// was created with, not all the hardware offers.
+    bool caller_device = false;
 };
 
 }  // namespace qkv::vulkan
