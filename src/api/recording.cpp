@@ -107,6 +107,7 @@ void recording::impl::check_completed() const {
                 "qkv::vulkan::recording::check: the recorded commands have not completed (the command buffer was "
                 "not submitted, or is still running), so there is no verdict yet; check after waiting on its fence");
         const_cast<impl*>(this)->settle_append(true);
+        seen_complete = true;
     }
     check();
 }
@@ -119,9 +120,10 @@ void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
         std::lock_guard lock(core->mutex);
         const bool done = r->finished();
         r->settle_append(done);
-        if (!done) {
-            // Perhaps still running: kept until its word says done (the core's reclaim, on every
-            // later record and run), without its reference to the core (which holds it).
+        if (r->rec && !r->seen_complete) {
+            // Perhaps still running (the word is written by the device, not a fence the host
+            // waited on): kept until a later record or run finds its word done (the core's
+            // reclaim), without its reference to the core (which holds it).
             r->core.reset();
             try {
                 core->retirees.push_back(std::move(r));

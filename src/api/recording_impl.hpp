@@ -38,6 +38,9 @@ struct recording::impl : detail::retired {
     VkCommandBuffer appended_in = VK_NULL_HANDLE;
     std::uint64_t append_generation = 0;
     bool settled = false;
+    /// check() has seen the word say done (after the caller's fence, as its contract says): the
+    /// recording may be released at once when it goes.
+    mutable bool seen_complete = false;
     std::vector<detail::buffer_view> views;
     detail::flash_cpu_views flash_views;
     // What check() needs:

@@ -35,10 +35,11 @@
 //           command buffer's state is changed (graphics state is untouched; no dynamic state is set).
 //   scratch A recording owns its scratch memory, descriptor sets and a completion word the device
 //           writes last. Keep it until the command buffer has completed. qkv cannot see your fence,
-//           so it reads that word: a recording destroyed before its word says "done" (not submitted,
-//           or still running) does not free what its commands use; its device objects are kept by the
-//           context and released on a later record or run once the word says done (a recording
-//           never submitted keeps them until the context's device goes). Several recordings of one
+//           so it reads that word: a recording destroyed before its check() has seen that word say
+//           "done" does not free what its commands use; its device objects are kept by the context
+//           and released on a later record or run that finds the word done (make that call after
+//           your fence, as the word is no host synchronisation), or when the context's device goes
+//           (a recording never submitted keeps them until then). Several recordings of one
 //           call may be in flight at once; each has its own. record() and record_append() are
 //           [[nodiscard]]: a discarded recording would be destroyed before its commands ran.
 //   check   recording::check() reads the same word: before completion it throws not_complete (the
