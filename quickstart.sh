@@ -127,21 +127,19 @@ MESA25_EXPECT=25.0
 MESA25=$ROOT/build/mesa25
 MESA25_PACKAGES=(mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports)
 
-fetch_mesa25() {
-    local apt=$MESA25/apt root=$MESA25/root multiarch deb version
-    if [ -f "$MESA25/ready" ] && [ "$(cat "$MESA25/ready")" = "$MESA25_EXPECT" ]; then return 0; fi
-    if ! grep -q '^12' /etc/debian_version 2>/dev/null; then
-        echo "mesa25 leg: needs Debian 12 (bookworm) for bookworm-backports; /etc/debian_version:" \
-            "$(cat /etc/debian_version 2>/dev/null || echo none)" >&2
-        exit 1
-    fi
-    log "Fetching Mesa $MESA25_EXPECT's lavapipe from bookworm-backports into $MESA25 (not installed)"
-    rm -rf "${MESA25:?}"
-    mkdir -p "$apt/sources.list.d" "$apt/preferences.d" "$apt/lists/partial" "$apt/cache/archives/partial" \
-        "$MESA25/debs" "$root"
+# private_apt DIR SUITE...: an apt configuration of its own under DIR/apt (sources list, package
+# lists, cache, an empty dpkg status) for Debian's SUITEs, its lists updated; APT_CONFIG names it.
+# The system's apt sources and state are neither read nor changed.
+private_apt() {
+    local dir=$1 apt=$1/apt suite
+    shift
+    mkdir -p "$apt/sources.list.d" "$apt/preferences.d" "$apt/lists/partial" "$apt/cache/archives/partial"
     : >"$apt/status"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian" \
-        "bookworm-backports main" >"$apt/sources.list"
+    : >"$apt/sources.list"
+    for suite in "$@"; do
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+            >>"$apt/sources.list"
+    done
     {
         echo "Dir::Etc::SourceList \"$apt/sources.list\";"
         echo "Dir::Etc::SourceParts \"$apt/sources.list.d\";"
@@ -153,7 +151,21 @@ fetch_mesa25() {
         echo "APT::Sandbox::User \"$(id -un)\";"
     } >"$apt/apt.conf"
     APT_CONFIG=$apt/apt.conf apt-get update -q
-    (cd "$MESA25/debs" && APT_CONFIG=$apt/apt.conf apt-get download -q "${MESA25_PACKAGES[@]}")
+}
+
+fetch_mesa25() {
+    local root=$MESA25/root multiarch deb version
+    if [ -f "$MESA25/ready" ] && [ "$(cat "$MESA25/ready")" = "$MESA25_EXPECT" ]; then return 0; fi
+    if ! grep -q '^12' /etc/debian_version 2>/dev/null; then
+        echo "mesa25 leg: needs Debian 12 (bookworm) for bookworm-backports; /etc/debian_version:" \
+            "$(cat /etc/debian_version 2>/dev/null || echo none)" >&2
+        exit 1
+    fi
+    log "Fetching Mesa $MESA25_EXPECT's lavapipe from bookworm-backports into $MESA25 (not installed)"
+    rm -rf "${MESA25:?}"
+    mkdir -p "$MESA25/debs" "$root"
+    private_apt "$MESA25" bookworm-backports
+    (cd "$MESA25/debs" && APT_CONFIG=$MESA25/apt/apt.conf apt-get download -q "${MESA25_PACKAGES[@]}")
     version=$(dpkg-deb -f "$MESA25"/debs/mesa-vulkan-drivers_*.deb Version)
     if [[ $version != "$MESA25_EXPECT".* ]]; then
         echo "mesa25 leg: bookworm-backports has mesa-vulkan-drivers $version, not $MESA25_EXPECT.x" >&2
@@ -193,6 +205,86 @@ leg_mesa25() {
         exit 1
     fi
     "${driver[@]}" ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^driver2$'
+}
+
+# ---- The third driver: Mesa 26.1's lavapipe, the first here to offer VK_KHR_cooperative_matrix ------
+# Debian trixie-backports builds it against trixie (glibc 2.41, LLVM 19), so its packages and every
+# library they need (the dependency closure, libc6 included) are fetched through a private apt
+# configuration (private_apt) and unpacked with dpkg -x into build/mesa26/root, with trixie's
+# glslang 15 and spirv-tools (which compile and validate GL_KHR_cooperative_matrix; bookworm's
+# glslang 12 rejects it) and its Vulkan loader and validation layers (1.4.309; bookworm's 1.3.239
+# predate the extension). Nothing is installed: a program runs on that root through the root's own
+# dynamic loader, build/mesa26/run (`run PROGRAM ARGS...`), with the root's driver, layer and
+# implicit layers chosen by the variables of mesa26_environment. The system's driver stays; every
+# other leg uses it. build/mesa26/bin/glslangValidator and spirv-val are the root's tools, for
+# CMake's QKV_GLSLANG_COOPMAT and QKV_SPIRV_VAL_COOPMAT.
+MESA26_EXPECT=26.1
+MESA26=$ROOT/build/mesa26
+MESA26_PACKAGES=(mesa-vulkan-drivers/trixie-backports libvulkan1 vulkan-validationlayers glslang-tools spirv-tools)
+
+fetch_mesa26() {
+    local root=$MESA26/root lib deb version packages tool layer into
+    if [ -f "$MESA26/ready" ] && [ "$(cat "$MESA26/ready")" = "$MESA26_EXPECT" ]; then return 0; fi
+    if [ "$(dpkg --print-architecture 2>/dev/null)" != amd64 ]; then
+        echo "mesa26: the private root holds Debian's amd64 packages; this machine is" \
+            "$(dpkg --print-architecture 2>/dev/null || uname -m)" >&2
+        exit 1
+    fi
+    log "Fetching Mesa $MESA26_EXPECT's lavapipe, glslang 15 and the validation layers of Debian trixie into $MESA26 (not installed)"
+    rm -rf "${MESA26:?}"
+    mkdir -p "$MESA26/debs" "$MESA26/bin" "$MESA26/layers" "$MESA26/implicit_layers" "$root"
+    private_apt "$MESA26" trixie trixie-backports
+    # The whole dependency closure as an empty system would install it: the root is self-contained.
+    mapfile -t packages < <(APT_CONFIG=$MESA26/apt/apt.conf apt-get install -s -q --no-install-recommends \
+        "${MESA26_PACKAGES[@]}" | awk '/^Inst /{ print $2 "=" substr($3, 2) }')
+    (cd "$MESA26/debs" && APT_CONFIG=$MESA26/apt/apt.conf apt-get download -q "${packages[@]}")
+    version=$(dpkg-deb -f "$MESA26"/debs/mesa-vulkan-drivers_*.deb Version)
+    if [[ $version != "$MESA26_EXPECT".* ]]; then
+        echo "mesa26: trixie-backports has mesa-vulkan-drivers $version, not $MESA26_EXPECT.x" >&2
+        exit 1
+    fi
+    for deb in "$MESA26"/debs/*.deb; do dpkg -x "$deb" "$root"; done
+    lib=$root/usr/lib/x86_64-linux-gnu
+    rm -f "${lib:?}"/libSPIRV-Tools*.a  # spirv-tools' static libraries: 60 MB that nothing here links
+    {
+        echo '#!/bin/sh'
+        echo '# Written by quickstart.sh (fetch_mesa26): runs an x86-64 program (not a script) through the'
+        echo "# dynamic loader and libraries of the private root $root;"
+        echo '# the program finds its own libraries by its RUNPATH as usual. The driver and the layers are'
+        echo "# chosen by the environment (quickstart.sh's mesa26_environment)."
+        echo "exec \"$lib/ld-linux-x86-64.so.2\" --library-path \"$lib\" \"\$@\""
+    } >"$MESA26/run"
+    for tool in glslangValidator spirv-val; do
+        printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$MESA26/run" "$root/usr/bin/$tool" >"$MESA26/bin/$tool"
+    done
+    chmod +x "$MESA26/run" "$MESA26/bin/glslangValidator" "$MESA26/bin/spirv-val"
+    # The driver's and the layers' manifests, naming their libraries by full path in the root.
+    printf '{ "file_format_version": "1.0.1",\n  "ICD": { "library_path": "%s", "api_version": "1.4.0" } }\n' \
+        "$lib/libvulkan_lvp.so" >"$MESA26/lvp_icd.json"
+    for layer in "$root"/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json \
+        "$root"/usr/share/vulkan/implicit_layer.d/*.json; do
+        into=$MESA26/layers
+        case $layer in */implicit_layer.d/*) into=$MESA26/implicit_layers ;; esac
+        sed -E "s|\"library_path\"[ ]*:[ ]*\"([^/\"]*)\"|\"library_path\": \"$lib/\\1\"|" "$layer" \
+            >"$into/$(basename "$layer")"
+    done
+    # Every library the driver and the layer need resolves inside the root, or this stops here.
+    for tool in "$lib/libvulkan_lvp.so" "$lib/libVkLayer_khronos_validation.so"; do
+        if "$lib/ld-linux-x86-64.so.2" --library-path "$lib" --list "$tool" | grep 'not found'; then
+            echo "mesa26: $(basename "$tool") of the private root needs libraries the root lacks" >&2
+            exit 1
+        fi
+    done
+    "$MESA26/bin/glslangValidator" --version | head -n 1
+    echo "$MESA26_EXPECT" >"$MESA26/ready"
+    echo "mesa-vulkan-drivers $version and its libraries unpacked into $root"
+}
+
+# MESA26_ENV: the variables that put a program run by build/mesa26/run on the root's driver and
+# layers (only the root's: VK_LAYER_PATH and VK_IMPLICIT_LAYER_PATH replace the system's).
+mesa26_environment() {
+    MESA26_ENV=(env "VK_DRIVER_FILES=$MESA26/lvp_icd.json" "VK_ICD_FILENAMES=$MESA26/lvp_icd.json"
+                "VK_LAYER_PATH=$MESA26/layers" "VK_IMPLICIT_LAYER_PATH=$MESA26/implicit_layers")
 }
 
 leg_clang() {
