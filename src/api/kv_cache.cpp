@@ -87,6 +87,16 @@ kv_stats kv_cache::impl::read_stats() const {
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
 }
 
+decode_rows kv_cache::impl::rows() const {
+    decode_rows r;
+    if (!half()) return r;
+    const tensor::impl::bound k_rows = tensor_access::of(k, "kv_cache").bind();
+    const tensor::impl::bound v_rows = tensor_access::of(v, "kv_cache").bind();
+    r.k = k_rows.b, r.k_off = k_rows.element;
+    r.v = v_rows.b, r.v_off = v_rows.element;
+    return r;
+}
+
 std::shared_ptr<kv_cache::impl> kv_cache_access::of(const kv_cache& c) {
     if (!c.impl_) throw qkv::error("qkv::vulkan::kv_cache used after move: it holds no keys or values any more");
     return c.impl_;

@@ -9,6 +9,7 @@
 
 #include "api/device_core.hpp"
 #include "api/tensor_impl.hpp"
+#include "kernels/sdpa_decode.hpp"
 #include "plan/sdpa_plan.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
 #include "run/sdpa_guard.hpp"
@@ -54,6 +55,8 @@ struct kv_cache::impl {
     [[nodiscard]] bool half() const { return type == element_type::f16; }
     [[nodiscard]] bool blocks() const { return is_quantized(type); }
     [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(layout.capacity), type}; }
+    /// An f16 cache's K and V as float16 rows in storage (the cooperative-matrix decode); q unset.
+    [[nodiscard]] detail::decode_rows rows() const;
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
     /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence

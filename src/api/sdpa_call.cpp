@@ -332,8 +332,21 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         // appends): both kernels are recorded, each running only for its kind of values.
         const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
         const binding direct_out = out_direct ? binding{out.handle, out.offset, out.bytes} : binding{};
+        // The same rows as float16 storage, for the cooperative-matrix family.
+        decode_rows rows = cache ? cache->rows() : decode_rows{};
+        if (q_direct)
+            rows.q = qb.b, rows.q_off = qb.element;
+        else
+            rows.q = rows_binding(inputs.handle(), p.q.at, p.q.bytes),
+            rows.q_off = static_cast<std::uint32_t>(p.q.at / 2);
+        if (!cache) {
+            rows.k = rows_binding(inputs.handle(), p.k.at, p.k.bytes),
+            rows.k_off = static_cast<std::uint32_t>(p.k.at / 2);
+            rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes),
+            rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
+        }
         record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, k_blocks,
-                           v_blocks, gate, direct_out);
+                           v_blocks, gate, direct_out, rows);
     }
     rec.compute_barrier();
 

@@ -46,15 +46,18 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_poi
                                        entry_point::mpi_append,        entry_point::cpu_varlen,
                                        entry_point::context_varlen};
 
+constexpr feature value_features[] = {values::coopmat};
+
 constexpr feature input_features[] = {inputs::grouped_query, inputs::mask,         inputs::additive_mask,
                                       inputs::sinks,         inputs::alibi_slopes, inputs::kv_f16,
                                       inputs::kv_quantized,  inputs::biases,       inputs::output_projection};
 
-/// The option list's fields, then the inputs.
+/// The option list's fields, the values, then the inputs.
 const std::vector<feature>& all_features() {
     static const std::vector<feature> all = [] {
         std::vector<feature> f;
         for (const option_field& o : sdpa_option_fields) f.push_back(o.name);
+        f.insert(f.end(), std::begin(value_features), std::end(value_features));
         f.insert(f.end(), std::begin(input_features), std::end(input_features));
         return f;
     }();
@@ -71,6 +74,7 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     const auto add = [&](bool on, feature what) {
         if (on) f.push_back(what);
     };
+    add(p.options.kernel == kernel_family::coopmat, values::coopmat);
     add(p.shape.kv_heads != p.shape.q_heads, inputs::grouped_query);
     add(!p.mask.empty(), inputs::mask);
     add(!p.additive_mask.empty(), inputs::additive_mask);
@@ -144,7 +148,7 @@ bool applies(entry_point entry, feature what) {
         case entry_point::cpu_attention:
         case entry_point::context_attention:
         case entry_point::attention_call:
-            return attention_only || what == inputs::mask || what == inputs::additive_mask ||
+            return attention_only || what == inputs::mask || what == inputs::additive_mask || what == values::coopmat ||
                    std::find(std::begin(attention_options), std::end(attention_options), what) !=
                        std::end(attention_options);
         case entry_point::sequence_record:
@@ -192,6 +196,7 @@ std::vector<feature> features_of(const attention_problem& p) {
     add(p.options.return_weights != defaults.return_weights, "return_weights");
     add(p.options.precision != defaults.precision, "precision");
     add(p.options.kernel != defaults.kernel, "kernel");
+    add(p.options.kernel == kernel_family::coopmat, values::coopmat);
     add(!p.mask.empty(), inputs::mask);
     add(!p.additive_mask.empty(), inputs::additive_mask);
     add(!p.bq.empty() || !p.bk.empty() || !p.bv.empty(), inputs::biases);

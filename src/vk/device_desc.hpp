@@ -31,6 +31,9 @@ struct device_desc {
     std::uint32_t max_workgroup_size_x = 0;  ///< maxComputeWorkGroupSize[0]
     bool texels_rgba32f = false;             ///< R32G32B32A32_SFLOAT uniform texel buffers
     bool texels_rgba16f = false;             ///< R16G16B16A16_SFLOAT uniform texel buffers
+    /// This build holds the cooperative-matrix shaders (vk/shaders.hpp, coopmat_shaders_built): a
+    /// fact of the library, not of the device, carried here so that the plans stay pure functions.
+    bool coopmat_shaders = false;
 
     /// Uniform texel buffers of four float32 (or, with `fp16`, four float16) values.
     [[nodiscard]] bool uniform_texels(bool fp16) const { return fp16 ? texels_rgba16f : texels_rgba32f; }
