@@ -9,13 +9,15 @@
 #
 # `test` runs, in order: the clang-format and reference checks, GCC (shared library, -Werror; with
 # the install/find_package consumer check), the GCC build's Vulkan and CLI tests again on a second
-# driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed),
-# Clang (-Werror), the backend-neutral build (qkv::runtime without Vulkan), ASan+UBSan, the
-# fuzzers, and the Windows executables under Wine. README's Testing section says which leg runs
-# which tests. Each leg can also be run alone:
-# bash quickstart.sh test format|gcc|mesa25|clang|neutral|sanitize|fuzz|windows
-# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already; the mesa25 leg
-# still downloads its driver, once, unless build/mesa25 holds it).
+# driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed) and
+# a third (Mesa 26.1's lavapipe from trixie-backports with its own libraries, loader and validation
+# layers, unpacked under build/mesa26: the cooperative-matrix family), Clang (-Werror), the
+# backend-neutral build (qkv::runtime without Vulkan), ASan+UBSan, the fuzzers, and the Windows
+# executables under Wine. README's Testing section says which leg runs which tests. Each leg can
+# also be run alone:
+# bash quickstart.sh test format|gcc|mesa25|mesa26|clang|neutral|sanitize|fuzz|windows
+# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already; the mesa25 and
+# mesa26 roots are still downloaded, once each, unless build/mesa25 and build/mesa26 hold them).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -106,8 +108,9 @@ leg_format() {
 }
 
 leg_gcc() {
+    fetch_mesa26  # its glslang 15 compiles the cooperative-matrix shaders (COOPMAT_TOOLS)
     log "GCC: build (shared library, warnings as errors) and test"
-    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
     if ldd build/gcc/src/libqkv_vulkan.so | grep -q libvulkan; then
         echo "libqkv_vulkan.so links libvulkan; it must load it at run time" >&2
         exit 1
@@ -279,6 +282,9 @@ fetch_mesa26() {
     echo "$MESA26_EXPECT" >"$MESA26/ready"
     echo "mesa-vulkan-drivers $version and its libraries unpacked into $root"
 }
+# COOPMAT_TOOLS: CMake's flags for the root's glslang and spirv-val (cmake/qkv_shaders.cmake), with
+# which the builds compile the cooperative-matrix shaders; set once the root is there.
+COOPMAT_TOOLS=("-DQKV_GLSLANG_COOPMAT=$MESA26/bin/glslangValidator" "-DQKV_SPIRV_VAL_COOPMAT=$MESA26/bin/spirv-val")
 
 # MESA26_ENV: the variables that put a program run by build/mesa26/run on the root's driver and
 # layers (only the root's: VK_LAYER_PATH and VK_IMPLICIT_LAYER_PATH replace the system's).
@@ -287,9 +293,34 @@ mesa26_environment() {
                 "VK_LAYER_PATH=$MESA26/layers" "VK_IMPLICIT_LAYER_PATH=$MESA26/implicit_layers")
 }
 
+leg_mesa26() {
+    fetch_mesa26
+    # The gcc leg's build (built here when this leg runs alone; nothing to do after the gcc leg).
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
+    log "Mesa $MESA26_EXPECT's lavapipe: the GCC build's tests labelled driver2 and coopmat (the cooperative-matrix family) through the private root, its validation layers on"
+    local devices
+    mesa26_environment
+    # The tests must run on that driver and no other, with its cooperative matrices usable.
+    devices=$("${MESA26_ENV[@]}" "$MESA26/run" build/gcc/bin/qkv devices) || {
+        echo "mesa26 leg: no Vulkan device through $MESA26/lvp_icd.json" >&2
+        exit 1
+    }
+    echo "$devices"
+    if ! grep -q "Mesa $MESA26_EXPECT\." <<<"$devices" || grep -Eq "Mesa (1[0-9]|2[0-5])\." <<<"$devices" ||
+        ! grep -q "cooperative matrices (VK_KHR_cooperative_matrix): " <<<"$devices"; then
+        echo "mesa26 leg: the Vulkan device is not (only) Mesa $MESA26_EXPECT's lavapipe with usable cooperative matrices" >&2
+        exit 1
+    fi
+    # Every test program through the root's loader (cmake/run_test_program.sh); the coopmat entries
+    # run the parity suites with the cooperative-matrix family alone (tests/CMakeLists.txt).
+    "${MESA26_ENV[@]}" "QKV_TEST_WRAPPER=$MESA26/run" \
+        ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^(driver2|coopmat)$'
+}
+
 leg_clang() {
+    fetch_mesa26
     log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python: the gcc leg runs them)"
-    configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON
+    configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON "${COOPMAT_TOOLS[@]}"
     run_ctest build/clang -LE '^(variant|long|sweep|python)$'
 }
 
@@ -311,9 +342,10 @@ leg_neutral() {
 }
 
 leg_sanitize() {
+    fetch_mesa26
     log "Clang with AddressSanitizer + UndefinedBehaviorSanitizer: build and test"
     configure_build build/sanitize -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON -DQKV_SANITIZE=address,undefined \
-        -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo "${COOPMAT_TOOLS[@]}"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     LSAN_OPTIONS="suppressions=$ROOT/.ci/lsan.supp:print_suppressions=0" \
@@ -359,7 +391,7 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 clang neutral sanitize fuzz windows)
+        [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 mesa26 clang neutral sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
             cpu_now
@@ -373,7 +405,7 @@ case "${1:-}" in
         log "All test legs passed (${legs[*]}) in $((SECONDS - start)) s"
         ;;
     *)
-        echo "usage: bash quickstart.sh example | test [gcc|clang|...]" >&2
+        echo "usage: bash quickstart.sh example | test [format|gcc|mesa25|mesa26|clang|neutral|sanitize|fuzz|windows...]" >&2
         exit 2
         ;;
 esac

@@ -20,7 +20,7 @@ set(QKV_GLSLANG_COOPMAT "" CACHE FILEPATH
 set(QKV_SPIRV_VAL_COOPMAT "" CACHE FILEPATH
     "spirv-val for the cooperative-matrix shaders (empty: QKV_SPIRV_VAL, if it validates them)")
 
-# Sets QKV_COOPMAT_SHADERS (ON/OFF) in the caller's scope, and QKV_COOPMAT_GLSLANG /
+# Sets QKV_COOPMAT_SHADERS (ON/OFF, a cache entry the tests read too), and QKV_COOPMAT_GLSLANG /
 # QKV_COOPMAT_SPIRV_VAL to the tools qkv_add_shader(... COOPMAT) uses: a small cooperative-matrix
 # shader (cmake/coopmat_probe.comp) compiled and validated with them.
 function(qkv_probe_coopmat)
@@ -51,10 +51,10 @@ function(qkv_probe_coopmat)
                    "Pass -DQKV_GLSLANG_COOPMAT=... and -DQKV_SPIRV_VAL_COOPMAT=... (bash quickstart.sh test "
                    "mesa26 fetches Debian trixie's into build/mesa26/bin); without them kernel = coopmat is "
                    "refused at run time (qkv::vulkan::unavailable)")
-    set(QKV_COOPMAT_SHADERS OFF PARENT_SCOPE)
+    set(QKV_COOPMAT_SHADERS OFF CACHE INTERNAL "whether the cooperative-matrix shaders are compiled")
   else()
     message(STATUS "qkv: cooperative-matrix kernels compiled with ${glslang}, validated with ${spirv_val}")
-    set(QKV_COOPMAT_SHADERS ON PARENT_SCOPE)
+    set(QKV_COOPMAT_SHADERS ON CACHE INTERNAL "whether the cooperative-matrix shaders are compiled")
   endif()
   set(QKV_COOPMAT_GLSLANG ${glslang} PARENT_SCOPE)
   set(QKV_COOPMAT_SPIRV_VAL ${spirv_val} PARENT_SCOPE)

@@ -98,6 +98,7 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     if (info_.cooperative_matrix) {
         coop.cooperativeMatrix = VK_TRUE;
         model.vulkanMemoryModel = VK_TRUE;
+        model.vulkanMemoryModelDeviceScope = VK_TRUE;
         f16.shaderFloat16 = VK_TRUE;
         coop.pNext = &model;
         model.pNext = &f16;

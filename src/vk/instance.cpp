@@ -121,7 +121,7 @@ void describe_cooperative_matrix(const instance_table& fn, VkPhysicalDevice pd, 
                                           p.saturatingAccumulation == VK_TRUE, p.scope == VK_SCOPE_SUBGROUP_KHR});
 
     // What the kernels need with it: the feature, in compute shaders; the Vulkan memory model (the
-    // GLSL extension's SPIR-V declares it); float16 arithmetic and 16-bit storage buffers.
+    // GLSL extension's SPIR-V declares it) at device scope; float16 arithmetic, 16-bit storage buffers.
     const bool v12 = base.apiVersion >= VK_API_VERSION_1_2;
     if (!v12 && !device_has_extension(fn, pd, "VK_KHR_vulkan_memory_model")) return;
     if (!v12 && !device_has_extension(fn, pd, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) return;
@@ -141,8 +141,10 @@ void describe_cooperative_matrix(const instance_table& fn, VkPhysicalDevice pd, 
     auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     features.pNext = &coop;
     fn.vkGetPhysicalDeviceFeatures2(pd, &features);
+    // (vulkanMemoryModelDeviceScope too: with the memory model on, qkv's other shaders' atomics at
+    // device scope need it.)
     d.cooperative_matrix = coop.cooperativeMatrix == VK_TRUE && model.vulkanMemoryModel == VK_TRUE &&
-                           f16.shaderFloat16 == VK_TRUE && storage16 &&
+                           model.vulkanMemoryModelDeviceScope == VK_TRUE && f16.shaderFloat16 == VK_TRUE && storage16 &&
                            (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
 }
 

@@ -63,8 +63,8 @@ struct device_info {
         0;  ///< VkPhysicalDeviceProperties::driverVersion (each vendor encodes it its own way)
     /// VK_KHR_cooperative_matrix: the device's list of matrix shapes and types (empty without the
     /// extension), and whether it offers everything qkv's cooperative-matrix kernels need with it
-    /// (the cooperativeMatrix feature in compute shaders, vulkanMemoryModel, shaderFloat16 and
-    /// 16-bit storage buffers), which a context then enables.
+    /// (the cooperativeMatrix feature in compute shaders, vulkanMemoryModel with its device scope,
+    /// shaderFloat16 and 16-bit storage buffers), which a context then enables.
     std::vector<cooperative_matrix_shape> cooperative_matrices;
     bool cooperative_matrix = false;
 };
