@@ -118,7 +118,7 @@ TEST_CASE("coopmat: at most twice the error of attention computed in float16 (Fl
     };
     const shape_case cases[] = {
         {{.q_heads = 2, .kv_heads = 2, .q_len = 113, .kv_len = 113, .d_qk = 64, .d_v = 64}, false},
-        {{.batch = 2, .q_heads = 4, .kv_heads = 1, .q_len = 37, .kv_len = 300, .d_qk = 128, .d_v = 128}, true},
+        {{.q_heads = 4, .kv_heads = 1, .q_len = 37, .kv_len = 300, .d_qk = 128, .d_v = 128}, true},
         {{.q_heads = 3, .kv_heads = 3, .q_len = 17, .kv_len = 17, .d_qk = 3, .d_v = 17}, true},
         {{.q_heads = 8, .kv_heads = 2, .q_len = 1, .kv_len = 2048, .d_qk = 64, .d_v = 64}, true},  // decode
     };
