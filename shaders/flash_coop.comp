@@ -11,7 +11,7 @@
 // the device's matrix units (VK_KHR_cooperative_matrix: NVIDIA tensor cores, AMD WMMA, Intel XMX,
 // emulated by lavapipe), float16 operands and float32 accumulators, as FlashAttention-2 computes in
 // fp16. The contract (push block, constants, bindings, the row packing and both routes) is
-// contract/coop.h; the host side src/kernels/flash_coop.cpp.
+// contract/coop.h; the host side src/kernels/flash_coop_plan.cpp (tiles) and flash_coop.cpp (recording).
 //
 // A workgroup holds W subgroups; subgroup w owns ROW_TILES·M consecutive rows of its group (the G
 // query heads of one K/V head × L query rows: GQA packed into M), whose queries stay in registers

@@ -1,4 +1,4 @@
-// The cooperative-matrix family's plans (src/kernels/flash_coop.cpp and the hooks in the sdpa,
+// The cooperative-matrix family's plans (src/kernels/flash_coop_plan.cpp and the hooks in the sdpa,
 // decode and attention plans), pure functions of a device description, against the fake devices
 // of support/fake_devices.hpp, whose cooperative-matrix lists are those of the drivers they stand
 // for: the shape taken from each list, the tiles that fit, the per-driver gates, every refusal, and

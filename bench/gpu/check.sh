@@ -255,14 +255,14 @@ bench() {
     if ((QUICK)); then sizes=(128 256) repeat=2 warmup=1 tokens=256 heads=2 decode=4096 dims=16,64; fi
     local n
     step "qkv bench ceiling" 30 program qkv bench --seq 64 --kv-seq 64 --heads 1 --dim 16 --precision fp32 \
-        --causal no --kernel gpu --repeat 1 --warmup 0 --json "$WORK/qkv_bench_ceiling.json"
+        --causal no --kernel block_tiles --repeat 1 --warmup 0 --json "$WORK/qkv_bench_ceiling.json"
     for n in "${sizes[@]}"; do
         step "qkv bench N = $n" 90 program qkv bench --seq "$n" --kv-seq "$n" --batch $((tokens / n > 0 ? tokens / n : 1)) \
-            --heads "$heads" --dim "$dims" --precision fp16,fp32 --causal no,yes --kernel gpu,coopmat --no-ceiling \
+            --heads "$heads" --dim "$dims" --precision fp16,fp32 --causal no,yes --kernel block_tiles,coopmat --no-ceiling \
             --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_n$n.json"
     done
     step "qkv bench decode S = $decode" 60 program qkv bench --decode --seq 1 --kv-seq "$decode" --heads 32 \
-        --kv-heads 8 --dim 128 --precision fp16,fp32 --causal no --kernel gpu,coopmat --split on --no-ceiling \
+        --kv-heads 8 --dim 128 --precision fp16,fp32 --causal no --kernel block_tiles,coopmat --split on --no-ceiling \
         --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_decode.json"
     if [ "$TORCH" = none ]; then
         STEPS+=('{"step": "torch", "status": "skipped: no PyTorch"}')

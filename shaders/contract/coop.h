@@ -56,7 +56,7 @@ struct coop_push {
     uint chunk;              // split: keys per chunk (a multiple of COOP_SPEC_BC)
 };
 
-/// Specialization constants of flash_coop.comp (src/kernels/flash_coop.cpp, choose_coop_tiles).
+/// Specialization constants of flash_coop.comp (src/kernels/flash_coop_plan.cpp, choose_coop_tiles).
 struct coop_spec {
     uint wg;          // invocations per workgroup: subgroups × lanes
     uint lanes;       // lanes per subgroup (the pipeline requires it where the device lets it)
