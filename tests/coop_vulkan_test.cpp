@@ -2,14 +2,19 @@
 // GPU with VK_KHR_cooperative_matrix): what the shared parity suites (which run every fused case with
 // it, support/families.hpp) do not say. FlashAttention's own rule for fp16 (at most twice the error
 // of a reference computed in the same dtype), planned calls over float16 device tensors on both
-// routes, GQA groups wider than a matrix tile, NaN and Inf in V across tiles, and every refusal. On
+// routes, GQA groups wider than a matrix tile, NaN and Inf in V across tiles, every refusal, and
+// every Vulkan entry point taking kernel = coopmat as the capability table says. On
 // a device without the family the cases check that it is refused, naming why.
+#include <qkv/runtime/capabilities.hpp>
+#include <qkv/runtime/cpu.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -259,4 +264,120 @@ TEST_CASE("coopmat: refusals name why, and the automatic choice keeps out of the
     const bool llvmpipe = ctx.device().driver_id == 13;
     CHECK(ctx.sdpa(o.problem).kernel == (llvmpipe ? qkv::kernel_family::row_tiles : qkv::kernel_family::coopmat));
     require_clean(ctx);
+}
+
+TEST_CASE("coopmat: every Vulkan entry point takes kernel = coopmat as the capability table says",
+          "[vulkan][coopmat][capabilities]") {
+    if (!coop_here()) return;
+    auto& ctx = gpu();
+    const auto f16 = qkv::element_type::f16;
+    // A prefill (17 query rows, the fused route) and a decode step (one row, against a cache), GQA 2.
+    const qkv::sdpa_shape prefill{.q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 40, .d_qk = 16, .d_v = 16};
+    qkv_test::owned_sdpa o = half_problem(prefill, 501, true);
+    o.problem.options.kernel = qkv::kernel_family::coopmat;
+    const std::vector<double> want = qkv::cpu::sdpa_f64(o.problem).output;
+    qkv_test::owned_sdpa step =
+        half_problem({.q_heads = 4, .kv_heads = 2, .q_len = 1, .kv_len = 40, .d_qk = 16, .d_v = 16}, 502, true);
+    step.problem.options.kernel = qkv::kernel_family::coopmat;
+    const std::vector<double> want_step = qkv::cpu::sdpa_f64(step.problem).output;
+    qkv::vulkan::kv_cache cache(ctx, {.kv_heads = 2, .capacity = 64, .d_qk = 16, .d_v = 16, .type = f16});
+    cache.append(step.k, step.v, 40);
+    const auto description = [](qkv::sdpa_problem p) {
+        p.q = {}, p.k = {}, p.v = {};
+        return p;
+    };
+    const auto tensor_of = [&](std::vector<std::size_t> shape, const std::vector<float>& values) {
+        qkv::vulkan::tensor t(ctx, std::move(shape), f16);
+        t.upload(values);
+        return t;
+    };
+    // The sdpa paths: the output and the family that ran, judged at the fp16 bound.
+    const auto check = [&](const std::vector<float>& got, const std::vector<double>& reference,
+                           qkv::kernel_family ran) {
+        CHECK(ran == qkv::kernel_family::coopmat);
+        CHECK(qkv_test::nmse(got, reference) <= 1e-5);
+        require_clean(ctx);
+    };
+    const auto over_tensors = [&](bool in_sequence) {
+        qkv::vulkan::sdpa_call call(ctx, description(o.problem));
+        qkv::vulkan::tensor q = tensor_of({1, 4, 17, 16}, o.q), k = tensor_of({1, 2, 40, 16}, o.k),
+                            v = tensor_of({1, 2, 40, 16}, o.v), out(ctx, {1, 4, 17, 16});
+        const qkv::vulkan::sdpa_tensors t{.q = &q, .k = &k, .v = &v, .out = &out};
+        if (in_sequence) {
+            qkv::vulkan::sequence seq(ctx);
+            seq.record(call, t);
+            seq.run();
+        } else {
+            call.run(t);
+        }
+        check(out.download(), want, call.kernel());
+    };
+    // Self-attention in fp16 through the fused kernel, from the host and over tensors (the same kernels).
+    std::mt19937_64 rng(503);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    std::vector<float> x(2 * 17 * 16), w(16 * 16);
+    for (float& e : x) e = normal(rng);
+    for (float& e : w) e = normal(rng);
+    qkv::attention_problem attention{.shape = {.batch = 2, .seq = 17, .d_in = 16, .d_k = 16, .d_v = 16, .heads = 2},
+                                     .x = x,
+                                     .wq = w,
+                                     .wk = w,
+                                     .wv = w};
+    attention.options.precision = qkv::precision::fp16;
+    attention.options.causal = true;
+    attention.options.kernel = qkv::kernel_family::coopmat;
+
+    std::map<qkv::entry_point, std::function<void()>> runners{
+        {qkv::entry_point::context_sdpa,
+         [&] {
+             const qkv::sdpa_output r = ctx.sdpa(o.problem);
+             check(r.output, want, r.kernel);
+         }},
+        {qkv::entry_point::context_decode,
+         [&] {
+             qkv::sdpa_problem p = step.problem;
+             p.k = {}, p.v = {};
+             const qkv::sdpa_output r = ctx.sdpa(p, cache);
+             check(r.output, want_step, r.kernel);
+         }},
+        {qkv::entry_point::sdpa_call, [&] { over_tensors(false); }},
+        {qkv::entry_point::sequence_record, [&] { over_tensors(true); }},
+        {qkv::entry_point::sdpa_call_decode,
+         [&] {
+             qkv::vulkan::sdpa_call call(ctx, description(step.problem), cache);
+             qkv::vulkan::tensor q = tensor_of({1, 4, 1, 16}, step.q), out(ctx, {1, 4, 1, 16});
+             call.run({.q = &q, .out = &out});
+             check(out.download(), want_step, call.kernel());
+         }},
+        {qkv::entry_point::context_attention,
+         [&] {
+             const qkv::attention_output r = ctx.attention(attention);
+             CHECK(r.kernel == qkv::kernel_family::coopmat);
+             CHECK(qkv_test::nmse(r.output, qkv::cpu::attention_f64(attention).output) <= 1e-5);
+             require_clean(ctx);
+         }},
+        {qkv::entry_point::attention_call,
+         [&] {
+             qkv::attention_problem desc = attention;
+             desc.x = {}, desc.wq = {}, desc.wk = {}, desc.wv = {};
+             qkv::vulkan::attention_call call(ctx, desc);
+             qkv::vulkan::tensor tx(ctx, {x.size()}), tw(ctx, {w.size()}), out(ctx, {2, 17, 16});
+             tx.upload(x), tw.upload(w);
+             call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out});
+             CHECK(call.kernel() == qkv::kernel_family::coopmat);
+             CHECK(out.download() == ctx.attention(attention).output);  // the host call's kernels
+             require_clean(ctx);
+         }},
+    };
+    // Not run here: the CPU backend's (it takes every kernel value and ignores it), the MPI ones
+    // (their Vulkan backend runs each block as context::sdpa), record (interop), which records the
+    // sdpa_call above into the caller's command buffer, and the appends (no kernel to choose).
+    for (const qkv::entry_point e : qkv::entry_points()) {
+        if (!qkv::applies(e, qkv::values::coopmat) || !runners.count(e)) continue;
+        INFO(qkv::name_of(e));
+        if (const qkv::refusal* r = qkv::refused(e, qkv::values::coopmat))
+            CHECK_THROWS_WITH(runners.at(e)(), Catch::Matchers::Contains(std::string(r->why)));
+        else
+            runners.at(e)();
+    }
 }

@@ -75,7 +75,8 @@ qkv::kernel_family family_of(path p) {
 bool runs(path p) {
     const qkv::kernel_family f = family_of(p);
     if (f != qkv::kernel_family::automatic) return qkv_test::family_runs(f);
-    return qkv_test::family_runs(qkv::kernel_family::row_tiles) || qkv_test::family_runs(qkv::kernel_family::block_tiles);
+    return qkv_test::family_runs(qkv::kernel_family::row_tiles) ||
+           qkv_test::family_runs(qkv::kernel_family::block_tiles);
 }
 
 /// The paths of this run among `wanted`.

@@ -209,18 +209,18 @@ TEST_CASE("automatic picks fused unless the weights are requested", "[vulkan]") 
     auto p = make_problem({.seq = 17, .d_in = 8, .d_k = 8, .d_v = 8, .heads = 2}, 7);
     const auto fused = ctx.attention(p.view());
     CHECK(fused.implementation == qkv::implementation::fused);
-    // and the cpu kernel family on CPU devices (lavapipe), the gpu family elsewhere (fp32: the
+    // and the row_tiles family on CPU devices (lavapipe), block_tiles elsewhere (fp32: the
     // cooperative-matrix family is chosen for fp16 calls only)
-    CHECK(fused.kernel ==
-          (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::row_tiles : qkv::kernel_family::block_tiles));
-    // fp16 on a GPU with cooperative matrices: that family; lavapipe's gate keeps the cpu family
+    CHECK(fused.kernel == (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::row_tiles
+                                                                              : qkv::kernel_family::block_tiles));
+    // fp16 on a GPU with cooperative matrices: that family; lavapipe's gate keeps row_tiles
     auto half = p;
     half.options.precision = qkv::precision::fp16;
     if (ctx.device().fp16_storage)
-        CHECK(ctx.attention(half.view()).kernel == (ctx.device().type == qkv::vulkan::device_type::cpu
-                                                        ? qkv::kernel_family::row_tiles
-                                                    : qkv_test::coopmat_runs(ctx.device()) ? qkv::kernel_family::coopmat
-                                                                                           : qkv::kernel_family::block_tiles));
+        CHECK(ctx.attention(half.view()).kernel ==
+              (ctx.device().type == qkv::vulkan::device_type::cpu ? qkv::kernel_family::row_tiles
+               : qkv_test::coopmat_runs(ctx.device())             ? qkv::kernel_family::coopmat
+                                                                  : qkv::kernel_family::block_tiles));
     p.options.return_weights = true;
     const auto r = ctx.attention(p.view());
     CHECK(r.implementation == qkv::implementation::staged);

@@ -1,8 +1,10 @@
-// The fused kernel families the Vulkan tests run every fused case with: row_tiles and block_tiles on any device,
-// and coopmat (the cooperative-matrix family) where the device and this build have it, so that the
-// whole parity suite runs on each family the machine can run. QKV_TEST_FAMILIES=coopmat (or any
-// comma-separated list of the families' names, qkv::parse_name's: row_tiles, block_tiles, coopmat) keeps only those: the mesa26 leg runs the suites once
-// more that way, for the family only Mesa 26.1's lavapipe offers (tests/CMakeLists.txt, label coopmat).
+// The fused kernel families the Vulkan tests run every fused case with: row_tiles and block_tiles
+// on any device, and coopmat (the cooperative-matrix family) where the device and this build have
+// it, so that the whole parity suite runs on each family the machine can run.
+// QKV_TEST_FAMILIES=coopmat (or any comma-separated list of the families' names as qkv::parse_name
+// reads them: row_tiles, block_tiles, coopmat) keeps only those: the mesa26 leg runs the suites once
+// more that way, for the family only Mesa 26.1's lavapipe offers (tests/CMakeLists.txt, label
+// coopmat).
 //
 // The cooperative-matrix family multiplies float16 operands, so a case run with it is run with
 // precision fp16 and judged by the fp16 bound (case_precision, case_tolerance).
