@@ -108,7 +108,7 @@ leg_format() {
 }
 
 leg_gcc() {
-    fetch_mesa26  # its glslang 15 compiles the cooperative-matrix shaders (COOPMAT_TOOLS)
+    coopmat_tools  # the mesa26 leg's glslang 15, where that leg has fetched it already
     log "GCC: build (shared library, warnings as errors) and test"
     configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
     if ldd build/gcc/src/libqkv_vulkan.so | grep -q libvulkan; then
@@ -282,9 +282,19 @@ fetch_mesa26() {
     echo "$MESA26_EXPECT" >"$MESA26/ready"
     echo "mesa-vulkan-drivers $version and its libraries unpacked into $root"
 }
-# COOPMAT_TOOLS: CMake's flags for the root's glslang and spirv-val (cmake/qkv_shaders.cmake), with
-# which the builds compile the cooperative-matrix shaders; set once the root is there.
-COOPMAT_TOOLS=("-DQKV_GLSLANG_COOPMAT=$MESA26/bin/glslangValidator" "-DQKV_SPIRV_VAL_COOPMAT=$MESA26/bin/spirv-val")
+# coopmat_tools: COOPMAT_TOOLS, CMake's flags for the root's glslang and spirv-val
+# (cmake/qkv_shaders.cmake), with which a build compiles the cooperative-matrix shaders, where the
+# root is there (fetched by the mesa26 leg, this run or an earlier one); else none. Only the mesa26
+# leg fetches the root: the gcc, clang and sanitize legs use it where it is there, and without it
+# they build and test as before (the family left out of the build and refused at run time, its
+# tests skipped; the system's lavapipe does not offer the extension anyway).
+coopmat_tools() {
+    COOPMAT_TOOLS=()
+    if [ -f "$MESA26/ready" ] && [ "$(cat "$MESA26/ready")" = "$MESA26_EXPECT" ]; then
+        COOPMAT_TOOLS=("-DQKV_GLSLANG_COOPMAT=$MESA26/bin/glslangValidator"
+                       "-DQKV_SPIRV_VAL_COOPMAT=$MESA26/bin/spirv-val")
+    fi
+}
 
 # MESA26_ENV: the variables that put a program run by build/mesa26/run on the root's driver and
 # layers (only the root's: VK_LAYER_PATH and VK_IMPLICIT_LAYER_PATH replace the system's).
@@ -295,7 +305,10 @@ mesa26_environment() {
 
 leg_mesa26() {
     fetch_mesa26
-    # The gcc leg's build (built here when this leg runs alone; nothing to do after the gcc leg).
+    coopmat_tools
+    # The gcc leg's build with the root's glslang: built here when this leg runs alone; after a gcc
+    # leg that ran without the root, the cooperative-matrix shader, one test source and the links
+    # are redone (tests/CMakeLists.txt keeps the build's facts out of the other test sources).
     configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
     log "Mesa $MESA26_EXPECT's lavapipe: the GCC build's tests labelled driver2 and coopmat (the cooperative-matrix family) through the private root, its validation layers on"
     local devices
@@ -318,7 +331,7 @@ leg_mesa26() {
 }
 
 leg_clang() {
-    fetch_mesa26
+    coopmat_tools
     log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python: the gcc leg runs them)"
     configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON "${COOPMAT_TOOLS[@]}"
     run_ctest build/clang -LE '^(variant|long|sweep|python)$'
@@ -342,7 +355,7 @@ leg_neutral() {
 }
 
 leg_sanitize() {
-    fetch_mesa26
+    coopmat_tools
     log "Clang with AddressSanitizer + UndefinedBehaviorSanitizer: build and test"
     configure_build build/sanitize -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON -DQKV_SANITIZE=address,undefined \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo "${COOPMAT_TOOLS[@]}"

@@ -24,11 +24,10 @@
 #include "support/end_of_run.hpp"
 #include "support/gpu.hpp"
 
-#ifndef QKV_TEST_COOPMAT_SHADERS
-#define QKV_TEST_COOPMAT_SHADERS 0  // this build has the cooperative-matrix shaders (tests/CMakeLists.txt)
-#endif
-
 namespace qkv_test {
+
+/// Whether this build has the cooperative-matrix shaders (support/build_facts.cpp).
+bool coopmat_shaders_built();
 
 /// The exit status of a test program whose QKV_TEST_FAMILIES names no family that runs here (CTest's
 /// SKIP_RETURN_CODE of those entries).
@@ -37,7 +36,7 @@ inline constexpr int skipped_exit_code = 77;
 /// Whether the family can run on `d` in this build: the extension usable, the shaders built, and no
 /// driver gate refusing it (src/kernels/flash_coop_plan.cpp: lavapipe with vectors other than 8 lanes).
 inline bool coopmat_runs(const qkv::vulkan::device_info& d) {
-    if (!QKV_TEST_COOPMAT_SHADERS || !d.cooperative_matrix) return false;
+    if (!coopmat_shaders_built() || !d.cooperative_matrix) return false;
     const bool llvmpipe = d.driver_id == 13;  // VK_DRIVER_ID_MESA_LLVMPIPE
     return !llvmpipe || d.subgroup_size == 8;
 }
