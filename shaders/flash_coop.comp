@@ -179,7 +179,7 @@ void locate() {
     causal = (pc.flags & MASK_FLAG_CAUSAL) != 0u;
     has_mask = (pc.flags & MASK_FLAG_BOOLEAN) != 0u;
     has_add = (pc.flags & MASK_FLAG_ADDITIVE) != 0u;
-    sp = score_params(-1, -1, 0.0, 0u);
+    sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
 }
 
@@ -331,8 +331,9 @@ void softmax_tile(uint j0, uint bc) {
                     allowed = ((mask_bits[bit >> 5] >> (bit & 31u)) & 1u) != 0u;
                 }
                 if (has_add) add = additive[a_base + key * pc.m_cs];
-                v = rule_score(s_sh[(sg * RS + rl) * SS + j] * pc.scale, int(key) - (int(qi) + pc.causal_offset),
-                               FEATURES, masks, sp, slope, allowed, add);
+                const int p = int(qi) + pc.causal_offset;  // the row's position (reduced: contract/score.h)
+                v = rule_score(s_sh[(sg * RS + rl) * SS + j] * pc.scale, int(key) - p,
+                               nearest_key_distance(p, pc.kv_len), FEATURES, masks, sp, slope, allowed, add);
             }
             sv[c] = v;
             mx = max(mx, (isnan(v) || v == pos_inf) ? pos_inf : v);
@@ -406,6 +407,13 @@ void accumulate_tile_carefully() {
     }
 }
 
+// ALiBi's part left out of row r's scores (score_rules.glsl: alibi_drop): the fused route's lse
+// is lower by it and its sink higher; the split route's merge applies it as the decode's does.
+float row_drop(uint r) {
+    if ((FEATURES & SCORE_ALIBI) == 0u) return 0.0;
+    return alibi_drop(int(qrow_of(r)) + pc.causal_offset, pc.kv_len, FEATURES, sp, head_values[head_of(r)].x);
+}
+
 // The results: fused, the output (O / l, or O as it is where more chunks follow), the state
 // and the lse; split, each row's partial (m, l) and accumulator for the merge.
 void write_results() {
@@ -424,7 +432,7 @@ void write_results() {
                 state[2 * at] = poisoned ? nan_value : m_run[i];
                 state[2 * at + 1] = l_run[i];
             }
-            if ((FEATURES & SCORE_LSE) != 0u && !partial) lse_out[at] = row_lse(m_run[i], l_run[i], poisoned);
+            if ((FEATURES & SCORE_LSE) != 0u && !partial) lse_out[at] = row_lse(m_run[i], l_run[i], poisoned, row_drop(r));
         }
     }
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
@@ -436,7 +444,8 @@ void write_results() {
                 const uint rl = owned_row(i), r = group_row(rl);
                 if (rl / M != mt || r >= rows_total) continue;
                 const bool poisoned = m_run[i] == pos_inf;
-                const float sink = (FEATURES & SCORE_SINKS) != 0u ? head_values[head_of(r)].y : neg_inf;
+                const float sink =
+                    (FEATURES & SCORE_SINKS) != 0u ? head_values[head_of(r)].y + (SPLIT != 0u ? 0.0 : row_drop(r)) : neg_inf;
                 [[unroll]] for (uint c = 0; c < NPL; ++c) {
                     const uint col = vt * N + lane % LPR + c * LPR;
                     if (col >= dv) continue;

@@ -47,7 +47,8 @@ void record_decode_kernel(recorder& exec, pipeline_set& pipes, const decode_plan
                       &push, groups);
 }
 
-void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io) {
+void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                  const contract::decode_push& push) {
     exec.compute_barrier();
     decode_merge_push m{};
     m.rows = plan.rows;
@@ -107,7 +108,7 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
     } else {
         record_decode_kernel(exec, pipes, plan, io, push, values, blocks);
     }
-    record_merge(exec, pipes, plan, io);
+    record_merge(exec, pipes, plan, io, push);
 }
 
 }  // namespace qkv::vulkan::detail
