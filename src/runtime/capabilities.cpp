@@ -34,6 +34,9 @@ constexpr refusal table[] = {
      "keep; context::attention returns them"},
     {entry_point::cpu_varlen, "return_weights", no_weights_in_ragged},
     {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
+    {entry_point::context_varlen, values::coopmat,
+     "the cooperative-matrix family has no ragged form yet (it runs one (B, H, L, S) problem's fused and "
+     "decode routes); kernel automatic, row_tiles or block_tiles runs a ragged batch"},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,          entry_point::context_sdpa,
@@ -88,6 +91,7 @@ template <class T>
 std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
     std::vector<feature> f;
     for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
+    if (p.options.kernel == kernel_family::coopmat) f.push_back(values::coopmat);
     if (p.kv_heads != p.q_heads) f.push_back(inputs::grouped_query);
     if (!p.sinks.empty()) f.push_back(inputs::sinks);
     if (!p.alibi_slopes.empty()) f.push_back(inputs::alibi_slopes);
