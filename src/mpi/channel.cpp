@@ -422,15 +422,28 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     // from one that ended it before this rank and has failed in the next stage already (kept for
     // that stage: the others meet this rank in its closing agreement).
     std::vector<MPI_Request> drain;
+    std::vector<std::pair<int, shared_bytes>> drained;  // by sender; MPI's until the receive is done
     for (int p = 0; p < size_; ++p) {
         if (p == rank_ || !all[static_cast<std::size_t>(p)].notified || notices_.count(p)) continue;
-        std::vector<std::byte>& r = notices_[p];
-        r.resize(sizeof(failure_record));
+        drained.emplace_back(p, std::make_shared<bytes>(sizeof(failure_record)));
         drain.push_back(MPI_REQUEST_NULL);
-        check_mpi(MPI_Irecv(r.data(), sizeof(failure_record), MPI_BYTE, p, tag_notice, comm_, &drain.back()),
+        check_mpi(MPI_Irecv(drained.back().second->data(), sizeof(failure_record), MPI_BYTE, p, tag_notice, comm_,
+                            &drain.back()),
                   "MPI_Irecv");
     }
-    if (!drain.empty()) wait_requests(drain, stage + ": receiving failure notices");
+    if (!drain.empty()) {
+        try {
+            wait_requests(drain, stage + ": receiving failure notices");
+        } catch (const qkv::mpi::timeout&) {  // the receives are cancelled and parked with their buffers
+            for (std::size_t i = 0; i < drain.size(); ++i) {
+                if (drain[i] == MPI_REQUEST_NULL) continue;
+                MPI_Cancel(&drain[i]);
+                park({drain[i]}, drained[i].second);
+            }
+            throw;
+        }
+        for (auto& [p, notice] : drained) notices_[p] = std::move(*notice);
+    }
     for (;;) {
         int flag = 0;
         MPI_Status status;
