@@ -9,13 +9,15 @@
 #
 # `test` runs, in order: the clang-format and reference checks, GCC (shared library, -Werror; with
 # the install/find_package consumer check), the GCC build's Vulkan and CLI tests again on a second
-# driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed),
-# Clang (-Werror), the backend-neutral build (qkv::runtime without Vulkan), ASan+UBSan, the
-# fuzzers, and the Windows executables under Wine. README's Testing section says which leg runs
-# which tests. Each leg can also be run alone:
-# bash quickstart.sh test format|gcc|mesa25|clang|neutral|sanitize|fuzz|windows
-# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already; the mesa25 leg
-# still downloads its driver, once, unless build/mesa25 holds it).
+# driver (Mesa 25.0's lavapipe from bookworm-backports, unpacked under build/, never installed) and
+# a third (Mesa 26.1's lavapipe from trixie-backports with its own libraries, loader and validation
+# layers, unpacked under build/mesa26: the cooperative-matrix family), Clang (-Werror), the
+# backend-neutral build (qkv::runtime without Vulkan), ASan+UBSan, the fuzzers, and the Windows
+# executables under Wine. README's Testing section says which leg runs which tests. Each leg can
+# also be run alone:
+# bash quickstart.sh test format|gcc|mesa25|mesa26|clang|neutral|sanitize|fuzz|windows
+# Set QKV_NO_INSTALL=1 to skip apt-get (everything must then be present already; the mesa25 and
+# mesa26 roots are still downloaded, once each, unless build/mesa25 and build/mesa26 hold them).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -106,8 +108,9 @@ leg_format() {
 }
 
 leg_gcc() {
+    coopmat_tools  # the mesa26 leg's glslang 15, where that leg has fetched it already
     log "GCC: build (shared library, warnings as errors) and test"
-    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
     if ldd build/gcc/src/libqkv_vulkan.so | grep -q libvulkan; then
         echo "libqkv_vulkan.so links libvulkan; it must load it at run time" >&2
         exit 1
@@ -127,21 +130,19 @@ MESA25_EXPECT=25.0
 MESA25=$ROOT/build/mesa25
 MESA25_PACKAGES=(mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports)
 
-fetch_mesa25() {
-    local apt=$MESA25/apt root=$MESA25/root multiarch deb version
-    if [ -f "$MESA25/ready" ] && [ "$(cat "$MESA25/ready")" = "$MESA25_EXPECT" ]; then return 0; fi
-    if ! grep -q '^12' /etc/debian_version 2>/dev/null; then
-        echo "mesa25 leg: needs Debian 12 (bookworm) for bookworm-backports; /etc/debian_version:" \
-            "$(cat /etc/debian_version 2>/dev/null || echo none)" >&2
-        exit 1
-    fi
-    log "Fetching Mesa $MESA25_EXPECT's lavapipe from bookworm-backports into $MESA25 (not installed)"
-    rm -rf "${MESA25:?}"
-    mkdir -p "$apt/sources.list.d" "$apt/preferences.d" "$apt/lists/partial" "$apt/cache/archives/partial" \
-        "$MESA25/debs" "$root"
+# private_apt DIR SUITE...: an apt configuration of its own under DIR/apt (sources list, package
+# lists, cache, an empty dpkg status) for Debian's SUITEs, its lists updated; APT_CONFIG names it.
+# The system's apt sources and state are neither read nor changed.
+private_apt() {
+    local dir=$1 apt=$1/apt suite
+    shift
+    mkdir -p "$apt/sources.list.d" "$apt/preferences.d" "$apt/lists/partial" "$apt/cache/archives/partial"
     : >"$apt/status"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian" \
-        "bookworm-backports main" >"$apt/sources.list"
+    : >"$apt/sources.list"
+    for suite in "$@"; do
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+            >>"$apt/sources.list"
+    done
     {
         echo "Dir::Etc::SourceList \"$apt/sources.list\";"
         echo "Dir::Etc::SourceParts \"$apt/sources.list.d\";"
@@ -153,7 +154,21 @@ fetch_mesa25() {
         echo "APT::Sandbox::User \"$(id -un)\";"
     } >"$apt/apt.conf"
     APT_CONFIG=$apt/apt.conf apt-get update -q
-    (cd "$MESA25/debs" && APT_CONFIG=$apt/apt.conf apt-get download -q "${MESA25_PACKAGES[@]}")
+}
+
+fetch_mesa25() {
+    local root=$MESA25/root multiarch deb version
+    if [ -f "$MESA25/ready" ] && [ "$(cat "$MESA25/ready")" = "$MESA25_EXPECT" ]; then return 0; fi
+    if ! grep -q '^12' /etc/debian_version 2>/dev/null; then
+        echo "mesa25 leg: needs Debian 12 (bookworm) for bookworm-backports; /etc/debian_version:" \
+            "$(cat /etc/debian_version 2>/dev/null || echo none)" >&2
+        exit 1
+    fi
+    log "Fetching Mesa $MESA25_EXPECT's lavapipe from bookworm-backports into $MESA25 (not installed)"
+    rm -rf "${MESA25:?}"
+    mkdir -p "$MESA25/debs" "$root"
+    private_apt "$MESA25" bookworm-backports
+    (cd "$MESA25/debs" && APT_CONFIG=$MESA25/apt/apt.conf apt-get download -q "${MESA25_PACKAGES[@]}")
     version=$(dpkg-deb -f "$MESA25"/debs/mesa-vulkan-drivers_*.deb Version)
     if [[ $version != "$MESA25_EXPECT".* ]]; then
         echo "mesa25 leg: bookworm-backports has mesa-vulkan-drivers $version, not $MESA25_EXPECT.x" >&2
@@ -195,9 +210,130 @@ leg_mesa25() {
     "${driver[@]}" ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^driver2$'
 }
 
+# ---- The third driver: Mesa 26.1's lavapipe, the first here to offer VK_KHR_cooperative_matrix ------
+# Debian trixie-backports builds it against trixie (glibc 2.41, LLVM 19), so its packages and every
+# library they need (the dependency closure, libc6 included) are fetched through a private apt
+# configuration (private_apt) and unpacked with dpkg -x into build/mesa26/root, with trixie's
+# glslang 15 and spirv-tools (which compile and validate GL_KHR_cooperative_matrix; bookworm's
+# glslang 12 rejects it) and its Vulkan loader and validation layers (1.4.309; bookworm's 1.3.239
+# predate the extension). Nothing is installed: a program runs on that root through the root's own
+# dynamic loader, build/mesa26/run (`run PROGRAM ARGS...`), with the root's driver, layer and
+# implicit layers chosen by the variables of mesa26_environment. The system's driver stays; every
+# other leg uses it. build/mesa26/bin/glslangValidator and spirv-val are the root's tools, for
+# CMake's QKV_GLSLANG_COOPMAT and QKV_SPIRV_VAL_COOPMAT.
+MESA26_EXPECT=26.1
+MESA26=$ROOT/build/mesa26
+MESA26_PACKAGES=(mesa-vulkan-drivers/trixie-backports libvulkan1 vulkan-validationlayers glslang-tools spirv-tools)
+
+fetch_mesa26() {
+    local root=$MESA26/root lib deb version packages tool layer into
+    if [ -f "$MESA26/ready" ] && [ "$(cat "$MESA26/ready")" = "$MESA26_EXPECT" ]; then return 0; fi
+    if [ "$(dpkg --print-architecture 2>/dev/null)" != amd64 ]; then
+        echo "mesa26: the private root holds Debian's amd64 packages; this machine is" \
+            "$(dpkg --print-architecture 2>/dev/null || uname -m)" >&2
+        exit 1
+    fi
+    log "Fetching Mesa $MESA26_EXPECT's lavapipe, glslang 15 and the validation layers of Debian trixie into $MESA26 (not installed)"
+    rm -rf "${MESA26:?}"
+    mkdir -p "$MESA26/debs" "$MESA26/bin" "$MESA26/layers" "$MESA26/implicit_layers" "$root"
+    private_apt "$MESA26" trixie trixie-backports
+    # The whole dependency closure as an empty system would install it: the root is self-contained.
+    mapfile -t packages < <(APT_CONFIG=$MESA26/apt/apt.conf apt-get install -s -q --no-install-recommends \
+        "${MESA26_PACKAGES[@]}" | awk '/^Inst /{ print $2 "=" substr($3, 2) }')
+    (cd "$MESA26/debs" && APT_CONFIG=$MESA26/apt/apt.conf apt-get download -q "${packages[@]}")
+    version=$(dpkg-deb -f "$MESA26"/debs/mesa-vulkan-drivers_*.deb Version)
+    if [[ $version != "$MESA26_EXPECT".* ]]; then
+        echo "mesa26: trixie-backports has mesa-vulkan-drivers $version, not $MESA26_EXPECT.x" >&2
+        exit 1
+    fi
+    for deb in "$MESA26"/debs/*.deb; do dpkg -x "$deb" "$root"; done
+    lib=$root/usr/lib/x86_64-linux-gnu
+    rm -f "${lib:?}"/libSPIRV-Tools*.a  # spirv-tools' static libraries: 60 MB that nothing here links
+    {
+        echo '#!/bin/sh'
+        echo '# Written by quickstart.sh (fetch_mesa26): runs an x86-64 program (not a script) through the'
+        echo "# dynamic loader and libraries of the private root $root;"
+        echo '# the program finds its own libraries by its RUNPATH as usual. The driver and the layers are'
+        echo "# chosen by the environment (quickstart.sh's mesa26_environment)."
+        echo "exec \"$lib/ld-linux-x86-64.so.2\" --library-path \"$lib\" \"\$@\""
+    } >"$MESA26/run"
+    for tool in glslangValidator spirv-val; do
+        printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$MESA26/run" "$root/usr/bin/$tool" >"$MESA26/bin/$tool"
+    done
+    chmod +x "$MESA26/run" "$MESA26/bin/glslangValidator" "$MESA26/bin/spirv-val"
+    # The driver's and the layers' manifests, naming their libraries by full path in the root.
+    printf '{ "file_format_version": "1.0.1",\n  "ICD": { "library_path": "%s", "api_version": "1.4.0" } }\n' \
+        "$lib/libvulkan_lvp.so" >"$MESA26/lvp_icd.json"
+    for layer in "$root"/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json \
+        "$root"/usr/share/vulkan/implicit_layer.d/*.json; do
+        into=$MESA26/layers
+        case $layer in */implicit_layer.d/*) into=$MESA26/implicit_layers ;; esac
+        sed -E "s|\"library_path\"[ ]*:[ ]*\"([^/\"]*)\"|\"library_path\": \"$lib/\\1\"|" "$layer" \
+            >"$into/$(basename "$layer")"
+    done
+    # Every library the driver and the layer need resolves inside the root, or this stops here.
+    for tool in "$lib/libvulkan_lvp.so" "$lib/libVkLayer_khronos_validation.so"; do
+        if "$lib/ld-linux-x86-64.so.2" --library-path "$lib" --list "$tool" | grep 'not found'; then
+            echo "mesa26: $(basename "$tool") of the private root needs libraries the root lacks" >&2
+            exit 1
+        fi
+    done
+    "$MESA26/bin/glslangValidator" --version | head -n 1
+    echo "$MESA26_EXPECT" >"$MESA26/ready"
+    echo "mesa-vulkan-drivers $version and its libraries unpacked into $root"
+}
+# coopmat_tools: COOPMAT_TOOLS, CMake's flags for the root's glslang and spirv-val
+# (cmake/qkv_shaders.cmake), with which a build compiles the cooperative-matrix shaders, where the
+# root is there (fetched by the mesa26 leg, this run or an earlier one); else none. Only the mesa26
+# leg fetches the root: the gcc, clang and sanitize legs use it where it is there, and without it
+# they build and test as before (the family left out of the build and refused at run time, its
+# tests skipped; the system's lavapipe does not offer the extension anyway).
+coopmat_tools() {
+    COOPMAT_TOOLS=()
+    if [ -f "$MESA26/ready" ] && [ "$(cat "$MESA26/ready")" = "$MESA26_EXPECT" ]; then
+        COOPMAT_TOOLS=("-DQKV_GLSLANG_COOPMAT=$MESA26/bin/glslangValidator"
+                       "-DQKV_SPIRV_VAL_COOPMAT=$MESA26/bin/spirv-val")
+    fi
+}
+
+# MESA26_ENV: the variables that put a program run by build/mesa26/run on the root's driver and
+# layers (only the root's: VK_LAYER_PATH and VK_IMPLICIT_LAYER_PATH replace the system's).
+mesa26_environment() {
+    MESA26_ENV=(env "VK_DRIVER_FILES=$MESA26/lvp_icd.json" "VK_ICD_FILENAMES=$MESA26/lvp_icd.json"
+                "VK_LAYER_PATH=$MESA26/layers" "VK_IMPLICIT_LAYER_PATH=$MESA26/implicit_layers")
+}
+
+leg_mesa26() {
+    fetch_mesa26
+    coopmat_tools
+    # The gcc leg's build with the root's glslang: built here when this leg runs alone; after a gcc
+    # leg that ran without the root, the cooperative-matrix shader, one test source and the links
+    # are redone (tests/CMakeLists.txt keeps the build's facts out of the other test sources).
+    configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
+    log "Mesa $MESA26_EXPECT's lavapipe: the GCC build's tests labelled driver2 and coopmat (the cooperative-matrix family) through the private root, its validation layers on"
+    local devices
+    mesa26_environment
+    # The tests must run on that driver and no other, with its cooperative matrices usable.
+    devices=$("${MESA26_ENV[@]}" "$MESA26/run" build/gcc/bin/qkv devices) || {
+        echo "mesa26 leg: no Vulkan device through $MESA26/lvp_icd.json" >&2
+        exit 1
+    }
+    echo "$devices"
+    if ! grep -q "Mesa $MESA26_EXPECT\." <<<"$devices" || grep -Eq "Mesa (1[0-9]|2[0-5])\." <<<"$devices" ||
+        ! grep -q "cooperative matrices (VK_KHR_cooperative_matrix): " <<<"$devices"; then
+        echo "mesa26 leg: the Vulkan device is not (only) Mesa $MESA26_EXPECT's lavapipe with usable cooperative matrices" >&2
+        exit 1
+    fi
+    # Every test program through the root's loader (cmake/run_test_program.sh); the coopmat entries
+    # run the parity suites with the cooperative-matrix family alone (tests/CMakeLists.txt).
+    "${MESA26_ENV[@]}" "QKV_TEST_WRAPPER=$MESA26/run" \
+        ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^(driver2|coopmat)$'
+}
+
 leg_clang() {
+    coopmat_tools
     log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python: the gcc leg runs them)"
-    configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON
+    configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON "${COOPMAT_TOOLS[@]}"
     run_ctest build/clang -LE '^(variant|long|sweep|python)$'
 }
 
@@ -219,9 +355,10 @@ leg_neutral() {
 }
 
 leg_sanitize() {
+    coopmat_tools
     log "Clang with AddressSanitizer + UndefinedBehaviorSanitizer: build and test"
     configure_build build/sanitize -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON -DQKV_SANITIZE=address,undefined \
-        -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo "${COOPMAT_TOOLS[@]}"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     LSAN_OPTIONS="suppressions=$ROOT/.ci/lsan.supp:print_suppressions=0" \
@@ -267,7 +404,7 @@ case "${1:-}" in
     test)
         install_packages "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
         legs=("${@:2}")
-        [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 clang neutral sanitize fuzz windows)
+        [ ${#legs[@]} -eq 0 ] && legs=(format gcc mesa25 mesa26 clang neutral sanitize fuzz windows)
         start=$SECONDS
         for leg in "${legs[@]}"; do
             cpu_now
@@ -281,7 +418,7 @@ case "${1:-}" in
         log "All test legs passed (${legs[*]}) in $((SECONDS - start)) s"
         ;;
     *)
-        echo "usage: bash quickstart.sh example | test [gcc|clang|...]" >&2
+        echo "usage: bash quickstart.sh example | test [format|gcc|mesa25|mesa26|clang|neutral|sanitize|fuzz|windows...]" >&2
         exit 2
         ;;
 esac

@@ -1,10 +1,24 @@
-# cmake -DCOMPILER=... -DCOMPILER_ID=... -DINCLUDE=... -DSOURCE=... -DEXPECT=regex -P expect_compile_failure.cmake
+# cmake -DCOMPILER=... -DCOMPILER_ID=... -DINCLUDE=... -DSOURCE=... -DEXPECT=regex [-DWERROR=ON]
+#       [-DEXTRA_INCLUDE=dir] -P expect_compile_failure.cmake
 # Passes when SOURCE fails to compile AND the diagnostic matches EXPECT (so an unrelated error,
 # say a typo in the test, does not count as the expected rejection).
+# WERROR: warnings are errors (a discarded [[nodiscard]] result, as the project's own code builds).
 if(COMPILER_ID STREQUAL "MSVC")
   set(args /nologo /std:c++20 /Zs /I${INCLUDE} ${SOURCE})
+  if(WERROR)
+    list(PREPEND args /W3 /WX)
+  endif()
+  if(EXTRA_INCLUDE)
+    list(PREPEND args /I${EXTRA_INCLUDE})
+  endif()
 else()
   set(args -std=c++20 -fsyntax-only -I${INCLUDE} ${SOURCE})
+  if(WERROR)
+    list(PREPEND args -Wall -Werror)
+  endif()
+  if(EXTRA_INCLUDE)
+    list(PREPEND args -I${EXTRA_INCLUDE})
+  endif()
 endif()
 execute_process(COMMAND ${COMPILER} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0)

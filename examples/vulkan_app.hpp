@@ -194,15 +194,20 @@ public:
 
     [[nodiscard]] bool fp16_enabled() const { return storage16.storageBuffer16BitAccess == VK_TRUE; }
 
-    /// A host-visible buffer usable as storage, texel source and copy source/target.
-    buffer make_buffer(VkDeviceSize size) {
+    /// What make_buffer's buffers are created with unless told: storage, texel source and copy
+    /// source/target.
+    static constexpr VkBufferUsageFlags all_usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                                    VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
+                                                    VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
+    /// A host-visible, coherent buffer of `usage`.
+    buffer make_buffer(VkDeviceSize size, VkBufferUsageFlags usage = all_usage) {
         buffer b;
         b.device = device;
         b.size = size;
         VkBufferCreateInfo info = make<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
         info.size = size;
-        info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
-                     VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+        info.usage = usage;
         check(vkCreateBuffer(device, &info, nullptr, &b.handle), "vkCreateBuffer");
         VkMemoryRequirements req;
         vkGetBufferMemoryRequirements(device, b.handle, &req);
@@ -332,20 +337,28 @@ public:
         check(vkBeginCommandBuffer(cmd, &begin), "vkBeginCommandBuffer");
         return cmd;
     }
-    /// Ends, submits (once), waits, frees.
-    void submit_and_wait(VkCommandBuffer cmd) {
+    /// Ends and submits (once); returns the fence it signals.
+    VkFence submit(VkCommandBuffer cmd) {
         check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
         VkFenceCreateInfo fence_info = make<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
         VkFence fence = VK_NULL_HANDLE;
         check(vkCreateFence(device, &fence_info, nullptr, &fence), "vkCreateFence");
-        VkSubmitInfo submit = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-        submit.commandBufferCount = 1;
-        submit.pCommandBuffers = &cmd;
-        check(vkQueueSubmit(queue, 1, &submit, fence), "vkQueueSubmit");
+        VkSubmitInfo info = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+        info.commandBufferCount = 1;
+        info.pCommandBuffers = &cmd;
+        check(vkQueueSubmit(queue, 1, &info, fence), "vkQueueSubmit");
+        return fence;
+    }
+    /// Waits for a submit's fence, then frees it and its command buffer.
+    void wait(VkFence fence, VkCommandBuffer cmd) {
         check(vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
         vkDestroyFence(device, fence, nullptr);
         vkFreeCommandBuffers(device, pool, 1, &cmd);
     }
+    /// Ends, submits (once), waits, frees.
+    void submit_and_wait(VkCommandBuffer cmd) { wait(submit(cmd), cmd); }
+    /// Frees a command buffer never submitted.
+    void discard(VkCommandBuffer cmd) { vkFreeCommandBuffers(device, pool, 1, &cmd); }
 
     VkInstance instance = VK_NULL_HANDLE;
     VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;

@@ -128,6 +128,12 @@ TEST_CASE("capabilities: a problem's features, as the table reads them", "[capab
     qkv::sdpa_problem q8 = plain;
     q8.options.kv_type = qkv::element_type::q8_0;
     CHECK(qkv::features_of(q8) == std::vector<qkv::feature>{"kv_type", qkv::inputs::kv_quantized});
+    // A value that is a feature of its own comes with its option's feature.
+    qkv::sdpa_problem coop = plain;
+    coop.options.kernel = qkv::kernel_family::coopmat;
+    CHECK(qkv::features_of(coop) == std::vector<qkv::feature>{"kernel", qkv::values::coopmat});
+    coop.options.kernel = qkv::kernel_family::block_tiles;
+    CHECK(qkv::features_of(coop) == std::vector<qkv::feature>{"kernel"});
     // The CPU reference takes everything: it refuses nothing.
     for (const qkv::feature g : qkv::features()) {
         CHECK_FALSE(qkv::refused(qkv::entry_point::cpu_sdpa, g));

@@ -199,18 +199,22 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
     // A runner per entry point: it calls the entry point with a problem that asks for `f`.
     using runner = std::function<void(qkv::feature)>;
     // The features the runners can ask for: every one the table refuses from these entry points.
-    const std::vector<qkv::feature> askable{"return_weights", "dropout_p", "kv_type", qkv::inputs::kv_quantized};
+    const std::vector<qkv::feature> askable{"return_weights", "dropout_p", "kv_type", qkv::inputs::kv_quantized,
+                                            qkv::values::coopmat};
     const auto sdpa_with = [&](qkv::feature f) {
         qkv::sdpa_problem p = o.problem;
         if (f == "return_weights") p.options.return_weights = true;
         if (f == "dropout_p") p.options.dropout_p = 0.25f;
         if (f == "kv_type" || f == qkv::inputs::kv_quantized) p.options.kv_type = qkv::element_type::q8_0;
+        if (f == qkv::values::coopmat) p.options.kernel = qkv::kernel_family::coopmat;
         return p;
     };
     const auto description = [](qkv::sdpa_problem p) {
         p.q = {}, p.k = {}, p.v = {};
         return p;
     };
+    const qkv::sdpa_shape& s = o.problem.shape;
+    const std::vector<float> d_out(s.batch * s.q_heads * s.q_len * s.d_v, 0.5f);  // the backward's, valid
     const std::map<entry_point, runner> runners{
         {entry_point::context_sdpa, [&](qkv::feature f) { (void)ctx.sdpa(sdpa_with(f)); }},
         {entry_point::context_decode,
@@ -223,7 +227,7 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
         {entry_point::sdpa_call_decode,
          [&](qkv::feature f) { qkv::vulkan::sdpa_call(ctx, description(sdpa_with(f)), cache); }},
         {entry_point::context_sdpa_backward,
-         [&](qkv::feature f) { (void)ctx.sdpa_backward({.forward = sdpa_with(f)}); }},
+         [&](qkv::feature f) { (void)ctx.sdpa_backward({.forward = sdpa_with(f), .d_out = d_out}); }},
         {entry_point::sdpa_backward_call,
          [&](qkv::feature f) { qkv::vulkan::sdpa_backward_call(ctx, {.forward = description(sdpa_with(f))}); }},
         {entry_point::context_attention,

@@ -8,6 +8,7 @@
 #include <qkv/vulkan/testing.hpp>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -139,8 +140,10 @@ TEST_CASE("interop: a decode loop appends to a cache over the application's memo
     app::buffer storage = a.make_buffer(256 + k_bytes + 256 + v_bytes);
     qkv::vulkan::kv_cache cache(
         ctx, {.batch = 1, .kv_heads = Hkv, .capacity = capacity, .d_qk = E, .d_v = Ev},
-        qkv::vulkan::wrap(ctx, storage.handle, 256, k_bytes, {1, Hkv, capacity, E}),
-        qkv::vulkan::wrap(ctx, storage.handle, 256 + k_bytes + 256, v_bytes, {1, Hkv, capacity, Ev}));
+        qkv::vulkan::wrap(ctx, storage.handle, 256, k_bytes, {1, Hkv, capacity, E}, qkv::element_type::f32,
+                          app::vulkan_app::all_usage),
+        qkv::vulkan::wrap(ctx, storage.handle, 256 + k_bytes + 256, v_bytes, {1, Hkv, capacity, Ev},
+                          qkv::element_type::f32, app::vulkan_app::all_usage));
     std::mt19937_64 rng(11);
     std::vector<float> all_k = normal(Hkv * first * E, rng), all_v = normal(Hkv * first * Ev, rng);
     cache.append(all_k, all_v, first);  // the prompt, from the host
@@ -372,5 +375,335 @@ TEST_CASE("interop: the forward and the backward recorded in the application's c
     CHECK(nmse(g + ds_at, want.d_sinks) <= 1e-9);
     for (const std::size_t gap : {dq_at - 1, dk_at - 1, dv_at - 1, ds_at - 1, ds_at + Hq})
         CHECK(g[gap] == 1234.5f);  // nothing written outside the gradients
+
+    // The misuse rules of every call over tensors hold for the backward: a gradient over an input
+    // is refused (nothing in place), a transposed shape is refused naming both shapes, ...
+    const qkv::vulkan::sdpa_backward_tensors ok{.q = &tq,
+                                                .k = &tk,
+                                                .v = &tv,
+                                                .out = &to,
+                                                .lse = &tl,
+                                                .d_out = &tdo,
+                                                .dq = &dq,
+                                                .dk = &dk,
+                                                .dv = &dv,
+                                                .d_sinks = &ds};
+    qkv::vulkan::tensor dq_over_q =
+        qkv::vulkan::wrap(ctx, mem.handle, qkv::vulkan::offset_of(tq), nq * 4, {1, Hq, L, E});
+    qkv::vulkan::sdpa_backward_tensors bad = ok;
+    bad.dq = &dq_over_q;
+    cmd = a.begin();
+    CHECK_THROWS_WITH((void)qkv::vulkan::record(b, cmd, bad), Catch::Matchers::Contains("overlap"));
+    CHECK_THROWS_WITH(b.run(bad), Catch::Matchers::Contains("overlap"));
+    qkv::vulkan::tensor dk_shle = qkv::vulkan::wrap(ctx, grads.handle, dk_at * 4, nk * 4, {1, S, Hkv, E});
+    bad = ok;
+    bad.dk = &dk_shle;
+    CHECK_THROWS_WITH((void)qkv::vulkan::record(b, cmd, bad),
+                      Catch::Matchers::Contains("(1, 23, 2, 16)") && Catch::Matchers::Contains("(1, 2, 23, 16)"));
+    // ... and a recording destroyed before its submit frees nothing its commands use.
+    for (std::size_t i = 0; i < nq + nk + nv + Hq + 16; ++i) grads.data<float>()[i] = 1234.5f;
+    { qkv::vulkan::recording gone = qkv::vulkan::record(b, cmd, ok); }
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK(nmse(g + dq_at, want.dq) <= 1e-9);
+    CHECK(nmse(g + dv_at, want.dv) <= 1e-9);
+    CHECK(a.log.count() == 0);
+}
+
+// ---- What an application gets wrong: each ends in a typed error or the right answer, with the
+// validation layer silent.
+
+namespace {
+
+/// A small problem (B = 1, GQA, odd lengths) over one application buffer: q, k, v at odd offsets.
+struct misuse_problem {
+    static constexpr std::size_t Hq = 4, Hkv = 2, L = 3, S = 17, E = 16, Ev = 8;
+    static constexpr std::size_t nq = Hq * L * E, nk = Hkv * S * E, nv = Hkv * S * Ev, no = Hq * L * Ev;
+    static constexpr std::size_t q_at = 1, k_at = q_at + nq + 3, v_at = k_at + nk + 5, end = v_at + nv;
+    qkv::sdpa_problem desc;
+    std::vector<float> q, k, v;
+    std::vector<double> want;
+    app::buffer in, out;
+    qkv::vulkan::tensor tq, tk, tv, to;
+
+    /// `q_scale`: q and k scaled by it (1e20: scores beyond float32, whatever the reference says).
+    misuse_problem(app::vulkan_app& a, qkv::vulkan::context& ctx, float q_scale = 1.0f) {
+        std::mt19937_64 rng(29);
+        q = normal(nq, rng), k = normal(nk, rng), v = normal(nv, rng);
+        for (float& x : q) x *= q_scale;
+        for (float& x : k) x *= q_scale;
+        desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = L, .kv_len = S, .d_qk = E, .d_v = Ev};
+        qkv::sdpa_problem host = desc;
+        host.q = q, host.k = k, host.v = v;
+        if (q_scale == 1.0f) want = qkv::cpu::sdpa_f64(host).output;
+        in = a.make_buffer(end * 4), out = a.make_buffer(no * 4);
+        put(in, q_at, q), put(in, k_at, k), put(in, v_at, v);
+        tq = qkv::vulkan::wrap(ctx, in.handle, q_at * 4, nq * 4, {1, Hq, L, E});
+        tk = qkv::vulkan::wrap(ctx, in.handle, k_at * 4, nk * 4, {1, Hkv, S, E});
+        tv = qkv::vulkan::wrap(ctx, in.handle, v_at * 4, nv * 4, {1, Hkv, S, Ev});
+        to = qkv::vulkan::wrap(ctx, out.handle, 0, no * 4, {1, Hq, L, Ev});
+    }
+    [[nodiscard]] qkv::vulkan::sdpa_tensors tensors() { return {.q = &tq, .k = &tk, .v = &tv, .out = &to}; }
+    [[nodiscard]] double error() const { return nmse(out.data<float>(), want); }
+    void clear_output() {
+        for (std::size_t i = 0; i < no; ++i) out.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("interop misuse: a recording destroyed before its commands ran frees nothing they use", "[interop][misuse]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    misuse_problem p(a, ctx);
+    qkv::vulkan::sdpa_call call(ctx, p.desc);
+    // Destroyed before the submit (what a discarded temporary does): the commands still run right.
+    p.clear_output();
+    VkCommandBuffer cmd = a.begin();
+    { qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, p.tensors()); }
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK(p.error() <= 1e-10);
+    // Destroyed while perhaps still running.
+    p.clear_output();
+    cmd = a.begin();
+    VkFence fence = VK_NULL_HANDLE;
+    {
+        qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, p.tensors());
+        app::vulkan_app::host_barrier(cmd);
+        fence = a.submit(cmd);
+    }
+    a.wait(fence, cmd);
+    CHECK(p.error() <= 1e-10);
+    // Replaced by move-assignment before its submit: the same.
+    p.clear_output();
+    cmd = a.begin();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, p.tensors());
+    r = qkv::vulkan::recording();
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK(p.error() <= 1e-10);
+    // The retired ones are let go of by later calls; the call goes on working.
+    p.clear_output();
+    call.run(p.tensors());
+    CHECK(p.error() <= 1e-10);
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop misuse: check() before completion throws not_complete, never a verdict", "[interop][misuse]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    misuse_problem p(a, ctx, 1e20f);  // scores beyond float32: the verdict is numeric_overflow
+    qkv::vulkan::sdpa_call call(ctx, p.desc);
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, p.tensors());
+    CHECK_THROWS_AS(r.check(), qkv::vulkan::not_complete);  // recorded, not submitted
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK_THROWS_AS(r.check(), qkv::vulkan::numeric_overflow);
+    CHECK_THROWS_AS(r.check(), qkv::vulkan::numeric_overflow);  // asked again: the same verdict
+    // A recording whose command buffer was never submitted: not_complete, however often asked.
+    VkCommandBuffer never = a.begin();
+    qkv::vulkan::recording unrun = qkv::vulkan::record(call, never, p.tensors());
+    CHECK_THROWS_AS(unrun.check(), qkv::vulkan::not_complete);
+    CHECK_THROWS_AS(unrun.check(), qkv::vulkan::not_complete);
+    unrun = {};
+    a.discard(never);
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop misuse: an append recorded but not run is never seen", "[interop][misuse][cache]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    constexpr std::size_t Hq = 4, Hkv = 2, E = 16, Ev = 8, capacity = 40, first = 5;
+    const qkv::kv_layout layout{.batch = 1, .kv_heads = Hkv, .capacity = capacity, .d_qk = E, .d_v = Ev};
+    constexpr std::size_t k_bytes = Hkv * capacity * E * 4, v_bytes = Hkv * capacity * Ev * 4;
+    app::buffer storage = a.make_buffer(k_bytes + 256 + v_bytes);
+    qkv::vulkan::kv_cache cache(ctx, layout,
+                                qkv::vulkan::wrap(ctx, storage.handle, 0, k_bytes, {1, Hkv, capacity, E},
+                                                  qkv::element_type::f32, app::vulkan_app::all_usage),
+                                qkv::vulkan::wrap(ctx, storage.handle, k_bytes + 256, v_bytes, {1, Hkv, capacity, Ev},
+                                                  qkv::element_type::f32, app::vulkan_app::all_usage));
+    std::mt19937_64 rng(30);
+    const std::vector<float> k0 = normal(Hkv * first * E, rng), v0 = normal(Hkv * first * Ev, rng);
+    cache.append(k0, v0, first);
+    cache.append({}, {}, 0);  // braces still mean host data (and zero rows do nothing)
+    CHECK(cache.size() == first);
+    // A new row in the application's memory, NaN-free and different from anything held.
+    const std::vector<float> k1 = normal(Hkv * E, rng), v1 = normal(Hkv * Ev, rng), q = normal(Hq * E, rng);
+    app::buffer rows = a.make_buffer((k1.size() + v1.size()) * 4), qo = a.make_buffer((Hq * E + Hq * Ev) * 4);
+    put(rows, 0, k1), put(rows, k1.size(), v1), put(qo, 0, q);
+    qkv::vulkan::tensor tk = qkv::vulkan::wrap(ctx, rows.handle, 0, k1.size() * 4, {1, Hkv, 1, E});
+    qkv::vulkan::tensor tv = qkv::vulkan::wrap(ctx, rows.handle, k1.size() * 4, v1.size() * 4, {1, Hkv, 1, Ev});
+    qkv::vulkan::tensor tq = qkv::vulkan::wrap(ctx, qo.handle, 0, q.size() * 4, {1, Hq, 1, E});
+    qkv::vulkan::tensor to = qkv::vulkan::wrap(ctx, qo.handle, q.size() * 4, Hq * Ev * 4, {1, Hq, 1, Ev});
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = Ev};
+    qkv::vulkan::sdpa_call decode(ctx, desc, cache);
+    const auto want = [&](bool with_new_row) {
+        std::vector<float> k, v;
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            k.insert(k.end(), k0.begin() + static_cast<std::ptrdiff_t>(h * first * E),
+                     k0.begin() + static_cast<std::ptrdiff_t>((h + 1) * first * E));
+            if (with_new_row)
+                k.insert(k.end(), k1.begin() + static_cast<std::ptrdiff_t>(h * E),
+                         k1.begin() + static_cast<std::ptrdiff_t>((h + 1) * E));
+            v.insert(v.end(), v0.begin() + static_cast<std::ptrdiff_t>(h * first * Ev),
+                     v0.begin() + static_cast<std::ptrdiff_t>((h + 1) * first * Ev));
+            if (with_new_row)
+                v.insert(v.end(), v1.begin() + static_cast<std::ptrdiff_t>(h * Ev),
+                         v1.begin() + static_cast<std::ptrdiff_t>((h + 1) * Ev));
+        }
+        qkv::sdpa_problem host = desc;
+        host.shape.kv_len = first + (with_new_row ? 1 : 0);
+        host.q = q, host.k = k, host.v = v;
+        return qkv::cpu::sdpa_f64(host).output;
+    };
+    const float* out = qo.data<float>() + q.size();
+
+    // Recorded, never submitted: until the recording goes, every use of the rows elsewhere is
+    // refused; when it goes, the row is taken back.
+    VkCommandBuffer cmd = a.begin();
+    {
+        qkv::vulkan::recording append = qkv::vulkan::record_append(cache, cmd, tk, tv, 1);
+        CHECK(cache.size() == first + 1);
+        CHECK_THROWS_AS(decode.run({.q = &tq, .out = &to}), qkv::invalid_argument);
+        CHECK_THROWS_AS(cache.append(k1, v1, 1), qkv::invalid_argument);
+        CHECK_THROWS_AS(cache.clear(), qkv::invalid_argument);
+        VkCommandBuffer other = a.begin();
+        CHECK_THROWS_AS((void)qkv::vulkan::record(decode, other, {.q = &tq, .out = &to}), qkv::invalid_argument);
+        CHECK_THROWS_AS((void)qkv::vulkan::record_append(cache, other, tk, tv, 1), qkv::invalid_argument);
+        a.discard(other);
+        CHECK_THROWS_AS(append.check(), qkv::vulkan::not_complete);
+    }
+    a.discard(cmd);
+    CHECK(cache.size() == first);
+    decode.run({.q = &tq, .out = &to});
+    CHECK(nmse(out, want(false)) <= 1e-10);
+
+    // Recorded and run: the rows are the cache's once check() has seen it complete.
+    cmd = a.begin();
+    qkv::vulkan::recording append = qkv::vulkan::record_append(cache, cmd, tk, tv, 1);
+    a.submit_and_wait(cmd);
+    CHECK_THROWS_AS(decode.run({.q = &tq, .out = &to}), qkv::invalid_argument);
+    append.check();
+    decode.run({.q = &tq, .out = &to});
+    CHECK(nmse(out, want(true)) <= 1e-10);
+    // Destroyed after completion without a check: the rows stay.
+    cmd = a.begin();
+    {
+        qkv::vulkan::recording again = qkv::vulkan::record_append(cache, cmd, tk, tv, 1);
+        a.submit_and_wait(cmd);
+    }
+    CHECK(cache.size() == first + 2);
+    CHECK_NOTHROW(decode.run({.q = &tq, .out = &to}));
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop misuse: overlapping tensors are refused on every call that takes tensors", "[interop][misuse]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    misuse_problem p(a, ctx);
+    qkv::vulkan::sdpa_call call(ctx, p.desc);
+    using P = misuse_problem;
+    // out over v's last 4 bytes, in the same buffer.
+    app::buffer both = a.make_buffer((P::end + P::no) * 4);
+    put(both, P::v_at, p.v);
+    qkv::vulkan::tensor v = qkv::vulkan::wrap(ctx, both.handle, P::v_at * 4, P::nv * 4, {1, P::Hkv, P::S, P::Ev});
+    qkv::vulkan::tensor out = qkv::vulkan::wrap(ctx, both.handle, (P::end - 1) * 4, P::no * 4, {1, P::Hq, P::L, P::Ev});
+    VkCommandBuffer cmd = a.begin();
+    CHECK_THROWS_WITH((void)qkv::vulkan::record(call, cmd, {.q = &p.tq, .k = &p.tk, .v = &v, .out = &out}),
+                      Catch::Matchers::Contains("overlap"));
+    CHECK_THROWS_WITH(call.run({.q = &p.tq, .k = &p.tk, .v = &v, .out = &out}), Catch::Matchers::Contains("overlap"));
+    // q as its own output (same shape when E = Ev): in place is refused too.
+    qkv::sdpa_problem square = p.desc;
+    square.shape.d_v = square.shape.d_qk;
+    qkv::vulkan::sdpa_call same(ctx, square);
+    qkv::vulkan::tensor wide_v = qkv::vulkan::wrap(ctx, both.handle, 0, P::nk * 4, {1, P::Hkv, P::S, P::E});
+    CHECK_THROWS_WITH(same.run({.q = &p.tq, .k = &p.tk, .v = &wide_v, .out = &p.tq}),
+                      Catch::Matchers::Contains("overlap"));
+    // Apart by one element: fine.
+    qkv::vulkan::tensor apart = qkv::vulkan::wrap(ctx, both.handle, P::end * 4, P::no * 4, {1, P::Hq, P::L, P::Ev});
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, {.q = &p.tq, .k = &p.tk, .v = &v, .out = &apart});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    r.check();
+    // Self-attention: out over x.
+    qkv::attention_problem att;
+    att.shape = {.batch = 1, .seq = 3, .d_in = 4, .d_k = 4, .d_v = 4};
+    qkv::vulkan::attention_call acall(ctx, att);
+    qkv::vulkan::tensor x = qkv::vulkan::wrap(ctx, both.handle, 0, 48, {1, 3, 4}),
+                        w = qkv::vulkan::wrap(ctx, both.handle, 64, 64, {4, 4}),
+                        aout = qkv::vulkan::wrap(ctx, both.handle, 40, 48, {1, 3, 4});
+    CHECK_THROWS_WITH(acall.run({.x = &x, .wq = &w, .wk = &w, .wv = &w, .out = &aout}),
+                      Catch::Matchers::Contains("overlap"));
+    // An append whose rows are read from the cache's own storage.
+    constexpr std::size_t cap = 8;
+    app::buffer storage = a.make_buffer(2 * cap * 16);
+    const auto texels = [&](VkDeviceSize at) {
+        return qkv::vulkan::wrap(ctx, storage.handle, at, cap * 16, {1, 1, cap, 4}, qkv::element_type::f32,
+                                 app::vulkan_app::all_usage);
+    };
+    qkv::vulkan::kv_cache cache(ctx, {.batch = 1, .kv_heads = 1, .capacity = cap, .d_qk = 4, .d_v = 4}, texels(0),
+                                texels(cap * 16));
+    qkv::vulkan::tensor row = qkv::vulkan::wrap(ctx, storage.handle, 16, 16, {1, 1, 1, 4});
+    qkv::vulkan::tensor other = qkv::vulkan::wrap(ctx, p.in.handle, 0, 16, {1, 1, 1, 4});
+    CHECK_THROWS_WITH(cache.append(row, other, 1), Catch::Matchers::Contains("overlap"));
+    CHECK(cache.size() == 0);
+    // The cache's K and V storage over each other.
+    CHECK_THROWS_WITH(qkv::vulkan::kv_cache(ctx, {.batch = 1, .kv_heads = 1, .capacity = cap, .d_qk = 4, .d_v = 4},
+                                            texels(0), texels(64)),
+                      Catch::Matchers::Contains("overlap"));
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop misuse: a buffer range beyond the VkBuffer, a transposed shape, a usage the buffer lacks",
+          "[interop][misuse]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    // The range: offset + size past the buffer's end is refused at wrap; VK_WHOLE_SIZE is the rest.
+    app::buffer small = a.make_buffer(1024);
+    CHECK_THROWS_AS(qkv::vulkan::wrap(ctx, small.handle, 0, 4096, {1024}), qkv::invalid_argument);
+    CHECK_THROWS_AS(qkv::vulkan::wrap(ctx, small.handle, 512, 1024, {256}), qkv::invalid_argument);
+    CHECK_THROWS_AS(qkv::vulkan::wrap(ctx, small.handle, 8192, VK_WHOLE_SIZE, {4}), qkv::invalid_argument);
+    qkv::vulkan::tensor rest = qkv::vulkan::wrap(ctx, small.handle, 512, VK_WHOLE_SIZE, {128});
+    CHECK(rest.bytes() == 512);
+
+    // The shape: Q as (B, L, H, E), FlashAttention's layout, where qkv's is (B, H, L, E).
+    misuse_problem p(a, ctx);
+    using P = misuse_problem;
+    qkv::vulkan::sdpa_call call(ctx, p.desc);
+    qkv::vulkan::tensor blhe = qkv::vulkan::wrap(ctx, p.in.handle, P::q_at * 4, P::nq * 4, {1, P::L, P::Hq, P::E});
+    VkCommandBuffer cmd = a.begin();
+    CHECK_THROWS_WITH((void)qkv::vulkan::record(call, cmd, {.q = &blhe, .k = &p.tk, .v = &p.tv, .out = &p.to}),
+                      Catch::Matchers::Contains("(1, 3, 4, 16)") && Catch::Matchers::Contains("(1, 4, 3, 16)"));
+    CHECK_THROWS_AS(call.run({.q = &blhe, .k = &p.tk, .v = &p.tv, .out = &p.to}), qkv::invalid_argument);
+    // The same bytes as (H, L, E), a dimension of 1 left out: the same layout, accepted and right.
+    qkv::vulkan::tensor hle = qkv::vulkan::wrap(ctx, p.in.handle, P::q_at * 4, P::nq * 4, {P::Hq, P::L, P::E});
+    p.clear_output();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, {.q = &hle, .k = &p.tk, .v = &p.tv, .out = &p.to});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    r.check();
+    CHECK(p.error() <= 1e-10);
+
+    // The usage: a buffer made without UNIFORM_TEXEL_BUFFER cannot be a cache's storage.
+    constexpr VkBufferUsageFlags storage_only = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    constexpr std::size_t cap = 8;
+    app::buffer plain = a.make_buffer(2 * cap * 16, storage_only);
+    CHECK_THROWS_AS(qkv::vulkan::kv_cache(ctx, {.batch = 1, .kv_heads = 1, .capacity = cap, .d_qk = 4, .d_v = 4},
+                                          qkv::vulkan::wrap(ctx, plain.handle, 0, cap * 16, {1, 1, cap, 4},
+                                                            qkv::element_type::f32, storage_only),
+                                          qkv::vulkan::wrap(ctx, plain.handle, cap * 16, cap * 16, {1, 1, cap, 4},
+                                                            qkv::element_type::f32, storage_only)),
+                    qkv::invalid_argument);
+    // ... nor be uploaded to or downloaded from (no transfer usage), nor wrapped without STORAGE.
+    qkv::vulkan::tensor t = qkv::vulkan::wrap(ctx, plain.handle, 0, 16, {4}, qkv::element_type::f32, storage_only);
+    CHECK_THROWS_AS(t.download(), qkv::invalid_argument);
+    qkv::vulkan::tensor u = qkv::vulkan::wrap(ctx, plain.handle, 0, 16, {4}, qkv::element_type::f32, storage_only);
+    CHECK_THROWS_AS(u.upload(std::vector<float>{1, 2, 3, 4}), qkv::invalid_argument);
+    CHECK_THROWS_AS(
+        qkv::vulkan::wrap(ctx, plain.handle, 0, 16, {4}, qkv::element_type::f32, VK_BUFFER_USAGE_TRANSFER_SRC_BIT),
+        qkv::invalid_argument);
     CHECK(a.log.count() == 0);
 }

@@ -143,7 +143,7 @@ TEST_CASE("options: the enums' names, one table each", "[options]") {
     // The kernel families' old names are accepted (deprecated aliases), never written.
     CHECK(qkv::parse_name<qkv::kernel_family>("cpu") == qkv::kernel_family::row_tiles);
     CHECK(qkv::parse_name<qkv::kernel_family>("GPU") == qkv::kernel_family::block_tiles);
-    CHECK(qkv::names_joined<qkv::kernel_family>("|") == "auto|row_tiles|block_tiles");
+    CHECK(qkv::names_joined<qkv::kernel_family>("|") == "auto|row_tiles|block_tiles|coopmat");
     CHECK(qkv::parse_name<qkv::element_type>("q8_0") == qkv::element_type::q8_0);
     CHECK_FALSE(qkv::parse_name<qkv::precision>("fp64").has_value());
 }

@@ -163,7 +163,8 @@ struct device_tensors {
         dk = make_one({s.batch, s.kv_heads, s.kv_len, s.d_qk}, {});
         dv = make_one({s.batch, s.kv_heads, s.kv_len, s.d_v}, {});
         if (!o.sinks.empty()) d_sinks = make_one({s.q_heads}, {});
-        if (o.want_d_additive) d_mask = make_one({o.additive.size()}, {});
+        if (o.want_d_additive)  // the mask's shape (L x S where mask_shape is empty)
+            d_mask = make_one(o.mask_shape.empty() ? std::vector<std::size_t>{s.q_len, s.kv_len} : o.mask_shape, {});
     }
     [[nodiscard]] qkv::vulkan::sdpa_backward_tensors view() {
         return {.q = &q,
@@ -546,8 +547,15 @@ TEST_CASE("sdpa_backward_call: what it refuses, and its checks on the device", "
     v.d_additive_mask = &t.dq;
     expect_throw_with([&] { call.run(v); }, {"d_additive_mask", "return_d_additive_mask is not set"});
     v = t.view();
-    v.dk = &t.dq;  // dq's size
+    v.dk = &t.dq;  // dq's shape
     CHECK_THROWS_AS(call.run(v), qkv::invalid_argument);
+    // Nothing in place: a gradient over an input, or over another gradient.
+    v = t.view();
+    v.dq = &t.q;
+    expect_throw_with([&] { call.run(v); }, {"the q and dq tensors overlap"});
+    v = t.view();
+    v.dv = &t.dk;  // (1, 1, 13, 16) both
+    expect_throw_with([&] { call.run(v); }, {"the dk and dv tensors overlap"});
     if (gpu().device().fp16_storage) {
         qkv::vulkan::tensor half(gpu(), {1, 2, 11, 16}, qkv::element_type::f16);
         v = t.view();

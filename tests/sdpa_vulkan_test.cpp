@@ -1,9 +1,9 @@
 // scaled_dot_product_attention on the Vulkan backend (qkv::vulkan::context::sdpa), validation
 // layer on, against a float64 reference (support/sdpa_reference.hpp) by normalised MSE, failing on
-// NaN or Inf: both fused kernel families forced (and the gpu family with a discrete GPU's tiles),
-// fp32 and fp16 storage, L != S, E != Ev, grouped-query heads, bool and additive masks of every
-// broadcast shape, both causal alignments (with empty rows), weights on request, and key chunks
-// (forced short, and past lavapipe's 65,535-iteration loop limit).
+// NaN or Inf: every fused kernel family the device has, forced (support/families.hpp; and the gpu
+// family with a discrete GPU's tiles), fp32 and fp16 storage (the cooperative-matrix family: fp16), L != S, E != Ev,
+// grouped-query heads, bool and additive masks of every broadcast shape, both causal alignments (with empty rows),
+// weights on request, and key chunks (forced short, and past lavapipe's 65,535-iteration loop limit).
 #include <qkv/vulkan/runtime.hpp>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/families.hpp"
 #include "support/gpu.hpp"
 #include "support/problems.hpp"
 #include "support/reference.hpp"
@@ -65,10 +66,11 @@ owned_sdpa make_sdpa(const sdpa_spec& s, std::uint64_t seed) {
     return o;
 }
 
-/// Runs `p` with `family` and `precision` and checks output (and weights) against the float64
-/// reference. Rows the reference leaves empty must be exactly zero.
+/// Runs `p` with `family` and `precision` (the cooperative-matrix family's: fp16) and checks output
+/// (and weights) against the float64 reference. Rows the reference leaves empty must be exactly zero.
 void check_sdpa(qkv::vulkan::context& ctx, owned_sdpa& o, qkv::kernel_family family, qkv::precision precision) {
     qkv::sdpa_problem& p = o.problem;
+    precision = qkv_test::case_precision(family, precision);
     p.options.kernel = family;
     p.options.precision = precision;
     const double tolerance = precision == qkv::precision::fp32 ? 1e-9 : 2e-5;
@@ -178,17 +180,15 @@ std::vector<sdpa_spec> suite() {
     };
 }
 
-constexpr qkv::kernel_family families[] = {qkv::kernel_family::row_tiles, qkv::kernel_family::block_tiles};
-
-const char* name_of(qkv::kernel_family f) { return f == qkv::kernel_family::row_tiles ? "cpu family" : "gpu family"; }
+std::string name_of(qkv::kernel_family f) { return qkv_test::family_name(f); }
 
 }  // namespace
 
-TEST_CASE("sdpa matches the float64 reference with both kernel families", "[sdpa][vulkan]") {
+TEST_CASE("sdpa matches the float64 reference with every kernel family", "[sdpa][vulkan][families]") {
     auto& ctx = qkv_test::gpu();
     std::uint64_t seed = 1200;
     for (const sdpa_spec& s : suite())
-        for (qkv::kernel_family family : families) {
+        for (qkv::kernel_family family : qkv_test::fused_families()) {
             owned_sdpa o = make_sdpa(s, seed++);
             INFO(describe(s) << ", " << name_of(family) << ", fp32");
             check_sdpa(ctx, o, family, qkv::precision::fp32);
@@ -196,7 +196,7 @@ TEST_CASE("sdpa matches the float64 reference with both kernel families", "[sdpa
     require_clean(ctx);
 }
 
-TEST_CASE("sdpa with fp16 storage matches the float64 reference", "[sdpa][vulkan][fp16]") {
+TEST_CASE("sdpa with fp16 storage matches the float64 reference", "[sdpa][vulkan][fp16][families]") {
     auto& ctx = qkv_test::gpu();
     if (!ctx.device().fp16_storage) {
         WARN("no 16-bit storage buffers on " << ctx.device().name << ": fp16 not tested");
@@ -205,7 +205,7 @@ TEST_CASE("sdpa with fp16 storage matches the float64 reference", "[sdpa][vulkan
     std::uint64_t seed = 1300;
     const auto specs = suite();
     for (std::size_t i = 1; i < specs.size(); i += 2)
-        for (qkv::kernel_family family : families) {
+        for (qkv::kernel_family family : qkv_test::fused_families()) {
             owned_sdpa o = make_sdpa(specs[i], seed++);
             INFO(describe(specs[i]) << ", " << name_of(family) << ", fp16");
             check_sdpa(ctx, o, family, qkv::precision::fp16);
@@ -213,7 +213,8 @@ TEST_CASE("sdpa with fp16 storage matches the float64 reference", "[sdpa][vulkan
     require_clean(ctx);
 }
 
-TEST_CASE("sdpa key chunks: forced short, with staged I/O, stay exact", "[sdpa][vulkan][chunks]") {
+TEST_CASE("sdpa key chunks: forced short, with staged I/O, stay exact", "[sdpa][vulkan][chunks][families]") {
+    const auto families = qkv_test::fused_families();
     auto ctx = qkv_test::make_context({.max_fused_keys_per_dispatch = 37, .force_staging = true});
     std::uint64_t seed = 1400;
     const auto specs = suite();
@@ -248,10 +249,11 @@ TEST_CASE("sdpa with a discrete GPU's tiles (subgroup 32) matches the reference"
 // 600,000 (the cpu family takes 8 keys per iteration: 75,000 steps). The host must split the keys
 // into chunks. The last key dominates the softmax (score 16 against about N(0, 1) for the others), so cutting any
 // key off shows.
-TEST_CASE("sdpa over more keys than one invocation may loop: nothing cut short", "[sdpa][vulkan][loop_limit]") {
+TEST_CASE("sdpa over more keys than one invocation may loop: nothing cut short",
+          "[sdpa][vulkan][loop_limit][families]") {
     auto& ctx = qkv_test::gpu();
     for (std::size_t kv_len : {std::size_t{70000}, std::size_t{600000}})
-        for (qkv::kernel_family family : families) {
+        for (qkv::kernel_family family : qkv_test::fused_families()) {
             const sdpa_spec s{.q_len = 1, .kv_len = kv_len, .d_qk = 4, .d_v = 4};
             owned_sdpa o = make_sdpa(s, 1600 + kv_len);
             for (std::size_t c = 0; c < s.d_qk; ++c) {  // score 8·|q|²·scale = 16 for the last key
@@ -279,11 +281,12 @@ TEST_CASE("sdpa refuses what the device kernels cannot take, with a clear error"
     require_clean(ctx);
 }
 
-TEST_CASE("sdpa fills the call statistics and gives identical bits on every run", "[sdpa][vulkan][stats]") {
+TEST_CASE("sdpa fills the call statistics and gives identical bits on every run", "[sdpa][vulkan][stats][families]") {
     auto& ctx = qkv_test::gpu();
-    for (qkv::kernel_family family : families) {
+    for (qkv::kernel_family family : qkv_test::fused_families()) {
         owned_sdpa o = make_sdpa({.q_heads = 8, .kv_heads = 2, .q_len = 1, .kv_len = 300, .d_qk = 64, .d_v = 64}, 1800);
         o.problem.options.kernel = family;
+        o.problem.options.precision = qkv_test::case_precision(family, qkv::precision::fp32);
         const auto first = ctx.sdpa(o.problem);
         CHECK(ctx.last_call().host_ms > 0);
         CHECK(ctx.last_call().device_bytes > 0);
@@ -296,9 +299,9 @@ TEST_CASE("sdpa fills the call statistics and gives identical bits on every run"
 // The self-attention path through the same kernels: a (N, N) bool mask shared by the batch with a
 // (B, N, N) additive mask, the one case where the two masks' batch strides differ (a_bs != m_bs
 // in contract/flash.h), in both families, against the float64 attention reference.
-TEST_CASE("fused attention with a shared bool mask and a batched additive mask", "[sdpa][vulkan]") {
+TEST_CASE("fused attention with a shared bool mask and a batched additive mask", "[sdpa][vulkan][families]") {
     auto& ctx = qkv_test::gpu();
-    for (qkv::kernel_family family : families) {
+    for (qkv::kernel_family family : qkv_test::fused_families()) {
         auto p = qkv_test::make_problem({.batch = 3,
                                          .seq = 37,
                                          .d_in = 16,
@@ -312,13 +315,14 @@ TEST_CASE("fused attention with a shared bool mask and a batched additive mask",
         p.mask.resize(37 * 37);  // the first batch element's mask, now shared by all three
         p.options.implementation = qkv::implementation::fused;
         p.options.kernel = family;
+        p.options.precision = qkv_test::case_precision(family, qkv::precision::fp32);
         const auto want = qkv::cpu::attention_f64(p.view());
         const auto got = ctx.attention(p.view());
         INFO(name_of(family));
         CHECK(got.kernel == family);
         const double e = qkv_test::nmse(got.output, want.output);
         INFO("output nmse " << e);
-        CHECK(e <= 1e-10);
+        CHECK(e <= qkv_test::case_tolerance(family, 1e-10));
     }
     require_clean(ctx);
 }

@@ -526,16 +526,17 @@ TEST_CASE("attention_call: self-attention over device tensors equals the host ca
         if (sp.d_out) host.wo = wo, host.bo = bo;
         const std::vector<double> want = qkv::cpu::attention_f64(host).output;
 
-        const auto upload = [&](const std::vector<float>& v) {
-            qkv::vulkan::tensor t(ctx, {v.size()});
+        const auto upload = [&](const std::vector<float>& v, std::vector<std::size_t> shape) {
+            qkv::vulkan::tensor t(ctx, std::move(shape));
             t.upload(v);
             return t;
         };
-        qkv::vulkan::tensor tx = upload(x), twq = upload(wq), twk = upload(wk), twv = upload(wv), tbq = upload(bq),
-                            tbk = upload(bk), tbv = upload(bv),
+        qkv::vulkan::tensor tx = upload(x, {sp.batch, sp.seq, sp.d_in}), twq = upload(wq, {sp.d_in, sp.d}),
+                            twk = upload(wk, {sp.d_in, sp.d}), twv = upload(wv, {sp.d_in, sp.d}),
+                            tbq = upload(bq, {sp.d}), tbk = upload(bk, {sp.d}), tbv = upload(bv, {sp.d}),
                             out(ctx, {sp.batch, sp.seq, sp.d_out ? sp.d_out : sp.d});
         std::optional<qkv::vulkan::tensor> two, tbo;
-        if (sp.d_out) two.emplace(upload(wo)), tbo.emplace(upload(bo));
+        if (sp.d_out) two.emplace(upload(wo, {sp.d, sp.d_out})), tbo.emplace(upload(bo, {sp.d_out}));
         qkv::vulkan::attention_call call(ctx, desc);
         CHECK(call.implementation_run() == sp.impl);
         qkv::vulkan::attention_tensors t{.x = &tx, .wq = &twq, .wk = &twk, .wv = &twv, .out = &out};
@@ -550,7 +551,7 @@ TEST_CASE("attention_call: self-attention over device tensors equals the host ca
     qkv::attention_problem desc;
     desc.shape = {.batch = 1, .seq = 5, .d_in = 4, .d_k = 4, .d_v = 4, .heads = 1};
     std::vector<float> x(20, 1e30f), w(16, 1e30f);
-    qkv::vulkan::tensor tx(ctx, {20}), tw(ctx, {16}), out(ctx, {1, 5, 4});
+    qkv::vulkan::tensor tx(ctx, {1, 5, 4}), tw(ctx, {4, 4}), out(ctx, {1, 5, 4});
     tx.upload(x), tw.upload(w);
     qkv::vulkan::attention_call call(ctx, desc);
     CHECK_THROWS_AS(call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out}), qkv::vulkan::numeric_overflow);

@@ -73,8 +73,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         rounded the same way.
       return_lse=True: also the log-sum-exp of each row, float32 (N..., Hq, L), sinks not included,
         -inf for a row with no key. return_weights=True: also the attention weights (N..., Hq, L, S).
-      kernel: "auto", "row_tiles" or "block_tiles": which kernel family runs (the same results up to
-        rounding; "cpu" and "gpu" are their deprecated names).
+      kernel: "auto", "row_tiles", "block_tiles" or "coopmat" (the matrix units, fp16 only): which
+        kernel family runs (the same results up to rounding; "cpu" and "gpu" are the deprecated names
+        of the first two).
 
     Returns the output, of the inputs' kind (numpy or torch) and dtype; with return_lse and/or
     return_weights the tuple (output, lse, weights), leaving out what was not asked for.

@@ -14,7 +14,7 @@ Array = Any
 Precision = Literal["fp32", "fp16"]
 KVType = Literal["f32", "f16", "q8_0", "q4_0"]
 Alignment = Literal["top_left", "bottom_right"]
-Kernel = Literal["auto", "row_tiles", "block_tiles"]
+Kernel = Literal["auto", "row_tiles", "block_tiles", "coopmat"]
 
 class Device:
     """A Vulkan device of this machine."""

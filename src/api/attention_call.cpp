@@ -64,6 +64,14 @@ attention_call::attention_call(context& ctx, const attention_problem& descriptio
         if (c.p.additive) put_floats(c.constants.mapped() + c.p.additive_mask.offset, c.additive);
         c.constants.flush();
     }
+    // The pipelines, now (the biases' presence changes no kernel: absent ones are zeros).
+    const element_type f32 = element_type::f32;
+    tensor x = stand_in(c.core, {s.batch, s.seq, s.d_in}, f32), wq = stand_in(c.core, {s.d_in, s.d_k}, f32),
+           wk = stand_in(c.core, {s.d_in, s.d_k}, f32), wv = stand_in(c.core, {s.d_in, s.d_v}, f32),
+           out = stand_in(c.core, {s.batch, s.seq, s.out_width()}, f32), wo;
+    attention_tensors t{.x = &x, .wq = &wq, .wk = &wk, .wv = &wv, .out = &out};
+    if (s.d_out) wo = stand_in(c.core, {s.d_v, s.d_out}, f32), t.wo = &wo;
+    build_pipelines(c, t);
 }
 
 attention_call::~attention_call() = default;
@@ -79,24 +87,48 @@ kernel_family attention_call::kernel() const {
     return impl_->p.family;
 }
 
-void attention_call::impl::record(recorder& rec, recording::impl& r, const attention_tensors& t) {
+attention_call::impl::checked_tensors attention_call::impl::check(const attention_tensors& t) const {
     const attention_shape& s = desc.shape;
     // The tensors: present where they must be, of the description's sizes, float32, on this device.
-    const auto bound = [&](const tensor* x, const char* what, std::size_t count, bool required) {
+    const auto checked = [&](const tensor* x, const char* what, std::vector<std::size_t> shape,
+                             bool required) -> const tensor::impl* {
         if (!x) {
             if (required) throw qkv::invalid_argument(std::string("attention_call: no ") + what + " tensor");
-            return std::optional<tensor::impl::bound>{};
+            return nullptr;
         }
-        return std::optional{expect_tensor(*x, "attention_call", what, core, count, element_type::f32).bind()};
+        return &expect_tensor(*x, "attention_call", what, core, shape, element_type::f32);
     };
-    const auto x = bound(t.x, "x", s.batch * s.seq * s.d_in, true);
-    const auto wq = bound(t.wq, "wq", s.d_in * s.d_k, true), wk = bound(t.wk, "wk", s.d_in * s.d_k, true),
-               wv = bound(t.wv, "wv", s.d_in * s.d_v, true);
-    const auto bq = bound(t.bq, "bq", s.d_k, false), bk = bound(t.bk, "bk", s.d_k, false),
-               bv = bound(t.bv, "bv", s.d_v, false);
-    const auto wo = bound(t.wo, "wo", s.d_v * s.d_out, s.d_out > 0), bo = bound(t.bo, "bo", s.d_out, false);
+    const tensor::impl* tx = checked(t.x, "x", {s.batch, s.seq, s.d_in}, true);
+    const tensor::impl *twq = checked(t.wq, "wq", {s.d_in, s.d_k}, true),
+                       *twk = checked(t.wk, "wk", {s.d_in, s.d_k}, true),
+                       *twv = checked(t.wv, "wv", {s.d_in, s.d_v}, true);
+    const tensor::impl *tbq = checked(t.bq, "bq", {s.d_k}, false), *tbk = checked(t.bk, "bk", {s.d_k}, false),
+                       *tbv = checked(t.bv, "bv", {s.d_v}, false);
+    const tensor::impl *two = checked(t.wo, "wo", {s.d_v, s.d_out}, s.d_out > 0),
+                       *tbo = checked(t.bo, "bo", {s.d_out}, false);
     if (!s.d_out && (t.wo || t.bo)) throw qkv::invalid_argument("attention_call: wo or bo without shape.d_out");
-    const auto out = bound(t.out, "out", s.batch * s.seq * s.out_width(), true);
+    const tensor::impl* tout = checked(t.out, "out", {s.batch, s.seq, s.out_width()}, true);
+    refuse_overlap("attention_call", {{tx, "x"},
+                                      {twq, "wq"},
+                                      {twk, "wk"},
+                                      {twv, "wv"},
+                                      {tbq, "bq"},
+                                      {tbk, "bk"},
+                                      {tbv, "bv"},
+                                      {two, "wo"},
+                                      {tbo, "bo"},
+                                      {tout, "out", true}});
+    return {tx, twq, twk, twv, tbq, tbk, tbv, two, tbo, tout};
+}
+
+void attention_call::impl::record(recorder& rec, recording::impl& r, const attention_tensors& t) {
+    const attention_shape& s = desc.shape;
+    const auto [tx, twq, twk, twv, tbq, tbk, tbv, two, tbo, tout] = check(t);
+    const auto bind = [](const tensor::impl* x) {
+        return x ? std::optional{x->bind()} : std::optional<tensor::impl::bound>{};
+    };
+    const auto x = bind(tx), wq = bind(twq), wk = bind(twk), wv = bind(twv), bq = bind(tbq), bk = bind(tbk),
+               bv = bind(tbv), wo = bind(two), bo = bind(tbo), out = bind(tout);
 
     r.core = core;
     r.attention = std::make_unique<plan>(p);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/planned_call.hpp"
+#include "api/tensor_impl.hpp"
 #include "plan/attention_plan.hpp"
 #include "qkv/vulkan/attention_call.hpp"
 #include "run/sdpa_guard.hpp"
@@ -21,6 +22,12 @@ struct attention_call::impl : planned_call {
                      // hold the masks' bits and additive entries at its offsets within its inputs
     detail::additive_facts mask_facts;  // the overflow rule's view of `additive`
 
+    /// The tensors, checked (present where they must be, of the description's shapes, float32,
+    /// on this device, no output over another): before anything is recorded.
+    struct checked_tensors {
+        const tensor::impl *x, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *bo, *out;
+    };
+    [[nodiscard]] checked_tensors check(const attention_tensors& t) const;
     void record(detail::recorder& rec, recording::impl& r, const attention_tensors& t);
 };
 

@@ -68,7 +68,7 @@ sdpa_output context::sdpa(const sdpa_problem& given, const kv_cache& cache) {
         require_supported(entry_point::context_decode, asked);
         const sdpa_plan p = plan_sdpa_cache(problem, c.desc(), env.core.dev->desc(), env.set);
         const kv_stats stats = c.read_stats();
-        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.desc(), &stats};
+        cache_kv kv{c.k_view.handle(), c.v_view.handle(), {}, {}, c.rows(), c.desc(), &stats};
         if (c.blocks()) {
             kv.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
             kv.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};

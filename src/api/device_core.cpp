@@ -1,5 +1,7 @@
 #include "api/device_core.hpp"
 
+#include <vector>
+
 #include "api/device_request.hpp"
 #include "qkv/vulkan/error.hpp"
 
@@ -35,6 +37,22 @@ void device_core::check_alive() const {
     if (lost)
         throw device_lost(
             "the Vulkan device of this context was lost earlier (VK_ERROR_DEVICE_LOST); create a new context");
+}
+
+std::vector<std::shared_ptr<void>> device_core::reclaim() noexcept {
+    std::vector<std::shared_ptr<void>> later;
+    if (retirees.empty()) return later;
+    try {
+        later.reserve(retirees.size());
+    } catch (...) {
+        return later;  // the next call tries again
+    }
+    std::erase_if(retirees, [&](std::unique_ptr<retired>& r) {
+        if (!r->finished()) return false;
+        later.push_back(r->after_lock());
+        return true;
+    });
+    return later;
 }
 
 }  // namespace qkv::vulkan::detail

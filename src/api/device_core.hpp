@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -19,12 +20,29 @@
 
 namespace qkv::vulkan::detail {
 
+/// What a recording into a caller's command buffer leaves behind when it is destroyed before qkv
+/// knows its commands have completed: its scratch and descriptor sets, kept until they have
+/// (finished() says so), then released. Never a driver's use-after-free.
+struct retired {
+    retired() = default;
+    retired(const retired&) = delete;
+    retired& operator=(const retired&) = delete;
+    virtual ~retired() = default;
+    /// Whether its commands have completed (the lock held).
+    [[nodiscard]] virtual bool finished() const = 0;
+    /// What must be let go of after the lock (a kv_cache it kept alive takes the lock itself).
+    [[nodiscard]] virtual std::shared_ptr<void> after_lock() = 0;
+};
+
 struct device_core {
     std::shared_ptr<const instance> inst;
     std::unique_ptr<device> dev;
     std::unique_ptr<allocator> alloc;
     std::unique_ptr<pipeline_set> pipes;
     std::unique_ptr<executor> exec;
+    /// Retired recordings whose commands had not completed when they were destroyed (declared
+    /// after the device objects: released before them). Guarded by `mutex`.
+    std::vector<std::unique_ptr<retired>> retirees;
     /// Serialises every use of the device, its queue, the executor and the buffers of the contexts
     /// and caches that share this core.
     std::mutex mutex;
@@ -38,6 +56,10 @@ struct device_core {
 
     /// Throws device_lost when an earlier call lost the device. Call with `mutex` held.
     void check_alive() const;
+
+    /// Releases the retirees whose commands have completed (with `mutex` held); returns what must
+    /// be let go of after the lock.
+    [[nodiscard]] std::vector<std::shared_ptr<void>> reclaim() noexcept;
 
     /// Runs `work` (with `mutex` held) and returns what it returns: device_lost marks the core
     /// lost for every later call, and a host allocation failure becomes out_of_memory naming `what`.

@@ -26,6 +26,36 @@ const char* to_string(device_type type) {
     return "other";
 }
 
+const char* to_string(matrix_component component) {
+    switch (component) {
+        case matrix_component::f16:
+            return "f16";
+        case matrix_component::f32:
+            return "f32";
+        case matrix_component::f64:
+            return "f64";
+        case matrix_component::s8:
+            return "s8";
+        case matrix_component::s16:
+            return "s16";
+        case matrix_component::s32:
+            return "s32";
+        case matrix_component::s64:
+            return "s64";
+        case matrix_component::u8:
+            return "u8";
+        case matrix_component::u16:
+            return "u16";
+        case matrix_component::u32:
+            return "u32";
+        case matrix_component::u64:
+            return "u64";
+        case matrix_component::other:
+            break;
+    }
+    return "other";
+}
+
 std::vector<device_info> list_devices(const instance_options& options) {
     const detail::instance inst(detail::validation_requested(options.validation));
     return inst.devices();

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "api/attention_call_impl.hpp"
 #include "api/context_impl.hpp"
@@ -87,17 +88,31 @@ context make_context(const external_device& d, const context_options& options) {
 }
 
 tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize size, std::vector<std::size_t> shape,
-            element_type type) {
+            element_type type, VkBufferUsageFlags usage) {
     if (!buffer) throw qkv::invalid_argument("wrap: no VkBuffer");
     context::impl& c = context_access::of(ctx);
     // A tensor of the shape first (its checks), without memory, then the caller's buffer.
     auto t = std::make_unique<tensor::impl>();
     t->core = c.core;
     describe(*t, std::move(shape), type, c.core->dev->info(), "wrap");
+    t->usage = usage;
+    require_usage(*t, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, "VK_BUFFER_USAGE_STORAGE_BUFFER_BIT", "wrap", "wrapped");
     const std::uint64_t align = t->element_bytes() ? t->element_bytes() : 2;  // blocks: every row starts even
     if (offset % align != 0)
         throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) + " is not a multiple of " +
                                     std::to_string(align) + " bytes (" + std::string(to_string(type)) + ")");
+    // The buffer's size, as far as Vulkan tells it: its memory requirements (perhaps rounded up to
+    // its alignment). A range beyond it would read and write outside the buffer.
+    VkMemoryRequirements req{};
+    c.core->dev->fn().vkGetBufferMemoryRequirements(c.core->dev->handle(), buffer, &req);
+    if (offset > req.size)
+        throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) + " is past the end of the VkBuffer (" +
+                                    std::to_string(req.size) + " bytes by its memory requirements)");
+    if (size == VK_WHOLE_SIZE) size = req.size - offset;
+    if (size > req.size - offset)
+        throw qkv::invalid_argument("wrap: offset " + std::to_string(offset) + " + size " + std::to_string(size) +
+                                    " passes the end of the VkBuffer (" + std::to_string(req.size) +
+                                    " bytes by its memory requirements)");
     if (t->bytes > size)
         throw qkv::invalid_argument("wrap: shape " + shape_string(t->shape) + " of " + std::string(to_string(type)) +
                                     " needs " + std::to_string(t->bytes) + " bytes; the buffer range has " +
@@ -124,10 +139,37 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     const std::shared_ptr<kv_cache::impl> c = kv_cache_access::of(cache);
     auto r = std::make_unique<recording::impl>();
     r->core = c->core;
-    const auto lock = c->lock_for_append(rows, "record_append", nullptr);
+    std::vector<std::shared_ptr<void>> later;  // retired recordings let go of after the lock
+    const void* in = static_cast<const void*>(cmd);
+    const auto lock = c->lock_for_append(rows, "record_append", in);  // refused while another holds rows
+    later = c->core->reclaim();
+    if (rows) (void)c->check_append(k, v, rows);  // every refusal before anything is recorded
     r->rec = std::make_unique<external_recorder>(*c->core->dev, c->core->exec->max_groups(0), cmd);
-    if (rows) c->record_append(*r->rec, k, v, rows, r->scratch);
+    r->begin_marker(*r->rec);
+    const std::size_t before = c->size;
+    try {
+        if (rows) c->record_append(*r->rec, k, v, rows, r->scratch);
+    } catch (...) {
+        c->size = before;                        // not grown (it grows last)
+        recording_access::retire(std::move(r));  // its commands may be in `cmd`: kept, not freed
+        throw;
+    }
+    r->end_marker(*r->rec);
     r->cache = c;  // its storage and statistics live until the recording goes (after the commands)
+    if (rows) {
+        // The rows are the cache's once the recording is known to have run (check(), or its
+        // destruction after completion); until then only this command buffer may use them, and a
+        // recording destroyed before then takes them back.
+        if (c->pending_in != in) {
+            c->pending_in = in;
+            c->pending_count = 0;
+            c->pending_before = before;
+            ++c->pending_generation;
+        }
+        ++c->pending_count;
+        r->appended_in = cmd;
+        r->append_generation = c->pending_generation;
+    }
     return recording_access::make(std::move(r));
 }
 

@@ -55,10 +55,16 @@ kv_cache::impl::~impl() {
 }
 
 void kv_cache::impl::check_ready(const char* what, const void* by) const {
-    if (pending_in && pending_in != by)
+    if (!pending_in || pending_in == by) return;
+    if (pending_count)
         throw qkv::invalid_argument(std::string(what) +
-                                    ": a sequence holds a recorded append to this cache that has not run, so the "
-                                    "cache's last rows are not written yet; run() that sequence first");
+                                    ": an append to this cache recorded into a command buffer (record_append) is not "
+                                    "known to have run, so the cache's last rows may not be written; after its "
+                                    "fence, call check() on that recording (or destroy it), or record into the same "
+                                    "command buffer");
+    throw qkv::invalid_argument(std::string(what) +
+                                ": a sequence holds a recorded append to this cache that has not run, so the "
+                                "cache's last rows are not written yet; run() that sequence first");
 }
 
 void kv_cache::impl::check_room(std::size_t rows, const char* what, const void* by) const {
@@ -79,6 +85,16 @@ std::unique_lock<std::mutex> kv_cache::impl::lock_for_append(std::size_t rows, c
 kv_stats kv_cache::impl::read_stats() const {
     stats.invalidate();
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
+}
+
+decode_rows kv_cache::impl::rows() const {
+    decode_rows r;
+    if (!half()) return r;
+    const tensor::impl::bound k_rows = tensor_access::of(k, "kv_cache").bind();
+    const tensor::impl::bound v_rows = tensor_access::of(v, "kv_cache").bind();
+    r.k = k_rows.b, r.k_off = k_rows.element;
+    r.v = v_rows.b, r.v_off = v_rows.element;
+    return r;
 }
 
 std::shared_ptr<kv_cache::impl> kv_cache_access::of(const kv_cache& c) {
@@ -195,8 +211,8 @@ kv_cache::kv_cache(context& ctx, const kv_layout& shape) {
     }
     const element_type type = c->half() ? element_type::f16 : element_type::f32;
     if (c->half() && !c->core->dev->info().fp16_storage)
-        throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
-                          c->core->dev->info().name + " does not offer; use an fp32 cache");
+        throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess): " +
+                          lacks(c->core->dev->info()) + "; use an fp32 cache");
     c->k = tensor(ctx, storage_shape(shape, c->e4), type);
     c->v = tensor(ctx, storage_shape(shape, c->ev4), type);
     std::lock_guard lock(c->core->mutex);
@@ -225,6 +241,12 @@ kv_cache::kv_cache(context& ctx, const kv_layout& shape, tensor k, tensor v) {
                                         shape_string(storage_shape(shape, texels)) + " " +
                                         std::string(to_string(type)));
     }
+    for (const tensor* t : {&k, &v})
+        require_usage(tensor_access::of(*t, "kv_cache"), VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT,
+                      "VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT (read through texel buffer views)", "kv_cache",
+                      t == &k ? "k storage" : "v storage");
+    refuse_overlap("kv_cache", {{&tensor_access::of(k, "kv_cache"), "k storage", true},
+                                {&tensor_access::of(v, "kv_cache"), "v storage", true}});
     c->k = std::move(k);
     c->v = std::move(v);
     std::lock_guard lock(c->core->mutex);
@@ -438,24 +460,38 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     c.size += rows;
 }
 
-namespace {}  // namespace
-
-void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows,
-                                   buffer& scratch) {
+std::pair<const tensor::impl*, const tensor::impl*> kv_cache::impl::check_append(const tensor& kt, const tensor& vt,
+                                                                                 std::size_t rows) const {
     require_supported(entry_point::cache_append_tensors, features_of(type));
     const kv_layout& s = layout;
     // (B, Hkv, rows, E) and (B, Hkv, rows, Ev), of the cache's storage type.
-    const tensor::impl& kin = expect_tensor(kt, "kv_cache::append", "k", core,
-                                            product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append"), type);
-    const tensor::impl& vin = expect_tensor(vt, "kv_cache::append", "v", core,
-                                            product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append"), type);
+    (void)product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append");  // fits size_t
+    (void)product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append");
+    const tensor::impl& kin =
+        expect_tensor(kt, "kv_cache::append", "k", core, {s.batch, s.kv_heads, rows, s.d_qk}, type);
+    const tensor::impl& vin =
+        expect_tensor(vt, "kv_cache::append", "v", core, {s.batch, s.kv_heads, rows, s.d_v}, type);
+    // The rows written: the cache's storage (a caller's buffer, perhaps the one k and v are in).
+    const tensor::impl* sk = blocks() ? nullptr : &tensor_access::of(k, "kv_cache::append");
+    const tensor::impl* sv = blocks() ? nullptr : &tensor_access::of(v, "kv_cache::append");
+    refuse_overlap("kv_cache::append",
+                   {{&kin, "k"}, {&vin, "v"}, {sk, "cache's k storage", true}, {sv, "cache's v storage", true}});
     const device_desc& desc = core->dev->desc();
-    pipeline_set& pipes = *core->pipes;
     if (blocks() && !desc.info.fp16_storage)
         throw unavailable("kv_cache::append: the rows of " + std::string(to_string(type)) +
                           " tensors are copied as 16-bit words, which needs 16-bit storage buffers "
-                          "(storageBuffer16BitAccess); " +
-                          desc.info.name + " does not offer it: append host data");
+                          "(storageBuffer16BitAccess): " +
+                          lacks(desc.info) + "; append host data");
+    return {&kin, &vin};
+}
+
+void kv_cache::impl::record_append(recorder& rec, const tensor& kt, const tensor& vt, std::size_t rows,
+                                   buffer& scratch) {
+    const kv_layout& s = layout;
+    const auto [kp, vp] = check_append(kt, vt, rows);
+    const tensor::impl &kin = *kp, &vin = *vp;
+    const device_desc& desc = core->dev->desc();
+    pipeline_set& pipes = *core->pipes;
     tensor::impl::bound kb = kin.bind(), vb = vin.bind();
     const tensor::impl::bound k_src = kb, v_src = vb;  // the blocks as given (kb, vb become their values)
     const binding stats_all{stats.handle(), 0, stats.size()};

@@ -4,10 +4,12 @@
 
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "api/device_core.hpp"
 #include "api/tensor_impl.hpp"
+#include "kernels/sdpa_decode.hpp"
 #include "plan/sdpa_plan.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
 #include "run/sdpa_guard.hpp"
@@ -34,9 +36,15 @@ struct kv_cache::impl {
     detail::buffer stats;
     detail::buffer staging;      // the upload staging where the storage is not mapped
     bool force_staging = false;  // testing::hooks::force_staging: host appends as if it were not
-    /// The sequence (its sequence::impl) holding a recorded append to this cache that has not run:
-    /// until it runs, `size` counts rows not yet written, so every other use of the rows waits.
+    /// The sequence (its sequence::impl), or the caller's command buffer (its VkCommandBuffer),
+    /// holding a recorded append to this cache not known to have run: until it has, `size` counts
+    /// rows not yet written, so every use of the rows from elsewhere waits (one rule for both).
     const void* pending_in = nullptr;
+    /// For a command buffer: its append recordings not yet known complete, the size before the
+    /// first, and a generation that tells them from an earlier command buffer's.
+    std::size_t pending_count = 0;
+    std::size_t pending_before = 0;
+    std::uint64_t pending_generation = 0;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -47,6 +55,8 @@ struct kv_cache::impl {
     [[nodiscard]] bool half() const { return type == element_type::f16; }
     [[nodiscard]] bool blocks() const { return is_quantized(type); }
     [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(layout.capacity), type}; }
+    /// An f16 cache's K and V as float16 rows in storage (the cooperative-matrix decode); q unset.
+    [[nodiscard]] detail::decode_rows rows() const;
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
     /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence
@@ -59,6 +69,10 @@ struct kv_cache::impl {
     /// fit or one is refused with nothing appended.
     [[nodiscard]] std::unique_lock<std::mutex> lock_for_append(std::size_t rows, const char* what,
                                                                const void* by) const;
+    /// The checks of an append of device tensors (the lock held), before anything is recorded:
+    /// k and v of the cache's type and shapes, on its device, not over its storage.
+    [[nodiscard]] std::pair<const tensor::impl*, const tensor::impl*> check_append(const tensor& k, const tensor& v,
+                                                                                   std::size_t rows) const;
     /// Records an append of device tensors of the cache's type (the lock held, `rows` checked): the
     /// guard's rows pass into `stats`, then K and V packed into their rows (texels), or their blocks
     /// copied (q8_0, q4_0: their values read as float32 into `scratch` for the guard first, which

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "api/device_core.hpp"
 #include "api/recording_impl.hpp"
@@ -48,6 +49,16 @@ void check_cache_ready(const Call& call, const char* what, const void* by) {
         if (call.cache) call.cache->check_ready(what, by);
 }
 
+/// When a call is made (the lock held): its recording gone through once over stand-in tensors
+/// (no memory), dry, so that every pipeline it dispatches is built and run()'s scratch allocated
+/// now, not at the first record or run.
+template <class Call, class Tensors>
+void build_pipelines(Call& call, const Tensors& stand_ins) {
+    if (!call.run_scratch) call.run_scratch = std::make_unique<recording::impl>();
+    detail::dry_recorder dry(*call.core->dev, call.core->exec->max_groups(0));
+    call.record(dry, *call.run_scratch, stand_ins);
+}
+
 /// call.run(tensors): recorded into the core's own command buffer, submitted, waited on, checked.
 template <class Call, class Tensors>
 void run_call(Call& call, const Tensors& tensors, const char* what) {
@@ -83,11 +94,24 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
     require_supported(entry_point::interop_record, call.desc);
     auto r = std::make_unique<recording::impl>();
     r->core = call.core;
+    std::vector<std::shared_ptr<void>> later;  // retired recordings let go of after the lock
     std::lock_guard lock(call.core->mutex);
     call.core->check_alive();
-    check_cache_ready(call, "record", nullptr);
+    later = call.core->reclaim();
+    // A call over a cache may follow an append recorded into the same command buffer.
+    check_cache_ready(call, "record", static_cast<const void*>(cmd));
+    (void)call.check(tensors);  // every refusal before anything is recorded
     r->rec = std::make_unique<detail::external_recorder>(*call.core->dev, call.core->exec->max_groups(0), cmd);
-    call.record(*r->rec, *r, tensors);
+    r->begin_marker(*r->rec);
+    try {
+        call.record(*r->rec, *r, tensors);
+    } catch (...) {
+        // Failed part-way (out of memory): commands that use its objects may be in `cmd`, so they
+        // are kept (retired, never reported done) rather than freed under a submit of it.
+        recording_access::retire(std::move(r));
+        throw;
+    }
+    r->end_marker(*r->rec);
     return recording_access::make(std::move(r));
 }
 

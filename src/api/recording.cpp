@@ -1,6 +1,8 @@
 // qkv::vulkan::recording: what a recorded (or run) call owns until its commands have completed,
 // and its check(): the device's verdict read back, the overflow rule applied as on the host path.
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "api/attention_call_impl.hpp"
 #include "api/recording_impl.hpp"
@@ -12,26 +14,127 @@ namespace qkv::vulkan {
 using namespace detail;
 
 recording::recording() noexcept = default;
-recording::~recording() = default;
+recording::~recording() { recording_access::retire(std::move(impl_)); }
 recording::recording(recording&&) noexcept = default;
-recording& recording::operator=(recording&&) noexcept = default;
+recording& recording::operator=(recording&& other) noexcept {
+    if (this != &other) {
+        std::unique_ptr<impl> old = std::move(impl_);
+        impl_ = std::move(other.impl_);
+        recording_access::retire(std::move(old));
+    }
+    return *this;
+}
 
 void recording::check() const {
     if (!impl_) throw qkv::error("qkv::vulkan::recording: empty (or moved from)");
-    impl_->check();
+    impl_->check_completed();
 }
 
+namespace {
+
+/// A recording's device objects, views before the buffers they view, then its descriptor sets.
+void release(recording::impl& r) noexcept {
+    r.attention_views = {};
+    r.backward_views = {};
+    r.views.clear();
+    r.flash_views = {};
+    r.buffers.release();
+    r.guard.reset();
+    r.scratch.reset();
+    r.marker.reset();
+    r.rec.reset();
+}
+
+}  // namespace
+
 recording::impl::~impl() {
-    if (!core) return;
+    if (!core) {  // retired: released by its core, under its lock or at its end
+        release(*this);
+        return;
+    }
     std::lock_guard lock(core->mutex);
-    attention_views = {};
-    backward_views = {};
-    views.clear();
-    flash_views = {};
-    buffers.release();
-    guard.reset();
-    scratch.reset();
-    rec.reset();
+    release(*this);
+}
+
+void recording::impl::begin_marker(recorder& r) {
+    core->alloc->ensure(marker, 4, memory_use::readback, "recording completion marker");
+    const std::uint32_t not_done = 0;
+    std::memcpy(marker.mapped(), &not_done, 4);
+    marker.flush();
+    // Submitted again, the command buffer says "not done" until this submission's end (after the
+    // last one's word).
+    r.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_TRANSFER_WRITE_BIT);
+    r.fill(marker.handle(), 0, 4, not_done);
+}
+
+void recording::impl::end_marker(recorder& r) {
+    r.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_TRANSFER_WRITE_BIT);
+    r.fill(marker.handle(), 0, 4, done_word);
+    r.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+              VK_ACCESS_HOST_READ_BIT);
+}
+
+bool recording::impl::finished() const {
+    if (!rec || !marker) return true;  // run by qkv (waited on), or nothing recorded
+    marker.invalidate();
+    std::uint32_t word = 0;
+    std::memcpy(&word, marker.mapped(), 4);
+    return word == done_word;
+}
+
+void recording::impl::settle_append(bool completed) noexcept {
+    if (settled || !appended_in || !cache) return;
+    settled = true;
+    kv_cache::impl& c = *cache;
+    if (c.pending_in != static_cast<const void*>(appended_in) || c.pending_generation != append_generation) return;
+    if (!completed) {  // never run (or not known to have): the command buffer's appends taken back
+        c.size = c.pending_before;
+        c.pending_count = 0;
+    } else if (--c.pending_count != 0) {
+        return;
+    }
+    c.pending_in = nullptr;
+    ++c.pending_generation;
+}
+
+void recording::impl::check_completed() const {
+    {
+        std::lock_guard lock(core->mutex);
+        if (!finished())
+            throw not_complete(
+                "qkv::vulkan::recording::check: the recorded commands have not completed (the command buffer was "
+                "not submitted, or is still running), so there is no verdict yet; check after waiting on its fence");
+        const_cast<impl*>(this)->settle_append(true);
+        seen_complete = true;
+    }
+    check();
+}
+
+void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
+    if (!r || !r->core) return;
+    const std::shared_ptr<detail::device_core> core = r->core;
+    std::vector<std::shared_ptr<void>> later;  // let go of after the lock
+    {
+        std::lock_guard lock(core->mutex);
+        const bool done = r->finished();
+        r->settle_append(done);
+        if (r->rec && !r->seen_complete) {
+            // Perhaps still running (the word is written by the device, not a fence the host
+            // waited on): kept until a later record or run finds its word done (the core's
+            // reclaim), without its reference to the core (which holds it).
+            r->core.reset();
+            try {
+                core->retirees.push_back(std::move(r));
+            } catch (...) {
+                (void)r.release();  // kept forever rather than freed under running commands
+            }
+        }
+        later = core->reclaim();
+    }
+    r.reset();  // released under the lock it takes
 }
 
 void recording::impl::check(bool locked) const {

@@ -22,12 +22,26 @@
 
 namespace qkv::vulkan {
 
-struct recording::impl {
+struct recording::impl : detail::retired {
+    /// The word the recorded commands write last into `marker`; anything else: not completed.
+    static constexpr std::uint32_t done_word = 0x51c0d0e5u;
+
     std::shared_ptr<detail::device_core> core;       // declared first: outlives the rest
     std::unique_ptr<detail::external_recorder> rec;  // its descriptor sets (a caller's command buffer)
     detail::run_buffers buffers;                     // the call's scratch
     detail::buffer guard;                            // the overflow rule's device words (host-visible)
     detail::buffer scratch;                          // a quantized append's rows as float32
+    /// A recording into a caller's command buffer: one word, done_word once every command recorded
+    /// has completed (written last, by the device), whatever else before.
+    detail::buffer marker;
+    /// An append recording: the command buffer it is in (the key of the cache's pending_in) and the
+    /// cache's pending generation it belongs to; settled once its completion or undoing is known.
+    VkCommandBuffer appended_in = VK_NULL_HANDLE;
+    std::uint64_t append_generation = 0;
+    bool settled = false;
+    /// check() has seen the word say done (after the caller's fence, as its contract says): the
+    /// recording may be released at once when it goes.
+    mutable bool seen_complete = false;
     std::vector<detail::buffer_view> views;
     detail::flash_cpu_views flash_views;
     // What check() needs:
@@ -52,7 +66,24 @@ struct recording::impl {
     impl() = default;
     impl(const impl&) = delete;
     impl& operator=(const impl&) = delete;
-    ~impl();
+    ~impl() override;
+
+    /// A recording into a caller's command buffer: `marker` made, its word set to "not done" (the
+    /// lock held, before anything is recorded), then the commands that reset it on the device.
+    void begin_marker(detail::recorder& rec);
+    /// After everything recorded: the commands that write done_word once all of it has completed.
+    void end_marker(detail::recorder& rec);
+    /// Whether its commands have completed: true for a call run by qkv (no marker); else the word
+    /// (the lock held).
+    [[nodiscard]] bool finished() const override;
+    [[nodiscard]] std::shared_ptr<void> after_lock() override { return std::move(cache); }
+    /// An append recording's effect on its cache, once known (the lock held): completed, the rows
+    /// are the cache's for every use; not completed, they are taken back (the cache's size as
+    /// before the command buffer's appends). Idempotent.
+    void settle_append(bool completed) noexcept;
+    /// The verdict of the recorded checks, after the commands have completed (not_complete before:
+    /// not submitted, or still running).
+    void check_completed() const;
 
     /// The verdict of the recorded checks (numeric_overflow). `locked`: the caller holds the
     /// core's lock (a run checks under the lock that ran it); else it is taken here.
@@ -80,6 +111,10 @@ struct recording_access {
         r.impl_ = std::move(i);
         return r;
     }
+    /// The end of a recording's life (its destructor, a move-assignment over it): released now
+    /// where its commands have completed, else retired to its device core until they have, and an
+    /// append's rows taken back.
+    static void retire(std::unique_ptr<recording::impl> r) noexcept;
 };
 
 }  // namespace qkv::vulkan

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "api/context_impl.hpp"
 #include "api/planned_call.hpp"
@@ -41,6 +42,8 @@ struct sdpa_backward_call::impl : planned_call {
     [[nodiscard]] element_type type() const {
         return desc.forward.options.precision == precision::fp16 ? element_type::f16 : element_type::f32;
     }
+    /// The tensors checked against the call (the lock held): before anything is recorded.
+    void check(const sdpa_backward_tensors& t) const;
     /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
     void record(recorder& rec, recording::impl& r, const sdpa_backward_tensors& t);
 };
@@ -54,30 +57,63 @@ struct sdpa_backward_call_access {
 
 namespace {
 
-/// The tensors of the call: present where it needs them, of the right element counts and types.
+/// The additive mask's shape (its gradient's): mask_shape, or L x S where that is empty.
+std::vector<std::size_t> mask_dims(const sdpa_problem& f) {
+    return f.mask_shape.empty() ? std::vector<std::size_t>{f.shape.q_len, f.shape.kv_len} : f.mask_shape;
+}
+
+/// The shapes of the call's tensors: q (and dq), k (and dk), v (and dv), out (and d_out), lse.
+struct tensor_shapes {
+    std::vector<std::size_t> q, k, v, out, lse;
+    explicit tensor_shapes(const sdpa_shape& s)
+        : q{s.batch, s.q_heads, s.q_len, s.d_qk},
+          k{s.batch, s.kv_heads, s.kv_len, s.d_qk},
+          v{s.batch, s.kv_heads, s.kv_len, s.d_v},
+          out{s.batch, s.q_heads, s.q_len, s.d_v},
+          lse{s.batch, s.q_heads, s.q_len} {}
+};
+
+/// The tensors of the call: present where it needs them, of the right shapes and types, and no
+/// tensor it writes overlapping another it touches (nothing is computed in place).
 void check_tensors(const sdpa_backward_call::impl& c, const sdpa_backward_tensors& t) {
     const sdpa_shape& s = c.desc.forward.shape;
-    const auto expect = [&](const tensor* x, const char* what, std::size_t count, element_type want) {
+    const auto expect = [&](const tensor* x, const char* what, std::vector<std::size_t> shape, element_type want) {
         if (!x) throw qkv::invalid_argument(std::string("sdpa_backward_call: no ") + what + " tensor");
-        (void)expect_tensor(*x, "sdpa_backward_call", what, c.core, count, want);
+        return &expect_tensor(*x, "sdpa_backward_call", what, c.core, shape, want);
     };
-    const std::size_t q = s.batch * s.q_heads * s.q_len, kv = s.batch * s.kv_heads * s.kv_len;
-    expect(t.q, "q", q * s.d_qk, c.type());
-    expect(t.k, "k", kv * s.d_qk, c.type());
-    expect(t.v, "v", kv * s.d_v, c.type());
-    expect(t.out, "out", q * s.d_v, element_type::f32);
-    expect(t.lse, "lse", q, element_type::f32);
-    expect(t.d_out, "d_out", q * s.d_v, c.type());
-    expect(t.dq, "dq", q * s.d_qk, element_type::f32);
-    expect(t.dk, "dk", kv * s.d_qk, element_type::f32);
-    expect(t.dv, "dv", kv * s.d_v, element_type::f32);
-    const auto optional = [&](const tensor* x, bool asked, const char* what, const char* why, std::size_t count) {
-        if (asked) return expect(x, what, count, element_type::f32);
+    const element_type f32 = element_type::f32;
+    const tensor_shapes dims(s);
+    const tensor::impl* q = expect(t.q, "q", dims.q, c.type());
+    const tensor::impl* k = expect(t.k, "k", dims.k, c.type());
+    const tensor::impl* v = expect(t.v, "v", dims.v, c.type());
+    const tensor::impl* out = expect(t.out, "out", dims.out, f32);
+    const tensor::impl* lse = expect(t.lse, "lse", dims.lse, f32);
+    const tensor::impl* d_out = expect(t.d_out, "d_out", dims.out, c.type());
+    const tensor::impl* dq = expect(t.dq, "dq", dims.q, f32);
+    const tensor::impl* dk = expect(t.dk, "dk", dims.k, f32);
+    const tensor::impl* dv = expect(t.dv, "dv", dims.v, f32);
+    const auto optional = [&](const tensor* x, bool asked, const char* what, const char* why,
+                              std::vector<std::size_t> shape) -> const tensor::impl* {
+        if (asked) return expect(x, what, std::move(shape), f32);
         if (x) throw qkv::invalid_argument(std::string("sdpa_backward_call: a ") + what + " tensor, but " + why);
+        return nullptr;
     };
-    optional(t.d_sinks, !c.sinks.empty(), "d_sinks", "the description has no sinks", s.q_heads);
-    optional(t.d_additive_mask, c.desc.return_d_additive_mask, "d_additive_mask",
-             "the description's return_d_additive_mask is not set", c.additive.size());
+    const tensor::impl* d_sinks =
+        optional(t.d_sinks, !c.sinks.empty(), "d_sinks", "the description has no sinks", {s.q_heads});
+    const tensor::impl* d_mask =
+        optional(t.d_additive_mask, c.desc.return_d_additive_mask, "d_additive_mask",
+                 "the description's return_d_additive_mask is not set", mask_dims(c.desc.forward));
+    refuse_overlap("sdpa_backward_call", {{q, "q"},
+                                          {k, "k"},
+                                          {v, "v"},
+                                          {out, "out"},
+                                          {lse, "lse"},
+                                          {d_out, "d_out"},
+                                          {dq, "dq", true},
+                                          {dk, "dk", true},
+                                          {dv, "dv", true},
+                                          {d_sinks, "d_sinks", true},
+                                          {d_mask, "d_additive_mask", true}});
 }
 
 }  // namespace
@@ -118,14 +154,28 @@ sdpa_backward_call::sdpa_backward_call(context& ctx, const sdpa_backward_problem
     if (bits_bytes) c.masks.bits = {c.constants.handle(), 0, bits_bytes};
     if (add_bytes) c.masks.additive = {c.constants.handle(), add_at, add_bytes};
     c.masks.params = {c.constants.handle(), params_at, params_bytes};
+    // The pipelines, now: the call recorded once, dry, over stand-ins of its tensors.
+    const tensor_shapes dims(f.shape);
+    const element_type f32 = element_type::f32, in = c.type();
+    tensor q = stand_in(c.core, dims.q, in), k = stand_in(c.core, dims.k, in), v = stand_in(c.core, dims.v, in);
+    tensor out = stand_in(c.core, dims.out, f32), lse = stand_in(c.core, dims.lse, f32);
+    tensor d_out = stand_in(c.core, dims.out, in), dq = stand_in(c.core, dims.q, f32);
+    tensor dk = stand_in(c.core, dims.k, f32), dv = stand_in(c.core, dims.v, f32), d_sinks, d_mask;
+    sdpa_backward_tensors t{
+        .q = &q, .k = &k, .v = &v, .out = &out, .lse = &lse, .d_out = &d_out, .dq = &dq, .dk = &dk, .dv = &dv};
+    if (!c.sinks.empty()) d_sinks = stand_in(c.core, {f.shape.q_heads}, f32), t.d_sinks = &d_sinks;
+    if (description.return_d_additive_mask) d_mask = stand_in(c.core, mask_dims(f), f32), t.d_additive_mask = &d_mask;
+    build_pipelines(c, t);
 }
 
 sdpa_backward_call::~sdpa_backward_call() = default;
 sdpa_backward_call::sdpa_backward_call(sdpa_backward_call&&) noexcept = default;
 sdpa_backward_call& sdpa_backward_call::operator=(sdpa_backward_call&&) noexcept = default;
 
+void sdpa_backward_call::impl::check(const sdpa_backward_tensors& t) const { check_tensors(*this, t); }
+
 void sdpa_backward_call::impl::record(recorder& rec, recording::impl& r, const sdpa_backward_tensors& t) {
-    check_tensors(*this, t);
+    check(t);
     const sdpa_backward_plan& p = plan;
     const sdpa_plan& fp = p.forward;
     const sdpa_shape& s = desc.forward.shape;

@@ -35,28 +35,42 @@ namespace {
 /// The tensors of a problem of `shape`: present where the call needs them (q, out; k and v without
 /// a cache; lse and weights where the options return them), of the right element counts and types.
 void check_tensors(const sdpa_call::impl& c, const sdpa_shape& s, const sdpa_tensors& t) {
-    const auto expect = [&](const tensor* x, const char* what, std::size_t count, element_type want) {
+    const auto expect = [&](const tensor* x, const char* what, std::vector<std::size_t> shape, element_type want) {
         if (!x) throw qkv::invalid_argument(std::string("sdpa_call: no ") + what + " tensor");
-        (void)expect_tensor(*x, "sdpa_call", what, c.core, count, want);
+        return &expect_tensor(*x, "sdpa_call", what, c.core, shape, want);
     };
     const sdpa_options& o = c.desc.options;
-    expect(t.q, "q", s.batch * s.q_heads * s.q_len * s.d_qk, c.q_type());
+    const tensor::impl* q = expect(t.q, "q", {s.batch, s.q_heads, s.q_len, s.d_qk}, c.q_type());
+    const tensor::impl *k = nullptr, *v = nullptr;
     if (!c.cache) {
-        expect(t.k, "k", s.batch * s.kv_heads * s.kv_len * s.d_qk, c.kv_type());
-        expect(t.v, "v", s.batch * s.kv_heads * s.kv_len * s.d_v, c.kv_type());
+        k = expect(t.k, "k", {s.batch, s.kv_heads, s.kv_len, s.d_qk}, c.kv_type());
+        v = expect(t.v, "v", {s.batch, s.kv_heads, s.kv_len, s.d_v}, c.kv_type());
     } else if (t.k || t.v) {
         throw qkv::invalid_argument("sdpa_call: k and v come from the kv_cache; leave them null");
     }
-    expect(t.out, "out", s.batch * s.q_heads * s.q_len * s.d_v, element_type::f32);
-    const auto optional = [&](const tensor* x, bool asked, const char* what, const char* option, std::size_t count) {
-        if (asked) return expect(x, what, count, element_type::f32);
+    const tensor::impl* out = expect(t.out, "out", {s.batch, s.q_heads, s.q_len, s.d_v}, element_type::f32);
+    const auto optional = [&](const tensor* x, bool asked, const char* what, const char* option,
+                              std::vector<std::size_t> shape) -> const tensor::impl* {
+        if (asked) return expect(x, what, std::move(shape), element_type::f32);
         if (x)
             throw qkv::invalid_argument(std::string("sdpa_call: an ") + what + " tensor, but the description's " +
                                         option + " is not set");
+        return nullptr;
     };
-    optional(t.lse, o.return_lse, "lse", "options.return_lse", s.batch * s.q_heads * s.q_len);
-    optional(t.weights, o.return_weights, "weights", "options.return_weights",
-             s.batch * s.q_heads * s.q_len * s.kv_len);
+    const tensor::impl* lse = optional(t.lse, o.return_lse, "lse", "options.return_lse", {s.batch, s.q_heads, s.q_len});
+    const tensor::impl* weights = optional(t.weights, o.return_weights, "weights", "options.return_weights",
+                                           {s.batch, s.q_heads, s.q_len, s.kv_len});
+    // A cache's storage is read too (f32 / f16 caches: tensors, perhaps in the caller's buffer).
+    const tensor::impl* ck = c.cache && !c.cache->blocks() ? &tensor_access::of(c.cache->k, "sdpa_call") : nullptr;
+    const tensor::impl* cv = c.cache && !c.cache->blocks() ? &tensor_access::of(c.cache->v, "sdpa_call") : nullptr;
+    refuse_overlap("sdpa_call", {{q, "q"},
+                                 {k, "k"},
+                                 {v, "v"},
+                                 {ck, "cache's k"},
+                                 {cv, "cache's v"},
+                                 {out, "out", true},
+                                 {lse, "lse", true},
+                                 {weights, "weights", true}});
 }
 
 }  // namespace
@@ -136,6 +150,23 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
     if (bits_bytes) c.masks.bits = {c.constants.handle(), 0, bits_bytes};
     if (add_bytes) c.masks.additive = {c.constants.handle(), add_at, add_bytes};
     c.masks.params = {c.constants.handle(), params_at, params_bytes};
+    // The pipelines, now. Against a cache, those of the rows it holds now (none held: at the first
+    // record, as the kernels depend on them).
+    if (c.cache && c.cache->size == 0) return;
+    const sdpa_shape& s = c.cache ? c.current().shape : c.desc.shape;
+    const element_type f32 = element_type::f32;
+    tensor q = stand_in(c.core, {s.batch, s.q_heads, s.q_len, s.d_qk}, c.q_type());
+    tensor out = stand_in(c.core, {s.batch, s.q_heads, s.q_len, s.d_v}, f32), k, v, lse, weights;
+    sdpa_tensors t{.q = &q, .out = &out};
+    if (!c.cache) {
+        k = stand_in(c.core, {s.batch, s.kv_heads, s.kv_len, s.d_qk}, c.kv_type());
+        v = stand_in(c.core, {s.batch, s.kv_heads, s.kv_len, s.d_v}, c.kv_type());
+        t.k = &k, t.v = &v;
+    }
+    if (c.desc.options.return_lse) lse = stand_in(c.core, {s.batch, s.q_heads, s.q_len}, f32), t.lse = &lse;
+    if (c.desc.options.return_weights)
+        weights = stand_in(c.core, {s.batch, s.q_heads, s.q_len, s.kv_len}, f32), t.weights = &weights;
+    build_pipelines(c, t);
 }
 
 sdpa_call::~sdpa_call() = default;
@@ -149,12 +180,16 @@ kernel_family sdpa_call::kernel() const {
     return plan_sdpa_cache(impl_->current(), impl_->cache->desc(), impl_->core->dev->desc(), impl_->set).kernel();
 }
 
-void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tensors& t) {
+sdpa_problem sdpa_call::impl::check(const sdpa_tensors& t) const {
     // Against a cache, the one check of a call against it, with the rows it holds now.
-    const sdpa_problem problem =
-        cache ? check_against_cache(desc, cache->layout, cache->size, "sdpa_call", true) : desc;
+    sdpa_problem problem = cache ? check_against_cache(desc, cache->layout, cache->size, "sdpa_call", true) : desc;
+    check_tensors(*this, problem.shape, t);
+    return problem;
+}
+
+void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tensors& t) {
+    const sdpa_problem problem = check(t);
     const sdpa_shape& s = problem.shape;
-    check_tensors(*this, s, t);
     const device_desc& dd = core->dev->desc();
     const sdpa_plan p = cache ? plan_sdpa_cache(problem, cache->desc(), dd, set) : plan;
     const tensor::impl& q = tensor_access::of(*t.q, "sdpa_call");
@@ -297,8 +332,21 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         // appends): both kernels are recorded, each running only for its kind of values.
         const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
         const binding direct_out = out_direct ? binding{out.handle, out.offset, out.bytes} : binding{};
+        // The same rows as float16 storage, for the cooperative-matrix family.
+        decode_rows rows = cache ? cache->rows() : decode_rows{};
+        if (q_direct)
+            rows.q = qb.b, rows.q_off = qb.element;
+        else
+            rows.q = rows_binding(inputs.handle(), p.q.at, p.q.bytes),
+            rows.q_off = static_cast<std::uint32_t>(p.q.at / 2);
+        if (!cache) {
+            rows.k = rows_binding(inputs.handle(), p.k.at, p.k.bytes),
+            rows.k_off = static_cast<std::uint32_t>(p.k.at / 2);
+            rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes),
+            rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
+        }
         record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, k_blocks,
-                           v_blocks, gate, direct_out);
+                           v_blocks, gate, direct_out, rows);
     }
     rec.compute_barrier();
 
@@ -320,6 +368,9 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         record_tensor_copy(rec, pipes, b.bind(role::scores, 0, p.weights_count * 4), 0, wb.b, wb.element,
                            static_cast<std::uint32_t>(p.weights_count), false);
     }
+    // The copies' writes before the guard binds q, k and v: a caller's tensors may share the bound
+    // window (from the storage-offset alignment below each) with the output.
+    if (!out_direct || p.lse_count || p.weights) rec.compute_barrier();
     record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                 VK_ACCESS_HOST_READ_BIT);

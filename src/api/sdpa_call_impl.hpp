@@ -43,6 +43,9 @@ struct sdpa_call::impl : planned_call {
     /// type, or K and V are quantized. Otherwise they are all f32, or all f16, and read in place.
     [[nodiscard]] bool widen() const { return !cache && (q_type() != kv_type() || is_quantized(kv_type())); }
 
+    /// The problem as it runs now, and the tensors checked against it (the lock held): before
+    /// anything is recorded.
+    [[nodiscard]] sdpa_problem check(const sdpa_tensors& t) const;
     /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
     void record(detail::recorder& rec, recording::impl& r, const sdpa_tensors& t);
 };

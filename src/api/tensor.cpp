@@ -6,6 +6,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "api/context_impl.hpp"
@@ -23,7 +24,7 @@ std::string shape_string(const std::vector<std::size_t>& shape) {
 }
 
 tensor::impl::~impl() {
-    if (!core) return;
+    if (!core || !owned) return;        // a caller's buffer, or a stand-in: nothing of qkv's to give back
     std::lock_guard lock(core->mutex);  // the memory goes back to the shared device under its lock
     owned.reset();
 }
@@ -35,22 +36,68 @@ tensor::impl::bound tensor::impl::bind() const {
     return {binding{handle, start, offset - start + bytes}, element, offset - start};
 }
 
+void require_usage(const tensor::impl& t, VkBufferUsageFlags needed, const char* flag, const char* op,
+                   const char* what) {
+    if ((t.usage & needed) == needed) return;
+    throw qkv::invalid_argument(std::string(op) + ": the " + what + " tensor's VkBuffer was not created with " + flag +
+                                " (as wrap() was told its usage), which " + op + " needs");
+}
+
+tensor stand_in(const std::shared_ptr<detail::device_core>& core, std::vector<std::size_t> shape, element_type type) {
+    auto t = std::make_unique<tensor::impl>();
+    t->core = core;
+    describe(*t, std::move(shape), type, core->dev->info(), "stand-in");
+    t->wrapped = true;  // never viewed as qkv's own memory
+    return tensor_access::make(std::move(t));
+}
+
 tensor::impl& tensor_access::of(const tensor& t, const char* what) {
     if (!t.impl_) throw qkv::error(std::string(what) + ": an empty (or moved-from) qkv::vulkan::tensor");
     return *t.impl_;
 }
 
+namespace {
+
+std::vector<std::size_t> without_ones(const std::vector<std::size_t>& shape) {
+    std::vector<std::size_t> s;
+    for (const std::size_t d : shape)
+        if (d != 1) s.push_back(d);
+    return s;
+}
+
+}  // namespace
+
 const tensor::impl& expect_tensor(const tensor& t, const char* op, const char* what,
-                                  const std::shared_ptr<detail::device_core>& core, std::size_t count,
-                                  element_type type) {
+                                  const std::shared_ptr<detail::device_core>& core,
+                                  const std::vector<std::size_t>& shape, element_type type) {
     const tensor::impl& ti = tensor_access::of(t, op);
     const std::string named = std::string(op) + ": the " + what + " tensor";
     if (ti.core != core) throw qkv::invalid_argument(named + " is on another device");
-    if (ti.elements != count || ti.type != type)
+    if (without_ones(ti.shape) != without_ones(shape) || ti.type != type)
         throw qkv::invalid_argument(named + " is " + shape_string(ti.shape) + " " + std::string(to_string(ti.type)) +
-                                    "; " + op + " needs " + std::to_string(count) + " elements of " +
-                                    std::string(to_string(type)));
+                                    "; " + op + " needs " + shape_string(shape) + " " + std::string(to_string(type)) +
+                                    " (row-major; dimensions of 1 may be left out or added, none reordered)");
     return ti;
+}
+
+void refuse_overlap(const char* op, std::initializer_list<tensor_use> uses) {
+    const auto range = [](const tensor_use& u) {
+        return u.t ? std::tuple{u.t->handle, u.t->offset, u.t->bytes} : std::tuple{u.handle, u.offset, u.bytes};
+    };
+    for (auto a = uses.begin(); a != uses.end(); ++a) {
+        if (!std::get<0>(range(*a))) continue;  // absent, or a stand-in (no memory)
+        for (auto b = a + 1; b != uses.end(); ++b) {
+            if (!std::get<0>(range(*b)) || (!a->written && !b->written)) continue;
+            const auto [ha, oa, na] = range(*a);
+            const auto [hb, ob, nb] = range(*b);
+            if (ha == hb && oa < ob + nb && ob < oa + na)
+                throw qkv::invalid_argument(std::string(op) + ": the " + a->what + " and " + b->what +
+                                            " tensors overlap in one VkBuffer (bytes [" + std::to_string(oa) + ", " +
+                                            std::to_string(oa + na) + ") and [" + std::to_string(ob) + ", " +
+                                            std::to_string(ob + nb) + ")), and " + op +
+                                            " writes one of them; nothing is computed in place");
+        }
+    }
 }
 
 tensor::tensor() noexcept = default;
@@ -65,8 +112,8 @@ void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type
     if (!is_known(type))
         throw qkv::invalid_argument(named + ": unknown element type (" + std::to_string(static_cast<int>(type)) + ")");
     if (type == element_type::f16 && !info.fp16_storage)
-        throw unavailable(named + ": f16 tensors need 16-bit storage buffers (storageBuffer16BitAccess), which " +
-                          info.name + " does not offer (or the caller's device did not enable)");
+        throw unavailable(named +
+                          ": f16 tensors need 16-bit storage buffers (storageBuffer16BitAccess): " + lacks(info));
     if (shape.empty()) throw qkv::invalid_argument(named + ": a shape of no dimensions");
     std::size_t n = 1;
     for (const std::size_t d : shape) {
@@ -110,6 +157,7 @@ void tensor::upload(std::span<const float> values) {
     if (values.size() != t.elements)
         throw qkv::invalid_argument("tensor::upload: " + std::to_string(values.size()) + " values for a tensor of " +
                                     shape_string(t.shape) + " = " + std::to_string(t.elements) + " elements");
+    require_usage(t, VK_BUFFER_USAGE_TRANSFER_DST_BIT, "VK_BUFFER_USAGE_TRANSFER_DST_BIT", "tensor::upload", "target");
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
@@ -147,6 +195,9 @@ void tensor::upload(std::span<const float> values) {
 
 std::vector<float> tensor::download() const {
     const impl& t = tensor_access::of(*this, "tensor::download");
+    if (t.wrapped || !t.owned.mapped())
+        require_usage(t, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", "tensor::download",
+                      "source");
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();

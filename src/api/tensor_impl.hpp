@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ struct tensor::impl {
     VkBuffer handle = VK_NULL_HANDLE;  // owned's, or the caller's
     VkDeviceSize offset = 0;           // of the first element in `handle`
     bool wrapped = false;
+    /// What the buffer was created with: qkv's own tensors have every usage qkv needs; a caller's
+    /// what wrap() was told.
+    VkBufferUsageFlags usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                               VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -57,13 +62,37 @@ struct tensor_access {
     static tensor make(std::unique_ptr<tensor::impl> i) { return tensor(std::move(i)); }
 };
 
+/// Refuses (qkv::invalid_argument) a tensor whose buffer lacks `needed` usage, naming `op`, `what`
+/// the tensor is to it, and the flag's name.
+void require_usage(const tensor::impl& t, VkBufferUsageFlags needed, const char* flag, const char* op,
+                   const char* what);
+
+/// A tensor of `shape` and `type` without memory (no buffer), on core's device: what a planned
+/// call is recorded over once, dry (dry_recorder), when it is made.
+tensor stand_in(const std::shared_ptr<detail::device_core>& core, std::vector<std::size_t> shape, element_type type);
+
 /// "(1, 8, 1, 64)".
 std::string shape_string(const std::vector<std::size_t>& shape);
 
-/// The tensor `t` that `op` takes as `what` (k, wq, ...), checked: on the device of `core`, `count`
-/// elements of `type`. Throws qkv::invalid_argument naming op, what and the difference.
+/// The tensor `t` that `op` takes as `what` (k, wq, ...), checked: on the device of `core`, of
+/// `type`, and of `shape` as a shape, dimension by dimension, up to dimensions of 1 (which move no
+/// element: (1, 8, 1, 64) and (8, 1, 64) lay out alike, while (B, L, H, E) is not (B, H, L, E)).
+/// Throws qkv::invalid_argument naming op, what and both shapes.
 const tensor::impl& expect_tensor(const tensor& t, const char* op, const char* what,
-                                  const std::shared_ptr<detail::device_core>& core, std::size_t count,
-                                  element_type type);
+                                  const std::shared_ptr<detail::device_core>& core,
+                                  const std::vector<std::size_t>& shape, element_type type);
+
+/// One tensor a call touches, for the aliasing rule: what it is to the call, and whether the call
+/// writes it. `bytes` 0: the tensor's own.
+struct tensor_use {
+    const tensor::impl* t = nullptr;  // null: absent (skipped)
+    const char* what = "";
+    bool written = false;
+    VkBuffer handle = VK_NULL_HANDLE;  // a range that is no tensor (a cache's rows) where t is null
+    VkDeviceSize offset = 0, bytes = 0;
+};
+/// Refuses (qkv::invalid_argument naming both) a tensor `op` writes whose bytes overlap another's
+/// in the same VkBuffer: nothing is computed in place.
+void refuse_overlap(const char* op, std::initializer_list<tensor_use> uses);
 
 }  // namespace qkv::vulkan

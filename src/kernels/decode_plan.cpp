@@ -77,6 +77,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     p.q_heads = static_cast<std::uint32_t>(s.q_heads);
     p.kv_len = static_cast<std::uint32_t>(s.kv_len);
     p.kv_stride = std::max(r.kv_stride, p.kv_len);
+    p.d = static_cast<std::uint32_t>(s.d_qk);
     p.dv = static_cast<std::uint32_t>(s.d_v);
     p.e4 = ceil_div(s.d_qk, 4);
     p.ev4 = ceil_div(s.d_v, 4);
@@ -92,7 +93,21 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     std::uint32_t per_step_loops = 1;  // loop iterations per step
     std::uint32_t fixed_loops = 0;     // loop iterations before the first step
     std::uint32_t target = 0, min_chunk = 0;
-    if (p.family == kernel_family::row_tiles) {
+    if (p.family == kernel_family::coopmat) {
+        // The cooperative-matrix kernel in its split mode: one subgroup per workgroup, its m-row tiles
+        // holding the group's rows (GQA packed into M), K and V tiles of coop.bc keys.
+        if (r.coop.m == 0) return refuse("internal: a cooperative-matrix decode plan without its tiles");
+        p.coop = r.coop;
+        p.wg = p.coop.wg();
+        p.kps = p.coop.bc;
+        p.rpi = p.coop.rows();
+        p.row_blocks = ceil_div(p.rows, p.coop.rows());
+        step = p.coop.bc;
+        per_step_loops = static_cast<std::uint32_t>(std::min<std::uint64_t>(coop_loops_per_tile(p.coop), loop_budget));
+        const bool cpu = info.type == device_type::cpu;
+        target = cpu ? target_groups_cpu : target_groups_gpu;
+        min_chunk = cpu ? min_chunk_cpu : min_chunk_gpu;
+    } else if (p.family == kernel_family::row_tiles) {
         // One subgroup per workgroup (never assumed: 8 where the device reports none usable).
         p.wg = info.subgroup_size;
         if (!power_of_two(p.wg) || p.wg > max_wg) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "contract/decode.h"
+#include "kernels/flash_coop_plan.hpp"
 #include "plan/settings.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/device_info.hpp"
@@ -28,6 +29,9 @@ struct decode_request {
     /// The keys [kv_first, kv_end) some query row may see (causal and the window); the chunks cover
     /// only these (kv_end is capped at kv_len).
     std::uint32_t kv_first = 0, kv_end = 0xffffffffu;
+    /// With kernel == coopmat: the cooperative-matrix family's tiles for this call (check_coop,
+    /// by the caller, which holds the device description).
+    coop_tiles coop{};
 };
 
 /// What the recorder knows of V: finite (the plain kernel), maybe NaN or Inf (the careful one), or
@@ -51,7 +55,8 @@ struct decode_plan {
     std::uint32_t kv_first = 0, kv_end = 0;  ///< the keys the chunks cover
     std::uint32_t groups = 0;                ///< batch x kv_heads
     std::uint32_t rows = 0;                  ///< G x q_len rows per group
-    std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, dv = 0, q_heads = 0;
+    std::uint32_t q_len = 0, kv_len = 0, kv_stride = 0, d = 0, dv = 0, q_heads = 0;
+    coop_tiles coop{};             ///< family coopmat: its tiles (the request's), one subgroup per workgroup
     std::uint32_t row_blocks = 0;  ///< per group
     std::uint32_t chunk = 0;       ///< keys per chunk, a multiple of kps
     std::uint32_t chunks = 0;      ///< P

@@ -13,11 +13,8 @@ using namespace qkv::contract;
 
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
 
-}  // namespace
-
-void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
-                   const contract::decode_push& push, decode_values values) {
-    const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
+void record_decode_kernel(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                          const contract::decode_push& push, decode_values values, bool blocks) {
     const shader_id id = plan.family != kernel_family::row_tiles
                              ? (blocks ? shader_id::sdpa_decode_gpu_blocks : shader_id::sdpa_decode_gpu)
                          : plan.shuffle
@@ -48,8 +45,11 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
         exec.dispatch(kernel,
                       {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate},
                       &push, groups);
-    exec.compute_barrier();
+}
 
+void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                  const contract::decode_push& push) {
+    exec.compute_barrier();
     decode_merge_push m{};
     m.rows = plan.rows;
     m.q_len = plan.q_len;
@@ -68,6 +68,47 @@ void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan,
                                            1, 1};
     const binding lse = io.lse.buffer != VK_NULL_HANDLE ? io.lse : io.out;  // written with SCORE_LSE only
     exec.dispatch(merge, {io.stats, io.acc, io.out, io.params, lse}, &m, merge_groups);
+}
+
+/// The cooperative-matrix kernel's view of the decode route's float16 rows: Q rows of e4·4 halves,
+/// row z·R + r being (batch, head, row) of q; K and V rows kv_stride per group (the cache's
+/// capacity); the masks, scale and causal offset of the push block.
+flash_layout coop_decode_layout(const decode_plan& plan, const decode_push& push) {
+    flash_layout l;
+    const std::uint32_t w = plan.e4 * 4, wv = plan.ev4 * 4;
+    l.kv_heads = push.kv_heads, l.heads = push.q_heads, l.batch = plan.groups / push.kv_heads;
+    l.q_len = plan.q_len, l.kv_len = plan.kv_len, l.d = plan.d, l.dv = plan.dv;
+    l.q = {push.q_heads * plan.q_len * w, plan.q_len * w, w};
+    l.k = {push.kv_heads * plan.kv_stride * w, plan.kv_stride * w, w};
+    l.v = {push.kv_heads * plan.kv_stride * wv, plan.kv_stride * wv, wv};
+    l.m_bs = l.a_bs = push.mask_b, l.m_hs = push.mask_h, l.m_rs = push.mask_i, l.m_cs = push.mask_j;
+    l.causal = (plan.masks & MASK_FLAG_CAUSAL) != 0, l.mask = (plan.masks & MASK_FLAG_BOOLEAN) != 0;
+    l.additive = (plan.masks & MASK_FLAG_ADDITIVE) != 0;
+    l.causal_offset = push.causal_offset;
+    l.scale = push.scale;
+    l.fp16 = true;
+    l.features = plan.features;
+    return l;
+}
+
+}  // namespace
+
+void record_decode(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
+                   const contract::decode_push& push, decode_values values) {
+    const bool blocks = plan.kv_format != DECODE_KV_TEXELS;
+    if (plan.family == kernel_family::coopmat) {
+        if (!io.rows.q.buffer || !io.rows.k.buffer || !io.rows.v.buffer || push.v_scale != 1.0f)
+            throw error("internal: a cooperative-matrix decode without its float16 rows, or with scaled values");
+        coop_decode_io c;
+        c.q = io.rows.q, c.k = io.rows.k, c.v = io.rows.v;
+        c.q_off = io.rows.q_off, c.k_off = io.rows.k_off, c.v_off = io.rows.v_off;
+        c.mask = io.mask, c.additive = io.additive, c.params = io.params, c.stats = io.stats, c.acc = io.acc;
+        record_coop_decode(exec, pipes, coop_decode_layout(plan, push), plan.coop, plan.kv_first, plan.kv_end,
+                           plan.chunk, plan.chunks, c, values == decode_values::finite);
+    } else {
+        record_decode_kernel(exec, pipes, plan, io, push, values, blocks);
+    }
+    record_merge(exec, pipes, plan, io, push);
 }
 
 }  // namespace qkv::vulkan::detail

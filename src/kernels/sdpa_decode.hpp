@@ -8,10 +8,23 @@
 #include <vector>
 
 #include "kernels/decode_plan.hpp"
+#include "kernels/flash_coop.hpp"
 #include "vk/executor.hpp"
 #include "vk/pipelines.hpp"
 
 namespace qkv::vulkan::detail {
+
+/// Q, K and V as float16 rows in storage buffers, for the cooperative-matrix family: each binding
+/// from its buffer's start, the rows' first element (in halves) beside it. The same memory as the
+/// texel views (the decode route's layouts of whole texels).
+struct decode_rows {
+    binding q, k, v;
+    std::uint32_t q_off = 0, k_off = 0, v_off = 0;
+};
+/// `bytes` of float16 rows at byte `offset` of `buffer`, as decode_rows binds them.
+inline binding rows_binding(VkBuffer buffer, VkDeviceSize offset, VkDeviceSize bytes) {
+    return {buffer, 0, offset + bytes};
+}
 
 /// Buffers of one decode call: Q texels ([z][rows][e4], RGBA32F), K and V (texel views, or with
 /// quantized blocks the storage bindings k_blocks, v_blocks), the masks (bound to any buffer when
@@ -21,7 +34,8 @@ struct decode_io {
     VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
     binding k_blocks, v_blocks;
     binding mask, additive, stats, acc, out, params, lse;
-    binding gate;  ///< the flags word a gated decode reads (decode_values::gated)
+    binding gate;      ///< the flags word a gated decode reads (decode_values::gated)
+    decode_rows rows;  ///< family coopmat: Q, K and V as float16 rows
 };
 
 /// Records the decode dispatch, a barrier and the merge dispatch. `careful`: V may hold NaN or Inf.

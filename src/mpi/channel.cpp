@@ -64,6 +64,12 @@ void purge_graveyard() {
     });
 }
 
+failure_record record_of(const std::vector<std::byte>& notice) {
+    failure_record r;
+    std::memcpy(&r, notice.data(), std::min(notice.size(), sizeof r));
+    return r;
+}
+
 double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
 std::string seconds_text(std::chrono::milliseconds ms) {
@@ -268,6 +274,12 @@ double channel::exposed_ms() const {
 }
 
 void channel::check_notices() {
+    // A notice the last agreement kept for this stage (its sender had left that agreement first).
+    for (const auto& [p, notice] : notices_)
+        if (record_of(notice).stage >= stage_) {
+            poisoned_ = true;
+            throw peer_failed(p);
+        }
     int flag = 0;
     MPI_Status status;
     check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag_notice, comm_, &flag, &status), "MPI_Iprobe");
@@ -284,7 +296,7 @@ void channel::check_notices() {
 void channel::notify(const std::exception_ptr& failure) {
     if (notified_) return;
     notified_ = true;
-    const failure_record r = make_record(failure, 0, true);
+    const failure_record r = make_record(failure, 0, true, stage_);
     for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         auto data = std::make_shared<bytes>(sizeof r);
@@ -387,7 +399,7 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     // [this rank's record][every rank's record], kept alive with the request should this rank give
     // up before the others arrive.
     const auto records = std::make_shared<bytes>(sizeof(failure_record) * (static_cast<std::size_t>(size_) + 1));
-    const failure_record mine = make_record(local, fp, notified_);
+    const failure_record mine = make_record(local, fp, notified_, stage_);
     std::memcpy(records->data(), &mine, sizeof mine);
     std::vector<MPI_Request> gather(1, MPI_REQUEST_NULL);
     check_mpi(
@@ -406,17 +418,32 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     std::vector<failure_record> all(static_cast<std::size_t>(size_));
     std::memcpy(all.data(), records->data() + sizeof(failure_record), all.size() * sizeof(failure_record));
     // Every failure notice sent is received, so that nothing is left in flight; and any other that
-    // came (from a rank that gave up waiting for this agreement after contributing its record).
+    // came: from a rank that gave up waiting for this agreement after contributing its record, or
+    // from one that ended it before this rank and has failed in the next stage already (kept for
+    // that stage: the others meet this rank in its closing agreement).
     std::vector<MPI_Request> drain;
+    std::vector<std::pair<int, shared_bytes>> drained;  // by sender; MPI's until the receive is done
     for (int p = 0; p < size_; ++p) {
         if (p == rank_ || !all[static_cast<std::size_t>(p)].notified || notices_.count(p)) continue;
-        std::vector<std::byte>& r = notices_[p];
-        r.resize(sizeof(failure_record));
+        drained.emplace_back(p, std::make_shared<bytes>(sizeof(failure_record)));
         drain.push_back(MPI_REQUEST_NULL);
-        check_mpi(MPI_Irecv(r.data(), sizeof(failure_record), MPI_BYTE, p, tag_notice, comm_, &drain.back()),
+        check_mpi(MPI_Irecv(drained.back().second->data(), sizeof(failure_record), MPI_BYTE, p, tag_notice, comm_,
+                            &drain.back()),
                   "MPI_Irecv");
     }
-    if (!drain.empty()) wait_requests(drain, stage + ": receiving failure notices");
+    if (!drain.empty()) {
+        try {
+            wait_requests(drain, stage + ": receiving failure notices");
+        } catch (const qkv::mpi::timeout&) {  // the receives are cancelled and parked with their buffers
+            for (std::size_t i = 0; i < drain.size(); ++i) {
+                if (drain[i] == MPI_REQUEST_NULL) continue;
+                MPI_Cancel(&drain[i]);
+                park({drain[i]}, drained[i].second);
+            }
+            throw;
+        }
+        for (auto& [p, notice] : drained) notices_[p] = std::move(*notice);
+    }
     for (;;) {
         int flag = 0;
         MPI_Status status;
@@ -436,17 +463,20 @@ void channel::agree(std::exception_ptr local, std::uint64_t fp, const std::strin
     }
     agreement_ms_ += ms_between(start, clock::now());
 
-    // A rank whose record shows no failure but that sent a notice gave up after contributing it.
+    // A rank whose record shows no failure but that sent a notice in this stage (or before) gave up
+    // after contributing it; a notice of the next stage is that stage's.
     const failure_record* late = nullptr;
     int late_rank = -1;
     failure_record late_record;
     for (const auto& [p, notice] : notices_) {
         if (!all[static_cast<std::size_t>(p)].succeeded()) continue;
-        std::memcpy(&late_record, notice.data(), sizeof late_record);
+        late_record = record_of(notice);
+        if (late_record.stage > stage_) continue;
         late = &late_record;
         late_rank = p;
         break;  // the lowest such rank (the map is ordered)
     }
+    ++stage_;
     bool failed = late != nullptr;
     for (const failure_record& r : all) failed = failed || r.what != failure_ok;
     if (failed) {

@@ -119,7 +119,11 @@ private:
     std::string operation_;
     std::vector<transfer> transfers_;
     bool notified_ = false;
-    /// The failure notices this rank has received, by sender (a record, see channel.cpp).
+    /// The stage running: the agreements this channel has ended. A failure notice carries the stage
+    /// it was sent in.
+    std::uint64_t stage_ = 0;
+    /// The failure notices this rank has received, by sender (a record, see channel.cpp), including
+    /// one kept for the stage after the agreement that received it.
     std::map<int, std::vector<std::byte>> notices_;
     std::vector<std::pair<MPI_Request, shared_bytes>> notice_sends_;
     double agreement_ms_ = 0, compute_ms_ = 0;

@@ -77,12 +77,14 @@ void register_failure_kind(const failure_kind& kind) {
     registered().push_back(kind);
 }
 
-failure_record make_record(const std::exception_ptr& failure, std::uint64_t fingerprint, bool notified) {
+failure_record make_record(const std::exception_ptr& failure, std::uint64_t fingerprint, bool notified,
+                           std::uint64_t stage) {
     failure_record r;
     const auto [what, message] = classify(failure);
     r.what = what;
     r.notified = notified ? 1 : 0;
     r.fingerprint = fingerprint;
+    r.stage = stage;
     const std::size_t n = std::min(message.size(), sizeof r.message - 1);
     std::memcpy(r.message, message.data(), n);
     r.message[n] = '\0';

@@ -32,7 +32,10 @@ struct failure_record {
     std::int32_t what = failure_ok;  ///< the kind
     std::int32_t notified = 0;       ///< this rank sent a failure notice to every other rank
     std::uint64_t fingerprint = 0;
-    char message[1016] = {};
+    /// The stage of the channel it was made in (the agreements before it, channel.cpp): a notice
+    /// that comes while a rank is still ending one agreement may belong to the next stage.
+    std::uint64_t stage = 0;
+    char message[1008] = {};
 
     [[nodiscard]] bool succeeded() const { return what == failure_ok || what == failure_stopped; }
     [[nodiscard]] std::string text() const;
@@ -60,8 +63,9 @@ constexpr failure_kind kind_of(std::int32_t code) {
 void register_failure_kind(const failure_kind& kind);
 
 /// The record of `failure` (null: success) with `fingerprint`, marked notified where the rank told
-/// the others already.
-[[nodiscard]] failure_record make_record(const std::exception_ptr& failure, std::uint64_t fingerprint, bool notified);
+/// the others already, made in `stage`.
+[[nodiscard]] failure_record make_record(const std::exception_ptr& failure, std::uint64_t fingerprint, bool notified,
+                                         std::uint64_t stage);
 
 /// Throws the exception of kind `what` with `message` (an unknown kind: qkv::mpi::error).
 [[noreturn]] void rethrow(std::int32_t what, const std::string& message);

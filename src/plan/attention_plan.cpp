@@ -126,7 +126,14 @@ std::uint64_t projection_view_bytes(const plan& p) {
     return (std::max(p.x.offset + p.x.size, p.w.offset + p.w.size) + 15) / 16 * 16;
 }
 
-kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& no) {
+kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& no,
+                            const family_refusal& coop) {
+    if (asked == kernel_family::coopmat) {
+        if (coop.why.empty()) return kernel_family::coopmat;
+        if (coop.limit) throw limit_exceeded(coop.why);
+        throw unavailable(coop.why);
+    }
+    if (asked == kernel_family::automatic && coop.why.empty() && coop.automatic) return kernel_family::coopmat;
     if (asked == kernel_family::block_tiles) return kernel_family::block_tiles;
     if (asked == kernel_family::automatic && type != device_type::cpu) return kernel_family::block_tiles;
     if (no.why.empty()) return kernel_family::row_tiles;
@@ -141,12 +148,19 @@ void choose_kernels(plan& p, const device_info& info, const device_facts& facts,
     // The GPU-tile test hook (context_options::fused_tiles_as) is for the gpu family.
     const kernel_family fused_asked =
         facts.fused_tiles_as && asked == kernel_family::automatic ? kernel_family::block_tiles : asked;
-    p.family = fused ? choose_family(fused_asked, info.type, facts.cpu_refusal) : kernel_family::automatic;
+    if (!fused && asked == kernel_family::coopmat)
+        throw unavailable(
+            "the staged implementation (which the weights need) has no cooperative-matrix products: kernel "
+            "coopmat runs the fused implementation only");
+    p.family =
+        fused ? choose_family(fused_asked, info.type, facts.cpu_refusal, facts.coop_refusal) : kernel_family::automatic;
     const bool cpu_family = p.family == kernel_family::row_tiles;
     p.flash_chunk_keys =
         !fused       ? N
         : cpu_family ? facts.cpu_chunk_keys
-                     : flash_chunk_keys(info, facts.subgroups, N, dh, dvh, facts.max_fused_keys, facts.fused_tiles_as);
+        : p.family == kernel_family::coopmat
+            ? facts.coop_chunk_keys
+            : flash_chunk_keys(info, facts.subgroups, N, dh, dvh, facts.max_fused_keys, facts.fused_tiles_as);
     const std::uint32_t dispatches_per_chunk = cpu_family ? 2 : 1;  // flash_cpu: plain and careful pipelines
     const std::uint64_t dispatches =
         (std::uint64_t{N} + p.flash_chunk_keys - 1) / p.flash_chunk_keys * dispatches_per_chunk;
@@ -229,10 +243,24 @@ plan plan_attention(const attention_problem& problem, const device_desc& desc, c
     plan p = make_plan(problem, desc.info, desc.storage_alignment);
     p.layout = attention_layout(p);
     p.cpu = plan_flash_cpu(desc, p.layout, set);
-    choose_kernels(p, desc.info, device_facts_for(p, desc, set), problem.options.kernel);
+    device_facts facts = device_facts_for(p, desc, set);
+    if (p.impl == implementation::fused) {
+        facts.coop_refusal = coop_refusal(desc, p.layout, set, p.coop);
+        facts.coop_chunk_keys = p.coop.chunk_keys;
+    }
+    choose_kernels(p, desc.info, facts, problem.options.kernel);
     if (p.impl == implementation::fused && p.family == kernel_family::block_tiles)
         p.gpu = plan_flash_gpu(desc, p.layout, set);
     return p;
+}
+
+family_refusal coop_refusal(const device_desc& desc, const flash_layout& layout, const settings& set,
+                            flash_coop_plan& plan) {
+    coop_tiles tiles;
+    const coop_verdict v = check_coop(desc, layout, false, set, tiles);
+    if (!v.why.empty()) return {v.why, v.limit, false};
+    plan = plan_flash_coop(desc, layout, set);
+    return {{}, false, v.automatic};
 }
 
 }  // namespace qkv::vulkan::detail

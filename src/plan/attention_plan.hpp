@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/flash_coop_plan.hpp"
 #include "kernels/flash_cpu_plan.hpp"
 #include "kernels/flash_gpu_plan.hpp"
 #include "kernels/flash_layout.hpp"
@@ -60,6 +61,7 @@ struct plan {
     flash_layout layout;                 ///< fused: the kernels' view of Q|K|V and the output
     flash_cpu_plan cpu;                  ///< fused, cpu family: its tiles, texels and chunks
     flash_gpu_plan gpu;                  ///< fused, gpu family: its tiles and chunks
+    flash_coop_plan coop;                ///< fused: the cooperative-matrix family's tiles and chunks, where it can run
 };
 
 /// Why the fused kernel's CPU family cannot run a call (empty: it can), and whether that is a
@@ -67,6 +69,7 @@ struct plan {
 struct family_refusal {
     std::string why;
     bool limit = false;
+    bool automatic = false;  ///< the cooperative-matrix family only: `automatic` may choose it (no driver gate)
 };
 
 /// What the kernel choices need to know besides the device_info: facts derived from the device
@@ -77,7 +80,10 @@ struct device_facts {
     const device_info* fused_tiles_as = nullptr;  ///< settings::fused_tiles_as (test hook)
     std::uint32_t cpu_chunk_keys = 0;             ///< keys per dispatch of the CPU family (plan_flash_cpu)
     family_refusal cpu_refusal;                   ///< why the CPU family cannot run (check_flash_cpu); empty: it can
-    const settings* set = nullptr;  ///< tuning (cpu_shuffle, the projection's tiles); nullptr: the defaults
+    /// Why the cooperative-matrix family cannot run (coop_refusal, which plan_attention fills in).
+    family_refusal coop_refusal{"the cooperative-matrix family was not planned for this call", false, false};
+    std::uint32_t coop_chunk_keys = 0;  ///< keys per dispatch of the cooperative-matrix family
+    const settings* set = nullptr;      ///< tuning (cpu_shuffle, the projection's tiles); nullptr: the defaults
     /// The device reads R32G32B32A32_SFLOAT uniform texel buffers and one such view of the inputs
     /// from offset 0 through X and [Wq|Wk|Wv] fits maxTexelBufferElements (projection_view_bytes):
     /// the CPU-family projection may take its texel variant (project_cpu_tx).
@@ -95,11 +101,19 @@ std::uint64_t projection_view_bytes(const plan& p);
 
 /// Which family of the fused kernel runs (run_options::kernel, sdpa_options::kernel):
 ///   asked for   device         runs
+///   automatic   any            coopmat where it can run and coop.automatic (no driver gate), else:
 ///   automatic   CPU            cpu, or gpu where the cpu family cannot run here
 ///   automatic   GPU, other     gpu
 ///   cpu         any            cpu, or a typed error saying why it cannot (`refusal`)
 ///   gpu         any            gpu (shaders/flash.comp)
-kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& refusal);
+///   coopmat     any            coopmat (shaders/flash_coop.comp), or a typed error saying why it cannot (`coop`)
+kernel_family choose_family(kernel_family asked, device_type type, const family_refusal& refusal,
+                            const family_refusal& coop);
+
+/// Why the cooperative-matrix family cannot run the fused call of `layout` on `desc` (check_coop),
+/// and whether the automatic choice may take it; where it can, its plan in `plan`.
+family_refusal coop_refusal(const device_desc& desc, const flash_layout& layout, const settings& set,
+                            flash_coop_plan& plan);
 
 /// Makes the kernel choices of `p` (laid out by make_plan) for this device: the family, tiles and
 /// chunks of every product, the softmax's workgroup, the fused kernel's family and key chunks.

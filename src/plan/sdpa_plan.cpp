@@ -58,8 +58,8 @@ void plan_common(sdpa_plan& p, const sdpa_problem& problem, const device_desc& d
     p.kv_type = stored_kv_type(opt);
     p.kv_fp16 = p.kv_type == element_type::f16;
     if (p.q_fp16 && !info.fp16_storage)
-        throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess), which " +
-                          info.name + " does not offer; use fp32");
+        throw unavailable("sdpa: fp16 precision needs 16-bit storage buffers (storageBuffer16BitAccess): " +
+                          lacks(info) + "; use fp32");
     p.features = score_features(problem);
     // Positions are 32-bit in the kernels: the offset (any |off| <= 2^62) and the window's sides
     // (any size) are reduced to values that keep every rule's answer (kernels/score_positions.hpp),
@@ -156,16 +156,21 @@ void plan_fused(sdpa_plan& p, const sdpa_problem& problem, const device_desc& de
                                     : problem.options.kernel;
     p.cpu = plan_flash_cpu(desc, l, set);
     const flash_cpu_refusal no = check_flash_cpu(desc, p.cpu);
+    const family_refusal coop = coop_refusal(desc, l, set, p.coop);
     try {
-        p.family = choose_family(asked, info.type, {no.why, no.limit});
+        p.family = choose_family(asked, info.type, {no.why, no.limit}, coop);
     } catch (const limit_exceeded& e) {
         throw limit_exceeded(std::string("sdpa: ") + e.what());
     } catch (const unavailable& e) {
         throw unavailable(std::string("sdpa: ") + e.what());
     }
-    if (!p.cpu_family()) p.gpu = plan_flash_gpu(desc, l, set);
-    const std::uint32_t chunk = p.cpu_family() ? p.cpu.chunk_keys : p.gpu.chunk_keys;
-    const std::uint32_t dispatches = p.cpu_family() ? p.cpu.dispatches(l.kv_len) : p.gpu.dispatches(l.kv_len);
+    if (p.family == kernel_family::block_tiles) p.gpu = plan_flash_gpu(desc, l, set);
+    const std::uint32_t chunk = p.cpu_family()                       ? p.cpu.chunk_keys
+                                : p.family == kernel_family::coopmat ? p.coop.chunk_keys
+                                                                     : p.gpu.chunk_keys;
+    const std::uint32_t dispatches = p.cpu_family()                       ? p.cpu.dispatches(l.kv_len)
+                                     : p.family == kernel_family::coopmat ? p.coop.dispatches(l.kv_len)
+                                                                          : p.gpu.dispatches(l.kv_len);
     if (dispatches > 1000)
         throw limit_exceeded("sdpa: the fused kernel would need " + std::to_string(dispatches) + " dispatches of " +
                              std::to_string(chunk) + " keys each for kv_len = " + std::to_string(l.kv_len) + " on " +
@@ -209,6 +214,16 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
     r.kv_first = u32(std::min(first_row.first, last_row.first));
     r.kv_end = u32(std::max(first_row.end, last_row.end));
     if (r.kv_end <= r.kv_first) r.kv_first = r.kv_end = 0;  // no row sees a key: one empty chunk
+    // The cooperative-matrix family (float16 Q, K and V rows; GQA packed into its M dimension):
+    // where asked for, or where the automatic choice may take it (check_coop, its driver gates).
+    flash_layout coop_view;
+    coop_view.heads = u32(s.q_heads), coop_view.kv_heads = u32(s.kv_heads), coop_view.q_len = u32(s.q_len);
+    coop_view.d = u32(s.d_qk), coop_view.dv = u32(s.d_v);
+    coop_view.fp16 = p.q_fp16 && p.kv_fp16 && !p.kv_blocks();
+    const coop_verdict coop = check_coop(desc, coop_view, true, set, r.coop);
+    if (r.kernel == kernel_family::coopmat && !coop.why.empty()) return {coop.why, coop.limit};
+    if (r.kernel == kernel_family::automatic && coop.why.empty() && coop.automatic && !set.fused_tiles_as)
+        r.kernel = kernel_family::coopmat;
     device_info plan_info = info;
     if (set.fused_tiles_as)  // the test hook: plan as for that device (within this one)
         plan_info.subgroup_arithmetic = plan_info.subgroup_arithmetic && set.fused_tiles_as->subgroup_arithmetic;
@@ -216,6 +231,8 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
     if (!d.refusal.empty()) return {d.refusal, true};
     const char* q_format = p.q_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
     const char* kv_format = p.kv_fp16 ? "R16G16B16A16_SFLOAT" : "R32G32B32A32_SFLOAT";
+    // (The cooperative-matrix kernel reads the same rows as storage buffers; the route's texel views
+    // of them are made all the same.)
     if (!desc.uniform_texels(p.q_fp16))
         return {std::string("the decode kernels read q through ") + q_format + " uniform texel buffers, which " +
                     info.name + " does not support",

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/decode_plan.hpp"
+#include "kernels/flash_coop_plan.hpp"
 #include "kernels/flash_cpu_plan.hpp"
 #include "kernels/flash_gpu_plan.hpp"
 #include "kernels/flash_layout.hpp"
@@ -59,6 +60,7 @@ struct sdpa_plan {
     kernel_family family = kernel_family::block_tiles;
     flash_cpu_plan cpu;
     flash_gpu_plan gpu;
+    flash_coop_plan coop;  ///< where the cooperative-matrix family can run (coop_refusal)
     bool weights = false;  ///< return_weights: flash_weights.comp after the kernel
     /// Rounded on the host before the upload as float32: Q through float16 (precision fp16 when K/V
     /// are not f16), K and V through kv_type (when it is not the binding's own type).

@@ -49,6 +49,14 @@ settings read_settings(const testing::hooks& hooks) {
                                    ": expected rows,cols with 1 <= rows <= 16 and cols a multiple of 4 in 4..32");
         s.project_rows = tm, s.project_cols = tn;
     }
+    if (const std::string v = environment("QKV_COOP_TILES"); !v.empty()) {  // tuning: "subgroups,keys"
+        unsigned w = 0, k = 0;
+        if (!two_numbers(v, w, k) || !power_of_two(w) || w > 16 || !power_of_two(k) || k > 256)
+            throw invalid_argument("QKV_COOP_TILES=" + v +
+                                   ": expected subgroups,keys, powers of two with subgroups <= 16 and keys <= 256 "
+                                   "(e.g. 4,64)");
+        s.coop_subgroups = w, s.coop_keys = k;
+    }
     if (const std::string v = environment("QKV_PROJECT_TEXELS"); !v.empty())
         s.project_texels = flag("QKV_PROJECT_TEXELS", v, "0 or 1");
     if (const std::string v = environment("QKV_BACKWARD_TILES"); !v.empty()) {  // tuning

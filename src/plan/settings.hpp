@@ -31,6 +31,9 @@ struct settings {
     /// QKV_DECODE_CPU_TILES=rows,keys: the cpu decode kernel's rows per lane and keys per step
     /// (0: chosen by try_plan_decode).
     std::uint32_t decode_cpu_rows = 0, decode_cpu_keys = 0;
+    /// QKV_COOP_TILES=subgroups,keys: the cooperative-matrix family's subgroups per workgroup and
+    /// keys per K/V tile (0: chosen by choose_coop_tiles).
+    std::uint32_t coop_subgroups = 0, coop_keys = 0;
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch

@@ -134,6 +134,7 @@ run_result<sdpa_output> run_sdpa(run_env& env, const sdpa_problem& problem);
 struct cache_kv {
     VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
     binding k_blocks{}, v_blocks{};
+    decode_rows rows{};  ///< an f16 cache's K and V rows as storage (the cooperative-matrix family; q unset)
     cache_desc desc;
     const kv_stats* stats = nullptr;
 };
@@ -226,8 +227,10 @@ void record_fused_sdpa(const run_session& s, const sdpa_plan& plan, const mask_b
 /// `values` with `gate`: whether V may hold NaN or Inf, or (decode_values::gated) the flags word
 /// that says so on the device. `out`: where the output goes instead of the session's (a caller's
 /// float32 tensor of the same layout, bound from an aligned offset).
+/// `rows`: q, k and v as float16 rows in storage buffers, which the cooperative-matrix family reads.
 void record_decode_sdpa(const run_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
-                        binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {});
+                        binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {},
+                        const decode_rows& rows = {});
 
 }  // namespace qkv::vulkan::detail

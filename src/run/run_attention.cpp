@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/flash_coop.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
 #include "kernels/flash_layout.hpp"
@@ -99,7 +100,8 @@ std::uint32_t mask_flags(const plan& p) {
 
 /// The fused kernel: every (batch, head), every block of query rows, online softmax; one dispatch
 /// per key chunk (of the family the plan chose).
-void record_fused(const run_session& s, const plan& p, const call_bindings& b, flash_cpu_views& views) {
+/// `v_finite`: every input of the projection is finite, so V is (or the call fails its range check).
+void record_fused(const run_session& s, const plan& p, const call_bindings& b, bool v_finite, flash_cpu_views& views) {
     const run_buffers& bufs = s.buffers();
     const binding state = bufs[role::state] ? bufs.bind(role::state, 0, bufs[role::state].size()) : b.any_input;
     const flash_io io{b.qkv, b.mask_bits, b.additive, b.attn_out, state};
@@ -107,6 +109,8 @@ void record_fused(const run_session& s, const plan& p, const call_bindings& b, f
         views = make_flash_cpu_views(s.dev(), bufs[role::texels], p.cpu);
         const flash_cpu_texels tx{bufs[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
         record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx);
+    } else if (p.family == kernel_family::coopmat) {
+        record_flash_coop(s.rec(), s.pipes(), p.layout, p.coop, io, false, v_finite);
     } else {
         record_flash_gpu(s.rec(), s.pipes(), p.layout, p.gpu, io);
     }
@@ -199,7 +203,7 @@ void record_attention(const run_session& s, const plan& p, bool guard, bool v_fi
     record_projection(s, p, b, views.projection, guard);
     if (host) s.mark();  // projections done
     if (p.impl == implementation::fused)
-        record_fused(s, p, b, views.flash);
+        record_fused(s, p, b, v_finite, views.flash);
     else
         record_staged(s, p, b, v_finite, views.staged);
     if (host) s.mark();  // attention done

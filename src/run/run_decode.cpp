@@ -31,7 +31,7 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
-                        binding k_blocks, binding v_blocks, binding gate, binding out) {
+                        binding k_blocks, binding v_blocks, binding gate, binding out, const decode_rows& rows) {
     const run_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
@@ -49,6 +49,7 @@ void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_pro
     io.acc = b.bind(role::partial_acc, 0, d.acc_bytes());
     io.out = out.buffer ? out : b.bind(role::out, 0, d.out_bytes());
     io.gate = gate;
+    io.rows = rows;
     record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }
 
@@ -92,9 +93,16 @@ void record_decode_part(run_session& session, const sdpa_plan& p, const sdpa_pro
         v_blocks = cache ? cache->v_blocks : binding{inputs.handle(), p.v.at, p.v.bytes};
     }
     const decode_values values = prep.facts.inputs_finite ? decode_values::finite : decode_values::nonfinite;
+    // The same rows as float16 storage, for the cooperative-matrix family (whose plan needs fp16 Q, K, V).
+    decode_rows rows = cache ? cache->rows : decode_rows{};
+    rows.q = rows_binding(inputs.handle(), p.q.at, p.q.bytes), rows.q_off = static_cast<std::uint32_t>(p.q.at / 2);
+    if (!cache) {
+        rows.k = rows_binding(inputs.handle(), p.k.at, p.k.bytes), rows.k_off = static_cast<std::uint32_t>(p.k.at / 2);
+        rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes), rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
+    }
     record_decode_sdpa(session, p, problem, views.q.handle(), cache ? cache->k : views.k.handle(),
                        cache ? cache->v : views.v.handle(), masks_in(p, inputs), prep.v_scale, values, k_blocks,
-                       v_blocks);
+                       v_blocks, {}, {}, rows);
 }
 
 sdpa_output read_decode_part(const run_session& session, const sdpa_plan& p, const sdpa_problem& problem,

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/flash_coop.hpp"
 #include "kernels/flash_cpu.hpp"
 #include "kernels/flash_gpu.hpp"
 #include "run/kv_storage.hpp"
@@ -90,6 +91,8 @@ void record_fused_sdpa(const run_session& s, const sdpa_plan& p, const mask_bind
         views = make_flash_cpu_views(s.dev(), b[role::texels], p.cpu);
         const flash_cpu_texels tx{b[role::texels].handle(), views.q.handle(), views.k.handle(), views.v.handle()};
         record_flash_cpu(s.rec(), s.pipes(), p.layout, p.cpu, io, tx, p.weights, v_finite);
+    } else if (p.family == kernel_family::coopmat) {
+        record_flash_coop(s.rec(), s.pipes(), p.layout, p.coop, io, p.weights, v_finite);
     } else {
         record_flash_gpu(s.rec(), s.pipes(), p.layout, p.gpu, io, p.weights);
     }

@@ -29,6 +29,9 @@ constexpr std::string_view no_dropout_in_decode =
 constexpr std::string_view one_type_over_tensors =
     "q, k, v and d_out come as tensors of the precision's type (f32, or f16); K and V of another type, or "
     "as ggml's blocks (a decode cache's storage), only from the host (context::sdpa_backward rounds them)";
+constexpr std::string_view no_coopmat_backward =
+    "the cooperative-matrix family has no backward kernels (it runs the forward's fused and decode routes); "
+    "kernel automatic, row_tiles or block_tiles runs the backward pass";
 constexpr std::string_view no_dropout_across_ranks =
     "the mask is defined by each row's and key's place in the whole call, which a rank's block call does not "
     "carry; qkv::cpu::sdpa and context::sdpa compute it on one process";
@@ -54,6 +57,11 @@ constexpr refusal table[] = {
     {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
     {entry_point::cpu_varlen, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_varlen, "dropout_p", no_dropout_in_ragged},
+    {entry_point::context_varlen, values::coopmat,
+     "the cooperative-matrix family has no ragged form yet (it runs one (B, H, L, S) problem's fused and "
+     "decode routes); kernel automatic, row_tiles or block_tiles runs a ragged batch"},
+    {entry_point::context_sdpa_backward, values::coopmat, no_coopmat_backward},
+    {entry_point::sdpa_backward_call, values::coopmat, no_coopmat_backward},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
@@ -77,16 +85,19 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
                                        entry_point::cpu_varlen,
                                        entry_point::context_varlen};
 
+constexpr feature value_features[] = {values::coopmat};
+
 constexpr feature input_features[] = {inputs::grouped_query,  inputs::mask,         inputs::additive_mask,
                                       inputs::sinks,          inputs::alibi_slopes, inputs::kv_f16,
                                       inputs::kv_quantized,   inputs::biases,       inputs::output_projection,
                                       inputs::d_additive_mask};
 
-/// The option list's fields, then the inputs.
+/// The option list's fields, the values, then the inputs.
 const std::vector<feature>& all_features() {
     static const std::vector<feature> all = [] {
         std::vector<feature> f;
         for (const option_field& o : sdpa_option_fields) f.push_back(o.name);
+        f.insert(f.end(), std::begin(value_features), std::end(value_features));
         f.insert(f.end(), std::begin(input_features), std::end(input_features));
         return f;
     }();
@@ -103,6 +114,7 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     const auto add = [&](bool on, feature what) {
         if (on) f.push_back(what);
     };
+    add(p.options.kernel == kernel_family::coopmat, values::coopmat);
     add(p.shape.kv_heads != p.shape.q_heads, inputs::grouped_query);
     add(!p.mask.empty(), inputs::mask);
     add(!p.additive_mask.empty(), inputs::additive_mask);
@@ -116,6 +128,7 @@ template <class T>
 std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
     std::vector<feature> f;
     for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
+    if (p.options.kernel == kernel_family::coopmat) f.push_back(values::coopmat);
     if (p.kv_heads != p.q_heads) f.push_back(inputs::grouped_query);
     if (!p.sinks.empty()) f.push_back(inputs::sinks);
     if (!p.alibi_slopes.empty()) f.push_back(inputs::alibi_slopes);
@@ -183,7 +196,7 @@ bool applies(entry_point entry, feature what) {
         case entry_point::cpu_attention:
         case entry_point::context_attention:
         case entry_point::attention_call:
-            return attention_only || what == inputs::mask || what == inputs::additive_mask ||
+            return attention_only || what == inputs::mask || what == inputs::additive_mask || what == values::coopmat ||
                    std::find(std::begin(attention_options), std::end(attention_options), what) !=
                        std::end(attention_options);
         case entry_point::sequence_record:
@@ -236,6 +249,7 @@ std::vector<feature> features_of(const attention_problem& p) {
     add(p.options.return_weights != defaults.return_weights, "return_weights");
     add(p.options.precision != defaults.precision, "precision");
     add(p.options.kernel != defaults.kernel, "kernel");
+    add(p.options.kernel == kernel_family::coopmat, values::coopmat);
     add(!p.mask.empty(), inputs::mask);
     add(!p.additive_mask.empty(), inputs::additive_mask);
     add(!p.bq.empty() || !p.bk.empty() || !p.bv.empty(), inputs::biases);

@@ -108,7 +108,7 @@ void check_problem(const Problem& problem, bool description = false) {
         opt.implementation != implementation::fused)
         fail("unknown implementation (" + std::to_string(static_cast<int>(opt.implementation)) + ")");
     if (opt.kernel != kernel_family::automatic && opt.kernel != kernel_family::row_tiles &&
-        opt.kernel != kernel_family::block_tiles)
+        opt.kernel != kernel_family::block_tiles && opt.kernel != kernel_family::coopmat)
         fail("unknown kernel family (" + std::to_string(static_cast<int>(opt.kernel)) + ")");
     if (opt.return_weights && opt.implementation == implementation::fused)
         fail("return_weights needs the staged implementation; the fused one never materialises the weights");

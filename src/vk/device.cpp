@@ -6,6 +6,7 @@
 
 #include "qkv/runtime/error.hpp"
 #include "vk/check.hpp"
+#include "vk/shaders.hpp"
 
 namespace qkv::vulkan::detail {
 namespace {
@@ -85,6 +86,31 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
         }
     }
 
+    // VK_KHR_cooperative_matrix with what its kernels need (instance.cpp, describe_cooperative_matrix,
+    // found them all): the feature, the Vulkan memory model and float16 arithmetic. Core in Vulkan
+    // 1.2 but for the first; the extensions of the other two on a 1.1 device.
+    auto coop = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
+    auto model = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+    if (info_.cooperative_matrix) {
+        coop.cooperativeMatrix = VK_TRUE;
+        model.vulkanMemoryModel = VK_TRUE;
+        model.vulkanMemoryModelDeviceScope = VK_TRUE;
+        f16.shaderFloat16 = VK_TRUE;
+        coop.pNext = &model;
+        model.pNext = &f16;
+        f16.pNext = features.pNext;
+        features.pNext = &coop;
+        extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+        if (info_.api_version < VK_API_VERSION_1_2) {
+            extensions.push_back("VK_KHR_vulkan_memory_model");
+            extensions.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
+        }
+    }
+
     auto info = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
     info.pNext = &features;
     info.queueCreateInfoCount = 1;
@@ -130,8 +156,12 @@ device::device(std::shared_ptr<const instance> inst, const external_handles& h)
     // Only what the caller enabled counts: a feature the device has but was not created with is
     // not there (fp16 precision is then refused, naming storageBuffer16BitAccess).
     info_.fp16_storage = info_.fp16_storage && h.storage_16bit;
+    info_.caller_device = true;
     info_.shader_int64 = info_.shader_int64 && h.shader_int64;
     info_.timestamps = info_.timestamps && families[h.queue_family].timestampValidBits > 0;
+    // qkv cannot see whether the caller enabled cooperative matrices (and the memory model and
+    // float16 arithmetic with them): its cooperative-matrix kernels are not used on such a device.
+    info_.cooperative_matrix = false;
     if (h.subgroup_size_control && has_extension(ifn, physical_, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
         auto size_props = vk_struct<VkPhysicalDeviceSubgroupSizeControlProperties>(
             VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
@@ -160,6 +190,7 @@ void device::describe_for_planners() {
     desc_.max_workgroup_size_x = limits_.maxComputeWorkGroupSize[0];
     desc_.texels_rgba32f = uniform_texel_format(VK_FORMAT_R32G32B32A32_SFLOAT);
     desc_.texels_rgba16f = uniform_texel_format(VK_FORMAT_R16G16B16A16_SFLOAT);
+    desc_.coopmat_shaders = coopmat_shaders_built();
 }
 
 bool device::uniform_texel_format(VkFormat format) const {

@@ -7,6 +7,8 @@
 
 #include "qkv/vulkan/device_info.hpp"
 
+#include <string>
+
 namespace qkv::vulkan::detail {
 
 /// What a device offers for choosing the subgroup size of a pipeline (VK_EXT_subgroup_size_control,
@@ -29,6 +31,9 @@ struct device_desc {
     std::uint32_t max_workgroup_size_x = 0;  ///< maxComputeWorkGroupSize[0]
     bool texels_rgba32f = false;             ///< R32G32B32A32_SFLOAT uniform texel buffers
     bool texels_rgba16f = false;             ///< R16G16B16A16_SFLOAT uniform texel buffers
+    /// This build holds the cooperative-matrix shaders (vk/shaders.hpp, coopmat_shaders_built): a
+    /// fact of the library, not of the device, carried here so that the plans stay pure functions.
+    bool coopmat_shaders = false;
 
     /// Uniform texel buffers of four float32 (or, with `fp16`, four float16) values.
     [[nodiscard]] bool uniform_texels(bool fp16) const { return fp16 ? texels_rgba16f : texels_rgba32f; }
@@ -39,5 +44,12 @@ struct device_desc {
                    : info.max_workgroup_invocations;
     }
 };
+
+/// The end of a refusal for a feature `info`'s device lacks: "<name> does not offer it", or, on a
+/// caller's device, that the caller did not enable it.
+inline std::string lacks(const device_info& info) {
+    return info.caller_device ? "the caller's device (" + info.name + ") was not created with it enabled"
+                              : info.name + " does not offer it";
+}
 
 }  // namespace qkv::vulkan::detail

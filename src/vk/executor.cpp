@@ -94,32 +94,39 @@ external_recorder::external_recorder(const device& dev, std::uint32_t max_workgr
     start(cmd, descriptor_pool_.get(), VK_NULL_HANDLE);
 }
 
+dry_recorder::dry_recorder(const device& dev, std::uint32_t max_workgroup_count) : recorder(dev, max_workgroup_count) {
+    dry_ = true;
+}
+
 void recorder::mark() {
-    if (!queries_) return;
+    if (!queries_ || dry_) return;
     if (stamps_ > max_marks) throw error("internal: too many timestamp marks in one call");
     dev_.fn().vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, stamps_++);
     ++commands_;
 }
 
 void recorder::fill(VkBuffer dst, VkDeviceSize offset, VkDeviceSize size, std::uint32_t value) {
+    if (dry_) return;
     dev_.fn().vkCmdFillBuffer(cmd_, dst, offset, size, value);
     ++commands_;
 }
 
 void recorder::copy(VkBuffer src, VkDeviceSize src_offset, VkBuffer dst, VkDeviceSize dst_offset, VkDeviceSize size) {
+    if (dry_) return;
     const VkBufferCopy region{src_offset, dst_offset, size};
     dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
     ++commands_;
 }
 
 void recorder::copy(VkBuffer src, VkBuffer dst, const std::vector<VkBufferCopy>& regions) {
-    if (regions.empty()) return;
+    if (regions.empty() || dry_) return;
     dev_.fn().vkCmdCopyBuffer(cmd_, src, dst, static_cast<std::uint32_t>(regions.size()), regions.data());
     ++commands_;
 }
 
 void recorder::barrier(VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
                        VkAccessFlags dst_access) {
+    if (dry_) return;
     auto b = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
     b.srcAccessMask = src_access;
     b.dstAccessMask = dst_access;
@@ -136,6 +143,7 @@ void recorder::dispatch(const pipeline& p, std::initializer_list<binding> bindin
                         const std::uint32_t (&groups)[3]) {
     const auto& fn = dev_.fn();
     if (bindings.size() != p.bindings) throw error("internal: binding count does not match the pipeline");
+    if (dry_) return;  // the pipeline is built: that was the point
     if (cmd_ == VK_NULL_HANDLE) throw error("internal: recording without a command buffer");
     if (sets_ == max_sets) {
         if (!grows_descriptors_) throw error("internal: too many dispatches in one call");

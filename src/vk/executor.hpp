@@ -89,6 +89,15 @@ protected:
     std::size_t more_used_ = 0;
     std::uint32_t stamps_ = 0;  // timestamps written in this command buffer
     std::vector<std::byte> push_copy_;
+    bool dry_ = false;  // dry_recorder: records nothing
+};
+
+/// Goes through a call's recording without a command buffer: every pipeline it dispatches is built
+/// (and its scratch allocated), nothing is recorded. What a planned call does when it is made, so
+/// that its first record costs what later ones do.
+class dry_recorder : public recorder {
+public:
+    dry_recorder(const device& dev, std::uint32_t max_workgroup_count);
 };
 
 /// A descriptor pool for up to 1,024 dispatches (what one call may record).

@@ -72,6 +72,82 @@ bool device_has_extension(const instance_table& fn, VkPhysicalDevice pd, const c
                        [&](const auto& p) { return std::strcmp(p.extensionName, name) == 0; });
 }
 
+matrix_component to_component(VkComponentTypeKHR t) {
+    switch (t) {
+        case VK_COMPONENT_TYPE_FLOAT16_KHR:
+            return matrix_component::f16;
+        case VK_COMPONENT_TYPE_FLOAT32_KHR:
+            return matrix_component::f32;
+        case VK_COMPONENT_TYPE_FLOAT64_KHR:
+            return matrix_component::f64;
+        case VK_COMPONENT_TYPE_SINT8_KHR:
+            return matrix_component::s8;
+        case VK_COMPONENT_TYPE_SINT16_KHR:
+            return matrix_component::s16;
+        case VK_COMPONENT_TYPE_SINT32_KHR:
+            return matrix_component::s32;
+        case VK_COMPONENT_TYPE_SINT64_KHR:
+            return matrix_component::s64;
+        case VK_COMPONENT_TYPE_UINT8_KHR:
+            return matrix_component::u8;
+        case VK_COMPONENT_TYPE_UINT16_KHR:
+            return matrix_component::u16;
+        case VK_COMPONENT_TYPE_UINT32_KHR:
+            return matrix_component::u32;
+        case VK_COMPONENT_TYPE_UINT64_KHR:
+            return matrix_component::u64;
+        default:
+            return matrix_component::other;
+    }
+}
+
+/// VK_KHR_cooperative_matrix on `pd`: its list of shapes (where the extension is there), and whether
+/// everything qkv's cooperative-matrix kernels need comes with it (device.cpp enables exactly that).
+void describe_cooperative_matrix(const instance_table& fn, VkPhysicalDevice pd, const VkPhysicalDeviceProperties& base,
+                                 bool storage16, device_info& d) {
+    if (!fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR ||
+        !device_has_extension(fn, pd, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME))
+        return;
+    std::vector<VkCooperativeMatrixPropertiesKHR> list;
+    std::uint32_t count = 0;
+    if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(pd, &count, nullptr) < 0) return;
+    list.assign(count,
+                vk_struct<VkCooperativeMatrixPropertiesKHR>(VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR));
+    if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(pd, &count, list.data()) < 0) return;
+    list.resize(count);
+    for (const auto& p : list)
+        d.cooperative_matrices.push_back({p.MSize, p.NSize, p.KSize, to_component(p.AType), to_component(p.BType),
+                                          to_component(p.CType), to_component(p.ResultType),
+                                          p.saturatingAccumulation == VK_TRUE, p.scope == VK_SCOPE_SUBGROUP_KHR});
+
+    // What the kernels need with it: the feature, in compute shaders; the Vulkan memory model (the
+    // GLSL extension's SPIR-V declares it) at device scope; float16 arithmetic, 16-bit storage buffers.
+    const bool v12 = base.apiVersion >= VK_API_VERSION_1_2;
+    if (!v12 && !device_has_extension(fn, pd, "VK_KHR_vulkan_memory_model")) return;
+    if (!v12 && !device_has_extension(fn, pd, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) return;
+    auto stages = vk_struct<VkPhysicalDeviceCooperativeMatrixPropertiesKHR>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_KHR);
+    auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+    props.pNext = &stages;
+    fn.vkGetPhysicalDeviceProperties2(pd, &props);
+    auto coop = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
+    auto model = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+    coop.pNext = &model;
+    model.pNext = &f16;
+    auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    features.pNext = &coop;
+    fn.vkGetPhysicalDeviceFeatures2(pd, &features);
+    // (vulkanMemoryModelDeviceScope too: with the memory model on, qkv's other shaders' atomics at
+    // device scope need it.)
+    d.cooperative_matrix = coop.cooperativeMatrix == VK_TRUE && model.vulkanMemoryModel == VK_TRUE &&
+                           model.vulkanMemoryModelDeviceScope == VK_TRUE && f16.shaderFloat16 == VK_TRUE && storage16 &&
+                           (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
+}
+
 device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_t index) {
     VkPhysicalDeviceProperties base{};
     fn.vkGetPhysicalDeviceProperties(pd, &base);
@@ -104,7 +180,9 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
     d.vendor_id = base.vendorID;
     d.api_version = base.apiVersion;
     d.api_version_string = version_string(base.apiVersion);
+    d.driver_version = base.driverVersion;
     if (subgroup.pNext) {
+        d.driver_id = static_cast<std::uint32_t>(driver.driverID);
         d.driver = std::string(driver.driverName);
         if (driver.driverInfo[0]) d.driver += std::string(" (") + driver.driverInfo + ")";
     }
@@ -127,6 +205,7 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
     d.fp16_arithmetic = f16.shaderFloat16 == VK_TRUE;
     d.shader_int64 = features.features.shaderInt64 == VK_TRUE;
     d.timestamp_period_ns = static_cast<double>(base.limits.timestampPeriod);
+    describe_cooperative_matrix(fn, pd, base, d.fp16_storage, d);
     const std::uint32_t family = compute_queue_family(fn, pd);
     d.has_compute_queue = family != UINT32_MAX && base.apiVersion >= VK_API_VERSION_1_1;
     if (family != UINT32_MAX) {

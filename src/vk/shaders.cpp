@@ -20,4 +20,6 @@ std::span<const std::uint32_t> spirv(shader_id id) {
     return {};
 }
 
+bool coopmat_shaders_built() { return !spirv(shader_id::flash_coop).empty(); }
+
 }  // namespace qkv::vulkan::detail

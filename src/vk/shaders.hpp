@@ -11,6 +11,7 @@
 
 #include "contract/backward.h"
 #include "contract/ceiling.h"
+#include "contract/coop.h"
 #include "contract/decode.h"
 #include "contract/flash.h"
 #include "contract/gemm.h"
@@ -86,8 +87,11 @@ constexpr bool row_matches(shader_id id, std::string_view bindings) {
            describe(id).spec_bytes == spec_bytes<Spec>();
 }
 
-/// The SPIR-V words of a shader.
+/// The SPIR-V words of a shader (none for a shader this build left out: cmake/qkv_shaders.cmake).
 std::span<const std::uint32_t> spirv(shader_id id);
+/// Whether this build holds the cooperative-matrix shaders (the rows that name QKV_COOPMAT), which
+/// need a glslang that compiles GL_KHR_cooperative_matrix.
+bool coopmat_shaders_built();
 inline const char* shader_name(shader_id id) { return describe(id).name; }
 
 }  // namespace qkv::vulkan::detail

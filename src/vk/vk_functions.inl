@@ -31,6 +31,7 @@ QKV_VK_INSTANCE(vkCreateDevice, required)
 QKV_VK_INSTANCE(vkGetDeviceProcAddr, required)
 QKV_VK_INSTANCE(vkCreateDebugUtilsMessengerEXT, optional)  // with the validation layer only
 QKV_VK_INSTANCE(vkDestroyDebugUtilsMessengerEXT, optional)
+QKV_VK_INSTANCE(vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR, optional)  // VK_KHR_cooperative_matrix
 
 QKV_VK_DEVICE(vkDestroyDevice, required)
 QKV_VK_DEVICE(vkGetDeviceQueue, required)

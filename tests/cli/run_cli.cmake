@@ -12,6 +12,9 @@
 #   COPY               pairs SOURCE NAME: files copied into WORK_DIR before the run
 #   SYMLINK, HARDLINK  pairs TARGET NAME: links made in WORK_DIR before the run (after COPY)
 #   UNCHANGED          files of WORK_DIR that must be byte-identical after the run
+#   SKIP_IF_STDERR     a regular expression: a run that fails with it on stderr (the device or the
+#                      build lacks what the case needs) ends the case as skipped (CTest's
+#                      SKIP_REGULAR_EXPRESSION "qkv cli test skipped"), nothing else checked
 # In ARGS, <EMPTY> stands for an empty argument (a CMake list cannot hold one).
 # After a failing run (EXPECT_EXIT != 0) WORK_DIR must hold exactly what COPY, SYMLINK and
 # HARDLINK put there, every file byte-identical: no output, partial or temporary, may be left
@@ -72,6 +75,10 @@ string(APPEND command " WORKING_DIRECTORY [==[${WORK_DIR}]==] RESULT_VARIABLE st
 cmake_language(EVAL CODE "${command}")
 message("${stdout}")
 message("${stderr}")
+if(SKIP_IF_STDERR AND NOT status EQUAL 0 AND "${stderr}" MATCHES "${SKIP_IF_STDERR}")
+  message("qkv cli test skipped: the run was refused with \"${CMAKE_MATCH_0}\"")
+  return()
+endif()
 
 if(NOT "${status}" STREQUAL "${EXPECT_EXIT}")
   fail("expected exit status ${EXPECT_EXIT}")

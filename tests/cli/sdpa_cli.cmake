@@ -112,16 +112,27 @@ function(qkv_cli_sdpa_vulkan case suffix)
     list(APPEND compare weights.npy ${dir}/expected_weights.npy)
   endif()
   set(nmse 1e-9)
+  set(skip "")
   if("fp16" IN_LIST ARGN)
     set(nmse 1e-5)
   endif()
-  qkv_cli_test(sdpa.vulkan.${case}.${suffix} ARGS ${args} COMPARE ${compare} MAX_NMSE ${nmse})
+  if("coopmat" IN_LIST ARGN)  # where the device or the build lacks the family: skipped
+    set(skip SKIP_IF_STDERR "does not offer VK_KHR_cooperative_matrix|no cooperative-matrix shaders|is refused on")
+  endif()
+  qkv_cli_test(sdpa.vulkan.${case}.${suffix} ARGS ${args} COMPARE ${compare} MAX_NMSE ${nmse} ${skip})
 endfunction()
 foreach(case IN ITEMS gqa_4d_scale causal_bottom_right_gqa bool_mask_key_padding additive_mask_causal decode_5000)
   qkv_cli_sdpa_vulkan(${case} kernel_cpu --kernel cpu)
   qkv_cli_sdpa_vulkan(${case} kernel_gpu --kernel gpu)
   qkv_cli_sdpa_vulkan(${case} fp16 --precision fp16)
+  qkv_cli_sdpa_vulkan(${case} coopmat --kernel coopmat --precision fp16)
 endforeach()
+# The cooperative-matrix family refuses float32 (it multiplies float16): exit 1, naming why, on every
+# device (one without the family says that instead).
+qkv_cli_test(sdpa.vulkan.coopmat_fp32_refused
+             ARGS sdpa --q ${sdpa_data}/plain_2d/q.npy --k ${sdpa_data}/plain_2d/k.npy --v ${sdpa_data}/plain_2d/v.npy
+                  --kernel coopmat --out out.npy
+             EXIT 1 STDERR "precision fp16|does not offer VK_KHR_cooperative_matrix|no cooperative-matrix shaders")
 # float64 inputs beyond float32 cannot go to the device: refused, naming the file and element.
 qkv_cli_test(sdpa.vulkan.float64_beyond_float32 ARGS sdpa --q ${sdpa_data}/float64/q.npy --k ${sdpa_data}/float64/k.npy
              --v ${sdpa_data}/float64/v.npy --backend vulkan --out out.npy EXIT 2

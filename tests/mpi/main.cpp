@@ -12,7 +12,11 @@
 
 #include <qkv/mpi/collective.hpp>
 
+#include "support/end_of_run.hpp"
+
 int main(int argc, char* argv[]) {
     qkv::mpi::environment mpi(argc, argv);
-    return Catch::Session().run(argc, argv);
+    const int status = Catch::Session().run(argc, argv);
+    qkv_test::end_of_run();  // the shared context, before MPI and exit() (support/end_of_run.hpp)
+    return status;
 }

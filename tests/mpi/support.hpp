@@ -161,16 +161,20 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+/// Makes this rank's next MPI_Iprobe (qkv::mpi's look for failure notices) wait up to `limit` for a
+/// message it matches, as a rank descheduled there would find it (slow_probe.cpp). Zero disarms.
+void hold_next_probe(std::chrono::milliseconds limit);
+
 /// A backend that fails on purpose on one rank: throws (or sleeps) at its n-th partial there.
 class faulty_backend final : public qkv::mpi::backend {
 public:
     enum class fault { none, throws, invalid, sleeps };
     faulty_backend(qkv::mpi::backend& inner, int rank, int at, fault f, std::chrono::milliseconds nap = {})
-        : inner_(inner), rank_(rank), at_(at), fault_(f), nap_(nap) {}
+        : inner_(inner), mine_(world_rank() == rank), at_(at), fault_(f), nap_(nap) {}
     std::string name() const override { return "faulty " + inner_.name(); }
     qkv::element_type kv_storage(const qkv::sdpa_options& o) const override { return inner_.kv_storage(o); }
     qkv::sdpa_output_f64 partial(const qkv::sdpa_problem& block) override {
-        if (world_rank() == rank_ && ++calls_ == at_) {
+        if (mine_ && ++calls_ == at_) {  // (partial runs on a worker thread: no MPI call here)
             if (fault_ == fault::throws) throw qkv::error("injected failure in block " + std::to_string(at_));
             if (fault_ == fault::invalid) throw qkv::invalid_argument("injected bad block " + std::to_string(at_));
             if (fault_ == fault::sleeps) std::this_thread::sleep_for(nap_);
@@ -181,7 +185,8 @@ public:
 
 private:
     qkv::mpi::backend& inner_;
-    int rank_, at_;
+    bool mine_;
+    int at_;
     fault fault_;
     std::chrono::milliseconds nap_;
     int calls_ = 0;

@@ -11,15 +11,20 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "end_of_run.hpp"
 
 namespace qkv_test {
 
 /// One context per test process, created on first use, with validation on and every new
 /// host-visible allocation filled with 0xFF bytes (no test may pass by finding zeroed memory).
+/// Destroyed at the end of the run, before exit() (end_of_run.hpp says why).
 inline qkv::vulkan::context& gpu() {
-    static qkv::vulkan::context ctx =
-        qkv::vulkan::testing::make_context({.validation = true}, {.poison_new_memory = true});
-    return ctx;
+    static std::optional<qkv::vulkan::context> ctx;
+    if (!ctx) {
+        ctx.emplace(qkv::vulkan::testing::make_context({.validation = true}, {.poison_new_memory = true}));
+        at_end_of_run([] { ctx.reset(); });
+    }
+    return *ctx;
 }
 
 /// What a test may set of a context: the memory cap and the test hooks (qkv/vulkan/testing.hpp),

@@ -6,4 +6,10 @@
 #include <catch2/catch.hpp>
 #endif
 
-int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+#include "end_of_run.hpp"
+
+int main(int argc, char* argv[]) {
+    const int status = Catch::Session().run(argc, argv);
+    qkv_test::end_of_run();
+    return status;
+}

@@ -7,6 +7,21 @@
 
 namespace qkv::cli::bench {
 
+namespace {
+
+/// "16x16x16 f16*f16+f32->f32", one per entry of the device's VkCooperativeMatrixPropertiesKHR list.
+json matrices_json(const qkv::vulkan::device_info& d) {
+    json list = json::array();
+    for (const auto& m : d.cooperative_matrices)
+        list.push_back(std::to_string(m.m) + "x" + std::to_string(m.n) + "x" + std::to_string(m.k) + " " +
+                       qkv::vulkan::to_string(m.a) + "*" + qkv::vulkan::to_string(m.b) + "+" +
+                       qkv::vulkan::to_string(m.c) + "->" + qkv::vulkan::to_string(m.result) +
+                       (m.subgroup_scope ? "" : " (not subgroup scope)"));
+    return list;
+}
+
+}  // namespace
+
 json device_json(const qkv::vulkan::device_info& d) {
     return {{"name", d.name},
             {"type", qkv::vulkan::to_string(d.type)},
@@ -20,7 +35,9 @@ json device_json(const qkv::vulkan::device_info& d) {
             {"device_local_bytes", d.device_local_memory},
             {"fp16_storage", d.fp16_storage},
             {"fp16_arithmetic", d.fp16_arithmetic},
-            {"timestamps", d.timestamps}};
+            {"timestamps", d.timestamps},
+            {"cooperative_matrix", d.cooperative_matrix},
+            {"cooperative_matrices", matrices_json(d)}};
 }
 
 json summary_json(const summary& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }

@@ -19,6 +19,19 @@ std::string yes_no(bool b) { return b ? "yes" : "no"; }
 
 std::string kibibytes(std::uint32_t bytes) { return std::to_string(bytes / 1024) + " KiB"; }
 
+/// "8x8x8 f16*f16+f32->f32, ..." (a scope other than the subgroup's is named).
+std::string matrices(const qkv::vulkan::device_info& d) {
+    std::string out;
+    for (const auto& m : d.cooperative_matrices) {
+        if (!out.empty()) out += ", ";
+        out += std::to_string(m.m) + "x" + std::to_string(m.n) + "x" + std::to_string(m.k) + " " +
+               qkv::vulkan::to_string(m.a) + "*" + qkv::vulkan::to_string(m.b) + "+" + qkv::vulkan::to_string(m.c) +
+               "->" + qkv::vulkan::to_string(m.result) + (m.saturating ? " (saturating)" : "") +
+               (m.subgroup_scope ? "" : " (not subgroup scope)");
+    }
+    return out;
+}
+
 /// The selector a context would use: QKV_DEVICE when set (context_options::device is unset here).
 std::optional<std::string> selector_from_environment() {
     const char* env = std::getenv("QKV_DEVICE");
@@ -53,6 +66,11 @@ void list() {
     print_table(std::cout,
                 {"", "index", "name", "type", "driver", "Vulkan", "subgroup", "shared mem", "fp16 storage/arith"},
                 rows);
+    for (const auto& d : devices)
+        if (!d.cooperative_matrices.empty())
+            std::cout << "\ndevice " << d.index << ": cooperative matrices (VK_KHR_cooperative_matrix"
+                      << (d.cooperative_matrix ? "" : "; not usable by qkv: a feature it needs is missing")
+                      << "): " << matrices(d) << "\n";
     if (!chosen) {
         std::cout.flush();
         if (selector)  // a bad QKV_DEVICE is bad input (exit 2); no usable device at all is not

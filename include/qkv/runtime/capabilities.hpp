@@ -45,10 +45,18 @@ enum class entry_point {
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
 /// set to other than its default (its field's name from the option list, qkv/runtime/
 /// sdpa_options.def: "softcap", "return_weights", ...; an attention problem's run_options by the
-/// same names: "causal", "return_weights", "precision", "kernel", "scale"), or one of the inputs
-/// below. A field added to the option list is a feature without an edit here, taken by every
-/// sdpa entry point until a refusal below says otherwise.
+/// same names: "causal", "return_weights", "precision", "kernel", "scale"), a value of an option
+/// that is a feature of its own (`values` below), or one of the inputs below. A field added to
+/// the option list is a feature without an edit here, taken by every sdpa entry point until a
+/// refusal below says otherwise.
 using feature = std::string_view;
+
+/// The values of an option that are features of their own, beside the option's ("kernel"): what
+/// one entry point may take and another refuse although both take the option.
+namespace values {
+/// kernel_family::coopmat: the matrix units (VK_KHR_cooperative_matrix), fp16 only.
+inline constexpr feature coopmat = "kernel = coopmat";
+}  // namespace values
 
 /// The features that are not options: the problem's inputs and a cache's storage.
 namespace inputs {
@@ -70,7 +78,7 @@ inline constexpr feature d_additive_mask = "d_additive_mask";      ///< a backwa
 /// problem has no output projection, an attention problem no window, an append only a storage type.
 [[nodiscard]] QKV_RUNTIME_API bool applies(entry_point entry, feature what);
 
-/// Every entry point, and every feature (the option list's fields, then the inputs), in order.
+/// Every entry point, and every feature (the option list's fields, the values, then the inputs), in order.
 [[nodiscard]] QKV_RUNTIME_API std::span<const entry_point> entry_points();
 [[nodiscard]] QKV_RUNTIME_API std::span<const feature> features();
 
@@ -81,7 +89,7 @@ struct refusal {
     std::string_view why;
 };
 
-/// Whether `f` is a feature: a field of the option list, or one of `inputs`.
+/// Whether `f` is a feature: a field of the option list, one of `values`, or one of `inputs`.
 [[nodiscard]] QKV_RUNTIME_API bool is_feature(feature f);
 
 /// The whole table: every refusal (what it does not list, the entry point takes).

@@ -44,11 +44,10 @@ struct enum_name {
 inline constexpr enum_name<causal_alignment> causal_alignment_names[] = {
     {"top_left", causal_alignment::top_left}, {"bottom_right", causal_alignment::bottom_right}};
 inline constexpr enum_name<precision> precision_names[] = {{"fp32", precision::fp32}, {"fp16", precision::fp16}};
-inline constexpr enum_name<kernel_family> kernel_family_names[] = {{"auto", kernel_family::automatic},
-                                                                   {"row_tiles", kernel_family::row_tiles},
-                                                                   {"block_tiles", kernel_family::block_tiles},
-                                                                   {"cpu", kernel_family::row_tiles, true},
-                                                                   {"gpu", kernel_family::block_tiles, true}};
+inline constexpr enum_name<kernel_family> kernel_family_names[] = {
+    {"auto", kernel_family::automatic},          {"row_tiles", kernel_family::row_tiles},
+    {"block_tiles", kernel_family::block_tiles}, {"coopmat", kernel_family::coopmat},
+    {"cpu", kernel_family::row_tiles, true},     {"gpu", kernel_family::block_tiles, true}};
 inline constexpr enum_name<element_type> element_type_names[] = {
     {"f32", element_type::f32}, {"f16", element_type::f16}, {"q8_0", element_type::q8_0}, {"q4_0", element_type::q4_0}};
 

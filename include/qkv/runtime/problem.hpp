@@ -55,9 +55,15 @@ enum class implementation {
 /// named by the shape of its work; any family runs on any device, and they differ in speed, not in
 /// results beyond rounding.
 enum class kernel_family {
-    automatic,    ///< row_tiles on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe), block_tiles elsewhere
+    /// row_tiles on CPU devices (VK_PHYSICAL_DEVICE_TYPE_CPU, e.g. lavapipe); coopmat for fp16 calls on
+    /// GPUs offering VK_KHR_cooperative_matrix (unless a driver gate keeps it manual); block_tiles elsewhere
+    automatic,
     row_tiles,    ///< one subgroup per workgroup, query rows on lanes, K/V through texel buffers, no barriers
     block_tiles,  ///< a large workgroup sharing K/V tiles through shared memory (shaders/flash.comp)
+    /// Q·Kᵀ and P·V on the device's matrix units (VK_KHR_cooperative_matrix: tensor cores, WMMA, XMX),
+    /// float16 operands with float32 accumulators (shaders/flash_coop.comp): fused and decode calls
+    /// with precision fp16 and float16 K/V only; the matrix products of attention run block_tiles'.
+    coopmat,
     /// The names of qkv 0.1: deprecated aliases, kept for one release.
     cpu [[deprecated("kernel_family::cpu is now kernel_family::row_tiles")]] = row_tiles,
     gpu [[deprecated("kernel_family::gpu is now kernel_family::block_tiles")]] = block_tiles,

@@ -17,6 +17,8 @@
 //      ├─ numeric_overflow          finite inputs too large for the chosen precision: a value or a
 //      │                            score would not be finite in float32/float16; no result is
 //      │                            returned; the context stays usable
+//      ├─ not_complete              a recording's verdict asked for (recording::check) before its
+//      │                            command buffer has completed: not submitted, or still running
 //      └─ device_lost               VK_ERROR_DEVICE_LOST: the context must be recreated
 #pragma once
 
@@ -59,6 +61,14 @@ public:
 /// magnitude. Nothing is returned; use fp32 instead of fp16, scale the inputs down, or the float64
 /// CPU backend.
 class QKV_VULKAN_API numeric_overflow : public error {
+public:
+    using error::error;
+};
+
+/// recording::check() (qkv/vulkan/interop.hpp) called before the recorded commands have completed:
+/// the command buffer was not submitted, or is still running. The verdict is unknown, so nothing is
+/// returned; call check() again after the caller's fence (or timeline semaphore) wait.
+class QKV_VULKAN_API not_complete : public error {
 public:
     using error::error;
 };

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,6 +69,11 @@ public:
     /// qkv::invalid_argument for a value qkv::quantize refuses (NaN, infinite, a block whose scale
     /// does not fit float16). In every case nothing is appended.
     void append(std::span<const float> k, std::span<const float> v, std::size_t rows);
+    /// The same, for braced lists: `append({}, {}, 0)` and `append({k0, k1}, {v0, v1}, 1)` call the
+    /// host append (not the tensor one), as they did before it existed.
+    void append(std::initializer_list<float> k, std::initializer_list<float> v, std::size_t rows) {
+        append(std::span<const float>(k.begin(), k.size()), std::span<const float>(v.begin(), v.size()), rows);
+    }
 
     /// Rows held per (batch, kv head): at most capacity(), whatever other threads do.
     [[nodiscard]] std::size_t size() const;

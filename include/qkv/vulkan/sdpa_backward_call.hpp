@@ -25,8 +25,10 @@ namespace qkv::vulkan {
 /// q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) and d_out (B, Hq, L, Ev) of the
 /// description's precision (f32 with fp32, f16 with fp16); out (B, Hq, L, Ev) and lse (B, Hq, L),
 /// f32, the forward's (an sdpa_call's with return_lse); the gradients f32: dq, dk, dv of q's, k's
-/// and v's shapes, d_sinks (Hq) where the description has sinks, d_additive_mask (the mask's
-/// elements) where it asks for it (and only then).
+/// and v's shapes, d_sinks (Hq) where the description has sinks, d_additive_mask (mask_shape; L x S
+/// where that is empty) where it asks for it (and only then). Shapes are checked dimension by
+/// dimension up to dimensions of 1; a gradient may not overlap another tensor of the call in one
+/// VkBuffer (nothing is computed in place).
 struct sdpa_backward_tensors {
     const tensor* q = nullptr;
     const tensor* k = nullptr;
@@ -48,8 +50,9 @@ public:
     /// `description` as for context::sdpa_backward, with every data span empty (q, k and v of the
     /// forward, out, lse and d_out: they come as tensors) but the masks and sinks (host data, read
     /// now and kept on the device with the plan). Dropout's seed and offset are the description's,
-    /// so every run draws the forward's mask of a call planned with the same ones. Throws as
-    /// context::sdpa_backward would before any work.
+    /// so every run draws the forward's mask of a call planned with the same ones. Its pipelines
+    /// are built now, not at the first run or record. Throws as context::sdpa_backward would
+    /// before any work.
     sdpa_backward_call(context& ctx, const sdpa_backward_problem& description);
     ~sdpa_backward_call();
     sdpa_backward_call(sdpa_backward_call&&) noexcept;
@@ -61,8 +64,8 @@ public:
     /// on the device and reported here as on the host path: qkv::invalid_argument where out and lse
     /// are not this problem's forward results (naming a row), numeric_overflow where the scores
     /// or a gradient left float32's range though every input was finite. Throws
-    /// qkv::invalid_argument for tensors whose element counts or types do not match. Thread-safe,
-    /// as sdpa_call::run.
+    /// qkv::invalid_argument for tensors whose shapes or types do not match, or where a gradient
+    /// overlaps another of its tensors. Thread-safe, as sdpa_call::run.
     void run(const sdpa_backward_tensors& tensors);
 
     struct impl;

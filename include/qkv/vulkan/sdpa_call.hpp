@@ -36,8 +36,10 @@ struct sdpa_tensors {
 class QKV_VULKAN_API sdpa_call {
 public:
     /// `description` as for context::sdpa, its q, k and v spans empty (the data comes as tensors
-    /// at run time). Its masks (mask, additive_mask, mask_shape) are host data, read now and kept
-    /// on the device with the plan. Throws as context::sdpa would before any work.
+    /// at run time). Its masks (mask, additive_mask, mask_shape) and its sinks are host data, read
+    /// (copied) now and kept with the plan: changing the caller's arrays afterwards changes nothing.
+    /// The pipelines the plan needs are built now too. Throws as context::sdpa would before any
+    /// work.
     sdpa_call(context& ctx, const sdpa_problem& description);
     /// Decode against `cache` (kept by reference: it must outlive the call): K and V are the
     /// cache's rows when the call runs (shape.kv_len 0: the cache's size then).
