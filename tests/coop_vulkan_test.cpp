@@ -365,7 +365,7 @@ TEST_CASE("coopmat: every Vulkan entry point takes kernel = coopmat as the capab
              qkv::attention_problem desc = attention;
              desc.x = {}, desc.wq = {}, desc.wk = {}, desc.wv = {};
              qkv::vulkan::attention_call call(ctx, desc);
-             qkv::vulkan::tensor tx(ctx, {x.size()}), tw(ctx, {w.size()}), out(ctx, {2, 17, 16});
+             qkv::vulkan::tensor tx(ctx, {2, 17, 16}), tw(ctx, {16, 16}), out(ctx, {2, 17, 16});
              tx.upload(x), tw.upload(w);
              call.run({.x = &tx, .wq = &tw, .wk = &tw, .wv = &tw, .out = &out});
              CHECK(call.kernel() == qkv::kernel_family::coopmat);

@@ -119,6 +119,10 @@ void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
     std::vector<std::shared_ptr<void>> later;  // let go of after the lock
     {
         std::lock_guard lock(core->mutex);
+        // The earlier retirees first: this one is never released at its own end, since its word
+        // may read done while the caller's command buffer is still pending (no fence waited yet),
+        // and destroying what a pending command buffer uses is invalid; a later call releases it.
+        later = core->reclaim();
         const bool done = r->finished();
         r->settle_append(done);
         if (r->rec && !r->seen_complete) {
@@ -132,7 +136,6 @@ void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
                 (void)r.release();  // kept forever rather than freed under running commands
             }
         }
-        later = core->reclaim();
     }
     r.reset();  // released under the lock it takes
 }

@@ -89,21 +89,13 @@ device::device(std::shared_ptr<const instance> inst, std::size_t index)
     // VK_KHR_cooperative_matrix with what its kernels need (instance.cpp, describe_cooperative_matrix,
     // found them all): the feature, the Vulkan memory model and float16 arithmetic. Core in Vulkan
     // 1.2 but for the first; the extensions of the other two on a 1.1 device.
-    auto coop = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
-    auto model = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
-    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+    coopmat_features wanted;
     if (info_.cooperative_matrix) {
-        coop.cooperativeMatrix = VK_TRUE;
-        model.vulkanMemoryModel = VK_TRUE;
-        model.vulkanMemoryModelDeviceScope = VK_TRUE;
-        f16.shaderFloat16 = VK_TRUE;
-        coop.pNext = &model;
-        model.pNext = &f16;
-        f16.pNext = features.pNext;
-        features.pNext = &coop;
+        wanted.coop.cooperativeMatrix = VK_TRUE;
+        wanted.model.vulkanMemoryModel = VK_TRUE;
+        wanted.model.vulkanMemoryModelDeviceScope = VK_TRUE;
+        wanted.f16.shaderFloat16 = VK_TRUE;
+        features.pNext = wanted.chain(features.pNext);
         extensions.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
         if (info_.api_version < VK_API_VERSION_1_2) {
             extensions.push_back("VK_KHR_vulkan_memory_model");

@@ -130,22 +130,15 @@ void describe_cooperative_matrix(const instance_table& fn, VkPhysicalDevice pd, 
     auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
     props.pNext = &stages;
     fn.vkGetPhysicalDeviceProperties2(pd, &props);
-    auto coop = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
-    auto model = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
-    auto f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
-    coop.pNext = &model;
-    model.pNext = &f16;
+    coopmat_features need;
     auto features = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
-    features.pNext = &coop;
+    features.pNext = need.chain(nullptr);
     fn.vkGetPhysicalDeviceFeatures2(pd, &features);
     // (vulkanMemoryModelDeviceScope too: with the memory model on, qkv's other shaders' atomics at
     // device scope need it.)
-    d.cooperative_matrix = coop.cooperativeMatrix == VK_TRUE && model.vulkanMemoryModel == VK_TRUE &&
-                           model.vulkanMemoryModelDeviceScope == VK_TRUE && f16.shaderFloat16 == VK_TRUE && storage16 &&
-                           (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
+    d.cooperative_matrix = need.coop.cooperativeMatrix == VK_TRUE && need.model.vulkanMemoryModel == VK_TRUE &&
+                           need.model.vulkanMemoryModelDeviceScope == VK_TRUE && need.f16.shaderFloat16 == VK_TRUE &&
+                           storage16 && (stages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
 }
 
 device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_t index) {

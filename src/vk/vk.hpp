@@ -110,6 +110,31 @@ T vk_struct(VkStructureType type) {
     return value;
 }
 
+/// The features the cooperative-matrix kernels need, chained cooperative matrix -> Vulkan memory
+/// model -> float16 arithmetic: one list that instance.cpp queries and device.cpp enables. Not
+/// copyable (the chain points into itself).
+struct coopmat_features {
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR coop = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
+    VkPhysicalDeviceVulkanMemoryModelFeatures model = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+    VkPhysicalDeviceShaderFloat16Int8Features f16 = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+
+    coopmat_features() {
+        coop.pNext = &model;
+        model.pNext = &f16;
+    }
+    coopmat_features(const coopmat_features&) = delete;
+    coopmat_features& operator=(const coopmat_features&) = delete;
+
+    /// Puts the chain in front of `next`; returns its head, for a pNext.
+    void* chain(void* next) {
+        f16.pNext = next;
+        return &coop;
+    }
+};
+
 /// The count-then-data pattern of vkEnumerate* and vkGet*Properties: asks `fn(args..., &count,
 /// nullptr)` for the count, then fills `out` (resized to what the second call reports). Returns
 /// the first error (a negative VkResult), else the second call's result (VK_INCOMPLETE where the

@@ -63,9 +63,14 @@ def main():
                     if p.poll() is not None or time.monotonic() - start > LIMIT_S:
                         sys.exit("rank 1 never opened its FIFO:\n" + p.stdout.read().decode(errors="replace"))
                     time.sleep(0.01)
-            stopped = [pid for pid in fifo_readers(fifo) if pid != os.getpid()]
-            if not stopped:
-                sys.exit("no process holds the FIFO open")
+            # Our open() succeeds as soon as rank 1 is *inside* its open(); its descriptor shows in
+            # /proc only once that open() returns, which on a loaded machine can take a while.
+            while not stopped:
+                stopped = [pid for pid in fifo_readers(fifo) if pid != os.getpid()]
+                if not stopped:
+                    if p.poll() is not None or time.monotonic() - start > LIMIT_S:
+                        sys.exit("no process holds the FIFO open")
+                    time.sleep(0.01)
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
         try:

@@ -135,13 +135,7 @@ void check_fits_device(const config& c, const qkv::vulkan::device_info& info) {
 void check_valid(const config& c) {
     if (!c.decode) return;
     qkv::sdpa_problem p;
-    p.shape = {.batch = c.batch,
-               .q_heads = c.heads,
-               .kv_heads = c.kv_heads,
-               .q_len = c.seq,
-               .kv_len = c.kv_seq,
-               .d_qk = c.dim,
-               .d_v = c.ev()};
+    p.shape = c.decode_shape();
     p.options = c.options;
     const std::vector<float> sinks(c.sinks ? c.heads : 0, 0.0f);
     p.sinks = sinks;

@@ -15,6 +15,7 @@
 #include "option_flags.hpp"
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/options.hpp"
+#include "qkv/runtime/sdpa.hpp"
 #include "qkv/vulkan/context.hpp"
 
 namespace qkv::cli::bench {
@@ -60,6 +61,16 @@ struct config {
     bool sinks = false;
     qkv::sdpa_options options{};
     [[nodiscard]] std::size_t ev() const { return dim_v ? dim_v : dim; }
+    /// A decode or host-K/V row's shape: seq query rows per head against kv_seq keys of kv_heads heads.
+    [[nodiscard]] qkv::sdpa_shape decode_shape() const {
+        return {.batch = batch,
+                .q_heads = heads,
+                .kv_heads = kv_heads,
+                .q_len = seq,
+                .kv_len = kv_seq,
+                .d_qk = dim,
+                .d_v = ev()};
+    }
     [[nodiscard]] bool windowed() const { return options.window_left >= 0 || options.window_right >= 0; }
 };
 

@@ -222,13 +222,7 @@ result time_sdpa(qkv::vulkan::context& ctx, const config& c, int warmup, int rep
             }
             const std::vector<float> q = normal(c.batch * c.heads * c.seq * c.dim, rng);
             qkv::sdpa_problem p;
-            p.shape = {.batch = c.batch,
-                       .q_heads = c.heads,
-                       .kv_heads = c.kv_heads,
-                       .q_len = c.seq,
-                       .kv_len = c.kv_seq,
-                       .d_qk = c.dim,
-                       .d_v = ev};
+            p.shape = c.decode_shape();
             p.q = q;
             p.options = c.options;
             const std::vector<float> sinks = c.sinks ? normal(c.heads, rng) : std::vector<float>{};
