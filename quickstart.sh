@@ -310,7 +310,7 @@ leg_mesa26() {
     # leg that ran without the root, the cooperative-matrix shader, one test source and the links
     # are redone (tests/CMakeLists.txt keeps the build's facts out of the other test sources).
     configure_build build/gcc -DCMAKE_CXX_COMPILER=g++ -DQKV_WERROR=ON -DBUILD_SHARED_LIBS=ON "${COOPMAT_TOOLS[@]}"
-    log "Mesa $MESA26_EXPECT's lavapipe: the GCC build's tests labelled driver2 and coopmat (the cooperative-matrix family) through the private root, its validation layers on"
+    log "Mesa $MESA26_EXPECT's lavapipe: the GCC build's tests labelled interop (an application's own device) and coopmat (the cooperative-matrix family) through the private root, its validation layers on"
     local devices
     mesa26_environment
     # The tests must run on that driver and no other, with its cooperative matrices usable.
@@ -327,14 +327,14 @@ leg_mesa26() {
     # Every test program through the root's loader (cmake/run_test_program.sh); the coopmat entries
     # run the parity suites with the cooperative-matrix family alone (tests/CMakeLists.txt).
     "${MESA26_ENV[@]}" "QKV_TEST_WRAPPER=$MESA26/run" \
-        ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^(driver2|coopmat)$'
+        ctest --test-dir build/gcc --output-on-failure -j "$JOBS" -L '^(interop|coopmat)$'
 }
 
 leg_clang() {
     coopmat_tools
-    log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python: the gcc leg runs them)"
+    log "Clang: build (warnings as errors; the Python module too) and test (not the labels variant, long, sweep, python, cli: the gcc leg runs them)"
     configure_build build/clang -DCMAKE_CXX_COMPILER=clang++ -DQKV_WERROR=ON "${COOPMAT_TOOLS[@]}"
-    run_ctest build/clang -LE '^(variant|long|sweep|python)$'
+    run_ctest build/clang -LE '^(variant|long|sweep|python|cli)$'
 }
 
 leg_neutral() {
