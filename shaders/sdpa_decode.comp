@@ -10,7 +10,7 @@
 #endif
 #ifdef QKV_SHUFFLE
 // cpu variant: each lane fetches one key's texel and subgroupShuffle hands it to every lane
-// (as flash_cpu.comp; the host's choice, src/kernels/sdpa_decode.cpp).
+// (as flash_cpu.comp; the host's choice, src/kernels/decode_plan.cpp).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif

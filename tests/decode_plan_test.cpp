@@ -1,4 +1,4 @@
-// The split-S decode planner (src/kernels/sdpa_decode.cpp: plan_decode, decode_suits), a pure function
+// The split-S decode planner (src/kernels/decode_plan.cpp: plan_decode, decode_suits), a pure function
 // of the shape and the device description, against the fake devices of support/fake_devices.hpp. No
 // Vulkan device needed. The loop counts below are counted from shaders/sdpa_decode.comp, not taken
 // from the planner, so that a plan whose bound is wrong fails here.
@@ -28,9 +28,9 @@ using fake = fd::fake_device;
 
 // llvmpipe ends every loop of an invocation silently after 65,535 iterations in all.
 constexpr std::uint64_t lavapipe_loop_limit = 65535;
-// The bound sdpa_decode.cpp keeps each plan's loops within (a quarter of the limit), on every device.
+// The bound decode_plan.cpp keeps each plan's loops within (a quarter of the limit), on every device.
 constexpr std::uint64_t loop_budget = 16384;
-// The merge shader reads at most this many chunks per row (sdpa_decode.cpp).
+// The merge shader reads at most this many chunks per row (decode_plan.cpp).
 constexpr std::uint32_t max_chunks_total = 4096;
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
