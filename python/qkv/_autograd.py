@@ -38,7 +38,11 @@ def _inverse(perm):
 
 def backward(call, grad_output, output, lse):
     """(dq, dk, dv) of the call's query, key and value (torch tensors of their views' shapes and
-    dtype) from the gradient of its output, as the caller sees it (out_perm applied)."""
+    dtype) from the gradient of its output, as the caller sees it (out_perm applied). A call with
+    its own backward pass (a ragged batch: flash_attn._Ragged.gradients) computes them itself."""
+    own = getattr(call, "gradients", None)
+    if own is not None:
+        return own(grad_output, output, lse)
     if call.out_perm:
         inv = _inverse(call.out_perm)
         grad_output, output = (x.permute(*inv) for x in (grad_output, output))

@@ -25,18 +25,21 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table: Optional[Array] = None) -> Any: ...
+                           return_attn_probs: bool = False, block_table: Optional[Array] = None, *,
+                           device: DeviceArg = None, precision: Optional[Literal["fp32", "fp16"]] = None) -> Any: ...
 def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: int, dropout_p: float = 0.0,
                                      softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                      alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                                     return_attn_probs: bool = False) -> Any: ...
+                                     return_attn_probs: bool = False, *, device: DeviceArg = None,
+                                     precision: Optional[Literal["fp32", "fp16"]] = None) -> Any: ...
 def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
                                     max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                                     softmax_scale: Optional[float] = None, causal: bool = False,
                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                     alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                                    return_attn_probs: bool = False) -> Any: ...
+                                    return_attn_probs: bool = False, *, device: DeviceArg = None,
+                                    precision: Optional[Literal["fp32", "fp16"]] = None) -> Any: ...
 def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = None,
                             v: Optional[Array] = None, rotary_cos: Optional[Array] = None,
                             rotary_sin: Optional[Array] = None, cache_seqlens: Any = None,

@@ -27,12 +27,6 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& message) { throw qkv::invalid_argument(message); }
 
-std::string dims(const std::vector<std::size_t>& shape) {
-    std::string s = "(";
-    for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
-    return s + (shape.size() == 1 ? ",)" : ")");
-}
-
 std::size_t product(const std::vector<std::size_t>& v, std::size_t first, std::size_t end) {
     std::size_t n = 1;
     for (std::size_t d = first; d < end; ++d) {
@@ -449,13 +443,7 @@ results run_gathered(host_call& h, const context_ptr& ctx, std::span<const T> q,
     return r;
 }
 
-/// The precision a call runs in when the caller did not say: float16 storage for float16 inputs
-/// on a device that has it (exact: the values are float16 already), float32 otherwise.
-void choose_precision(host_call& h, const context_ptr& ctx) {
-    if (h.opt.precision_given || !ctx) return;
-    h.opt.options.precision =
-        h.type == dtype::f16 && ctx->device().fp16_storage ? qkv::precision::fp16 : qkv::precision::fp32;
-}
+void choose_precision(host_call& h, const context_ptr& ctx) { choose_precision(h.opt, h.type, ctx); }
 
 py::object wrap(out_array&& a) { return py::cast(std::move(a)); }
 
@@ -486,11 +474,6 @@ py::tuple finish(host_call& h, results&& r) {
     }
     return py::make_tuple(wrap(std::move(*out)), lse ? wrap(std::move(*lse)) : py::none(),
                           weights ? wrap(std::move(*weights)) : py::none());
-}
-
-context_ptr context_of(py::handle device) {
-    if (device.is_none()) return nullptr;
-    return device.cast<context_ptr>();
 }
 
 py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle mask, bool mask_is_bool, py::handle sinks,
@@ -704,6 +687,23 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
 }
 
 }  // namespace
+
+std::string dims(const std::vector<std::size_t>& shape) {
+    std::string s = "(";
+    for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+    return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+context_ptr context_of(py::handle device) {
+    if (device.is_none()) return nullptr;
+    return device.cast<context_ptr>();
+}
+
+void choose_precision(call_options& opt, dtype type, const context_ptr& ctx) {
+    if (opt.precision_given || !ctx) return;
+    opt.options.precision =
+        type == dtype::f16 && ctx->device().fp16_storage ? qkv::precision::fp16 : qkv::precision::fp32;
+}
 
 call_options read_options(const py::dict& d) {
     // The keys are the fields of the option list (qkv/runtime/sdpa_options.def), each converted

@@ -33,6 +33,19 @@ struct call_options {
 /// Python-side handles: a context shared by the Context object, its tensors and caches.
 using context_ptr = std::shared_ptr<qkv::vulkan::context>;
 
+/// The context a call's `device` argument names (a Context), or null for None (the float64
+/// reference).
+[[nodiscard]] context_ptr context_of(py::handle device);
+
+/// The precision a call runs in when the caller did not say: float16 storage for float16 inputs
+/// on a device that has it (exact: the values are float16 already), float32 otherwise.
+void choose_precision(call_options& opt, dtype type, const context_ptr& ctx);
+
+/// A shape as Python prints a tuple: "(3, 4)", "(5,)".
+[[nodiscard]] std::string dims(const std::vector<std::size_t>& shape);
+
 void bind_calls(py::module_& m);
+/// The ragged (varlen) calls: _varlen and _varlen_backward (varlen.cpp).
+void bind_varlen(py::module_& m);
 
 }  // namespace qkv::python
