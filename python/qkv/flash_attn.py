@@ -34,7 +34,11 @@ batch in one call of the library's varlen attention (qkv/runtime/varlen.hpp): ea
 own problem, causal and windows aligned to its own bottom-right corner, softmax_lse
 (nheads, total_q); their gradients run each sequence's backward pass. dropout_p > 0 is refused
 there (InvalidArgument): the library draws dropout's mask per row of a (batch, nheads, seqlen)
-batch, which a ragged one does not have. Every function's call goes through _forward or _varlen
+batch, which a ragged one does not have. flash_attn_with_kvcache appends to a cache the caller holds
+(arrays, updated in place; contiguous or paged) and computes through the same varlen call over
+each sequence's visible rows, which it copies (gathers from their pages) on every call: the
+device-resident paged pool is the library's qkv::vulkan::paged_kv_cache, a separate interface.
+Every function's call goes through _forward or _varlen
 below to _autograd.run, the one place where the backward pass (a torch.autograd.Function) plugs in.
 
 Extra keyword arguments (qkv's): device= and precision=, as qkv.scaled_dot_product_attention's.
@@ -44,7 +48,7 @@ import numbers
 
 from . import _arrays, _autograd, _devices, _qkv
 from ._errors import InvalidArgument
-from ._sdpa import BOTTOM_RIGHT, Attention, check_dtypes, dropout_options, options, same_kind, small
+from ._sdpa import BOTTOM_RIGHT, Attention, _flag, check_dtypes, dropout_options, options, same_kind, small
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
@@ -317,11 +321,228 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                    return_attn_probs, device, precision, names=("q", "kv", "kv"))
 
 
+def _int32s(x, name, batch):
+    """cache_seqlens, cache_batch_idx, cache_leftpad: an int (cache_seqlens only), or int32 (batch,)."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return [int(x)] * batch
+    x = _arrays.host_view(x, name)
+    if _arrays.dtype_name(x) != "int32" or _arrays.shape_of(x) != (batch,):
+        raise InvalidArgument(f"{name} is {_arrays.dtype_name(x)} {_arrays.shape_of(x)}: it must be int32 (batch,) "
+                              f"with batch = {batch}")
+    return [int(i) for i in x.tolist()]
+
+
+class _Ops:
+    """The few array operations the K/V-cache call needs, on numpy arrays or torch tensors alike."""
+
+    def __init__(self, kind):
+        self.torch = _arrays._torch() if kind == _arrays.TORCH else None
+        if self.torch is None:
+            import numpy
+
+            self.np = numpy
+
+    def cat(self, xs, axis):
+        return self.torch.cat(xs, dim=axis) if self.torch else self.np.concatenate(xs, axis=axis)
+
+    def stack(self, xs, axis):
+        return self.torch.stack(xs, dim=axis) if self.torch else self.np.stack(xs, axis=axis)
+
+    def wide(self, x, like):
+        """x in float32 (float64 where `like` is float64): the precision rotary embedding runs in."""
+        wide = "float64" if _arrays.dtype_name(like) == "float64" else "float32"
+        return x.to(getattr(self.torch, wide)) if self.torch else x.astype(wide)
+
+    def like(self, x, like):
+        return x.to(like.dtype) if self.torch else x.astype(like.dtype)
+
+    def take(self, x, rows):
+        if self.torch:
+            return x[self.torch.tensor(rows, dtype=self.torch.int64)]
+        return x[self.np.asarray(rows, dtype=self.np.int64)]
+
+
+def _rotary(ops, x, positions, cos, sin, interleaved):
+    """FlashAttention's rotary embedding of x (n, H, E) at `positions` (n,): the first rotary_dim =
+    2 * cos.shape[1] features turned by the angles of row positions[i] of cos and sin, pairs
+    (0, 1), (2, 3), ... when interleaved (GPT-J), else (j, j + rotary_dim / 2) (GPT-NeoX); computed
+    in float32 (float64 for float64 inputs), rounded once to x's dtype."""
+    half = _arrays.shape_of(cos)[1]
+    c, s = (ops.wide(ops.take(t, positions), x)[:, None, :] for t in (cos, sin))
+    w = ops.wide(x, x)
+    if interleaved:
+        x1, x2 = w[..., 0:2 * half:2], w[..., 1:2 * half:2]
+    else:
+        x1, x2 = w[..., :half], w[..., half:2 * half]
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    n, h = _arrays.shape_of(x)[:2]
+    turned = ops.stack([y1, y2], -1).reshape(n, h, 2 * half) if interleaved else ops.cat([y1, y2], -1)
+    return ops.like(ops.cat([turned, w[..., 2 * half:]], -1), x)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
-    """FlashAttention's flash_attn_with_kvcache: not available yet (NotImplementedError); qkv.KVCache
-    keeps keys and values on the device and decodes against them."""
-    raise NotImplementedError("flash_attn_with_kvcache: qkv does not serve paged K/V caches from Python yet; keep "
-                              "keys and values in a qkv.KVCache and call its decode()")
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            device=None, precision=None):
+    """FlashAttention's flash_attn_with_kvcache: attention of new queries against a K/V cache the caller
+    holds, the new keys and values (if given) appended to it in place.
+
+    q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k,
+    headdim[_v]), or with block_table (batch, max_num_blocks_per_seq) int32 pools of pages
+    (num_blocks, page_block_size, nheads_k, headdim[_v]); k, v (batch, seqlen_new, nheads_k, ·) are
+    written into sequence b's cache at rows cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1
+    (its cache row cache_batch_idx[b]; through its pages with a block table). cache_seqlens: an int
+    or int32 (batch,), the rows each cache holds before the call (None: the whole cache, without
+    new k and v). Sequence b attends to the rows cache_leftpad[b] (0 if None) up to cache_seqlens[b]
+    + seqlen_new, causal and windows aligned to the bottom right of that block. rotary_cos and
+    rotary_sin (seqlen_ro, rotary_dim / 2) rotate the new k at its rows' positions and q at
+    cache_seqlens[b] + i when causal or windowed, else all at cache_seqlens[b] (interleaved pairs,
+    or halves with rotary_interleaved=False). Returns out (batch, seqlen_q, nheads, headdim_v), with
+    return_softmax_lse=True also softmax_lse (batch, nheads, seqlen_q) float32.
+
+    The call copies each sequence's visible rows (gathered from their pages) into one ragged batch
+    and computes it with one call of the library's varlen attention; everything is checked before
+    the cache is written (a page index past the pool, rows past the cache: InvalidArgument,
+    nothing written), and the cache is written only once the attention succeeded. num_splits is
+    accepted and changes nothing. There is no backward pass (FlashAttention has none): inputs that
+    would record a graph are refused."""
+    torch = _arrays._torch()
+    q = _bshd(q, "q")
+    k_cache, v_cache = _arrays.host_array(k_cache, "k_cache"), _arrays.host_array(v_cache, "v_cache")
+    given = [(x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"), (v, "v"))
+             if x is not None]
+    kind = same_kind([x for x, _ in given], [n for _, n in given])
+    if kind not in (_arrays.NUMPY, _arrays.TORCH):
+        raise InvalidArgument("flash_attn_with_kvcache takes numpy arrays or torch tensors (the caches are written "
+                              "in place)")
+    if torch is not None and torch.is_grad_enabled():
+        for x, n in given:
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                raise NotImplementedError(f"{n}.requires_grad: flash_attn_with_kvcache has no backward pass "
+                                          "(FlashAttention's has none); call it under torch.no_grad()")
+    check_dtypes(q, k_cache, v_cache)
+    if (k is None) != (v is None):
+        raise InvalidArgument("k and v go together: the new keys and values to append")
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
+        raise TypeError(f"num_splits must be an int (it is a {type(num_splits).__name__})")
+    _flag(rotary_interleaved, "rotary_interleaved")
+    B, L, Hq, E = _arrays.shape_of(q)
+    cshape, vshape = _arrays.shape_of(k_cache), _arrays.shape_of(v_cache)
+    if len(cshape) != 4 or len(vshape) != 4 or cshape[:3] != vshape[:3]:
+        raise InvalidArgument(f"k_cache {cshape} and v_cache {vshape}: they must be (batch_cache, seqlen_cache, "
+                              "nheads_k, headdim), or pages (num_blocks, page_block_size, nheads_k, headdim), alike")
+    Hkv, Ev = cshape[2], vshape[3]
+    if cshape[3] != E or Hkv == 0 or Hq % Hkv:
+        raise InvalidArgument(f"q {_arrays.shape_of(q)} and k_cache {cshape}: the headdims must match and nheads_k "
+                              "divide nheads")
+    for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"), (v, "v")):
+        if x is not None and _arrays.dtype_name(x) != _arrays.dtype_name(q):
+            raise InvalidArgument(f"{n} is {_arrays.dtype_name(x)} and q {_arrays.dtype_name(q)}: one dtype")
+    new = 0
+    if k is not None:
+        k, v = _bshd(k, "k"), _bshd(v, "v")
+        new = _arrays.shape_of(k)[1]
+        if _arrays.shape_of(k) != (B, new, Hkv, E) or _arrays.shape_of(v) != (B, new, Hkv, Ev):
+            raise InvalidArgument(f"k {_arrays.shape_of(k)} and v {_arrays.shape_of(v)}: they must be (batch, "
+                                  f"seqlen_new, nheads_k, headdim) = ({B}, seqlen_new, {Hkv}, {E}) and ({B}, "
+                                  f"seqlen_new, {Hkv}, {Ev})")
+        for cache, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            if kind == _arrays.NUMPY and not cache.flags.writeable:
+                raise InvalidArgument(f"{n} is read-only: new k and v are written into it")
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None or cache_leftpad is not None:
+            raise InvalidArgument("cache_batch_idx and cache_leftpad do not apply with a block_table (as in "
+                                  "FlashAttention): the table gives each sequence's pages")
+        table = _block_table(block_table, B)
+        page = cshape[1]
+        capacity = len(table[0]) * page if table else 0
+    else:
+        capacity = cshape[1]
+    if cache_seqlens is None:
+        if k is not None:
+            raise InvalidArgument("k and v need cache_seqlens: the rows after which they are written")
+        seqlens = [capacity] * B
+    else:
+        seqlens = _int32s(cache_seqlens, "cache_seqlens", B)
+    rows = list(range(B)) if cache_batch_idx is None else _int32s(cache_batch_idx, "cache_batch_idx", B)
+    starts = [0] * B if cache_leftpad is None else _int32s(cache_leftpad, "cache_leftpad", B)
+    for b in range(B):
+        if not 0 <= rows[b] < (cshape[0] if not paged else B):
+            raise InvalidArgument(f"cache_batch_idx[{b}] = {rows[b]}: the cache has {cshape[0]} sequences")
+        if seqlens[b] < 0 or seqlens[b] + new > capacity:
+            raise InvalidArgument(f"cache_seqlens[{b}] = {seqlens[b]}: with {new} new rows it must lie in [0, "
+                                  f"{capacity - new}] (the cache holds {capacity} rows)")
+        if not 0 <= starts[b] <= seqlens[b]:
+            raise InvalidArgument(f"cache_leftpad[{b}] = {starts[b]}: it must lie in [0, cache_seqlens[{b}] = "
+                                  f"{seqlens[b]}]")
+    if paged:  # every page a sequence's rows use, before anything is read or written
+        for b in range(B):
+            for j in range(-(-(seqlens[b] + new) // page)):
+                if not 0 <= table[b][j] < cshape[0]:
+                    raise InvalidArgument(f"block_table[{b}, {j}] = {table[b][j]}: the pool k_cache has {cshape[0]} "
+                                          f"pages (0 to {cshape[0] - 1})")
+    ops = _Ops(kind)
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None or k is None:
+            raise InvalidArgument("rotary_cos and rotary_sin go together, and with new k and v (as in FlashAttention)")
+        cos, sin = _arrays.host_view(rotary_cos, "rotary_cos"), _arrays.host_view(rotary_sin, "rotary_sin")
+        ro = _arrays.shape_of(cos)
+        if len(ro) != 2 or _arrays.shape_of(sin) != ro or not 0 < 2 * ro[1] <= E:
+            raise InvalidArgument(f"rotary_cos {ro} and rotary_sin {_arrays.shape_of(sin)}: they must be "
+                                  f"(seqlen_ro, rotary_dim / 2) alike, rotary_dim <= headdim = {E}")
+        if same_kind((q, cos), ("q", "rotary_cos")) and _arrays.dtype_name(cos) not in _arrays.FLOATS:
+            raise InvalidArgument(f"rotary_cos is {_arrays.dtype_name(cos)}: it must be floating point")
+        moving = causal or tuple(window_size or (-1, -1)) != (-1, -1)
+        last = max(seqlens[b] + (max(L, new) if moving else new) for b in range(B)) if B else 0
+        if last > ro[0]:
+            raise InvalidArgument(f"rotary_cos has {ro[0]} positions; this call reaches position {last - 1}")
+        k = ops.stack([_rotary(ops, k[b], [seqlens[b] + i for i in range(new)], cos, sin, rotary_interleaved)
+                       for b in range(B)], 0)
+        q = ops.stack([_rotary(ops, q[b], [seqlens[b] + (i if moving else 0) for i in range(L)], cos, sin,
+                               rotary_interleaved) for b in range(B)], 0)
+    # The visible rows of each sequence: its cache's [start, seqlen), then the new ones.
+    keys, values, lengths = [], [], []
+    for b in range(B):
+        if paged:
+            old_k = _paged_rows(k_cache, "k_cache", [table[b]], [seqlens[b]])
+            old_v = _paged_rows(v_cache, "v_cache", [table[b]], [seqlens[b]])
+        else:
+            old_k, old_v = k_cache[rows[b], starts[b]:seqlens[b]], v_cache[rows[b], starts[b]:seqlens[b]]
+        keys += [old_k] + ([k[b]] if new else [])
+        values += [old_v] + ([v[b]] if new else [])
+        lengths.append(seqlens[b] - starts[b] + new)
+    cu_k, cu_q = [0], [L * b for b in range(B + 1)]
+    for n in lengths:
+        cu_k.append(cu_k[-1] + n)
+    packed_k = ops.cat(keys, 0) if keys else k_cache[:0, 0]
+    packed_v = ops.cat(values, 0) if values else v_cache[:0, 0]
+    opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size or (-1, -1),
+                   softcap=0.0 if softcap is None else softcap, return_lse=_flag(return_softmax_lse,
+                                                                                 "return_softmax_lse"),
+                   precision=precision)
+    call = _Ragged(q.reshape(B * L, Hq, E), packed_k, packed_v, ("q", "k_cache", "v_cache"), kind, cu_q, cu_k, L,
+                   max(lengths, default=0), small(alibi_slopes, "alibi_slopes"), opts, _devices.resolve(device))
+    out, lse, _ = call.run()
+    if new:  # written only now: a refused or failed call leaves the cache as it was
+        for b in range(B):
+            for i in range(new):
+                pos = seqlens[b] + i
+                for cache, x in ((k_cache, k), (v_cache, v)):
+                    if paged:
+                        target = (table[b][pos // page], pos % page)
+                    else:
+                        target = (rows[b], pos)
+                    if torch is not None and kind == _arrays.TORCH:
+                        with torch.no_grad():
+                            cache[target].copy_(x[b, i])
+                    else:
+                        cache[target] = x[b, i]
+    out = out.reshape(B, L, Hq, Ev)
+    if not return_softmax_lse:
+        return out
+    lse = lse.reshape(Hq, B, L).transpose(0, 1) if kind == _arrays.TORCH else lse.reshape(Hq, B, L).transpose(1, 0, 2)
+    lse = lse.contiguous() if kind == _arrays.TORCH else lse.copy()
+    lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
+    return out, lse

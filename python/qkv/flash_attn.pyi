@@ -47,4 +47,5 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                             block_table: Optional[Array] = None, softmax_scale: Optional[float] = None,
                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None,
-                            num_splits: int = 0, return_softmax_lse: bool = False) -> Any: ...
+                            num_splits: int = 0, return_softmax_lse: bool = False, *, device: DeviceArg = None,
+                            precision: Optional[Literal["fp32", "fp16"]] = None) -> Any: ...

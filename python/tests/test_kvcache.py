@@ -1,0 +1,176 @@
+"""qkv.flash_attn.flash_attn_with_kvcache against FlashAttention 2's documented semantics, on the
+cases of FlashAttention's own test_flash_attn_kvcache (paged and not, new k and v appended,
+rotary embedding interleaved and half-split, cache_seqlens, cache_batch_idx, cache_leftpad, GQA and
+MQA, causal and local windows), by its rule: qkv's error against a float64 reference is at most
+twice that of a reference computed in the inputs' dtype. The reference below follows the
+documentation, not qkv's code: new keys and values (rotated at their positions) are written into a
+copy of the cache at rows cache_seqlens[b] onward; sequence b attends to its cache's rows
+cache_leftpad[b] to cache_seqlens[b] + seqlen_new as flash_attn_func does (fa_reference in
+conftest.py), with q rotated at cache_seqlens[b] + i when causal or local, else at cache_seqlens[b];
+rotary embedding as x * cos + rotate_half(x) * sin. Light: a handful of small cases."""
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from qkv.flash_attn import flash_attn_with_kvcache
+
+from conftest import fa_reference, flash_rule, max_error, needs_vulkan
+
+
+def rotary_reference(x, positions, cos, sin, interleaved):
+    """x (n, h, d) turned at `positions` in float64: x * cos + rotate_half(x) * sin over the first
+    rotary_dim features, cos and sin repeated to rotary_dim as pairs (interleaved) or halves."""
+    x = x.double()
+    rd = 2 * cos.shape[1]
+    c, s = cos.double()[positions], sin.double()[positions]
+    if interleaved:
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+        turned = torch.stack([-x[..., 1:rd:2], x[..., 0:rd:2]], -1).flatten(-2)
+    else:
+        c, s = torch.cat([c, c], -1), torch.cat([s, s], -1)
+        turned = torch.cat([-x[..., rd // 2:rd], x[..., :rd // 2]], -1)
+    return torch.cat([x[..., :rd] * c[:, None] + turned * s[:, None], x[..., rd:]], -1)
+
+
+def reference(q, k_cache, v_cache, k, v, seqlens, *, cos=None, sin=None, interleaved=True, batch_idx=None,
+              leftpad=None, causal=False, window_size=(-1, -1), dtype=torch.float64, **kw):
+    """(out (b, sq, h, dv), the updated caches, rounded to q's dtype) of a contiguous cache."""
+    B, L = q.shape[:2]
+    new = 0 if k is None else k.shape[1]
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    rows = list(range(B)) if batch_idx is None else batch_idx
+    starts = [0] * B if leftpad is None else leftpad
+    local = causal or tuple(window_size) != (-1, -1)
+    outs = []
+    for b in range(B):
+        qb = q[b]
+        if new:
+            kb = k[b]
+            if cos is not None:
+                kb = rotary_reference(kb, torch.arange(new) + seqlens[b], cos, sin, interleaved).to(q.dtype)
+                at = torch.arange(L) + seqlens[b] if local else torch.full((L,), seqlens[b])
+                qb = rotary_reference(qb, at, cos, sin, interleaved).to(q.dtype)
+            k_cache[rows[b], seqlens[b]:seqlens[b] + new] = kb
+            v_cache[rows[b], seqlens[b]:seqlens[b] + new] = v[b]
+        end = seqlens[b] + new
+        o, _ = fa_reference(qb[None], k_cache[None, rows[b], starts[b]:end], v_cache[None, rows[b], starts[b]:end],
+                            causal=causal, window_size=window_size, dtype=dtype, **kw)
+        outs.append(o[0])
+    return torch.stack(outs), k_cache, v_cache
+
+
+def paged(cache, page, seed):
+    """A contiguous cache (b, s, h, d) as a pool of pages in shuffled order, two spare pages, and the
+    block table (b, s / page) int32."""
+    B, S = cache.shape[:2]
+    per = S // page
+    order = torch.randperm(B * per + 2, generator=torch.Generator().manual_seed(seed))
+    pool = torch.randn(B * per + 2, page, *cache.shape[2:], generator=torch.Generator().manual_seed(seed)).to(cache.dtype)
+    table = order[:B * per].view(B, per).to(torch.int32)
+    for b in range(B):
+        for j in range(per):
+            pool[table[b, j]] = cache[b, j * page:(j + 1) * page]
+    return pool, table
+
+
+def unpaged(pool, table):
+    return torch.stack([torch.cat([pool[i] for i in row.tolist()]) for row in table])
+
+
+# FlashAttention's cases, each small: (paged page size or None, seqlen_q, seqlen_new, heads (Hq, Hkv),
+# rotary (None, "interleaved", "half"), cache_batch_idx, leftpad, causal, window, dtype).
+CASES = [
+    dict(page=None, L=1, new=1, heads=(4, 2), rotary=None, batch_idx=False, leftpad=False, causal=True),
+    dict(page=None, L=3, new=3, heads=(4, 2), rotary="interleaved", batch_idx=True, leftpad=False, causal=True),
+    dict(page=None, L=2, new=2, heads=(2, 1), rotary="half", batch_idx=False, leftpad=True, causal=False),
+    dict(page=None, L=1, new=0, heads=(4, 1), rotary=None, batch_idx=True, leftpad=True, window=(5, 0),
+         dtype=torch.float16),
+    dict(page=4, L=3, new=2, heads=(4, 2), rotary="half", causal=True, dtype=torch.float16),
+    dict(page=16, L=1, new=0, heads=(2, 2), rotary=None, causal=True, window=(7, -1), softcap=4.0),
+    dict(page=1, L=2, new=1, heads=(4, 2), rotary="interleaved", window=(3, 3), alibi=True),
+]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_flashattentions_kvcache_cases(case):
+    dtype = case.get("dtype", torch.float32)
+    B, E, S_max = 3, 32, 32
+    hq, hkv = case["heads"]
+    L, new, page = case["L"], case["new"], case["page"]
+    g = torch.Generator().manual_seed(len(str(case)))
+    q = torch.randn(B, L, hq, E, generator=g).to(dtype)
+    cache_rows = B + 1 if case.get("batch_idx") else B  # a spare row the batch does not use
+    k_cache = torch.randn(cache_rows, S_max, hkv, E, generator=g).to(dtype)
+    v_cache = torch.randn(cache_rows, S_max, hkv, E, generator=g).to(dtype)
+    k = torch.randn(B, new, hkv, E, generator=g).to(dtype) if new else None
+    v = torch.randn(B, new, hkv, E, generator=g).to(dtype) if new else None
+    seqlens = [5, 0, 17][:B] if not case.get("leftpad") else [5, 3, 17]
+    batch_idx = [2, 0, 3] if case.get("batch_idx") else None
+    leftpad = [2, 0, 9] if case.get("leftpad") else None
+    cos = sin = None
+    if case["rotary"]:
+        angle = torch.rand(S_max, E // 4, generator=g, dtype=torch.float64) * 2 * np.pi  # rotary_dim = E / 2
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    kw = dict(causal=case.get("causal", False), window_size=case.get("window", (-1, -1)),
+              softcap=case.get("softcap", 0.0))
+    if case.get("alibi"):
+        kw["alibi_slopes"] = torch.rand(hq, generator=g) * 0.5
+    ref = dict(cos=cos, sin=sin, interleaved=case["rotary"] != "half", batch_idx=batch_idx, leftpad=leftpad, **kw)
+    want, want_k, want_v = reference(q, k_cache, v_cache, k, v, seqlens, **ref)
+    same, _, _ = reference(q, k_cache, v_cache, k, v, seqlens, dtype=dtype, **ref)
+    args = dict(k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32),
+                rotary_interleaved=case["rotary"] != "half", return_softmax_lse=True, num_splits=0, **kw)
+    if batch_idx:
+        args["cache_batch_idx"] = torch.tensor(batch_idx, dtype=torch.int32)
+    if leftpad:
+        args["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32)
+    if page:
+        pool_k, table = paged(k_cache, page, seed=1)
+        pool_v, _ = paged(v_cache, page, seed=1)
+        out, lse = flash_attn_with_kvcache(q, pool_k, pool_v, block_table=table, **args)
+        got_k, got_v = unpaged(pool_k, table), unpaged(pool_v, table)
+    else:
+        got_k, got_v = k_cache, v_cache
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+    assert out.shape == (B, L, hq, E) and out.dtype == dtype and lse.shape == (B, hq, L)
+    flash_rule(out, want, same)
+    tol = 2e-3 if dtype == torch.float16 else 1e-6  # the rotated rows: rounding of the angle's products
+    assert max_error(got_k, want_k) <= tol * 8 and max_error(got_v, want_v) == 0
+
+
+@needs_vulkan
+def test_numpy_caches_are_updated_in_place_and_an_int_seqlen():
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 1, 2, 16), dtype=np.float32)
+    k_cache, v_cache = (rng.standard_normal((2, 8, 1, 16), dtype=np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, 1, 1, 16), dtype=np.float32) for _ in range(2))
+    before = k_cache.copy()
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=3, causal=True)
+    assert isinstance(out, np.ndarray) and out.shape == (2, 1, 2, 16)
+    assert np.array_equal(k_cache[:, 3], k[:, 0]) and np.array_equal(v_cache[:, 3], v[:, 0])
+    assert np.array_equal(k_cache[:, :3], before[:, :3]) and np.array_equal(k_cache[:, 4:], before[:, 4:])
+    want, _, _ = reference(*(torch.from_numpy(x) for x in (q, before, v_cache, k, v)), [3, 3], causal=True)
+    assert max_error(out, want) < 1e-5
+
+
+def test_refusals_leave_the_cache_unwritten():
+    q = torch.randn(2, 1, 2, 8)
+    pool_k, pool_v = torch.randn(4, 4, 1, 8), torch.randn(4, 4, 1, 8)
+    k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
+    kept = pool_k.clone(), pool_v.clone()
+    table = torch.tensor([[0, 1], [2, 4]], dtype=torch.int32)  # page 4 is past the pool of 4
+    with pytest.raises(qkv.InvalidArgument, match=r"block_table\[1, 1\] = 4"):
+        flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=torch.tensor([2, 4], dtype=torch.int32),
+                                block_table=table, device="cpu")
+    with pytest.raises(qkv.InvalidArgument, match="cache_seqlens"):
+        flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=8, block_table=table, device="cpu")
+    with pytest.raises(qkv.InvalidArgument, match="softcap"):  # refused by the library, after the checks here
+        flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=1, softcap=-1.0,
+                                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), device="cpu")
+    assert torch.equal(pool_k, kept[0]) and torch.equal(pool_v, kept[1])
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        flash_attn_with_kvcache(q.requires_grad_(), pool_k, pool_v, cache_seqlens=1,
+                                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), device="cpu")
