@@ -170,5 +170,22 @@ qkv_cli_test(sdpa.varlen.decreasing ARGS ${varlen_args} --cu-seqlens-q 0,4,1,21,
              --cu-seqlens-k 0,1,18,23,27,140,143 --backend cpu EXIT 2 STDERR "cu_seqlens_q must be nondecreasing")
 qkv_cli_test(sdpa.varlen.k_alone ARGS ${varlen_args} --cu-seqlens-k 0,143 --backend cpu EXIT 2
              STDERR "--cu-seqlens-q and --cu-seqlens-k go together")
+# The offsets as int32 .npy files (FlashAttention's cu_seqlens saved with np.save): the same results;
+# a file of another dtype, a list entry that is not a number, offsets that miss k's rows, and an
+# output over an offsets file are refused (exit 2) with nothing written.
+set(varlen_rules --causal --causal-align bottom-right --softcap 3 --window 7,0)
+qkv_cli_test(sdpa.varlen.offset_files ARGS ${varlen_args} ${varlen_rules} --cu-seqlens-q ${varlen}/cu_seqlens_q.npy
+             --cu-seqlens-k ${varlen}/cu_seqlens_k.npy --lse lse.npy --backend cpu
+             COMPARE out.npy ${varlen}/expected_out.npy lse.npy ${varlen}/expected_lse.npy)
+qkv_cli_test(sdpa.varlen.offsets_float ARGS ${varlen_args} --cu-seqlens-q ${varlen}/expected_lse.npy
+             --cu-seqlens-k ${varlen}/cu_seqlens_k.npy --backend cpu EXIT 2
+             STDERR "--cu-seqlens-q .*expected_lse\\.npy is float64 \\(4, 143\\): the offsets are int32 \\(B \\+ 1,\\)")
+qkv_cli_test(sdpa.varlen.offsets_not_numbers ARGS ${varlen_args} --cu-seqlens-q 0,1,x,143
+             --cu-seqlens-k ${varlen}/cu_seqlens_k.npy --backend cpu EXIT 2 STDERR "\"x\" is not an integer")
+qkv_cli_test(sdpa.varlen.offsets_miss_rows ARGS ${varlen_args} --cu-seqlens-q ${varlen}/cu_seqlens_q.npy
+             --cu-seqlens-k 0,1,18,23,27,140,142 --backend cpu EXIT 2 STDERR "total_k = cu_seqlens_k\\[B\\]")
+qkv_cli_test(sdpa.varlen.out_is_offsets ARGS sdpa --q ${varlen}/q.npy --k ${varlen}/k.npy --v ${varlen}/v.npy
+             --out cu.npy --cu-seqlens-q cu.npy --cu-seqlens-k ${varlen}/cu_seqlens_k.npy --backend cpu EXIT 2
+             COPY ${varlen}/cu_seqlens_q.npy cu.npy UNCHANGED cu.npy STDERR "--out cu\\.npy is the input --cu-seqlens-q")
 qkv_cli_test(sdpa.varlen.weights ARGS ${varlen_args} ${varlen_flags} --weights w.npy EXIT 2
              STDERR "context::sdpa over a ragged batch: return_weights is not available")

@@ -96,6 +96,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             check(throws_npy_error([&] { (void)a.to_bool(); }), "to_bool accepted float64");
             break;
         }
+        case npy::dtype::i4: {
+            check(throws_npy_error([&] { (void)a.to_float(); }), "to_float accepted int32");
+            check(throws_npy_error([&] { (void)a.to_double(); }), "to_double accepted int32");
+            const std::vector<std::int32_t> ints = a.to_int32();
+            check(ints.size() == n, "to_int32 size");
+            check(same_bytes(ints.data(), a.data.data(), a.data.size()), "to_int32 changed bytes");
+            for (const std::int32_t i : ints) values.push_back(static_cast<float>(i));
+            break;
+        }
         case npy::dtype::b1: {
             check(throws_npy_error([&] { (void)a.to_float(); }), "to_float accepted bool");
             check(throws_npy_error([&] { (void)a.to_double(); }), "to_double accepted bool");

@@ -1,6 +1,6 @@
 // qkv::npy — reader and writer for NumPy .npy files (format versions 1.0, 2.0, 3.0).
 //
-// Reading accepts C-order float32, float64 and bool arrays in either byte order;
+// Reading accepts C-order float32, float64, bool and int32 arrays in either byte order;
 // everything else is refused with a qkv::npy::error whose what() starts with the
 // file name. Reading checks the magic string and the header before it reads the data, and reads
 // no more than the header declares (and one byte, to detect trailing data). Writing produces
@@ -24,10 +24,10 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-enum class dtype : std::uint8_t { f32, f64, b1 };
+enum class dtype : std::uint8_t { f32, f64, b1, i4 };
 
-std::string_view dtype_name(dtype t) noexcept;  // "float32", "float64", "bool"
-std::size_t itemsize(dtype t) noexcept;         // 4, 8, 1
+std::string_view dtype_name(dtype t) noexcept;  // "float32", "float64", "bool", "int32"
+std::size_t itemsize(dtype t) noexcept;         // 4, 8, 1, 4
 
 struct array {
     std::string name;                // source (file path or name given to parse), prefixes errors
@@ -39,9 +39,10 @@ struct array {
     std::size_t size() const;          // element count: product of shape (1 for 0-d)
     std::string shape_string() const;  // Python tuple syntax: "()", "(3,)", "(2, 3)"
 
-    std::vector<float> to_float() const;        // f32 as is, f64 rounded to nearest; bool refused
-    std::vector<double> to_double() const;      // f32 widened exactly, f64 as is; bool refused
-    std::vector<std::uint8_t> to_bool() const;  // b1 only; every byte must be 0 or 1
+    std::vector<float> to_float() const;         // f32 as is, f64 rounded to nearest; bool, int32 refused
+    std::vector<double> to_double() const;       // f32 widened exactly, f64 as is; bool, int32 refused
+    std::vector<std::uint8_t> to_bool() const;   // b1 only; every byte must be 0 or 1
+    std::vector<std::int32_t> to_int32() const;  // i4 only (offsets, indices)
 };
 
 // Parses a complete .npy image; `name` prefixes error messages.

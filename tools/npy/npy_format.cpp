@@ -69,6 +69,8 @@ std::string_view descr_of(dtype type) {
             return "<f8";
         case dtype::b1:
             return "|b1";
+        case dtype::i4:
+            return "<i4";
     }
     return "";
 }
@@ -213,6 +215,8 @@ std::string_view dtype_name(dtype t) noexcept {
             return "float64";
         case dtype::b1:
             return "bool";
+        case dtype::i4:
+            return "int32";
     }
     return "invalid";
 }
@@ -225,6 +229,8 @@ std::size_t itemsize(dtype t) noexcept {
             return 8;
         case dtype::b1:
             return 1;
+        case dtype::i4:
+            return 4;
     }
     return 0;
 }
@@ -257,6 +263,8 @@ std::vector<float> array::to_float() const {
             break;
         case dtype::b1:
             fail(name, "cannot convert a bool array to float32");
+        case dtype::i4:
+            fail(name, "cannot convert an int32 array to float32 (expected float)");
     }
     return out;
 }
@@ -277,7 +285,17 @@ std::vector<double> array::to_double() const {
             break;
         case dtype::b1:
             fail(name, "cannot convert a bool array to float64");
+        case dtype::i4:
+            fail(name, "cannot convert an int32 array to float64 (expected float)");
     }
+    return out;
+}
+
+std::vector<std::int32_t> array::to_int32() const {
+    const std::size_t n = checked_count(*this);
+    if (type != dtype::i4) fail(name, "expected an int32 array, found " + std::string(dtype_name(type)));
+    std::vector<std::int32_t> out(n);
+    if (n != 0) std::memcpy(out.data(), data.data(), n * sizeof(std::int32_t));
     return out;
 }
 

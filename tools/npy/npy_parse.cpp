@@ -463,8 +463,13 @@ layout parse_header(std::span<const std::byte> bytes, std::string_view name) {
             swap = true;
         } else if (d == "|b1" || d == "<b1" || d == ">b1" || d == "=b1") {
             type = dtype::b1;
+        } else if (d == "<i4" || d == "=i4") {
+            type = dtype::i4;
+        } else if (d == ">i4") {
+            type = dtype::i4;
+            swap = true;
         } else {
-            fail(name, "unsupported dtype " + repr(*descr) + " (expected float32, float64 or bool)");
+            fail(name, "unsupported dtype " + repr(*descr) + " (expected float32, float64, bool or int32)");
         }
     }
 

@@ -41,7 +41,7 @@ struct sdpa_command_options {
     backend choice = backend::vulkan;
     std::string device;
     context_parallel_flags parallel;
-    std::vector<std::int64_t> cu_q, cu_k;  // a ragged batch's offsets (--cu-seqlens-q/--cu-seqlens-k)
+    std::string cu_q, cu_k;  // a ragged batch's offsets (--cu-seqlens-q/--cu-seqlens-k): a list or a .npy file
 
     /// The file an output field's flag names ("": not asked for).
     [[nodiscard]] std::string output(std::string_view field) const {
@@ -136,7 +136,9 @@ void run_varlen(const sdpa_command_options& o) {
     const sdpa_files& f = o.files;
     const std::string lse = o.output("return_lse"), weights = o.output("return_weights");
     const std::vector<named_file> outputs = {{"--out", o.out}, {"--weights", weights}, {"--lse", lse}};
-    const std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--sinks", f.sinks}};
+    std::vector<named_file> inputs = {{"--q", f.q}, {"--k", f.k}, {"--v", f.v}, {"--sinks", f.sinks}};
+    for (const auto& [flag, value] : {std::pair{"--cu-seqlens-q", &o.cu_q}, std::pair{"--cu-seqlens-k", &o.cu_k}})
+        if (is_offsets_file(*value)) inputs.push_back({flag, *value});
     check_output_paths(outputs, inputs);  // before any work: never over an input, a link or a device
     varlen_inputs in = load_varlen_inputs(f, o.cu_q, o.cu_k);
     const bool float64 = o.choice == backend::cpu && in.any_float64();
@@ -223,10 +225,11 @@ constexpr const char* footer =
     "ggml's q8_0 / q4_0 blocks (E and Ev multiples of 32; --backend cpu computes from the values\n"
     "as stored).\n"
     "\nRagged batches (FlashAttention's flash_attn_varlen_func): --cu-seqlens-q 0,L1,L1+L2,... and\n"
-    "--cu-seqlens-k 0,S1,... give the B + 1 offsets of each sequence's rows in Q (total_q, Hq, E) and in\n"
-    "K, V (total_k, Hkv, E / Ev); each sequence is attended on its own with every option above\n"
-    "(--causal-align bottom-right aligns each sequence's own S - L); OUT is (total_q, Hq, Ev), LSE\n"
-    "(Hq, total_q); no --mask, no --weights.\n"
+    "--cu-seqlens-k 0,S1,... (or each an int32 .npy file of shape (B + 1,), FlashAttention's\n"
+    "cu_seqlens as np.save writes them) give the B + 1 offsets of each sequence's rows in Q\n"
+    "(total_q, Hq, E) and in K, V (total_k, Hkv, E / Ev); each sequence is attended on its own\n"
+    "with every option above (--causal-align bottom-right aligns each sequence's own S - L); OUT\n"
+    "is (total_q, Hq, Ev), LSE (Hq, total_q); no --mask, no --weights.\n"
     "\nTypes: --backend cpu computes in float64; when any input is float64 it reads every input\n"
     "without rounding and writes OUT and W as float64, else as float32. --backend vulkan computes\n"
     "in float32 (or fp16): float64 inputs are rounded to float32, and a finite value beyond the\n"
@@ -248,13 +251,13 @@ void add_options(CLI::App& cmd, sdpa_command_options& o) {
     add_mask_option(cmd, o.files.mask, "broadcasting to (B, Hq, L, S)")->group(inputs);
     cmd.add_option("--cu-seqlens-q", o.cu_q,
                    "A ragged batch (FlashAttention's varlen): the B + 1 offsets of the sequences' rows in q, then "
-                   "(total_q, Hq, E); k and v (total_k, Hkv, E / Ev); OUT (total_q, Hq, Ev), LSE (Hq, total_q)")
-        ->delimiter(',')
-        ->type_name("0,L1,...")
+                   "(total_q, Hq, E); k and v (total_k, Hkv, E / Ev); OUT (total_q, Hq, Ev), LSE (Hq, total_q). "
+                   "A comma list, or an int32 .npy file (B + 1,)")
+        ->type_name("0,L1,...|CU.npy")
         ->group(inputs);
-    cmd.add_option("--cu-seqlens-k", o.cu_k, "With --cu-seqlens-q: the B + 1 offsets of the sequences' rows in k and v")
-        ->delimiter(',')
-        ->type_name("0,S1,...")
+    cmd.add_option("--cu-seqlens-k", o.cu_k,
+                   "With --cu-seqlens-q: the B + 1 offsets of the sequences' rows in k and v (a list or an int32 .npy)")
+        ->type_name("0,S1,...|CU.npy")
         ->group(inputs);
 
     const std::string outputs = "Outputs";

@@ -2,6 +2,7 @@
 #include "sdpa_inputs.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -160,8 +161,42 @@ std::vector<std::size_t> sdpa_inputs::lse_shape() const { return {q.shape.begin(
 
 namespace qkv::cli {
 
-varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::vector<std::int64_t>& cu_q,
-                                 const std::vector<std::int64_t>& cu_k) {
+bool is_offsets_file(const std::string& value) { return value.ends_with(".npy"); }
+
+namespace {
+
+/// An offsets flag's values: the int32 .npy file it names, or its comma list.
+std::vector<std::int64_t> offsets_of(const std::string& value, const char* flag) {
+    std::vector<std::int64_t> out;
+    if (is_offsets_file(value)) {
+        const qkv::npy::array a = read(value);
+        if (a.type != qkv::npy::dtype::i4 || a.shape.size() != 1)
+            throw usage_error(std::string(flag) + " " + a.name + " is " + std::string(qkv::npy::dtype_name(a.type)) +
+                              " " + a.shape_string() + ": the offsets are int32 (B + 1,)");
+        for (const std::int32_t i : a.to_int32()) out.push_back(i);
+        return out;
+    }
+    std::size_t start = 0;
+    while (start <= value.size()) {
+        const std::size_t end = std::min(value.find(',', start), value.size());
+        const std::string item = value.substr(start, end - start);
+        std::int64_t n = 0;
+        const auto [rest, err] = std::from_chars(item.data(), item.data() + item.size(), n);
+        if (item.empty() || err != std::errc() || rest != item.data() + item.size())
+            throw usage_error(std::string(flag) + " " + value + ": \"" + item +
+                              "\" is not an integer (the offsets are a comma list, 0,L1,L1+L2,..., or an int32 "
+                              ".npy file)");
+        out.push_back(n);
+        start = end + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
+varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::string& cu_q_text, const std::string& cu_k_text) {
+    const std::vector<std::int64_t> cu_q = offsets_of(cu_q_text, "--cu-seqlens-q"),
+                                    cu_k = offsets_of(cu_k_text, "--cu-seqlens-k");
     varlen_inputs in;
     in.q = numbers(read(files.q), "q");
     in.k = numbers(read(files.k), "k");

@@ -67,11 +67,15 @@ struct varlen_inputs {
     [[nodiscard]] std::vector<std::size_t> lse_shape() const;
 };
 
-/// Reads q, k, v (each 3-D) and the optional sinks of a ragged batch and takes the offsets as
-/// given: usage_error for another rank, k and v disagreeing, or an offset outside [0, 2^31); the
-/// rest (offsets from 0, nondecreasing, ending at total_q and total_k) is the library's
-/// validation (qkv::validate(varlen_problem)).
-varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::vector<std::int64_t>& cu_q,
-                                 const std::vector<std::int64_t>& cu_k);
+/// Whether an offsets flag's value names a file (it ends in ".npy") rather than a comma list.
+[[nodiscard]] bool is_offsets_file(const std::string& value);
+
+/// Reads q, k, v (each 3-D) and the optional sinks of a ragged batch, and the offsets: each a
+/// comma list of integers ("0,3,20") or an int32 .npy file of shape (B + 1,) (FlashAttention's
+/// cu_seqlens saved with np.save). usage_error for another rank, k and v disagreeing, a list
+/// entry that is not an integer, a file of another dtype or shape, or an offset outside
+/// [0, 2^31); the rest (offsets from 0, nondecreasing, ending at total_q and total_k) is the
+/// library's validation (qkv::validate(varlen_problem)).
+varlen_inputs load_varlen_inputs(const sdpa_files& files, const std::string& cu_q, const std::string& cu_k);
 
 }  // namespace qkv::cli

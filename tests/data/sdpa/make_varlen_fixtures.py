@@ -5,6 +5,7 @@ build and the tests never run Python.
 
   varlen/q.npy (total_q, Hq, E), k.npy (total_k, Hkv, E), v.npy (total_k, Hkv, Ev)   float32
   varlen/args.txt           the flags besides the files, one line (the offsets among them)
+  varlen/cu_seqlens_q.npy, cu_seqlens_k.npy   int32 (B + 1,): the same offsets as files
   varlen/expected_out.npy   float64 (total_q, Hq, Ev)
   varlen/expected_lse.npy   float64 (Hq, total_q), FlashAttention's softmax_lse layout
 
@@ -78,6 +79,8 @@ def main():
     save(os.path.join(d, "v.npy"), v)
     save(os.path.join(d, "expected_out.npy"), out)
     save(os.path.join(d, "expected_lse.npy"), lse)
+    save(os.path.join(d, "cu_seqlens_q.npy"), cu_q.astype(np.int32))
+    save(os.path.join(d, "cu_seqlens_k.npy"), cu_k.astype(np.int32))
     with open(os.path.join(d, "args.txt"), "w") as f:
         f.write("--cu-seqlens-q %s --cu-seqlens-k %s --causal --causal-align bottom-right --softcap %g --window %d,0\n"
                 % (",".join(map(str, cu_q)), ",".join(map(str, cu_k)), softcap, window_left))
