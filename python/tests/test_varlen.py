@@ -83,7 +83,7 @@ def test_float64_reference_path_matches_the_documented_semantics(lq, lk, kw):
 
 
 @needs_vulkan
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(6, 0), softcap=3.0,
                                                          alibi_slopes=[0.3, 0.1, 0.2, 0.05])])
 def test_vulkan_by_flashattentions_rule(dtype, kw):
