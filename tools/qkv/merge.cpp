@@ -40,7 +40,9 @@ numeric_input load(const std::string& path, const std::string& flag) {
     } catch (const qkv::npy::error& e) {
         throw usage_error(e.what());
     }
-    if (a.type == qkv::npy::dtype::b1) throw usage_error(a.name + " (" + flag + ") has dtype bool: expected float");
+    if (a.type != qkv::npy::dtype::f32 && a.type != qkv::npy::dtype::f64)
+        throw usage_error(a.name + " (" + flag + ") has dtype " + std::string(qkv::npy::dtype_name(a.type)) +
+                          ": expected float");
     return numbers(a, flag);
 }
 

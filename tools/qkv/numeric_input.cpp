@@ -11,8 +11,9 @@
 namespace qkv::cli {
 
 numeric_input numbers(const qkv::npy::array& a, const std::string& role) {
-    if (a.type == qkv::npy::dtype::b1)
-        throw usage_error(a.name + " has dtype bool: " + role + " must be float32 or float64");
+    if (a.type != qkv::npy::dtype::f32 && a.type != qkv::npy::dtype::f64)
+        throw usage_error(a.name + " has dtype " + std::string(qkv::npy::dtype_name(a.type)) + ": " + role +
+                          " must be float32 or float64");
     numeric_input n;
     n.name = a.name;
     n.shape = a.shape;
