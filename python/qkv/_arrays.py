@@ -50,8 +50,9 @@ def check_grad(x, name):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
-            f"{name}.requires_grad: qkv's gradients reach query, key and value, not {name} (the library computes "
-            f"the sinks' and the additive mask's, which Python does not pass on yet); pass {name}.detach()")
+            f"{name}.requires_grad: no gradient flows to {name} here (qkv's gradients reach query, key and value, "
+            f"and scaled_dot_product_attention's floating attn_mask and sinks over host arrays); pass "
+            f"{name}.detach()")
 
 
 def host_array(x, name):

@@ -88,11 +88,14 @@ def options(*, scale=None, causal=False, alignment=TOP_LEFT, window=None, softca
     return opts
 
 
-def mask_kind(mask):
-    """(mask, is_bool) for PyTorch's attn_mask: bool (True = may attend) or floating (added)."""
+def mask_kind(mask, grad=False):
+    """(mask, is_bool) for PyTorch's attn_mask: bool (True = may attend) or floating (added). With
+    grad (scaled_dot_product_attention over host arrays), a floating torch mask is kept with its
+    autograd history (_autograd.run gives it the gradient PyTorch gives an attn_mask); elsewhere one
+    that would record a graph is refused."""
     if mask is None:
         return None, False
-    mask = _arrays.host_view(mask, "attn_mask")
+    mask = _arrays.host_array(mask, "attn_mask") if grad else _arrays.host_view(mask, "attn_mask")
     name = _arrays.dtype_name(mask)
     if name == "bool":
         if _arrays.kind_of(mask) == _arrays.TORCH:
@@ -104,8 +107,9 @@ def mask_kind(mask):
                           "the scores)")
 
 
-def small(x, name):
-    """sinks and alibi_slopes: an array, or a list of numbers."""
+def small(x, name, grad=False):
+    """sinks and alibi_slopes: an array, or a list of numbers. With grad, a torch tensor is kept with
+    its autograd history (the sinks of scaled_dot_product_attention over host arrays)."""
     if x is None:
         return None
     if isinstance(x, (list, tuple)):
@@ -115,7 +119,7 @@ def small(x, name):
             return array.array("d", [_real(v, name) for v in x])
         except TypeError:
             raise TypeError(f"{name} must be an array or a sequence of numbers") from None
-    return _arrays.host_view(x, name)
+    return _arrays.host_array(x, name) if grad else _arrays.host_view(x, name)
 
 
 def same_kind(arrays, names):
@@ -149,8 +153,8 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     kind = same_kind((q, k, v), names)
     check_dtypes(q, k, v)
     _check_heads(q, k, enable_gqa)
-    mask, is_bool = mask_kind(attn_mask)
-    call = Attention(q, k, v, names, kind, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks"),
+    mask, is_bool = mask_kind(attn_mask, grad=True)
+    call = Attention(q, k, v, names, kind, mask=mask, mask_is_bool=is_bool, sinks=small(sinks, "sinks", grad=True),
                      alibi_slopes=small(alibi_slopes, "alibi_slopes"), options=opts,
                      context=_devices.resolve(device))
     out, lse, weights = _autograd.run(call)
@@ -162,7 +166,8 @@ class Attention:
     """One attention call over host arrays, as qkv.scaled_dot_product_attention and every
     qkv.flash_attn function make it: _qkv._sdpa's arguments, with query, key and value as the
     caller passed them (torch tensors keep their autograd history: _autograd.run decides whether
-    a graph is recorded), the names to report them by, and the kind (numpy or torch) results take.
+    a graph is recorded; so may a floating mask and the sinks), the names to report them by, and
+    the kind (numpy or torch) results take.
     out_perm: the order of the output's dimensions, as a view of qkv's (B, Hq, L, Ev)."""
 
     def __init__(self, query, key, value, names, kind, *, mask, mask_is_bool, sinks, alibi_slopes, options, context,
@@ -176,8 +181,9 @@ class Attention:
         """(output, lse, weights) of the inputs' kind, None for what the options do not ask for,
         computed from the inputs detached; `options` override the call's (a backward pass asks
         for return_lse=True)."""
-        results = _qkv._sdpa(*(_arrays.detached(x) for x in (self.query, self.key, self.value)), mask=self.mask,
-                             mask_is_bool=self.mask_is_bool, sinks=self.sinks, alibi_slopes=self.alibi_slopes,
+        results = _qkv._sdpa(*(_arrays.detached(x) for x in (self.query, self.key, self.value)),
+                             mask=_arrays.detached(self.mask), mask_is_bool=self.mask_is_bool,
+                             sinks=_arrays.detached(self.sinks), alibi_slopes=self.alibi_slopes,
                              options=dict(self.options, **options), context=self.context, out_perm=self.out_perm)
         return tuple(_arrays.wrap(r, self.kind) for r in results)
 

@@ -619,15 +619,18 @@ py::tuple sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
 }
 
 /// The backward pass over host arrays (qkv/_autograd.py): q, k and v as the forward read them, and
-/// d_out, out (..., Hq, L, Ev) and lse (..., Hq, L) in qkv's order; (dq, dk, dv, d_sinks or None),
-/// dq, dk and dv of the inputs' dtype and of q's, k's and v's shapes, d_sinks (Hq,) float32 (float64
-/// on the reference path). No GIL while it computes.
+/// d_out, out (..., Hq, L, Ev) and lse (..., Hq, L) in qkv's order; (dq, dk, dv, d_sinks or None,
+/// d_mask or None), dq, dk and dv of the inputs' dtype and of q's, k's and v's shapes, d_sinks (Hq,)
+/// and, with return_d_mask, the additive mask's gradient in its compact shape (compact_mask: (b, h,
+/// l, s), the mask's dimensions kept, 1 where it broadcasts), float32 (float64 on the reference
+/// path). No GIL while it computes.
 py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_out, py::handle out, py::handle lse,
                         py::handle mask, bool mask_is_bool, py::handle sinks, py::handle alibi_slopes,
-                        const py::dict& options, py::handle device) {
+                        const py::dict& options, py::handle device, bool return_d_mask) {
     const context_ptr ctx = context_of(device);
     host_call h = read_call(q, k, v, mask, mask_is_bool, sinks, alibi_slopes, options, {});
     if (!h.k) refuse("key and value are needed");
+    if (return_d_mask && (!h.mask || h.bool_mask)) refuse("the mask's gradient needs an additive (float) attn_mask");
     if (ctx && h.type == dtype::f64)
         refuse(
             "query, key and value are float64: a Vulkan device computes float32, the float64 reference "
@@ -641,7 +644,7 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
                " do not fit the call: (..., Hq, L, Ev) and (..., Hq, L)");
     const std::vector<std::size_t> q_shape = h.q->shape, k_shape = h.k->shape, v_shape = h.v->shape;
     const bool f64 = h.type == dtype::f64;
-    std::optional<out_array> dq, dk, dv, ds;
+    std::optional<out_array> dq, dk, dv, ds, dm;
     {
         py::gil_scoped_release nogil;
         gather_call(h, "the backward pass of scaled_dot_product_attention");
@@ -652,6 +655,9 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
             dv = make_output(std::move(g.dv), h.type, v_shape, none, "dv");
             if (!g.d_sinks.empty())
                 ds = make_output(std::move(g.d_sinks), f64 ? dtype::f64 : dtype::f32, {s.q_heads}, none, "d_sinks");
+            if (return_d_mask)
+                dm = make_output(std::move(g.d_additive_mask), f64 ? dtype::f64 : dtype::f32, h.mask_shape, none,
+                                 "d_mask");
         };
         if (f64) {
             if (slopes_differ<double>(h, h.slopes_d.view))
@@ -663,7 +669,8 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
                                               slopes_of<double>(h, h.slopes_d.view, 0)),
                 .out = od.view,
                 .lse = ld.view,
-                .d_out = dd.view};
+                .d_out = dd.view,
+                .return_d_additive_mask = return_d_mask};
             finish_grads(qkv::cpu::sdpa_backward(b));
         } else {
             if (slopes_differ<float>(h, h.slopes_f.view))
@@ -675,7 +682,8 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
                                              slopes_of<float>(h, h.slopes_f.view, 0)),
                 .out = od.view,
                 .lse = ld.view,
-                .d_out = dd.view};
+                .d_out = dd.view,
+                .return_d_additive_mask = return_d_mask};
             if (ctx)
                 finish_grads(ctx->sdpa_backward(b));
             else
@@ -683,7 +691,7 @@ py::tuple sdpa_backward(py::handle q, py::handle k, py::handle v, py::handle d_o
         }
     }
     return py::make_tuple(wrap(std::move(*dq)), wrap(std::move(*dk)), wrap(std::move(*dv)),
-                          ds ? wrap(std::move(*ds)) : py::none());
+                          ds ? wrap(std::move(*ds)) : py::none(), dm ? wrap(std::move(*dm)) : py::none());
 }
 
 }  // namespace
@@ -733,9 +741,10 @@ void bind_calls(py::module_& m) {
           "(output, lse or None, weights or None) as _Array buffers.");
     m.def("_sdpa_backward", &sdpa_backward, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("grad_output"),
           py::arg("output"), py::arg("lse"), py::kw_only(), py::arg("mask"), py::arg("mask_is_bool"), py::arg("sinks"),
-          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"),
+          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"), py::arg("return_d_mask") = false,
           "The backward pass of _sdpa over host arrays (qkv/_autograd.py calls it). Returns (dq, dk, dv, d_sinks or "
-          "None) as _Array buffers.");
+          "None, the additive mask's gradient in its compact (b, h, l, s) shape with return_d_mask, else None) as "
+          "_Array buffers.");
     m.def("_decode", &decode, py::arg("cache"), py::arg("query"), py::kw_only(), py::arg("mask"),
           py::arg("mask_is_bool"), py::arg("sinks"), py::arg("alibi_slopes"), py::arg("options"));
     m.def("_cache_append", &cache_append, py::arg("cache"), py::arg("key"), py::arg("value"));

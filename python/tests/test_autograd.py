@@ -160,3 +160,60 @@ def test_half_gradients_by_flash_attentions_rule(dtype):
     for g, w, t, name in zip(got, want, same, ("dq", "dk", "dv")):
         assert g.dtype == dtype
         flash_rule(g, w, t, what=name)
+
+
+def reference_with_extras(q, k, v, mask, sinks, *, causal=False):
+    """The reference above with an additive mask (added to the scaled scores, broadcast as PyTorch
+    broadcasts attn_mask) and gpt-oss's sinks: one more logit σ_h per query head that joins each row's
+    softmax denominator and is then dropped (its weight multiplies no value)."""
+    hq, hkv = q.shape[-3], k.shape[-3]
+    k, v = (x.repeat_interleave(hq // hkv, dim=-3) for x in (k, v))
+    L, S = q.shape[-2], k.shape[-2]
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+    if causal:
+        s = s.masked_fill(torch.arange(S)[None, :] > torch.arange(L)[:, None], float("-inf"))
+    sink = sinks.reshape(hq, 1, 1).expand(*s.shape[:-1], 1)
+    w = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :S]
+    return w @ v
+
+
+def test_gradcheck_sinks_and_mask_float64_through_the_cpu_reference():
+    # GQA 4:2, causal, a mask broadcast over the batch (1, Hq, L, S) with a -inf entry, sinks per head.
+    q, k, v = leaves(*make((2, 4, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3), seed=31), dtype=torch.float64)
+    g = torch.Generator().manual_seed(32)
+    mask = torch.randn(1, 4, 3, 5, generator=g, dtype=torch.float64)
+    mask[0, 1, 2, 0] = float("-inf")
+    mask.requires_grad_(True)
+    sinks = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, m, s: qkv.scaled_dot_product_attention(a, b, c, m, is_causal=True, enable_gqa=True, sinks=s,
+                                                               device="cpu"), (q, k, v, mask, sinks))
+    # Two batch dimensions, the mask keeping the first and broadcast along the second and the heads.
+    q, k, v = leaves(*make((2, 3, 2, 3, 4), (2, 3, 2, 4, 4), (2, 3, 2, 4, 4), seed=33), dtype=torch.float64)
+    mask = torch.randn(2, 1, 1, 3, 4, generator=g, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, m: qkv.scaled_dot_product_attention(a, b, c, m, device="cpu"), (q, k, v, mask))
+    # Only the sinks require grad (query, key and value do not): still differentiated.
+    x = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    s2 = torch.randn(2, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda s: qkv.scaled_dot_product_attention(x, x, x, sinks=s, device="cpu"), (s2,))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("L,S", [(3, 17), (17, 17)], ids=str)
+def test_float32_sinks_and_mask_gradients_on_vulkan(L, S):
+    q, k, v = make((2, 4, L, 16), (2, 2, S, 16), (2, 2, S, 8), seed=40 + L)
+    g = torch.Generator().manual_seed(41)
+    mask = torch.randn(4, L, S, generator=g, dtype=torch.float64)  # broadcast over the batch
+    sinks = torch.randn(4, generator=g, dtype=torch.float64)
+    d_out = torch.randn(2, 4, L, 8, generator=g, dtype=torch.float64)
+    _, got = grads_of(lambda a, b, c, m, s: qkv.scaled_dot_product_attention(a, b, c, m, is_causal=True,
+                                                                             enable_gqa=True, sinks=s),
+                      leaves(q, k, v, mask, sinks), d_out.float())
+    _, want = grads_of(lambda a, b, c, m, s: reference_with_extras(a, b, c, m, s, causal=True),
+                       leaves(q, k, v, mask, sinks, dtype=torch.float64), d_out)
+    for got_g, want_g, name in zip(got, want, ("dq", "dk", "dv", "d_mask", "d_sinks")):
+        assert got_g.dtype == torch.float32 and got_g.shape == want_g.shape, name
+        assert nmse(got_g, want_g) <= 1e-9, name
+    # Masked keys (causal) get no gradient.
+    assert torch.equal(torch.triu(got[3], diagonal=1), torch.zeros_like(got[3]))

@@ -177,12 +177,10 @@ def test_dunder_dlpack_that_lies():
 
 def test_cuda_like_and_grad_inputs_are_named():
     q = torch.zeros(1, 2, 3, 32, requires_grad=True)
-    # No gradient flows to a mask, sinks or slopes through Python: refused, naming it.
-    with pytest.raises(NotImplementedError, match="attn_mask.requires_grad"):
-        qkv.scaled_dot_product_attention(q, q.detach(), q.detach(), torch.zeros(3, 3, requires_grad=True),
-                                         device="cpu")
-    with pytest.raises(NotImplementedError, match="sinks.requires_grad"):
-        qkv.scaled_dot_product_attention(q, q, q, sinks=torch.zeros(2, requires_grad=True), device="cpu")
+    # No gradient flows to ALiBi's slopes (a constant bias): refused, naming them (the mask's and
+    # the sinks' gradients are test_autograd.py's).
+    with pytest.raises(NotImplementedError, match="alibi_slopes.requires_grad"):
+        qkv.scaled_dot_product_attention(q, q, q, alibi_slopes=torch.ones(2, requires_grad=True), device="cpu")
     with pytest.raises(qkv.InvalidArgument, match="dropout_p=1"):
         qkv.scaled_dot_product_attention(q, q, q, dropout_p=1.0, device="cpu")
     with pytest.raises(qkv.InvalidArgument, match="meta"):
