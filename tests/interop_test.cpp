@@ -707,3 +707,154 @@ TEST_CASE("interop misuse: a buffer range beyond the VkBuffer, a transposed shap
         qkv::invalid_argument);
     CHECK(a.log.count() == 0);
 }
+
+TEST_CASE("interop misuse: recordings destroyed unchecked keep nothing alive once the qkv objects are gone",
+          "[interop][misuse][cache]") {
+    // A destroyed recording whose commands qkv has not seen complete is kept by the context's
+    // device core; it must not keep that core (and with it qkv's pipelines, pools and buffers)
+    // alive after the application destroyed its last qkv object, before its vkDestroyDevice.
+    const qkv::vulkan::testing::live_objects before = qkv::vulkan::testing::live();
+    app::vulkan_app a;
+    {
+        qkv::vulkan::context ctx = context_on(a);
+        constexpr std::size_t Hq = 2, Hkv = 1, E = 8, capacity = 8, first = 3;
+        const qkv::kv_layout layout{.batch = 1, .kv_heads = Hkv, .capacity = capacity, .d_qk = E, .d_v = E};
+        constexpr std::size_t bytes = Hkv * capacity * E * 4;
+        app::buffer storage = a.make_buffer(2 * bytes);
+        qkv::vulkan::kv_cache cache(ctx, layout,
+                                    qkv::vulkan::wrap(ctx, storage.handle, 0, bytes, {1, Hkv, capacity, E},
+                                                      qkv::element_type::f32, app::vulkan_app::all_usage),
+                                    qkv::vulkan::wrap(ctx, storage.handle, bytes, bytes, {1, Hkv, capacity, E},
+                                                      qkv::element_type::f32, app::vulkan_app::all_usage));
+        std::mt19937_64 rng(31);
+        cache.append(normal(Hkv * first * E, rng), normal(Hkv * first * E, rng), first);
+        app::buffer rows = a.make_buffer(2 * Hkv * E * 4), qo = a.make_buffer(2 * Hq * E * 4);
+        put(rows, 0, normal(2 * Hkv * E, rng)), put(qo, 0, normal(Hq * E, rng));
+        qkv::vulkan::tensor tk = qkv::vulkan::wrap(ctx, rows.handle, 0, Hkv * E * 4, {1, Hkv, 1, E});
+        qkv::vulkan::tensor tv = qkv::vulkan::wrap(ctx, rows.handle, Hkv * E * 4, Hkv * E * 4, {1, Hkv, 1, E});
+        qkv::vulkan::tensor tq = qkv::vulkan::wrap(ctx, qo.handle, 0, Hq * E * 4, {1, Hq, 1, E});
+        qkv::vulkan::tensor to = qkv::vulkan::wrap(ctx, qo.handle, Hq * E * 4, Hq * E * 4, {1, Hq, 1, E});
+        qkv::sdpa_problem desc;
+        desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+        qkv::vulkan::sdpa_call decode(ctx, desc, cache);
+        // Run, then destroyed without a check: kept until a later call finds them done.
+        VkCommandBuffer cmd = a.begin();
+        {
+            qkv::vulkan::recording append = qkv::vulkan::record_append(cache, cmd, tk, tv, 1);
+            qkv::vulkan::recording step = qkv::vulkan::record(decode, cmd, {.q = &tq, .out = &to});
+            a.submit_and_wait(cmd);
+        }
+        CHECK(cache.size() == first + 1);
+        // Never submitted: kept until the core goes.
+        VkCommandBuffer never = a.begin();
+        { qkv::vulkan::recording unrun = qkv::vulkan::record(decode, never, {.q = &tq, .out = &to}); }
+        a.discard(never);
+        CHECK(qkv::vulkan::testing::live().recordings > before.recordings);
+        CHECK(qkv::vulkan::testing::live().device_cores == before.device_cores + 1);
+    }
+    // Every qkv object is gone: so is everything qkv made on the application's device.
+    CHECK(qkv::vulkan::testing::live().device_cores == before.device_cores);
+    CHECK(qkv::vulkan::testing::live().recordings == before.recordings);
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop: a planned call has built its pipelines; record() and run() create none", "[interop]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    const auto created = [] { return qkv::vulkan::testing::pipelines_created(); };
+    // sdpa over tensors, and its backward, at a shape no earlier call of this context planned.
+    misuse_problem p(a, ctx);
+    qkv::sdpa_backward_problem bdesc;
+    bdesc.forward = p.desc;
+    bdesc.forward.options.causal = true;
+    qkv::sdpa_problem fdesc = bdesc.forward;
+    fdesc.options.return_lse = true;
+    std::size_t before = created();
+    qkv::vulkan::sdpa_call call(ctx, fdesc);
+    CHECK(created() > before);  // the counter counts: planning built them
+    qkv::vulkan::sdpa_backward_call backward(ctx, bdesc);
+    constexpr std::size_t Hq = misuse_problem::Hq, L = misuse_problem::L, Ev = misuse_problem::Ev;
+    app::buffer grads = a.make_buffer((misuse_problem::end + 2 * Hq * L * Ev + Hq * L) * 4);
+    std::size_t at = 0;
+    const auto place = [&](std::size_t n, std::vector<std::size_t> shape) {
+        qkv::vulkan::tensor t = qkv::vulkan::wrap(ctx, grads.handle, at * 4, n * 4, std::move(shape));
+        at += n;
+        return t;
+    };
+    qkv::vulkan::tensor dq = place(misuse_problem::nq, {1, Hq, L, misuse_problem::E}),
+                        dk = place(misuse_problem::nk, {1, misuse_problem::Hkv, misuse_problem::S, misuse_problem::E}),
+                        dv = place(misuse_problem::nv, {1, misuse_problem::Hkv, misuse_problem::S, Ev}),
+                        d_out = place(Hq * L * Ev, {1, Hq, L, Ev}), out = place(Hq * L * Ev, {1, Hq, L, Ev}),
+                        lse = place(Hq * L, {1, Hq, L});
+    std::mt19937_64 rng(32);
+    put(grads, misuse_problem::nq + misuse_problem::nk + misuse_problem::nv, normal(Hq * L * Ev, rng));  // d_out
+    // self-attention
+    constexpr std::size_t N = 5, d_in = 6, d = 8;
+    app::buffer mem = a.make_buffer((N * d_in + 3 * d_in * d + N * d) * 4);
+    put(mem, 0, normal(N * d_in + 3 * d_in * d, rng));
+    qkv::vulkan::tensor tx = qkv::vulkan::wrap(ctx, mem.handle, 0, N * d_in * 4, {N, d_in});
+    qkv::vulkan::tensor wq = qkv::vulkan::wrap(ctx, mem.handle, N * d_in * 4, d_in * d * 4, {d_in, d});
+    qkv::vulkan::tensor wk = qkv::vulkan::wrap(ctx, mem.handle, (N * d_in + d_in * d) * 4, d_in * d * 4, {d_in, d});
+    qkv::vulkan::tensor wv = qkv::vulkan::wrap(ctx, mem.handle, (N * d_in + 2 * d_in * d) * 4, d_in * d * 4, {d_in, d});
+    qkv::vulkan::tensor ao = qkv::vulkan::wrap(ctx, mem.handle, (N * d_in + 3 * d_in * d) * 4, N * d * 4, {N, d});
+    qkv::attention_problem adesc;
+    adesc.shape = {.batch = 1, .seq = N, .d_in = d_in, .d_k = d, .d_v = d, .heads = 2};
+    qkv::vulkan::attention_call attention(ctx, adesc);
+
+    before = created();
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording rf =
+        qkv::vulkan::record(call, cmd, {.q = &p.tq, .k = &p.tk, .v = &p.tv, .out = &out, .lse = &lse});
+    qkv::vulkan::recording rb = qkv::vulkan::record(backward, cmd,
+                                                    {.q = &p.tq,
+                                                     .k = &p.tk,
+                                                     .v = &p.tv,
+                                                     .out = &out,
+                                                     .lse = &lse,
+                                                     .d_out = &d_out,
+                                                     .dq = &dq,
+                                                     .dk = &dk,
+                                                     .dv = &dv});
+    qkv::vulkan::recording ra =
+        qkv::vulkan::record(attention, cmd, {.x = &tx, .wq = &wq, .wk = &wk, .wv = &wv, .out = &ao});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK(created() == before);
+    rf.check(), rb.check(), ra.check();
+    call.run({.q = &p.tq, .k = &p.tk, .v = &p.tv, .out = &out, .lse = &lse});
+    backward.run({.q = &p.tq,
+                  .k = &p.tk,
+                  .v = &p.tv,
+                  .out = &out,
+                  .lse = &lse,
+                  .d_out = &d_out,
+                  .dq = &dq,
+                  .dk = &dk,
+                  .dv = &dv});
+    CHECK(created() == before);
+
+    // A decode over a cache: its kernels are those of the rows the cache holds when it is planned,
+    // and stay the same as the cache grows, by an append recorded before it or by the host.
+    constexpr std::size_t Hkv = 2, E = 16, capacity = 12, first = 4;
+    qkv::vulkan::kv_cache cache(ctx,
+                                qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = capacity, .d_qk = E, .d_v = E});
+    cache.append(normal(Hkv * first * E, rng), normal(Hkv * first * E, rng), first);
+    qkv::sdpa_problem ddesc;
+    ddesc.shape = {.batch = 1, .q_heads = 4, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    qkv::vulkan::sdpa_call decode(ctx, ddesc, cache);
+    qkv::vulkan::tensor q(ctx, {1, 4, 1, E}), o(ctx, {1, 4, 1, E}), k1(ctx, {1, Hkv, 1, E}), v1(ctx, {1, Hkv, 1, E});
+    q.upload(normal(4 * E, rng)), k1.upload(normal(Hkv * E, rng)), v1.upload(normal(Hkv * E, rng));
+    before = created();
+    cmd = a.begin();
+    qkv::vulkan::recording step = qkv::vulkan::record(decode, cmd, {.q = &q, .out = &o});
+    qkv::vulkan::recording grow = qkv::vulkan::record_append(cache, cmd, k1, v1, 1);
+    qkv::vulkan::recording next = qkv::vulkan::record(decode, cmd, {.q = &q, .out = &o});
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    step.check(), grow.check(), next.check();
+    cache.append(normal(Hkv * E, rng), normal(Hkv * E, rng), 1);
+    decode.run({.q = &q, .out = &o});
+    CHECK(cache.size() == first + 2);
+    CHECK(created() == before);
+    CHECK(a.log.count() == 0);
+}

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "api/device_request.hpp"
+#include "api/recording_impl.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -56,3 +57,14 @@ std::vector<std::shared_ptr<void>> device_core::reclaim() noexcept {
 }
 
 }  // namespace qkv::vulkan::detail
+
+namespace qkv::vulkan {
+
+testing::live_objects testing::live() noexcept {
+    return {.device_cores = detail::live_count<detail::device_core>::now(),
+            .recordings = detail::live_count<recording::impl>::now()};
+}
+
+std::size_t testing::pipelines_created() noexcept { return detail::pipeline_set::created(); }
+
+}  // namespace qkv::vulkan

@@ -3,6 +3,8 @@
 // kv_cache made from it, so whichever of them goes last releases the device.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -19,6 +21,20 @@
 #include "vk/pipelines.hpp"
 
 namespace qkv::vulkan::detail {
+
+/// Counts the live objects that hold one, one count per Tag (testing::live).
+template <class Tag>
+class live_count {
+public:
+    live_count() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
+    live_count(const live_count&) noexcept { n.fetch_add(1, std::memory_order_relaxed); }
+    live_count& operator=(const live_count&) noexcept = default;
+    ~live_count() { n.fetch_sub(1, std::memory_order_relaxed); }
+    [[nodiscard]] static std::size_t now() noexcept { return n.load(std::memory_order_relaxed); }
+
+private:
+    static inline std::atomic<std::size_t> n{0};
+};
 
 /// What a recording into a caller's command buffer leaves behind when it is destroyed before qkv
 /// knows its commands have completed: its scratch and descriptor sets, kept until they have
@@ -41,12 +57,15 @@ struct device_core {
     std::unique_ptr<pipeline_set> pipes;
     std::unique_ptr<executor> exec;
     /// Retired recordings whose commands had not completed when they were destroyed (declared
-    /// after the device objects: released before them). Guarded by `mutex`.
+    /// after the device objects: released before them, at the latest when the last object that
+    /// shares this core goes). A retiree holds nothing that holds the core (no kv_cache, no
+    /// reference to it), so no cycle keeps the core alive. Guarded by `mutex`.
     std::vector<std::unique_ptr<retired>> retirees;
     /// Serialises every use of the device, its queue, the executor and the buffers of the contexts
     /// and caches that share this core.
     std::mutex mutex;
     bool lost = false;  ///< an earlier call lost the device (VK_ERROR_DEVICE_LOST); guarded by `mutex`
+    live_count<device_core> counted;
 
     /// Picks and opens the device `options` asks for (QKV_DEVICE where unset).
     device_core(const context_options& options, const testing::hooks& hooks);

@@ -140,6 +140,7 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     auto r = std::make_unique<recording::impl>();
     r->core = c->core;
     std::vector<std::shared_ptr<void>> later;  // retired recordings let go of after the lock
+    std::shared_ptr<void> held;                // a failed recording's cache, likewise
     const void* in = static_cast<const void*>(cmd);
     const auto lock = c->lock_for_append(rows, "record_append", in);  // refused while another holds rows
     later = c->core->reclaim();
@@ -150,8 +151,8 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     try {
         if (rows) c->record_append(*r->rec, k, v, rows, r->scratch);
     } catch (...) {
-        c->size = before;                        // not grown (it grows last)
-        recording_access::retire(std::move(r));  // its commands may be in `cmd`: kept, not freed
+        c->size = before;                                      // not grown (it grows last)
+        held = recording_access::retire_locked(std::move(r));  // its commands may be in `cmd`: kept
         throw;
     }
     r->end_marker(*r->rec);

@@ -95,6 +95,7 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
     auto r = std::make_unique<recording::impl>();
     r->core = call.core;
     std::vector<std::shared_ptr<void>> later;  // retired recordings let go of after the lock
+    std::shared_ptr<void> held;                // a failed recording's cache, likewise
     std::lock_guard lock(call.core->mutex);
     call.core->check_alive();
     later = call.core->reclaim();
@@ -108,7 +109,7 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
     } catch (...) {
         // Failed part-way (out of memory): commands that use its objects may be in `cmd`, so they
         // are kept (retired, never reported done) rather than freed under a submit of it.
-        recording_access::retire(std::move(r));
+        held = recording_access::retire_locked(std::move(r));
         throw;
     }
     r->end_marker(*r->rec);

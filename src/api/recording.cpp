@@ -115,29 +115,37 @@ void recording::impl::check_completed() const {
 
 void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
     if (!r || !r->core) return;
-    const std::shared_ptr<detail::device_core> core = r->core;
-    std::vector<std::shared_ptr<void>> later;  // let go of after the lock
-    {
-        std::lock_guard lock(core->mutex);
-        // The earlier retirees first: this one is never released at its own end, since its word
-        // may read done while the caller's command buffer is still pending (no fence waited yet),
-        // and destroying what a pending command buffer uses is invalid; a later call releases it.
-        later = core->reclaim();
-        const bool done = r->finished();
-        r->settle_append(done);
-        if (r->rec && !r->seen_complete) {
-            // Perhaps still running (the word is written by the device, not a fence the host
-            // waited on): kept until a later record or run finds its word done (the core's
-            // reclaim), without its reference to the core (which holds it).
-            r->core.reset();
-            try {
-                core->retirees.push_back(std::move(r));
-            } catch (...) {
-                (void)r.release();  // kept forever rather than freed under running commands
-            }
+    const std::shared_ptr<detail::device_core> core = r->core;  // perhaps the last: goes last
+    std::vector<std::shared_ptr<void>> later;                   // let go of after the lock
+    std::shared_ptr<void> cache;
+    std::lock_guard lock(core->mutex);
+    // The earlier retirees first: this one is never released at its own end, since its word
+    // may read done while the caller's command buffer is still pending (no fence waited yet),
+    // and destroying what a pending command buffer uses is invalid; a later call releases it.
+    later = core->reclaim();
+    cache = retire_locked(std::move(r));
+}
+
+std::shared_ptr<void> recording_access::retire_locked(std::unique_ptr<recording::impl> r) noexcept {
+    if (!r || !r->core) return {};
+    r->settle_append(r->finished());
+    // Its cache is let go of: the cache holds the core, so a retiree holding it would keep the
+    // core (and every retiree, and the device objects) alive after the application's last qkv
+    // object went. The application destroys a cache only after its commands over it completed.
+    std::shared_ptr<void> cache = r->after_lock();
+    std::shared_ptr<detail::device_core> core = std::move(r->core);
+    if (r->rec && !r->seen_complete) {
+        // Perhaps still running (the word is written by the device, not a fence the host waited
+        // on): kept until a later record or run finds its word done (the core's reclaim), or
+        // until the core goes, after the last object that shares it.
+        try {
+            core->retirees.push_back(std::move(r));
+        } catch (...) {
+            (void)r.release();  // kept forever rather than freed under running commands
         }
     }
-    r.reset();  // released under the lock it takes
+    r.reset();  // released now (without its core: under the lock the caller holds)
+    return cache;
 }
 
 void recording::impl::check(bool locked) const {

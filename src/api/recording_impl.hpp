@@ -62,6 +62,7 @@ struct recording::impl : detail::retired {
     bool backward = false;
     std::uint64_t backward_verdict_at = 0;  // byte offset of the BWD_VERDICT_WORDS words in `guard`
     detail::flash_bwd_views backward_views;
+    detail::live_count<impl> counted;
 
     impl() = default;
     impl(const impl&) = delete;
@@ -115,6 +116,10 @@ struct recording_access {
     /// where its commands have completed, else retired to its device core until they have, and an
     /// append's rows taken back.
     static void retire(std::unique_ptr<recording::impl> r) noexcept;
+    /// The same with the core's lock already held (a record that failed part-way); returns what
+    /// must be let go of after the lock (the cache it held: a cache's destructor takes the lock).
+    /// A retiree keeps nothing that keeps the core alive, so the core's end releases every one.
+    [[nodiscard]] static std::shared_ptr<void> retire_locked(std::unique_ptr<recording::impl> r) noexcept;
 };
 
 }  // namespace qkv::vulkan

@@ -1,5 +1,6 @@
 #include "vk/pipelines.hpp"
 
+#include <atomic>
 #include <string>
 
 #include "qkv/vulkan/error.hpp"
@@ -14,6 +15,8 @@ pipeline_set::pipeline_set(const device& dev) : dev_(dev), cache_(dev.fn(), dev.
 
 namespace {
 
+std::atomic<std::size_t> pipelines_made{0};
+
 /// The descriptor types of a shader's bindings, from its row of the shader table.
 std::vector<VkDescriptorType> binding_types(shader_id shader) {
     std::vector<VkDescriptorType> types;
@@ -23,6 +26,8 @@ std::vector<VkDescriptorType> binding_types(shader_id shader) {
 }
 
 }  // namespace
+
+std::size_t pipeline_set::created() noexcept { return pipelines_made.load(std::memory_order_relaxed); }
 
 const pipeline& pipeline_set::get_words(shader_id shader, const std::vector<std::uint32_t>& spec,
                                         std::uint32_t required_subgroup) {
@@ -99,6 +104,7 @@ const pipeline& pipeline_set::get_words(shader_id shader, const std::vector<std:
     info.layout = p.layout.get();
     check(fn.vkCreateComputePipelines(d, cache_.get(), 1, &info, nullptr, p.handle.put()),
           "vkCreateComputePipelines" + what);
+    pipelines_made.fetch_add(1, std::memory_order_relaxed);
     return pipelines_.emplace(std::move(key), std::move(p)).first->second;
 }
 

@@ -50,6 +50,9 @@ public:
 
     [[nodiscard]] std::size_t size() const { return pipelines_.size(); }
 
+    /// How many pipelines every pipeline_set of this process has created (testing::pipelines_created).
+    [[nodiscard]] static std::size_t created() noexcept;
+
 private:
     /// Throws error (internal) when `spec` is not as many words as the shader's row says.
     const pipeline& get_words(shader_id shader, const std::vector<std::uint32_t>& spec,

@@ -39,7 +39,10 @@
 //           "done" does not free what its commands use; its device objects are kept by the context
 //           and released on a later record or run that finds the word done (make that call after
 //           your fence, as the word is no host synchronisation), or when the context's device goes
-//           (a recording never submitted keeps them until then). Several recordings of one
+//           (a recording never submitted keeps them until then): when the last qkv object of the
+//           context (the context, its calls, caches, tensors and recordings) is destroyed, which
+//           the application does after its work on them completed and before vkDestroyDevice. A
+//           kept recording holds none of them alive. Several recordings of one
 //           call may be in flight at once; each has its own. record() and record_append() are
 //           [[nodiscard]]: a discarded recording would be destroyed before its commands ran.
 //   check   recording::check() reads the same word: before completion it throws not_complete (the

@@ -8,6 +8,7 @@
 //   qkv::vulkan::testing::device_ceiling c = qkv::vulkan::testing::measure_ceiling(ctx);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -82,6 +83,21 @@ struct device_ceiling {
 /// fraction of a second on a GPU, a few seconds on lavapipe), with temporary buffers, on `ctx`'s
 /// queue under its lock.
 [[nodiscard]] QKV_VULKAN_API device_ceiling measure_ceiling(context& ctx);
+
+/// How many of qkv's device-side objects are alive in this process: device cores (a context's
+/// device, memory and pipelines, shared by its calls, caches and tensors) and recordings (kept
+/// ones, and those a core keeps after they were destroyed before their commands were known to
+/// have completed). Once every qkv object made since is destroyed, both are back where they were:
+/// nothing qkv made outlives them, so an application may destroy its VkDevice then.
+struct live_objects {
+    std::size_t device_cores = 0;
+    std::size_t recordings = 0;
+};
+[[nodiscard]] QKV_VULKAN_API live_objects live() noexcept;
+
+/// How many compute pipelines qkv has created in this process (a plan's, a call's, a measurement's):
+/// a call's record() and run() create none, since planning the call built them.
+[[nodiscard]] QKV_VULKAN_API std::size_t pipelines_created() noexcept;
 
 }  // namespace testing
 }  // namespace qkv::vulkan
