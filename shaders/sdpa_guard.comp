@@ -24,10 +24,17 @@ bool finite(float x) { return !isnan(x) && !isinf(x); }
 void main() {
     const uint i = (gl_WorkGroupID.x + pc.group_x) * SDPA_GUARD_WORKGROUP + gl_LocalInvocationID.x;
     const uint row_count = (pc.pass & GUARD_PASS_ROWS) != 0u ? pc.q_rows + 2u * pc.k_rows : 0u;
-    if (i >= row_count) {  // an output element (or past the end)
-        const uint e = i - row_count;
-        if ((pc.pass & GUARD_PASS_OUTPUT) != 0u && e < pc.out_count && !finite(o[pc.out_off + e]))
-            atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
+    if (i >= row_count) {  // output elements t, t + n, t + 2n, ... (or past the end)
+        const uint t = i - row_count;
+        const uint n = (pc.out_count + GUARD_OUTPUTS_PER_INVOCATION - 1u) / GUARD_OUTPUTS_PER_INVOCATION;
+        if ((pc.pass & GUARD_PASS_OUTPUT) == 0u || t >= n) return;
+        bool nonfinite = false;
+        for (uint j = 0u; j < GUARD_OUTPUTS_PER_INVOCATION; ++j) {
+            const uint e = t + j * n;  // below 32 n <= out_count + 31: no wrap (the host's limit)
+            if (e >= pc.out_count) break;
+            if (!finite(o[pc.out_off + e])) nonfinite = true;
+        }
+        if (nonfinite) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
         return;
     }
     const uint q_heads = pc.q_rows / pc.q_len, kv_heads = pc.k_rows / pc.kv_len;

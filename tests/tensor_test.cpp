@@ -259,6 +259,59 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
     require_clean(ctx);
 }
 
+TEST_CASE("sequence: a decode over a cache holding infinities takes the host call's kernel", "[tensor][sequence]") {
+    // A recorded decode chooses its kernel as a host call does: for finite values where the
+    // cache's rows are all finite (no append pending), else the careful one. Key 0's value is
+    // infinite and its weight underflows to 0 once key 1's score (200 higher) is seen: the kernel
+    // for finite values would rescale the infinity by 0 (NaN); the careful one does not.
+    auto ctx = qkv_test::make_context({});
+    constexpr std::size_t E = 4, S = 3;
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> k = {1, 0, 0, 0, 401, 0, 0, 0, -1, 0, 0, 0};
+    const std::vector<float> v = {inf, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    const std::vector<float> finite_v = {0.5f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    qkv::vulkan::kv_cache cache(ctx, qkv::kv_layout{.batch = 1, .kv_heads = 1, .capacity = S, .d_qk = E, .d_v = E});
+    qkv::sdpa_problem desc;
+    desc.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+    desc.options.scale = 1.0f;
+    const std::vector<float> q = {1, 0, 0, 0};
+    qkv::vulkan::tensor tq(ctx, {1, 1, 1, E}), out(ctx, {1, 1, 1, E});
+    tq.upload(q);
+    const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            INFO(i << ": " << a[i] << " vs " << b[i]);
+            CHECK(((std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i]));
+        }
+    };
+    qkv::sdpa_problem host = desc;
+    host.q = q;
+    cache.append(k, v, S);
+    qkv::vulkan::sdpa_call call(ctx, desc, cache);
+    const std::vector<float> want = ctx.sdpa(host, cache).output;
+    qkv::vulkan::sequence seq(ctx);
+    seq.record(call, {.q = &tq, .out = &out});
+    seq.run();
+    same(out.download(), want);
+    call.run({.q = &tq, .out = &out});
+    same(out.download(), want);
+
+    // Recorded over finite rows, which are then replaced by these before the run: the result is
+    // the host call's over them, or the run refuses it; never the finite kernel's answer.
+    cache.clear();
+    cache.append(k, finite_v, S);
+    seq.record(call, {.q = &tq, .out = &out});
+    cache.clear();
+    cache.append(k, v, S);
+    try {
+        seq.run();
+        same(out.download(), want);
+    } catch (const qkv::vulkan::numeric_overflow&) {
+        SUCCEED("refused");
+    }
+    require_clean(ctx);
+}
+
 namespace {
 
 /// A one-head cache of width E with `rows` host rows, the rows kept for the reference.

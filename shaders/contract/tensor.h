@@ -48,7 +48,9 @@ QKV_CONST uint WIDEN_Q4_0 = 2u;  // 18 bytes a block: d (float16), 16 bytes of n
 /// (batch, K/V head), the largest |v| per (batch, K/V head), all over finite elements, and whether
 /// any element is NaN or infinite. Its output pass (GUARD_PASS_OUTPUT): whether any output
 /// element is NaN or infinite. `pass` holds either bit or both: one dispatch, the rows'
-/// invocations first, then one per output element (the verdict is read only after the call).
+/// invocations first, then one per GUARD_OUTPUTS_PER_INVOCATION output elements, n =
+/// ceil(out_count / GUARD_OUTPUTS_PER_INVOCATION) of them, invocation t reading elements t, t + n,
+/// t + 2n, ... (the verdict is read only after the call).
 struct sdpa_guard_push {
     uint group_x, group_y, group_z;
     uint pass;                 // GUARD_PASS_ROWS | GUARD_PASS_OUTPUT
@@ -67,6 +69,7 @@ QKV_CONST uint SDPA_GUARD_BINDING_V = 2u;
 QKV_CONST uint SDPA_GUARD_BINDING_OUT = 3u;     // float32 output (output pass)
 QKV_CONST uint SDPA_GUARD_BINDING_RESULT = 4u;  // uint words, zeroed before the rows pass
 QKV_CONST uint SDPA_GUARD_WORKGROUP = 64u;
+QKV_CONST uint GUARD_OUTPUTS_PER_INVOCATION = 32u;  // few workgroups: each costs a CPU driver a hand-off
 // The result words: flags, then float bits (non-negative, so ordered as uints: atomicMax) of the
 // q norms (B·Hq), the k norms (B·Hkv) and the largest |v| (B·Hkv).
 QKV_CONST uint GUARD_WORD_FLAGS = 0u;

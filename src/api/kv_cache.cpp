@@ -87,6 +87,13 @@ kv_stats kv_cache::impl::read_stats() const {
     return stats_of(guard_words::read(stats.mapped(), 0, groups()));
 }
 
+bool kv_cache::impl::rows_finite() const {
+    stats.invalidate();
+    std::uint32_t flags = 0;
+    std::memcpy(&flags, stats.mapped(), 4);
+    return (flags & contract::GUARD_FLAG_INPUT_NONFINITE) == 0;
+}
+
 decode_rows kv_cache::impl::rows() const {
     decode_rows r;
     if (!half()) return r;

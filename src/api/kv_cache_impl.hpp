@@ -59,6 +59,9 @@ struct kv_cache::impl {
     [[nodiscard]] detail::decode_rows rows() const;
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;
+    /// Whether every K and V element of the rows appended is finite, from the statistics' flags
+    /// word (the lock held; final only where no append is pending: pending_in null).
+    [[nodiscard]] bool rows_finite() const;
     /// Refuses (qkv::invalid_argument; the lock held) a use of the rows by `what` while a sequence
     /// other than `by` (null: none) holds a recorded append to this cache that has not run.
     void check_ready(const char* what, const void* by) const;

@@ -160,6 +160,11 @@ void recording::impl::check(bool locked) const {
         words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
         if (cache) cache_stats = cache->read_stats();
     }
+    // Recorded with the kernel for finite values, the decode read rows that were finite when it
+    // was recorded (a later append's non-finite rows are beyond them): an output that is not
+    // finite then is an overflow, never a NaN or Inf of the values, and is refused as on a host
+    // call. (Rows replaced by clear() and an append before the commands ran are refused too.)
+    if (read_finite) cache_stats.finite = true;
     const sdpa_facts facts = facts_from_device(words, cache ? &cache_stats : nullptr, additive);
     check_sdpa_scores(facts, shape, scale, fp16);
     check_value_sums(facts, shape.kv_len);

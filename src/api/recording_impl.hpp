@@ -51,6 +51,9 @@ struct recording::impl : detail::retired {
     bool fp16 = false;
     detail::additive_facts additive;  // the call's additive mask's (attention calls' too)
     std::shared_ptr<kv_cache::impl> cache;
+    /// A decode over `cache` recorded with the kernel for finite values, the cache's rows being
+    /// finite when it was recorded: its check holds them to that (below).
+    bool read_finite = false;
     std::size_t q_groups = 0, kv_groups = 0;
     mutable detail::guard_words words;
     // An attention call's check (attention_call.cpp): its plan, the flags of its inputs' passes.
@@ -100,6 +103,7 @@ struct recording::impl : detail::retired {
         attention_views = {};
         backward_views = {};
         checks = false;
+        read_finite = false;
         backward = false;
         attention.reset();
         return std::move(cache);

@@ -166,7 +166,16 @@ sdpa_call::sdpa_call(context& ctx, const sdpa_problem& description, kv_cache* ca
     if (c.desc.options.return_lse) lse = stand_in(c.core, {s.batch, s.q_heads, s.q_len}, f32), t.lse = &lse;
     if (c.desc.options.return_weights)
         weights = stand_in(c.core, {s.batch, s.q_heads, s.q_len, s.kv_len}, f32), t.weights = &weights;
-    build_pipelines(c, t);
+    if (!c.cache) {
+        build_pipelines(c, t);
+        return;
+    }
+    // Over a cache, both decode kernels a record may take: for finite values, and gated.
+    for (const decode_values values : {decode_values::finite, decode_values::gated}) {
+        c.planning = values;
+        build_pipelines(c, t);
+    }
+    c.planning.reset();
 }
 
 sdpa_call::~sdpa_call() = default;
@@ -209,8 +218,15 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     const buffer& inputs = b[role::inputs];
     const std::size_t q_groups = s.batch * s.q_heads, kv_groups = s.batch * s.kv_heads;
 
-    // Earlier compute writes (the caller's, or another recording's) before these reads and writes.
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+    // check: the overflow rule's device pass (below) writes into verdict words zeroed first.
+    r.q_groups = q_groups, r.kv_groups = kv_groups;
+    core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
+    const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
+    rec.fill(r.guard.handle(), 0, verdict.range, 0);
+    // Earlier compute writes (the caller's, or another recording's), and the zeroed words, before
+    // these reads and writes: one barrier.
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
     // read: the tensors as the kernels take them: in place where q, k and v share a type (f32, or
     // f16), else (widen()) each float16 or quantized one first as float32 into role::widened.
@@ -249,14 +265,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     const bool out_direct = !p.fused() && ob.element == 0 && d.out_bytes() == out.bytes;
 
     // check: the overflow rule's device pass over the tensors as read (a cache's rows: its
-    // statistics), into verdict words zeroed first.
-    r.q_groups = q_groups, r.kv_groups = kv_groups;
-    core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
-    const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
-    rec.fill(r.guard.handle(), 0, verdict.range, 0);
-    // The zeroed words before the guard's reads and writes.
-    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    // statistics), into the zeroed verdict words.
     guard_rows g;
     g.q_rows = static_cast<std::uint32_t>(q_groups * s.q_len);
     g.q_len = static_cast<std::uint32_t>(s.q_len);
@@ -328,8 +337,18 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             kv = r.views[1].handle(), vv = r.views[2].handle();
         }
         // The values accumulate unscaled (the check refuses sums beyond float32). Whether V holds a
-        // NaN or Inf only the device knows (the guard's flags: this call's pass, or the cache's
-        // appends): both kernels are recorded, each running only for its kind of values.
+        // NaN or Inf: against a cache with no append pending (every append has completed, so its
+        // statistics are final), the host knows, and records the kernel for finite values where
+        // they are, as a host call does (check() then refuses a non-finite output). Otherwise only
+        // the device knows (the guard's flags: this call's pass, or the cache's appends recorded
+        // before this call in the same command buffer): the gated kernel reads them and takes the
+        // careful path for non-finite values.
+        decode_values values = decode_values::gated;
+        if (planning)
+            values = *planning;
+        else if (cache && cache->pending_in == nullptr && cache->rows_finite())
+            values = decode_values::finite;
+        r.read_finite = values == decode_values::finite;
         const binding gate = cache ? binding{cache->stats.handle(), 0, 16} : binding{r.guard.handle(), 0, 16};
         const binding direct_out = out_direct ? binding{out.handle, out.offset, out.bytes} : binding{};
         // The same rows as float16 storage, for the cooperative-matrix family.
@@ -345,8 +364,8 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes),
             rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
         }
-        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, decode_values::gated, k_blocks,
-                           v_blocks, gate, direct_out, rows);
+        record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, values, k_blocks, v_blocks, gate,
+                           direct_out, rows);
     }
     rec.compute_barrier();
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "api/kv_cache_impl.hpp"
@@ -27,6 +28,9 @@ struct sdpa_call::impl : planned_call {
     /// Without a cache, where the tensors read as float32 go (role::widened), when they are
     /// (widen()): q, k and v in turn, in floats.
     std::uint64_t widened_q = 0, widened_k = 0, widened_v = 0;
+    /// While the call is made over a cache: the decode kernel its dry recordings take, whatever
+    /// the cache holds, so that both kernels a record may take are built then.
+    std::optional<detail::decode_values> planning;
 
     /// The problem as it runs now: against a cache, kv_len is the cache's size.
     [[nodiscard]] sdpa_problem current() const {

@@ -116,11 +116,12 @@ void record_guard(recorder& rec, pipeline_set& pipes, binding q, binding k, bind
     if (output) {
         push.pass |= contract::GUARD_PASS_OUTPUT;
         push.out_count = output->count, push.out_off = output->off;
-        invocations += output->count;
+        invocations += ceil_div(output->count, contract::GUARD_OUTPUTS_PER_INVOCATION);
         out = output->out;
     }
     // The shader indexes its invocations in 32 bits (rows first, then output elements).
-    if (invocations + contract::SDPA_GUARD_WORKGROUP > 0xffffffffull)
+    if (invocations + contract::SDPA_GUARD_WORKGROUP > 0xffffffffull ||
+        (output && std::uint64_t{output->count} + 2ull * contract::GUARD_OUTPUTS_PER_INVOCATION > 0xffffffffull))
         throw limit_exceeded("the overflow guard covers at most 2^32 - 65 rows and output elements (" +
                              std::to_string(invocations) + " asked)");
     const std::uint32_t groups[3] = {ceil_div(invocations, contract::SDPA_GUARD_WORKGROUP), 1, 1};
