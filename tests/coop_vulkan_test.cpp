@@ -349,8 +349,11 @@ TEST_CASE("coopmat: every Vulkan entry point takes kernel = coopmat as the capab
              call.run({.q = &q, .out = &out});
              check(out.download(), want_step, call.kernel());
          }},
-        // The backward pass has no cooperative-matrix kernels: both refuse it (the table's reason).
-        {qkv::entry_point::context_sdpa_backward, [&] { (void)ctx.sdpa_backward({.forward = o.problem}); }},
+        // The backward pass has no cooperative-matrix kernels: both refuse it (the table's reason), a
+        // well-formed problem (d_out of the output's size; out and lse recomputed) so that the
+        // refusal, not the validation, is what answers.
+        {qkv::entry_point::context_sdpa_backward,
+         [&] { (void)ctx.sdpa_backward({.forward = o.problem, .d_out = o.q}); }},
         {qkv::entry_point::sdpa_backward_call,
          [&] { qkv::vulkan::sdpa_backward_call(ctx, {.forward = description(o.problem)}); }},
         {qkv::entry_point::context_attention,
