@@ -7,6 +7,7 @@
 // a device without the family the cases check that it is refused, naming why.
 #include <qkv/runtime/capabilities.hpp>
 #include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/element_type.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
 #include "support/sdpa_problems.hpp"
+#include "support/varlen_problems.hpp"
 
 using qkv_test::gpu;
 using qkv_test::require_clean;
@@ -356,6 +358,22 @@ TEST_CASE("coopmat: every Vulkan entry point takes kernel = coopmat as the capab
          [&] { (void)ctx.sdpa_backward({.forward = o.problem, .d_out = o.q}); }},
         {qkv::entry_point::sdpa_backward_call,
          [&] { qkv::vulkan::sdpa_backward_call(ctx, {.forward = description(o.problem)}); }},
+        // A ragged batch: each sequence on the family (its fused route here), at the fp16 bound.
+        {qkv::entry_point::context_varlen,
+         [&] {
+             qkv_test::owned_varlen r = qkv_test::random_varlen({17, 3}, {40, 113}, 4, 2, 16, 16, 504);
+             r.problem.options = {.causal = true,
+                                  .alignment = qkv::causal_alignment::bottom_right,
+                                  .precision = qkv::precision::fp16,
+                                  .kernel = qkv::kernel_family::coopmat};
+             qkv::varlen_problem rounded = r.problem;
+             const std::vector<float> q16 = qkv::round_trip(f16, r.q), k16 = qkv::round_trip(f16, r.k),
+                                      v16 = qkv::round_trip(f16, r.v);
+             rounded.q = q16, rounded.k = k16, rounded.v = v16;
+             const qkv::varlen_output got = ctx.sdpa(r.problem);
+             CHECK(qkv_test::nmse(got.output, qkv::cpu::sdpa_f64(rounded).output) <= 1e-5);
+             require_clean(ctx);
+         }},
         {qkv::entry_point::context_attention,
          [&] {
              const qkv::attention_output r = ctx.attention(attention);

@@ -1,23 +1,24 @@
 // Ragged (varlen) batches on the Vulkan backend (context::sdpa over a varlen_problem), validation
 // layer and synchronisation validation on: odd lengths (0, 1, 3, 17, 113) mixed in one batch, every
-// score rule per sequence, both fused families and the decode route, fp16 and quantized K/V,
-// against the float64 CPU reference (itself checked against the packed reference in
-// varlen_test.cpp) by normalised MSE, computed from the same rounded values, so every path must
-// reach float32's nmse (1e-9). And the refusals: the capability table's, with its reason, and a
-// malformed batch, before any device work. (Each family on the case with every rule; the plain
-// cases on the route the plan picks.)
+// score rule per sequence, every fused family (the cooperative-matrix one where the device has it:
+// [families], support/families.hpp) and the decode route, fp16 and quantized K/V, against the
+// float64 CPU reference (itself checked against the packed reference in varlen_test.cpp) by
+// normalised MSE, computed from the same rounded values, so every path must reach float32's nmse
+// (1e-9; the cooperative-matrix family, whose P·V takes P in float16, the fp16 bound). And the
+// refusals: the capability table's, with its reason, and a malformed batch, before any device
+// work. (Each family on the cases with every rule; the plain cases on the route the plan picks.)
 #include <qkv/runtime/cpu.hpp>
 #include <qkv/runtime/element_type.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
 #include <cmath>
 #include <limits>
-#include <span>
 #include <string>
 #include <vector>
 
 #include "support/catch.hpp"
 #include "support/expect.hpp"
+#include "support/families.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
 #include "support/varlen_problems.hpp"
@@ -39,12 +40,15 @@ qkv::varlen_output_f64 reference(const qkv::varlen_problem& p) {
     return qkv::cpu::sdpa_f64(r);
 }
 
-void check(const qkv::varlen_output& got, const qkv::varlen_output_f64& want) {
+/// Against the reference of the stored values at `tolerance`: float32's 1e-9 for the scalar families;
+/// the cooperative-matrix family rounds P to float16 for P·V, so its bound is the fp16 one
+/// (qkv_test::case_tolerance).
+void check(const qkv::varlen_output& got, const qkv::varlen_output_f64& want, double tolerance = 1e-9) {
     REQUIRE(got.output.size() == want.output.size());
     for (const float x : got.output) REQUIRE(std::isfinite(x));
     const double e = qkv_test::nmse(got.output, want.output);
     INFO("output nmse " << e);
-    CHECK(e <= 1e-9);
+    CHECK(e <= tolerance);
     REQUIRE(got.lse.size() == want.lse.size());
     std::vector<float> g;
     std::vector<double> w;
@@ -56,7 +60,7 @@ void check(const qkv::varlen_output& got, const qkv::varlen_output_f64& want) {
         g.push_back(got.lse[i]);
         w.push_back(want.lse[i]);
     }
-    if (!w.empty()) CHECK(qkv_test::nmse(g, w) <= 1e-9);
+    if (!w.empty()) CHECK(qkv_test::nmse(g, w) <= tolerance);
 }
 
 const std::vector<std::size_t> mixed_q{1, 3, 17, 0, 113, 2, 9, 1};
@@ -64,7 +68,8 @@ const std::vector<std::size_t> mixed_k{1, 17, 5, 4, 113, 0, 3, 150};
 
 }  // namespace
 
-TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule, every path", "[varlen]") {
+TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule, on the routes the plan picks",
+          "[varlen]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
     struct rules {
         const char* name;
@@ -86,14 +91,57 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
         {"window, softcap, ALiBi, sinks, lse", all, true},
         {"ALiBi slopes given", {.causal = true, .alignment = qkv::causal_alignment::bottom_right}, false, true},
     };
-    const qkv::kernel_family families[] = {qkv::kernel_family::automatic, qkv::kernel_family::row_tiles,
-                                           qkv::kernel_family::block_tiles};
-    for (const rules& c : cases)
-        for (const qkv::kernel_family family : c.sinks ? std::span(families) : std::span(families).first(1)) {
-            INFO(c.name << ", kernel " << qkv::name_of(family));
-            qkv_test::owned_varlen o = qkv_test::random_varlen(mixed_q, mixed_k, 4, 2, 16, 24, 77);
+    for (const rules& c : cases) {
+        INFO(c.name);
+        qkv_test::owned_varlen o = qkv_test::random_varlen(mixed_q, mixed_k, 4, 2, 16, 24, 77);
+        o.problem.options = c.options;
+        if (c.sinks) {
+            o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
+            o.problem.sinks = o.sinks;
+        }
+        if (c.slopes) {
+            o.slopes = {0.5f, 0.0f, 0.125f, 1.0f};
+            o.problem.alibi_slopes = o.slopes;
+        }
+        const qkv::varlen_output got = ctx.sdpa(o.problem);
+        check(got, reference(o.problem));
+        CHECK(got.device == ctx.device().name);
+        qkv_test::require_clean(ctx);
+    }
+}
+
+// Each fused family of this run (support/families.hpp: row_tiles, block_tiles, and coopmat where the
+// device has it, at the precision it runs: fp16) on a batch with both routes per family: a
+// decode-shaped sequence (3 queries against 1,030 keys: the family's split-K decode) beside fused
+// ones of odd lengths, every rule at once, and with the slopes given.
+TEST_CASE("varlen vulkan: each fused family on a mixed batch with every rule, decode-shaped sequences too",
+          "[varlen][families]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    struct rules {
+        const char* name;
+        qkv::sdpa_options options;
+        bool sinks;
+        bool slopes = false;
+    };
+    const rules cases[] = {
+        {"window, softcap, ALiBi, sinks, lse",
+         {.causal = true,
+          .alignment = qkv::causal_alignment::bottom_right,
+          .window_left = 6,
+          .softcap = 4.0f,
+          .alibi_max_bias = 8.0f,
+          .return_lse = true},
+         true},
+        {"ALiBi slopes given, top-left causal, lse", {.causal = true, .return_lse = true}, false, true},
+    };
+    for (const qkv::kernel_family family : qkv_test::fused_families())
+        for (const rules& c : cases) {
+            INFO(c.name << ", " << qkv_test::family_name(family));
+            qkv_test::owned_varlen o =
+                qkv_test::random_varlen({1, 3, 17, 0, 113, 2, 9}, {1, 1030, 5, 4, 113, 0, 3}, 4, 2, 16, 24, 78);
             o.problem.options = c.options;
             o.problem.options.kernel = family;
+            o.problem.options.precision = qkv_test::case_precision(family, qkv::precision::fp32);
             if (c.sinks) {
                 o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
                 o.problem.sinks = o.sinks;
@@ -103,7 +151,7 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
                 o.problem.alibi_slopes = o.slopes;
             }
             const qkv::varlen_output got = ctx.sdpa(o.problem);
-            check(got, reference(o.problem));
+            check(got, reference(o.problem), qkv_test::case_tolerance(family, 1e-9));
             CHECK(got.device == ctx.device().name);
             qkv_test::require_clean(ctx);
         }

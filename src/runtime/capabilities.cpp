@@ -57,9 +57,6 @@ constexpr refusal table[] = {
     {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
     {entry_point::cpu_varlen, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_varlen, "dropout_p", no_dropout_in_ragged},
-    {entry_point::context_varlen, values::coopmat,
-     "the cooperative-matrix family has no ragged form yet (it runs one (B, H, L, S) problem's fused and "
-     "decode routes); kernel automatic, row_tiles or block_tiles runs a ragged batch"},
     {entry_point::context_sdpa_backward, values::coopmat, no_coopmat_backward},
     {entry_point::sdpa_backward_call, values::coopmat, no_coopmat_backward},
 };
