@@ -407,7 +407,7 @@ TEST_CASE("sdpa features: ALiBi slopes given per query head, on every path", "[v
 }
 
 TEST_CASE("sdpa features: softcap with a large C keeps float32's precision on every path",
-          "[vulkan][sdpa][features][numerics]") {
+          "[vulkan][sdpa][features][numerics][families]") {
     // C·tanh(s / C) with tanh's absolute error (about 1e-7) multiplied by C gave nmse 2.6e-9 at
     // C = 1e4, 2.3e-5 at 1e6 and an lse off by about 3e22 at 1e30. Also a subnormal C (which a
     // device may flush to zero) and a small one that saturates most scores.
@@ -429,7 +429,7 @@ TEST_CASE("sdpa features: softcap with a large C keeps float32's precision on ev
 }
 
 TEST_CASE("sdpa features: ALiBi far from the diagonal keeps float32's precision on every path",
-          "[vulkan][sdpa][features][numerics]") {
+          "[vulkan][sdpa][features][numerics][families]") {
     // Every key 1e5 to 2^62 positions from every query (after them and before them): the bias,
     // rounded in float32 before it met the scores, gave nmse 2.4e-6 at 1e5 and 3e-4 at 1e6.
     constexpr std::int64_t two62 = std::int64_t{1} << 62;
@@ -477,7 +477,7 @@ TEST_CASE("sdpa features: ALiBi far from the diagonal keeps float32's precision 
 }
 
 TEST_CASE("sdpa features: positions and window sides at the 32-bit and 2^62 edges on every path",
-          "[vulkan][sdpa][features][numerics]") {
+          "[vulkan][sdpa][features][numerics][families]") {
     // |position_offset| <= 2^62 on every path: the device refused 2^31 and beyond (naming "the
     // causal offset kv_len - q_len"), and window or ALiBi distances of 2^30 and beyond even where
     // the answer is all zeros. Windows whose edge, seen from 2^31 or 2^62 away, cuts into the keys

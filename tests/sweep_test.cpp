@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/families.hpp"
 #include "support/gpu.hpp"
 #include "support/problems.hpp"
 #include "support/reference.hpp"
@@ -40,6 +41,7 @@ struct sweep_case {
     problem_spec spec;
     qkv::precision precision = qkv::precision::fp32;
     qkv::implementation implementation = qkv::implementation::staged;
+    qkv::kernel_family kernel = qkv::kernel_family::automatic;  ///< the fused family asked for
     bool weights = false;
     double magnitude = 1.0;  // x is multiplied by this: 1, or into the overflow region
     std::uint64_t seed = 0;
@@ -48,8 +50,9 @@ struct sweep_case {
 std::string describe(const sweep_case& c) {
     std::ostringstream s;
     s << qkv_test::describe(c.spec) << (c.precision == qkv::precision::fp16 ? " fp16" : " fp32")
-      << (c.implementation == qkv::implementation::fused ? " fused" : " staged") << (c.weights ? " weights" : "")
-      << " x*" << c.magnitude << " data-seed=" << c.seed;
+      << (c.implementation == qkv::implementation::fused ? " fused" : " staged")
+      << (c.kernel != qkv::kernel_family::automatic ? " " + qkv_test::family_name(c.kernel) : std::string())
+      << (c.weights ? " weights" : "") << " x*" << c.magnitude << " data-seed=" << c.seed;
     return s.str();
 }
 
@@ -59,7 +62,10 @@ T pick(std::mt19937_64& rng, std::initializer_list<T> options) {
     return options.begin()[d(rng)];
 }
 
-sweep_case random_case(std::mt19937_64& rng, bool fp16_available) {
+/// A random case; with `family` (not automatic) it is a fused case on that family, at the
+/// precision the family runs it (support/families.hpp).
+sweep_case random_case(std::mt19937_64& rng, bool fp16_available,
+                       qkv::kernel_family family = qkv::kernel_family::automatic) {
     sweep_case c;
     problem_spec& s = c.spec;
     s.batch = pick<std::size_t>(rng, {1, 1, 2, 3});
@@ -78,6 +84,12 @@ sweep_case random_case(std::mt19937_64& rng, bool fp16_available) {
     c.precision = fp16_available && pick<int>(rng, {0, 0, 1}) == 1 ? qkv::precision::fp16 : qkv::precision::fp32;
     c.implementation = pick<qkv::implementation>(rng, {qkv::implementation::staged, qkv::implementation::fused});
     c.weights = c.implementation == qkv::implementation::staged && pick<int>(rng, {0, 0, 1}) == 1;
+    if (family != qkv::kernel_family::automatic) {
+        c.implementation = qkv::implementation::fused;
+        c.kernel = family;
+        c.precision = qkv_test::case_precision(family, c.precision);
+        c.weights = false;  // attention's fused implementation never forms them (the staged one does)
+    }
     // One case in five is scaled towards (or past) the overflow limits: fp32 scores of 1e24 to
     // 1e44, fp16 values of 1e3 to 1e6 (float16 holds at most 65,504).
     if (pick<int>(rng, {0, 0, 0, 0, 1}) == 1) {
@@ -94,6 +106,7 @@ qkv_test::owned_problem build(const sweep_case& c) {
     for (auto& v : p.x) v = static_cast<float>(v * c.magnitude);
     p.options.precision = c.precision;
     p.options.implementation = c.implementation;
+    p.options.kernel = c.kernel;
     p.options.return_weights = c.weights;
     return p;
 }
@@ -149,6 +162,8 @@ std::string run_case(qkv::vulkan::context& ctx, const sweep_case& c, bool* refus
         (c.precision == qkv::precision::fp16 ? 1e-5 : 1e-10) * std::max(1.0, static_cast<double>(c.spec.d_in) / 8192.0);
     try {
         const auto got = ctx.attention(p.view());
+        if (c.kernel != qkv::kernel_family::automatic && got.kernel != c.kernel)
+            why << "ran on the " << qkv::name_of(got.kernel) << " family, not the one asked for; ";
         if (c.magnitude == 1.0 || c.precision == qkv::precision::fp32) {
             const double e = qkv_test::nmse(got.output, want.output);
             if (!(e <= tolerance)) why << "Vulkan output nmse " << e << " > " << tolerance << "; ";
@@ -242,4 +257,37 @@ TEST_CASE("sweep: an input width just past 65,535", "[sweep][vulkan][loop_limit]
                 INFO(describe(c) << ": " << why);
                 CHECK(why.empty());
             }
+}
+
+// The same generator on each fused family of this run (support/families.hpp: row_tiles and
+// block_tiles, and coopmat where the device has it; QKV_TEST_FAMILIES keeps some), every case fused
+// on that family at the precision it runs (the cooperative-matrix family's is fp16). A sampled
+// subset of the sweep above (its own seed, QKV_SWEEP_FAMILY_CASES cases, 40 unless set): the mesa26
+// leg runs it with the cooperative-matrix family alone (tests/CMakeLists.txt), bench/gpu/check.sh
+// with every family. Not in qkv_sweep_tests ([family_sweep], not [sweep]): on Mesa 22's lavapipe
+// each case's pipelines cost LLVM about half a CPU second to build, and the sweep above already
+// runs its fused cases on the family the plan picks there.
+TEST_CASE("random sweep on each fused family: odd shapes, masks, projections, overflow against float64",
+          "[vulkan][families][family_sweep]") {
+    auto& ctx = qkv_test::gpu();
+    const std::uint64_t seed = env_or("QKV_SWEEP_SEED", 20261127);
+    const std::uint64_t cases = env_or("QKV_SWEEP_FAMILY_CASES", 40);
+    const bool fp16 = ctx.device().fp16_storage;
+    for (const qkv::kernel_family family : qkv_test::fused_families()) {
+        std::printf("sweep on the %s: seed %llu, %llu cases (QKV_SWEEP_SEED / QKV_SWEEP_FAMILY_CASES to change)\n",
+                    qkv_test::family_name(family).c_str(), static_cast<unsigned long long>(seed),
+                    static_cast<unsigned long long>(cases));
+        std::mt19937_64 rng(seed);
+        std::size_t failures = 0;
+        for (std::uint64_t i = 0; i < cases; ++i) {
+            const sweep_case c = random_case(rng, fp16, family);
+            const std::string why = run_case(ctx, c);
+            if (!why.empty()) {
+                ++failures;
+                UNSCOPED_INFO("sweep seed " << seed << ", case " << i << ": " << describe(c) << ": " << why);
+            }
+        }
+        std::printf("sweep on the %s: %zu failures\n", qkv_test::family_name(family).c_str(), failures);
+        CHECK(failures == 0);
+    }
 }
