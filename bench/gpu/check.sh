@@ -4,7 +4,9 @@
 # included), the held-out PyTorch-semantics fixtures of tests/data/sdpa on each family, `qkv bench`
 # over N = 1024 ... 16384, d = 64 and 128, fp16 and fp32, causal and not, and a decode step at
 # S = 65,536, and PyTorch's CUDA scaled_dot_product_attention (flash backend) on the same shapes in
-# the same run; one JSON file of it all.
+# the same run; and training: `qkv bench --backward` at N = 4096, d = 64 and 128, fp16 and fp32,
+# causal and not, beside PyTorch's SDPA forward and backward (torch.autograd.grad) on the same shapes
+# (the last steps: where the 8 minutes run short, they are what is skipped); one JSON file of it all.
 #
 #   bash bench/gpu/check.sh build           here: build/gpu-check/bundle (the qkv tool, qkv_npy_compare and
 #                                           the Vulkan test programs, a Release build with the
@@ -12,7 +14,8 @@
 #                                           Vulkan loader and validation layer packages for a machine
 #                                           without them; carry both (build/gpu-check/bundle, .gl)
 #   bash bench/gpu/check.sh run [--quick]   there: everything above. --quick: small sizes and few
-#                                           calls, for a dry run on any Vulkan device (lavapipe)
+#                                           calls, each step cut at 30 s, for a dry run of every step
+#                                           on any Vulkan device (lavapipe)
 #
 # It finds what is missing and says so (and in the JSON), running what it can: no NVIDIA GPU or no
 # NVIDIA Vulkan driver (VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json is used
@@ -43,7 +46,7 @@ build() {
         -DQKV_BUILD_MPI=OFF -DQKV_BUILD_EXAMPLES=OFF "-DQKV_GLSLANG_COOPMAT=$glslang" "-DQKV_SPIRV_VAL_COOPMAT=$spirv_val" \
         ${CMAKE_CXX_COMPILER_LAUNCHER:+"-DCMAKE_CXX_COMPILER_LAUNCHER=$CMAKE_CXX_COMPILER_LAUNCHER"} >/dev/null
     local programs=(qkv_vulkan_tests qkv_sdpa_vulkan_tests qkv_sdpa_features_vulkan_tests qkv_coop_vulkan_tests
-                    qkv_kv_cache_tests qkv_tensor_tests qkv_guarantee_tests)
+                    qkv_kv_cache_tests qkv_tensor_tests qkv_guarantee_tests qkv_numerics_tests)
     cmake --build build/gpu-check/build -j "${QKV_JOBS:-$(nproc)}" --target qkv_cli qkv_npy_compare "${programs[@]}"
     rm -rf "$BUNDLE"
     mkdir -p "$BUNDLE"
@@ -73,6 +76,9 @@ build() {
 
 # ---- run -------------------------------------------------------------------------------------------
 QUICK=0
+# The benchmarks' sizes (bench, backward_bench; --quick makes them small).
+sizes=(1024 2048 4096 8192 16384) repeat=10 warmup=2 tokens=16384 heads=16 decode=65536 dims=64,128
+backward=4096 backward_repeat=5
 WORK=
 JSON=
 STEPS=()  # JSON objects, one per step
@@ -89,6 +95,9 @@ step() {
         return 0
     fi
     ((limit > left)) && limit=$left
+    # --quick (a dry run on lavapipe, whose test programs take minutes): every step gets a short
+    # turn, so that the run reaches the benchmarks and the summary
+    ((QUICK && limit > 30)) && limit=30
     local t=$SECONDS status
     echo "-- $name (limit $limit s)"
     if [ "$1" = program ]; then  # a program of the bundle: its command (cmd) under the limit
@@ -210,6 +219,10 @@ tests() {
     step "qkv_kv_cache_tests" 60 program qkv_kv_cache_tests
     step "qkv_tensor_tests" 60 program qkv_tensor_tests
     step "qkv_guarantee_tests" 60 program qkv_guarantee_tests
+    # The random sweep's sampled subset on every family, and the long case (N = 16,384, d = 64: about
+    # 69 GFLOP per family, minutes of emulated matrix products on lavapipe, well under a second here).
+    step "qkv_numerics_tests [family_sweep]" 60 program qkv_numerics_tests "[family_sweep]"
+    ((QUICK)) || step "qkv_vulkan_tests N = 16384" 60 program qkv_vulkan_tests "N = 16384*"
 }
 
 # The PyTorch-semantics fixtures (tests/data/sdpa, made by make_sdpa_fixtures.py) on each family.
@@ -251,8 +264,6 @@ parity() {
 
 bench() {
     log "qkv bench (sdpa over q, k, v: L = S = N; B = 16384 / N, 16 heads) and a decode step"
-    local sizes=(1024 2048 4096 8192 16384) repeat=10 warmup=2 tokens=16384 heads=16 decode=65536 dims=64,128
-    if ((QUICK)); then sizes=(128 256) repeat=2 warmup=1 tokens=256 heads=2 decode=4096 dims=16,64; fi
     local n
     step "qkv bench ceiling" 30 program qkv bench --seq 64 --kv-seq 64 --heads 1 --dim 16 --precision fp32 \
         --causal no --kernel block_tiles --repeat 1 --warmup 0 --json "$WORK/qkv_bench_ceiling.json"
@@ -268,15 +279,33 @@ bench() {
         STEPS+=('{"step": "torch", "status": "skipped: no PyTorch"}')
         return
     fi
-    log "PyTorch's scaled_dot_product_attention on the same shapes (flash backend for fp16)"
+    log "PyTorch's scaled_dot_product_attention on the same shapes (flash backend for fp16), forward and backward"
     local seqs
     seqs=$(IFS=,; echo "${sizes[*]}")
     step "torch sdpa" 120 python3 bench/gpu/torch_sdpa.py --seq "$seqs" --dim "$dims" --tokens "$tokens" \
-        --heads "$heads" --decode "$decode" --repeat "$repeat" --warmup "$warmup" --json "$WORK/torch.json"
+        --heads "$heads" --decode "$decode" --backward "$backward" --repeat "$repeat" --warmup "$warmup" \
+        --json "$WORK/torch.json"
+}
+
+# Training: the backward pass (context::sdpa_backward) beside the forward, at N = 4096 with the
+# forward rows' batch and heads; one step per precision, so that what finished is kept if the lease
+# runs short. About 0.55 TFLOP per forward at d = 128 (1.4 per backward): 5 timed calls each.
+backward_bench() {
+    log "qkv bench --backward (sdpa_backward beside sdpa: L = S = $backward, B = $((tokens / backward)), $heads heads)"
+    local precision
+    for precision in fp16 fp32; do
+        step "qkv bench --backward N = $backward $precision" 60 program qkv bench --backward --seq "$backward" \
+            --batch $((tokens / backward > 0 ? tokens / backward : 1)) --heads "$heads" --dim "$dims" \
+            --precision "$precision" --causal no,yes --repeat "$backward_repeat" --warmup 1 \
+            --json "$WORK/qkv_backward_$precision.json"
+    done
 }
 
 run() {
     [ "${1:-}" = --quick ] && QUICK=1
+    if ((QUICK)); then
+        sizes=(128 256) repeat=2 warmup=1 tokens=256 heads=2 decode=4096 dims=16,64 backward=128 backward_repeat=2
+    fi
     local out_dir=${OUT:-$ROOT/build/gpu-check}
     mkdir -p "$out_dir"
     WORK=$(mktemp -d)
@@ -287,6 +316,7 @@ run() {
         tests
         parity
         bench
+        backward_bench
         log "Summary"
         {
             printf '{"quick": %s, "seconds": %d, "missing": [' "$QUICK" $((SECONDS - START))
