@@ -84,11 +84,11 @@ sdpa_gradients context::sdpa_backward(const sdpa_backward_problem& problem) {
     return self.host_call("sdpa_backward", [&](run_env& env) { return run_sdpa_backward(env, problem); });
 }
 
-varlen_output context::sdpa(const varlen_problem& problem) {
-    impl& self = alive(impl_);
-    validate(problem);
-    require_supported(entry_point::context_varlen, problem);
-    return self.host_call("sdpa over a ragged batch", [&](run_env& env) {
+namespace {
+
+/// A validated ragged batch, its capability checked: each sequence as its own sdpa problem.
+varlen_output run_ragged(context::impl& self, const varlen_problem& problem, const char* name) {
+    return self.host_call(name, [&](run_env& env) {
         // Each sequence as its own sdpa problem (qkv::sequence_of), those with queries and keys run
         // in one command buffer; the rest written here (no queries: nothing; no keys: zeros, lse -inf).
         run_result<varlen_output> run;
@@ -112,6 +112,22 @@ varlen_output context::sdpa(const varlen_problem& problem) {
         run.times = done.times;
         return run;
     });
+}
+
+}  // namespace
+
+varlen_output context::sdpa(const varlen_problem& problem) {
+    impl& self = alive(impl_);
+    validate(problem);
+    require_supported(entry_point::context_varlen, problem);
+    return run_ragged(self, problem, "sdpa over a ragged batch");
+}
+
+varlen_output context::sdpa(const paged_problem& problem) {
+    impl& self = alive(impl_);
+    require_supported(entry_point::context_paged, problem);
+    const basic_gathered_pages<float> gathered = gather_pages(problem);  // validates
+    return run_ragged(self, gathered.problem, "sdpa over a paged K/V batch");
 }
 
 call_stats context::last_call() const {

@@ -57,6 +57,10 @@ constexpr refusal table[] = {
     {entry_point::context_varlen, "return_weights", no_weights_in_ragged},
     {entry_point::cpu_varlen, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_varlen, "dropout_p", no_dropout_in_ragged},
+    {entry_point::cpu_paged, "return_weights", no_weights_in_ragged},
+    {entry_point::cpu_paged, "dropout_p", no_dropout_in_ragged},
+    {entry_point::context_paged, "return_weights", no_weights_in_ragged},
+    {entry_point::context_paged, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_sdpa_backward, values::coopmat, no_coopmat_backward},
     {entry_point::sdpa_backward_call, values::coopmat, no_coopmat_backward},
 };
@@ -80,7 +84,9 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
                                        entry_point::context_sdpa_backward,
                                        entry_point::sdpa_backward_call,
                                        entry_point::cpu_varlen,
-                                       entry_point::context_varlen};
+                                       entry_point::context_varlen,
+                                       entry_point::cpu_paged,
+                                       entry_point::context_paged};
 
 constexpr feature value_features[] = {values::coopmat};
 
@@ -121,8 +127,9 @@ std::vector<feature> sdpa_features(const basic_sdpa_problem<T>& p) {
     return f;
 }
 
-template <class T>
-std::vector<feature> varlen_features(const basic_varlen_problem<T>& p) {
+/// A ragged or a paged batch's: its options', grouped_query, sinks, slopes and the K/V storage.
+template <class P>
+std::vector<feature> varlen_features(const P& p) {
     std::vector<feature> f;
     for (const option_field* o : changed_fields(p.options)) f.push_back(o->name);
     if (p.options.kernel == kernel_family::coopmat) f.push_back(values::coopmat);
@@ -177,6 +184,10 @@ std::string_view name_of(entry_point e) {
             return "cpu::sdpa over a ragged batch";
         case entry_point::context_varlen:
             return "context::sdpa over a ragged batch";
+        case entry_point::cpu_paged:
+            return "cpu::sdpa over a paged K/V batch";
+        case entry_point::context_paged:
+            return "context::sdpa over a paged K/V batch";
     }
     return "an unknown entry point";
 }
@@ -201,6 +212,8 @@ bool applies(entry_point entry, feature what) {
             return true;  // they record every kind of call
         case entry_point::cpu_varlen:
         case entry_point::context_varlen:
+        case entry_point::cpu_paged:
+        case entry_point::context_paged:
             return !attention_only && !backward_only && what != inputs::mask &&
                    what != inputs::additive_mask;  // no masks
         case entry_point::cpu_sdpa_backward:
@@ -232,6 +245,8 @@ std::vector<feature> features_of(const sdpa_problem_f64& problem) { return sdpa_
 
 std::vector<feature> features_of(const varlen_problem& problem) { return varlen_features(problem); }
 std::vector<feature> features_of(const varlen_problem_f64& problem) { return varlen_features(problem); }
+std::vector<feature> features_of(const paged_problem& problem) { return varlen_features(problem); }
+std::vector<feature> features_of(const paged_problem_f64& problem) { return varlen_features(problem); }
 
 std::vector<feature> features_of(const attention_problem& p) {
     // run_options' fields by the option list's names (attention_options), set to other than
@@ -296,6 +311,12 @@ void require_supported(entry_point entry, const varlen_problem& problem) {
     require_supported(entry, features_of(problem));
 }
 void require_supported(entry_point entry, const varlen_problem_f64& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const paged_problem& problem) {
+    require_supported(entry, features_of(problem));
+}
+void require_supported(entry_point entry, const paged_problem_f64& problem) {
     require_supported(entry, features_of(problem));
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qkv/runtime/export.hpp"
+#include "qkv/runtime/paged.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
@@ -40,6 +41,8 @@ enum class entry_point {
     sdpa_backward_call,     ///< qkv::vulkan::sdpa_backward_call over device tensors: run()
     cpu_varlen,             ///< qkv::cpu::sdpa over a ragged batch (varlen.hpp), float64
     context_varlen,         ///< context::sdpa over a ragged batch (varlen.hpp)
+    cpu_paged,              ///< qkv::cpu::sdpa over a paged K/V batch (paged.hpp), float64
+    context_paged,          ///< context::sdpa over a paged K/V batch (paged.hpp)
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options
@@ -108,6 +111,9 @@ struct refusal {
 /// A ragged batch's: its options', grouped_query, sinks and the K/V storage, as an sdpa problem's.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const varlen_problem_f64& problem);
+/// A paged batch's: as a ragged batch's.
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const paged_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(const paged_problem_f64& problem);
 /// The features of a K/V cache's storage (an append, a decode against it): kv_f16, kv_quantized.
 [[nodiscard]] QKV_RUNTIME_API std::vector<feature> features_of(element_type stored);
 
@@ -122,5 +128,7 @@ QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_pr
 QKV_RUNTIME_API void require_supported(entry_point entry, const sdpa_backward_problem_f64& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem& problem);
 QKV_RUNTIME_API void require_supported(entry_point entry, const varlen_problem_f64& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const paged_problem& problem);
+QKV_RUNTIME_API void require_supported(entry_point entry, const paged_problem_f64& problem);
 
 }  // namespace qkv

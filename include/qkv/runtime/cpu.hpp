@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "qkv/runtime/paged.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
@@ -88,5 +89,11 @@ QKV_RUNTIME_API void validate(const attention_problem_f64& problem);
 [[nodiscard]] QKV_RUNTIME_API varlen_output sdpa(const varlen_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa_f64(const varlen_problem& problem);
 [[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa(const varlen_problem_f64& problem);
+/// A paged batch (qkv/runtime/paged.hpp), validated first: its sequences gathered from their pages
+/// (gather_pages) and computed as that ragged batch above. The output and lse are the ragged
+/// batch's: (total_q, Hq, Ev), for one q_len the same bytes as (B, L, Hq, Ev), and (Hq, total_q).
+[[nodiscard]] QKV_RUNTIME_API varlen_output sdpa(const paged_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa_f64(const paged_problem& problem);
+[[nodiscard]] QKV_RUNTIME_API varlen_output_f64 sdpa(const paged_problem_f64& problem);
 
 }  // namespace qkv::cpu

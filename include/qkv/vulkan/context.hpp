@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/runtime/paged.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
@@ -125,6 +126,13 @@ public:
     /// between calls, released by trim()), with one submit per command buffer.
     /// A sequence with no queries runs nothing; one with no keys none either (zeros, lse -inf).
     [[nodiscard]] varlen_output sdpa(const varlen_problem& problem);
+    /// A batch decoding against a paged K/V pool the caller holds on the host
+    /// (qkv/runtime/paged.hpp: flash_attn_with_kvcache with a block_table). Validates first
+    /// (qkv::invalid_argument: page sizes, page indices past the pool, tables too short), then asks
+    /// the capability table; each sequence's rows are gathered from its pages on the host
+    /// (gather_pages) and the ragged batch of the sequences runs as sdpa(varlen_problem) above. The
+    /// output and lse are laid out as that ragged batch's.
+    [[nodiscard]] varlen_output sdpa(const paged_problem& problem);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;

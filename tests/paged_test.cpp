@@ -1,0 +1,206 @@
+// Paged K/V batches on the float64 CPU reference (qkv/runtime/paged.hpp): the result against a
+// reference written over the paged layout (support/paged_problems.hpp): page sizes 1, 16 and 256,
+// pages in shuffled order, pages shared between sequences, sequences of 0 and 1 keys, odd lengths
+// and one or ragged query counts, every score rule; and the refusals, typed and naming what is wrong.
+#include <qkv/runtime/capabilities.hpp>
+#include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/paged.hpp>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/expect.hpp"
+#include "support/paged_problems.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using qkv_test::expect_invalid;
+
+void check_against_reference(const qkv_test::owned_paged& o) {
+    const qkv_test::paged_ref_result want = qkv_test::paged_reference(o.problem);
+    const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(o.problem);
+    REQUIRE(got.output.size() == want.output.size());
+    for (const double x : got.output) REQUIRE(std::isfinite(x));
+    CHECK(qkv_test::nmse(got.output, want.output) <= 1e-24);
+    if (o.problem.options.return_lse) {
+        REQUIRE(got.lse.size() == want.lse.size());
+        for (std::size_t i = 0; i < want.lse.size(); ++i) {
+            INFO("lse " << i);
+            if (std::isinf(want.lse[i]))
+                CHECK(got.lse[i] == want.lse[i]);
+            else
+                CHECK(std::abs(got.lse[i] - want.lse[i]) <= 1e-12);
+        }
+    }
+    // The float32 form: the same values rounded once.
+    const qkv::varlen_output f = qkv::cpu::sdpa(o.problem);
+    REQUIRE(f.output.size() == got.output.size());
+    for (std::size_t i = 0; i < f.output.size(); ++i) REQUIRE(f.output[i] == static_cast<float>(got.output[i]));
+}
+
+}  // namespace
+
+TEST_CASE("paged: the CPU reference equals the paged reference, page sizes 1, 16, 256, every rule", "[paged]") {
+    struct rules {
+        const char* name;
+        qkv::sdpa_options options;
+        bool sinks = false, slopes = false;
+    };
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const rules cases[] = {
+        {"plain", {}},
+        {"causal top-left", {.causal = true}},
+        {"causal bottom-right, lse",
+         {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true}},
+        {"window, softcap, ALiBi, sinks, lse",
+         {.causal = true,
+          .alignment = qkv::causal_alignment::bottom_right,
+          .window_left = 6,
+          .window_right = 0,
+          .softcap = 4.0f,
+          .alibi_max_bias = 8.0f,
+          .return_lse = true},
+         true},
+        {"ALiBi slopes, two-sided window, scale, lse",
+         {.scale = 0.3f, .window_left = 2, .window_right = 3, .return_lse = true},
+         false,
+         true},
+    };
+    // Keys 0, 1, 17, 113, 3 and 40; a second form with ragged queries (a sequence without queries,
+    // one with more queries than keys, one with queries and no keys).
+    const std::vector<std::size_t> kv_lens{0, 1, 17, 113, 3, 40};
+    const std::vector<std::size_t> ragged_q{1, 0, 3, 17, 5, 1};
+    for (const std::size_t page_size : {1u, 16u, 256u})
+        for (const bool ragged : {false, true})
+            for (const rules& c : cases) {
+                INFO(c.name << ", page_size " << page_size << (ragged ? ", ragged queries" : ", q_len 3"));
+                qkv_test::paged_shape s{.kv_lens = kv_lens,
+                                        .q_len = 3,
+                                        .q_heads = 6,
+                                        .kv_heads = 2,
+                                        .d_qk = 16,
+                                        .d_v = 24,
+                                        .page_size = page_size,
+                                        .seed = page_size + (ragged ? 7u : 0u)};
+                if (ragged) s.q_lens = ragged_q;
+                qkv_test::owned_paged o = qkv_test::random_paged(s);
+                o.problem.options = c.options;
+                if (c.sinks) {
+                    o.sinks = {0.5f, -1.0f, 2.0f, neg_inf, 0.0f, 1.5f};
+                    o.problem.sinks = o.sinks;
+                }
+                if (c.slopes) {
+                    o.slopes = {0.5f, 0.0f, 0.125f, 1.0f, 0.25f, 0.0625f};
+                    o.problem.alibi_slopes = o.slopes;
+                }
+                check_against_reference(o);
+            }
+}
+
+TEST_CASE("paged: shared pages, one query per sequence, odd shapes", "[paged]") {
+    // Sequence 1 reads sequence 0's first two pages (a common prompt) and then its own; one query
+    // row per sequence (decode), Hq = Hkv = 1 and E = 3, Ev = 1.
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {37, 45, 1},
+                                                      .q_heads = 1,
+                                                      .kv_heads = 1,
+                                                      .d_qk = 3,
+                                                      .d_v = 1,
+                                                      .page_size = 16,
+                                                      .shared = 2,
+                                                      .seed = 3});
+    REQUIRE(o.table[o.problem.max_pages] == o.table[0]);
+    REQUIRE(o.table[o.problem.max_pages + 1] == o.table[1]);
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    check_against_reference(o);
+    // The gathered keys of sequence 1's first 32 rows are sequence 0's.
+    const qkv::basic_gathered_pages<float> g = qkv::gather_pages(o.problem);
+    for (std::size_t j = 0; j < 32 * 3; ++j) CHECK(g.k[37 * 3 + j] == g.k[j]);
+    // GQA 17 / 1 heads at E = 17 over pages of 1 row.
+    qkv_test::owned_paged gqa = qkv_test::random_paged(
+        {.kv_lens = {5, 17}, .q_len = 2, .q_heads = 17, .kv_heads = 1, .d_qk = 17, .d_v = 3, .page_size = 1});
+    gqa.problem.options.return_lse = true;
+    check_against_reference(gqa);
+}
+
+TEST_CASE("paged: a float64 problem is the float32 one widened", "[paged]") {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {9, 30}, .q_len = 2, .page_size = 8, .seed = 11});
+    o.problem.options.causal = true;
+    const std::vector<double> q(o.q.begin(), o.q.end()), k(o.k_pages.begin(), o.k_pages.end()),
+        v(o.v_pages.begin(), o.v_pages.end());
+    qkv::paged_problem_f64 p{.q_heads = o.problem.q_heads,
+                             .kv_heads = o.problem.kv_heads,
+                             .d_qk = o.problem.d_qk,
+                             .d_v = o.problem.d_v,
+                             .page_size = o.problem.page_size,
+                             .num_pages = o.problem.num_pages,
+                             .k_pages = k,
+                             .v_pages = v,
+                             .max_pages = o.problem.max_pages,
+                             .block_table = o.problem.block_table,
+                             .cache_seqlens = o.problem.cache_seqlens,
+                             .q_len = 2,
+                             .q = q,
+                             .options = o.problem.options};
+    CHECK(qkv::cpu::sdpa(p).output == qkv::cpu::sdpa_f64(o.problem).output);
+    CHECK(qkv::batch_of(p) == 2);
+}
+
+TEST_CASE("paged: malformed batches are refused, naming what is wrong", "[paged]") {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {20, 5}, .q_len = 1, .page_size = 8, .seed = 2});
+    const auto refused = [&](const qkv::paged_problem& p, std::initializer_list<std::string> words) {
+        expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, words);
+        expect_invalid([&] { qkv::validate(p); }, words);
+    };
+    qkv::paged_problem p = o.problem;
+    for (const std::size_t bad : {0u, 12u, 2048u}) {
+        p = o.problem, p.page_size = bad;
+        refused(p, {"page_size is " + std::to_string(bad), "power of two"});
+    }
+    // A page index past the pool, or negative, where a sequence reads it.
+    std::vector<std::int32_t> table = o.table;
+    table[1] = static_cast<std::int32_t>(o.problem.num_pages);
+    p = o.problem, p.block_table = table;
+    refused(p, {"block_table[0][1]", "num_pages = " + std::to_string(o.problem.num_pages)});
+    table = o.table, table[o.problem.max_pages] = -3;
+    p = o.problem, p.block_table = table;
+    refused(p, {"block_table[1][0] = -3"});
+    // An entry past what the sequence needs is not read.
+    table = o.table, table[o.problem.max_pages + 1] = 999;
+    p = o.problem, p.block_table = table;
+    CHECK_NOTHROW(qkv::validate(p));
+    // A table too short for a sequence's length.
+    std::vector<std::int32_t> lens{33, 5};
+    p = o.problem, p.cache_seqlens = lens;
+    refused(p, {"too short for sequence 0", "33 keys need 5 pages of 8 rows", "a row has 4"});
+    lens = {20, -1};
+    p = o.problem, p.cache_seqlens = lens;
+    refused(p, {"cache_seqlens[1] is -1"});
+    p = o.problem, p.cache_seqlens = {};
+    refused(p, {"cache_seqlens is empty"});
+    p = o.problem, p.block_table = std::span<const std::int32_t>(o.table).first(o.table.size() - 1);
+    refused(p, {"block_table has", "max_pages"});
+    p = o.problem, p.k_pages = std::span<const float>(o.k_pages).first(o.k_pages.size() - 1);
+    refused(p, {"k_pages has", "num_pages x page_size"});
+    p = o.problem, p.num_pages = 0;
+    refused(p, {"num_pages is 0"});
+    p = o.problem, p.q_len = 2;
+    refused(p, {"q has", "q_len"});
+    const std::vector<std::int32_t> cu_short{0, 1}, cu_falling{0, 2, 1};
+    p = o.problem, p.cu_seqlens_q = cu_short;
+    refused(p, {"cu_seqlens_q has 2 entries", "B + 1 = 3"});
+    p = o.problem, p.cu_seqlens_q = cu_falling;
+    refused(p, {"cu_seqlens_q must be nondecreasing"});
+    p = o.problem, p.kv_heads = 3;
+    refused(p, {"kv_heads"});
+    p = o.problem, p.options.window_left = -2;
+    refused(p, {"window_left"});
+    // The capability table's refusals, with their reasons.
+    p = o.problem, p.options.return_weights = true;
+    expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "return_weights"});
+    p = o.problem, p.options.dropout_p = 0.5f;
+    expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "dropout_p"});
+}

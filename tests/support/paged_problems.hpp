@@ -1,0 +1,183 @@
+// Paged batches for the tests: a problem over a pool of pages it owns, pages handed out in a
+// shuffled order, with optional sharing of a prompt's pages, and a float64 reference written over
+// the paged layout from FlashAttention's flash_attn_with_kvcache documentation (block_table,
+// cache_seqlens) and qkv/runtime/paged.hpp's comment, without qkv's own code.
+#pragma once
+
+#include <qkv/runtime/paged.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace qkv_test {
+
+/// A paged batch over data it owns; `problem` views it (valid while this lives, moves included).
+struct owned_paged {
+    std::vector<std::int32_t> table, seqlens, cu_q;
+    std::vector<float> q, k_pages, v_pages, sinks, slopes;
+    qkv::paged_problem problem;
+};
+
+struct paged_shape {
+    std::vector<std::size_t> kv_lens{};  ///< S_b
+    std::vector<std::size_t> q_lens{};   ///< L_b: empty for one q_len for all (then `q_len`)
+    std::size_t q_len = 1;
+    std::size_t q_heads = 4, kv_heads = 2, d_qk = 16, d_v = 16;
+    std::size_t page_size = 16;
+    std::size_t spare_pages = 2;    ///< pool pages no sequence uses (filled with large values)
+    std::size_t extra_columns = 1;  ///< block-table columns past the longest sequence's (filled with -1)
+    /// Sequence 1 reads sequence 0's first `shared` pages (its keys there equal sequence 0's).
+    std::size_t shared = 0;
+    std::uint64_t seed = 1;
+};
+
+/// N(0, 1) q and pool; each sequence's pages drawn from a shuffled list of the pool's pages.
+inline owned_paged random_paged(const paged_shape& s) {
+    owned_paged o;
+    std::mt19937_64 rng(s.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::size_t B = s.kv_lens.size(), ps = s.page_size;
+    std::vector<std::size_t> need(B);
+    std::size_t pages = s.spare_pages, columns = 1;
+    for (std::size_t b = 0; b < B; ++b) {
+        need[b] = (s.kv_lens[b] + ps - 1) / ps;
+        pages += need[b];
+        columns = std::max(columns, need[b]);
+    }
+    if (B > 1) pages -= std::min(s.shared, need[1]);  // sequence 1's shared pages are sequence 0's
+    pages = std::max<std::size_t>(pages, 1);
+    columns += s.extra_columns;
+    std::vector<std::int32_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    o.table.assign(B * columns, -1);
+    std::size_t next = 0;
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = 0; i < need[b]; ++i)
+            o.table[b * columns + i] = b == 1 && i < s.shared ? o.table[i] : order[next++];
+    const std::size_t per_page_k = ps * s.kv_heads * s.d_qk, per_page_v = ps * s.kv_heads * s.d_v;
+    o.k_pages.resize(pages * per_page_k);
+    o.v_pages.resize(pages * per_page_v);
+    for (float& x : o.k_pages) x = normal(rng);
+    for (float& x : o.v_pages) x = normal(rng);
+    // The spare pages hold values that would show if a sequence read them.
+    for (std::size_t n = next; n < pages; ++n) {
+        const auto page = static_cast<std::size_t>(order[n]);
+        std::fill_n(o.k_pages.begin() + static_cast<std::ptrdiff_t>(page * per_page_k), per_page_k, 50.0f);
+        std::fill_n(o.v_pages.begin() + static_cast<std::ptrdiff_t>(page * per_page_v), per_page_v, 1000.0f);
+    }
+    for (const std::size_t len : s.kv_lens) o.seqlens.push_back(static_cast<std::int32_t>(len));
+    std::size_t total_q = B * s.q_len;
+    if (!s.q_lens.empty()) {
+        o.cu_q = {0};
+        for (const std::size_t l : s.q_lens) o.cu_q.push_back(o.cu_q.back() + static_cast<std::int32_t>(l));
+        total_q = static_cast<std::size_t>(o.cu_q.back());
+    }
+    o.q.resize(total_q * s.q_heads * s.d_qk);
+    for (float& x : o.q) x = normal(rng);
+    o.problem = {.q_heads = s.q_heads,
+                 .kv_heads = s.kv_heads,
+                 .d_qk = s.d_qk,
+                 .d_v = s.d_v,
+                 .page_size = ps,
+                 .num_pages = pages,
+                 .k_pages = o.k_pages,
+                 .v_pages = o.v_pages,
+                 .max_pages = columns,
+                 .block_table = o.table,
+                 .cache_seqlens = o.seqlens,
+                 .q_len = s.q_len,
+                 .cu_seqlens_q = o.cu_q,
+                 .q = o.q};
+    return o;
+}
+
+/// The output (total_q, Hq, Ev) and lse (Hq, total_q) of a paged batch, in float64.
+struct paged_ref_result {
+    std::vector<double> output, lse;
+};
+
+/// Straight from the definitions: key j of sequence b is row j % page_size of page
+/// block_table[b][j / page_size]; each query row attends its sequence's visible keys.
+inline paged_ref_result paged_reference(const qkv::paged_problem& p) {
+    const std::size_t Hq = p.q_heads, Hkv = p.kv_heads, E = p.d_qk, Ev = p.d_v, B = p.cache_seqlens.size();
+    const std::size_t ps = p.page_size;
+    std::vector<std::size_t> q_first(B + 1, 0);
+    for (std::size_t b = 0; b <= B; ++b)
+        q_first[b] = p.cu_seqlens_q.empty() ? b * p.q_len : static_cast<std::size_t>(p.cu_seqlens_q[b]);
+    const std::size_t total_q = q_first[B];
+    const double scale = p.options.scale ? *p.options.scale : 1.0 / std::sqrt(static_cast<double>(E));
+    std::vector<double> slope(Hq, 0.0);
+    if (!p.alibi_slopes.empty()) {
+        for (std::size_t h = 0; h < Hq; ++h) slope[h] = static_cast<double>(p.alibi_slopes[h]);
+    } else if (p.options.alibi_max_bias > 0) {
+        const double n = std::exp2(std::floor(std::log2(static_cast<double>(Hq))));
+        const double bias = p.options.alibi_max_bias;
+        for (std::size_t h = 0; h < Hq; ++h)
+            slope[h] = static_cast<double>(h) < n
+                           ? std::pow(std::exp2(-bias / n), static_cast<double>(h + 1))
+                           : std::pow(std::exp2(-bias / (2 * n)), 2 * (static_cast<double>(h) - n) + 1);
+    }
+    const auto k_at = [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
+        const auto page = static_cast<std::size_t>(p.block_table[b * p.max_pages + static_cast<std::size_t>(j) / ps]);
+        return static_cast<double>(p.k_pages[((page * ps + static_cast<std::size_t>(j) % ps) * Hkv + g) * E + e]);
+    };
+    const auto v_at = [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
+        const auto page = static_cast<std::size_t>(p.block_table[b * p.max_pages + static_cast<std::size_t>(j) / ps]);
+        return static_cast<double>(p.v_pages[((page * ps + static_cast<std::size_t>(j) % ps) * Hkv + g) * Ev + e]);
+    };
+    paged_ref_result r;
+    r.output.assign(total_q * Hq * Ev, 0.0);
+    if (p.options.return_lse) r.lse.assign(Hq * total_q, -std::numeric_limits<double>::infinity());
+    for (std::size_t b = 0; b < B; ++b) {
+        const auto L = static_cast<std::int64_t>(q_first[b + 1] - q_first[b]);
+        const std::int64_t S = p.cache_seqlens[b];
+        const std::int64_t off = p.options.alignment == qkv::causal_alignment::bottom_right ? S - L : 0;
+        for (std::size_t h = 0; h < Hq; ++h) {
+            const std::size_t g = h / (Hq / Hkv);
+            for (std::int64_t i = 0; i < L; ++i) {
+                const std::size_t row = q_first[b] + static_cast<std::size_t>(i);
+                const std::int64_t pos = i + off;
+                std::vector<double> s;
+                std::vector<std::int64_t> keys;
+                for (std::int64_t j = 0; j < S; ++j) {
+                    if (p.options.causal && j > pos) continue;
+                    if (p.options.window_left >= 0 && j < pos - p.options.window_left) continue;
+                    if (p.options.window_right >= 0 && j > pos + p.options.window_right) continue;
+                    double dot = 0;
+                    for (std::size_t e = 0; e < E; ++e)
+                        dot += static_cast<double>(p.q[(row * Hq + h) * E + e]) * k_at(b, j, g, e);
+                    double score = scale * dot;
+                    if (p.options.softcap > 0) score = p.options.softcap * std::tanh(score / p.options.softcap);
+                    score -= slope[h] * static_cast<double>(std::abs(pos - j));
+                    s.push_back(score);
+                    keys.push_back(j);
+                }
+                if (s.empty()) continue;  // zeros, lse -inf
+                const double m = *std::max_element(s.begin(), s.end());
+                double sum = 0;
+                for (const double x : s) sum += std::exp(x - m);
+                double top = m, denominator = sum;
+                if (!p.sinks.empty()) {
+                    top = std::max(m, static_cast<double>(p.sinks[h]));
+                    denominator = sum * std::exp(m - top) + std::exp(static_cast<double>(p.sinks[h]) - top);
+                }
+                double* out = &r.output[(row * Hq + h) * Ev];
+                for (std::size_t n = 0; n < s.size(); ++n) {
+                    const double w = std::exp(s[n] - top) / denominator;
+                    for (std::size_t e = 0; e < Ev; ++e) out[e] += w * v_at(b, keys[n], g, e);
+                }
+                if (p.options.return_lse) r.lse[h * total_q + row] = m + std::log(sum);
+            }
+        }
+    }
+    return r;
+}
+
+}  // namespace qkv_test
