@@ -177,9 +177,9 @@ void write_json(output_set& files, const std::string& path, const json& j) {
 
 // ---- What each mode honours: one table; every other flag given is refused (exit 2, named) -----
 /// The modes of `qkv bench`, chosen by the flags: --context-parallel, --backward, --varlen (a ragged
-/// batch three ways), --decode --layers, --decode (a kv_cache), --kv-seq or --kv-heads (sdpa with
-/// q, k, v from the host), else attention().
-enum class mode { attention, sdpa_host, decode, layers, backward, varlen, context_parallel };
+/// batch three ways), --serve (a decode step of many sequences three ways), --decode --layers, --decode (a kv_cache),
+/// --kv-seq or --kv-heads (sdpa with q, k, v from the host), else attention().
+enum class mode { attention, sdpa_host, decode, layers, backward, varlen, serve, context_parallel };
 
 /// The flags every mode takes.
 constexpr std::string_view common_flags[] = {"--repeat", "--warmup", "--device", "--json", "--seed", "--no-ceiling"};
@@ -206,6 +206,7 @@ constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--kv-seq"
 constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
+constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--serve"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -239,6 +240,9 @@ constexpr mode_row mode_table[] = {
     {mode::varlen, "qkv bench --varlen", false, varlen_options, varlen_flags,
      "times a ragged batch of causal self-attention sequences (S_b = L_b, lengths drawn up to --seq) three ways, "
      "taking --precision of the options"},
+    {mode::serve, "qkv bench --serve", false, varlen_options, serve_flags,
+     "times one decode step of sequences with cached lengths drawn up to --seq three ways, taking --precision of "
+     "the options"},
     {mode::context_parallel,
      "qkv bench --context-parallel",
      true,
@@ -251,6 +255,7 @@ mode mode_of(const bench_options& o, bool context_parallel) {
     if (context_parallel) return mode::context_parallel;
     if (o.backward) return mode::backward;
     if (o.varlen) return mode::varlen;
+    if (o.serve) return mode::serve;
     if (o.layers) return mode::layers;
     if (o.decode) return mode::decode;
     if (!o.kv_seq_text.empty() || !o.kv_heads_text.empty()) return mode::sdpa_host;
@@ -428,31 +433,36 @@ void run_backward_bench(bench_options& o, qkv::vulkan::context& ctx) {
     }
 }
 
-/// `--varlen B`: a ragged batch as one call, as B calls and padded to the longest.
+/// `--varlen B`: a ragged batch as one call, as B calls and padded to the longest; `--serve B`: a
+/// decode step of B sequences as one paged call, as B calls and padded to the longest.
 void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     const qkv::vulkan::device_info& info = ctx.device();
+    const bool serve = o.serve != 0;
+    const std::string flag = serve ? "--serve" : "--varlen";
     varlen_config vc;
-    vc.batch = o.varlen;
-    const auto one = [](const std::vector<std::size_t>& v, const char* flag, std::size_t fallback) {
-        if (v.size() > 1) throw usage_error(std::string(flag) + " takes one value with --varlen");
+    vc.batch = serve ? o.serve : o.varlen;
+    const auto one = [&](const std::vector<std::size_t>& v, const char* name, std::size_t fallback) {
+        if (v.size() > 1) throw usage_error(std::string(name) + " takes one value with " + flag);
         return v.empty() ? fallback : v[0];
     };
-    vc.q_heads = one(o.heads, "--heads", 8);
-    vc.kv_heads = one(o.kv_heads, "--kv-heads", vc.q_heads);
-    vc.max_len = one(o.seq, "--seq", 512);
-    vc.dim = one(o.dim, "--dim", 64);
+    vc.q_heads = one(o.heads, "--heads", serve ? 32 : 8);
+    vc.kv_heads = one(o.kv_heads, "--kv-heads", serve ? 8 : vc.q_heads);
+    vc.max_len = one(o.seq, "--seq", serve ? 2048 : 512);
+    vc.dim = one(o.dim, "--dim", serve ? 128 : 64);
     if (vc.q_heads % vc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(vc.kv_heads) + " must divide --heads " +
                           std::to_string(vc.q_heads));
-    if (vc.max_len < 16) throw usage_error("--seq " + std::to_string(vc.max_len) + ": --varlen draws lengths from 16");
+    if (vc.max_len < 16)
+        throw usage_error("--seq " + std::to_string(vc.max_len) + ": " + flag + " draws lengths from 16");
     const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, {});
-    if (rows.size() > 1) throw usage_error("--precision takes one value with --varlen");
+    if (rows.size() > 1) throw usage_error("--precision takes one value with " + flag);
     vc.precision = rows.front().precision;
-    config padded;  // the padded form is the largest: refused before anything is built if no buffer holds it
-    padded.batch = vc.batch, padded.heads = vc.q_heads, padded.kv_heads = vc.kv_heads, padded.seq = vc.max_len;
-    padded.kv_seq = vc.max_len, padded.dim = vc.dim, padded.decode = true, padded.host_kv = true;
-    padded.options.precision = vc.precision;
-    check_fits_device(padded, info);
+    config largest;  // the largest form's K/V: refused before anything is built if no buffer holds it
+    largest.batch = serve ? 1 : vc.batch, largest.heads = vc.q_heads, largest.kv_heads = vc.kv_heads;
+    largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len, largest.dim = vc.dim, largest.decode = true;
+    largest.host_kv = true;
+    largest.options.precision = vc.precision;
+    check_fits_device(largest, info);
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;
     if (o.warmup < 0) o.warmup = 1;
@@ -462,12 +472,13 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
               << "Device: " << info.name << " — " << qkv::vulkan::to_string(info.type) << ", driver " << info.driver
               << "\nTiming: " << o.warmup << " warm-up + " << o.repeat
               << " timed rounds, host clock around each form (q, k, v up and the output down included)\n\n";
-    const json varlen = run_varlen(ctx, vc, o.warmup, o.repeat, o.seed, std::cout);
+    const json result = serve ? run_serve(ctx, vc, o.warmup, o.repeat, o.seed, std::cout)
+                              : run_varlen(ctx, vc, o.warmup, o.repeat, o.seed, std::cout);
     if (!o.json_file.empty()) {
         json j;
         j["qkv_version"] = qkv::version_string;
         j["device"] = device_json(info);
-        j["varlen"] = varlen;
+        j[serve ? "serve" : "varlen"] = result;
         write_json(json_out, o.json_file, j);
     }
 }
@@ -479,7 +490,7 @@ void run(bench_options o) {
     qkv::vulkan::context ctx = open_context(o.device, false);
     if (o.layers) return run_layers_bench(o, ctx);
     if (o.backward) return run_backward_bench(o, ctx);
-    if (o.varlen) return run_varlen_bench(o, ctx);
+    if (o.varlen || o.serve) return run_varlen_bench(o, ctx);
     const qkv::vulkan::device_info& info = ctx.device();
     fill_defaults(o, info);
     const std::vector<config> configs = sweep(o, info);
@@ -631,6 +642,12 @@ void add_bench(CLI::App& app) {
                     "Time a ragged batch of B causal sequences, lengths log-uniform in [16, --seq] (default 512; "
                     "--heads 8, --dim 64 by default): one ragged call, B separate calls, and padding to the longest, "
                     "in tokens/s")
+        ->check(CLI::Range(1, 4096))
+        ->type_name("B");
+    cmd->add_option("--serve", o->serve,
+                    "Time one decode step of B sequences (one new token each), cached lengths log-uniform in [16, "
+                    "--seq] (default 2048; --heads 32, --kv-heads 8, --dim 128 by default): one batched paged call, "
+                    "B separate calls against kv_caches, and a cache padded to the longest, in tokens/s")
         ->check(CLI::Range(1, 4096))
         ->type_name("B");
     cmd->add_option("--kv-seq", o->kv_seq_text,

@@ -37,6 +37,7 @@ struct options {
     bool backward = false;           // time context::sdpa_backward beside context::sdpa
     std::size_t layers = 0;  // with decode: one token of this many layers, host calls against one recorded sequence
     std::size_t varlen = 0;  // a ragged batch of this many sequences: one ragged call, separate calls, padding
+    std::size_t serve = 0;   // a decode step of this many sequences: one paged call, separate calls, padding
     int repeat = 0;          // 0: chosen for the device
     int warmup = -1;         // -1: chosen for the device
     std::string device, json_file;
@@ -144,7 +145,8 @@ struct backward_config {
 json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmup, int repeat, std::uint64_t seed,
                   std::ostream& os);
 // bench_varlen.cpp
-/// `--varlen B`: a ragged batch of B causal sequences (L_b = S_b), lengths log-uniform in [16, max_len].
+/// `--varlen B`: a ragged batch of B causal sequences (L_b = S_b), lengths log-uniform in [16, max_len];
+/// `--serve B` (bench_serve.cpp): B sequences decoding one token each against as many cached keys.
 struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
     qkv::precision precision = qkv::precision::fp32;
@@ -154,6 +156,12 @@ struct varlen_config {
 /// JSON ({"ragged_ms", "separate_ms", "padded_ms", ...}).
 json run_varlen(qkv::vulkan::context& ctx, const varlen_config& c, int warmup, int repeat, std::uint64_t seed,
                 std::ostream& os);
+// bench_serve.cpp
+/// Times one batched paged call (context::sdpa over a paged_problem), B separate calls against
+/// per-sequence kv_caches and one call against a cache padded to the longest, in turn on the same
+/// data; prints them with tokens/s and returns them as JSON ({"paged_ms", "separate_ms", ...}).
+json run_serve(qkv::vulkan::context& ctx, const varlen_config& c, int warmup, int repeat, std::uint64_t seed,
+               std::ostream& os);
 
 // bench_table.cpp
 void print_header(std::ostream& os, const options& o, const qkv::vulkan::device_info& info, const std::string& date);

@@ -1,0 +1,224 @@
+// `qkv bench --serve B`: one continuous-batching decode step. B sequences, lengths drawn
+// log-uniform in [16, --seq] from the seed, each with one new query (L = 1, causal bottom-right)
+// against its cached keys, timed three ways on the same device and data:
+//   - one batched paged call: context::sdpa over a paged_problem (pages of 16 rows in shuffled
+//     order in one pool, a block table per sequence);
+//   - B separate calls: context::sdpa against B per-sequence kv_caches (filled before the timing);
+//   - one call padded to the longest: a kv_cache of B rows of max S_b keys, the padded keys masked
+//     (skipped, and said so, where its K and V would pass 4 GiB).
+// Tokens per second are the batch's B new tokens over the median time; each form's process CPU
+// time (std::clock: the host thread and lavapipe's workers alike) is printed beside its wall time.
+// "Work" is the sum over the sequences of S_b: the padded form does B·max S_b.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "bench.hpp"
+#include "qkv/runtime/kv_layout.hpp"
+#include "qkv/runtime/paged.hpp"
+#include "qkv/vulkan/kv_cache.hpp"
+
+namespace qkv::cli::bench {
+
+json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, int repeat, std::uint64_t seed,
+               std::ostream& os) {
+    const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim, page = 16;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> log_len(std::log(16.0), std::log(static_cast<double>(vc.max_len)));
+    std::vector<std::size_t> len(B);
+    for (std::size_t& l : len)
+        l = std::clamp<std::size_t>(static_cast<std::size_t>(std::exp(log_len(rng))), 16, vc.max_len);
+    const std::size_t keys = std::accumulate(len.begin(), len.end(), std::size_t{0});
+    const std::size_t longest = *std::max_element(len.begin(), len.end());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const auto values = [&](std::size_t n) {
+        std::vector<float> v(n);
+        for (float& x : v) x = normal(rng);
+        return v;
+    };
+    // The pool: sequence b's pages drawn from a shuffled list; its keys row j % 16 of its page j / 16.
+    std::vector<std::size_t> first_page(B + 1, 0);
+    for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] + page - 1) / page;
+    const std::size_t pages = first_page[B], columns = (longest + page - 1) / page;
+    std::vector<std::int32_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int32_t> table(B * columns, 0), seqlens;
+    for (std::size_t b = 0; b < B; ++b) {
+        for (std::size_t i = first_page[b]; i < first_page[b + 1]; ++i)
+            table[b * columns + i - first_page[b]] = order[i];
+        seqlens.push_back(static_cast<std::int32_t>(len[b]));
+    }
+    const std::vector<float> k_pool = values(pages * page * Hkv * d), v_pool = values(pages * page * Hkv * d);
+    const std::vector<float> q = values(B * Hq * d);
+    qkv::sdpa_options options;
+    options.causal = true;
+    options.alignment = qkv::causal_alignment::bottom_right;
+    options.precision = vc.precision;
+    const qkv::paged_problem paged{.q_heads = Hq,
+                                   .kv_heads = Hkv,
+                                   .d_qk = d,
+                                   .d_v = d,
+                                   .page_size = page,
+                                   .num_pages = pages,
+                                   .k_pages = k_pool,
+                                   .v_pages = v_pool,
+                                   .max_pages = columns,
+                                   .block_table = table,
+                                   .cache_seqlens = seqlens,
+                                   .q_len = 1,
+                                   .q = q,
+                                   .options = options};
+    // Each sequence's rows in (Hkv, S_b, d) order, gathered from the pool once: the separate caches'
+    // and the padded cache's contents.
+    const qkv::basic_gathered_pages<float> gathered = qkv::gather_pages(paged);
+    const qkv::element_type stored =
+        vc.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+    const auto rows_of = [&](const std::vector<float>& packed, std::size_t b) {
+        std::vector<float> out(Hkv * len[b] * d);
+        const auto k0 = static_cast<std::size_t>(gathered.cu_seqlens_k[b]);
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t j = 0; j < len[b]; ++j)
+                std::copy_n(packed.begin() + static_cast<std::ptrdiff_t>(((k0 + j) * Hkv + h) * d), d,
+                            out.begin() + static_cast<std::ptrdiff_t>((h * len[b] + j) * d));
+        return out;
+    };
+    std::vector<qkv::vulkan::kv_cache> caches;
+    std::vector<std::vector<float>> one_q(B);
+    std::vector<qkv::sdpa_problem> one(B);
+    for (std::size_t b = 0; b < B; ++b) {
+        caches.emplace_back(
+            ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = len[b], .d_qk = d, .d_v = d, .type = stored});
+        caches.back().append(rows_of(gathered.k, b), rows_of(gathered.v, b), len[b]);
+        // q (1, Hq, 1, d) from the paged problem's (B, 1, Hq, d)
+        one_q[b].assign(q.begin() + static_cast<std::ptrdiff_t>(b * Hq * d),
+                        q.begin() + static_cast<std::ptrdiff_t>((b + 1) * Hq * d));
+        one[b].shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = d, .d_v = d};
+        one[b].q = one_q[b];
+        one[b].options = options;
+    }
+    // The padded form: (B, Hkv, longest, d), each sequence's rows first, the rest zeros and masked.
+    const double padded_gib = 2.0 * static_cast<double>(B * Hkv * longest * d) *
+                              (stored == qkv::element_type::f16 ? 2.0 : 4.0) / 1073741824.0;
+    const bool pad = padded_gib <= 4.0;
+    std::vector<qkv::vulkan::kv_cache> padded_cache;
+    std::vector<std::uint8_t> mask;
+    std::vector<float> padded_q;
+    qkv::sdpa_problem padded;
+    if (pad) {
+        std::vector<float> pk(B * Hkv * longest * d, 0.0f), pv(pk.size(), 0.0f);
+        mask.assign(B * longest, 0);
+        for (std::size_t b = 0; b < B; ++b) {
+            const std::vector<float> kb = rows_of(gathered.k, b), vb = rows_of(gathered.v, b);
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                std::copy_n(kb.begin() + static_cast<std::ptrdiff_t>(h * len[b] * d), len[b] * d,
+                            pk.begin() + static_cast<std::ptrdiff_t>((b * Hkv + h) * longest * d));
+                std::copy_n(vb.begin() + static_cast<std::ptrdiff_t>(h * len[b] * d), len[b] * d,
+                            pv.begin() + static_cast<std::ptrdiff_t>((b * Hkv + h) * longest * d));
+            }
+            std::fill_n(mask.begin() + static_cast<std::ptrdiff_t>(b * longest), len[b], std::uint8_t{1});
+        }
+        padded_cache.emplace_back(
+            ctx, qkv::kv_layout{.batch = B, .kv_heads = Hkv, .capacity = longest, .d_qk = d, .d_v = d, .type = stored});
+        padded_cache.back().append(pk, pv, longest);
+        padded_q = q;  // (B, 1, Hq, d) is (B, Hq, 1, d)
+        padded.shape = {.batch = B, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = d, .d_v = d};
+        padded.q = padded_q;
+        padded.mask = mask;
+        padded.mask_shape = {B, 1, 1, longest};
+        padded.options = options;
+        padded.options.alignment = qkv::causal_alignment::top_left;  // the query sees every real key via the mask
+        padded.options.causal = false;
+    }
+
+    using clock = std::chrono::steady_clock;
+    const auto ms_since = [](clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(clock::now() - t).count();
+    };
+    const auto cpu_since = [](std::clock_t c) {
+        return 1000.0 * static_cast<double>(std::clock() - c) / static_cast<double>(CLOCKS_PER_SEC);
+    };
+    std::vector<double> paged_ms, separate_ms, padded_ms, paged_cpu, separate_cpu, padded_cpu;
+    double max_diff = 0;
+    for (int i = 0; i < warmup + repeat; ++i) {
+        auto t = clock::now();
+        std::clock_t cpu = std::clock();
+        const qkv::varlen_output r = ctx.sdpa(paged);
+        const double a = ms_since(t), a_cpu = cpu_since(cpu);
+        t = clock::now(), cpu = std::clock();
+        std::vector<qkv::sdpa_output> each;
+        for (std::size_t b = 0; b < B; ++b) each.push_back(ctx.sdpa(one[b], caches[b]));
+        const double s = ms_since(t), s_cpu = cpu_since(cpu);
+        double c = 0, c_cpu = 0;
+        qkv::sdpa_output p;
+        if (pad) {
+            t = clock::now(), cpu = std::clock();
+            p = ctx.sdpa(padded, padded_cache.front());
+            c = ms_since(t), c_cpu = cpu_since(cpu);
+        }
+        if (i >= warmup) {
+            paged_ms.push_back(a), separate_ms.push_back(s), padded_ms.push_back(c);
+            paged_cpu.push_back(a_cpu), separate_cpu.push_back(s_cpu), padded_cpu.push_back(c_cpu);
+        }
+        if (i == 0)  // the forms agree: (B, 1, Hq, d) against each (1, Hq, 1, d) and (B, Hq, 1, d)
+            for (std::size_t b = 0; b < B; ++b)
+                for (std::size_t e = 0; e < Hq * d; ++e) {
+                    max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - each[b].output[e]));
+                    if (pad)
+                        max_diff =
+                            std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - p.output[b * Hq * d + e]));
+                }
+    }
+    const summary rs = summarise(paged_ms), ss = summarise(separate_ms), ps = summarise(padded_ms);
+    const summary rc = summarise(paged_cpu), sc = summarise(separate_cpu), pc = summarise(padded_cpu);
+    const auto tokens = [&](const summary& x) { return static_cast<double>(B) / (x.median / 1000.0); };
+    const std::size_t shortest = *std::min_element(len.begin(), len.end());
+    os << "Serving step: " << B << " sequences decoding one token each, cached lengths log-uniform in [16, "
+       << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
+       << " keys; padded: " << B * longest << "), pages of " << page << ", Hq = " << Hq << ", Hkv = " << Hkv
+       << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32") << ":\n"
+       << "  one batched paged call:          median " << fixed(rs.median, 3) << " ms (min " << fixed(rs.min, 3)
+       << ", max " << fixed(rs.max, 3) << "), " << sig3(tokens(rs)) << " tokens/s; CPU " << fixed(rc.median, 1)
+       << " ms\n"
+       << "  " << B << " separate calls (kv_caches):    median " << fixed(ss.median, 3) << " ms (min "
+       << fixed(ss.min, 3) << ", max " << fixed(ss.max, 3) << "), " << sig3(tokens(ss)) << " tokens/s; CPU "
+       << fixed(sc.median, 1) << " ms\n";
+    if (pad)
+        os << "  one call padded to the longest:  median " << fixed(ps.median, 3) << " ms (min " << fixed(ps.min, 3)
+           << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU " << fixed(pc.median, 1)
+           << " ms\n";
+    else
+        os << "  one call padded to the longest:  skipped (its K and V would take " << fixed(padded_gib, 1)
+           << " GiB)\n";
+    os << "  separate / paged: " << fixed(ss.median / rs.median, 2) << " (CPU time " << fixed(sc.median / rc.median, 2)
+       << ")";
+    if (pad) os << ", padded / paged: " << fixed(ps.median / rs.median, 2);
+    os << "; largest |difference| between the forms " << sig3(max_diff) << "\n";
+    json j{{"batch", B},
+           {"lengths", len},
+           {"keys", keys},
+           {"page_size", page},
+           {"q_heads", Hq},
+           {"kv_heads", Hkv},
+           {"dim", d},
+           {"precision", vc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
+           {"paged_ms", summary_json(rs)},
+           {"separate_ms", summary_json(ss)},
+           {"paged_cpu_ms", summary_json(rc)},
+           {"separate_cpu_ms", summary_json(sc)},
+           {"separate_over_paged", ss.median / rs.median},
+           {"max_abs_diff", max_diff}};
+    if (pad) {
+        j["padded_ms"] = summary_json(ps);
+        j["padded_cpu_ms"] = summary_json(pc);
+        j["padded_over_paged"] = ps.median / rs.median;
+    }
+    return j;
+}
+
+}  // namespace qkv::cli::bench
