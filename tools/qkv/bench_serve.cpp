@@ -5,7 +5,8 @@
 //     order in one pool, a block table per sequence);
 //   - B separate calls: context::sdpa against B per-sequence kv_caches (filled before the timing);
 //   - one call padded to the longest: a kv_cache of B rows of max S_b keys, the padded keys masked
-//     (skipped, and said so, where its K and V would pass 4 GiB).
+//     (skipped, and said so, where its K or V would not fit the device's largest buffer or both
+//     would pass 4 GiB).
 // Tokens per second are the batch's B new tokens over the median time; each form's process CPU
 // time (std::clock: the host thread and lavapipe's workers alike) is printed beside its wall time.
 // "Work" is the sum over the sequences of S_b: the padded form does B·max S_b.
@@ -102,10 +103,11 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         one[b].q = one_q[b];
         one[b].options = options;
     }
-    // The padded form: (B, Hkv, longest, d), each sequence's rows first, the rest zeros and masked.
-    const double padded_gib = 2.0 * static_cast<double>(B * Hkv * longest * d) *
-                              (stored == qkv::element_type::f16 ? 2.0 : 4.0) / 1073741824.0;
-    const bool pad = padded_gib <= 4.0;
+    // The padded form: (B, Hkv, longest, d), each sequence's rows first, the rest zeros and masked;
+    // skipped where one of its K and V would not fit the device's largest buffer, or both pass 4 GiB.
+    const double padded_bytes = static_cast<double>(B * Hkv * longest * d) * (stored == qkv::element_type::f16 ? 2 : 4);
+    const bool pad = padded_bytes <= static_cast<double>(ctx.device().max_storage_buffer_range) &&
+                     2 * padded_bytes <= 4.0 * 1073741824.0;
     std::vector<qkv::vulkan::kv_cache> padded_cache;
     std::vector<std::uint8_t> mask;
     std::vector<float> padded_q;
@@ -193,8 +195,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU " << fixed(pc.median, 1)
            << " ms\n";
     else
-        os << "  one call padded to the longest:  skipped (its K and V would take " << fixed(padded_gib, 1)
-           << " GiB)\n";
+        os << "  one call padded to the longest:  skipped (its K cache would take "
+           << fixed(padded_bytes / 1048576.0, 0) << " MiB; the device's largest buffer holds "
+           << fixed(static_cast<double>(ctx.device().max_storage_buffer_range) / 1048576.0, 0) << " MiB)\n";
     os << "  separate / paged: " << fixed(ss.median / rs.median, 2) << " (CPU time " << fixed(sc.median / rc.median, 2)
        << ")";
     if (pad) os << ", padded / paged: " << fixed(ps.median / rs.median, 2);
