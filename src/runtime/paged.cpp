@@ -12,6 +12,7 @@
 #include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/error.hpp"
+#include "runtime/ragged_checks.hpp"
 #include "runtime/shape_checks.hpp"
 
 namespace qkv {
@@ -79,22 +80,7 @@ void check_paged(const basic_paged_problem<T>& p) {
                      {"q_heads", p.q_heads},
                      {"d_qk", p.d_qk}});
     }
-    // The head counts, the options, the sinks, the slopes and the storage's widths: the checks of an
-    // SDPA problem, on one query and one key (each sequence's problem differs from it by its lengths).
-    std::vector<T> q(p.q_heads * p.d_qk, T{1}), k(p.kv_heads * p.d_qk, T{1}), v(p.kv_heads * p.d_v, T{1});
-    validate(basic_sdpa_problem<T>{.shape = {.batch = 1,
-                                             .q_heads = p.q_heads,
-                                             .kv_heads = p.kv_heads,
-                                             .q_len = 1,
-                                             .kv_len = 1,
-                                             .d_qk = p.d_qk,
-                                             .d_v = p.d_v},
-                                   .q = q,
-                                   .k = k,
-                                   .v = v,
-                                   .options = p.options,
-                                   .sinks = p.sinks,
-                                   .alibi_slopes = p.alibi_slopes});
+    validate_per_sequence_rules<T>(p);
 }
 
 template <class T>

@@ -12,6 +12,7 @@
 #include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/error.hpp"
+#include "runtime/ragged_checks.hpp"
 #include "runtime/shape_checks.hpp"
 
 namespace qkv {
@@ -60,22 +61,7 @@ void check_varlen(const basic_varlen_problem<T>& p) {
     expect_size("k", p.k, {{"total_k = cu_seqlens_k[B]", total_k}, {"kv_heads", p.kv_heads}, {"d_qk", p.d_qk}});
     expect_size("v", p.v, {{"total_k = cu_seqlens_k[B]", total_k}, {"kv_heads", p.kv_heads}, {"d_v", p.d_v}});
     (void)checked_product({{"total_q", total_q}, {"q_heads", p.q_heads}, {"d_v", p.d_v}});
-    // The options, the head counts, the sinks and the storage's widths: the checks of an SDPA
-    // problem, on one query and one key (each sequence's problem differs from it by its lengths only).
-    std::vector<T> q(p.q_heads * p.d_qk, T{1}), k(p.kv_heads * p.d_qk, T{1}), v(p.kv_heads * p.d_v, T{1});
-    validate(basic_sdpa_problem<T>{.shape = {.batch = 1,
-                                             .q_heads = p.q_heads,
-                                             .kv_heads = p.kv_heads,
-                                             .q_len = 1,
-                                             .kv_len = 1,
-                                             .d_qk = p.d_qk,
-                                             .d_v = p.d_v},
-                                   .q = q,
-                                   .k = k,
-                                   .v = v,
-                                   .options = p.options,
-                                   .sinks = p.sinks,
-                                   .alibi_slopes = p.alibi_slopes});
+    validate_per_sequence_rules<T>(p);
 }
 
 /// Rows [first, first + n) of a packed (total, H, D) array, in (H, n, D) order.
