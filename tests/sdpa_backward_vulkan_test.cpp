@@ -264,6 +264,29 @@ TEST_CASE("sdpa_backward on the device: odd shapes against the float64 reference
         }
 }
 
+TEST_CASE("sdpa_backward on the device: the call's timings name each kernel's part", "[backward]") {
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 17, .kv_len = 113, .d_qk = 16, .d_v = 16};
+    owned o = make(s, {}, 7);
+    save_forward(o);
+    (void)gpu().sdpa_backward(o.backward());
+    const qkv::vulkan::call_stats t = gpu().last_call();
+    if (!gpu().device().timestamps) {
+        CHECK(t.backward_dq_ms == 0);
+        CHECK(t.backward_dkdv_ms == 0);
+        return;
+    }
+    CHECK(t.backward_dq_ms > 0);
+    CHECK(t.backward_dkdv_ms > 0);
+    CHECK(t.backward_dq_ms + t.backward_dkdv_ms <= t.attention_ms * (1 + 1e-9));
+    CHECK(t.attention_ms <= t.device_ms * (1 + 1e-9));
+    // Another kind of call reports neither.
+    qkv::sdpa_problem f = o.forward();
+    (void)gpu().sdpa(f);
+    CHECK(gpu().last_call().backward_dq_ms == 0);
+    CHECK(gpu().last_call().backward_dkdv_ms == 0);
+    require_clean(gpu());
+}
+
 TEST_CASE("sdpa_backward on the device: causal, GQA and every rule", "[backward]") {
     const qkv::sdpa_shape s{.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 33, .d_qk = 16, .d_v = 8};
     for (const auto align : {qkv::causal_alignment::top_left, qkv::causal_alignment::bottom_right}) {

@@ -54,6 +54,7 @@ struct context::impl {
             last.projection_ms = run.times.projection_ms;
             last.attention_ms = run.times.attention_ms;
             last.output_projection_ms = run.times.output_projection_ms;
+            last.backward_dq_ms = run.times.backward_dq_ms, last.backward_dkdv_ms = run.times.backward_dkdv_ms;
             last.device_range_check = run.times.device_range_check;
             last.device_bytes = core->alloc->allocated();
             return std::move(run.output);

@@ -97,7 +97,8 @@ void record_folds(recorder& exec, pipeline_set& pipes, const flash_bwd_plan& p, 
 }  // namespace
 
 void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layout& l, const flash_bwd_plan& p,
-                           const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite) {
+                           const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite,
+                           bool mark_kernels) {
     // 1. The flags, the verdict (no flag, no row) and the dS scratch, set by transfers.
     exec.fill(io.texels, 0, p.flags_bytes, 0);
     exec.fill(io.verdict.buffer, io.verdict.offset, 4, 0);
@@ -130,6 +131,7 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         exec.dispatch(prep, {io.d_out, io.out, io.lse, io.params, stats, sink_terms, io.verdict}, &push, groups);
     }
     exec.compute_barrier();
+    if (mark_kernels) exec.mark();  // the packs and the row statistics done
 
     // 4. dq, then dk and dv: one dispatch pair (plain, careful) per chunk.
     static_assert(
@@ -180,6 +182,7 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             }
         }
     }
+    if (mark_kernels) exec.mark();  // dq done
     exec.compute_barrier();
     {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dkdv_shuffle : shader_id::flash_bwd_dkdv;
@@ -207,6 +210,8 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             }
         }
     }
+
+    if (mark_kernels) exec.mark();  // dk and dv done
 
     // 5. The sums over broadcast dimensions: the sinks' gradient, the mask's.
     if (p.sinks.used) {

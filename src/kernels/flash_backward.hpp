@@ -36,7 +36,10 @@ flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, VkBuffe
 /// Records the whole backward pass: the verdict and scratch set, Q, K, V and dO packed into texels,
 /// the row statistics, dq, dk and dv, and the folds. `inputs_finite`: the caller knows every
 /// input finite (a host call's scan), so the careful pipelines are neither built nor dispatched.
+/// `mark_kernels`: three timestamp marks (recorder::mark), before dq, after dq and after dk and dv,
+/// so that a host call can report each kernel's device time.
 void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_bwd_plan& plan,
-                           const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite);
+                           const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite,
+                           bool mark_kernels = false);
 
 }  // namespace qkv::vulkan::detail

@@ -41,7 +41,8 @@ struct run_env {
 struct phase_times {
     double device_ms = 0;  ///< the whole command buffer
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
-    bool device_range_check = false;  ///< the attention's range guard ran on the device
+    double backward_dq_ms = 0, backward_dkdv_ms = 0;  ///< of a backward call's attention_ms
+    bool device_range_check = false;                  ///< the attention's range guard ran on the device
 };
 
 template <class Output>

@@ -2,11 +2,13 @@
 // beside the forward (context::sdpa with its lse) on the same data and device, alternating so both
 // see the same machine load: each one's device time (GPU timestamps, else the host clock around
 // the call) and the ratio backward / forward, FlashAttention-2's figure of merit (about 2.5 on its
-// GPUs).
+// GPUs); with timestamps also the dq kernel's and the dk/dv kernel's medians over the forward's
+// (call_stats::backward_dq_ms, backward_dkdv_ms), where the backward's time goes.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
@@ -21,8 +23,10 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
     os << "Backward beside forward (B = " << bc.batch << ", H = " << bc.heads << ", Hkv = " << bc.kv_heads
        << ", L = S = N, Ev = d), " << (device_clock ? "device time of the kernels" : "host clock around each call")
        << ", median (min-max) ms:\n\n"
-       << "|     N |   d | causal | prec | forward ms          | backward ms         | backward / forward |\n"
-       << "|------:|----:|:------:|:----:|:--------------------|:--------------------|-------------------:|\n";
+       << "|     N |   d | causal | prec | forward ms          | backward ms         | backward / forward "
+          "|   dq / forward | dk/dv / forward |\n"
+       << "|------:|----:|:------:|:----:|:--------------------|:--------------------|-------------------:"
+          "|---------------:|----------------:|\n";
     json rows = json::array();
     for (const std::size_t n : bc.seq)
         for (const std::size_t d : bc.dim)
@@ -50,7 +54,7 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                                     .v = v,
                                     .options = options};
                 p.options.return_lse = true;
-                std::vector<double> forward_ms, backward_ms;
+                std::vector<double> forward_ms, backward_ms, dq_ms, dkdv_ms;
                 for (int i = 0; i < warmup + repeat; ++i) {
                     const qkv::sdpa_output out = ctx.sdpa(p);
                     const double f = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
@@ -61,9 +65,19 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                         for (const std::vector<float>* t : {&g.dq, &g.dk, &g.dv})
                             if (!std::all_of(t->begin(), t->end(), [](float x) { return std::isfinite(x); }))
                                 throw qkv::vulkan::error("a gradient has NaN or Inf: not timing a broken result");
-                    if (i >= warmup) forward_ms.push_back(f), backward_ms.push_back(bw);
+                    if (i >= warmup) {
+                        forward_ms.push_back(f), backward_ms.push_back(bw);
+                        dq_ms.push_back(ctx.last_call().backward_dq_ms);
+                        dkdv_ms.push_back(ctx.last_call().backward_dkdv_ms);
+                    }
                 }
                 const summary f = summarise(forward_ms), b = summarise(backward_ms);
+                const summary dq = summarise(dq_ms), dkdv = summarise(dkdv_ms);
+                const auto part = [&](const summary& s, std::size_t width) {
+                    std::string t = device_clock ? fixed(s.median / f.median, 2) + "x" : "-";
+                    if (t.size() < width) t.insert(0, width - t.size(), ' ');
+                    return t;
+                };
                 const auto cell = [](const summary& s) {
                     std::string t = sig3(s.median) + " (" + sig3(s.min) + "-" + sig3(s.max) + ")";
                     t.resize(std::max<std::size_t>(t.size(), 19), ' ');
@@ -72,15 +86,21 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                 char lead[64];
                 std::snprintf(lead, sizeof lead, "| %5zu | %3zu | %-6s | %-4s | ", n, d, options.causal ? "yes" : "no",
                               name_of(options.precision));
-                os << lead << cell(f) << " | " << cell(b) << " | " << fixed(b.median / f.median, 2) << "x |\n";
+                os << lead << cell(f) << " | " << cell(b) << " | " << fixed(b.median / f.median, 2) << "x | "
+                   << part(dq, 14) << " | " << part(dkdv, 15) << " |\n";
                 os.flush();
-                rows.push_back(json{{"seq", n},
-                                    {"dim", d},
-                                    {"causal", options.causal},
-                                    {"precision", name_of(options.precision)},
-                                    {"forward_ms", summary_json(f)},
-                                    {"backward_ms", summary_json(b)},
-                                    {"backward_over_forward", b.median / f.median}});
+                json row{{"seq", n},
+                         {"dim", d},
+                         {"causal", options.causal},
+                         {"precision", name_of(options.precision)},
+                         {"forward_ms", summary_json(f)},
+                         {"backward_ms", summary_json(b)},
+                         {"backward_over_forward", b.median / f.median}};
+                if (device_clock) {
+                    row["backward_dq_ms"] = summary_json(dq), row["backward_dkdv_ms"] = summary_json(dkdv);
+                    row["dq_over_forward"] = dq.median / f.median, row["dkdv_over_forward"] = dkdv.median / f.median;
+                }
+                rows.push_back(std::move(row));
             }
     return json{{"batch", bc.batch},
                 {"heads", bc.heads},

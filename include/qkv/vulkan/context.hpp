@@ -69,6 +69,10 @@ struct call_stats {
     /// GPU time of each phase (0 without timestamps): the Q|K|V projection; the attention itself
     /// (scores, softmax and aggregation, or the fused kernel); the output projection (0 if none).
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
+    /// context::sdpa_backward: the parts of attention_ms spent in the dq kernel and in the dk/dv
+    /// kernel (the rest packs the inputs, computes the row statistics and folds broadcast
+    /// gradients); 0 for other calls and without timestamps.
+    double backward_dq_ms = 0, backward_dkdv_ms = 0;
     std::uint64_t device_bytes = 0;  ///< device memory held by the context after the call
     /// Whether the range check of the projected Q, K, V ran on the device (README, Guarantees):
     /// false where the host proved from the inputs alone that nothing can overflow.
