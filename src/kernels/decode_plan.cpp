@@ -20,17 +20,6 @@ std::uint32_t next_power_of_two(std::uint32_t v) {
     return p;
 }
 
-// llvmpipe ends every loop of an invocation after 65,535 iterations in all, silently. Each plan
-// keeps its bound (decode_plan::max_loop) at or below this, a quarter of the limit.
-constexpr std::uint32_t loop_budget = 16384;
-// The merge loops twice over a row's chunks.
-constexpr std::uint32_t max_chunks_total = 4096;
-// Workgroups a call aims for (row blocks x chunks x groups): enough for every thread of a CPU
-// device (llvmpipe gives each thread a contiguous range), and for the compute units of a GPU.
-constexpr std::uint32_t target_groups_cpu = 64, target_groups_gpu = 512;
-// No chunk shorter than this (unless the keys run out): below it the partials cost more than the
-// parallelism gains.
-constexpr std::uint32_t min_chunk_cpu = 1024, min_chunk_gpu = 256;
 // The cpu kernel unrolls every texel of rows up to this wide (E, Ev <= 128); wider rows take its
 // wide form. LLVM's time to build the unrolled body grows faster than the body: at E = 1,024 with
 // q8_0 K/V about a minute, at E = 4,096 more than ten (docs/devices.md).
@@ -103,10 +92,11 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         p.rpi = p.coop.rows();
         p.row_blocks = ceil_div(p.rows, p.coop.rows());
         step = p.coop.bc;
-        per_step_loops = static_cast<std::uint32_t>(std::min<std::uint64_t>(coop_loops_per_tile(p.coop), loop_budget));
+        per_step_loops =
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(coop_loops_per_tile(p.coop), decode_loop_budget));
         const bool cpu = info.type == device_type::cpu;
-        target = cpu ? target_groups_cpu : target_groups_gpu;
-        min_chunk = cpu ? min_chunk_cpu : min_chunk_gpu;
+        target = cpu ? decode_target_groups_cpu : decode_target_groups_gpu;
+        min_chunk = cpu ? decode_min_chunk_cpu : decode_min_chunk_gpu;
     } else if (p.family == kernel_family::row_tiles) {
         // One subgroup per workgroup (never assumed: 8 where the device reports none usable).
         p.wg = info.subgroup_size;
@@ -141,7 +131,7 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         p.row_blocks = ceil_div(p.rows, std::uint64_t{p.wg} * p.rpi);
         p.shuffle = cpu_shuffle(info, p.wg, set);
         step = p.kps;
-        target = target_groups_cpu, min_chunk = min_chunk_cpu;
+        target = decode_target_groups_cpu, min_chunk = decode_min_chunk_cpu;
     } else {
         p.wg = std::max<std::uint32_t>(64, power_of_two(info.subgroup_size) ? info.subgroup_size : 1);
         while (p.wg > max_wg) p.wg /= 2;
@@ -160,25 +150,25 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
         const std::uint32_t outs = ceil_div(std::uint64_t{p.rpi} * p.ev4, p.wg);
         per_step_loops = outs * p.wg + p.rpi * p.wg + 32 + 1;
         if (p.e4 > DECODE_GPU_UNROLLED_TEXELS) per_step_loops += p.e4;  // the score loop over E
-        target = target_groups_gpu, min_chunk = min_chunk_gpu;
+        target = decode_target_groups_gpu, min_chunk = decode_min_chunk_gpu;
     }
 
     // The split: P chunks of `chunk` keys over the keys some row may see.
     const std::uint32_t keys = std::max<std::uint32_t>(p.kv_end - p.kv_first, 1);
     const std::uint64_t max_chunk = std::max<std::uint64_t>(
-        step, std::uint64_t{(loop_budget - fixed_loops) / per_step_loops} * step);  // loop limit
+        step, std::uint64_t{(decode_loop_budget - fixed_loops) / per_step_loops} * step);  // loop limit
     const std::uint64_t base = std::uint64_t{p.row_blocks} * p.groups;
     std::uint64_t want = r.max_chunks ? r.max_chunks : std::max<std::uint64_t>(1, (target + base - 1) / base);
     want = std::min<std::uint64_t>(want, r.max_chunks ? want : std::max<std::uint64_t>(1, keys / min_chunk));
-    want = std::min<std::uint64_t>(want, max_chunks_total);  // a cap above what the merge takes is no cap
+    want = std::min<std::uint64_t>(want, decode_max_chunks_total);  // a cap above what the merge takes is no cap
     want = std::max<std::uint64_t>(want, (keys + max_chunk - 1) / max_chunk);
     std::uint64_t chunk = (keys + want - 1) / want;
     chunk = (chunk + step - 1) / step * step;
     p.chunk = static_cast<std::uint32_t>(chunk);
     p.chunks = ceil_div(keys, chunk);
-    if (p.chunks > max_chunks_total)
+    if (p.chunks > decode_max_chunks_total)
         return refuse("the decode kernel would split kv_len = " + std::to_string(p.kv_len) + " into " +
-                      std::to_string(p.chunks) + " chunks; at most " + std::to_string(max_chunks_total));
+                      std::to_string(p.chunks) + " chunks; at most " + std::to_string(decode_max_chunks_total));
     p.max_loop = std::max<std::uint32_t>(fixed_loops + ceil_div(p.chunk, step) * per_step_loops, p.chunks);
     return p;
 }

@@ -15,6 +15,19 @@
 
 namespace qkv::vulkan::detail {
 
+/// The split's limits, shared by the decode plan and the paged plan (paged_plan.hpp).
+// llvmpipe ends every loop of an invocation after 65,535 iterations in all, silently. Each plan
+// keeps its bound (decode_plan::max_loop, paged_plan::max_loop) at or below this, a quarter of the limit.
+inline constexpr std::uint32_t decode_loop_budget = 16384;
+// The merge loops twice over a row's chunks.
+inline constexpr std::uint32_t decode_max_chunks_total = 4096;
+// Workgroups a call aims for (row blocks x chunks x groups): enough for every thread of a CPU
+// device (llvmpipe gives each thread a contiguous range), and for the compute units of a GPU.
+inline constexpr std::uint32_t decode_target_groups_cpu = 64, decode_target_groups_gpu = 512;
+// No chunk shorter than this (unless the keys run out): below it the partials cost more than the
+// parallelism gains.
+inline constexpr std::uint32_t decode_min_chunk_cpu = 1024, decode_min_chunk_gpu = 256;
+
 /// What a decode call asks for.
 struct decode_request {
     sdpa_shape shape{};

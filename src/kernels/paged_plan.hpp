@@ -1,0 +1,77 @@
+// The batched paged decode (qkv/runtime/paged.hpp against a device-resident pool): its plan, a
+// pure function of the sequences' lengths, the shapes and the device description (part of
+// qkv_plan: no Vulkan; tests/paged_plan_test.cpp runs it against fake devices).
+//
+// The work of a batch is a list of items (sequence b, K/V head, chunk of keys, block of rows), one
+// workgroup each, in one dispatch. Every sequence's keys are cut into chunks of one size, chosen
+// for the whole batch FlashInfer-style: the smallest chunk (a multiple of the keys per step, no
+// shorter than the device's least useful chunk) whose item count stays within a target, so that
+// one long sequence among short ones is split across many workgroups and no workgroup holds more
+// than one chunk of keys. Each item writes one partial softmax state per row; the merge combines a
+// row's partials in the fixed order 0..P_b-1, so equal inputs give identical bits.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vk/device_desc.hpp"
+
+namespace qkv::vulkan::detail {
+
+/// What a paged decode call asks for.
+struct paged_request {
+    std::span<const std::uint32_t> kv_lens;   ///< S_b: sequence b's keys (cache_seqlens, with any appended rows)
+    std::span<const std::uint32_t> q_lens;    ///< L_b: sequence b's queries
+    std::span<const std::uint32_t> kv_first;  ///< empty, or the first key some row of b may see (a window)
+    std::uint32_t q_heads = 1, kv_heads = 1, d_qk = 0, d_v = 0;
+    std::uint64_t pool_rows = 0;  ///< num_pages x page_size: rows of the pool (per K/V head)
+    /// 0: the split is chosen for the device; n > 0: at most n chunks per sequence (1 = no split),
+    /// unless the per-invocation loop limit needs more.
+    std::uint32_t max_chunks = 0;
+};
+
+/// One sequence's part of the plan.
+struct paged_sequence {
+    std::uint32_t kv_first = 0, kv_len = 0;  ///< the keys [kv_first, kv_len) the chunks cover
+    std::uint32_t q_first = 0, q_len = 0;    ///< its queries: rows q_first .. q_first + q_len - 1 of q
+    std::uint32_t rows = 0;                  ///< R_b = G x L_b rows per K/V head
+    std::uint32_t chunks = 0;                ///< P_b (0: no keys or no queries; the merge writes zeros)
+    std::uint32_t part_base = 0;             ///< first partial state: (kv head x R_b + row) x P_b + chunk after it
+    std::uint32_t row_blocks = 0;            ///< blocks of wg x rpi rows per K/V head
+};
+
+/// One workgroup's work.
+struct paged_item {
+    std::uint32_t seq = 0, kv_head = 0, chunk = 0, row_block = 0;
+};
+
+struct paged_plan {
+    std::uint32_t wg = 8;   ///< invocations per workgroup (one subgroup)
+    std::uint32_t rpi = 1;  ///< rows per invocation
+    std::uint32_t kps = 8;  ///< keys per step
+    std::uint32_t e4 = 1, ev4 = 1;
+    std::uint32_t chunk = 0;       ///< keys per chunk, every sequence's (a multiple of kps)
+    std::uint32_t max_chunks = 0;  ///< the most chunks of any sequence
+    std::uint32_t max_loop = 0;    ///< an upper bound of the loop iterations of one invocation
+    std::uint64_t partials = 0;    ///< partial states in all
+    std::uint64_t total_q = 0;     ///< query rows in all (sum of L_b)
+    std::vector<paged_sequence> sequences;
+    std::vector<paged_item> items;
+    /// Why the kernel cannot run this request (a limit, named with its value); empty when it can.
+    std::string refusal;
+
+    [[nodiscard]] std::uint64_t stats_bytes() const { return partials * 8; }
+    [[nodiscard]] std::uint64_t acc_bytes() const { return partials * ev4 * 16; }
+    /// Key steps of item i's chunk: the work it does (tests: the balance).
+    [[nodiscard]] std::uint64_t item_keys(const paged_item& item) const;
+};
+
+/// Plans a paged decode call: a pure function. Where the request cannot be run, the plan's refusal
+/// says why.
+paged_plan try_plan_paged(const device_desc& desc, const paged_request& request);
+/// The same, throwing limit_exceeded with the refusal.
+paged_plan plan_paged(const device_desc& desc, const paged_request& request);
+
+}  // namespace qkv::vulkan::detail
