@@ -47,6 +47,7 @@
 // K and V: texels (texelFetch), or with QKV_KV_BLOCKS ggml's q8_0 / q4_0 blocks read from storage
 // buffers and dequantized a texel (4 values) at a time in float32 (kv_blocks.glsl).
 #include "contract/decode.h"
+#include "contract/paged.h"
 #include "contract/score.h"
 #include "values.glsl"
 #define QKV_SCORE_PARAMS_BINDING DECODE_BINDING_PARAMS
@@ -84,11 +85,21 @@ layout(binding = DECODE_BINDING_V) uniform textureBuffer v_tex;
 vec4 k_texel(uint row, uint c) { return texelFetch(k_tex, int(row * E4 + c)); }
 vec4 v_texel(uint row, uint c) { return texelFetch(v_tex, int(row * EV4 + c)); }
 #endif
+#ifdef QKV_PAGED
+// The batched paged decode (contract/paged.h): the block table and the work words where the masks were.
+layout(std430, binding = PAGED_BINDING_TABLE) readonly buffer Table { int block_table[]; };
+layout(std430, binding = PAGED_BINDING_WORK) readonly buffer Work { uint work[]; };
+#else
 layout(std430, binding = DECODE_BINDING_MASK) readonly buffer MaskBits { uint mask_bits[]; };  // bit n of word n / 32
 layout(std430, binding = DECODE_BINDING_ADDITIVE) readonly buffer Additive { float additive[]; };
+#endif
 layout(std430, binding = DECODE_BINDING_STATS) writeonly buffer Stats { vec2 stats[]; };
 layout(std430, binding = DECODE_BINDING_ACC) buffer Acc { vec4 acc_out[]; };  // the wide form reads it too
+#ifdef QKV_PAGED
+layout(push_constant) uniform Push { paged_push pc; };
+#else
 layout(push_constant) uniform Push { decode_push pc; };
+#endif
 layout(std430, binding = DECODE_BINDING_GATE) readonly buffer Gate { uint gate_word[]; };
 
 /// Whether V may hold NaN or Inf: the host's word, or (DECODE_VALUES_GATED) the gate word's, the
@@ -107,33 +118,91 @@ const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)
 
 score_params sp;  // the score rules' values, where FEATURES uses them
 
+// What the score rules and the addressing read of the workgroup's problem: the call's (the push
+// block's), or with QKV_PAGED its item's sequence (the work words): rows per group, query rows,
+// keys, the causal offset, the keys the chunks cover, the partial states' first slot and chunks.
+uint g_rows, g_q_len, g_kv_len, g_kv_first, g_kv_end, g_part, g_chunks;
+int g_offset;
+#ifdef QKV_PAGED
+uint g_q_first, g_table;
+#endif
+
+/// The workgroup's row block, chunk and group z = batch·Hkv + kv head (paged: the K/V head), and
+/// the globals above.
+void locate(out uint block, out uint chunk, out uint z) {
+#ifdef QKV_PAGED
+    const uint at = pc.item_base + (gl_WorkGroupID.x + pc.group_x) * PAGED_ITEM_WORDS;
+    const uint seq = work[at] * PAGED_SEQ_WORDS;
+    z = work[at + 1u], chunk = work[at + 2u], block = work[at + 3u];
+    g_kv_first = work[seq + PAGED_SEQ_KV_FIRST];
+    g_kv_len = g_kv_end = work[seq + PAGED_SEQ_KV_LEN];
+    g_q_first = work[seq + PAGED_SEQ_Q_FIRST];
+    g_q_len = work[seq + PAGED_SEQ_Q_LEN];
+    g_rows = pc.q_heads / pc.kv_heads * g_q_len;
+    g_chunks = work[seq + PAGED_SEQ_CHUNKS];
+    g_part = work[seq + PAGED_SEQ_PART_BASE];
+    g_offset = int(work[seq + PAGED_SEQ_OFFSET]);
+    g_table = work[seq + PAGED_SEQ_TABLE] * pc.max_pages;
+#else
+    const uint wx = gl_WorkGroupID.x + pc.group_x;
+    block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
+    z = gl_WorkGroupID.z + pc.group_z;
+    g_rows = pc.rows, g_q_len = pc.q_len, g_kv_len = pc.kv_len, g_offset = pc.causal_offset;
+    g_kv_first = pc.kv_first, g_kv_end = pc.kv_end, g_part = 0u, g_chunks = pc.chunks;
+#endif
+}
+
+/// K/V row of key j of group z whose first row is kbase: kbase + j, or through the block table.
+uint key_row(uint kbase, uint j) {
+#ifdef QKV_PAGED
+    const uint page = uint(block_table[g_table + (j >> pc.page_shift)]);
+    return kbase + (page << pc.page_shift) + (j & ((1u << pc.page_shift) - 1u));
+#else
+    return kbase + j;
+#endif
+}
+
+/// The first Q texel of row r of group z.
+uint q_row(uint z, uint r) {
+#ifdef QKV_PAGED
+    return ((g_q_first + r % g_q_len) * pc.q_heads + z * (g_rows / g_q_len) + r / g_q_len) * E4;
+#else
+    return (z * g_rows + r) * E4;
+#endif
+}
+
+/// The partial state's slot of row r of group z for a chunk.
+uint partial_at(uint z, uint r, uint chunk) { return g_part + (z * g_rows + r) * g_chunks + chunk; }
+
 /// The ALiBi slope of row r's query head (0 without ALiBi).
 float row_slope(uint r, uint kv_head) {
     if ((FEATURES & SCORE_ALIBI) == 0u) return 0.0;
-    const uint rr = min(r, pc.rows - 1u);
-    return head_values[kv_head * (pc.rows / pc.q_len) + rr / pc.q_len].x;
+    const uint rr = min(r, g_rows - 1u);
+    return head_values[kv_head * (g_rows / g_q_len) + rr / g_q_len].x;
 }
 
 /// The score of (row r, key j) after the score rules (score_rules.glsl): -inf where not allowed.
 float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head, float slope) {
-    const uint rr = min(r, pc.rows - 1u);
-    const uint i = rr % pc.q_len;
-    const uint h = kv_head * (pc.rows / pc.q_len) + rr / pc.q_len;
-    const uint kk = min(key, pc.kv_len - 1u);
-    const uint mi = batch * pc.mask_b + h * pc.mask_h + i * pc.mask_i + kk * pc.mask_j;
+    const uint rr = min(r, g_rows - 1u);
+    const uint i = rr % g_q_len;
+    const uint h = kv_head * (g_rows / g_q_len) + rr / g_q_len;
+    const uint kk = min(key, g_kv_len - 1u);
     bool bit = true;
     float add = 0.0;
+#ifndef QKV_PAGED  // the paged decode takes no masks
+    const uint mi = batch * pc.mask_b + h * pc.mask_h + i * pc.mask_i + kk * pc.mask_j;
     if (HAS_MASK) bit = ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
     if (HAS_ADD) add = additive[mi];
-    const int p = int(i) + pc.causal_offset;
-    const float v = rule_score(s, int(key) - p, nearest_key_distance(p, pc.kv_len), FEATURES, MASKS, sp, slope, bit, add);
-    return r < pc.rows && key < kv_end ? v : score_neg_inf();
+#endif
+    const int p = int(i) + g_offset;
+    const float v = rule_score(s, int(key) - p, nearest_key_distance(p, g_kv_len), FEATURES, MASKS, sp, slope, bit, add);
+    return r < g_rows && key < kv_end ? v : score_neg_inf();
 }
 
 /// Keys [begin, end) of this workgroup's chunk, within the keys some row may see.
 uvec2 key_range(uint chunk) {
-    const uint begin = min(pc.kv_end, pc.kv_first + chunk * pc.chunk);
-    return uvec2(begin, min(pc.kv_end, begin + pc.chunk));
+    const uint begin = min(g_kv_end, g_kv_first + chunk * pc.chunk);
+    return uvec2(begin, min(g_kv_end, begin + pc.chunk));
 }
 
 #ifndef QKV_DECODE_GPU
@@ -141,13 +210,16 @@ uvec2 key_range(uint chunk) {
 void decode(const bool careful) {
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint BLOCK = WG * RPI;
-    const uint wx = gl_WorkGroupID.x + pc.group_x;
-    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
-    const uint z = gl_WorkGroupID.z + pc.group_z;
+    uint block, chunk, z;
+    locate(block, chunk, z);
     const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
     const uint lane = gl_LocalInvocationID.x;
     const uint row0 = block * BLOCK;
+#ifdef QKV_PAGED
+    const uint kbase = z * pc.pool_rows;
+#else
     const uint kbase = z * pc.kv_stride;
+#endif
     sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
@@ -155,8 +227,8 @@ void decode(const bool careful) {
 
     vec4 q[RPI * E4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
-        const uint r = min(row0 + i * WG + lane, pc.rows - 1u);
-        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] = texelFetch(q_tex, int((z * pc.rows + r) * E4 + c)) * pc.scale;
+        const uint r = min(row0 + i * WG + lane, g_rows - 1u);
+        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] = texelFetch(q_tex, int(q_row(z, r) + c)) * pc.scale;
     }
     float m[RPI], l[RPI];
     vec4 acc[RPI * EV4];
@@ -173,10 +245,10 @@ void decode(const bool careful) {
         const uint ROUNDS = (KPS + WG - 1u) / WG;
         uint mine[ROUNDS];  // lane i fetches key j0 + r·WG + i of the step (clamped)
         [[unroll]] for (uint r = 0; r < ROUNDS; ++r)
-            mine[r] = kbase + min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last);
+            mine[r] = key_row(kbase, min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last));
 #else
         uint at[KPS];
-        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = kbase + min(j0 + j, last);
+        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = key_row(kbase, min(j0 + j, last));
 #endif
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
@@ -244,8 +316,8 @@ void decode(const bool careful) {
 
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         const uint r = row0 + i * WG + lane;
-        if (r >= pc.rows) continue;
-        const uint at = (z * pc.rows + r) * pc.chunks + chunk;
+        if (r >= g_rows) continue;
+        const uint at = partial_at(z, r, chunk);
         stats[at] = vec2(m[i], l[i]);
         [[unroll]] for (uint c = 0; c < EV4; ++c) acc_out[at * EV4 + c] = acc[i * EV4 + c];
     }
@@ -258,13 +330,16 @@ void decode(const bool careful) {
 void decode_wide(const bool careful) {
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint BLOCK = WG * RPI;
-    const uint wx = gl_WorkGroupID.x + pc.group_x;
-    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
-    const uint z = gl_WorkGroupID.z + pc.group_z;
+    uint block, chunk, z;
+    locate(block, chunk, z);
     const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
     const uint lane = gl_LocalInvocationID.x;
     const uint row0 = block * BLOCK;
+#ifdef QKV_PAGED
+    const uint kbase = z * pc.pool_rows;
+#else
     const uint kbase = z * pc.kv_stride;
+#endif
     sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
@@ -272,10 +347,10 @@ void decode_wide(const bool careful) {
     bool owns[RPI];               // a row of the group (lanes past the last row compute its copy)
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         slope[i] = row_slope(row0 + i * WG + lane, kv_head);
-        owns[i] = row0 + i * WG + lane < pc.rows;
-        const uint r = min(row0 + i * WG + lane, pc.rows - 1u);
-        q_at[i] = (z * pc.rows + r) * E4;
-        acc_at[i] = ((z * pc.rows + r) * pc.chunks + chunk) * EV4;
+        owns[i] = row0 + i * WG + lane < g_rows;
+        const uint r = min(row0 + i * WG + lane, g_rows - 1u);
+        q_at[i] = q_row(z, r);
+        acc_at[i] = partial_at(z, r, chunk) * EV4;
     }
     float m[RPI], l[RPI];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -294,10 +369,10 @@ void decode_wide(const bool careful) {
         const uint ROUNDS = (KPS + WG - 1u) / WG;
         uint mine[ROUNDS];  // lane i fetches key j0 + r·WG + i of the step (clamped)
         [[unroll]] for (uint r = 0; r < ROUNDS; ++r)
-            mine[r] = kbase + min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last);
+            mine[r] = key_row(kbase, min(j0 + min(r * WG + gl_SubgroupInvocationID, KPS - 1u), last));
 #else
         uint at[KPS];
-        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = kbase + min(j0 + j, last);
+        [[unroll]] for (uint j = 0; j < KPS; ++j) at[j] = key_row(kbase, min(j0 + j, last));
 #endif
         float s[RPI * KPS];
         [[unroll]] for (uint k = 0; k < RPI * KPS; ++k) s[k] = 0.0;
@@ -391,7 +466,7 @@ void decode_wide(const bool careful) {
     }
 
     [[unroll]] for (uint i = 0; i < RPI; ++i)
-        if (owns[i]) stats[(z * pc.rows + row0 + i * WG + lane) * pc.chunks + chunk] = vec2(m[i], l[i]);
+        if (owns[i]) stats[partial_at(z, row0 + i * WG + lane, chunk)] = vec2(m[i], l[i]);
 }
 
 #else  // QKV_DECODE_GPU
@@ -404,9 +479,8 @@ shared float red_sh[RPI * WG];
 
 void decode(const bool careful) {
     const float neg_inf = uintBitsToFloat(0xff800000u);
-    const uint wx = gl_WorkGroupID.x + pc.group_x;
-    const uint block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
-    const uint z = gl_WorkGroupID.z + pc.group_z;
+    uint block, chunk, z;
+    locate(block, chunk, z);
     const uint batch = z / pc.kv_heads, kv_head = z % pc.kv_heads;
     const uint t = gl_LocalInvocationID.x;
     const uint row0 = block * RPI;
@@ -536,6 +610,9 @@ void decode(const bool careful) {
 // Each call of decode() is inlined with its constant argument: two specialised bodies where the
 // pipeline is gated, one otherwise.
 void main() {
+#ifdef QKV_PAGED
+    if (gl_WorkGroupID.x + pc.group_x >= pc.items) return;  // uniform: the whole workgroup
+#endif
 #ifndef QKV_DECODE_GPU
     if (TB != 0u) {  // a constant: one form is built
         if (careful_values())

@@ -12,6 +12,7 @@
 // One invocation per output element; the output row of group z's row r is z·R + r, which is
 // exactly (batch, query head, query row) of a (B, Hq, L, Ev) tensor.
 #include "contract/decode.h"
+#include "contract/paged.h"
 #include "contract/score.h"
 #define QKV_SCORE_PARAMS_BINDING MERGE_BINDING_PARAMS
 #include "score_rules.glsl"
@@ -21,19 +22,42 @@ layout(std430, binding = MERGE_BINDING_STATS) readonly buffer Stats { vec2 stats
 layout(std430, binding = MERGE_BINDING_ACC) readonly buffer Acc { float acc[]; };
 layout(std430, binding = MERGE_BINDING_OUT) writeonly buffer Out { float o_out[]; };
 layout(std430, binding = MERGE_BINDING_LSE) writeonly buffer Lse { float lse_out[]; };
+#ifdef QKV_PAGED
+// The batched paged decode's merge (contract/paged.h): output element (query row t, head h, c) of a
+// (total_q, Hq, Ev) tensor, its partials found through t's sequence; lse is (Hq, total_q).
+layout(std430, binding = PAGED_MERGE_BINDING_WORK) readonly buffer Work { uint work[]; };
+layout(push_constant) uniform Push { paged_merge_push pc; };
+#else
 layout(push_constant) uniform Push { decode_merge_push pc; };
+#endif
 
 void main() {
     const float neg_inf = uintBitsToFloat(0xff800000u);
     const uint id = (gl_WorkGroupID.x + pc.group_x) * MERGE_WORKGROUP + gl_LocalInvocationID.x;
+#ifdef QKV_PAGED
+    if (id >= pc.total_q * pc.q_heads * pc.dv) return;
+    const uint c = id % pc.dv, t = id / pc.dv / pc.q_heads, head = id / pc.dv % pc.q_heads;
+    const uint seq = work[pc.token_base + t] * PAGED_SEQ_WORDS;
+    const uint q_len = work[seq + PAGED_SEQ_Q_LEN], chunks = work[seq + PAGED_SEQ_CHUNKS];
+    const uint kv_len = work[seq + PAGED_SEQ_KV_LEN];
+    const int causal_offset = int(work[seq + PAGED_SEQ_OFFSET]);
+    const uint i = t - work[seq + PAGED_SEQ_Q_FIRST], group = pc.q_heads / pc.kv_heads;
+    const uint kv_head = head / group, r = (head % group) * q_len + i;
+    const uint base = work[seq + PAGED_SEQ_PART_BASE] + (kv_head * group * q_len + r) * chunks;
+    const uint out_at = id, lse_at = head * pc.total_q + t;
+#else
     if (id >= pc.groups * pc.rows * pc.dv) return;
     const uint row = id / pc.dv, c = id % pc.dv;
-    const uint base = row * pc.chunks;
+    const uint base = row * pc.chunks, chunks = pc.chunks, q_len = pc.q_len, kv_len = pc.kv_len;
+    const uint head = (row / pc.q_len) % pc.q_heads, i = row % pc.q_len;
+    const int causal_offset = pc.causal_offset;
+    const uint out_at = row * pc.dv + c, lse_at = row;
+#endif
     float big = neg_inf;
-    for (uint p = 0; p < pc.chunks; ++p) big = max(big, stats[base + p].x);
+    for (uint p = 0; p < chunks; ++p) big = max(big, stats[base + p].x);
     const float m_use = big == neg_inf ? 0.0 : big;
     float l = 0.0, a = 0.0;
-    for (uint p = 0; p < pc.chunks; ++p) {
+    for (uint p = 0; p < chunks; ++p) {
         const vec2 st = stats[base + p];
         if (st.y == 0.0 && st.x == neg_inf) continue;  // an empty chunk adds nothing
         const float w = exp(st.x - m_use);
@@ -42,16 +66,15 @@ void main() {
     }
     const score_params sp = score_in;
     const uint features = sp.features;
-    const uint head = (row / pc.q_len) % pc.q_heads;
     // ALiBi's part left out of the row's scores (score_rules.glsl): off its lse, onto its sink
     const float slope = (features & SCORE_ALIBI) != 0u ? head_values[head].x : 0.0;
-    const float drop = alibi_drop(int(row % pc.q_len) + pc.causal_offset, pc.kv_len, features, sp, slope);
+    const float drop = alibi_drop(int(i) + causal_offset, kv_len, features, sp, slope);
     const float sink = (features & SCORE_SINKS) != 0u ? head_values[head].y + drop : neg_inf;
     if (isnan(l))
-        o_out[row * pc.dv + c] = uintBitsToFloat(0x7fc00000u);
+        o_out[out_at] = uintBitsToFloat(0x7fc00000u);
     else if ((features & SCORE_SINKS) != 0u)
-        o_out[row * pc.dv + c] = a * row_normaliser(big, l, features, sink);
+        o_out[out_at] = a * row_normaliser(big, l, features, sink);
     else
-        o_out[row * pc.dv + c] = l == 0.0 ? 0.0 : a / l;
-    if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[row] = row_lse(big, l, false, drop);
+        o_out[out_at] = l == 0.0 ? 0.0 : a / l;
+    if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[lse_at] = row_lse(big, l, false, drop);
 }

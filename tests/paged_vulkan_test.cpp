@@ -132,3 +132,103 @@ TEST_CASE("paged vulkan: refusals come first, typed, with the table's reason", "
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p); }, {"page_size is 3", "power of two"});
     qkv_test::require_clean(ctx);
 }
+
+namespace {
+
+/// The pool of `p` as a device pool: a kv_cache of batch 1 whose rows are the pages' rows in page
+/// order, stored as `type`.
+qkv::vulkan::kv_cache device_pool(qkv::vulkan::context& ctx, const qkv::paged_problem& p, element_type type) {
+    const std::size_t rows = p.num_pages * p.page_size, H = p.kv_heads, E = p.d_qk, Ev = p.d_v;
+    qkv::vulkan::kv_cache pool(ctx,
+                               {.batch = 1, .kv_heads = H, .capacity = rows + 16, .d_qk = E, .d_v = Ev, .type = type});
+    std::vector<float> k(rows * H * E), v(rows * H * Ev);
+    for (std::size_t n = 0; n < rows; ++n)
+        for (std::size_t h = 0; h < H; ++h) {
+            for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = p.k_pages[(n * H + h) * E + e];
+            for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = p.v_pages[(n * H + h) * Ev + e];
+        }
+    pool.append(k, v, rows);
+    return pool;
+}
+
+qkv::paged_problem without_pool(qkv::paged_problem p) {
+    p.k_pages = {}, p.v_pages = {};
+    p.num_pages = 0;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("paged vulkan: a device pool, page sizes 1, 16, 256, shuffled and shared pages, every rule",
+          "[paged][paged_pool]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    const qkv::sdpa_options every{.causal = true,
+                                  .alignment = qkv::causal_alignment::bottom_right,
+                                  .window_left = 6,
+                                  .softcap = 4.0f,
+                                  .alibi_max_bias = 8.0f,
+                                  .return_lse = true};
+    const qkv::sdpa_options causal{
+        .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    for (const std::size_t page_size : {1u, 16u, 256u})
+        for (const bool ragged : {false, true}) {
+            INFO("page_size " << page_size << (ragged ? ", ragged queries" : ", one query each"));
+            qkv_test::paged_shape s{.kv_lens = {33, 40, 1, 1500, 0, 17},
+                                    .q_len = 1,
+                                    .q_heads = 6,
+                                    .kv_heads = 3,
+                                    .d_qk = 17,
+                                    .d_v = 24,
+                                    .page_size = page_size,
+                                    .shared = 1,
+                                    .seed = 70 + page_size};
+            if (ragged) s.q_lens = {2, 1, 3, 17, 0, 5};
+            qkv_test::owned_paged o = qkv_test::random_paged(s);
+            o.problem.options = ragged ? every : causal;
+            if (ragged) {
+                o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f, 0.0f, 1.0f};
+                o.problem.sinks = o.sinks;
+            }
+            const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            const qkv::paged_problem p = without_pool(o.problem);
+            const qkv::varlen_output got = ctx.sdpa(p, pool);
+            check(got, reference(o.problem));
+            CHECK(got.device == ctx.device().name);
+            CHECK(ctx.sdpa(p, pool).output == got.output);  // equal inputs, equal bits
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged vulkan: a device pool of f16, a long sequence split among short ones", "[paged][paged_pool]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {3000, 17, 5, 113, 1},
+                                                      .q_len = 1,
+                                                      .q_heads = 8,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 64,
+                                                      .d_v = 64,
+                                                      .page_size = 16,
+                                                      .seed = 9});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f16);
+    qkv::paged_problem want = o.problem;
+    want.options.kv_type = element_type::f16;
+    check(ctx.sdpa(without_pool(o.problem), pool), reference(want));
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged vulkan: a device pool's refusals come first, typed", "[paged][paged_pool]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {20, 5}, .page_size = 8, .seed = 3});
+    const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::paged_problem p = without_pool(o.problem);
+    std::vector<std::int32_t> table = o.table;
+    table[0] = static_cast<std::int32_t>(o.problem.num_pages);  // one past the pages the pool holds
+    p.block_table = table;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"block_table[0][0]", "num_pages"});
+    p = o.problem;  // the pool given twice
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"k_pages and v_pages must be empty"});
+    p = without_pool(o.problem), p.d_v = 8;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"batch 1", "d_v"});
+    qkv_test::require_clean(ctx);
+}

@@ -130,6 +130,47 @@ varlen_output context::sdpa(const paged_problem& problem) {
     return run_ragged(self, gathered.problem, "sdpa over a paged K/V batch");
 }
 
+varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
+    impl& self = alive(impl_);
+    kv_cache::impl& c = *kv_cache_access::of(pool);
+    if (c.core != self.core)
+        throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool was created from another context");
+    require_supported(entry_point::context_paged, given);
+    return self.host_call("sdpa over a paged K/V pool", [&](run_env& env) {
+        // Under the lock: the pool's size and rows cannot change during the call.
+        c.check_ready("sdpa over a paged K/V pool", nullptr);
+        const kv_layout& l = c.layout;
+        if (l.batch != 1 || l.kv_heads != given.kv_heads || l.d_qk != given.d_qk || l.d_v != given.d_v)
+            throw qkv::invalid_argument(
+                "sdpa over a paged K/V pool: the pool is a kv_cache of batch 1 with the problem's kv_heads, d_qk "
+                "and d_v (it has batch " +
+                std::to_string(l.batch) + ", kv_heads " + std::to_string(l.kv_heads) + ", d_qk " +
+                std::to_string(l.d_qk) + ", d_v " + std::to_string(l.d_v) + "; the problem kv_heads " +
+                std::to_string(given.kv_heads) + ", d_qk " + std::to_string(given.d_qk) + ", d_v " +
+                std::to_string(given.d_v) + ")");
+        if (c.type != element_type::f32 && c.type != element_type::f16)
+            throw limit_exceeded(std::string("sdpa over a paged K/V pool: the paged decode kernel reads f32 and f16 "
+                                             "pools, not ") +
+                                 std::string(to_string(c.type)));
+        paged_problem problem = given;
+        const std::size_t held = given.page_size == 0 ? 0 : c.size / given.page_size;
+        if (problem.num_pages == 0) problem.num_pages = held;
+        if (problem.num_pages > held)
+            throw qkv::invalid_argument("sdpa over a paged K/V pool: num_pages is " +
+                                        std::to_string(problem.num_pages) + " and the pool holds " +
+                                        std::to_string(held) + " pages of " + std::to_string(given.page_size) +
+                                        " rows (" + std::to_string(c.size) + " rows)");
+        if (problem.num_pages == 0)
+            throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool holds no whole page (" +
+                                        std::to_string(c.size) + " rows)");
+        validate_without_pool(problem);
+        const kv_stats stats = c.read_stats();
+        const paged_pool p{c.k_view.handle(), c.v_view.handle(), static_cast<std::uint32_t>(l.capacity), c.half(),
+                           &stats};
+        return run_paged(env, problem, p);
+    });
+}
+
 call_stats context::last_call() const {
     impl& self = alive(impl_);
     std::lock_guard lock(self.core->mutex);

@@ -23,6 +23,7 @@
 #include "kernels/sdpa_decode.hpp"
 #include "plan/sdpa_plan.hpp"
 #include "plan/settings.hpp"
+#include "qkv/runtime/paged.hpp"
 #include "qkv/runtime/problem.hpp"
 #include "qkv/runtime/sdpa_backward.hpp"
 #include "run/io.hpp"
@@ -233,5 +234,19 @@ void record_decode_sdpa(const run_session& s, const sdpa_plan& plan, const sdpa_
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
                         binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {},
                         const decode_rows& rows = {});
+
+/// A paged batch's pool on the device: a kv_cache of one batch whose rows are the pages' rows
+/// (page p is rows p·page_size onwards of each K/V head), its texel views, rows per K/V head
+/// (the cache's capacity), its storage type and the statistics of its rows.
+struct paged_pool {
+    VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    std::uint32_t rows = 0;
+    bool half = false;
+    const kv_stats* stats = nullptr;
+};
+
+/// The batched paged decode of a validated paged batch (k_pages and v_pages empty) against `pool`:
+/// one dispatch over the plan's work list (kernels/paged_plan.hpp), then the merge (run_paged.cpp).
+run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool);
 
 }  // namespace qkv::vulkan::detail

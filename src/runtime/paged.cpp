@@ -30,7 +30,7 @@ constexpr auto int32_limit = static_cast<std::size_t>(std::numeric_limits<std::i
 std::size_t pages_for(std::size_t keys, std::size_t page_size) { return (keys + page_size - 1) / page_size; }
 
 template <class T>
-void check_paged(const basic_paged_problem<T>& p) {
+void check_paged(const basic_paged_problem<T>& p, bool pool = true) {
     const std::size_t ps = p.page_size;
     if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0)
         fail("page_size is " + str(ps) + ": it must be a power of two from 1 to " + str(max_page_size));
@@ -39,10 +39,14 @@ void check_paged(const basic_paged_problem<T>& p) {
     if (p.q_heads == 0 || p.kv_heads == 0 || p.d_qk == 0 || p.d_v == 0)
         fail("q_heads, kv_heads, d_qk and d_v must be at least 1 (they are " + str(p.q_heads) + ", " + str(p.kv_heads) +
              ", " + str(p.d_qk) + ", " + str(p.d_v) + ")");
-    expect_size("k_pages", p.k_pages,
-                {{"num_pages", p.num_pages}, {"page_size", ps}, {"kv_heads", p.kv_heads}, {"d_qk", p.d_qk}});
-    expect_size("v_pages", p.v_pages,
-                {{"num_pages", p.num_pages}, {"page_size", ps}, {"kv_heads", p.kv_heads}, {"d_v", p.d_v}});
+    if (pool) {
+        expect_size("k_pages", p.k_pages,
+                    {{"num_pages", p.num_pages}, {"page_size", ps}, {"kv_heads", p.kv_heads}, {"d_qk", p.d_qk}});
+        expect_size("v_pages", p.v_pages,
+                    {{"num_pages", p.num_pages}, {"page_size", ps}, {"kv_heads", p.kv_heads}, {"d_v", p.d_v}});
+    } else if (!p.k_pages.empty() || !p.v_pages.empty()) {
+        fail("k_pages and v_pages must be empty: the pool is the device's");
+    }
     const std::size_t B = p.cache_seqlens.size();
     if (B == 0) fail("cache_seqlens is empty: a batch has at least one sequence");
     expect_size("block_table", p.block_table, {{"B = cache_seqlens.size()", B}, {"max_pages", p.max_pages}});
@@ -139,6 +143,7 @@ basic_gathered_pages<T> gather(const basic_paged_problem<T>& p) {
 
 void validate(const paged_problem& problem) { check_paged(problem); }
 void validate(const paged_problem_f64& problem) { check_paged(problem); }
+void validate_without_pool(const paged_problem& problem) { check_paged(problem, false); }
 
 std::size_t batch_of(const paged_problem& problem) { return problem.cache_seqlens.size(); }
 std::size_t batch_of(const paged_problem_f64& problem) { return problem.cache_seqlens.size(); }

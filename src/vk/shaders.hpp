@@ -15,6 +15,7 @@
 #include "contract/decode.h"
 #include "contract/flash.h"
 #include "contract/gemm.h"
+#include "contract/paged.h"
 #include "contract/range_guard.h"
 #include "contract/softmax.h"
 #include "contract/tensor.h"

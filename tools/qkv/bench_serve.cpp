@@ -1,8 +1,11 @@
 // `qkv bench --serve B`: one continuous-batching decode step. B sequences, lengths drawn
 // log-uniform in [16, --seq] from the seed, each with one new query (L = 1, causal bottom-right)
-// against its cached keys, timed three ways on the same device and data:
-//   - one batched paged call: context::sdpa over a paged_problem (pages of 16 rows in shuffled
-//     order in one pool, a block table per sequence);
+// against its cached keys, timed four ways on the same device and data:
+//   - one batched paged call against the pool on the device: context::sdpa over a paged_problem
+//     and a kv_cache holding the pool's pages (pages of 16 rows in shuffled order, a block table
+//     per sequence), filled before the timing: the batched paged decode;
+//   - one batched paged call with the pool on the host: context::sdpa over a paged_problem (its
+//     rows gathered on the host and uploaded every call);
 //   - B separate calls: context::sdpa against B per-sequence kv_caches (filled before the timing);
 //   - one call padded to the longest: a kv_cache of B rows of max S_b keys, the padded keys masked
 //     (skipped, and said so, where its K or V would not fit the device's largest buffer or both
@@ -89,6 +92,24 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
                             out.begin() + static_cast<std::ptrdiff_t>((h * len[b] + j) * d));
         return out;
     };
+    // The pool on the device: a kv_cache of one batch whose rows are the pages' rows, (Hkv, pool rows,
+    // d), appended a slice of rows at a time (the pool is (pool rows, Hkv, d)).
+    const std::size_t pool_rows = pages * page;
+    qkv::vulkan::kv_cache pool(
+        ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = pool_rows, .d_qk = d, .d_v = d, .type = stored});
+    for (std::size_t n0 = 0; n0 < pool_rows; n0 += 4096) {
+        const std::size_t n = std::min<std::size_t>(4096, pool_rows - n0);
+        std::vector<float> ks(Hkv * n * d), vs(Hkv * n * d);
+        for (std::size_t h = 0; h < Hkv; ++h)
+            for (std::size_t j = 0; j < n; ++j) {
+                const auto from = static_cast<std::ptrdiff_t>(((n0 + j) * Hkv + h) * d);
+                std::copy_n(k_pool.begin() + from, d, ks.begin() + static_cast<std::ptrdiff_t>((h * n + j) * d));
+                std::copy_n(v_pool.begin() + from, d, vs.begin() + static_cast<std::ptrdiff_t>((h * n + j) * d));
+            }
+        pool.append(ks, vs, n);
+    }
+    qkv::paged_problem on_device = paged;
+    on_device.k_pages = {}, on_device.v_pages = {}, on_device.num_pages = 0;
     std::vector<qkv::vulkan::kv_cache> caches;
     std::vector<std::vector<float>> one_q(B);
     std::vector<qkv::sdpa_problem> one(B);
@@ -145,11 +166,14 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     const auto cpu_since = [](std::clock_t c) {
         return 1000.0 * static_cast<double>(std::clock() - c) / static_cast<double>(CLOCKS_PER_SEC);
     };
-    std::vector<double> paged_ms, separate_ms, padded_ms, paged_cpu, separate_cpu, padded_cpu;
+    std::vector<double> device_ms, paged_ms, separate_ms, padded_ms, device_cpu, paged_cpu, separate_cpu, padded_cpu;
     double max_diff = 0;
     for (int i = 0; i < warmup + repeat; ++i) {
         auto t = clock::now();
         std::clock_t cpu = std::clock();
+        const qkv::varlen_output dr = ctx.sdpa(on_device, pool);
+        const double g = ms_since(t), g_cpu = cpu_since(cpu);
+        t = clock::now(), cpu = std::clock();
         const qkv::varlen_output r = ctx.sdpa(paged);
         const double a = ms_since(t), a_cpu = cpu_since(cpu);
         t = clock::now(), cpu = std::clock();
@@ -164,42 +188,50 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             c = ms_since(t), c_cpu = cpu_since(cpu);
         }
         if (i >= warmup) {
-            paged_ms.push_back(a), separate_ms.push_back(s), padded_ms.push_back(c);
-            paged_cpu.push_back(a_cpu), separate_cpu.push_back(s_cpu), padded_cpu.push_back(c_cpu);
+            device_ms.push_back(g), paged_ms.push_back(a), separate_ms.push_back(s), padded_ms.push_back(c);
+            device_cpu.push_back(g_cpu), paged_cpu.push_back(a_cpu), separate_cpu.push_back(s_cpu);
+            padded_cpu.push_back(c_cpu);
         }
         if (i == 0)  // the forms agree: (B, 1, Hq, d) against each (1, Hq, 1, d) and (B, Hq, 1, d)
             for (std::size_t b = 0; b < B; ++b)
                 for (std::size_t e = 0; e < Hq * d; ++e) {
                     max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - each[b].output[e]));
+                    max_diff = std::max<double>(max_diff, std::abs(dr.output[b * Hq * d + e] - each[b].output[e]));
                     if (pad)
                         max_diff =
                             std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - p.output[b * Hq * d + e]));
                 }
     }
-    const summary rs = summarise(paged_ms), ss = summarise(separate_ms), ps = summarise(padded_ms);
-    const summary rc = summarise(paged_cpu), sc = summarise(separate_cpu), pc = summarise(padded_cpu);
+    const summary ds = summarise(device_ms), rs = summarise(paged_ms), ss = summarise(separate_ms),
+                  ps = summarise(padded_ms);
+    const summary dc = summarise(device_cpu), rc = summarise(paged_cpu), sc = summarise(separate_cpu),
+                  pc = summarise(padded_cpu);
     const auto tokens = [&](const summary& x) { return static_cast<double>(B) / (x.median / 1000.0); };
     const std::size_t shortest = *std::min_element(len.begin(), len.end());
     os << "Serving step: " << B << " sequences decoding one token each, cached lengths log-uniform in [16, "
        << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
        << " keys; padded: " << B * longest << "), pages of " << page << ", Hq = " << Hq << ", Hkv = " << Hkv
        << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32") << ":\n"
-       << "  one batched paged call:          median " << fixed(rs.median, 3) << " ms (min " << fixed(rs.min, 3)
-       << ", max " << fixed(rs.max, 3) << "), " << sig3(tokens(rs)) << " tokens/s; CPU " << fixed(rc.median, 1)
-       << " ms\n"
-       << "  " << B << " separate calls (kv_caches):    median " << fixed(ss.median, 3) << " ms (min "
+       << "  one batched paged call, pool on the device: median " << fixed(ds.median, 3) << " ms (min "
+       << fixed(ds.min, 3) << ", max " << fixed(ds.max, 3) << "), " << sig3(tokens(ds)) << " tokens/s; CPU "
+       << fixed(dc.median, 1) << " ms\n"
+       << "  one batched paged call, pool on the host:   median " << fixed(rs.median, 3) << " ms (min "
+       << fixed(rs.min, 3) << ", max " << fixed(rs.max, 3) << "), " << sig3(tokens(rs)) << " tokens/s; CPU "
+       << fixed(rc.median, 1) << " ms\n"
+       << "  " << B << " separate calls (kv_caches):               median " << fixed(ss.median, 3) << " ms (min "
        << fixed(ss.min, 3) << ", max " << fixed(ss.max, 3) << "), " << sig3(tokens(ss)) << " tokens/s; CPU "
        << fixed(sc.median, 1) << " ms\n";
     if (pad)
-        os << "  one call padded to the longest:  median " << fixed(ps.median, 3) << " ms (min " << fixed(ps.min, 3)
-           << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU " << fixed(pc.median, 1)
-           << " ms\n";
+        os << "  one call padded to the longest:             median " << fixed(ps.median, 3) << " ms (min "
+           << fixed(ps.min, 3) << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU "
+           << fixed(pc.median, 1) << " ms\n";
     else
-        os << "  one call padded to the longest:  skipped (its K cache would take "
+        os << "  one call padded to the longest:             skipped (its K cache would take "
            << fixed(padded_bytes / 1048576.0, 0) << " MiB; the device's largest buffer holds "
            << fixed(static_cast<double>(ctx.device().max_storage_buffer_range) / 1048576.0, 0) << " MiB)\n";
-    os << "  separate / paged: " << fixed(ss.median / rs.median, 2) << " (CPU time " << fixed(sc.median / rc.median, 2)
-       << ")";
+    os << "  separate / paged on the device: " << fixed(ss.median / ds.median, 2) << " (CPU time "
+       << fixed(sc.median / dc.median, 2) << "); separate / paged on the host: " << fixed(ss.median / rs.median, 2)
+       << " (CPU time " << fixed(sc.median / rc.median, 2) << ")";
     if (pad) os << ", padded / paged: " << fixed(ps.median / rs.median, 2);
     os << "; largest |difference| between the forms " << sig3(max_diff) << "\n";
     json j{{"batch", B},
@@ -210,6 +242,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            {"kv_heads", Hkv},
            {"dim", d},
            {"precision", vc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
+           {"device_paged_ms", summary_json(ds)},
+           {"device_paged_cpu_ms", summary_json(dc)},
+           {"separate_over_device_paged", ss.median / ds.median},
            {"paged_ms", summary_json(rs)},
            {"separate_ms", summary_json(ss)},
            {"paged_cpu_ms", summary_json(rc)},

@@ -77,6 +77,9 @@ using paged_problem_f64 = basic_paged_problem<double>;
 /// counts, widths, options, sinks and slopes as validate(varlen_problem).
 QKV_RUNTIME_API void validate(const paged_problem& problem);
 QKV_RUNTIME_API void validate(const paged_problem_f64& problem);
+/// The checks of validate() for a pool kept elsewhere (a device's: context::sdpa with a kv_cache
+/// pool): k_pages and v_pages empty, num_pages the pages that pool holds; the rest as validate().
+QKV_RUNTIME_API void validate_without_pool(const paged_problem& problem);
 
 /// B, the number of sequences (cache_seqlens.size()).
 [[nodiscard]] QKV_RUNTIME_API std::size_t batch_of(const paged_problem& problem);

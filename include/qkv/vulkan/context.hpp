@@ -137,6 +137,18 @@ public:
     /// (gather_pages) and the ragged batch of the sequences runs as sdpa(varlen_problem) above. The
     /// output and lse are laid out as that ragged batch's.
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem);
+    /// The same batch against a pool kept on the device: `pool`, a kv_cache created from this
+    /// context of batch 1, the problem's kv_heads, d_qk and d_v, f32 or f16, whose rows are the
+    /// pages' rows in page order (page p is rows p·page_size .. p·page_size + page_size - 1 of each
+    /// K/V head; append them with kv_cache::append as (1, Hkv, rows, E)). problem.k_pages and
+    /// v_pages stay empty; problem.num_pages is 0 (then it is pool.size() / page_size) or at most
+    /// that. Validates first (qkv::invalid_argument: as above, and page indices past the pages the
+    /// pool holds, nothing run), then asks the capability table. Runs the batched paged decode in
+    /// one command buffer: one plan balances the split-K work by length over every sequence
+    /// (a long sequence is cut into chunks that run in parallel beside the short ones), one dispatch
+    /// reads each sequence's keys through the block table, and the partial results of each row are
+    /// merged in a fixed order, so equal inputs give identical bits. Head widths up to 128.
+    [[nodiscard]] varlen_output sdpa(const paged_problem& problem, const kv_cache& pool);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;

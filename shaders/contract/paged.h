@@ -1,0 +1,72 @@
+// Host–shader contract of the batched paged decode: shaders/sdpa_decode.comp and
+// shaders/sdpa_merge.comp built with QKV_PAGED, recorded by src/run/run_paged.cpp from the
+// plan of src/kernels/paged_plan.hpp.
+//
+// The pool is a K/V cache of one batch (qkv::vulkan::kv_cache): row n of K/V head h is texel row
+// h·pool_rows + n, and page p holds rows p·page_size .. p·page_size + page_size − 1. Key j of
+// sequence b is row (block_table[b·max_pages + j / page_size]·page_size + j % page_size).
+//
+// One dispatch over the work list: workgroup x takes item x, (sequence, K/V head, chunk, row
+// block), and writes the partial softmax state of each of its rows for chunk `chunk` of the
+// sequence's keys [kv_first, kv_len) into slot part_base + (kv head·R_b + row)·P_b + chunk. The merge
+// (one invocation per output element of (total_q, Hq, Ev)) combines slot's P_b partials in the order
+// 0..P_b−1. The sequences, the token → sequence map and the items travel in one storage buffer of
+// 32-bit words (PAGED_BINDING_WORK):
+//   [0, B·PAGED_SEQ_WORDS)                   per sequence: PAGED_SEQ_* below
+//   [token_base, token_base + total_q)       the sequence of each query row
+//   [item_base, item_base + 4·items)         per item: sequence, K/V head, chunk, row block
+#ifndef QKV_CONTRACT_PAGED_H
+#define QKV_CONTRACT_PAGED_H
+
+#include "common.h"
+#include "decode.h"
+
+QKV_CONTRACT_BEGIN
+struct paged_push {
+    uint group_x, group_y, group_z;  // workgroup offset of a split dispatch (executor)
+    uint items;                      // work items
+    uint item_base;                  // word of the first item
+    uint page_shift;                 // log2(page_size)
+    uint max_pages;                  // columns of the block table
+    uint pool_rows;                  // rows per K/V head in the pool
+    uint chunk;                      // keys per chunk
+    float scale;
+    uint q_heads, kv_heads;  // Hq, Hkv
+    float v_scale;           // the values accumulate multiplied by this power of two
+};
+
+struct paged_merge_push {
+    uint group_x, group_y, group_z;
+    uint total_q;     // query rows in all
+    uint q_heads;     // Hq
+    uint kv_heads;    // Hkv
+    uint dv;          // Ev
+    uint dv_stride;   // floats per partial accumulator (4·ceil(Ev/4))
+    uint token_base;  // word of the token → sequence map
+};
+
+// Words per sequence, and each word's place.
+QKV_CONST uint PAGED_SEQ_WORDS = 8u;
+QKV_CONST uint PAGED_SEQ_KV_FIRST = 0u;  // the first key the chunks cover
+QKV_CONST uint PAGED_SEQ_KV_LEN = 1u;    // S_b
+QKV_CONST uint PAGED_SEQ_Q_FIRST = 2u;   // its first query row
+QKV_CONST uint PAGED_SEQ_Q_LEN = 3u;     // L_b
+QKV_CONST uint PAGED_SEQ_CHUNKS = 4u;    // P_b
+QKV_CONST uint PAGED_SEQ_PART_BASE = 5u;
+QKV_CONST uint PAGED_SEQ_OFFSET = 6u;  // the causal offset off' of contract/score.h, as a 32-bit int
+QKV_CONST uint PAGED_SEQ_TABLE = 7u;   // sequence row of the block table (b, or cache_batch_idx)
+QKV_CONST uint PAGED_ITEM_WORDS = 4u;
+
+// Bindings of the paged decode (the decode's, the masks' two replaced) and of its merge (the
+// merge's, and the work words).
+QKV_CONST uint PAGED_BINDING_TABLE = DECODE_BINDING_MASK;     // storage, int32 block table
+QKV_CONST uint PAGED_BINDING_WORK = DECODE_BINDING_ADDITIVE;  // storage, the words above
+QKV_CONST uint PAGED_MERGE_BINDING_WORK = MERGE_BINDINGS;     // storage, the words above
+QKV_CONST uint PAGED_MERGE_BINDINGS = MERGE_BINDINGS + 1u;
+QKV_CONTRACT_END
+
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 13u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
+
+#endif

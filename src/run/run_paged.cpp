@@ -1,0 +1,213 @@
+// run_paged: the batched paged decode (kernels/paged_plan.hpp, contract/paged.h) of a paged batch
+// against a pool kept on the device in a kv_cache of one batch: one dispatch over the plan's work
+// list, the keys read through the block table, then the merge of each row's partials in a fixed
+// order. The overflow rule as the decode's against a cache: q's norms from the host, K's and V's
+// from the cache's statistics.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/paged_plan.hpp"
+#include "kernels/score_positions.hpp"
+#include "qkv/vulkan/error.hpp"
+#include "run/run.hpp"
+
+namespace qkv::vulkan::detail {
+namespace {
+
+using namespace qkv::contract;
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+/// Sequence b's SDPA problem as far as its shape goes (its positions, the score params).
+sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint32_t q_len, std::uint32_t kv_len) {
+    sdpa_problem s;
+    s.shape = {.batch = 1,
+               .q_heads = p.q_heads,
+               .kv_heads = p.kv_heads,
+               .q_len = q_len,
+               .kv_len = kv_len,
+               .d_qk = p.d_qk,
+               .d_v = p.d_v};
+    (void)b;
+    s.options = p.options;
+    s.sinks = p.sinks;
+    s.alibi_slopes = p.alibi_slopes;
+    return s;
+}
+
+}  // namespace
+
+run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool) {
+    const device& dev = *env.core.dev;
+    const std::size_t B = batch_of(problem);
+    const std::uint32_t ps = static_cast<std::uint32_t>(problem.page_size);
+    std::uint32_t shift = 0;
+    while ((1u << shift) < ps) ++shift;
+
+    // The lengths, each sequence's positions (one set of reduced window sides and ALiBi part for
+    // the whole call: refused where they would differ), the keys a window leaves.
+    std::vector<std::uint32_t> kv_lens(B), q_lens(B), first(B, 0);
+    std::vector<std::int32_t> offsets(B);
+    std::uint32_t longest = 0;
+    const bool ragged = !problem.cu_seqlens_q.empty();
+    score_positions pos0{};
+    for (std::size_t b = 0; b < B; ++b) {
+        kv_lens[b] = static_cast<std::uint32_t>(problem.cache_seqlens[b]);
+        q_lens[b] = ragged ? static_cast<std::uint32_t>(problem.cu_seqlens_q[b + 1] - problem.cu_seqlens_q[b])
+                           : static_cast<std::uint32_t>(problem.q_len);
+        longest = std::max(longest, kv_lens[b]);
+        const score_positions pos = positions_of(sequence_shape_of(problem, b, q_lens[b], kv_lens[b]));
+        if (b == 0) pos0 = pos;
+        if (pos.window_left != pos0.window_left || pos.window_right != pos0.window_right ||
+            pos.alibi_far != pos0.alibi_far)
+            throw limit_exceeded(
+                "sdpa over a paged K/V pool: sequence " + std::to_string(b) +
+                "'s positions need other reduced window sides than sequence 0's (an offset beyond 2^30); run it "
+                "on its own");
+        offsets[b] = pos.offset;
+        if (pos.window_left >= 0) {
+            const std::int64_t f = std::int64_t{pos.offset} - pos.window_left;
+            first[b] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(f, 0, kv_lens[b]));
+        }
+    }
+
+    paged_request request;
+    request.kv_lens = kv_lens, request.q_lens = q_lens, request.kv_first = first;
+    request.q_heads = static_cast<std::uint32_t>(problem.q_heads);
+    request.kv_heads = static_cast<std::uint32_t>(problem.kv_heads);
+    request.d_qk = static_cast<std::uint32_t>(problem.d_qk), request.d_v = static_cast<std::uint32_t>(problem.d_v);
+    request.pool_rows = pool.rows;
+    request.max_chunks = env.set.max_decode_chunks;
+    const paged_plan plan = plan_paged(dev.desc(), request);
+    const std::uint64_t total_q = plan.total_q, Hq = problem.q_heads, E = problem.d_qk, Ev = problem.d_v;
+
+    // The overflow rule: q's norms per head over every query row (q as (1, Hq, total_q, E)), K's and
+    // V's from the pool's statistics; the values' scale for the longest sequence.
+    sdpa_problem whole = sequence_shape_of(problem, 0, static_cast<std::uint32_t>(total_q), std::max(longest, 1u));
+    std::vector<float> q_heads_first(problem.q.size());
+    for (std::uint64_t t = 0; t < total_q; ++t)
+        for (std::uint64_t h = 0; h < Hq; ++h)
+            std::memcpy(&q_heads_first[(h * total_q + t) * E], &problem.q[(t * Hq + h) * E], E * sizeof(float));
+    whole.q = q_heads_first;
+    const sdpa_facts facts = scan_sdpa(whole, *pool.stats);
+    const float scale = problem.options.scale ? *problem.options.scale : default_scale(whole.shape);
+    check_sdpa_scores(facts, whole.shape, scale, pool.half);
+    const float v_scale = value_scale(facts, std::max(longest, 1u));
+
+    varlen_output out;
+    out.device = dev.info().name;
+    out.output.assign(total_q * Hq * Ev, 0.0f);
+    if (problem.options.return_lse) out.lse.assign(Hq * total_q, -std::numeric_limits<float>::infinity());
+    run_result<varlen_output> run;
+    if (total_q == 0) {
+        run.output = std::move(out);
+        return run;
+    }
+
+    // The work words: sequences, the token -> sequence map, the items.
+    const std::uint64_t token_base = B * PAGED_SEQ_WORDS, item_base = token_base + total_q;
+    std::vector<std::uint32_t> words(item_base + plan.items.size() * PAGED_ITEM_WORDS);
+    for (std::size_t b = 0; b < B; ++b) {
+        const paged_sequence& s = plan.sequences[b];
+        std::uint32_t* w = &words[b * PAGED_SEQ_WORDS];
+        w[PAGED_SEQ_KV_FIRST] = s.kv_first, w[PAGED_SEQ_KV_LEN] = s.kv_len;
+        w[PAGED_SEQ_Q_FIRST] = s.q_first, w[PAGED_SEQ_Q_LEN] = s.q_len;
+        w[PAGED_SEQ_CHUNKS] = s.chunks, w[PAGED_SEQ_PART_BASE] = s.part_base;
+        w[PAGED_SEQ_OFFSET] = static_cast<std::uint32_t>(offsets[b]);
+        w[PAGED_SEQ_TABLE] = static_cast<std::uint32_t>(b);
+        for (std::uint32_t i = 0; i < s.q_len; ++i) words[token_base + s.q_first + i] = static_cast<std::uint32_t>(b);
+    }
+    for (std::size_t i = 0; i < plan.items.size(); ++i) {
+        const paged_item& it = plan.items[i];
+        std::uint32_t* w = &words[item_base + i * PAGED_ITEM_WORDS];
+        w[0] = it.seq, w[1] = it.kv_head, w[2] = it.chunk, w[3] = it.row_block;
+    }
+
+    // The buffers: q texels, the table, the words, the params in the inputs; partials; out and lse.
+    const std::uint64_t align = 256;
+    const std::uint64_t q_bytes = total_q * Hq * plan.e4 * 16;
+    const std::uint64_t table_at = align_up(q_bytes, align), table_bytes = problem.block_table.size() * 4;
+    const std::uint64_t words_at = align_up(table_at + table_bytes, align), words_bytes = words.size() * 4;
+    const std::uint64_t params_at = align_up(words_at + words_bytes, align);
+    const std::uint64_t params_bytes = score_params_bytes(whole.shape);
+    const std::uint64_t out_bytes = total_q * Hq * Ev * 4, lse_at = align_up(out_bytes, align);
+    const std::uint64_t lse_bytes = problem.options.return_lse ? Hq * total_q * 4 : 0;
+    buffer_plan buffers;
+    buffers.need(role::inputs, params_at + params_bytes);
+    buffers.need(role::partial_stats, std::max<std::uint64_t>(plan.stats_bytes(), 16));
+    buffers.need(role::partial_acc, std::max<std::uint64_t>(plan.acc_bytes(), 16));
+    buffers.need(role::out, lse_at + std::max<std::uint64_t>(lse_bytes, 16));
+    std::vector<download> downloads{{role::out, 0, out_bytes}};
+    if (lse_bytes) downloads.push_back({role::out, lse_at, lse_bytes});
+
+    run_session session(env, buffers, downloads);
+    std::byte* in = session.inputs();
+    put_texel_rows(in, problem.q.data(), total_q * Hq, E, plan.e4, false, "sdpa over a paged K/V pool: q");
+    std::memcpy(in + table_at, problem.block_table.data(), table_bytes);
+    std::memcpy(in + words_at, words.data(), words_bytes);
+    const std::uint32_t features = score_features(whole);
+    put_score_params(in + params_at, whole, features);
+    const buffer& inputs = session.buffers()[role::inputs];
+    const buffer_view q_view(dev, inputs, texel_format(false), 0, q_bytes);
+    session.begin();
+
+    const run_buffers& rb = session.buffers();
+    const binding params = rb.bind(role::inputs, params_at, params_bytes);
+    const binding work = rb.bind(role::inputs, words_at, words_bytes);
+    const binding stats = rb.bind(role::partial_stats, 0, std::max<std::uint64_t>(plan.stats_bytes(), 16));
+    const binding acc = rb.bind(role::partial_acc, 0, std::max<std::uint64_t>(plan.acc_bytes(), 16));
+    const binding o = rb.bind(role::out, 0, out_bytes);
+    const binding lse = lse_bytes ? rb.bind(role::out, lse_at, lse_bytes) : o;
+    if (!plan.items.empty()) {
+        paged_push push{};
+        push.items = static_cast<std::uint32_t>(plan.items.size());
+        push.item_base = static_cast<std::uint32_t>(item_base);
+        push.page_shift = shift;
+        push.max_pages = static_cast<std::uint32_t>(problem.max_pages);
+        push.pool_rows = pool.rows;
+        push.chunk = plan.chunk;
+        push.scale = scale;
+        push.q_heads = request.q_heads, push.kv_heads = request.kv_heads;
+        push.v_scale = v_scale;
+        const decode_spec spec{plan.wg,  plan.rpi,
+                               plan.kps, plan.e4,
+                               plan.ev4, problem.options.causal ? MASK_FLAG_CAUSAL : 0u,
+                               0u,       facts.inputs_finite ? DECODE_VALUES_FINITE : DECODE_VALUES_NONFINITE,
+                               features, DECODE_KV_TEXELS,
+                               0u};
+        static_assert(row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged, "tttssssss"),
+                      "Q, K and V are uniform texel buffers, the rest storage buffers");
+        const pipeline& kernel = session.pipes().get(shader_id::sdpa_decode_paged, spec);
+        const binding table = rb.bind(role::inputs, table_at, std::max<std::uint64_t>(table_bytes, 4));
+        const std::uint32_t groups[3] = {push.items, 1, 1};
+        session.rec().dispatch(
+            kernel, {texel(q_view.handle()), texel(pool.k), texel(pool.v), table, work, stats, acc, params, params},
+            &push, groups);
+        session.rec().compute_barrier();
+    }
+    paged_merge_push m{};
+    m.total_q = static_cast<std::uint32_t>(total_q);
+    m.q_heads = request.q_heads, m.kv_heads = request.kv_heads;
+    m.dv = request.d_v, m.dv_stride = plan.ev4 * 4;
+    m.token_base = static_cast<std::uint32_t>(token_base);
+    static_assert(row_matches<paged_merge_push, no_spec>(shader_id::sdpa_merge_paged, "ssssss"));
+    const pipeline& merge = session.pipes().get(shader_id::sdpa_merge_paged);
+    const std::uint32_t merge_groups[3] = {static_cast<std::uint32_t>(ceil_div(total_q * Hq * Ev, MERGE_WORKGROUP)), 1,
+                                           1};
+    session.rec().dispatch(merge, {stats, acc, o, params, lse, work}, &m, merge_groups);
+    session.mark();
+    run.times = session.submit();
+    if (const std::vector<double>& mk = session.exec().marks_ms(); mk.size() >= 2)
+        run.times.attention_ms = mk[1] - mk[0];
+    session.read(0, out.output.data());
+    if (lse_bytes) session.read(1, out.lse.data());
+    finish_sdpa_output(out.output, facts, v_scale, whole.shape);
+    run.output = std::move(out);
+    return run;
+}
+
+}  // namespace qkv::vulkan::detail
