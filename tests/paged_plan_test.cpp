@@ -130,6 +130,8 @@ TEST_CASE("paged plan: the serving batch (B = 64, log-uniform [16, 32768]) on ev
         check_cover(p, x);
         // one subgroup per workgroup, the lanes never assumed
         if (f.info.subgroup_size) CHECK(p.wg == f.info.subgroup_size);
+        // K and V shared by shuffles only where the device has them (a CPU device's)
+        if (!f.info.subgroup_shuffle) CHECK(!p.shuffle);
         // the longest sequence is split across many workgroups; no item holds more than a chunk,
         // and the chunk is well below the longest sequence
         const auto at = static_cast<std::size_t>(std::max_element(x.kv.begin(), x.kv.end()) - x.kv.begin());

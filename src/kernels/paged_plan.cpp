@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/decode_plan.hpp"
+#include "kernels/gemm_tiles.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -33,7 +34,7 @@ std::uint64_t paged_plan::item_keys(const paged_item& item) const {
     return std::min<std::uint64_t>(s.kv_len, begin + chunk) - std::min<std::uint64_t>(s.kv_len, begin);
 }
 
-paged_plan try_plan_paged(const device_desc& desc, const paged_request& r) {
+paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const settings& set) {
     const device_info& info = desc.info;
     paged_plan p;
     const auto refuse = [&p](std::string why) {
@@ -75,6 +76,7 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r) {
     p.rpi = 1;
     while (p.rpi * p.wg < most_rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
     p.kps = p.rpi <= 2 ? 8 : 4;
+    p.shuffle = cpu_shuffle(info, p.wg, set);
     const std::uint32_t block = p.wg * p.rpi;
 
     // The sequences: their rows and keys.
@@ -155,8 +157,8 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r) {
     return p;
 }
 
-paged_plan plan_paged(const device_desc& desc, const paged_request& request) {
-    paged_plan p = try_plan_paged(desc, request);
+paged_plan plan_paged(const device_desc& desc, const paged_request& request, const settings& set) {
+    paged_plan p = try_plan_paged(desc, request, set);
     if (!p.refusal.empty()) throw limit_exceeded(p.refusal);
     return p;
 }

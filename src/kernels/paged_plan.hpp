@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/settings.hpp"
 #include "vk/device_desc.hpp"
 
 namespace qkv::vulkan::detail {
@@ -51,6 +52,7 @@ struct paged_plan {
     std::uint32_t wg = 8;   ///< invocations per workgroup (one subgroup)
     std::uint32_t rpi = 1;  ///< rows per invocation
     std::uint32_t kps = 8;  ///< keys per step
+    bool shuffle = false;   ///< K and V rows shared by subgroupShuffle (cpu_shuffle in gemm_tiles.hpp)
     std::uint32_t e4 = 1, ev4 = 1;
     std::uint32_t chunk = 0;       ///< keys per chunk, every sequence's (a multiple of kps)
     std::uint32_t max_chunks = 0;  ///< the most chunks of any sequence
@@ -70,8 +72,8 @@ struct paged_plan {
 
 /// Plans a paged decode call: a pure function. Where the request cannot be run, the plan's refusal
 /// says why.
-paged_plan try_plan_paged(const device_desc& desc, const paged_request& request);
+paged_plan try_plan_paged(const device_desc& desc, const paged_request& request, const settings& set = {});
 /// The same, throwing limit_exceeded with the refusal.
-paged_plan plan_paged(const device_desc& desc, const paged_request& request);
+paged_plan plan_paged(const device_desc& desc, const paged_request& request, const settings& set = {});
 
 }  // namespace qkv::vulkan::detail

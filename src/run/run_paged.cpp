@@ -82,7 +82,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     request.d_qk = static_cast<std::uint32_t>(problem.d_qk), request.d_v = static_cast<std::uint32_t>(problem.d_v);
     request.pool_rows = pool.rows;
     request.max_chunks = env.set.max_decode_chunks;
-    const paged_plan plan = plan_paged(dev.desc(), request);
+    const paged_plan plan = plan_paged(dev.desc(), request, env.set);
     const std::uint64_t total_q = plan.total_q, Hq = problem.q_heads, E = problem.d_qk, Ev = problem.d_v;
 
     // The overflow rule: q's norms per head over every query row (q as (1, Hq, total_q, E)), K's and
@@ -179,9 +179,11 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
                                0u,       facts.inputs_finite ? DECODE_VALUES_FINITE : DECODE_VALUES_NONFINITE,
                                features, DECODE_KV_TEXELS,
                                0u};
-        static_assert(row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged, "tttssssss"),
+        static_assert(row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged, "tttssssss") &&
+                          row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged_shuffle, "tttssssss"),
                       "Q, K and V are uniform texel buffers, the rest storage buffers");
-        const pipeline& kernel = session.pipes().get(shader_id::sdpa_decode_paged, spec);
+        const pipeline& kernel = session.pipes().get(
+            plan.shuffle ? shader_id::sdpa_decode_paged_shuffle : shader_id::sdpa_decode_paged, spec);
         const binding table = rb.bind(role::inputs, table_at, std::max<std::uint64_t>(table_bytes, 4));
         const std::uint32_t groups[3] = {push.items, 1, 1};
         session.rec().dispatch(
