@@ -177,7 +177,7 @@ void write_json(output_set& files, const std::string& path, const json& j) {
 
 // ---- What each mode honours: one table; every other flag given is refused (exit 2, named) -----
 /// The modes of `qkv bench`, chosen by the flags: --context-parallel, --backward, --varlen (a ragged
-/// batch three ways), --serve (a decode step of many sequences three ways), --decode --layers, --decode (a kv_cache),
+/// batch three ways), --serve (a decode step of many sequences four ways), --decode --layers, --decode (a kv_cache),
 /// --kv-seq or --kv-heads (sdpa with q, k, v from the host), else attention().
 enum class mode { attention, sdpa_host, decode, layers, backward, varlen, serve, context_parallel };
 
@@ -241,7 +241,7 @@ constexpr mode_row mode_table[] = {
      "times a ragged batch of causal self-attention sequences (S_b = L_b, lengths drawn up to --seq) three ways, "
      "taking --precision of the options"},
     {mode::serve, "qkv bench --serve", false, varlen_options, serve_flags,
-     "times one decode step of sequences with cached lengths drawn up to --seq three ways, taking --precision of "
+     "times one decode step of sequences with cached lengths drawn up to --seq four ways, taking --precision of "
      "the options"},
     {mode::context_parallel,
      "qkv bench --context-parallel",
