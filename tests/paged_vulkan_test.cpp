@@ -228,6 +228,10 @@ TEST_CASE("paged vulkan: a device pool's refusals come first, typed", "[paged][p
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"block_table[0][0]", "num_pages"});
     p = o.problem;  // the pool given twice
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"k_pages and v_pages must be empty"});
+    p = without_pool(o.problem), p.page_size = 0;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"page_size is 0", "power of two"});
+    p = without_pool(o.problem), p.num_pages = 1000;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"num_pages is 1000", "the pool holds"});
     p = without_pool(o.problem), p.d_v = 8;
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"batch 1", "d_v"});
     qkv_test::require_clean(ctx);

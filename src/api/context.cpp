@@ -153,7 +153,12 @@ varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
                                              "pools, not ") +
                                  std::string(to_string(c.type)));
         paged_problem problem = given;
-        const std::size_t held = given.page_size == 0 ? 0 : c.size / given.page_size;
+        const std::size_t ps = given.page_size;
+        if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0) {
+            problem.num_pages = 1;
+            validate_without_pool(problem);  // names the page size
+        }
+        const std::size_t held = c.size / ps;
         if (problem.num_pages == 0) problem.num_pages = held;
         if (problem.num_pages > held)
             throw qkv::invalid_argument("sdpa over a paged K/V pool: num_pages is " +

@@ -136,6 +136,17 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     const std::uint64_t params_bytes = score_params_bytes(whole.shape);
     const std::uint64_t out_bytes = total_q * Hq * Ev * 4, lse_at = align_up(out_bytes, align);
     const std::uint64_t lse_bytes = problem.options.return_lse ? Hq * total_q * 4 : 0;
+    const device_desc& desc = dev.desc();
+    if (total_q * Hq * plan.e4 > desc.max_texel_elements)
+        throw limit_exceeded("sdpa over a paged K/V pool: q's " + std::to_string(total_q * Hq * plan.e4) +
+                             " texels are more than " + dev.info().name + "'s maxTexelBufferElements of " +
+                             std::to_string(desc.max_texel_elements));
+    for (const std::uint64_t bytes : {words_bytes, table_bytes, out_bytes, lse_bytes})
+        if (bytes > dev.info().max_storage_buffer_range)
+            throw limit_exceeded("sdpa over a paged K/V pool: a binding of " + std::to_string(bytes) +
+                                 " bytes (the work list, the block table, the output or the lse) is more than " +
+                                 dev.info().name + "'s maxStorageBufferRange of " +
+                                 std::to_string(dev.info().max_storage_buffer_range));
     buffer_plan buffers;
     buffers.need(role::inputs, params_at + params_bytes);
     buffers.need(role::partial_stats, std::max<std::uint64_t>(plan.stats_bytes(), 16));

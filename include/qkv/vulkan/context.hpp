@@ -147,7 +147,9 @@ public:
     /// one command buffer: one plan balances the split-K work by length over every sequence
     /// (a long sequence is cut into chunks that run in parallel beside the short ones), one dispatch
     /// reads each sequence's keys through the block table, and the partial results of each row are
-    /// merged in a fixed order, so equal inputs give identical bits. Head widths up to 128.
+    /// merged in a fixed order, so equal inputs give identical bits. K and V are the pool's type
+    /// (options.precision and options.kv_type are not used; q is read in float32). Head widths up
+    /// to 128; limit_exceeded past the device's limits.
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem, const kv_cache& pool);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
