@@ -17,21 +17,14 @@ bottom right of the sequence's block), and window_size (left, right) keeps
 i + S_b - L_b - left <= j <= i + S_b - L_b + right. A query with no key left gets a zero output and
 lse -inf (qkv's policy; the softmax of nothing).
 """
-import io
 import os
 
 import numpy as np
 
+from make_sdpa_fixtures import save
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 rng = np.random.default_rng(20261127)
-
-
-def save(path, arr):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    with open(path, "wb") as f:
-        f.write(buf.getvalue())
 
 
 def varlen_reference(q, k, v, cu_q, cu_k, softcap, window_left):
