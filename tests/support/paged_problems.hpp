@@ -1,19 +1,20 @@
 // Paged batches for the tests: a problem over a pool of pages it owns, pages handed out in a
-// shuffled order, with optional sharing of a prompt's pages, and a float64 reference written over
-// the paged layout from FlashAttention's flash_attn_with_kvcache documentation (block_table,
-// cache_seqlens) and qkv/runtime/paged.hpp's comment, without qkv's own code.
+// shuffled order, with optional sharing of a prompt's pages, and a float64 reference over the paged
+// layout from FlashAttention's flash_attn_with_kvcache documentation (block_table, cache_seqlens)
+// and qkv/runtime/paged.hpp's comment, its attention that of support/ragged_reference.hpp, written
+// without qkv's own code.
 #pragma once
 
 #include <qkv/runtime/paged.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include "support/ragged_reference.hpp"
 
 namespace qkv_test {
 
@@ -98,86 +99,38 @@ inline owned_paged random_paged(const paged_shape& s) {
     return o;
 }
 
-/// The output (total_q, Hq, Ev) and lse (Hq, total_q) of a paged batch, in float64.
-struct paged_ref_result {
-    std::vector<double> output, lse;
-};
+using paged_ref_result = ragged_ref_result;
 
 /// Straight from the definitions: key j of sequence b is row j % page_size of page
 /// block_table[b][j / page_size]; each query row attends its sequence's visible keys.
 inline paged_ref_result paged_reference(const qkv::paged_problem& p) {
-    const std::size_t Hq = p.q_heads, Hkv = p.kv_heads, E = p.d_qk, Ev = p.d_v, B = p.cache_seqlens.size();
-    const std::size_t ps = p.page_size;
-    std::vector<std::size_t> q_first(B + 1, 0);
+    const std::size_t Hkv = p.kv_heads, E = p.d_qk, Ev = p.d_v, B = p.cache_seqlens.size(), ps = p.page_size;
+    ragged_ref_batch batch{.q_heads = p.q_heads,
+                           .kv_heads = Hkv,
+                           .d_qk = E,
+                           .d_v = Ev,
+                           .q_first = std::vector<std::size_t>(B + 1, 0),
+                           .kv_len = {},
+                           .q = p.q,
+                           .options = p.options,
+                           .sinks = p.sinks,
+                           .alibi_slopes = p.alibi_slopes};
     for (std::size_t b = 0; b <= B; ++b)
-        q_first[b] = p.cu_seqlens_q.empty() ? b * p.q_len : static_cast<std::size_t>(p.cu_seqlens_q[b]);
-    const std::size_t total_q = q_first[B];
-    const double scale = p.options.scale ? *p.options.scale : 1.0 / std::sqrt(static_cast<double>(E));
-    std::vector<double> slope(Hq, 0.0);
-    if (!p.alibi_slopes.empty()) {
-        for (std::size_t h = 0; h < Hq; ++h) slope[h] = static_cast<double>(p.alibi_slopes[h]);
-    } else if (p.options.alibi_max_bias > 0) {
-        const double n = std::exp2(std::floor(std::log2(static_cast<double>(Hq))));
-        const double bias = p.options.alibi_max_bias;
-        for (std::size_t h = 0; h < Hq; ++h)
-            slope[h] = static_cast<double>(h) < n
-                           ? std::pow(std::exp2(-bias / n), static_cast<double>(h + 1))
-                           : std::pow(std::exp2(-bias / (2 * n)), 2 * (static_cast<double>(h) - n) + 1);
-    }
-    const auto k_at = [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
+        batch.q_first[b] = p.cu_seqlens_q.empty() ? b * p.q_len : static_cast<std::size_t>(p.cu_seqlens_q[b]);
+    for (std::size_t b = 0; b < B; ++b) batch.kv_len.push_back(p.cache_seqlens[b]);
+    // Row j % page_size of the page the table names for key j of sequence b.
+    const auto pool_row = [&](std::size_t b, std::int64_t j) {
         const auto page = static_cast<std::size_t>(p.block_table[b * p.max_pages + static_cast<std::size_t>(j) / ps]);
-        return static_cast<double>(p.k_pages[((page * ps + static_cast<std::size_t>(j) % ps) * Hkv + g) * E + e]);
+        return page * ps + static_cast<std::size_t>(j) % ps;
     };
-    const auto v_at = [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
-        const auto page = static_cast<std::size_t>(p.block_table[b * p.max_pages + static_cast<std::size_t>(j) / ps]);
-        return static_cast<double>(p.v_pages[((page * ps + static_cast<std::size_t>(j) % ps) * Hkv + g) * Ev + e]);
-    };
-    paged_ref_result r;
-    r.output.assign(total_q * Hq * Ev, 0.0);
-    if (p.options.return_lse) r.lse.assign(Hq * total_q, -std::numeric_limits<double>::infinity());
-    for (std::size_t b = 0; b < B; ++b) {
-        const auto L = static_cast<std::int64_t>(q_first[b + 1] - q_first[b]);
-        const std::int64_t S = p.cache_seqlens[b];
-        const std::int64_t off = p.options.alignment == qkv::causal_alignment::bottom_right ? S - L : 0;
-        for (std::size_t h = 0; h < Hq; ++h) {
-            const std::size_t g = h / (Hq / Hkv);
-            for (std::int64_t i = 0; i < L; ++i) {
-                const std::size_t row = q_first[b] + static_cast<std::size_t>(i);
-                const std::int64_t pos = i + off;
-                std::vector<double> s;
-                std::vector<std::int64_t> keys;
-                for (std::int64_t j = 0; j < S; ++j) {
-                    if (p.options.causal && j > pos) continue;
-                    if (p.options.window_left >= 0 && j < pos - p.options.window_left) continue;
-                    if (p.options.window_right >= 0 && j > pos + p.options.window_right) continue;
-                    double dot = 0;
-                    for (std::size_t e = 0; e < E; ++e)
-                        dot += static_cast<double>(p.q[(row * Hq + h) * E + e]) * k_at(b, j, g, e);
-                    double score = scale * dot;
-                    if (p.options.softcap > 0) score = p.options.softcap * std::tanh(score / p.options.softcap);
-                    score -= slope[h] * static_cast<double>(std::abs(pos - j));
-                    s.push_back(score);
-                    keys.push_back(j);
-                }
-                if (s.empty()) continue;  // zeros, lse -inf
-                const double m = *std::max_element(s.begin(), s.end());
-                double sum = 0;
-                for (const double x : s) sum += std::exp(x - m);
-                double top = m, denominator = sum;
-                if (!p.sinks.empty()) {
-                    top = std::max(m, static_cast<double>(p.sinks[h]));
-                    denominator = sum * std::exp(m - top) + std::exp(static_cast<double>(p.sinks[h]) - top);
-                }
-                double* out = &r.output[(row * Hq + h) * Ev];
-                for (std::size_t n = 0; n < s.size(); ++n) {
-                    const double w = std::exp(s[n] - top) / denominator;
-                    for (std::size_t e = 0; e < Ev; ++e) out[e] += w * v_at(b, keys[n], g, e);
-                }
-                if (p.options.return_lse) r.lse[h * total_q + row] = m + std::log(sum);
-            }
-        }
-    }
-    return r;
+    return ragged_reference(
+        batch,
+        [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
+            return static_cast<double>(p.k_pages[(pool_row(b, j) * Hkv + g) * E + e]);
+        },
+        [&](std::size_t b, std::int64_t j, std::size_t g, std::size_t e) {
+            return static_cast<double>(p.v_pages[(pool_row(b, j) * Hkv + g) * Ev + e]);
+        });
 }
 
 }  // namespace qkv_test
