@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backend_checks.hpp"
 #include "support/catch.hpp"
 #include "support/expect.hpp"
 #include "support/paged_problems.hpp"
@@ -21,25 +22,7 @@ namespace {
 using qkv_test::expect_invalid;
 
 void check_against_reference(const qkv_test::owned_paged& o) {
-    const qkv_test::paged_ref_result want = qkv_test::paged_reference(o.problem);
-    const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(o.problem);
-    REQUIRE(got.output.size() == want.output.size());
-    for (const double x : got.output) REQUIRE(std::isfinite(x));
-    CHECK(qkv_test::nmse(got.output, want.output) <= 1e-24);
-    if (o.problem.options.return_lse) {
-        REQUIRE(got.lse.size() == want.lse.size());
-        for (std::size_t i = 0; i < want.lse.size(); ++i) {
-            INFO("lse " << i);
-            if (std::isinf(want.lse[i]))
-                CHECK(got.lse[i] == want.lse[i]);
-            else
-                CHECK(std::abs(got.lse[i] - want.lse[i]) <= 1e-12);
-        }
-    }
-    // The float32 form: the same values rounded once.
-    const qkv::varlen_output f = qkv::cpu::sdpa(o.problem);
-    REQUIRE(f.output.size() == got.output.size());
-    for (std::size_t i = 0; i < f.output.size(); ++i) REQUIRE(f.output[i] == static_cast<float>(got.output[i]));
+    qkv_test::check_cpu_backend(o.problem, qkv_test::paged_reference(o.problem));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backend_checks.hpp"
 #include "support/catch.hpp"
 #include "support/families.hpp"
 #include "support/gpu.hpp"
@@ -164,19 +165,6 @@ owned_sdpa make(const spec& s, std::uint64_t seed) {
     return o;
 }
 
-/// The float64 reference of what the device computes: Q rounded through float16 for precision
-/// fp16, K and V through the stored type (the CPU backend round-trips them for an explicit kv_type).
-qkv::sdpa_output_f64 reference(const qkv::sdpa_problem& p) {
-    qkv::sdpa_problem r = p;
-    std::vector<float> q;
-    if (p.options.precision == qkv::precision::fp16) {
-        q = qkv::round_trip(element_type::f16, p.q);
-        r.q = q;
-    }
-    r.options.kv_type = qkv::stored_kv_type(p.options);
-    return qkv::cpu::sdpa_f64(r);
-}
-
 /// Rows of `want` that are zero (no key) must be exactly zero; finite wants must be finite.
 void check_close(const std::vector<float>& got, const std::vector<double>& want, std::size_t width, const char* what,
                  double tolerance) {
@@ -192,26 +180,6 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
         for (std::size_t c = 0; c < width; ++c) wrong_zero += got[r * width + c] != 0.0f;
     }
     CHECK(wrong_zero == 0);
-}
-
-/// lse: -inf exactly where the reference has -inf, the finite ones close.
-void check_lse(const std::vector<float>& got, const std::vector<double>& want, double tolerance) {
-    REQUIRE(got.size() == want.size());
-    std::vector<float> g;
-    std::vector<double> w;
-    std::size_t wrong_inf = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-        if (want[i] == -std::numeric_limits<double>::infinity()) {
-            wrong_inf += got[i] != neg_inf;
-            continue;
-        }
-        g.push_back(got[i]);
-        w.push_back(want[i]);
-    }
-    CHECK(wrong_inf == 0);
-    const double e = qkv_test::nmse(g, w);
-    INFO("lse nmse " << e);
-    CHECK(e <= tolerance);
 }
 
 /// Whether `route` can take the spec: the cooperative-matrix family stores Q, K and V as float16
@@ -230,7 +198,7 @@ qkv::sdpa_output run(qkv::vulkan::context& ctx, owned_sdpa& o, path route, spec 
     INFO(describe(s, route));
     p.options.kernel = family_of(route);
     const double tolerance = qkv_test::case_tolerance(p.options.kernel, 1e-9);
-    const qkv::sdpa_output_f64 want = reference(p);
+    const qkv::sdpa_output_f64 want = qkv_test::device_reference(p);
     qkv::sdpa_output got;
     if (cache(route)) {
         qkv::vulkan::kv_cache cache(ctx, {.batch = s.batch,
@@ -262,7 +230,7 @@ qkv::sdpa_output run(qkv::vulkan::context& ctx, owned_sdpa& o, path route, spec 
     check_close(got.output, want.output, s.d_v, "output", tolerance);
     if (s.weights) check_close(got.weights, want.weights, s.kv_len, "weights", tolerance);
     if (s.lse)
-        check_lse(got.lse, want.lse, tolerance);
+        qkv_test::check_lse(got.lse, want.lse, tolerance);
     else
         CHECK(got.lse.empty());
     require_clean(ctx);
@@ -392,7 +360,7 @@ TEST_CASE("sdpa features: ALiBi slopes given per query head, on every path", "[v
     run_paths(decode, decode_paths(), 261);
     qkv::vulkan::context& ctx = qkv_test::gpu();
     owned_sdpa o = make(fused, 262);
-    const qkv::sdpa_output_f64 want = reference(o.problem);
+    const qkv::sdpa_output_f64 want = qkv_test::device_reference(o.problem);
     qkv::sdpa_problem desc = o.problem;
     desc.q = {}, desc.k = {}, desc.v = {};
     desc.options.return_lse = false;
@@ -866,7 +834,7 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
                      .sinks = true};
         INFO(describe(s, path::fused_cpu));
         owned_sdpa o = make(s, 950 + S);
-        const qkv::sdpa_output_f64 want = reference(o.problem);
+        const qkv::sdpa_output_f64 want = qkv_test::device_reference(o.problem);
         qkv::sdpa_problem desc = o.problem;
         desc.q = {}, desc.k = {}, desc.v = {};
         qkv::vulkan::sdpa_call call(ctx, desc);
@@ -897,7 +865,7 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
                      .window_right = 0,
                      .sinks = true};
         owned_sdpa o = make(s, 990);
-        const qkv::sdpa_output_f64 want = reference(o.problem);
+        const qkv::sdpa_output_f64 want = qkv_test::device_reference(o.problem);
         qkv::vulkan::kv_cache kvc(ctx, {.kv_heads = 2, .capacity = 2000, .d_qk = 32, .d_v = 32});
         qkv::sdpa_problem desc = o.problem;
         desc.q = {}, desc.k = {}, desc.v = {};
@@ -946,7 +914,7 @@ TEST_CASE("sdpa features: planned calls over device tensors take the rules", "[v
             qkv::sdpa_problem part = o.problem;
             part.shape.kv_len = rows;
             part.k = k, part.v = v;
-            const qkv::sdpa_output_f64 want = reference(part);
+            const qkv::sdpa_output_f64 want = qkv_test::device_reference(part);
             call.run({.q = &q, .out = &out});
             INFO("position_offset " << off << ", " << rows << " keys in the cache");
             check_close(out.download(), want.output, s.d_v, "output against a growing cache", 1e-9);
@@ -1034,7 +1002,7 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
             o.v[900 * s.d_v + 17] = std::numeric_limits<float>::infinity();
             o.problem.v = o.v;
             INFO(name_of(route));
-            const qkv::sdpa_output_f64 want = reference(o.problem);
+            const qkv::sdpa_output_f64 want = qkv_test::device_reference(o.problem);
             qkv::sdpa_problem p = o.problem;
             qkv::sdpa_output got;
             if (route == path::decode_cache) {
@@ -1074,11 +1042,11 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
         owned_sdpa o = make(s, ++seed);
         o.problem.options.kernel = qkv::kernel_family::block_tiles;
         INFO(describe(s, path::decode_host) << " (gpu kernel)");
-        const qkv::sdpa_output_f64 want = reference(o.problem);
+        const qkv::sdpa_output_f64 want = qkv_test::device_reference(o.problem);
         const qkv::sdpa_output got = qkv_test::gpu().sdpa(o.problem);
         CHECK(got.kernel == qkv::kernel_family::block_tiles);
         check_close(got.output, want.output, s.d_v, "output", 1e-9);
-        check_lse(got.lse, want.lse, 1e-9);
+        qkv_test::check_lse(got.lse, want.lse, 1e-9);
         require_clean(qkv_test::gpu());
     }
     // Real wide heads: E = 1,024 over q8_0 blocks, E = Ev = 4,096 over float32 texels.

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "support/backend_checks.hpp"
 #include "support/catch.hpp"
 #include "support/expect.hpp"
 #include "support/reference.hpp"
@@ -18,18 +19,6 @@
 namespace {
 
 using qkv_test::expect_invalid;
-
-/// Every lse entry: -inf exactly where the reference's is, the rest within `tolerance` (absolute).
-void check_lse(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-        INFO("lse " << i);
-        if (std::isinf(want[i]))
-            CHECK(got[i] == want[i]);
-        else
-            CHECK(std::abs(got[i] - want[i]) <= tolerance);
-    }
-}
 
 // Query lengths 1, 3, 17, 113, a sequence without queries, one without keys, one with more
 // queries than keys (bottom-right: its first rows see nothing).
@@ -78,15 +67,7 @@ TEST_CASE("varlen: the CPU reference equals the packed reference, every rule per
             o.slopes = {0.5f, 0.0f, 0.125f, 1.0f, 0.25f, 0.0625f};
             o.problem.alibi_slopes = o.slopes;
         }
-        const qkv_test::varlen_ref_result want = qkv_test::varlen_reference(o);
-        const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(o.problem);
-        REQUIRE(got.output.size() == want.output.size());
-        CHECK(qkv_test::nmse(got.output, want.output) <= 1e-24);
-        for (const double x : got.output) REQUIRE(std::isfinite(x));
-        if (c.options.return_lse) check_lse(got.lse, want.lse, 1e-12);
-        // The float32 form: the same values rounded once.
-        const qkv::varlen_output f = qkv::cpu::sdpa(o.problem);
-        for (std::size_t i = 0; i < f.output.size(); ++i) REQUIRE(f.output[i] == static_cast<float>(got.output[i]));
+        qkv_test::check_cpu_backend(o.problem, qkv_test::varlen_reference(o));
     }
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backend_checks.hpp"
 #include "support/catch.hpp"
 #include "support/expect.hpp"
 #include "support/families.hpp"
@@ -26,42 +27,6 @@
 namespace {
 
 using qkv::element_type;
-
-/// The float64 reference of what the device computes: Q through float16 for precision fp16, K
-/// and V through the type the device stores them in.
-qkv::varlen_output_f64 reference(const qkv::varlen_problem& p) {
-    qkv::varlen_problem r = p;
-    std::vector<float> q;
-    if (p.options.precision == qkv::precision::fp16) {
-        q = qkv::round_trip(element_type::f16, p.q);
-        r.q = q;
-    }
-    r.options.kv_type = qkv::stored_kv_type(p.options);
-    return qkv::cpu::sdpa_f64(r);
-}
-
-/// Against the reference of the stored values at `tolerance`: float32's 1e-9 for the scalar families;
-/// the cooperative-matrix family rounds P to float16 for P·V, so its bound is the fp16 one
-/// (qkv_test::case_tolerance).
-void check(const qkv::varlen_output& got, const qkv::varlen_output_f64& want, double tolerance = 1e-9) {
-    REQUIRE(got.output.size() == want.output.size());
-    for (const float x : got.output) REQUIRE(std::isfinite(x));
-    const double e = qkv_test::nmse(got.output, want.output);
-    INFO("output nmse " << e);
-    CHECK(e <= tolerance);
-    REQUIRE(got.lse.size() == want.lse.size());
-    std::vector<float> g;
-    std::vector<double> w;
-    for (std::size_t i = 0; i < want.lse.size(); ++i) {
-        if (std::isinf(want.lse[i])) {
-            CHECK(got.lse[i] == -std::numeric_limits<float>::infinity());
-            continue;
-        }
-        g.push_back(got.lse[i]);
-        w.push_back(want.lse[i]);
-    }
-    if (!w.empty()) CHECK(qkv_test::nmse(g, w) <= tolerance);
-}
 
 const std::vector<std::size_t> mixed_q{1, 3, 17, 0, 113, 2, 9, 1};
 const std::vector<std::size_t> mixed_k{1, 17, 5, 4, 113, 0, 3, 150};
@@ -104,7 +69,7 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
             o.problem.alibi_slopes = o.slopes;
         }
         const qkv::varlen_output got = ctx.sdpa(o.problem);
-        check(got, reference(o.problem));
+        qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
         CHECK(got.device == ctx.device().name);
         qkv_test::require_clean(ctx);
     }
@@ -151,7 +116,7 @@ TEST_CASE("varlen vulkan: each fused family on a mixed batch with every rule, de
                 o.problem.alibi_slopes = o.slopes;
             }
             const qkv::varlen_output got = ctx.sdpa(o.problem);
-            check(got, reference(o.problem), qkv_test::case_tolerance(family, 1e-9));
+            qkv_test::check_packed(got, qkv_test::device_reference(o.problem), qkv_test::case_tolerance(family, 1e-9));
             CHECK(got.device == ctx.device().name);
             qkv_test::require_clean(ctx);
         }
@@ -170,7 +135,7 @@ TEST_CASE("varlen vulkan: fp16 and quantized K/V", "[varlen]") {
                              .precision = precision,
                              .return_lse = true,
                              .kv_type = kv_type};
-        check(ctx.sdpa(o.problem), reference(o.problem));
+        qkv_test::check_packed(ctx.sdpa(o.problem), qkv_test::device_reference(o.problem));
         qkv_test::require_clean(ctx);
     }
 }
@@ -183,7 +148,7 @@ TEST_CASE("varlen vulkan: one command buffer gives each sequence's context::sdpa
         qkv_test::owned_varlen o = qkv_test::random_varlen({1, 17, 3, 113}, {150, 17, 40, 113}, 4, 2, 16, 16, 21);
         o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
         const qkv::varlen_output got = ctx.sdpa(o.problem);
-        check(got, reference(o.problem));
+        qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
         const std::size_t total_q = static_cast<std::size_t>(o.cu_q.back());
         for (std::size_t b = 0; b < 4; ++b) {
             const qkv::basic_varlen_sequence<float> s = qkv::sequence_of(o.problem, b);
@@ -209,7 +174,7 @@ TEST_CASE("varlen vulkan: more sequences than one command buffer takes", "[varle
     for (std::size_t b = 0; b < 70; ++b) lq.push_back(1 + b % 3), lk.push_back(2 + b % 5);
     qkv_test::owned_varlen o = qkv_test::random_varlen(lq, lk, 2, 1, 8, 8, 70);
     o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
-    check(ctx.sdpa(o.problem), reference(o.problem));
+    qkv_test::check_packed(ctx.sdpa(o.problem), qkv_test::device_reference(o.problem));
     qkv_test::require_clean(ctx);
 }
 
