@@ -242,6 +242,28 @@ bool decode_shape(const spec& s) {
     return s.q_len <= 16 && s.q_heads / s.kv_heads * s.q_len <= 64 && s.kv_len >= 1024 && !s.weights;
 }
 
+/// A decode shape (3 query rows of 8 heads against 1,500 keys of 2) with every rule at once: an
+/// additive mask, causal bottom-right, a window, softcap, ALiBi, sinks and lse, K/V stored as `kv_type`.
+spec decode_every_rule(element_type kv_type) {
+    return {.q_heads = 8,
+            .kv_heads = 2,
+            .q_len = 3,
+            .kv_len = 1500,
+            .d_qk = 64,
+            .d_v = 32,
+            .mask = masks::additive,
+            .mask_shape = {1500},
+            .causal = true,
+            .alignment = qkv::causal_alignment::bottom_right,
+            .window_left = 700,
+            .window_right = 0,
+            .softcap = 10.0f,
+            .alibi = 8.0f,
+            .sinks = true,
+            .lse = true,
+            .kv_type = kv_type};
+}
+
 void run_paths(const spec& s, const std::vector<path>& paths, std::uint64_t seed) {
     for (const path route : paths) {
         if (!takes(route, s)) continue;
@@ -557,23 +579,7 @@ TEST_CASE("sdpa features: decode from host K/V and from a kv_cache, every K/V ty
     using qkv::causal_alignment;
     std::uint64_t seed = 500;
     for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
-        const spec s{.q_heads = 8,
-                     .kv_heads = 2,
-                     .q_len = 3,
-                     .kv_len = 1500,
-                     .d_qk = 64,
-                     .d_v = 32,
-                     .mask = masks::additive,
-                     .mask_shape = {1500},
-                     .causal = true,
-                     .alignment = causal_alignment::bottom_right,
-                     .window_left = 700,
-                     .window_right = 0,
-                     .softcap = 10.0f,
-                     .alibi = 8.0f,
-                     .sinks = true,
-                     .lse = true,
-                     .kv_type = t};
+        const spec s = decode_every_rule(t);
         REQUIRE(decode_shape(s));
         run_paths(s, decode_paths(), ++seed);
     }
@@ -938,23 +944,7 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
     std::uint64_t seed = 1500;
     const auto both = {path::decode_host, path::decode_cache};
     for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0}) {
-        const spec s{.q_heads = 8,
-                     .kv_heads = 2,
-                     .q_len = 3,
-                     .kv_len = 1500,
-                     .d_qk = 64,
-                     .d_v = 32,
-                     .mask = masks::additive,
-                     .mask_shape = {1500},
-                     .causal = true,
-                     .alignment = causal_alignment::bottom_right,
-                     .window_left = 700,
-                     .window_right = 0,
-                     .softcap = 10.0f,
-                     .alibi = 8.0f,
-                     .sinks = true,
-                     .lse = true,
-                     .kv_type = t};
+        const spec s = decode_every_rule(t);
         for (const path route : both) {
             owned_sdpa o = make(s, ++seed);
             run(ctx, o, route, s);
