@@ -66,6 +66,21 @@ expectation expected(std::size_t index) {
     }
 }
 
+/// Each fake device, its description and what this file expects of it.
+struct device_case {
+    fd::fake_device device;
+    device_desc desc;
+    expectation e;
+};
+
+std::vector<device_case> device_cases() {
+    const auto devices = fd::fake_devices();
+    std::vector<device_case> cases;
+    for (std::size_t i = 0; i < devices.size(); ++i)
+        cases.push_back({devices[i], fd::desc_of(devices[i]), expected(i)});
+    return cases;
+}
+
 /// A problem of this shape; its spans only have the sizes (a plan never reads data).
 struct sized_problem {
     std::vector<float> q, k, v;
@@ -85,12 +100,8 @@ struct sized_problem {
 
 TEST_CASE("coop plan: the shape comes from each device's own list, the tiles fit it", "[plan][coop]") {
     const settings set;
-    const auto devices = fd::fake_devices();
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-        const fd::fake_device& f = devices[i];
+    for (const auto& [f, desc, e] : device_cases()) {
         INFO(f.name);
-        const device_desc desc = fd::desc_of(f);
-        const expectation e = expected(i);
         for (const bool split : {false, true}) {
             for (const auto& [d, dv] : {std::pair{64u, 64u}, std::pair{1u, 3u}, std::pair{17u, 113u},
                                         std::pair{80u, 48u}, std::pair{128u, 128u}, std::pair{256u, 256u}}) {
@@ -153,15 +164,13 @@ TEST_CASE("coop plan: a build without the shaders refuses the family on every de
 
 TEST_CASE("coop plan: float32 calls, wide heads and many heads are refused, naming why", "[plan][coop]") {
     const settings set;
-    const auto devices = fd::fake_devices();
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-        INFO(devices[i].name);
-        const device_desc desc = fd::desc_of(devices[i]);
+    for (const auto& [f, desc, e] : device_cases()) {
+        INFO(f.name);
         coop_tiles t;
         // float32 Q, K or V: FlashAttention's rule (fp16 and bf16 only), never float16 products in secret
         const coop_verdict fp32 = check_coop(desc, layout_of(64, 64, false), false, set, t);
         CHECK_FALSE(fp32.why.empty());
-        if (expected(i).m) {
+        if (e.m) {
             CHECK(contains(fp32.why, "precision fp16"));
             const coop_verdict wide = check_coop(desc, layout_of(257, 64), false, set, t);
             CHECK(contains(wide.why, "head widths up to 256"));
@@ -211,12 +220,8 @@ TEST_CASE("coop plan: QKV_COOP_TILES overrides the subgroups and keys per tile",
 
 TEST_CASE("coop plan: sdpa's fused route takes the family where it may, and only for fp16", "[plan][coop][sdpa]") {
     const settings set;
-    const auto devices = fd::fake_devices();
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-        const fd::fake_device& f = devices[i];
+    for (const auto& [f, desc, e] : device_cases()) {
         INFO(f.name);
-        const device_desc desc = fd::desc_of(f);
-        const expectation e = expected(i);
         // Prefill (the fused route): 3 query rows per K/V head would decode; 37 do not.
         const sized_problem half(2, 8, 2, 37, 300, 64, 48);
         const sdpa_plan p = plan_sdpa(half.p, desc, set);
