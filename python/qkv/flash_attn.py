@@ -66,6 +66,14 @@ def _bshd(x, name):
     return x
 
 
+def _flash_lse(lse, kind):
+    """FlashAttention's softmax_lse from the call's: a copy (the backward pass keeps the original;
+    C-ordered for numpy), +inf for a row with no key (FlashAttention 2 stores +inf there; the library -inf)."""
+    lse = lse.copy() if kind != _arrays.TORCH else lse.clone()
+    lse[lse == float("-inf")] = float("inf")
+    return lse
+
+
 def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_softmax, device,
              precision, names=("q", "k", "v")):
     """out (and softmax_lse) of flash attention over (batch, seqlen, nheads, headdim) arrays (views
@@ -86,9 +94,7 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
     out, lse, weights = _autograd.run(call)
     if not return_softmax:
         return out
-    lse = lse.copy() if kind != _arrays.TORCH else lse.clone()  # the backward pass keeps the original
-    lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
-    return out, lse, weights
+    return out, _flash_lse(lse, kind), weights
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -257,9 +263,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     out, lse, _ = _autograd.run(call)
     if not return_attn_probs:
         return out
-    lse = lse.copy() if kind != _arrays.TORCH else lse.clone()  # the backward pass keeps the original
-    lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
-    return out, lse, None
+    return out, _flash_lse(lse, kind), None
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -543,6 +547,4 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if not return_softmax_lse:
         return out
     lse = lse.reshape(Hq, B, L).transpose(0, 1) if kind == _arrays.TORCH else lse.reshape(Hq, B, L).transpose(1, 0, 2)
-    lse = lse.contiguous() if kind == _arrays.TORCH else lse.copy()
-    lse[lse == float("-inf")] = float("inf")  # a row with no key: FlashAttention 2 stores +inf
-    return out, lse
+    return out, _flash_lse(lse.contiguous() if kind == _arrays.TORCH else lse, kind)  # numpy's copy is C-ordered
