@@ -31,17 +31,32 @@ using qkv::element_type;
 const std::vector<std::size_t> mixed_q{1, 3, 17, 0, 113, 2, 9, 1};
 const std::vector<std::size_t> mixed_k{1, 17, 5, 4, 113, 0, 3, 150};
 
+/// A case's score rules: its options, and sinks or ALiBi slopes (for 4 query heads) where it says.
+struct rules {
+    const char* name;
+    qkv::sdpa_options options;
+    bool sinks;
+    bool slopes = false;
+};
+
+/// Gives `o` the rules of `c`.
+void apply(const rules& c, qkv_test::owned_varlen& o) {
+    o.problem.options = c.options;
+    if (c.sinks) {
+        o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
+        o.problem.sinks = o.sinks;
+    }
+    if (c.slopes) {
+        o.slopes = {0.5f, 0.0f, 0.125f, 1.0f};
+        o.problem.alibi_slopes = o.slopes;
+    }
+}
+
 }  // namespace
 
 TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule, on the routes the plan picks",
           "[varlen]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    struct rules {
-        const char* name;
-        qkv::sdpa_options options;
-        bool sinks;
-        bool slopes = false;
-    };
     const qkv::sdpa_options all{.causal = true,
                                 .alignment = qkv::causal_alignment::bottom_right,
                                 .window_left = 6,
@@ -59,15 +74,7 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
     for (const rules& c : cases) {
         INFO(c.name);
         qkv_test::owned_varlen o = qkv_test::random_varlen(mixed_q, mixed_k, 4, 2, 16, 24, 77);
-        o.problem.options = c.options;
-        if (c.sinks) {
-            o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
-            o.problem.sinks = o.sinks;
-        }
-        if (c.slopes) {
-            o.slopes = {0.5f, 0.0f, 0.125f, 1.0f};
-            o.problem.alibi_slopes = o.slopes;
-        }
+        apply(c, o);
         const qkv::varlen_output got = ctx.sdpa(o.problem);
         qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
         CHECK(got.device == ctx.device().name);
@@ -82,12 +89,6 @@ TEST_CASE("varlen vulkan: a mixed batch equals the float64 reference, every rule
 TEST_CASE("varlen vulkan: each fused family on a mixed batch with every rule, decode-shaped sequences too",
           "[varlen][families]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    struct rules {
-        const char* name;
-        qkv::sdpa_options options;
-        bool sinks;
-        bool slopes = false;
-    };
     const rules cases[] = {
         {"window, softcap, ALiBi, sinks, lse",
          {.causal = true,
@@ -104,17 +105,9 @@ TEST_CASE("varlen vulkan: each fused family on a mixed batch with every rule, de
             INFO(c.name << ", " << qkv_test::family_name(family));
             qkv_test::owned_varlen o =
                 qkv_test::random_varlen({1, 3, 17, 0, 113, 2, 9}, {1, 1030, 5, 4, 113, 0, 3}, 4, 2, 16, 24, 78);
-            o.problem.options = c.options;
+            apply(c, o);
             o.problem.options.kernel = family;
             o.problem.options.precision = qkv_test::case_precision(family, qkv::precision::fp32);
-            if (c.sinks) {
-                o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f};
-                o.problem.sinks = o.sinks;
-            }
-            if (c.slopes) {
-                o.slopes = {0.5f, 0.0f, 0.125f, 1.0f};
-                o.problem.alibi_slopes = o.slopes;
-            }
             const qkv::varlen_output got = ctx.sdpa(o.problem);
             qkv_test::check_packed(got, qkv_test::device_reference(o.problem), qkv_test::case_tolerance(family, 1e-9));
             CHECK(got.device == ctx.device().name);
