@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backend_checks.hpp"
 #include "support/catch.hpp"
 #include "support/expect.hpp"
 #include "support/gpu.hpp"
@@ -23,39 +24,6 @@
 namespace {
 
 using qkv::element_type;
-
-/// The float64 reference of what the device computes: Q through float16 for precision fp16, K and
-/// V through the type the device stores them in.
-qkv::varlen_output_f64 reference(const qkv::paged_problem& p) {
-    qkv::paged_problem r = p;
-    std::vector<float> q;
-    if (p.options.precision == qkv::precision::fp16) {
-        q = qkv::round_trip(element_type::f16, p.q);
-        r.q = q;
-    }
-    r.options.kv_type = qkv::stored_kv_type(p.options);
-    return qkv::cpu::sdpa_f64(r);
-}
-
-void check(const qkv::varlen_output& got, const qkv::varlen_output_f64& want) {
-    REQUIRE(got.output.size() == want.output.size());
-    for (const float x : got.output) REQUIRE(std::isfinite(x));
-    const double e = qkv_test::nmse(got.output, want.output);
-    INFO("output nmse " << e);
-    CHECK(e <= 1e-9);
-    REQUIRE(got.lse.size() == want.lse.size());
-    std::vector<float> g;
-    std::vector<double> w;
-    for (std::size_t i = 0; i < want.lse.size(); ++i) {
-        if (std::isinf(want.lse[i])) {
-            CHECK(got.lse[i] == -std::numeric_limits<float>::infinity());
-            continue;
-        }
-        g.push_back(got.lse[i]);
-        w.push_back(want.lse[i]);
-    }
-    if (!w.empty()) CHECK(qkv_test::nmse(g, w) <= 1e-9);
-}
 
 }  // namespace
 
@@ -90,7 +58,7 @@ TEST_CASE("paged vulkan: page sizes 1, 16, 256, shuffled and shared pages, every
                 o.problem.sinks = o.sinks;
             }
             const qkv::varlen_output got = ctx.sdpa(o.problem);
-            check(got, reference(o.problem));
+            qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
             CHECK(got.device == ctx.device().name);
             // Equal inputs, equal bits.
             CHECK(ctx.sdpa(o.problem).output == got.output);
@@ -112,7 +80,7 @@ TEST_CASE("paged vulkan: fp16 and quantized pages", "[paged]") {
                              .precision = precision,
                              .return_lse = true,
                              .kv_type = kv_type};
-        check(ctx.sdpa(o.problem), reference(o.problem));
+        qkv_test::check_packed(ctx.sdpa(o.problem), qkv_test::device_reference(o.problem));
         qkv_test::require_clean(ctx);
     }
 }
@@ -192,7 +160,7 @@ TEST_CASE("paged vulkan: a device pool, page sizes 1, 16, 256, shuffled and shar
             const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
             const qkv::paged_problem p = without_pool(o.problem);
             const qkv::varlen_output got = ctx.sdpa(p, pool);
-            check(got, reference(o.problem));
+            qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
             CHECK(got.device == ctx.device().name);
             CHECK(ctx.sdpa(p, pool).output == got.output);  // equal inputs, equal bits
             qkv_test::require_clean(ctx);
@@ -213,7 +181,7 @@ TEST_CASE("paged vulkan: a device pool of f16, a long sequence split among short
     const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f16);
     qkv::paged_problem want = o.problem;
     want.options.kv_type = element_type::f16;
-    check(ctx.sdpa(without_pool(o.problem), pool), reference(want));
+    qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
     qkv_test::require_clean(ctx);
 }
 
