@@ -5,10 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <iosfwd>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -151,6 +154,21 @@ struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
     qkv::precision precision = qkv::precision::fp32;
 };
+/// The seeded draws of a --varlen or --serve batch, from one generator: the B sequence lengths,
+/// log-uniform in [16, max_len], then N(0, 1) values (and the pages' shuffle, through rng).
+struct batch_draws {
+    explicit batch_draws(std::uint64_t seed) : rng(seed) {}
+    std::vector<std::size_t> lengths(const varlen_config& c);
+    std::vector<float> values(std::size_t n);
+    std::mt19937_64 rng;
+    std::normal_distribution<float> normal{0.0f, 1.0f};
+};
+/// The options of a --varlen or --serve call: causal, aligned bottom-right, at c.precision.
+qkv::sdpa_options batch_options(const varlen_config& c);
+/// Wall milliseconds since `t`; process CPU milliseconds since `c` (std::clock: the host thread and
+/// lavapipe's worker threads alike).
+double ms_since(std::chrono::steady_clock::time_point t);
+double cpu_ms_since(std::clock_t c);
 /// Times one ragged call (context::sdpa over a varlen_problem), B separate calls and one call
 /// padded to the longest, in turn on the same data; prints them with tokens/s and returns them as
 /// JSON ({"ragged_ms", "separate_ms", "padded_ms", ...}).

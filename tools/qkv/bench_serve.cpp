@@ -36,38 +36,26 @@ namespace qkv::cli::bench {
 json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, int repeat, std::uint64_t seed,
                std::ostream& os) {
     const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim, page = 16;
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<double> log_len(std::log(16.0), std::log(static_cast<double>(vc.max_len)));
-    std::vector<std::size_t> len(B);
-    for (std::size_t& l : len)
-        l = std::clamp<std::size_t>(static_cast<std::size_t>(std::exp(log_len(rng))), 16, vc.max_len);
+    batch_draws draw(seed);
+    const std::vector<std::size_t> len = draw.lengths(vc);
     const std::size_t keys = std::accumulate(len.begin(), len.end(), std::size_t{0});
     const std::size_t longest = *std::max_element(len.begin(), len.end());
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const auto values = [&](std::size_t n) {
-        std::vector<float> v(n);
-        for (float& x : v) x = normal(rng);
-        return v;
-    };
     // The pool: sequence b's pages drawn from a shuffled list; its keys row j % 16 of its page j / 16.
     std::vector<std::size_t> first_page(B + 1, 0);
     for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] + page - 1) / page;
     const std::size_t pages = first_page[B], columns = (longest + page - 1) / page;
     std::vector<std::int32_t> order(pages);
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    std::shuffle(order.begin(), order.end(), draw.rng);
     std::vector<std::int32_t> table(B * columns, 0), seqlens;
     for (std::size_t b = 0; b < B; ++b) {
         for (std::size_t i = first_page[b]; i < first_page[b + 1]; ++i)
             table[b * columns + i - first_page[b]] = order[i];
         seqlens.push_back(static_cast<std::int32_t>(len[b]));
     }
-    const std::vector<float> k_pool = values(pages * page * Hkv * d), v_pool = values(pages * page * Hkv * d);
-    const std::vector<float> q = values(B * Hq * d);
-    qkv::sdpa_options options;
-    options.causal = true;
-    options.alignment = qkv::causal_alignment::bottom_right;
-    options.precision = vc.precision;
+    const std::vector<float> k_pool = draw.values(pages * page * Hkv * d), v_pool = draw.values(pages * page * Hkv * d);
+    const std::vector<float> q = draw.values(B * Hq * d);
+    const qkv::sdpa_options options = batch_options(vc);
     const qkv::paged_problem paged{.q_heads = Hq,
                                    .kv_heads = Hkv,
                                    .d_qk = d,
@@ -171,12 +159,6 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     }
 
     using clock = std::chrono::steady_clock;
-    const auto ms_since = [](clock::time_point t) {
-        return std::chrono::duration<double, std::milli>(clock::now() - t).count();
-    };
-    const auto cpu_since = [](std::clock_t c) {
-        return 1000.0 * static_cast<double>(std::clock() - c) / static_cast<double>(CLOCKS_PER_SEC);
-    };
     std::vector<double> device_ms, paged_ms, separate_ms, padded_ms, device_cpu, paged_cpu, separate_cpu, padded_cpu;
     double max_diff = 0;
     // Each form in its own rounds (its warm-up, then its timed rounds), as a server repeats one step:
@@ -186,7 +168,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             const auto t = clock::now();
             const std::clock_t cpu = std::clock();
             call(i);
-            const double w = ms_since(t), c = cpu_since(cpu);
+            const double w = ms_since(t), c = cpu_ms_since(cpu);
             if (i >= warmup) wall.push_back(w), cpu_ms.push_back(c);
         }
     };

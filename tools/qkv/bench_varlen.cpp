@@ -19,28 +19,47 @@
 
 namespace qkv::cli::bench {
 
-json run_varlen(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, int repeat, std::uint64_t seed,
-                std::ostream& os) {
-    const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim;
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<double> log_len(std::log(16.0), std::log(static_cast<double>(vc.max_len)));
-    std::vector<std::size_t> len(B);
+std::vector<std::size_t> batch_draws::lengths(const varlen_config& c) {
+    std::uniform_real_distribution<double> log_len(std::log(16.0), std::log(static_cast<double>(c.max_len)));
+    std::vector<std::size_t> len(c.batch);
     for (std::size_t& l : len)
-        l = std::clamp<std::size_t>(static_cast<std::size_t>(std::exp(log_len(rng))), 16, vc.max_len);
-    std::vector<std::int32_t> cu{0};
-    for (const std::size_t l : len) cu.push_back(cu.back() + static_cast<std::int32_t>(l));
-    const std::size_t total = static_cast<std::size_t>(cu.back()), longest = *std::max_element(len.begin(), len.end());
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const auto values = [&](std::size_t n) {
-        std::vector<float> v(n);
-        for (float& x : v) x = normal(rng);
-        return v;
-    };
-    const std::vector<float> q = values(total * Hq * d), k = values(total * Hkv * d), v = values(total * Hkv * d);
+        l = std::clamp<std::size_t>(static_cast<std::size_t>(std::exp(log_len(rng))), 16, c.max_len);
+    return len;
+}
+
+std::vector<float> batch_draws::values(std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+}
+
+qkv::sdpa_options batch_options(const varlen_config& c) {
     qkv::sdpa_options options;
     options.causal = true;
     options.alignment = qkv::causal_alignment::bottom_right;
-    options.precision = vc.precision;
+    options.precision = c.precision;
+    return options;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+double cpu_ms_since(std::clock_t c) {
+    return 1000.0 * static_cast<double>(std::clock() - c) / static_cast<double>(CLOCKS_PER_SEC);
+}
+
+json run_varlen(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, int repeat, std::uint64_t seed,
+                std::ostream& os) {
+    const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim;
+    batch_draws draw(seed);
+    const std::vector<std::size_t> len = draw.lengths(vc);
+    std::vector<std::int32_t> cu{0};
+    for (const std::size_t l : len) cu.push_back(cu.back() + static_cast<std::int32_t>(l));
+    const std::size_t total = static_cast<std::size_t>(cu.back()), longest = *std::max_element(len.begin(), len.end());
+    const std::vector<float> q = draw.values(total * Hq * d), k = draw.values(total * Hkv * d),
+                             v = draw.values(total * Hkv * d);
+    const qkv::sdpa_options options = batch_options(vc);
     const qkv::varlen_problem ragged{.q_heads = Hq,
                                      .kv_heads = Hkv,
                                      .d_qk = d,
@@ -77,26 +96,20 @@ json run_varlen(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, 
     padded.options = options;
 
     using clock = std::chrono::steady_clock;
-    const auto ms_since = [](clock::time_point t) {
-        return std::chrono::duration<double, std::milli>(clock::now() - t).count();
-    };
     // The three forms in turn, so that all see the same machine load.
     std::vector<double> ragged_ms, separate_ms, padded_ms, ragged_cpu, separate_cpu, padded_cpu;
-    const auto cpu_since = [](std::clock_t c) {
-        return 1000.0 * static_cast<double>(std::clock() - c) / static_cast<double>(CLOCKS_PER_SEC);
-    };
     double max_diff = 0;
     for (int i = 0; i < warmup + repeat; ++i) {
         auto t = clock::now();
         std::clock_t cpu = std::clock();
         const qkv::varlen_output r = ctx.sdpa(ragged);
-        const double a = ms_since(t), a_cpu = cpu_since(cpu);
+        const double a = ms_since(t), a_cpu = cpu_ms_since(cpu);
         t = clock::now(), cpu = std::clock();
         for (const auto& s : one) (void)ctx.sdpa(s.problem);
-        const double b = ms_since(t), b_cpu = cpu_since(cpu);
+        const double b = ms_since(t), b_cpu = cpu_ms_since(cpu);
         t = clock::now(), cpu = std::clock();
         const qkv::sdpa_output p = ctx.sdpa(padded);
-        const double c = ms_since(t), c_cpu = cpu_since(cpu);
+        const double c = ms_since(t), c_cpu = cpu_ms_since(cpu);
         if (i >= warmup) {
             ragged_ms.push_back(a), separate_ms.push_back(b), padded_ms.push_back(c);
             ragged_cpu.push_back(a_cpu), separate_cpu.push_back(b_cpu), padded_cpu.push_back(c_cpu);
