@@ -66,6 +66,17 @@ def _bshd(x, name):
     return x
 
 
+def _unpacked(x, name, layout):
+    """The arrays packed in x along the one numbered axis of `layout` (x's axes by name, the packed one
+    by its count: ("batch", "seqlen", 3, "nheads", "headdim")), as views, not copies."""
+    packed = _arrays.host_array(x, name)
+    shape = _arrays.shape_of(packed)
+    axis = next(i for i, a in enumerate(layout) if isinstance(a, int))
+    if len(shape) != len(layout) or shape[axis] != layout[axis]:
+        raise InvalidArgument(f"{name} has shape {shape}: it must be ({', '.join(map(str, layout))})")
+    return tuple(_arrays.select(packed, axis, i) for i in range(layout[axis]))
+
+
 def _flash_lse(lse, kind):
     """FlashAttention's softmax_lse from the call's: a copy (the backward pass keeps the original;
     C-ordered for numpy), +inf for a row with no key (FlashAttention 2 stores +inf there; the library -inf)."""
@@ -117,11 +128,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               device=None, precision=None):
     """FlashAttention's flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, nheads, headdim), q, k and v
     packed along dimension 2 (read as views, not copied). Returns as flash_attn_func."""
-    packed = _arrays.host_array(qkv, "qkv")
-    shape = _arrays.shape_of(packed)
-    if len(shape) != 5 or shape[2] != 3:
-        raise InvalidArgument(f"qkv has shape {shape}: it must be (batch, seqlen, 3, nheads, headdim)")
-    q, k, v = (_arrays.select(packed, 2, i) for i in range(3))
+    q, k, v = _unpacked(qkv, "qkv", ("batch", "seqlen", 3, "nheads", "headdim"))
     return _forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                     device, precision, names=("qkv",) * 3)
 
@@ -132,11 +139,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """FlashAttention's flash_attn_kvpacked_func: q (batch, seqlen_q, nheads, headdim), kv
     (batch, seqlen_k, 2, nheads_k, headdim), k and v packed along dimension 2. Returns as
     flash_attn_func."""
-    packed = _arrays.host_array(kv, "kv")
-    shape = _arrays.shape_of(packed)
-    if len(shape) != 5 or shape[2] != 2:
-        raise InvalidArgument(f"kv has shape {shape}: it must be (batch, seqlen_k, 2, nheads_k, headdim)")
-    k, v = (_arrays.select(packed, 2, i) for i in range(2))
+    k, v = _unpacked(kv, "kv", ("batch", "seqlen_k", 2, "nheads_k", "headdim"))
     return _forward(_bshd(q, "q"), k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                     return_attn_probs, device, precision, names=("q", "kv", "kv"))
 
@@ -299,11 +302,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     """FlashAttention's flash_attn_varlen_qkvpacked_func: qkv (total, 3, nheads, headdim), q, k and v
     packed along dimension 1 (read as views), one offset list for queries and keys. Returns as
     flash_attn_varlen_func."""
-    packed = _arrays.host_array(qkv, "qkv")
-    shape = _arrays.shape_of(packed)
-    if len(shape) != 4 or shape[1] != 3:
-        raise InvalidArgument(f"qkv has shape {shape}: it must be (total, 3, nheads, headdim)")
-    q, k, v = (_arrays.select(packed, 1, i) for i in range(3))
+    q, k, v = _unpacked(qkv, "qkv", ("total", 3, "nheads", "headdim"))
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                    window_size, softcap, alibi_slopes, return_attn_probs, device, precision, names=("qkv",) * 3)
 
@@ -315,11 +314,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     """FlashAttention's flash_attn_varlen_kvpacked_func: q (total_q, nheads, headdim), kv
     (total_k, 2, nheads_k, headdim), k and v packed along dimension 1. Returns as
     flash_attn_varlen_func."""
-    packed = _arrays.host_array(kv, "kv")
-    shape = _arrays.shape_of(packed)
-    if len(shape) != 4 or shape[1] != 2:
-        raise InvalidArgument(f"kv has shape {shape}: it must be (total_k, 2, nheads_k, headdim)")
-    k, v = (_arrays.select(packed, 1, i) for i in range(2))
+    k, v = _unpacked(kv, "kv", ("total_k", 2, "nheads_k", "headdim"))
     return _varlen(_packed_rows(q, "q", "(total_q, nheads, headdim)"), k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    return_attn_probs, device, precision, names=("q", "kv", "kv"))
