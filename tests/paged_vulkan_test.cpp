@@ -25,18 +25,20 @@ namespace {
 
 using qkv::element_type;
 
+/// The rules of the page-size cases: every rule at once (with sinks, which the cases add), or
+/// causal bottom-right alone; lse with both.
+const qkv::sdpa_options every{.causal = true,
+                              .alignment = qkv::causal_alignment::bottom_right,
+                              .window_left = 6,
+                              .softcap = 4.0f,
+                              .alibi_max_bias = 8.0f,
+                              .return_lse = true};
+const qkv::sdpa_options causal{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+
 }  // namespace
 
 TEST_CASE("paged vulkan: page sizes 1, 16, 256, shuffled and shared pages, every rule", "[paged]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    const qkv::sdpa_options every{.causal = true,
-                                  .alignment = qkv::causal_alignment::bottom_right,
-                                  .window_left = 6,
-                                  .softcap = 4.0f,
-                                  .alibi_max_bias = 8.0f,
-                                  .return_lse = true};
-    const qkv::sdpa_options causal{
-        .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
     for (const std::size_t page_size : {1u, 16u, 256u})
         for (const bool ragged : {false, true}) {
             INFO("page_size " << page_size << (ragged ? ", ragged queries" : ", one query each"));
@@ -130,14 +132,6 @@ qkv::paged_problem without_pool(qkv::paged_problem p) {
 TEST_CASE("paged vulkan: a device pool, page sizes 1, 16, 256, shuffled and shared pages, every rule",
           "[paged][paged_pool]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    const qkv::sdpa_options every{.causal = true,
-                                  .alignment = qkv::causal_alignment::bottom_right,
-                                  .window_left = 6,
-                                  .softcap = 4.0f,
-                                  .alibi_max_bias = 8.0f,
-                                  .return_lse = true};
-    const qkv::sdpa_options causal{
-        .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
     for (const std::size_t page_size : {1u, 16u, 256u})
         for (const bool ragged : {false, true}) {
             INFO("page_size " << page_size << (ragged ? ", ragged queries" : ", one query each"));
