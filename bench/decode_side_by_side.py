@@ -18,23 +18,12 @@ torch ms / qkv ms (above 1: qkv is faster).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
-import time
 
 import torch
 
-
-def timed(fn, warmup, repeat):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+from side_by_side import timed  # the median of `repeat` timed calls after `warmup`, in ms
 
 
 def grouped(q, k, v):
