@@ -202,7 +202,8 @@ constexpr std::string_view host_flags[] = {"--batch",  "--heads",    "--seq",   
 constexpr std::string_view decode_flags[] = {"--batch",    "--heads", "--seq",   "--dim",   "--kv-seq",
                                              "--kv-heads", "--dim-v", "--sinks", "--split", "--decode"};
 constexpr std::string_view layers_options[] = {"precision"};
-constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--kv-seq", "--dim", "--decode", "--layers"};
+constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--seq",   "--kv-seq",
+                                             "--dim",   "--decode",   "--layers"};
 constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
@@ -362,6 +363,10 @@ void run_layers_bench(bench_options& o, qkv::vulkan::context& ctx) {
     lc.kv_heads = one(o.kv_heads, "--kv-heads", 8);
     lc.kv_len = one(o.kv_seq, "--kv-seq", 1024);
     lc.dim = one(o.dim, "--dim", 128);
+    // One token: --seq may say so (as for --decode alone), and nothing else.
+    if (const std::size_t rows = one(o.seq, "--seq", 1); rows != 1)
+        throw usage_error("--seq " + std::to_string(rows) +
+                          ": --decode --layers times one token (L = 1); give --seq 1 or leave it out");
     if (lc.q_heads % lc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(lc.kv_heads) + " must divide --heads " +
                           std::to_string(lc.q_heads));
