@@ -10,6 +10,7 @@
 // (or Ev) iterations, far below llvmpipe's 65,535.
 #include "precision.glsl"
 #include "contract/tensor.h"
+#include "guard_rows.glsl"
 
 layout(local_size_x = SDPA_GUARD_WORKGROUP, local_size_y = 1, local_size_z = 1) in;
 layout(std430, binding = SDPA_GUARD_BINDING_Q) readonly buffer Q { QKV_T q[]; };
@@ -19,7 +20,8 @@ layout(std430, binding = SDPA_GUARD_BINDING_OUT) readonly buffer O { float o[]; 
 layout(std430, binding = SDPA_GUARD_BINDING_RESULT) buffer Result { uint result[]; };
 layout(push_constant) uniform Push { sdpa_guard_push pc; };
 
-bool finite(float x) { return !isnan(x) && !isinf(x); }
+QKV_GUARD_ROW_NORM(q_row_norm, q)
+QKV_GUARD_ROW_NORM(k_row_norm, k)
 
 void main() {
     const uint i = (gl_WorkGroupID.x + pc.group_x) * SDPA_GUARD_WORKGROUP + gl_LocalInvocationID.x;
@@ -32,7 +34,7 @@ void main() {
         for (uint j = 0u; j < GUARD_OUTPUTS_PER_INVOCATION; ++j) {
             const uint e = t + j * n;  // below 32 n <= out_count + 31: no wrap (the host's limit)
             if (e >= pc.out_count) break;
-            if (!finite(o[pc.out_off + e])) nonfinite = true;
+            if (!guard_finite(o[pc.out_off + e])) nonfinite = true;
         }
         if (nonfinite) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
         return;
@@ -45,24 +47,13 @@ void main() {
         const bool is_q = i < pc.q_rows;
         const uint r = is_q ? i : i - pc.q_rows;
         const uint at = is_q ? pc.q_off + r * pc.d : pc.k_off + r * pc.d;
-        float m = 0.0;
-        for (uint c = 0u; c < pc.d; ++c) {
-            const float x = is_q ? float(q[at + c]) : float(k[at + c]);
-            if (finite(x)) m = max(m, abs(x)); else bad = true;
-        }
-        float s = 0.0;
-        if (m > 0.0)
-            for (uint c = 0u; c < pc.d; ++c) {
-                const float x = is_q ? float(q[at + c]) : float(k[at + c]);
-                if (finite(x)) s += (x / m) * (x / m);
-            }
-        fold = m * sqrt(s);  // beyond float32 only where the norm is beyond the rule's 2^127 anyway
+        fold = is_q ? q_row_norm(at, pc.d, bad) : k_row_norm(at, pc.d, bad);
         word = GUARD_HEADER_WORDS + (is_q ? r / pc.q_len : q_heads + r / pc.kv_len);
     } else {  // a row of v: its largest |element|
         const uint r = i - pc.q_rows - pc.k_rows;
         for (uint c = 0u; c < pc.dv; ++c) {
             const float x = float(v[pc.v_off + r * pc.dv + c]);
-            if (finite(x)) fold = max(fold, abs(x)); else bad = true;
+            if (guard_finite(x)) fold = max(fold, abs(x)); else bad = true;
         }
         word = GUARD_HEADER_WORDS + q_heads + kv_heads + r / pc.kv_len;
     }

@@ -11,6 +11,10 @@
 // (alibi_drop) meets the sink and the lse here.
 // One invocation per output element; the output row of group z's row r is z·R + r, which is
 // exactly (batch, query head, query row) of a (B, Hq, L, Ev) tensor.
+// QKV_MERGE_GUARD (with QKV_FP16 for a float16 q): the overflow guard's output pass over the
+// elements written and its rows pass over q in the same dispatch (contract/decode.h,
+// decode_merge_guard_push), so that a decode recorded over device tensors adds no dispatch of its
+// own for the check.
 #include "contract/decode.h"
 #include "contract/paged.h"
 #include "contract/score.h"
@@ -27,6 +31,15 @@ layout(std430, binding = MERGE_BINDING_LSE) writeonly buffer Lse { float lse_out
 // (total_q, Hq, Ev) tensor, its partials found through t's sequence; lse is (Hq, total_q).
 layout(std430, binding = PAGED_MERGE_BINDING_WORK) readonly buffer Work { uint work[]; };
 layout(push_constant) uniform Push { paged_merge_push pc; };
+#elif defined(QKV_MERGE_GUARD)
+#include "precision.glsl"
+#include "contract/tensor.h"
+#include "guard_rows.glsl"
+layout(std430, binding = MERGE_BINDING_Q) readonly buffer Q { QKV_T q[]; };
+layout(std430, binding = MERGE_BINDING_RESULT) buffer Result { uint result[]; };
+layout(push_constant) uniform Push { decode_merge_guard_push pg; };
+#define pc pg.merge
+QKV_GUARD_ROW_NORM(q_row_norm, q)
 #else
 layout(push_constant) uniform Push { decode_merge_push pc; };
 #endif
@@ -46,6 +59,14 @@ void main() {
     const uint base = work[seq + PAGED_SEQ_PART_BASE] + (kv_head * group * q_len + r) * chunks;
     const uint out_at = id, lse_at = head * pc.total_q + t;
 #else
+#ifdef QKV_MERGE_GUARD
+    if (id < pg.q_rows) {  // the guard's rows pass: row id of q
+        bool bad = false;
+        const float norm = q_row_norm(pg.q_off + id * pg.d, pg.d, bad);
+        atomicMax(result[GUARD_HEADER_WORDS + id / pc.q_len], floatBitsToUint(norm));
+        if (bad) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_INPUT_NONFINITE);
+    }
+#endif
     if (id >= pc.groups * pc.rows * pc.dv) return;
     const uint row = id / pc.dv, c = id % pc.dv;
     const uint base = row * pc.chunks, chunks = pc.chunks, q_len = pc.q_len, kv_len = pc.kv_len;
@@ -70,11 +91,16 @@ void main() {
     const float slope = (features & SCORE_ALIBI) != 0u ? head_values[head].x : 0.0;
     const float drop = alibi_drop(int(i) + causal_offset, kv_len, features, sp, slope);
     const float sink = (features & SCORE_SINKS) != 0u ? head_values[head].y + drop : neg_inf;
+    float o;
     if (isnan(l))
-        o_out[out_at] = uintBitsToFloat(0x7fc00000u);
+        o = uintBitsToFloat(0x7fc00000u);
     else if ((features & SCORE_SINKS) != 0u)
-        o_out[out_at] = a * row_normaliser(big, l, features, sink);
+        o = a * row_normaliser(big, l, features, sink);
     else
-        o_out[out_at] = l == 0.0 ? 0.0 : a / l;
+        o = l == 0.0 ? 0.0 : a / l;
+    o_out[out_at] = o;
+#ifdef QKV_MERGE_GUARD
+    if (!guard_finite(o)) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
+#endif
     if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[lse_at] = row_lse(big, l, false, drop);
 }

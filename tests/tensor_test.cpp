@@ -259,6 +259,56 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
     require_clean(ctx);
 }
 
+TEST_CASE("sdpa_call over a cache: the merge's check of q and the output, run and in a sequence",
+          "[tensor][sequence][overflow]") {
+    // A decode recorded over a cache checks q's rows and its output in the merge's dispatch: q's
+    // norms must reach the verdict (scores beyond float32 refused), and a NaN in q must be seen as
+    // an input's (the NaN rules: a NaN output, no verdict), for float32 and float16 q.
+    auto ctx = qkv_test::make_context({});
+    std::mt19937_64 rng(31);
+    constexpr std::size_t Hq = 4, Hkv = 2, E = 16, S = 17;
+    for (const bool half : {false, true}) {
+        if (half && !ctx.device().fp16_storage) continue;
+        const qkv::element_type type = half ? qkv::element_type::f16 : qkv::element_type::f32;
+        qkv::sdpa_problem desc;
+        desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+        if (half) desc.options.precision = qkv::precision::fp16;
+        qkv::vulkan::kv_cache cache(
+            ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E, .type = type});
+        cache.append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
+        std::vector<float> q = normal(Hq * E, rng);
+        qkv::vulkan::tensor tq(ctx, {1, Hq, 1, E}, type), out(ctx, {1, Hq, 1, E});
+        tq.upload(q);
+        INFO((half ? "fp16" : "fp32"));
+        // Scores beyond float32 (q's norms times k's times the scale): refused.
+        qkv::sdpa_problem big = desc;
+        big.options.scale = 1e38f;
+        qkv::vulkan::sdpa_call over(ctx, big, cache);
+        CHECK_THROWS_AS(over.run({.q = &tq, .out = &out}), qkv::vulkan::numeric_overflow);
+        qkv::vulkan::sequence seq(ctx);
+        seq.record(over, {.q = &tq, .out = &out});
+        CHECK_THROWS_AS(seq.run(), qkv::vulkan::numeric_overflow);
+        // The same q at the default scale: the host call's answer.
+        qkv::vulkan::sdpa_call call(ctx, desc, cache);
+        qkv::sdpa_problem host = desc;
+        host.q = q;
+        const std::vector<float> want = ctx.sdpa(host, cache).output;
+        seq.record(call, {.q = &tq, .out = &out});
+        seq.run();
+        CHECK(out.download() == want);
+        // A NaN in a row of q: that row's output is NaN, and no verdict.
+        q[E + 3] = std::numeric_limits<float>::quiet_NaN();
+        tq.upload(q);
+        seq.record(call, {.q = &tq, .out = &out});
+        CHECK_NOTHROW(seq.run());
+        const std::vector<float> got = out.download();
+        CHECK(std::isnan(got[E]));
+        CHECK(std::isfinite(got[0]));
+        CHECK_NOTHROW(call.run({.q = &tq, .out = &out}));
+        require_clean(ctx);
+    }
+}
+
 TEST_CASE("sequence: a decode over a cache holding infinities takes the host call's kernel", "[tensor][sequence]") {
     // A recorded decode chooses its kernel as a host call does: for finite values where the
     // cache's rows are all finite (no append pending), else the careful one. Key 0's value is

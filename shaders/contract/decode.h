@@ -118,10 +118,26 @@ QKV_CONST uint MERGE_BINDING_PARAMS = 3u;  // contract/score.h's params: the fea
 QKV_CONST uint MERGE_BINDING_LSE = 4u;     // (B, Hq, L) floats, written with SCORE_LSE
 QKV_CONST uint MERGE_BINDINGS = 5u;
 QKV_CONST uint MERGE_WORKGROUP = 64u;
+/// sdpa_merge.comp's QKV_MERGE_GUARD form, for a decode recorded over device tensors (sdpa_call):
+/// the merge runs the overflow guard's passes (contract/tensor.h's words, zeroed before) in the
+/// same dispatch, instead of sdpa_guard.comp after it. Every output element it writes raises
+/// GUARD_FLAG_OUTPUT_NONFINITE where not finite; the first q_rows invocations (q_rows <= B·Hq·L,
+/// fewer than the merge's, or 0 where the rows pass ran before the kernels) each fold the norm of
+/// a row of q, d values from element q_off + row·d of MERGE_BINDING_Q, into word
+/// GUARD_HEADER_WORDS + row / L, and raise GUARD_FLAG_INPUT_NONFINITE for a NaN or Inf in it.
+struct decode_merge_guard_push {
+    decode_merge_push merge;
+    uint q_rows, d, q_off;
+};
+QKV_CONST uint MERGE_BINDING_Q = 5u;       // q as read (float32, or float16 with QKV_FP16)
+QKV_CONST uint MERGE_BINDING_RESULT = 6u;  // the guard's uint words
+QKV_CONST uint MERGE_GUARD_BINDINGS = 7u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) == 21u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_push) == 12u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_merge_guard_push) == 15u * 4u &&
+                   offsetof(qkv::contract::decode_merge_guard_push, q_rows) == 12u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_SPEC_COUNT * 4u &&
                    offsetof(qkv::contract::decode_spec, masks) == qkv::contract::DECODE_SPEC_MASKS * 4u &&
                    offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u &&

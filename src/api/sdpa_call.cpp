@@ -278,7 +278,8 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         g.k_off = kb.element, g.v_off = vb.element;
     }
     // The rows pass goes first only where a kernel reads its flags (a decode over the caller's V
-    // gates on them); otherwise it joins the output pass after the kernels, one dispatch.
+    // gates on them); otherwise it joins the output pass after the kernels: in the merge's
+    // dispatch on the decode route, in one guard dispatch on the fused route.
     const bool rows_first = !p.fused() && !cache;
     if (rows_first) record_guard_rows(rec, pipes, qb.b, kb.b, vb.b, verdict, g);
 
@@ -364,10 +365,20 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes),
             rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
         }
+        // check: the merge runs the guard's passes over the output it writes (and q's rows, where
+        // they did not go first), in its own dispatch, instead of a guard dispatch after it.
+        const merge_guard in_merge{.q = qb.b,
+                                   .result = verdict,
+                                   .q_rows = rows_first ? 0u : g.q_rows,
+                                   .d = g.d,
+                                   .q_off = g.q_off,
+                                   .half = half && !rows_first};
         record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, values, k_blocks, v_blocks, gate,
-                           direct_out, rows);
+                           direct_out, rows, &in_merge);
     }
-    rec.compute_barrier();
+    // The copies below read what the kernels wrote.
+    const bool copies = !out_direct || p.lse_count || p.weights;
+    if (copies) rec.compute_barrier();
 
     // read: the output (and the lse, the weights, where asked) into the caller's tensors; the
     // output pass of the check (with the rows pass where it did not go first)
@@ -387,10 +398,12 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         record_tensor_copy(rec, pipes, b.bind(role::scores, 0, p.weights_count * 4), 0, wb.b, wb.element,
                            static_cast<std::uint32_t>(p.weights_count), false);
     }
-    // The copies' writes before the guard binds q, k and v: a caller's tensors may share the bound
-    // window (from the storage-offset alignment below each) with the output.
-    if (!out_direct || p.lse_count || p.weights) rec.compute_barrier();
-    record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
+    if (p.fused()) {
+        // The copies' writes before the guard binds q, k and v: a caller's tensors may share the
+        // bound window (from the storage-offset alignment below each) with the output.
+        rec.compute_barrier();
+        record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
+    }
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                 VK_ACCESS_HOST_READ_BIT);
 }

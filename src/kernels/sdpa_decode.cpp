@@ -61,12 +61,26 @@ void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, 
     m.causal_offset = push.causal_offset;
     m.kv_len = push.kv_len;
     static_assert(MERGE_BINDING_STATS == 0 && MERGE_BINDING_ACC == 1 && MERGE_BINDING_OUT == 2 &&
-                  MERGE_BINDING_PARAMS == 3 && MERGE_BINDING_LSE == 4 && MERGE_BINDINGS == 5 &&
-                  row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sssss"));
-    const pipeline& merge = pipes.get(shader_id::sdpa_merge);
+                  MERGE_BINDING_PARAMS == 3 && MERGE_BINDING_LSE == 4 && MERGE_BINDINGS == 5 && MERGE_BINDING_Q == 5 &&
+                  MERGE_BINDING_RESULT == 6 && MERGE_GUARD_BINDINGS == 7 &&
+                  row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sssss") &&
+                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard, "sssssss") &&
+                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard_f16, "sssssss"));
     const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
                                            1, 1};
     const binding lse = io.lse.buffer != VK_NULL_HANDLE ? io.lse : io.out;  // written with SCORE_LSE only
+    if (const merge_guard* g = io.guard) {
+        // Its rows pass within the merge's invocations: one per row of q at most.
+        if (g->q_rows > std::uint64_t{plan.groups} * plan.rows)
+            throw error("internal: a merge guard over more rows of q than the merge has outputs");
+        decode_merge_guard_push gp{};
+        gp.merge = m;
+        gp.q_rows = g->q_rows, gp.d = g->d, gp.q_off = g->q_off;
+        const pipeline& merge = pipes.get(g->half ? shader_id::sdpa_merge_guard_f16 : shader_id::sdpa_merge_guard);
+        exec.dispatch(merge, {io.stats, io.acc, io.out, io.params, lse, g->q, g->result}, &gp, merge_groups);
+        return;
+    }
+    const pipeline& merge = pipes.get(shader_id::sdpa_merge);
     exec.dispatch(merge, {io.stats, io.acc, io.out, io.params, lse}, &m, merge_groups);
 }
 

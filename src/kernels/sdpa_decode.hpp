@@ -30,12 +30,22 @@ inline binding rows_binding(VkBuffer buffer, VkDeviceSize offset, VkDeviceSize b
 /// quantized blocks the storage bindings k_blocks, v_blocks), the masks (bound to any buffer when
 /// absent), the partial states, the output (B, Hq, L, Ev), the score params (contract/score.h,
 /// always) and the log-sum-exp (B, Hq, L) (bound to the output when not asked for).
+/// The overflow guard's passes run by the merge (sdpa_merge.comp's QKV_MERGE_GUARD form): every
+/// output element, and the first q_rows rows of q (d values each, from element q_off of `q`, float16
+/// where `half`), into the guard's zeroed words `result`.
+struct merge_guard {
+    binding q, result;
+    std::uint32_t q_rows = 0, d = 0, q_off = 0;
+    bool half = false;
+};
+
 struct decode_io {
     VkBufferView q = VK_NULL_HANDLE, k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
     binding k_blocks, v_blocks;
     binding mask, additive, stats, acc, out, params, lse;
-    binding gate;      ///< the flags word a gated decode reads (decode_values::gated)
-    decode_rows rows;  ///< family coopmat: Q, K and V as float16 rows
+    binding gate;                        ///< the flags word a gated decode reads (decode_values::gated)
+    decode_rows rows;                    ///< family coopmat: Q, K and V as float16 rows
+    const merge_guard* guard = nullptr;  ///< the merge runs the guard's passes too (else none)
 };
 
 /// Records the decode dispatch, a barrier and the merge dispatch. `careful`: V may hold NaN or Inf.

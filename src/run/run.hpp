@@ -230,10 +230,11 @@ void record_fused_sdpa(const run_session& s, const sdpa_plan& plan, const mask_b
 /// that says so on the device. `out`: where the output goes instead of the session's (a caller's
 /// float32 tensor of the same layout, bound from an aligned offset).
 /// `rows`: q, k and v as float16 rows in storage buffers, which the cooperative-matrix family reads.
+/// `guard`: the overflow guard's passes the merge runs too (a call over device tensors), or none.
 void record_decode_sdpa(const run_session& s, const sdpa_plan& plan, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
                         binding k_blocks = {}, binding v_blocks = {}, binding gate = {}, binding out = {},
-                        const decode_rows& rows = {});
+                        const decode_rows& rows = {}, const merge_guard* guard = nullptr);
 
 /// A paged batch's pool on the device: a kv_cache of one batch whose rows are the pages' rows
 /// (page p is rows p·page_size onwards of each K/V head), its texel views, rows per K/V head

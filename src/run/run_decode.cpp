@@ -31,7 +31,8 @@ void write_decode_inputs(std::byte* in, const sdpa_plan& p, const sdpa_problem& 
 
 void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_problem& problem, VkBufferView q,
                         VkBufferView k, VkBufferView v, const mask_bindings& masks, float v_scale, decode_values values,
-                        binding k_blocks, binding v_blocks, binding gate, binding out, const decode_rows& rows) {
+                        binding k_blocks, binding v_blocks, binding gate, binding out, const decode_rows& rows,
+                        const merge_guard* guard) {
     const run_buffers& b = s.buffers();
     const decode_plan& d = p.decode;
     decode_io io;
@@ -50,6 +51,7 @@ void record_decode_sdpa(const run_session& s, const sdpa_plan& p, const sdpa_pro
     io.out = out.buffer ? out : b.bind(role::out, 0, d.out_bytes());
     io.gate = gate;
     io.rows = rows;
+    io.guard = guard;
     record_decode(s.rec(), s.pipes(), d, io, decode_push_for(d, problem, v_scale), values);
 }
 
