@@ -75,10 +75,12 @@ void run_call(Call& call, const Tensors& tensors, const char* what) {
             detail::executor& exec = *core.exec;
             exec.begin();
             call.record(exec, r, tensors);
-            // The outputs readable by whatever the caller submits next (a download is a transfer).
-            exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT);
+            // The outputs readable by whatever the caller submits next (a download is a transfer),
+            // and the verdict words by the host after the fence.
+            exec.barrier(
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
             (void)exec.submit_and_wait();
         });
         // Under the lock that ran it: another thread's run of this call, or an append to its

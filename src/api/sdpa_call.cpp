@@ -222,7 +222,16 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     r.q_groups = q_groups, r.kv_groups = kv_groups;
     core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
     const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
-    rec.fill(r.guard.handle(), 0, verdict.range, 0);
+    // In qkv's own command buffer (a sequence's, or run()'s), submitted once after this record, the
+    // last submit of this scratch having completed: zeroed by the host (the submit makes the write
+    // visible). A caller's command buffer may be submitted again: there the device zeroes them.
+    const bool qkv_submits = !r.rec;
+    if (qkv_submits) {
+        std::memset(r.guard.mapped(), 0, verdict.range);
+        r.guard.flush();
+    } else {
+        rec.fill(r.guard.handle(), 0, verdict.range, 0);
+    }
     // Earlier compute writes (the caller's, or another recording's), and the zeroed words, before
     // these reads and writes: one barrier.
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
@@ -404,8 +413,11 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         rec.compute_barrier();
         record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
     }
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                VK_ACCESS_HOST_READ_BIT);
+    // The verdict words readable by the host after the fence. qkv's own submits end with that
+    // barrier once (sequence::run, run_call), not once per call.
+    if (!qkv_submits)
+        rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                    VK_ACCESS_HOST_READ_BIT);
 }
 
 void sdpa_call::run(const sdpa_tensors& tensors) {

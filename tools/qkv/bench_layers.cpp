@@ -3,6 +3,7 @@
 // q up, the output down, a submit and a fence wait each), and N planned calls recorded into one
 // command buffer (qkv::vulkan::sequence over device tensors: q already on the device, one submit).
 #include <chrono>
+#include <ctime>
 #include <iostream>
 #include <random>
 #include <vector>
@@ -12,6 +13,24 @@
 #include "qkv/vulkan/sequence.hpp"
 
 namespace qkv::cli::bench {
+namespace {
+
+/// The CPU time of the process (every thread: the caller's and the driver's, which on a CPU
+/// device such as lavapipe does the work), in milliseconds; -1 where the platform has no clock
+/// for it. Beside the wall-clock times: on a shared, loaded machine the scheduler's share moves
+/// the wall times of the two forms differently (a long submit competes as one CPU-bound task; a
+/// call that waits on each fence is woken with priority), while their CPU times do not move.
+double process_cpu_ms() {
+#if defined(CLOCK_PROCESS_CPUTIME_ID)
+    timespec t{};
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return -1;
+    return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+#else
+    return -1;
+#endif
+}
+
+}  // namespace
 
 json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, int repeat, std::uint64_t seed,
                 std::ostream& os) {
@@ -47,23 +66,30 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
         return std::chrono::duration<double, std::milli>(clock::now() - t).count();
     };
     // One token both ways, alternating, so both see the same machine load.
-    std::vector<double> host_ms, recorded_ms;
+    std::vector<double> host_ms, recorded_ms, host_cpu, recorded_cpu;
+    const bool cpu_clock = process_cpu_ms() >= 0;
     qkv::vulkan::sequence seq(ctx);
     for (int i = 0; i < warmup + repeat; ++i) {
         auto t = clock::now();
+        double c = process_cpu_ms();
         for (std::size_t l = 0; l < N; ++l) {
             qkv::sdpa_problem p = desc;
             p.q = host_q[l];
             (void)ctx.sdpa(p, caches[l]);
         }
-        const double host = ms_since(t);
+        const double host = ms_since(t), host_c = process_cpu_ms() - c;
         t = clock::now();
+        c = process_cpu_ms();
         for (std::size_t l = 0; l < N; ++l) seq.record(calls[l], {.q = &qs[l], .out = &outs[l]});
         seq.run();
-        const double recorded = ms_since(t);
-        if (i >= warmup) host_ms.push_back(host), recorded_ms.push_back(recorded);
+        const double recorded = ms_since(t), recorded_c = process_cpu_ms() - c;
+        if (i >= warmup) {
+            host_ms.push_back(host), recorded_ms.push_back(recorded);
+            host_cpu.push_back(host_c), recorded_cpu.push_back(recorded_c);
+        }
     }
     const summary host = summarise(host_ms), recorded = summarise(recorded_ms);
+    const summary host_c = summarise(host_cpu), recorded_c = summarise(recorded_cpu);
     os << "Decode, " << N << " layers per token (L = 1, S = " << S << ", Hq = " << Hq << ", Hkv = " << Hkv
        << ", d = " << d << ", " << (lc.precision == qkv::precision::fp16 ? "fp16" : "fp32") << "), per token:\n"
        << "  " << N << " host calls (q up, output down, a submit each):   median " << fixed(host.median, 3)
@@ -71,6 +97,15 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
        << "  recorded into one command buffer, one submit:    median " << fixed(recorded.median, 3) << " ms (min "
        << fixed(recorded.min, 3) << ", max " << fixed(recorded.max, 3) << ")\n"
        << "  recorded / host: " << fixed(recorded.median / host.median, 2) << "\n";
+    if (cpu_clock)
+        os << "  process CPU time (every thread), median: host calls " << fixed(host_c.median, 3) << " ms, recorded "
+           << fixed(recorded_c.median, 3) << " ms, recorded / host " << fixed(recorded_c.median / host_c.median, 2)
+           << "\n";
+    json cpu = nullptr;
+    if (cpu_clock)
+        cpu = json{{"host_ms", summary_json(host_c)},
+                   {"recorded_ms", summary_json(recorded_c)},
+                   {"recorded_over_host", recorded_c.median / host_c.median}};
     return json{{"layers", N},
                 {"kv_len", S},
                 {"q_heads", Hq},
@@ -79,7 +114,8 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
                 {"precision", lc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
                 {"host_ms", summary_json(host)},
                 {"recorded_ms", summary_json(recorded)},
-                {"recorded_over_host", recorded.median / host.median}};
+                {"recorded_over_host", recorded.median / host.median},
+                {"process_cpu", cpu}};
 }
 
 }  // namespace qkv::cli::bench
