@@ -13,24 +13,6 @@
 #include "qkv/vulkan/sequence.hpp"
 
 namespace qkv::cli::bench {
-namespace {
-
-/// The CPU time of the process (every thread: the caller's and the driver's, which on a CPU
-/// device such as lavapipe does the work), in milliseconds; -1 where the platform has no clock
-/// for it. Beside the wall-clock times: on a shared, loaded machine the scheduler's share moves
-/// the wall times of the two forms differently (a long submit competes as one CPU-bound task; a
-/// call that waits on each fence is woken with priority), while their CPU times do not move.
-double process_cpu_ms() {
-#if defined(CLOCK_PROCESS_CPUTIME_ID)
-    timespec t{};
-    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return -1;
-    return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
-#else
-    return -1;
-#endif
-}
-
-}  // namespace
 
 json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, int repeat, std::uint64_t seed,
                 std::ostream& os) {
@@ -62,27 +44,26 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
         outs.emplace_back(ctx, std::vector<std::size_t>{1, Hq, 1, d});
     }
     using clock = std::chrono::steady_clock;
-    const auto ms_since = [](clock::time_point t) {
-        return std::chrono::duration<double, std::milli>(clock::now() - t).count();
-    };
     // One token both ways, alternating, so both see the same machine load.
     std::vector<double> host_ms, recorded_ms, host_cpu, recorded_cpu;
-    const bool cpu_clock = process_cpu_ms() >= 0;
+    // Process CPU time beside the wall times: on a shared, loaded machine the scheduler moves the
+    // wall times of the two forms differently (a long submit competes as one CPU-bound task; a call
+    // that waits on each fence is woken with priority), while their CPU times do not move.
     qkv::vulkan::sequence seq(ctx);
     for (int i = 0; i < warmup + repeat; ++i) {
         auto t = clock::now();
-        double c = process_cpu_ms();
+        std::clock_t c = std::clock();
         for (std::size_t l = 0; l < N; ++l) {
             qkv::sdpa_problem p = desc;
             p.q = host_q[l];
             (void)ctx.sdpa(p, caches[l]);
         }
-        const double host = ms_since(t), host_c = process_cpu_ms() - c;
+        const double host = ms_since(t), host_c = cpu_ms_since(c);
         t = clock::now();
-        c = process_cpu_ms();
+        c = std::clock();
         for (std::size_t l = 0; l < N; ++l) seq.record(calls[l], {.q = &qs[l], .out = &outs[l]});
         seq.run();
-        const double recorded = ms_since(t), recorded_c = process_cpu_ms() - c;
+        const double recorded = ms_since(t), recorded_c = cpu_ms_since(c);
         if (i >= warmup) {
             host_ms.push_back(host), recorded_ms.push_back(recorded);
             host_cpu.push_back(host_c), recorded_cpu.push_back(recorded_c);
@@ -97,13 +78,9 @@ json run_layers(qkv::vulkan::context& ctx, const layers_config& lc, int warmup, 
        << "  recorded into one command buffer, one submit:    median " << fixed(recorded.median, 3) << " ms (min "
        << fixed(recorded.min, 3) << ", max " << fixed(recorded.max, 3) << ")\n"
        << "  recorded / host: " << fixed(recorded.median / host.median, 2) << "\n";
-    if (cpu_clock)
-        os << "  process CPU time (every thread), median: host calls " << fixed(host_c.median, 3) << " ms, recorded "
-           << fixed(recorded_c.median, 3) << " ms, recorded / host " << fixed(recorded_c.median / host_c.median, 2)
-           << "\n";
-    json cpu = nullptr;
-    if (cpu_clock)
-        cpu = json{{"host_ms", summary_json(host_c)},
+    os << "  process CPU time (every thread), median: host calls " << fixed(host_c.median, 3) << " ms, recorded "
+       << fixed(recorded_c.median, 3) << " ms, recorded / host " << fixed(recorded_c.median / host_c.median, 2) << "\n";
+    const json cpu{{"host_ms", summary_json(host_c)},
                    {"recorded_ms", summary_json(recorded_c)},
                    {"recorded_over_host", recorded_c.median / host_c.median}};
     return json{{"layers", N},
