@@ -224,3 +224,201 @@ TEST_CASE("paged plan: the limits are refused with their values", "[paged_plan]"
     pool.kv = {16}, pool.q = {1}, pool.pool_rows = std::uint64_t{1} << 30;
     CHECK(try_plan_paged(desc, pool.request()).refusal.find("texel") != std::string::npos);
 }
+
+namespace {
+
+/// A batch whose block table gives sequence b the pages `tables[b]` (page_size rows each),
+/// bottom-right causal (off' = S_b - L_b).
+struct shared_batch {
+    batch x;
+    std::vector<std::int32_t> table, offsets;
+    std::uint32_t page_size = 16, max_pages = 0;
+    bool causal = true;
+    std::int32_t window_left = -1;
+    bool cascade = true;
+
+    shared_batch(std::vector<std::uint32_t> kv, std::vector<std::uint32_t> q,
+                 const std::vector<std::vector<std::int32_t>>& tables, std::uint32_t ps)
+        : page_size(ps) {
+        x.kv = std::move(kv), x.q = std::move(q);
+        x.hq = 8, x.hkv = 2, x.d = x.dv = 32;
+        for (const auto& t : tables)
+            max_pages = std::max<std::uint32_t>(max_pages, static_cast<std::uint32_t>(t.size()));
+        max_pages = std::max<std::uint32_t>(max_pages, 1);
+        table.assign(tables.size() * max_pages, -1);
+        std::int32_t most = 0;
+        for (std::size_t b = 0; b < tables.size(); ++b)
+            for (std::size_t j = 0; j < tables[b].size(); ++j) {
+                table[b * max_pages + j] = tables[b][j];
+                most = std::max(most, tables[b][j]);
+            }
+        x.pool_rows = std::uint64_t{page_size} * static_cast<std::uint64_t>(most + 1);
+        for (std::size_t b = 0; b < x.kv.size(); ++b)
+            offsets.push_back(static_cast<std::int32_t>(x.kv[b]) - static_cast<std::int32_t>(x.q[b]));
+    }
+    [[nodiscard]] paged_request request() const {
+        paged_request r = x.request();
+        r.block_table = table, r.max_pages = max_pages, r.page_size = page_size;
+        r.offsets = offsets, r.causal = causal, r.window_left = window_left, r.cascade = cascade;
+        return r;
+    }
+};
+
+/// Every (sequence, K/V head, row) of the batch sees each of its keys [0, S_b) exactly once, from
+/// its own items or its group's prefix items, each partial slot 0..P_b-1 filled exactly once, and
+/// every prefix item reads keys of pages its members all list.
+void check_cascade_cover(const paged_plan& p, const shared_batch& sb) {
+    const batch& x = sb.x;
+    REQUIRE(p.refusal.empty());
+    const std::size_t B = x.kv.size();
+    REQUIRE(p.batch == B);
+    REQUIRE(p.sequences.size() == B + p.groups.size());
+    const std::uint32_t G = x.hq / x.hkv;
+    std::vector<std::uint32_t> seq_of;  // the sequence of each query row
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::uint32_t i = 0; i < x.q[b]; ++i) seq_of.push_back(static_cast<std::uint32_t>(b));
+    // per (sequence, head, row of the sequence): the keys seen and the slots written
+    std::map<std::tuple<std::size_t, std::uint32_t, std::uint32_t>, std::vector<std::uint32_t>> keys, slots;
+    for (const paged_item& it : p.items) {
+        const auto& s = p.sequences[it.seq];
+        REQUIRE(it.chunk < s.own_chunks);
+        const std::uint64_t begin = s.kv_first + std::uint64_t{it.chunk} * p.chunk;
+        const std::uint64_t end = begin + p.item_keys(it);
+        CHECK(end - begin <= p.chunk);
+        CHECK(ceil_div(end - begin, p.kps) <= p.max_loop);
+        const std::uint32_t block = p.wg * p.rpi;
+        for (std::uint32_t r = it.row_block * block; r < std::min(s.rows, (it.row_block + 1) * block); ++r) {
+            std::size_t b = it.seq;
+            std::uint32_t row = r, slot = it.chunk;
+            if (it.seq >= B) {  // a shared prefix: the row's own sequence
+                const std::uint32_t t = p.group_tokens[s.q_first + r % s.q_len];
+                b = seq_of[t];
+                row = (r / s.q_len) * x.q[b] + (t - p.sequences[b].q_first);
+                slot = p.sequences[b].chunks - s.chunks + it.chunk;
+                for (std::uint64_t j = begin; j < end; ++j)  // the prefix's page is the member's
+                    CHECK(
+                        sb.table[b * sb.max_pages + j / sb.page_size] ==
+                        sb.table[std::size_t{p.groups[it.seq - B].members.front()} * sb.max_pages + j / sb.page_size]);
+            }
+            for (std::uint64_t j = begin; j < end; ++j)
+                keys[{b, it.kv_head, row}].push_back(static_cast<std::uint32_t>(j));
+            slots[{b, it.kv_head, row}].push_back(slot);
+        }
+    }
+    for (std::size_t b = 0; b < B; ++b) {
+        if (x.q[b] == 0) continue;
+        for (std::uint32_t h = 0; h < x.hkv; ++h)
+            for (std::uint32_t row = 0; row < G * x.q[b]; ++row) {
+                std::vector<std::uint32_t> k = keys[{b, h, row}], sl = slots[{b, h, row}];
+                std::sort(k.begin(), k.end());
+                std::sort(sl.begin(), sl.end());
+                REQUIRE(k.size() == x.kv[b]);
+                for (std::uint32_t j = 0; j < x.kv[b]; ++j) CHECK(k[j] == j);
+                REQUIRE(sl.size() == p.sequences[b].chunks);
+                for (std::uint32_t c = 0; c < sl.size(); ++c) CHECK(sl[c] == c);
+            }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("paged plan: shared prefixes form groups, each prefix planned once for its members", "[paged_plan]") {
+    const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
+    // 0, 1, 2 share pages 7, 8; 3 shares page 7 only; 4 stands alone; 5 and 6 share page 20 (one
+    // page, ragged queries); 7 has no queries though it lists page 20.
+    shared_batch sb(
+        {40, 33, 100, 20, 50, 33, 16, 30}, {1, 1, 1, 1, 1, 3, 1, 0},
+        {{7, 8, 9}, {7, 8, 10}, {7, 8, 11, 12, 13, 14, 15}, {7, 16}, {17, 18, 19}, {20, 21, 23}, {20}, {20, 22}}, 16);
+    const paged_plan p = plan_paged(desc, sb.request());
+    INFO(p.cascade);
+    check_cascade_cover(p, sb);
+    REQUIRE(p.groups.size() == 2);
+    CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3});
+    CHECK(p.groups[0].prefix == 16);  // sequence 3 shares only the first page
+    CHECK(p.groups[1].members == std::vector<std::uint32_t>{5, 6});
+    CHECK(p.groups[1].prefix == 16);
+    CHECK(p.sequences[p.groups[1].entry].q_len == 4);  // 3 + 1 rows stacked
+    CHECK(p.sequences[p.groups[1].entry].rows == 16);  // G = 4
+    CHECK(p.sequences[4].kv_first == 0);
+    CHECK(p.cascade.find("2 shared prefixes for 6 sequences") != std::string::npos);
+    // without 3, the first group shares two pages
+    shared_batch two = sb;
+    two.table[3 * two.max_pages] = 30;
+    two.x.pool_rows = 31 * 16;
+    const paged_plan p2 = plan_paged(desc, two.request());
+    check_cascade_cover(p2, two);
+    REQUIRE(p2.groups.size() == 2);
+    CHECK(p2.groups[0].prefix == 32);
+    // a fixed split (max_chunks = 1) and a forced small chunk still cover every key once
+    shared_batch one = sb;
+    one.x.max_chunks = 1;
+    check_cascade_cover(plan_paged(desc, one.request()), one);
+    for (const auto& lanes : {fd::discrete_32, fd::cpu_8, fd::minimal}) {
+        shared_batch page1({9, 9, 9, 5}, {2, 1, 1, 1},
+                           {{0, 1, 2, 3, 4, 5, 6, 7, 8},
+                            {0, 1, 2, 3, 4, 5, 6, 7, 9},
+                            {0, 1, 2, 3, 10, 11, 12, 13, 14},
+                            {0, 1, 2, 3, 4}},
+                           1);
+        const paged_plan pp = plan_paged(fd::desc_of(fd::fake_devices()[lanes]), page1.request());
+        check_cascade_cover(pp, page1);
+        REQUIRE(pp.groups.size() == 1);
+        CHECK(pp.groups[0].prefix == 4);  // page size 1: whole pages are single keys
+    }
+}
+
+TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one, or the caller says so",
+          "[paged_plan]") {
+    const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
+    const std::vector<std::vector<std::int32_t>> tables{{0, 1, 2}, {0, 1, 3}, {4, 5}};
+    const shared_batch base({40, 40, 20}, {2, 2, 1}, tables, 16);
+    const auto none = [&](const shared_batch& sb, const std::string& why) {
+        const paged_plan p = plan_paged(desc, sb.request());
+        INFO(p.cascade);
+        CHECK(p.groups.empty());
+        CHECK(p.sequences.size() == sb.x.kv.size());
+        CHECK(p.cascade.find(why) != std::string::npos);
+        check_cascade_cover(p, sb);
+    };
+    REQUIRE(plan_paged(desc, base.request()).groups.size() == 1);
+    shared_batch w = base;
+    w.window_left = 30;  // the last query (position 39) does not see key 0
+    none(w, "no cascade: the window's left side keeps sequence 0's first page from some of its queries");
+    w.window_left = 39;  // it does
+    CHECK(plan_paged(desc, w.request()).groups.size() == 1);
+    shared_batch top = base;
+    top.offsets = {0, 0, 0};  // top-left alignment: query 0 sees key 0 only
+    none(top, "the causal alignment keeps sequence 0's first page");
+    top.offsets = {15, 15, 0};  // query 0 at position 15 sees the whole first page
+    const paged_plan pt = plan_paged(desc, top.request());
+    REQUIRE(pt.groups.size() == 1);
+    CHECK(pt.groups[0].prefix == 16);
+    shared_batch off = base;
+    off.cascade = false;
+    none(off, "no cascade: turned off for this call");
+    shared_batch lone = base;
+    lone.table[1 * lone.max_pages] = 6, lone.x.pool_rows = 7 * 16;
+    none(lone, "no two sequences with queries begin with the same whole page");
+    shared_batch noq = base;
+    noq.x.q = {2, 0, 1};  // the other member has no queries
+    none(noq, "no two sequences");
+    shared_batch short_seq = base;
+    short_seq.x.kv = {40, 10, 20};  // sequence 1 has less than a page of keys
+    short_seq.offsets = {38, 8, 19};
+    none(short_seq, "no two sequences");
+    shared_batch rows = base;
+    rows.x.hq = rows.x.hkv = 1, rows.x.d = rows.x.dv = 4;
+    rows.x.kv = {40000, 40000, 20}, rows.x.q = {35000, 35000, 1};
+    rows.offsets = {5000, 5000, 19};
+    rows.table.assign(3 * 2500, -1);
+    rows.max_pages = 2500;
+    for (std::size_t j = 0; j < 2500; ++j) {
+        rows.table[j] = static_cast<std::int32_t>(j);
+        rows.table[2500 + j] = j == 0 ? 0 : static_cast<std::int32_t>(3000 + j);
+    }
+    rows.table[5000] = 2600, rows.table[5001] = 2601;
+    rows.x.pool_rows = 5600 * 16;
+    const paged_plan pr = plan_paged(desc, rows.request());
+    CHECK(pr.groups.empty());
+    CHECK(pr.cascade.find("stacks 70000 query rows per K/V head") != std::string::npos);
+}

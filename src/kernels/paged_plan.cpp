@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "kernels/decode_plan.hpp"
 #include "kernels/gemm_tiles.hpp"
@@ -24,6 +25,86 @@ std::uint64_t items_for(const std::vector<paged_sequence>& seqs, std::uint32_t k
         if (s.rows != 0 && s.kv_len > s.kv_first)
             n += std::uint64_t{kv_heads} * s.row_blocks * ceil_div(s.kv_len - s.kv_first, chunk);
     return n;
+}
+
+/// The keys [0, n) that every query row of a sequence sees by the causal rule and the window (its
+/// rows at positions off .. off + L - 1), and the rule that cut n below the sequence's keys.
+std::pair<std::int64_t, const char*> seen_by_all(const paged_request& r, std::size_t b) {
+    const std::int64_t off = r.offsets[b], L = r.q_lens[b];
+    std::int64_t n = r.kv_lens[b];
+    const char* rule = "";
+    if (r.window_left >= 0 && off + L - 1 > r.window_left) return {0, "the window's left side"};
+    if (r.causal && off + 1 < n) n = std::max<std::int64_t>(off + 1, 0), rule = "the causal alignment";
+    if (r.window_right >= 0 && off + r.window_right + 1 < n)
+        n = std::max<std::int64_t>(off + r.window_right + 1, 0), rule = "the window's right side";
+    return {n, rule};
+}
+
+/// The groups of sequences sharing their first whole pages, each a prefix every query row of every
+/// member sees; `why` says what decided.
+std::vector<paged_group> find_groups(const paged_request& r, std::uint32_t group, std::string& why) {
+    std::vector<paged_group> groups;
+    const std::size_t B = r.kv_lens.size();
+    if (!r.cascade) {
+        why = "no cascade: turned off for this call";
+        return groups;
+    }
+    if (r.block_table.empty() || r.page_size == 0 || r.max_pages == 0 || r.offsets.size() != B ||
+        r.block_table.size() < B * std::size_t{r.max_pages}) {
+        why = "no cascade: no block table";
+        return groups;
+    }
+    const auto page = [&](std::size_t b, std::size_t j) { return r.block_table[b * r.max_pages + j]; };
+    // Candidates by first page, in batch order: sequences with queries and a whole page seen by all.
+    std::vector<std::pair<std::int32_t, std::vector<std::uint32_t>>> by_page;
+    std::vector<std::uint32_t> whole(B, 0);
+    std::string cut;
+    for (std::size_t b = 0; b < B; ++b) {
+        if (r.q_lens[b] == 0 || r.kv_lens[b] < r.page_size) continue;
+        const auto [n, rule] = seen_by_all(r, b);
+        whole[b] = static_cast<std::uint32_t>(n / r.page_size);
+        if (whole[b] == 0) {
+            if (cut.empty())
+                cut = "no cascade: " + std::string(rule) + " keeps sequence " + std::to_string(b) +
+                      "'s first page from some of its queries";
+            continue;
+        }
+        const std::int32_t first = page(b, 0);
+        auto it = std::find_if(by_page.begin(), by_page.end(), [&](const auto& e) { return e.first == first; });
+        if (it == by_page.end()) by_page.push_back({first, {}}), it = by_page.end() - 1;
+        it->second.push_back(static_cast<std::uint32_t>(b));
+    }
+    std::string big;
+    for (auto& [first, members] : by_page) {
+        if (members.size() < 2) continue;
+        std::uint32_t pages = whole[members[0]];
+        for (const std::uint32_t b : members) {
+            std::uint32_t same = 0;
+            while (same < std::min(pages, whole[b]) && page(b, same) == page(members[0], same)) ++same;
+            pages = same;
+        }
+        std::uint64_t rows = 0;
+        for (const std::uint32_t b : members) rows += std::uint64_t{group} * r.q_lens[b];
+        if (rows > 0xffffu) {
+            if (big.empty())
+                big = "no cascade: the group of sequence " + std::to_string(members[0]) + " stacks " +
+                      std::to_string(rows) + " query rows per K/V head (the kernel takes at most 65,535)";
+            continue;
+        }
+        groups.push_back({pages * r.page_size, 0, std::move(members)});
+    }
+    if (!groups.empty()) {
+        std::size_t n = 0;
+        for (const paged_group& g : groups) n += g.members.size();
+        why = "cascade: " + std::to_string(groups.size()) + " shared prefixes for " + std::to_string(n) + " sequences";
+    } else if (!big.empty()) {
+        why = big;
+    } else if (!cut.empty()) {
+        why = cut;
+    } else {
+        why = "no cascade: no two sequences with queries begin with the same whole page";
+    }
+    return groups;
 }
 
 }  // namespace
@@ -72,6 +153,13 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
     if (most_rows > 0xffffu)
         return refuse("the paged decode kernel takes at most 65,535 query rows per K/V head (G x L_b = " +
                       std::to_string(most_rows) + ")");
+    // The shared prefixes (their stacked rows count for the rows per invocation too).
+    p.groups = find_groups(r, group, p.cascade);
+    for (const paged_group& g : p.groups) {
+        std::uint64_t rows = 0;
+        for (const std::uint32_t b : g.members) rows += std::uint64_t{group} * r.q_lens[b];
+        most_rows = std::max(most_rows, rows);
+    }
     const std::uint32_t widest = std::max(p.e4, p.ev4);
     p.rpi = 1;
     while (p.rpi * p.wg < most_rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
@@ -97,6 +185,25 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
         s.rows = group * s.q_len;
         s.row_blocks = static_cast<std::uint32_t>(ceil_div(s.rows, block));
         if (s.rows != 0) longest = std::max(longest, s.kv_len - s.kv_first);
+    }
+    p.batch = static_cast<std::uint32_t>(r.kv_lens.size());
+
+    // The shared prefixes: one more entry each, its rows the members' queries stacked; the members
+    // keep the keys past it.
+    for (paged_group& g : p.groups) {
+        g.entry = static_cast<std::uint32_t>(p.sequences.size());
+        paged_sequence e;
+        e.kv_len = g.prefix;
+        e.q_first = static_cast<std::uint32_t>(p.group_tokens.size());
+        for (const std::uint32_t b : g.members) {
+            paged_sequence& s = p.sequences[b];
+            s.kv_first = g.prefix;
+            for (std::uint32_t i = 0; i < s.q_len; ++i) p.group_tokens.push_back(s.q_first + i);
+            e.q_len += s.q_len;
+        }
+        e.rows = group * e.q_len;
+        e.row_blocks = static_cast<std::uint32_t>(ceil_div(e.rows, block));
+        p.sequences.push_back(e);
     }
 
     // The chunk: the smallest multiple of the step, no shorter than the device's least useful chunk
@@ -126,24 +233,32 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
                 lo = mid + step;
         }
         chunk = std::min(lo, max_chunk);
-        chunk = std::max(chunk, ceil_div(ceil_div(longest, decode_max_chunks_total), step) * step);
+        // a member's chunks are its own and its prefix's: ceil(a/c) + ceil(b/c) <= ceil((a+b)/c) + 1
+        const std::uint32_t most = decode_max_chunks_total - (p.groups.empty() ? 0 : 1);
+        chunk = std::max(chunk, ceil_div(ceil_div(longest, most), step) * step);
         if (chunk > max_chunk)
             return refuse("the paged decode kernel would split a sequence of " + std::to_string(longest) +
                           " keys into more than " + std::to_string(decode_max_chunks_total) + " chunks");
     }
     p.chunk = static_cast<std::uint32_t>(chunk);
 
-    // The partial states and the work list, in the order (sequence, K/V head, chunk, row block).
+    // The partial states and the work list, in the order (sequence, K/V head, chunk, row block),
+    // the group prefixes last. A member's slots are its own chunks', then its prefix's.
+    for (paged_sequence& s : p.sequences)
+        s.own_chunks = s.chunks = s.rows == 0 ? 0 : static_cast<std::uint32_t>(ceil_div(s.kv_len - s.kv_first, chunk));
+    for (const paged_group& g : p.groups)
+        for (const std::uint32_t b : g.members) p.sequences[b].chunks += p.sequences[g.entry].chunks;
     std::uint64_t parts = 0;
     for (std::size_t b = 0; b < p.sequences.size(); ++b) {
         paged_sequence& s = p.sequences[b];
-        s.chunks = s.rows == 0 ? 0 : static_cast<std::uint32_t>(ceil_div(s.kv_len - s.kv_first, chunk));
-        if (parts > 0xffffffffu) return refuse("the paged decode kernel takes at most 2^32 partial states");
-        s.part_base = static_cast<std::uint32_t>(parts);
-        parts += std::uint64_t{r.kv_heads} * s.rows * s.chunks;
-        p.max_chunks = std::max(p.max_chunks, s.chunks);
+        if (b < p.batch) {
+            if (parts > 0xffffffffu) return refuse("the paged decode kernel takes at most 2^32 partial states");
+            s.part_base = static_cast<std::uint32_t>(parts);
+            parts += std::uint64_t{r.kv_heads} * s.rows * s.chunks;
+            p.max_chunks = std::max(p.max_chunks, s.chunks);
+        }
         for (std::uint32_t h = 0; h < r.kv_heads; ++h)
-            for (std::uint32_t c = 0; c < s.chunks; ++c)
+            for (std::uint32_t c = 0; c < s.own_chunks; ++c)
                 for (std::uint32_t blk = 0; blk < s.row_blocks; ++blk)
                     p.items.push_back({static_cast<std::uint32_t>(b), h, c, blk});
     }

@@ -9,6 +9,16 @@
 // one long sequence among short ones is split across many workgroups and no workgroup holds more
 // than one chunk of keys. Each item writes one partial softmax state per row; the merge combines a
 // row's partials in the fixed order 0..P_b-1, so equal inputs give identical bits.
+//
+// Shared prefixes (cascade attention, FlashInfer's idea): sequences whose block tables begin with
+// the same pages, where every query row of each sees all of those pages' keys (the causal rule and
+// the window, from each sequence's positions), form a group. The group's prefix is one more entry
+// of the work list, after the B sequences: its rows are the queries of all its members stacked
+// (G x the members' L_b per K/V head), so each chunk of the prefix's K/V is read once for the
+// group. Each member's own items cover only its keys past the prefix; the prefix's partial states
+// land in the member's own slots after those of its own chunks, so the merge is unchanged and
+// combines them in the same fixed order. Score rules that depend on positions use each row's own
+// (its sequence's offset and length), so the result is the one without cascade up to rounding.
 #pragma once
 
 #include <cstdint>
@@ -31,14 +41,24 @@ struct paged_request {
     /// 0: the split is chosen for the device; n > 0: at most n chunks per sequence (1 = no split),
     /// unless the per-invocation loop limit needs more.
     std::uint32_t max_chunks = 0;
+
+    // ---- shared prefixes: where the plan looks for them (an empty block_table: nowhere) ----
+    std::span<const std::int32_t> block_table;  ///< B x max_pages page indices
+    std::uint32_t max_pages = 0, page_size = 0;
+    std::span<const std::int32_t> offsets;  ///< off' per sequence: its row i is at position i + off'
+    bool causal = false;
+    std::int32_t window_left = -1, window_right = -1;  ///< the reduced sides (score_positions), -1: none
+    bool cascade = true;                               ///< false: no shared prefixes (the caller's choice)
 };
 
-/// One sequence's part of the plan.
+/// One sequence's part of the plan: a sequence of the batch, or (after the B of them) a group's
+/// shared prefix, whose rows are its members' queries (group_tokens[q_first .. q_first + q_len)).
 struct paged_sequence {
     std::uint32_t kv_first = 0, kv_len = 0;  ///< the keys [kv_first, kv_len) the chunks cover
     std::uint32_t q_first = 0, q_len = 0;    ///< its queries: rows q_first .. q_first + q_len - 1 of q
     std::uint32_t rows = 0;                  ///< R_b = G x L_b rows per K/V head
     std::uint32_t chunks = 0;                ///< P_b (0: no keys or no queries; the merge writes zeros)
+    std::uint32_t own_chunks = 0;            ///< chunks of its own items: P_b less its group prefix's
     std::uint32_t part_base = 0;             ///< first partial state: (kv head x R_b + row) x P_b + chunk after it
     std::uint32_t row_blocks = 0;            ///< blocks of wg x rpi rows per K/V head
 };
@@ -46,6 +66,13 @@ struct paged_sequence {
 /// One workgroup's work.
 struct paged_item {
     std::uint32_t seq = 0, kv_head = 0, chunk = 0, row_block = 0;
+};
+
+/// A group of sequences sharing their first pages.
+struct paged_group {
+    std::uint32_t prefix = 0;            ///< keys of the shared prefix: whole pages
+    std::uint32_t entry = 0;             ///< its entry in paged_plan::sequences (B + its index)
+    std::vector<std::uint32_t> members;  ///< its sequences, in batch order
 };
 
 struct paged_plan {
@@ -61,6 +88,11 @@ struct paged_plan {
     std::uint64_t total_q = 0;     ///< query rows in all (sum of L_b)
     std::vector<paged_sequence> sequences;
     std::vector<paged_item> items;
+    std::uint32_t batch = 0;                  ///< B: entries of `sequences` past it are group prefixes
+    std::vector<paged_group> groups;          ///< the shared prefixes (none: no cascade)
+    std::vector<std::uint32_t> group_tokens;  ///< each group's members' query rows, group after group
+    /// What decided the cascade: its groups, or the rule that kept it from running.
+    std::string cascade;
     /// Why the kernel cannot run this request (a limit, named with its value); empty when it can.
     std::string refusal;
 
