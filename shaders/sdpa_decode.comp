@@ -125,6 +125,7 @@ uint g_rows, g_q_len, g_kv_len, g_kv_first, g_kv_end, g_part, g_chunks;
 int g_offset;
 #ifdef QKV_PAGED
 uint g_q_first, g_table;
+bool g_prefix;  // the item is a group's shared prefix (contract/paged.h): its rows are its members'
 #endif
 
 /// The workgroup's row block, chunk and group z = batch·Hkv + kv head (paged: the K/V head), and
@@ -133,6 +134,7 @@ void locate(out uint block, out uint chunk, out uint z) {
 #ifdef QKV_PAGED
     const uint at = pc.item_base + (gl_WorkGroupID.x + pc.group_x) * PAGED_ITEM_WORDS;
     const uint seq = work[at] * PAGED_SEQ_WORDS;
+    g_prefix = work[at] >= pc.sequences;
     z = work[at + 1u], chunk = work[at + 2u], block = work[at + 3u];
     g_kv_first = work[seq + PAGED_SEQ_KV_FIRST];
     g_kv_len = g_kv_end = work[seq + PAGED_SEQ_KV_LEN];
@@ -162,17 +164,48 @@ uint key_row(uint kbase, uint j) {
 #endif
 }
 
+#ifdef QKV_PAGED
+/// The query row of q (of total_q) that row r of the item holds: through a shared prefix's row list.
+uint row_token(uint r) { return g_prefix ? work[g_q_first + r % g_q_len] : g_q_first + r % g_q_len; }
+#endif
+
 /// The first Q texel of row r of group z.
 uint q_row(uint z, uint r) {
 #ifdef QKV_PAGED
-    return ((g_q_first + r % g_q_len) * pc.q_heads + z * (g_rows / g_q_len) + r / g_q_len) * E4;
+    return (row_token(r) * pc.q_heads + z * (g_rows / g_q_len) + r / g_q_len) * E4;
 #else
     return (z * g_rows + r) * E4;
 #endif
 }
 
-/// The partial state's slot of row r of group z for a chunk.
-uint partial_at(uint z, uint r, uint chunk) { return g_part + (z * g_rows + r) * g_chunks + chunk; }
+/// The partial state's slot of row r of group z for a chunk: a shared prefix's rows write into
+/// their own sequences' slots, after those of the sequence's own chunks.
+uint partial_at(uint z, uint r, uint chunk) {
+#ifdef QKV_PAGED
+    if (g_prefix) {
+        const uint t = row_token(r), seq = work[pc.token_base + t] * PAGED_SEQ_WORDS;
+        const uint L = work[seq + PAGED_SEQ_Q_LEN], P = work[seq + PAGED_SEQ_CHUNKS];
+        const uint row = (z * (g_rows / g_q_len) + r / g_q_len) * L + t - work[seq + PAGED_SEQ_Q_FIRST];
+        return work[seq + PAGED_SEQ_PART_BASE] + row * P + P - g_chunks + chunk;
+    }
+#endif
+    return g_part + (z * g_rows + r) * g_chunks + chunk;
+}
+
+/// Row r's position p (i + off') and its distance to its nearest key (ALiBi's reference): a shared
+/// prefix's rows at their own sequences' positions.
+ivec2 row_place(uint r) {
+    const uint rr = min(r, g_rows - 1u);
+#ifdef QKV_PAGED
+    if (g_prefix) {
+        const uint t = row_token(rr), seq = work[pc.token_base + t] * PAGED_SEQ_WORDS;
+        const int p = int(t - work[seq + PAGED_SEQ_Q_FIRST]) + int(work[seq + PAGED_SEQ_OFFSET]);
+        return ivec2(p, nearest_key_distance(p, work[seq + PAGED_SEQ_KV_LEN]));
+    }
+#endif
+    const int p = int(rr % g_q_len) + g_offset;
+    return ivec2(p, nearest_key_distance(p, g_kv_len));
+}
 
 /// The ALiBi slope of row r's query head (0 without ALiBi).
 float row_slope(uint r, uint kv_head) {
@@ -182,7 +215,8 @@ float row_slope(uint r, uint kv_head) {
 }
 
 /// The score of (row r, key j) after the score rules (score_rules.glsl): -inf where not allowed.
-float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head, float slope) {
+/// `place`: row_place(r).
+float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_head, float slope, ivec2 place) {
     const uint rr = min(r, g_rows - 1u);
     const uint i = rr % g_q_len;
     const uint h = kv_head * (g_rows / g_q_len) + rr / g_q_len;
@@ -194,8 +228,7 @@ float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_h
     if (HAS_MASK) bit = ((mask_bits[mi >> 5u] >> (mi & 31u)) & 1u) != 0u;
     if (HAS_ADD) add = additive[mi];
 #endif
-    const int p = int(i) + g_offset;
-    const float v = rule_score(s, int(key) - p, nearest_key_distance(p, g_kv_len), FEATURES, MASKS, sp, slope, bit, add);
+    const float v = rule_score(s, int(key) - place.x, place.y, FEATURES, MASKS, sp, slope, bit, add);
     return r < g_rows && key < kv_end ? v : score_neg_inf();
 }
 
@@ -223,7 +256,11 @@ void decode(const bool careful) {
     sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
-    [[unroll]] for (uint i = 0; i < RPI; ++i) slope[i] = row_slope(row0 + i * WG + lane, kv_head);
+    ivec2 place[RPI];
+    [[unroll]] for (uint i = 0; i < RPI; ++i) {
+        slope[i] = row_slope(row0 + i * WG + lane, kv_head);
+        place[i] = row_place(row0 + i * WG + lane);
+    }
 
     vec4 q[RPI * E4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -270,7 +307,7 @@ void decode(const bool careful) {
             [[unroll]] for (uint i = 0; i < RPI; ++i)
                 [[unroll]] for (uint j = 0; j < KPS; ++j)
                     s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
-                                                  slope[i]);
+                                                  slope[i], place[i]);
         }
         [[unroll]] for (uint i = 0; i < RPI; ++i) {
             float mx = s[i * KPS];
@@ -343,10 +380,12 @@ void decode_wide(const bool careful) {
     sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
+    ivec2 place[RPI];
     uint q_at[RPI], acc_at[RPI];  // first texel of each row's Q and of its partial accumulator
     bool owns[RPI];               // a row of the group (lanes past the last row compute its copy)
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         slope[i] = row_slope(row0 + i * WG + lane, kv_head);
+        place[i] = row_place(row0 + i * WG + lane);
         owns[i] = row0 + i * WG + lane < g_rows;
         const uint r = min(row0 + i * WG + lane, g_rows - 1u);
         q_at[i] = q_row(z, r);
@@ -406,7 +445,7 @@ void decode_wide(const bool careful) {
             [[unroll]] for (uint i = 0; i < RPI; ++i)
                 [[unroll]] for (uint j = 0; j < KPS; ++j)
                     s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
-                                                  slope[i]);
+                                                  slope[i], place[i]);
         }
         float alpha[RPI];
         [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -488,7 +527,11 @@ void decode(const bool careful) {
     sp = no_score_params();
     if (FEATURES != 0u) sp = score_in;
     float slope[RPI];
-    [[unroll]] for (uint r = 0; r < RPI; ++r) slope[r] = row_slope(row0 + r, kv_head);
+    ivec2 place[RPI];
+    [[unroll]] for (uint r = 0; r < RPI; ++r) {
+        slope[r] = row_slope(row0 + r, kv_head);
+        place[r] = row_place(row0 + r);
+    }
 
     [[unroll]] for (uint k = 0; k < (RPI * E4 + WG - 1u) / WG; ++k) {
         const uint idx = t + k * WG;
@@ -527,7 +570,7 @@ void decode(const bool careful) {
                 [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] += dot(q_sh[r * E4 + c], kv);
             }
         }
-        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head, slope[r]);
+        [[unroll]] for (uint r = 0; r < RPI; ++r) s[r] = masked_score(s[r], row0 + r, key, range.y, batch, kv_head, slope[r], place[r]);
 
         // 2. the tile's maximum of each row
         float mx[RPI];

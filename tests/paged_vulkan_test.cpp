@@ -198,3 +198,68 @@ TEST_CASE("paged vulkan: a device pool's refusals come first, typed", "[paged][p
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"batch 1", "d_v"});
     qkv_test::require_clean(ctx);
 }
+
+TEST_CASE("paged vulkan: shared prefixes (cascade) of one and several pages, every rule that depends on positions",
+          "[paged][paged_pool][cascade]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    const qkv::sdpa_options causal{.causal = true,
+                                   .alignment = qkv::causal_alignment::bottom_right,
+                                   .softcap = 4.0f,
+                                   .alibi_max_bias = 8.0f,
+                                   .return_lse = true};
+    qkv::sdpa_options windowed = causal;  // a window wide enough to leave every prefix whole
+    windowed.window_left = 120, windowed.softcap = 0, windowed.alibi_max_bias = 0;
+    const qkv::sdpa_options full{.alibi_max_bias = 4.0f, .return_lse = true};  // every query sees every key
+    for (const std::size_t page_size : {1u, 16u})
+        for (const qkv::sdpa_options& options : {causal, windowed, full}) {
+            INFO("page_size " << page_size << ", causal " << options.causal << ", window " << options.window_left);
+            // 0..3 share sequence 0's first pages (a group of four: 2 pages of 16, or 32 of 1 key),
+            // 5 shares 4's first page (a group of two), 6 stands alone; ragged queries.
+            const std::size_t two = 32 / page_size, one = 16 / page_size;
+            qkv_test::paged_shape s{.kv_lens = {50, 37, 64, 90, 17, 33, 3},
+                                    .q_lens = {1, 2, 1, 3, 1, 1, 2},
+                                    .q_heads = 6,
+                                    .kv_heads = 2,
+                                    .d_qk = 17,
+                                    .d_v = 24,
+                                    .page_size = page_size,
+                                    .shares = {{0, 0}, {0, two}, {0, two}, {0, 3 * one}, {0, 0}, {4, one}, {0, 0}},
+                                    .seed = 90 + page_size};
+            qkv_test::owned_paged o = qkv_test::random_paged(s);
+            o.problem.options = options;
+            o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f, 0.0f, 1.0f};
+            o.problem.sinks = o.sinks;
+            const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::paged_problem p = without_pool(o.problem);
+            const qkv::varlen_output_f64 want = qkv_test::device_reference(o.problem);
+            const qkv::varlen_output got = ctx.sdpa(p, pool);
+            qkv_test::check_packed(got, want);
+            CHECK(ctx.sdpa(p, pool).output == got.output);  // equal inputs, equal bits
+            p.cascade = false;
+            qkv_test::check_packed(ctx.sdpa(p, pool), want);
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged vulkan: a shared prefix with GQA and many decode rows, f16 pages", "[paged][paged_pool][cascade]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    // Nine sequences of one query each read the same 3 pages of 16 (a 48-key prompt) then their own.
+    std::vector<std::size_t> lens{60, 49, 113, 48, 70, 51, 99, 64, 81};
+    std::vector<std::pair<std::size_t, std::size_t>> shares(lens.size(), {0, 3});
+    shares[0] = {0, 0};
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = lens,
+                                                      .q_len = 1,
+                                                      .q_heads = 8,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 64,
+                                                      .d_v = 64,
+                                                      .page_size = 16,
+                                                      .shares = shares,
+                                                      .seed = 11});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f16);
+    qkv::paged_problem want = o.problem;
+    want.options.kv_type = element_type::f16;
+    qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
+    qkv_test::require_clean(ctx);
+}

@@ -15,6 +15,15 @@
 //   [0, B·PAGED_SEQ_WORDS)                   per sequence: PAGED_SEQ_* below
 //   [token_base, token_base + total_q)       the sequence of each query row
 //   [item_base, item_base + 4·items)         per item: sequence, K/V head, chunk, row block
+//
+// Shared prefixes (cascade): entries past the B sequences (index >= `sequences`) are the prefixes
+// of groups of sequences. Such an entry's words: KV_FIRST 0, KV_LEN the prefix's keys, Q_FIRST the
+// word of its row list (the group's query rows, one word each, member after member), Q_LEN their
+// count, CHUNKS the prefix's chunks, TABLE a member's table row; the others unused. Its row r
+// (head g·L + i of the stacked L rows) is query row t = work[Q_FIRST + i] of sequence b =
+// work[token_base + t], scored at b's positions, and its partial state for chunk c goes to b's slot
+// (kv head·R_b + g·L_b + t − q_first_b)·P_b + P_b − CHUNKS + c: a member's own items fill its
+// first P_b − CHUNKS slots (its keys past the prefix: its KV_FIRST is the prefix's keys).
 #ifndef QKV_CONTRACT_PAGED_H
 #define QKV_CONTRACT_PAGED_H
 
@@ -33,6 +42,8 @@ struct paged_push {
     float scale;
     uint q_heads, kv_heads;  // Hq, Hkv
     float v_scale;           // the values accumulate multiplied by this power of two
+    uint sequences;          // B: entries past them are shared prefixes
+    uint token_base;         // word of the token → sequence map
 };
 
 struct paged_merge_push {
@@ -65,7 +76,7 @@ QKV_CONST uint PAGED_MERGE_BINDING_WORK = MERGE_BINDINGS;     // storage, the wo
 QKV_CONST uint PAGED_MERGE_BINDINGS = MERGE_BINDINGS + 1u;
 QKV_CONTRACT_END
 
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 13u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 

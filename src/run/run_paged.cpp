@@ -82,6 +82,13 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     request.d_qk = static_cast<std::uint32_t>(problem.d_qk), request.d_v = static_cast<std::uint32_t>(problem.d_v);
     request.pool_rows = pool.rows;
     request.max_chunks = env.set.max_decode_chunks;
+    // shared prefixes: where the tables begin with the same pages that every query row sees
+    request.block_table = problem.block_table;
+    request.max_pages = static_cast<std::uint32_t>(problem.max_pages), request.page_size = ps;
+    request.offsets = offsets;
+    request.causal = problem.options.causal;
+    request.window_left = pos0.window_left, request.window_right = pos0.window_right;
+    request.cascade = problem.cascade;
     const paged_plan plan = plan_paged(dev.desc(), request, env.set);
     const std::uint64_t total_q = plan.total_q, Hq = problem.q_heads, E = problem.d_qk, Ev = problem.d_v;
 
@@ -108,8 +115,11 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         return run;
     }
 
-    // The work words: sequences, the token -> sequence map, the items.
-    const std::uint64_t token_base = B * PAGED_SEQ_WORDS, item_base = token_base + total_q;
+    // The work words: sequences and shared prefixes, the token -> sequence map, the prefixes' row
+    // lists, the items.
+    const std::uint64_t entries = plan.sequences.size();
+    const std::uint64_t token_base = entries * PAGED_SEQ_WORDS, rows_base = token_base + total_q;
+    const std::uint64_t item_base = rows_base + plan.group_tokens.size();
     std::vector<std::uint32_t> words(item_base + plan.items.size() * PAGED_ITEM_WORDS);
     for (std::size_t b = 0; b < B; ++b) {
         const paged_sequence& s = plan.sequences[b];
@@ -121,6 +131,16 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         w[PAGED_SEQ_TABLE] = static_cast<std::uint32_t>(b);
         for (std::uint32_t i = 0; i < s.q_len; ++i) words[token_base + s.q_first + i] = static_cast<std::uint32_t>(b);
     }
+    for (const paged_group& g : plan.groups) {
+        const paged_sequence& s = plan.sequences[g.entry];
+        std::uint32_t* w = &words[std::uint64_t{g.entry} * PAGED_SEQ_WORDS];
+        w[PAGED_SEQ_KV_FIRST] = 0, w[PAGED_SEQ_KV_LEN] = s.kv_len;
+        w[PAGED_SEQ_Q_FIRST] = static_cast<std::uint32_t>(rows_base + s.q_first), w[PAGED_SEQ_Q_LEN] = s.q_len;
+        w[PAGED_SEQ_CHUNKS] = s.chunks;
+        w[PAGED_SEQ_TABLE] = g.members.front();
+    }
+    std::copy(plan.group_tokens.begin(), plan.group_tokens.end(),
+              words.begin() + static_cast<std::ptrdiff_t>(rows_base));
     for (std::size_t i = 0; i < plan.items.size(); ++i) {
         const paged_item& it = plan.items[i];
         std::uint32_t* w = &words[item_base + i * PAGED_ITEM_WORDS];
@@ -184,6 +204,8 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         push.scale = scale;
         push.q_heads = request.q_heads, push.kv_heads = request.kv_heads;
         push.v_scale = v_scale;
+        push.sequences = static_cast<std::uint32_t>(B);
+        push.token_base = static_cast<std::uint32_t>(token_base);
         const decode_spec spec{plan.wg,  plan.rpi,
                                plan.kps, plan.e4,
                                plan.ev4, problem.options.causal ? MASK_FLAG_CAUSAL : 0u,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/ragged_reference.hpp"
@@ -35,6 +36,9 @@ struct paged_shape {
     std::size_t extra_columns = 1;  ///< block-table columns past the longest sequence's (filled with -1)
     /// Sequence 1 reads sequence 0's first `shared` pages (its keys there equal sequence 0's).
     std::size_t shared = 0;
+    /// Empty, or per sequence b {a, n}: b reads sequence a's (a < b) first n pages as its own first
+    /// pages (a shared prompt; n = 0: none). Replaces `shared`.
+    std::vector<std::pair<std::size_t, std::size_t>> shares{};
     std::uint64_t seed = 1;
 };
 
@@ -51,7 +55,11 @@ inline owned_paged random_paged(const paged_shape& s) {
         pages += need[b];
         columns = std::max(columns, need[b]);
     }
-    if (B > 1) pages -= std::min(s.shared, need[1]);  // sequence 1's shared pages are sequence 0's
+    const auto shared_of = [&](std::size_t b) -> std::pair<std::size_t, std::size_t> {
+        if (!s.shares.empty()) return {s.shares[b].first, std::min(s.shares[b].second, need[b])};
+        return {0, b == 1 ? std::min(s.shared, need[1]) : 0};
+    };
+    for (std::size_t b = 0; b < B; ++b) pages -= shared_of(b).second;  // shared pages are another's
     pages = std::max<std::size_t>(pages, 1);
     columns += s.extra_columns;
     std::vector<std::int32_t> order(pages);
@@ -61,7 +69,8 @@ inline owned_paged random_paged(const paged_shape& s) {
     std::size_t next = 0;
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t i = 0; i < need[b]; ++i)
-            o.table[b * columns + i] = b == 1 && i < s.shared ? o.table[i] : order[next++];
+            o.table[b * columns + i] =
+                i < shared_of(b).second ? o.table[shared_of(b).first * columns + i] : order[next++];
     const std::size_t per_page_k = ps * s.kv_heads * s.d_qk, per_page_v = ps * s.kv_heads * s.d_v;
     o.k_pages.resize(pages * per_page_k);
     o.v_pages.resize(pages * per_page_v);

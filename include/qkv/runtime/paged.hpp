@@ -64,6 +64,12 @@ struct basic_paged_problem {
     sdpa_options options{};
     std::span<const T> sinks{};         ///< empty, or one logit per query head
     std::span<const T> alibi_slopes{};  ///< empty, or one ALiBi slope per query head
+    /// Shared prefixes (cascade attention), an execution strategy of the Vulkan backend's call
+    /// against a device pool: sequences whose block tables begin with the same whole pages, every
+    /// key of which all their query rows see, attend those pages once per group and merge with
+    /// their own keys by log-sum-exp. The result is the same up to rounding (and equal inputs give
+    /// equal bits either way); false attends each sequence over all its keys (for measurements).
+    bool cascade = true;
 };
 using paged_problem = basic_paged_problem<float>;
 using paged_problem_f64 = basic_paged_problem<double>;
