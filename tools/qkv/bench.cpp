@@ -207,7 +207,7 @@ constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--seq",  
 constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
-constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--serve"};
+constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--serve", "--shared-prefix"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -454,6 +454,10 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     vc.kv_heads = one(o.kv_heads, "--kv-heads", serve ? 8 : vc.q_heads);
     vc.max_len = one(o.seq, "--seq", serve ? 2048 : 512);
     vc.dim = one(o.dim, "--dim", serve ? 128 : 64);
+    vc.shared_prefix = o.shared_prefix;
+    if (vc.shared_prefix % 16 != 0)
+        throw usage_error("--shared-prefix " + std::to_string(vc.shared_prefix) +
+                          ": a prompt in shared pages is whole pages of 16 rows");
     if (vc.q_heads % vc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(vc.kv_heads) + " must divide --heads " +
                           std::to_string(vc.q_heads));
@@ -464,7 +468,8 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     vc.precision = rows.front().precision;
     config largest;  // the largest form's K/V: refused before anything is built if no buffer holds it
     largest.batch = serve ? 1 : vc.batch, largest.heads = vc.q_heads, largest.kv_heads = vc.kv_heads;
-    largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len, largest.dim = vc.dim, largest.decode = true;
+    largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len + vc.shared_prefix, largest.dim = vc.dim;
+    largest.decode = true;
     largest.host_kv = true;
     largest.options.precision = vc.precision;
     check_fits_device(largest, info);
@@ -655,6 +660,12 @@ void add_bench(CLI::App& app) {
                     "B separate calls against kv_caches, and a cache padded to the longest, in tokens/s")
         ->check(CLI::Range(1, 4096))
         ->type_name("B");
+    cmd->add_option("--shared-prefix", o->shared_prefix,
+                    "With --serve: every sequence begins with a common prompt of this many rows (whole pages of 16) "
+                    "in shared pages, its drawn length after it; the batched call on the device is timed with "
+                    "shared prefixes computed once per group (cascade) and without")
+        ->check(CLI::Range(0, 1 << 20))
+        ->type_name("ROWS");
     cmd->add_option("--kv-seq", o->kv_seq_text,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")

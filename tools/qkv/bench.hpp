@@ -46,6 +46,8 @@ struct options {
     std::string device, json_file;
     bool skip_ceiling = false;
     std::uint64_t seed = 20261122;
+    /// With serve: every sequence begins with a common prompt of this many rows in shared pages.
+    std::size_t shared_prefix = 0;
     /// Every flag the command line gave ("--window", "--batch", ...), for the mode's check: each
     /// mode honours the flags its row of bench.cpp's mode table lists and refuses the others.
     std::vector<std::string> given;
@@ -152,6 +154,7 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmu
 /// `--serve B` (bench_serve.cpp): B sequences decoding one token each against as many cached keys.
 struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
+    std::size_t shared_prefix = 0;  ///< --serve: rows of a common prompt every sequence begins with
     qkv::precision precision = qkv::precision::fp32;
 };
 /// The seeded draws of a --varlen or --serve batch, from one generator: the B sequence lengths,

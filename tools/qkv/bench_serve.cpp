@@ -14,6 +14,10 @@
 // second are the batch's B new tokens over the median time; each form's process CPU
 // time (std::clock: the host thread and lavapipe's workers alike) is printed beside its wall time.
 // "Work" is the sum over the sequences of S_b: the padded form does B·max S_b.
+//
+// With --shared-prefix P, every sequence begins with the same P rows (a common prompt) in the same
+// pages, its drawn length after them, and the call against the pool on the device is timed twice:
+// with the shared prefix attended once per group (cascade, paged_problem::cascade) and without.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,20 +41,24 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
                std::ostream& os) {
     const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim, page = 16;
     batch_draws draw(seed);
-    const std::vector<std::size_t> len = draw.lengths(vc);
+    const std::size_t prompt = vc.shared_prefix, prompt_pages = prompt / page;  // whole pages: bench.cpp checks
+    std::vector<std::size_t> len = draw.lengths(vc);
+    for (std::size_t& l : len) l += prompt;  // the prompt, then each sequence's drawn length
     const std::size_t keys = std::accumulate(len.begin(), len.end(), std::size_t{0});
     const std::size_t longest = *std::max_element(len.begin(), len.end());
     // The pool: sequence b's pages drawn from a shuffled list; its keys row j % 16 of its page j / 16.
-    std::vector<std::size_t> first_page(B + 1, 0);
-    for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] + page - 1) / page;
+    // The prompt's pages come first in the list and open every sequence's row of the table.
+    std::vector<std::size_t> first_page(B + 1, prompt_pages);
+    for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] - prompt + page - 1) / page;
     const std::size_t pages = first_page[B], columns = (longest + page - 1) / page;
     std::vector<std::int32_t> order(pages);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), draw.rng);
     std::vector<std::int32_t> table(B * columns, 0), seqlens;
     for (std::size_t b = 0; b < B; ++b) {
+        for (std::size_t i = 0; i < prompt_pages; ++i) table[b * columns + i] = order[i];
         for (std::size_t i = first_page[b]; i < first_page[b + 1]; ++i)
-            table[b * columns + i - first_page[b]] = order[i];
+            table[b * columns + prompt_pages + i - first_page[b]] = order[i];
         seqlens.push_back(static_cast<std::int32_t>(len[b]));
     }
     const std::vector<float> k_pool = draw.values(pages * page * Hkv * d), v_pool = draw.values(pages * page * Hkv * d);
@@ -109,6 +117,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     }
     qkv::paged_problem on_device = paged;
     on_device.k_pages = {}, on_device.v_pages = {}, on_device.num_pages = 0;
+    qkv::paged_problem no_cascade = on_device;  // the same call, every sequence over all its keys
+    no_cascade.cascade = false;
+    const bool cascade = pool && prompt > 0;
     std::vector<qkv::vulkan::kv_cache> caches;
     std::vector<std::vector<float>> one_q(B);
     std::vector<qkv::sdpa_problem> one(B);
@@ -160,6 +171,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
 
     using clock = std::chrono::steady_clock;
     std::vector<double> device_ms, paged_ms, separate_ms, padded_ms, device_cpu, paged_cpu, separate_cpu, padded_cpu;
+    std::vector<double> flat_ms, flat_cpu;  // the device form without cascade
     double max_diff = 0;
     // Each form in its own rounds (its warm-up, then its timed rounds), as a server repeats one step:
     // no form pays for the buffers another left in the context.
@@ -172,7 +184,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             if (i >= warmup) wall.push_back(w), cpu_ms.push_back(c);
         }
     };
-    qkv::varlen_output dr, r;
+    qkv::varlen_output dr, fr, r;
     std::vector<qkv::sdpa_output> each(B);
     qkv::sdpa_output p;
     if (pool)
@@ -186,6 +198,17 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             device_ms, device_cpu);
     else
         device_ms.push_back(0), device_cpu.push_back(0);
+    if (cascade)
+        time_form(
+            [&](int i) {
+                if (i == 0)
+                    fr = ctx.sdpa(no_cascade, *pool);
+                else
+                    (void)ctx.sdpa(no_cascade, *pool);
+            },
+            flat_ms, flat_cpu);
+    else
+        flat_ms.push_back(0), flat_cpu.push_back(0);
     time_form(
         [&](int i) {
             if (i == 0)
@@ -219,17 +242,20 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         for (std::size_t e = 0; e < Hq * d; ++e) {
             max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - each[b].output[e]));
             if (pool) max_diff = std::max<double>(max_diff, std::abs(dr.output[b * Hq * d + e] - each[b].output[e]));
+            if (cascade) max_diff = std::max<double>(max_diff, std::abs(fr.output[b * Hq * d + e] - each[b].output[e]));
             if (pad)
                 max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - p.output[b * Hq * d + e]));
         }
     const summary ds = summarise(device_ms), rs = summarise(paged_ms), ss = summarise(separate_ms),
                   ps = summarise(padded_ms);
+    const summary fs = summarise(flat_ms), fc = summarise(flat_cpu);
     const summary dc = summarise(device_cpu), rc = summarise(paged_cpu), sc = summarise(separate_cpu),
                   pc = summarise(padded_cpu);
     const auto tokens = [&](const summary& x) { return static_cast<double>(B) / (x.median / 1000.0); };
     const std::size_t shortest = *std::min_element(len.begin(), len.end());
-    os << "Serving step: " << B << " sequences decoding one token each, cached lengths log-uniform in [16, "
-       << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
+    os << "Serving step: " << B << " sequences decoding one token each, cached lengths ";
+    if (prompt) os << "a shared prompt of " << prompt << " rows plus ";
+    os << "log-uniform in [16, " << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
        << " keys; padded: " << B * longest << "), pages of " << page << ", Hq = " << Hq << ", Hkv = " << Hkv
        << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32") << ":\n"
        << "  one batched paged call, pool on the device: ";
@@ -238,6 +264,10 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << "), " << sig3(tokens(ds)) << " tokens/s; CPU " << fixed(dc.median, 1) << " ms\n";
     else
         os << "skipped (" << pool_refused << ")\n";
+    if (cascade)
+        os << "  the same without cascade (prompt per sequence): median " << fixed(fs.median, 3) << " ms (min "
+           << fixed(fs.min, 3) << ", max " << fixed(fs.max, 3) << "), " << sig3(tokens(fs)) << " tokens/s; CPU "
+           << fixed(fc.median, 1) << " ms\n";
     os << "  one batched paged call, pool on the host:   median " << fixed(rs.median, 3) << " ms (min "
        << fixed(rs.min, 3) << ", max " << fixed(rs.max, 3) << "), " << sig3(tokens(rs)) << " tokens/s; CPU "
        << fixed(rc.median, 1) << " ms\n"
@@ -253,6 +283,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << fixed(padded_bytes / 1048576.0, 0) << " MiB; the device's largest buffer holds "
            << fixed(static_cast<double>(ctx.device().max_storage_buffer_range) / 1048576.0, 0) << " MiB)\n";
     os << "  ";
+    if (cascade)
+        os << "without / with cascade: " << fixed(fs.median / ds.median, 2) << " (CPU time "
+           << fixed(fc.median / dc.median, 2) << "); ";
     if (pool)
         os << "separate / paged on the device: " << fixed(ss.median / ds.median, 2) << " (CPU time "
            << fixed(sc.median / dc.median, 2) << "); ";
@@ -264,6 +297,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            {"lengths", len},
            {"keys", keys},
            {"page_size", page},
+           {"shared_prefix", prompt},
            {"q_heads", Hq},
            {"kv_heads", Hkv},
            {"dim", d},
@@ -278,6 +312,11 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         j["device_paged_ms"] = summary_json(ds);
         j["device_paged_cpu_ms"] = summary_json(dc);
         j["separate_over_device_paged"] = ss.median / ds.median;
+    }
+    if (cascade) {
+        j["device_paged_no_cascade_ms"] = summary_json(fs);
+        j["device_paged_no_cascade_cpu_ms"] = summary_json(fc);
+        j["no_cascade_over_cascade"] = fs.median / ds.median;
     }
     if (pad) {
         j["padded_ms"] = summary_json(ps);
