@@ -40,7 +40,7 @@ layout(constant_id = BWD_SPEC_DV4) const uint DV4 = 16;
 layout(constant_id = BWD_SPEC_MASKS) const uint MASKS = 0;
 layout(constant_id = BWD_SPEC_FEATURES) const uint FEATURES = 0;
 layout(constant_id = BWD_SPEC_CAREFUL) const uint CAREFUL = 0;
-layout(constant_id = BWD_SPEC_EXTRAS) const uint EXTRAS = 0;  // unused here
+layout(constant_id = BWD_SPEC_EXTRAS) const uint EXTRAS = 0;  // BWD_STORE_DR (shuffles only), BWD_CHECK with it
 
 layout(binding = BWD_DKDV_BINDING_Q) uniform textureBuffer q_tex;
 layout(binding = BWD_DKDV_BINDING_K) uniform textureBuffer k_tex;
@@ -53,6 +53,8 @@ layout(std430, binding = BWD_DKDV_BINDING_DK) buffer DK { float dk_out[]; };  //
 layout(std430, binding = BWD_DKDV_BINDING_DV) buffer DV { float dv_out[]; };  // (B, Hkv, S, Ev)
 layout(std430, binding = BWD_DKDV_BINDING_FLAGS) readonly buffer Flags { uint q_nonfinite[]; };  // per (batch, query head)
 layout(std430, binding = BWD_DKDV_BINDING_VERDICT) buffer Verdict { uint verdict[]; };
+layout(std430, binding = BWD_DKDV_BINDING_DR) writeonly buffer DR { uint dr_out[]; };  // with BWD_STORE_DR: bits
+layout(std430, binding = BWD_DKDV_BINDING_DR_SUMS) writeonly buffer DRSums { vec4 dr_sums[]; };
 
 layout(push_constant) uniform Push { bwd_push pc; };
 
@@ -60,6 +62,8 @@ const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * KPI;
 const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
 #ifdef QKV_SHUFFLE
+const bool STORE_DR = (EXTRAS & BWD_STORE_DR) != 0u;
+const bool STORE_SUMS = (EXTRAS & (BWD_STORE_DR | BWD_CHECK)) == (BWD_STORE_DR | BWD_CHECK);
 const uint ROUNDS = (RPS + WG - 1u) / WG;  // rows fetched per round: one per lane
 // Q and dO rows of a step in one gather per texel, where the subgroup has the lanes for both
 // (q_tex is then a view over Q and dO, the host's choice: bwd_push::pair_offset).
@@ -216,6 +220,7 @@ void main() {
             const vec4 st = texelFetch(stats, int(tex0 + r));
 #endif
             uvec4 drawn = uvec4(0u);
+            vec4 check = vec4(0.0);  // Σ P, Σ P·dP, Σ P·|dP|, keys allowed (STORE_SUMS)
             [[unroll]] for (uint n = 0; n < KPI; ++n) {
                 const uint x = r * KPI + n;
                 const bool allowed = s[x] != neg_inf;
@@ -227,10 +232,29 @@ void main() {
                     z = drawn[key % 4u] >= sp.dropout_threshold ? sp.dropout_scale : 0.0;
                 }
                 const float ds = allowed ? p * (z * dp[x] - st.y) : 0.0;
+#ifdef QKV_SHUFFLE
+                if (STORE_SUMS && allowed) check += vec4(p, p * z * dp[x], p * abs(z * dp[x]), 1.0);
+#endif
                 s[x] = ds * cap[x];
                 dp[x] = allowed ? p * z : 0.0;
                 ok[x] = allowed;
             }
+#ifdef QKV_SHUFFLE
+            // The fused order (contract/backward.h): dR's bits for flash_bwd_dq_dr.comp, a masked
+            // key's as the sentinel it skips (a NaN as the quiet NaN, never the sentinel); the
+            // block's check sums, added across the subgroup in a fixed order.
+            if (STORE_DR) {
+                const uint at = ((qz * pc.blocks + block) * pc.npad_q + i0 + r) * BLOCK + lane * KPI;
+                [[unroll]] for (uint n = 0; n < KPI; ++n) {
+                    const uint x = r * KPI + n;
+                    dr_out[at + n] = !ok[x] ? BWD_DR_MASKED : isnan(s[x]) ? 0x7fc00000u : floatBitsToUint(s[x]);
+                }
+            }
+            if (STORE_SUMS) {
+                [[unroll]] for (uint m = 1u; m < WG; m <<= 1u) check += subgroupShuffleXor(check, m);
+                if (lane == 0u) dr_sums[(qz * pc.blocks + block) * pc.npad_q + i0 + r] = check;
+            }
+#endif
         }
         // dv += P·Z·dO, dk += dR·(scale·q)
         [[unroll]] for (uint c = 0; c < DV4; ++c) {

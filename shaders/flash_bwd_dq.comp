@@ -253,25 +253,8 @@ void main() {
             sums[r] = check[i];
             continue;
         }
-        // The CPU reference's rules (qkv::cpu::sdpa_backward): lse -inf exactly where no key is
-        // allowed; the probabilities (with the sink's) sum to 1 and Σ P·dP = D, within 1 %.
-        const vec4 st = texelFetch(stats, int(qbase + row));
-        const float saved = st.w, total = st.x;
-        // lse' (total) is relative to ALiBi's nearest key, as the scores: so is the sink here.
-        const float drop = alibi_drop(int(row) + pc.causal_offset, pc.kv_len, FEATURES, sp, slope);
-        const float sink = (FEATURES & SCORE_SINKS) != 0u ? head_values[head].y + drop : neg_inf;
-        if (isnan(saved) || isnan(total)) continue;  // a poisoned row: NaN, as its forward
-        uint bad = 0u;
-        if ((saved == neg_inf) != (check[i].w == 0.0)) {
-            bad = BWD_FLAG_NO_KEY;
-        } else if (saved != neg_inf) {
-            const float mass = check[i].x + (sink == neg_inf ? 0.0 : exp(sink - total));
-            if (!isinf(mass) && !isnan(mass) && !(abs(mass - 1.0) <= BWD_SAVED_TOLERANCE)) bad = BWD_FLAG_BAD_LSE;
-            const float d_p = check[i].y, spread = check[i].z + st.z;
-            if (!isinf(dd[i]) && !isnan(dd[i]) && !isinf(d_p) && !isnan(d_p) &&
-                !(abs(dd[i] - d_p) <= BWD_SAVED_TOLERANCE * spread))
-                bad |= BWD_FLAG_BAD_OUT;
-        }
+        const uint bad = saved_row_verdict(texelFetch(stats, int(qbase + row)), check[i],
+                                           int(row) + pc.causal_offset, pc.kv_len, FEATURES, sp, slope, head);
         if (bad != 0u) {
             atomicOr(verdict[0], bad);
             atomicMin(verdict[1], r);

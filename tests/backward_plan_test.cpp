@@ -160,3 +160,50 @@ TEST_CASE("backward plan: refusals name the limit", "[plan][backward]") {
     sized_backward s(1, 1, 1, 4, 4, 16, 16);
     CHECK_THROWS_WITH(plan_sdpa_backward(s.b, no_texels, {}), Catch::Contains("uniform texel buffers"));
 }
+
+TEST_CASE("backward plan: the fused order where it applies, the two-kernel order elsewhere", "[plan][backward]") {
+    for (const auto& f : fake_devices()) {
+        const device_desc d = desc_of(f);
+        INFO(f.name);
+        sized_backward s(2, 4, 2, 113, 17, 64, 64, {.causal = true});
+        const sdpa_backward_plan p = plan_sdpa_backward(s.b, d, {});
+        const flash_bwd_plan& k = p.kernels;
+        // Taken exactly where the shuffle variants run (dq from dR shares K by shuffles).
+        CHECK(k.fused == k.shuffle);
+        if (!k.fused) {
+            CHECK(k.fused_scratch_bytes() == 0);
+            CHECK((k.extras & qkv::contract::BWD_STORE_DR) == 0);
+            continue;
+        }
+        // The dR scratch: every (batch, query head)'s key blocks of padded rows, then the check's sums.
+        CHECK(k.key_blocks == (17 + k.dkdv_block() - 1) / k.dkdv_block());
+        CHECK(k.dr_bytes == std::uint64_t{2} * 4 * k.key_blocks * k.npad_q * k.dkdv_block() * 4);
+        CHECK(k.dr_sums_at >= k.dr_bytes);
+        CHECK(k.dr_sums_at % d.storage_alignment == 0);
+        CHECK(k.dr_sums_bytes == std::uint64_t{2} * 4 * k.key_blocks * k.npad_q * 16);
+        CHECK(k.dkdv_block() % 4 == 0);
+        CHECK((k.extras & qkv::contract::BWD_STORE_DR) != 0);
+        CHECK(p.buffers.of(role::scores) == k.fused_scratch_bytes());
+        // One dq dispatch (every key block in one walk) beside dk/dv's chunks.
+        CHECK(k.dispatches(p.forward.layout) == 1 + (2 * k.npad_q + k.dkdv_chunk - 1) / k.dkdv_chunk);
+        // The setting, the mask's gradient and the budget each keep the two-kernel order.
+        settings off;
+        off.backward_fused = false;
+        CHECK(!plan_sdpa_backward(s.b, d, off).kernels.fused);
+        sized_backward m(1, 1, 1, 3, 5, 16, 16);
+        m.additive.assign(3 * 5, 0.f);
+        m.b.forward.additive_mask = m.additive;
+        m.b.forward.mask_shape = {3, 5};
+        m.b.return_d_additive_mask = true;
+        CHECK(!plan_sdpa_backward(m.b, d, {}).kernels.fused);
+        sized_backward big(1, 8, 8, 4096, 4096, 64, 64);  // 8 heads' N² dR: beyond fused_budget
+        const sdpa_backward_plan b = plan_sdpa_backward(big.b, d, {});
+        CHECK(b.kernels.fused_scratch_bytes() == 0);
+        CHECK(!b.kernels.fused);
+        CHECK(b.buffers.of(role::scores) == 0);
+        sized_backward one(1, 1, 1, 4096, 4096, 64, 64);  // one head at N = 4096: within it
+        const sdpa_backward_plan o = plan_sdpa_backward(one.b, d, {});
+        CHECK(o.kernels.fused);
+        CHECK(o.kernels.fused_scratch_bytes() <= fused_budget);
+    }
+}

@@ -12,6 +12,11 @@
 //                          this problem's forward results
 //   flash_bwd_dkdv.comp    one invocation per KPI keys (lanes own keys), streaming the query rows
 //                          of the K/V head's query heads: dv = Σ P·Z·dO, dk = scale·Σ dR·q
+//   flash_bwd_dq_dr.comp   the fused order (flash_bwd_plan::fused): dk/dv runs first and, with
+//                          BWD_STORE_DR, also stores every dR it computes (and its key block's
+//                          check sums per row); then one invocation per RPI query rows sums
+//                          dq = scale·Σ_j dR·k from that scratch, key blocks in order: five N²·d
+//                          products in all instead of seven, nothing recomputed twice
 //   flash_bwd_fold.comp    sums over broadcast dimensions in a fixed order: the sinks' gradients
 //                          (over batch and rows) and the additive mask's (over whatever it broadcasts)
 //
@@ -108,6 +113,12 @@ QKV_CONST uint BWD_SPEC_EXTRAS = 8u;
 // extras of bwd_spec
 QKV_CONST uint BWD_WRITE_DS = 1u;  // dq: every dS into the scratch (the additive mask's gradient)
 QKV_CONST uint BWD_CHECK = 2u;     // dq: check that out and lse are the problem's forward results
+/// dk/dv (shuffle variant only): store every dR's bits into the dR scratch, a masked key's as
+/// BWD_DR_MASKED (which flash_bwd_dq_dr.comp skips; a NaN dR is stored as the quiet NaN 0x7fc00000,
+/// never as the sentinel, so a poisoned row stays NaN), and with BWD_CHECK the check's sums over
+/// the block's keys per row.
+QKV_CONST uint BWD_STORE_DR = 4u;
+QKV_CONST uint BWD_DR_MASKED = 0xffffffffu;
 
 // Specialization constants of flash_bwd_prep.comp and flash_bwd_fold.comp (QKV_FP16, a define,
 // says how prep's dO is stored).
@@ -167,7 +178,25 @@ QKV_CONST uint BWD_DKDV_BINDING_DK = 8u;      // (B, Hkv, S, E) float32
 QKV_CONST uint BWD_DKDV_BINDING_DV = 9u;      // (B, Hkv, S, Ev) float32
 QKV_CONST uint BWD_DKDV_BINDING_FLAGS = 10u;  // per (batch, query head): Q or dO holds a NaN or Inf
 QKV_CONST uint BWD_DKDV_BINDING_VERDICT = 11u;
-QKV_CONST uint BWD_DKDV_BINDINGS = 12u;
+// The dR scratch, with BWD_STORE_DR: float [B·Hq][key blocks][npad_q][block keys], key blocks of
+// wg·kpi keys, ceil(max(S, 1) / (wg·kpi)) of them; and the check sums, vec4 [B·Hq][key blocks][npad_q]
+// (Σ P, Σ P·dP, Σ P·|dP|, keys allowed over the block's keys), each written where the block's
+// visible rows (backward.glsl: visible_rows) hold the row and nowhere else.
+QKV_CONST uint BWD_DKDV_BINDING_DR = 12u;
+QKV_CONST uint BWD_DKDV_BINDING_DR_SUMS = 13u;
+QKV_CONST uint BWD_DKDV_BINDINGS = 14u;
+
+// bindings of flash_bwd_dq_dr.comp (bwd_push as dq's; bwd_spec with own = rows per invocation,
+// step = the dk/dv key block, extras = BWD_CHECK)
+QKV_CONST uint BWD_DQ_DR_BINDING_K = 0u;  // uniform texel buffer
+QKV_CONST uint BWD_DQ_DR_BINDING_PARAMS = 1u;
+QKV_CONST uint BWD_DQ_DR_BINDING_STATS = 2u;  // uniform texel buffer (RGBA32F)
+QKV_CONST uint BWD_DQ_DR_BINDING_DR = 3u;
+QKV_CONST uint BWD_DQ_DR_BINDING_DR_SUMS = 4u;
+QKV_CONST uint BWD_DQ_DR_BINDING_DQ = 5u;
+QKV_CONST uint BWD_DQ_DR_BINDING_FLAGS = 6u;  // per (batch, K/V head): K holds a NaN or Inf
+QKV_CONST uint BWD_DQ_DR_BINDING_VERDICT = 7u;
+QKV_CONST uint BWD_DQ_DR_BINDINGS = 8u;
 
 // bindings of flash_bwd_fold.comp
 QKV_CONST uint BWD_FOLD_BINDING_IN = 0u;

@@ -251,6 +251,7 @@ void sdpa_backward_call::impl::record(recorder& rec, recording::impl& r, const s
     io.texels = b[role::texels].handle();
     io.scratch = b[role::state].handle();
     if (p.kernels.ds_bytes) io.ds = b.bind(role::scores, 0, p.kernels.ds_bytes);
+    if (p.kernels.fused) io.dr = b.bind(role::scores, 0, p.kernels.fused_scratch_bytes());
     r.backward_views = make_flash_bwd_views(*core->dev, io.texels, io.scratch, p.kernels);
     // Only the device knows whether the inputs hold a NaN or Inf: the careful pipelines are
     // recorded too, each running only for its kind of (batch, head).

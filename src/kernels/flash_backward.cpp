@@ -133,13 +133,15 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
     exec.compute_barrier();
     if (mark_kernels) exec.mark();  // the packs and the row statistics done
 
-    // 4. dq, then dk and dv: one dispatch pair (plain, careful) per chunk.
+    // 4. dq, then dk and dv, or in the fused order dk and dv (storing dR), then dq from dR: one
+    // dispatch pair (plain, careful) per chunk.
     static_assert(
-        contract::BWD_DQ_BINDINGS == 13 && contract::BWD_DKDV_BINDINGS == 12 &&
+        contract::BWD_DQ_BINDINGS == 13 && contract::BWD_DKDV_BINDINGS == 14 && contract::BWD_DQ_DR_BINDINGS == 8 &&
         row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq, "ttttssstsssss") &&
         row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_shuffle, "ttttssstsssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssstssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssstssss"));
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssstssssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssstssssss") &&
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_dr_shuffle, "tstsssss"));
     const std::uint32_t masks = l.mask_flags();
     const auto spec = [&](std::uint32_t own, std::uint32_t step, bool careful, std::uint32_t extras) {
         return contract::bwd_spec{p.wg, own, step, p.d4, p.dv4, masks, l.features, careful ? 1u : 0u, extras};
@@ -158,7 +160,10 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
     const binding k_flags{io.texels, p.k_flags_at, std::uint64_t{l.kv_batches()} * 4};
     const binding q_flags{io.texels, p.q_flags_at, std::uint64_t{l.q_batches()} * 4};
     const binding ds = p.ds_bytes ? io.ds : io.dq;
-    {
+    const binding dr = p.fused ? binding{io.dr.buffer, io.dr.offset, p.dr_bytes} : stats;
+    const binding dr_sums =
+        p.fused && p.dr_sums_bytes ? binding{io.dr.buffer, io.dr.offset + p.dr_sums_at, p.dr_sums_bytes} : stats;
+    const auto record_dq = [&] {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dq_shuffle : shader_id::flash_bwd_dq;
         const pipeline& plain = pipes.get(kernel, spec(p.rpi, p.kps, false, p.extras));
         const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.rpi, p.kps, true, p.extras));
@@ -181,14 +186,35 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
                               &part, groups);
             }
         }
-    }
-    if (mark_kernels) exec.mark();  // dq done
-    exec.compute_barrier();
-    {
+    };
+    // dq from the stored dR (the fused order): one dispatch (plain, careful), every key block.
+    const auto record_dq_dr = [&] {
+        const std::uint32_t extras = p.extras & contract::BWD_CHECK;
+        const pipeline& plain =
+            pipes.get(shader_id::flash_bwd_dq_dr_shuffle, spec(p.rpi, p.dkdv_block(), false, extras));
+        const pipeline* careful =
+            inputs_finite ? nullptr
+                          : &pipes.get(shader_id::flash_bwd_dq_dr_shuffle, spec(p.rpi, p.dkdv_block(), true, extras));
+        const std::uint32_t blocks = ceil_div(l.q_len, p.dq_block());
+        const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
+        contract::bwd_push part = push;
+        part.blocks = blocks;
+        part.begin = 0, part.stop = l.kv_len;
+        for (const pipeline* k : {&plain, careful}) {
+            if (!k) continue;
+            if (k == careful) exec.compute_barrier();
+            exec.dispatch(*k,
+                          {texel(views.k.handle()), io.params, texel(views.stats.handle()), dr, dr_sums, io.dq, k_flags,
+                           io.verdict},
+                          &part, groups);
+        }
+    };
+    const auto record_dkdv = [&] {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dkdv_shuffle : shader_id::flash_bwd_dkdv;
-        const pipeline& plain = pipes.get(kernel, spec(p.kpi, p.rps, false, 0));
-        const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, true, 0));
-        const std::uint32_t blocks = ceil_div(std::max(l.kv_len, 1u), p.dkdv_block());
+        const std::uint32_t extras = p.fused ? p.extras & (contract::BWD_STORE_DR | contract::BWD_CHECK) : 0u;
+        const pipeline& plain = pipes.get(kernel, spec(p.kpi, p.rps, false, extras));
+        const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, true, extras));
+        const std::uint32_t blocks = p.key_blocks;
         const std::uint32_t groups[3] = {blocks, 1, l.kv_batches()};
         push.blocks = blocks;
         const std::uint32_t slots = l.group() * p.npad_q;
@@ -202,16 +228,28 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             for (const pipeline* k : {&plain, careful}) {
                 if (!k) continue;
                 if (begin > 0 || k == careful) exec.compute_barrier();
-                exec.dispatch(
-                    *k,
-                    {texel(q_view), texel(views.k.handle()), texel(views.v.handle()), texel(views.d_out.handle()),
-                     mask_bits, additive, io.params, texel(views.stats.handle()), io.dk, io.dv, q_flags, io.verdict},
-                    &part, groups);
+                exec.dispatch(*k,
+                              {texel(q_view), texel(views.k.handle()), texel(views.v.handle()),
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
+                               io.dk, io.dv, q_flags, io.verdict, dr, dr_sums},
+                              &part, groups);
             }
         }
+    };
+    if (p.fused) {
+        // dk and dv storing dR, then dq from it (marks: dk and dv done, dq done)
+        record_dkdv();
+        if (mark_kernels) exec.mark();
+        exec.compute_barrier();
+        record_dq_dr();
+    } else {
+        // dq, then dk and dv (marks: dq done, dk and dv done)
+        record_dq();
+        if (mark_kernels) exec.mark();
+        exec.compute_barrier();
+        record_dkdv();
     }
-
-    if (mark_kernels) exec.mark();  // dk and dv done
+    if (mark_kernels) exec.mark();
 
     // 5. The sums over broadcast dimensions: the sinks' gradient, the mask's.
     if (p.sinks.used) {

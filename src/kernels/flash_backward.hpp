@@ -23,6 +23,7 @@ struct flash_bwd_io {
     VkBuffer texels = VK_NULL_HANDLE;   ///< plan.texel_bytes_total, with VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
     VkBuffer scratch = VK_NULL_HANDLE;  ///< plan.scratch_bytes
     binding ds;                         ///< plan.ds_bytes, where the mask's gradient is asked
+    binding dr;                         ///< plan.fused_scratch_bytes(), in the fused order
 };
 
 /// The texel views of the plan's texel buffer: they must live until the commands have run.
@@ -36,8 +37,9 @@ flash_bwd_views make_flash_bwd_views(const device& dev, VkBuffer texels, VkBuffe
 /// Records the whole backward pass: the verdict and scratch set, Q, K, V and dO packed into texels,
 /// the row statistics, dq, dk and dv, and the folds. `inputs_finite`: the caller knows every
 /// input finite (a host call's scan), so the careful pipelines are neither built nor dispatched.
-/// `mark_kernels`: three timestamp marks (recorder::mark), before dq, after dq and after dk and dv,
-/// so that a host call can report each kernel's device time.
+/// `mark_kernels`: three timestamp marks (recorder::mark), before the two main kernels, between
+/// them and after them (dq first, or dk and dv first in the fused order: plan.fused), so that a
+/// host call can report each kernel's device time.
 void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layout& layout, const flash_bwd_plan& plan,
                            const flash_bwd_io& io, const flash_bwd_views& views, bool inputs_finite,
                            bool mark_kernels = false);

@@ -29,7 +29,7 @@ std::uint64_t bwd_fold::terms() const {
 }
 
 std::uint32_t flash_bwd_plan::dispatches(const flash_layout& l) const {
-    const std::uint32_t dq = l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
+    const std::uint32_t dq = fused || l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
     const std::uint32_t dkdv = ceil_div(std::uint64_t{l.group()} * npad_q, dkdv_chunk);
     return dq + dkdv;
 }
@@ -116,6 +116,22 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     p.sink_terms_at = align_up(p.sums_at + (r.check ? rows * 16 : 0), desc.storage_alignment);
     p.scratch_bytes = p.sink_terms_at + (r.d_sinks ? rows * 4 : 0);
     p.ds_bytes = r.d_mask ? rows * l.kv_len * 4 : 0;
+
+    // The fused order, where it applies (flash_bwd_plan::fused).
+    p.key_blocks = ceil_div(std::max(l.kv_len, 1u), p.dkdv_block());
+    const std::uint64_t dr_floats = std::uint64_t{l.q_batches()} * p.key_blocks * p.npad_q * p.dkdv_block();
+    const std::uint64_t dr_bytes = dr_floats * 4;
+    const std::uint64_t sums_at = align_up(dr_bytes, desc.storage_alignment);
+    const std::uint64_t sums_bytes = r.check ? std::uint64_t{l.q_batches()} * p.key_blocks * p.npad_q * 16 : 0;
+    const std::uint64_t dr_total = sums_at + sums_bytes;
+    if (set.backward_fused && p.shuffle && !r.d_mask && p.dkdv_block() % 4 == 0 &&
+        p.key_blocks <= max_steps_per_dispatch && dr_total <= fused_budget &&
+        dr_bytes <= info.max_storage_buffer_range &&
+        std::max<std::uint64_t>(sums_bytes, 1) <= info.max_storage_buffer_range && dr_floats <= 0xffffffffu) {
+        p.fused = true;
+        p.dr_bytes = dr_bytes, p.dr_sums_at = sums_at, p.dr_sums_bytes = sums_bytes;
+        p.extras |= contract::BWD_STORE_DR;
+    }
     return p;
 }
 

@@ -65,6 +65,16 @@ struct flash_bwd_plan {
     // The scratch buffer: the row statistics, the check's sums, the sinks' row terms.
     std::uint64_t stats_at = 0, sums_at = 0, sink_terms_at = 0, scratch_bytes = 0;
     std::uint64_t ds_bytes = 0;  ///< the (B, Hq, L, S) dS scratch of the mask's gradient (0: none)
+    /// The fused order (contract/backward.h): dk/dv first, storing every dR (BWD_STORE_DR), then dq
+    /// from them (flash_bwd_dq_dr.comp): five N²·d products instead of seven. Taken where the
+    /// shuffle variants run (a CPU device: the order measured, bench/RESULTS.md), without the
+    /// mask's gradient (its dS scratch is the two-kernel order's), with the key blocks below the
+    /// loop limit and the scratch within fused_budget and the device's storage range; otherwise
+    /// the two-kernel order.
+    bool fused = false;
+    std::uint32_t key_blocks = 0;  ///< dk/dv's key blocks per (batch, K/V head): ceil(max(S, 1) / dkdv_block())
+    std::uint64_t dr_bytes = 0, dr_sums_at = 0, dr_sums_bytes = 0;  ///< the dR scratch and its check sums
+    [[nodiscard]] std::uint64_t fused_scratch_bytes() const { return fused ? dr_sums_at + dr_sums_bytes : 0; }
 
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }
     [[nodiscard]] std::uint32_t dq_block() const { return wg * rpi; }
@@ -72,6 +82,10 @@ struct flash_bwd_plan {
     /// Dispatches of the dq and dk/dv kernels (one pipeline each; twice that with careful ones).
     [[nodiscard]] std::uint32_t dispatches(const flash_layout& l) const;
 };
+
+/// The largest dR scratch (with its check sums) the fused order takes: 512 MiB, an N = 4096 call
+/// of six (batch, head)s; beyond it the two-kernel order, which needs no scratch of that size.
+inline constexpr std::uint64_t fused_budget = std::uint64_t{512} << 20;
 
 /// Plans the kernels for `layout` (its fp16 flag: RGBA16F texels) on the device `desc`
 /// describes. settings::max_fused_keys (if not 0) caps the keys of a dq dispatch and the row

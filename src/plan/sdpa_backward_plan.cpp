@@ -131,7 +131,7 @@ sdpa_backward_plan plan_sdpa_backward(const sdpa_backward_problem& problem, cons
     p.buffers.need(role::out, outputs);
     p.buffers.need(role::texels, p.kernels.texel_bytes_total);
     p.buffers.need(role::state, p.kernels.scratch_bytes);
-    p.buffers.need(role::scores, p.kernels.ds_bytes);
+    p.buffers.need(role::scores, std::max(p.kernels.ds_bytes, p.kernels.fused_scratch_bytes()));
     p.downloads = {{role::out, p.dq_at, p.dq_count * 4},
                    {role::out, p.dk_at, p.dk_count * 4},
                    {role::out, p.dv_at, p.dv_count * 4}};

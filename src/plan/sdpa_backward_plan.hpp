@@ -3,8 +3,8 @@
 // plan (kernels/flash_backward.hpp), and where everything else lives in the call's buffers: dO, the
 // saved out and lse after the forward's inputs; dq, dk, dv, the sinks' and the mask's gradients and
 // the verdict in role::out; the kernels' texels (role::texels), scratch (role::state) and the
-// mask gradient's dS (role::scores). A pure function of the problem's shapes and options, a device
-// description and the settings (tests/sdpa_plan_test.cpp runs it against the fake devices).
+// mask gradient's dS or the fused order's dR (role::scores). A pure function of the problem's shapes and options, a
+// device description and the settings (tests/sdpa_plan_test.cpp runs it against the fake devices).
 #pragma once
 
 #include <cstdint>

@@ -71,6 +71,8 @@ settings read_settings(const testing::hooks& hooks) {
                                    "per step 4..32, keys per invocation <= 8, rows per step <= 32 (e.g. 2,8,2,8)");
         s.backward_rows = a, s.backward_keys = b, s.backward_own_keys = c, s.backward_rows_step = d;
     }
+    if (const std::string v = environment("QKV_BACKWARD_FUSED"); !v.empty())
+        s.backward_fused = flag("QKV_BACKWARD_FUSED", v, "0 (never) or 1 (where the plan takes it)");
     if (const std::string v = environment("QKV_DECODE_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
         unsigned r = 0, k = 0;
         if (!two_numbers(v, r, k) || !power_of_two(r) || r > 8 || !power_of_two(k) || k < 4 || k > 64)

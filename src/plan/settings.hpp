@@ -28,6 +28,10 @@ struct settings {
     /// QKV_BACKWARD_TILES=rows,keys,keys,rows: the backward's dq rows per invocation and keys per
     /// step, dk/dv keys per invocation and rows per step (0: chosen by plan_flash_backward).
     std::uint32_t backward_rows = 0, backward_keys = 0, backward_own_keys = 0, backward_rows_step = 0;
+    /// QKV_BACKWARD_FUSED=0: the backward keeps its two-kernel order (dq, then dk/dv, each
+    /// recomputing P) where the plan would take the fused one (flash_bwd_plan::fused; for
+    /// before/after measurements and the tests of both orders).
+    bool backward_fused = true;
     /// QKV_DECODE_CPU_TILES=rows,keys: the cpu decode kernel's rows per lane and keys per step
     /// (0: chosen by try_plan_decode).
     std::uint32_t decode_cpu_rows = 0, decode_cpu_keys = 0;

@@ -86,6 +86,7 @@ run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_p
     io.texels = b[role::texels].handle();
     io.scratch = b[role::state].handle();
     if (p.kernels.ds_bytes) io.ds = b.bind(role::scores, 0, p.kernels.ds_bytes);
+    if (p.kernels.fused) io.dr = b.bind(role::scores, 0, p.kernels.fused_scratch_bytes());
     const flash_bwd_views views = make_flash_bwd_views(s.dev(), io.texels, io.scratch, p.kernels);
     record_flash_backward(s.rec(), s.pipes(), fp.layout, p.kernels, io, views, inputs_finite, true);
     s.mark();  // gradients done
@@ -94,7 +95,9 @@ run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_p
     // marks: inputs on the device, the row statistics, dq, dk and dv, the gradients done
     if (const std::vector<double>& m = s.exec().marks_ms(); m.size() >= 5) {
         run.times.attention_ms = m[4] - m[0];
-        run.times.backward_dq_ms = m[2] - m[1], run.times.backward_dkdv_ms = m[3] - m[2];
+        const double first = m[2] - m[1], second = m[3] - m[2];  // dk/dv first in the fused order
+        run.times.backward_dq_ms = p.kernels.fused ? second : first;
+        run.times.backward_dkdv_ms = p.kernels.fused ? first : second;
     }
     // read
     sdpa_gradients& g = run.output;
