@@ -242,7 +242,7 @@ void main() {
 #ifdef QKV_SHUFFLE
             // The fused order (contract/backward.h): dR's bits for flash_bwd_dq_dr.comp, a masked
             // key's as the sentinel it skips (a NaN as the quiet NaN, never the sentinel); the
-            // block's check sums, added across the subgroup in a fixed order.
+            // block's check sums, added across the subgroup lane by lane, in lane order.
             if (STORE_DR) {
                 const uint at = ((qz * pc.blocks + block) * pc.npad_q + i0 + r) * BLOCK + lane * KPI;
                 [[unroll]] for (uint n = 0; n < KPI; ++n) {
@@ -251,8 +251,9 @@ void main() {
                 }
             }
             if (STORE_SUMS) {
-                [[unroll]] for (uint m = 1u; m < WG; m <<= 1u) check += subgroupShuffleXor(check, m);
-                if (lane == 0u) dr_sums[(qz * pc.blocks + block) * pc.npad_q + i0 + r] = check;
+                vec4 total = vec4(0.0);
+                [[unroll]] for (uint m = 0u; m < WG; ++m) total += subgroupShuffle(check, m);
+                if (lane == 0u) dr_sums[(qz * pc.blocks + block) * pc.npad_q + i0 + r] = total;
             }
 #endif
         }

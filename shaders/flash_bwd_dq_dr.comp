@@ -6,8 +6,8 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 // The backward pass's dq in the fused order (contract/backward.h): flash_bwd_dkdv.comp has stored
 // every dR (BWD_STORE_DR) per key block of KB keys, so dq = scale·Σ_j dR·k needs no score, P or dP
-// of its own: for the RPI query rows each invocation owns, walk the key blocks in order, skip those
-// no row of the workgroup sees (backward.glsl: visible_rows, the blocks dk/dv wrote), and add
+// of its own: for the RPI query rows each invocation owns, walk the key blocks the rows may see in
+// order (score_rules.glsl: visible_keys; per row backward.glsl's visible_rows, what dk/dv wrote), and add
 // dR·k over the block's keys in order: one writer per row, no atomics, the same bits on every run.
 // A masked key's dR is the sentinel BWD_DR_MASKED and adds nothing, by a select per (row, key); where
 // the (batch, K/V head)'s K holds a NaN or an Inf the CAREFUL pipeline selects per product, so that
@@ -70,8 +70,13 @@ void main() {
     const bool mine = (k_nonfinite[kvz] != 0u) == (CAREFUL != 0u);
     const uint key_blocks = (max(pc.kv_len, 1u) + KB - 1u) / KB;
     const uint row_last = min(row0 + BLOCK, max(pc.q_len, 1u)) - 1u;
-    const uint walk = mine ? key_blocks : 0u;
-    for (uint kb = 0; kb < walk; ++kb) {
+    // Causal and the window: the key blocks no row of the block may see are not walked (as
+    // flash_bwd_dq.comp's keys); within those walked, a row outside a block's visible rows reads nothing.
+    const int p_first = int(row0) + pc.causal_offset;
+    const int p_last = int(row_last) + pc.causal_offset;
+    const uvec2 keys = visible_keys(p_first, p_last, FEATURES, causal, sp, 0u, pc.kv_len);
+    const uint kb_first = keys.x / KB, kb_end = mine && keys.y > keys.x ? (keys.y + KB - 1u) / KB : 0u;
+    for (uint kb = kb_first; kb < kb_end; ++kb) {
         const uint key0 = kb * KB;
         const uint key_last = min(key0 + KB, max(pc.kv_len, 1u)) - 1u;
         const uvec2 rows = visible_rows(int(key0), int(key_last), pc.causal_offset, FEATURES, causal, sp, pc.q_len);
