@@ -379,6 +379,38 @@ TEST_CASE("sdpa_backward on the device: fp16 storage", "[backward]") {
     CHECK_THROWS_AS(gpu().sdpa_backward(o.backward()), qkv::vulkan::numeric_overflow);
 }
 
+TEST_CASE("sdpa_backward on the device: the fused order at odd shapes, deterministic and chunked", "[backward]") {
+    // Without the mask's gradient a shuffle device (lavapipe) takes the fused order (dk/dv stores
+    // dR, dq sums it: flash_bwd_plan::fused): causal with a window, GQA, sinks and a softcap, keys
+    // fewer and more than a key block; the same bits twice, and cut into chunks of 8 row slots.
+    const std::pair<std::size_t, std::size_t> shapes[] = {{1, 113}, {3, 17}, {17, 3}, {113, 113}};
+    for (const auto& [L, S] : shapes) {
+        const qkv::sdpa_shape s{
+            .batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = L, .kv_len = S, .d_qk = 16, .d_v = 16};
+        owned o = make(
+            s, {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .window_left = 20, .softcap = 8.f},
+            static_cast<std::uint32_t>(7 * L + S));
+        std::mt19937 rng(static_cast<std::uint32_t>(L + S));
+        o.sinks = normal(4, rng);
+        save_forward(o);
+        INFO("L " << L << ", S " << S);
+        check_against_reference(o, 1e-9);
+        const qkv::sdpa_gradients first = gpu().sdpa_backward(o.backward());
+        const qkv::sdpa_gradients again = gpu().sdpa_backward(o.backward());
+        CHECK(same_bits(first.dq, again.dq));
+        CHECK(same_bits(first.dk, again.dk));
+        CHECK(same_bits(first.dv, again.dv));
+        CHECK(same_bits(first.d_sinks, again.d_sinks));
+        qkv::vulkan::context chunked = qkv_test::make_context({.max_fused_keys_per_dispatch = 8});
+        const qkv::sdpa_gradients cut = chunked.sdpa_backward(o.backward());
+        qkv_test::require_clean(chunked);
+        const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(o.backward());
+        CHECK(nmse(cut.dq, want.dq) <= 1e-9);
+        CHECK(nmse(cut.dk, want.dk) <= 1e-9);
+        CHECK(nmse(cut.dv, want.dv) <= 1e-9);
+    }
+}
+
 TEST_CASE("sdpa_backward on the device: deterministic, chunked, recomputed", "[backward]") {
     const qkv::sdpa_shape s{.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 45, .kv_len = 53, .d_qk = 16, .d_v = 16};
     owned o = make(s, {.causal = true, .window_left = 20, .softcap = 8.f}, 41);
