@@ -379,7 +379,7 @@ TEST_CASE("sdpa_backward on the device: fp16 storage", "[backward]") {
     CHECK_THROWS_AS(gpu().sdpa_backward(o.backward()), qkv::vulkan::numeric_overflow);
 }
 
-TEST_CASE("sdpa_backward on the device: the fused order at odd shapes, deterministic and chunked", "[backward]") {
+TEST_CASE("sdpa_backward on the device: the fused order at odd shapes (deterministic and chunked)", "[backward]") {
     // Without the mask's gradient a shuffle device (lavapipe) takes the fused order (dk/dv stores
     // dR, dq sums it: flash_bwd_plan::fused): causal with a window, GQA, sinks and a softcap, keys
     // fewer and more than a key block; the same bits twice, and cut into chunks of 8 row slots.
