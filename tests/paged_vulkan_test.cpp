@@ -9,9 +9,12 @@
 #include <qkv/vulkan/runtime.hpp>
 
 #include <cmath>
+#include <concepts>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/backend_checks.hpp"
@@ -105,20 +108,42 @@ TEST_CASE("paged vulkan: refusals come first, typed, with the table's reason", "
 
 namespace {
 
-/// The pool of `p` as a device pool: a kv_cache of batch 1 whose rows are the pages' rows in page
-/// order, stored as `type`.
-qkv::vulkan::kv_cache device_pool(qkv::vulkan::context& ctx, const qkv::paged_problem& p, element_type type) {
+/// The pages' rows of `p` in page order as (1, Hkv, rows, E) and (1, Hkv, rows, Ev).
+std::pair<std::vector<float>, std::vector<float>> pool_rows(const qkv::paged_problem& p) {
     const std::size_t rows = p.num_pages * p.page_size, H = p.kv_heads, E = p.d_qk, Ev = p.d_v;
-    qkv::vulkan::kv_cache pool(ctx,
-                               {.batch = 1, .kv_heads = H, .capacity = rows + 16, .d_qk = E, .d_v = Ev, .type = type});
     std::vector<float> k(rows * H * E), v(rows * H * Ev);
     for (std::size_t n = 0; n < rows; ++n)
         for (std::size_t h = 0; h < H; ++h) {
             for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = p.k_pages[(n * H + h) * E + e];
             for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = p.v_pages[(n * H + h) * Ev + e];
         }
+    return {std::move(k), std::move(v)};
+}
+
+/// The pool of `p` as a device pool: a kv_cache of batch 1 whose rows are the pages' rows in page
+/// order, stored as `type`.
+qkv::vulkan::kv_cache device_pool(qkv::vulkan::context& ctx, const qkv::paged_problem& p, element_type type) {
+    const std::size_t rows = p.num_pages * p.page_size;
+    qkv::vulkan::kv_cache pool(
+        ctx, {.batch = 1, .kv_heads = p.kv_heads, .capacity = rows + 16, .d_qk = p.d_qk, .d_v = p.d_v, .type = type});
+    const auto [k, v] = pool_rows(p);
     pool.append(k, v, rows);
     return pool;
+}
+
+/// Runs `call`, expecting qkv::vulkan::limit_exceeded whose message contains every one of `words`.
+template <std::invocable F>
+void expect_limit(F&& call, std::initializer_list<std::string> words) {
+    bool thrown = false;
+    try {
+        call();
+    } catch (const qkv::vulkan::limit_exceeded& e) {
+        thrown = true;
+        const std::string message = e.what();
+        INFO("message: " << message);
+        for (const std::string& w : words) CHECK(message.find(w) != std::string::npos);
+    }
+    CHECK(thrown);
 }
 
 qkv::paged_problem without_pool(qkv::paged_problem p) {
@@ -177,6 +202,54 @@ TEST_CASE("paged vulkan: a device pool of f16, a long sequence split among short
     want.options.kv_type = element_type::f16;
     qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
     qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged vulkan: a device pool past the storage-buffer range, read only through texel views",
+          "[paged][paged_pool]") {
+    // The hook pretends maxStorageBufferRange is 16 KiB for the caches' storage: this pool's K
+    // (2 heads x 300 rows x 16 texels of 16 bytes = 150 KiB) and V pass it, as the issue's
+    // 32K-token pool passes lavapipe's 128 MiB, and are kept readable only through texel views.
+    qkv::vulkan::context ctx = qkv_test::make_context({.kv_storage_range = 16384});
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {200, 17, 1, 0, 61},
+                                                      .q_len = 1,
+                                                      .q_heads = 4,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 64,
+                                                      .d_v = 40,
+                                                      .page_size = 16,
+                                                      .shared = 1,
+                                                      .seed = 31});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+    for (const element_type type : {element_type::f32, element_type::f16}) {
+        INFO(qkv::to_string(type));
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+        qkv::paged_problem want = o.problem;
+        want.options.kv_type = type;
+        const qkv::varlen_output got = ctx.sdpa(without_pool(o.problem), pool);
+        check(got, reference(want));
+        // What binds the storage as a whole is refused, typed and naming the limit.
+        expect_limit([&] { (void)pool.keys(); }, {"kv_cache::keys", "maxStorageBufferRange"});
+        expect_limit([&] { (void)pool.values(); }, {"kv_cache::values", "maxStorageBufferRange"});
+        const std::size_t before = pool.size();
+        qkv::vulkan::tensor k(ctx, {1, 2, 1, 64}, type), v(ctx, {1, 2, 1, 40}, type);
+        k.upload(std::vector<float>(128, 0.25f)), v.upload(std::vector<float>(80, -0.5f));
+        expect_limit([&] { pool.append(k, v, 1); }, {"kv_cache::append", "maxStorageBufferRange"});
+        CHECK(pool.size() == before);
+        // The decode over the same cache (every row as one sequence) reads it through the views too.
+        const auto [k_rows, v_rows] = pool_rows(o.problem);
+        std::vector<float> q(4 * 64);
+        for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+        qkv::sdpa_problem one;
+        one.shape = {.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 1, .kv_len = before, .d_qk = 64, .d_v = 40};
+        one.q = q;
+        const qkv::sdpa_output decoded = ctx.sdpa(one, pool);
+        one.k = k_rows, one.v = v_rows;
+        one.options.kv_type = type;
+        const qkv::sdpa_output_f64 decoded_want = qkv::cpu::sdpa_f64(one);
+        for (const float x : decoded.output) REQUIRE(std::isfinite(x));
+        CHECK(qkv_test::nmse(decoded.output, decoded_want.output) <= 1e-9);
+        qkv_test::require_clean(ctx);
+    }
 }
 
 TEST_CASE("paged vulkan: a device pool's refusals come first, typed", "[paged][paged_pool]") {

@@ -96,7 +96,7 @@ bool kv_cache::impl::rows_finite() const {
 
 decode_rows kv_cache::impl::rows() const {
     decode_rows r;
-    if (!half()) return r;
+    if (!half() || texels_only()) return r;
     const tensor::impl::bound k_rows = tensor_access::of(k, "kv_cache").bind();
     const tensor::impl::bound v_rows = tensor_access::of(v, "kv_cache").bind();
     r.k = k_rows.b, r.k_off = k_rows.element;
@@ -220,8 +220,18 @@ kv_cache::kv_cache(context& ctx, const kv_layout& shape) {
     if (c->half() && !c->core->dev->info().fp16_storage)
         throw unavailable("kv_cache: an fp16 cache needs 16-bit storage buffers (storageBuffer16BitAccess): " +
                           lacks(c->core->dev->info()) + "; use an fp32 cache");
-    c->k = tensor(ctx, storage_shape(shape, c->e4), type);
-    c->v = tensor(ctx, storage_shape(shape, c->ev4), type);
+    // Storage past maxStorageBufferRange (or the test hook's smaller range) is kept all the same
+    // where the texel views reach it: the decode kernels read K and V only through them.
+    const context::impl& ci = context_access::of(ctx);
+    std::uint64_t range = c->core->dev->info().max_storage_buffer_range;
+    if (ci.set.kv_storage_range != 0) range = std::min(range, ci.set.kv_storage_range);
+    for (const auto& [t, texels, what] :
+         {std::tuple{&c->k, c->e4, "K/V cache (K)"}, std::tuple{&c->v, c->ev4, "K/V cache (V)"}}) {
+        const std::vector<std::size_t> dims = storage_shape(shape, texels);
+        const std::uint64_t bytes = std::uint64_t{c->texel_bytes} * texels * shape.batch * shape.kv_heads *
+                                    shape.capacity;  // the texel check (attach) bounds it
+        *t = bytes > range ? texels_only_tensor(c->core, dims, type, what) : tensor(ctx, dims, type);
+    }
     std::lock_guard lock(c->core->mutex);
     c->core->check_alive();
     attach(*c);
@@ -280,6 +290,12 @@ const kv_cache::impl& tensors_of(const std::shared_ptr<kv_cache::impl>& p, const
     if (c.blocks())
         throw unavailable(std::string(what) + ": a " + std::string(to_string(c.type)) +
                           " cache stores ggml's blocks, which are no tensor");
+    if (c.texels_only())
+        throw limit_exceeded(std::string(what) + ": this cache's storage passes " + c.core->dev->info().name +
+                             "'s maxStorageBufferRange of " +
+                             std::to_string(c.core->dev->info().max_storage_buffer_range) +
+                             " bytes (or the context's kv_storage_range hook), so it is no tensor: it is read only "
+                             "through texel views");
     return c;
 }
 
@@ -470,6 +486,12 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
 std::pair<const tensor::impl*, const tensor::impl*> kv_cache::impl::check_append(const tensor& kt, const tensor& vt,
                                                                                  std::size_t rows) const {
     require_supported(entry_point::cache_append_tensors, features_of(type));
+    if (texels_only())
+        throw limit_exceeded("kv_cache::append: this cache's storage passes " + core->dev->info().name +
+                             "'s maxStorageBufferRange of " +
+                             std::to_string(core->dev->info().max_storage_buffer_range) +
+                             " bytes (or the context's kv_storage_range hook), which an append of device tensors "
+                             "binds; append host data (nothing was appended)");
     const kv_layout& s = layout;
     // (B, Hkv, rows, E) and (B, Hkv, rows, Ev), of the cache's storage type.
     (void)product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append");  // fits size_t

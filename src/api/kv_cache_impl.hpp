@@ -54,8 +54,14 @@ struct kv_cache::impl {
     [[nodiscard]] std::size_t groups() const { return layout.batch * layout.kv_heads; }
     [[nodiscard]] bool half() const { return type == element_type::f16; }
     [[nodiscard]] bool blocks() const { return is_quantized(type); }
-    [[nodiscard]] detail::cache_desc desc() const { return {static_cast<std::uint32_t>(layout.capacity), type}; }
-    /// An f16 cache's K and V as float16 rows in storage (the cooperative-matrix decode); q unset.
+    /// Storage past maxStorageBufferRange (tensor::impl::texels_only): read only through the
+    /// texel views; keys(), values() and appends of device tensors refuse it.
+    [[nodiscard]] bool texels_only() const { return !blocks() && tensor_access::of(k, "kv_cache").texels_only; }
+    [[nodiscard]] detail::cache_desc desc() const {
+        return {static_cast<std::uint32_t>(layout.capacity), type, texels_only()};
+    }
+    /// An f16 cache's K and V as float16 rows in storage (the cooperative-matrix decode; none for a
+    /// texels-only cache, whose plan does not take that family); q unset.
     [[nodiscard]] detail::decode_rows rows() const;
     /// The statistics as the host reads them (call with the lock held, the device idle).
     [[nodiscard]] detail::kv_stats read_stats() const;

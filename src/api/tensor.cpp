@@ -3,6 +3,7 @@
 #include "qkv/vulkan/tensor.hpp"
 
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <string>
@@ -30,6 +31,12 @@ tensor::impl::~impl() {
 }
 
 tensor::impl::bound tensor::impl::bind() const {
+    if (texels_only)
+        throw limit_exceeded("a kv_cache's storage of " + std::to_string(bytes) + " bytes is more than " +
+                             core->dev->info().name + "'s maxStorageBufferRange of " +
+                             std::to_string(core->dev->info().max_storage_buffer_range) +
+                             " (or the context's kv_storage_range hook): it is read only through texel views, as "
+                             "the decode and the paged decode do");
     const std::uint64_t align = core->dev->desc().storage_alignment;
     const VkDeviceSize start = offset / align * align;
     const std::uint32_t element = element_bytes() ? static_cast<std::uint32_t>((offset - start) / element_bytes()) : 0;
@@ -41,6 +48,21 @@ void require_usage(const tensor::impl& t, VkBufferUsageFlags needed, const char*
     if ((t.usage & needed) == needed) return;
     throw qkv::invalid_argument(std::string(op) + ": the " + what + " tensor's VkBuffer was not created with " + flag +
                                 " (as wrap() was told its usage), which " + op + " needs");
+}
+
+tensor texels_only_tensor(const std::shared_ptr<detail::device_core>& core, std::vector<std::size_t> shape,
+                          element_type type, const char* what) {
+    auto t = std::make_unique<tensor::impl>();
+    t->core = core;
+    device_info unbounded = core->dev->info();
+    unbounded.max_storage_buffer_range = std::numeric_limits<std::uint64_t>::max();  // bound only as texels
+    describe(*t, std::move(shape), type, unbounded, what);
+    t->texels_only = true;
+    std::lock_guard lock(core->mutex);
+    core->check_alive();
+    t->owned = core->alloc->create(t->bytes, memory_use::device, what, VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+    t->handle = t->owned.handle();
+    return tensor_access::make(std::move(t));
 }
 
 tensor stand_in(const std::shared_ptr<detail::device_core>& core, std::vector<std::size_t> shape, element_type type) {

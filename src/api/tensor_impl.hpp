@@ -25,6 +25,9 @@ struct tensor::impl {
     VkBuffer handle = VK_NULL_HANDLE;  // owned's, or the caller's
     VkDeviceSize offset = 0;           // of the first element in `handle`
     bool wrapped = false;
+    /// Larger than maxStorageBufferRange: read only through texel views (a kv_cache's storage,
+    /// texels_only_tensor); bind() refuses it.
+    bool texels_only = false;
     /// What the buffer was created with: qkv's own tensors have every usage qkv needs; a caller's
     /// what wrap() was told.
     VkBufferUsageFlags usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
@@ -66,6 +69,12 @@ struct tensor_access {
 /// the tensor is to it, and the flag's name.
 void require_usage(const tensor::impl& t, VkBufferUsageFlags needed, const char* flag, const char* op,
                    const char* what);
+
+/// qkv's own f32 / f16 tensor of `shape` and `type` that may pass maxStorageBufferRange (up to
+/// the memory the device gives one buffer): the storage of a kv_cache that is read only through
+/// texel views. Its bind() throws limit_exceeded naming `what` and the limit.
+tensor texels_only_tensor(const std::shared_ptr<detail::device_core>& core, std::vector<std::size_t> shape,
+                          element_type type, const char* what);
 
 /// A tensor of `shape` and `type` without memory (no buffer), on core's device: what a planned
 /// call is recorded over once, dry (dry_recorder), when it is made.

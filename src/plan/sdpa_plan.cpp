@@ -219,7 +219,7 @@ family_refusal plan_decode_route(sdpa_plan& p, const sdpa_problem& problem, cons
     flash_layout coop_view;
     coop_view.heads = u32(s.q_heads), coop_view.kv_heads = u32(s.kv_heads), coop_view.q_len = u32(s.q_len);
     coop_view.d = u32(s.d_qk), coop_view.dv = u32(s.d_v);
-    coop_view.fp16 = p.q_fp16 && p.kv_fp16 && !p.kv_blocks();
+    coop_view.fp16 = p.q_fp16 && p.kv_fp16 && !p.kv_blocks() && !(cache && cache->texels_only);
     const coop_verdict coop = check_coop(desc, coop_view, true, set, r.coop);
     if (r.kernel == kernel_family::coopmat && !coop.why.empty()) return {coop.why, coop.limit};
     if (r.kernel == kernel_family::automatic && coop.why.empty() && coop.automatic && !set.fused_tiles_as)

@@ -45,6 +45,9 @@ struct region {
 struct cache_desc {
     std::uint32_t capacity = 0;                ///< rows per (batch, kv head): the K/V row stride
     element_type kv_type = element_type::f32;  ///< f32 / f16 texels, or q8_0 / q4_0 blocks
+    /// The storage is read only through texel views (past maxStorageBufferRange): no family that
+    /// reads K and V rows from storage buffers (the cooperative-matrix one).
+    bool texels_only = false;
 };
 
 struct sdpa_plan {

@@ -85,6 +85,7 @@ settings read_settings(const testing::hooks& hooks) {
     s.max_decode_chunks = hooks.max_decode_chunks;
     s.decode_unrolled_texels = hooks.decode_unrolled_texels;
     s.force_staging = hooks.force_staging;
+    s.kv_storage_range = hooks.kv_storage_range;
     return s;
 }
 

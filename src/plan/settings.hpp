@@ -45,6 +45,7 @@ struct settings {
     std::uint32_t max_decode_chunks = 0;        ///< testing::hooks::max_decode_chunks
     std::uint32_t decode_unrolled_texels = 0;   ///< testing::hooks::decode_unrolled_texels
     bool force_staging = false;                 ///< testing::hooks::force_staging
+    std::uint64_t kv_storage_range = 0;         ///< testing::hooks::kv_storage_range
 
     /// The device description the gpu family's tiles are chosen for (nullptr: the real one).
     [[nodiscard]] const device_info* tiles_as() const { return fused_tiles_as ? &*fused_tiles_as : nullptr; }

@@ -38,6 +38,7 @@ struct context_setup {
     std::optional<qkv::vulkan::device_info> fused_tiles_as{};
     std::uint32_t max_decode_chunks = 0;
     std::uint32_t decode_unrolled_texels = 0;
+    std::uint64_t kv_storage_range = 0;
     bool poison_new_memory = true;  // new host-visible memory filled with 0xFF bytes
 };
 
@@ -54,6 +55,7 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
                                                .fused_tiles_as = setup.fused_tiles_as,
                                                .max_decode_chunks = setup.max_decode_chunks,
                                                .decode_unrolled_texels = setup.decode_unrolled_texels,
+                                               .kv_storage_range = setup.kv_storage_range,
                                                .poison_new_memory = setup.poison_new_memory});
 }
 

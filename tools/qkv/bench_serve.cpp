@@ -93,8 +93,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         return out;
     };
     // The pool on the device: a kv_cache of one batch whose rows are the pages' rows, (Hkv, pool rows,
-    // d), appended a slice of rows at a time (the pool is (pool rows, Hkv, d)); skipped, and said so,
-    // where its storage would pass the device's largest buffer (a kv_cache's limit).
+    // d), appended a slice of rows at a time (the pool is (pool rows, Hkv, d)); past the device's
+    // maxStorageBufferRange it is read only through texel views, and skipped, and said so, where
+    // even those would not reach it (maxTexelBufferElements: a kv_cache's limit).
     const std::size_t pool_rows = pages * page;
     std::optional<qkv::vulkan::kv_cache> pool;
     std::string pool_refused;
@@ -102,6 +103,8 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         pool.emplace(ctx, qkv::kv_layout{
                               .batch = 1, .kv_heads = Hkv, .capacity = pool_rows, .d_qk = d, .d_v = d, .type = stored});
     } catch (const qkv::vulkan::limit_exceeded& e) {
+        pool_refused = e.what();
+    } catch (const qkv::vulkan::out_of_memory& e) {
         pool_refused = e.what();
     }
     for (std::size_t n0 = 0; pool && n0 < pool_rows; n0 += 4096) {

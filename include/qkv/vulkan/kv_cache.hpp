@@ -44,8 +44,12 @@ namespace qkv::vulkan {
 class QKV_VULKAN_API kv_cache {
 public:
     /// Allocates K and V for `layout.capacity` rows on the context's device, stored as
-    /// `layout.type` says. Throws qkv::invalid_argument for a zero dimension (qkv::validate of
-    /// the layout), limit_exceeded beyond the device's texel-buffer or storage-buffer limits,
+    /// `layout.type` says. An f32 / f16 cache whose K or V passes maxStorageBufferRange is kept
+    /// all the same where maxTexelBufferElements reaches it (a paged decode's pool): the decode
+    /// calls read it through texel views, while keys(), values() and the append of device tensors,
+    /// which bind it as a storage buffer, throw limit_exceeded. Throws qkv::invalid_argument for a
+    /// zero dimension (qkv::validate of the layout), limit_exceeded beyond the device's
+    /// texel-buffer limits (and, for q8_0 / q4_0 blocks, its storage-buffer range),
     /// out_of_memory when the memory cannot be had (nothing is kept), unavailable for an f16 cache
     /// on a device without 16-bit storage.
     kv_cache(context& ctx, const kv_layout& layout);

@@ -58,6 +58,11 @@ struct hooks {
     /// E or Ev up to 128). 1 puts every head wider than 4 on the wide form.
     std::uint32_t decode_unrolled_texels = 0;
 
+    /// Pretend maxStorageBufferRange is at most this many bytes when a kv_cache of this context
+    /// allocates its f32 / f16 storage (0 = the device's own): a cache past it is kept readable
+    /// only through its texel views (a paged decode's pool), exercised without a big allocation.
+    std::uint64_t kv_storage_range = 0;
+
     /// Fill every new host-visible allocation with 0xFF bytes (NaN as float32, all ones as words)
     /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
     /// before, so a result that depends on fresh memory being zero shows up.
