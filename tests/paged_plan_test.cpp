@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -147,6 +149,41 @@ TEST_CASE("paged plan: the serving batch (B = 64, log-uniform [16, 32768]) on ev
                 return a.seq == b.seq && a.kv_head == b.kv_head && a.chunk == b.chunk && a.row_block == b.row_block;
             }));
     }
+}
+
+TEST_CASE("paged plan: every contiguous share of the work list holds its share of the work", "[paged_plan]") {
+    // A CPU device's threads each take one contiguous range of the workgroups (llvmpipe: T ranges of
+    // items / T, the remainder after them), so every such range must hold about a T-th of the key
+    // steps wherever the long sequences sit in the batch: within 5 % and one item.
+    batch one_long;
+    for (std::uint32_t i = 0; i < 63; ++i) one_long.kv.push_back(17 + i), one_long.q.push_back(1);
+    one_long.kv.insert(one_long.kv.begin() + 5, 32768), one_long.q.push_back(1);
+    one_long.pool_rows = 40000;
+    batch sorted = log_uniform(64, 16, 32768, 11);  // the long sequences all in the first half
+    std::sort(sorted.kv.begin(), sorted.kv.end(), std::greater<>());
+    for (const batch& x : {log_uniform(64, 16, 32768, 7), log_uniform(64, 16, 2048, 3), one_long, sorted})
+        for (const fd::fake_device& f : fd::fake_devices()) {
+            INFO(f.name);
+            const paged_plan p = plan_paged(fd::desc_of(f), x.request());
+            check_cover(p, x);
+            std::vector<std::uint64_t> steps;
+            for (const paged_item& it : p.items) steps.push_back(ceil_div(p.item_keys(it), p.kps));
+            const std::uint64_t total = std::accumulate(steps.begin(), steps.end(), std::uint64_t{0});
+            const std::uint64_t biggest = *std::max_element(steps.begin(), steps.end());
+            for (const std::size_t threads : {2u, 3u, 4u, 8u}) {
+                INFO(threads << " threads, " << steps.size() << " items");
+                const std::size_t per = steps.size() / threads;
+                for (std::size_t t = 0; t < threads; ++t) {
+                    const auto from = steps.begin() + static_cast<std::ptrdiff_t>(t * per);
+                    const std::uint64_t got =
+                        std::accumulate(from, from + static_cast<std::ptrdiff_t>(per), std::uint64_t{0});
+                    const double share =
+                        static_cast<double>(total) * static_cast<double>(per) / static_cast<double>(steps.size());
+                    CHECK(static_cast<double>(got) <= share * 1.05 + static_cast<double>(biggest));
+                    CHECK(static_cast<double>(got) >= share * 0.95 - static_cast<double>(biggest));
+                }
+            }
+        }
 }
 
 TEST_CASE("paged plan: one 32K sequence among 63 short ones is split, the short ones stay whole", "[paged_plan]") {

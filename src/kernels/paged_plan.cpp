@@ -18,6 +18,10 @@ bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 // cpu form): head widths up to this many texels.
 constexpr std::uint32_t paged_unrolled_texels = 32;
 
+// What an item costs besides its key steps (q's rows read, the partial states written), in key
+// steps, for the balance of the work list.
+constexpr std::uint64_t paged_item_overhead_steps = 2;
+
 /// Items of a batch cut into chunks of `chunk` keys.
 std::uint64_t items_for(const std::vector<paged_sequence>& seqs, std::uint32_t kv_heads, std::uint64_t chunk) {
     std::uint64_t n = 0;
@@ -105,6 +109,45 @@ std::vector<paged_group> find_groups(const paged_request& r, std::uint32_t group
         why = "no cascade: no two sequences with queries begin with the same whole page";
     }
     return groups;
+}
+
+/// The items reordered so that the work is spread evenly along the list: a CPU device's threads
+/// each take one contiguous range of the workgroups (llvmpipe's compute thread pool divides the
+/// grid into equal counts, without stealing), so every such range should hold its share of the
+/// key steps, wherever the long sequences sit in the batch. From the items sorted by cost
+/// (largest first, then in list order), each place takes the largest left while that keeps the
+/// running sum within half its cost of the even line, else the smallest left: any range of n
+/// places holds n times the mean within about one item's cost. A pure function: equal requests
+/// give equal orders (and the merge's order, which the results depend on, is the chunks', not the
+/// items').
+void balance_items(paged_plan& p) {
+    const std::size_t n = p.items.size();
+    if (n < 2) return;
+    std::vector<std::uint64_t> cost(n);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        cost[i] = ceil_div(p.item_keys(p.items[i]), p.kps) + paged_item_overhead_steps;
+        total += cost[i];
+    }
+    std::vector<std::size_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+    std::vector<paged_item> placed;
+    placed.reserve(n);
+    std::size_t lo = 0, hi = n;  // the items left: order[lo, hi), largest first
+    std::uint64_t prefix = 0;
+    for (std::size_t at = 0; at < n; ++at) {
+        const std::uint64_t big = cost[order[lo]];
+        // prefix + big <= total·(at + 1) / n + big / 2, times 2n (in double: the products may pass
+        // 2^64; the same inputs give the same comparisons)
+        const double nd = static_cast<double>(n), bigd = static_cast<double>(big);
+        const bool take_big = 2.0 * (static_cast<double>(prefix) + bigd) * nd <=
+                              2.0 * static_cast<double>(total) * static_cast<double>(at + 1) + bigd * nd;
+        const std::size_t pick = take_big ? order[lo++] : order[--hi];
+        prefix += cost[pick];
+        placed.push_back(p.items[pick]);
+    }
+    p.items = std::move(placed);
 }
 
 }  // namespace
@@ -242,8 +285,9 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
     }
     p.chunk = static_cast<std::uint32_t>(chunk);
 
-    // The partial states and the work list, in the order (sequence, K/V head, chunk, row block),
-    // the group prefixes last. A member's slots are its own chunks', then its prefix's.
+    // The partial states and the work list, made in the order (sequence, K/V head, chunk, row
+    // block), the group prefixes last, then balanced (balance_items). A member's slots are its own
+    // chunks', then its prefix's.
     for (paged_sequence& s : p.sequences)
         s.own_chunks = s.chunks = s.rows == 0 ? 0 : static_cast<std::uint32_t>(ceil_div(s.kv_len - s.kv_first, chunk));
     for (const paged_group& g : p.groups)
@@ -268,6 +312,7 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
                       " bytes) pass the device's largest storage buffer (" +
                       std::to_string(info.max_storage_buffer_range) + " bytes)");
     if (p.items.size() > 0xffffffffu) return refuse("the paged decode kernel takes at most 2^32 work items");
+    balance_items(p);
     p.max_loop = std::max<std::uint32_t>(static_cast<std::uint32_t>(ceil_div(chunk, step)), p.max_chunks);
     return p;
 }

@@ -87,6 +87,8 @@ struct paged_plan {
     std::uint64_t partials = 0;    ///< partial states in all
     std::uint64_t total_q = 0;     ///< query rows in all (sum of L_b)
     std::vector<paged_sequence> sequences;
+    /// The work list, one workgroup each, in an order that spreads the key steps evenly along it
+    /// (every contiguous range holds its share: a CPU device's threads take contiguous ranges).
     std::vector<paged_item> items;
     std::uint32_t batch = 0;                  ///< B: entries of `sequences` past it are group prefixes
     std::vector<paged_group> groups;          ///< the shared prefixes (none: no cascade)
