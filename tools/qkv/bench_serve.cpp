@@ -175,16 +175,22 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     using clock = std::chrono::steady_clock;
     std::vector<double> device_ms, paged_ms, separate_ms, padded_ms, device_cpu, paged_cpu, separate_cpu, padded_cpu;
     std::vector<double> flat_ms, flat_cpu;  // the device form without cascade
+    // The device's own time (context::last_call().device_ms: timestamps around each command
+    // buffer; for the separate calls their sum) of the device-pool and separate forms.
+    std::vector<double> device_gpu, separate_gpu, unused_gpu;
+    double round_gpu = 0;
     double max_diff = 0;
     // Each form in its own rounds (its warm-up, then its timed rounds), as a server repeats one step:
     // no form pays for the buffers another left in the context.
-    const auto time_form = [&](auto&& call, std::vector<double>& wall, std::vector<double>& cpu_ms) {
+    const auto time_form = [&](auto&& call, std::vector<double>& wall, std::vector<double>& cpu_ms,
+                               std::vector<double>& gpu_ms) {
         for (int i = 0; i < warmup + repeat; ++i) {
+            round_gpu = 0;
             const auto t = clock::now();
             const std::clock_t cpu = std::clock();
             call(i);
             const double w = ms_since(t), c = cpu_ms_since(cpu);
-            if (i >= warmup) wall.push_back(w), cpu_ms.push_back(c);
+            if (i >= warmup) wall.push_back(w), cpu_ms.push_back(c), gpu_ms.push_back(round_gpu);
         }
     };
     qkv::varlen_output dr, fr, r;
@@ -197,10 +203,11 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
                     dr = ctx.sdpa(on_device, *pool);
                 else
                     (void)ctx.sdpa(on_device, *pool);
+                round_gpu = ctx.last_call().device_ms;
             },
-            device_ms, device_cpu);
+            device_ms, device_cpu, device_gpu);
     else
-        device_ms.push_back(0), device_cpu.push_back(0);
+        device_ms.push_back(0), device_cpu.push_back(0), device_gpu.push_back(0);
     if (cascade)
         time_form(
             [&](int i) {
@@ -209,7 +216,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
                 else
                     (void)ctx.sdpa(no_cascade, *pool);
             },
-            flat_ms, flat_cpu);
+            flat_ms, flat_cpu, unused_gpu);
     else
         flat_ms.push_back(0), flat_cpu.push_back(0);
     time_form(
@@ -219,16 +226,18 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             else
                 (void)ctx.sdpa(paged);
         },
-        paged_ms, paged_cpu);
+        paged_ms, paged_cpu, unused_gpu);
     time_form(
         [&](int i) {
-            for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t b = 0; b < B; ++b) {
                 if (i == 0)
                     each[b] = ctx.sdpa(one[b], caches[b]);
                 else
                     (void)ctx.sdpa(one[b], caches[b]);
+                round_gpu += ctx.last_call().device_ms;
+            }
         },
-        separate_ms, separate_cpu);
+        separate_ms, separate_cpu, separate_gpu);
     if (pad)
         time_form(
             [&](int i) {
@@ -237,7 +246,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
                 else
                     (void)ctx.sdpa(padded, padded_cache.front());
             },
-            padded_ms, padded_cpu);
+            padded_ms, padded_cpu, unused_gpu);
     else
         padded_ms.push_back(0), padded_cpu.push_back(0);
     // the forms agree: (B, 1, Hq, d) against each (1, Hq, 1, d) and (B, Hq, 1, d)
@@ -254,6 +263,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     const summary fs = summarise(flat_ms), fc = summarise(flat_cpu);
     const summary dc = summarise(device_cpu), rc = summarise(paged_cpu), sc = summarise(separate_cpu),
                   pc = summarise(padded_cpu);
+    const summary dg = summarise(device_gpu), sg = summarise(separate_gpu);
     const auto tokens = [&](const summary& x) { return static_cast<double>(B) / (x.median / 1000.0); };
     const std::size_t shortest = *std::min_element(len.begin(), len.end());
     os << "Serving step: " << B << " sequences decoding one token each, cached lengths ";
@@ -264,7 +274,8 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
        << "  one batched paged call, pool on the device: ";
     if (pool)
         os << "median " << fixed(ds.median, 3) << " ms (min " << fixed(ds.min, 3) << ", max " << fixed(ds.max, 3)
-           << "), " << sig3(tokens(ds)) << " tokens/s; CPU " << fixed(dc.median, 1) << " ms\n";
+           << "), " << sig3(tokens(ds)) << " tokens/s; CPU " << fixed(dc.median, 1) << " ms; device "
+           << fixed(dg.median, 1) << " ms\n";
     else
         os << "skipped (" << pool_refused << ")\n";
     if (cascade)
@@ -276,7 +287,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
        << fixed(rc.median, 1) << " ms\n"
        << "  " << B << " separate calls (kv_caches):               median " << fixed(ss.median, 3) << " ms (min "
        << fixed(ss.min, 3) << ", max " << fixed(ss.max, 3) << "), " << sig3(tokens(ss)) << " tokens/s; CPU "
-       << fixed(sc.median, 1) << " ms\n";
+       << fixed(sc.median, 1) << " ms; device " << fixed(sg.median, 1) << " ms\n";
     if (pad)
         os << "  one call padded to the longest:             median " << fixed(ps.median, 3) << " ms (min "
            << fixed(ps.min, 3) << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU "
@@ -291,7 +302,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << fixed(fc.median / dc.median, 2) << "); ";
     if (pool)
         os << "separate / paged on the device: " << fixed(ss.median / ds.median, 2) << " (CPU time "
-           << fixed(sc.median / dc.median, 2) << "); ";
+           << fixed(sc.median / dc.median, 2) << ", device time " << fixed(sg.median / dg.median, 2) << "); ";
     os << "separate / paged on the host: " << fixed(ss.median / rs.median, 2) << " (CPU time "
        << fixed(sc.median / rc.median, 2) << ")";
     if (pad) os << ", padded / paged: " << fixed(ps.median / rs.median, 2);
@@ -315,6 +326,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         j["device_paged_ms"] = summary_json(ds);
         j["device_paged_cpu_ms"] = summary_json(dc);
         j["separate_over_device_paged"] = ss.median / ds.median;
+        j["device_paged_device_ms"] = summary_json(dg);
+        j["separate_device_ms"] = summary_json(sg);
+        j["separate_over_device_paged_device_time"] = sg.median / dg.median;
     }
     if (cascade) {
         j["device_paged_no_cascade_ms"] = summary_json(fs);
