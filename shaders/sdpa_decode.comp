@@ -232,6 +232,11 @@ float masked_score(float s, uint r, uint key, uint kv_end, uint batch, uint kv_h
     return r < g_rows && key < kv_end ? v : score_neg_inf();
 }
 
+/// Whether the causal rule may mask a key of the step from j0: past the first row's position
+/// (row i sees keys up to i + offset, and every row block may hold an i of 0). Steps before it need
+/// no rules at all where no other rule is on (the decode's L = 1 sees every key).
+bool causal_cuts(uint j0) { return CAUSAL && int(j0 + KPS - 1u) > g_offset; }
+
 /// Keys [begin, end) of this workgroup's chunk, within the keys some row may see.
 uvec2 key_range(uint chunk) {
     const uint begin = min(g_kv_end, g_kv_first + chunk * pc.chunk);
@@ -303,7 +308,7 @@ void decode(const bool careful) {
                 [[unroll]] for (uint i = 0; i < RPI; ++i) s[i * KPS + j] += dot(q[i * E4 + c], kv);
             }
         }
-        if (EVERY_STEP || MASKS != 0u || j0 + KPS > range.y) {
+        if (EVERY_STEP || HAS_MASK || HAS_ADD || j0 + KPS > range.y || causal_cuts(j0)) {
             [[unroll]] for (uint i = 0; i < RPI; ++i)
                 [[unroll]] for (uint j = 0; j < KPS; ++j)
                     s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
@@ -441,7 +446,7 @@ void decode_wide(const bool careful) {
                 }
             }
         }
-        if (EVERY_STEP || MASKS != 0u || j0 + KPS > range.y) {
+        if (EVERY_STEP || HAS_MASK || HAS_ADD || j0 + KPS > range.y || causal_cuts(j0)) {
             [[unroll]] for (uint i = 0; i < RPI; ++i)
                 [[unroll]] for (uint j = 0; j < KPS; ++j)
                     s[i * KPS + j] = masked_score(s[i * KPS + j], row0 + i * WG + lane, j0 + j, range.y, batch, kv_head,
