@@ -226,7 +226,7 @@ TEST_CASE("paged vulkan: a device pool past the storage-buffer range, read only 
         qkv::paged_problem want = o.problem;
         want.options.kv_type = type;
         const qkv::varlen_output got = ctx.sdpa(without_pool(o.problem), pool);
-        check(got, reference(want));
+        qkv_test::check_packed(got, qkv_test::device_reference(want));
         // What binds the storage as a whole is refused, typed and naming the limit.
         expect_limit([&] { (void)pool.keys(); }, {"kv_cache::keys", "maxStorageBufferRange"});
         expect_limit([&] { (void)pool.values(); }, {"kv_cache::values", "maxStorageBufferRange"});
