@@ -275,16 +275,16 @@ TEST_CASE("paged vulkan: a device pool's refusals come first, typed", "[paged][p
 TEST_CASE("paged vulkan: shared prefixes (cascade) of one and several pages, every rule that depends on positions",
           "[paged][paged_pool][cascade]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
-    const qkv::sdpa_options causal{.causal = true,
+    const qkv::sdpa_options scored{.causal = true,
                                    .alignment = qkv::causal_alignment::bottom_right,
                                    .softcap = 4.0f,
                                    .alibi_max_bias = 8.0f,
                                    .return_lse = true};
-    qkv::sdpa_options windowed = causal;  // a window wide enough to leave every prefix whole
+    qkv::sdpa_options windowed = scored;  // a window wide enough to leave every prefix whole
     windowed.window_left = 120, windowed.softcap = 0, windowed.alibi_max_bias = 0;
     const qkv::sdpa_options full{.alibi_max_bias = 4.0f, .return_lse = true};  // every query sees every key
     for (const std::size_t page_size : {1u, 16u})
-        for (const qkv::sdpa_options& options : {causal, windowed, full}) {
+        for (const qkv::sdpa_options& options : {scored, windowed, full}) {
             INFO("page_size " << page_size << ", causal " << options.causal << ", window " << options.window_left);
             // 0..3 share sequence 0's first pages (a group of four: 2 pages of 16, or 32 of 1 key),
             // 5 shares 4's first page (a group of two), 6 stands alone; ragged queries.
