@@ -336,3 +336,46 @@ TEST_CASE("paged vulkan: a shared prefix with GQA and many decode rows, f16 page
     qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
     qkv_test::require_clean(ctx);
 }
+
+TEST_CASE("paged vulkan: a device pool of q8_0 and q4_0, page sizes 1 and 16, GQA, a shared prefix",
+          "[paged][paged_pool][cascade]") {
+    // The kernel reads the pool's ggml blocks and dequantizes them as the decode against a cache
+    // does; the reference is the float64 one over the dequantized pages (kv_type rounds them).
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0})
+        for (const std::size_t page_size : {1u, 16u}) {
+            INFO(qkv::to_string(type) << ", page_size " << page_size);
+            // 1..3 share sequence 0's first 32 keys (a prompt of whole pages); 0 and 1 keys beside
+            // 113; ragged queries; 3 query heads per K/V head.
+            const std::size_t two = 32 / page_size;
+            qkv_test::paged_shape s{.kv_lens = {50, 37, 113, 33, 0, 1},
+                                    .q_lens = {1, 2, 1, 3, 0, 1},
+                                    .q_heads = 6,
+                                    .kv_heads = 2,
+                                    .d_qk = 64,
+                                    .d_v = 32,
+                                    .page_size = page_size,
+                                    .shares = {{0, 0}, {0, two}, {0, two}, {0, two}, {0, 0}, {0, 0}},
+                                    .seed = 120 + page_size};
+            qkv_test::owned_paged o = qkv_test::random_paged(s);
+            // Every rule but the window, which would leave the prefix partly unseen (no cascade).
+            o.problem.options = every;
+            o.problem.options.window_left = -1;
+            o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f, 0.0f, 1.0f};
+            o.problem.sinks = o.sinks;
+            const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+            qkv::paged_problem want = o.problem;
+            want.options.kv_type = type;
+            const qkv::varlen_output_f64 reference = qkv_test::device_reference(want);
+            qkv::paged_problem p = without_pool(o.problem);
+            const qkv::varlen_output got = ctx.sdpa(p, pool);
+            qkv_test::check_packed(got, reference);
+            CHECK(ctx.sdpa(p, pool).output == got.output);  // equal inputs, equal bits
+            p.cascade = false;
+            qkv_test::check_packed(ctx.sdpa(p, pool), reference);
+            // The same pool's rows as host pages of the same type give the same result (the host
+            // route packs them into blocks itself).
+            qkv_test::check_packed(ctx.sdpa(want), reference);
+            qkv_test::require_clean(ctx);
+        }
+}
