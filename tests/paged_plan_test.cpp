@@ -260,6 +260,11 @@ TEST_CASE("paged plan: the limits are refused with their values", "[paged_plan]"
     batch pool;
     pool.kv = {16}, pool.q = {1}, pool.pool_rows = std::uint64_t{1} << 30;
     CHECK(try_plan_paged(desc, pool.request()).refusal.find("texel") != std::string::npos);
+    // A q8_0 / q4_0 pool is read from its blocks' storage buffers (which the kv_cache bounds), not
+    // through a texel view: the texel limit is not its.
+    paged_request blocks = pool.request();
+    blocks.kv_blocks = true;
+    CHECK(try_plan_paged(desc, blocks).refusal.empty());
 }
 
 namespace {

@@ -336,3 +336,90 @@ TEST_CASE("paged vulkan: a shared prefix with GQA and many decode rows, f16 page
     qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
     qkv_test::require_clean(ctx);
 }
+
+TEST_CASE("paged vulkan: a device pool of q8_0 and q4_0, page sizes 1 and 16, GQA, a shared prefix",
+          "[paged][paged_pool][cascade]") {
+    // The kernel reads the pool's ggml blocks and dequantizes them as the decode against a cache
+    // does; the reference is the float64 one over the dequantized pages (kv_type rounds them).
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0})
+        for (const std::size_t page_size : {1u, 16u}) {
+            INFO(qkv::to_string(type) << ", page_size " << page_size);
+            // 1..3 share sequence 0's first 32 keys (a prompt of whole pages); 0 and 1 keys beside
+            // 113; ragged queries; 3 query heads per K/V head.
+            const std::size_t two = 32 / page_size;
+            qkv_test::paged_shape s{.kv_lens = {50, 37, 113, 33, 0, 1},
+                                    .q_lens = {1, 2, 1, 3, 0, 1},
+                                    .q_heads = 6,
+                                    .kv_heads = 2,
+                                    .d_qk = 64,
+                                    .d_v = 32,
+                                    .page_size = page_size,
+                                    .shares = {{0, 0}, {0, two}, {0, two}, {0, two}, {0, 0}, {0, 0}},
+                                    .seed = 120 + page_size};
+            qkv_test::owned_paged o = qkv_test::random_paged(s);
+            // Every rule but the window, which would leave the prefix partly unseen (no cascade).
+            o.problem.options = every;
+            o.problem.options.window_left = -1;
+            o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f, 0.0f, 1.0f};
+            o.problem.sinks = o.sinks;
+            const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+            qkv::paged_problem want = o.problem;
+            want.options.kv_type = type;
+            const qkv::varlen_output_f64 reference = qkv_test::device_reference(want);
+            qkv::paged_problem p = without_pool(o.problem);
+            const qkv::varlen_output got = ctx.sdpa(p, pool);
+            qkv_test::check_packed(got, reference);
+            CHECK(ctx.sdpa(p, pool).output == got.output);  // equal inputs, equal bits
+            p.cascade = false;
+            qkv_test::check_packed(ctx.sdpa(p, pool), reference);
+            // The same pool's rows as host pages of the same type give the same result (the host
+            // route packs them into blocks itself).
+            qkv_test::check_packed(ctx.sdpa(want), reference);
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged vulkan: a q8_0 / q4_0 pool of an odd number of rows, its last row read", "[paged][paged_pool]") {
+    // 34- and 18-byte rows: an odd number of rows in all ends the blocks' storage mid-word, and the
+    // kernels read it a word at a time; the last row of the pool (the last key of sequence 0) must
+    // read as written, in the paged decode and in the decode against the same cache. (The storage
+    // is whole words; qkv bench --serve --kv-type, tests/cli, shows the wrong last row that a
+    // storage ending mid-word gave on lavapipe, which this context did not.)
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0}) {
+        INFO(qkv::to_string(type));
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {17},
+                                                          .q_len = 1,
+                                                          .q_heads = 3,
+                                                          .kv_heads = 1,
+                                                          .d_qk = 32,
+                                                          .d_v = 32,
+                                                          .page_size = 1,
+                                                          .seed = 5});
+        o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+        const std::size_t rows = o.problem.num_pages;  // pages of one row
+        REQUIRE(rows % 2 == 1);
+        std::vector<std::int32_t> table(rows);  // page i is row i: the last key is the pool's last row
+        for (std::size_t i = 0; i < rows; ++i) table[i] = static_cast<std::int32_t>(i);
+        o.problem.block_table = table;
+        o.problem.max_pages = rows;
+        qkv::vulkan::kv_cache pool(ctx,
+                                   {.batch = 1, .kv_heads = 1, .capacity = rows, .d_qk = 32, .d_v = 32, .type = type});
+        const auto [k, v] = pool_rows(o.problem);
+        pool.append(k, v, rows);
+        qkv::paged_problem want = o.problem;
+        want.options.kv_type = type;
+        qkv_test::check_packed(ctx.sdpa(without_pool(o.problem), pool), qkv_test::device_reference(want));
+        qkv::sdpa_problem one;
+        one.shape = {.batch = 1, .q_heads = 3, .kv_heads = 1, .q_len = 1, .kv_len = rows, .d_qk = 32, .d_v = 32};
+        one.q = o.problem.q;
+        const qkv::sdpa_output decoded = ctx.sdpa(one, pool);
+        one.k = k, one.v = v;
+        one.options.kv_type = type;
+        const qkv::sdpa_output_f64 decoded_want = qkv::cpu::sdpa_f64(one);
+        for (const float x : decoded.output) REQUIRE(std::isfinite(x));
+        CHECK(qkv_test::nmse(decoded.output, decoded_want.output) <= 1e-9);
+        qkv_test::require_clean(ctx);
+    }
+}

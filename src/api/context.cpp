@@ -135,7 +135,9 @@ varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
     kv_cache::impl& c = *kv_cache_access::of(pool);
     if (c.core != self.core)
         throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool was created from another context");
-    require_supported(entry_point::context_paged, given);
+    std::vector<feature> asked = features_of(given);
+    for (const feature f : features_of(c.type)) asked.push_back(f);  // the pool's storage
+    require_supported(entry_point::context_paged, asked);
     return self.host_call("sdpa over a paged K/V pool", [&](run_env& env) {
         // Under the lock: the pool's size and rows cannot change during the call.
         c.check_ready("sdpa over a paged K/V pool", nullptr);
@@ -148,9 +150,9 @@ varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
                 std::to_string(l.d_qk) + ", d_v " + std::to_string(l.d_v) + "; the problem kv_heads " +
                 std::to_string(given.kv_heads) + ", d_qk " + std::to_string(given.d_qk) + ", d_v " +
                 std::to_string(given.d_v) + ")");
-        if (c.type != element_type::f32 && c.type != element_type::f16)
-            throw limit_exceeded(std::string("sdpa over a paged K/V pool: the paged decode kernel reads f32 and f16 "
-                                             "pools, not ") +
+        if (c.type != element_type::f32 && c.type != element_type::f16 && !c.blocks())
+            throw limit_exceeded(std::string("sdpa over a paged K/V pool: the paged decode kernel reads f32, f16, "
+                                             "q8_0 and q4_0 pools, not ") +
                                  std::string(to_string(c.type)));
         paged_problem problem = given;
         const std::size_t ps = given.page_size;
@@ -170,8 +172,12 @@ varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
                                         std::to_string(c.size) + " rows)");
         validate_without_pool(problem);
         const kv_stats stats = c.read_stats();
-        const paged_pool p{c.k_view.handle(), c.v_view.handle(), static_cast<std::uint32_t>(l.capacity), c.half(),
-                           &stats};
+        paged_pool p{
+            c.k_view.handle(), c.v_view.handle(), {}, {}, static_cast<std::uint32_t>(l.capacity), c.type, &stats};
+        if (c.blocks()) {
+            p.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
+            p.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
+        }
         return run_paged(env, problem, p);
     });
 }

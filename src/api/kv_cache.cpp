@@ -160,7 +160,11 @@ void attach_blocks(kv_cache::impl& c) {
                                  " blocks) is more than " + info.name + "'s maxStorageBufferRange of " +
                                  std::to_string(info.max_storage_buffer_range) +
                                  " bytes; use a smaller capacity or batch");
-        *store = core.alloc->create(rows * row_bytes, memory_use::device,
+        // Rounded up to whole 32-bit words: the kernels read the blocks a word at a time
+        // (kv_blocks.glsl), and the last row's last quant bytes share a word with what follows them
+        // (34- and 18-byte rows: an odd number of rows ends mid-word), which must lie inside the
+        // binding or a robust read returns zero for the whole word.
+        *store = core.alloc->create(align_up(rows * row_bytes, std::uint64_t{4}), memory_use::device,
                                     what[0] == 'K' ? "K/V cache (K blocks)" : "K/V cache (V blocks)");
     }
     create_stats(c);

@@ -177,7 +177,7 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
                       std::to_string(paged_unrolled_texels * 4) + " (d_qk = " + std::to_string(r.d_qk) +
                       ", d_v = " + std::to_string(r.d_v) + ")");
     const std::uint64_t pool_texels = r.pool_rows * r.kv_heads * std::max(p.e4, p.ev4);
-    if (pool_texels > desc.max_texel_elements)
+    if (!r.kv_blocks && pool_texels > desc.max_texel_elements)
         return refuse("the paged decode kernel reads the pool through one texel view of at most " +
                       std::to_string(desc.max_texel_elements) + " texels on this device (the pool has " +
                       std::to_string(pool_texels) + ")");

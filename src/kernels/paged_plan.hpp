@@ -38,6 +38,9 @@ struct paged_request {
     std::span<const std::uint32_t> kv_first;  ///< empty, or the first key some row of b may see (a window)
     std::uint32_t q_heads = 1, kv_heads = 1, d_qk = 0, d_v = 0;
     std::uint64_t pool_rows = 0;  ///< num_pages x page_size: rows of the pool (per K/V head)
+    /// The pool's rows are q8_0 / q4_0 blocks in storage buffers (the kv_cache bounds them by
+    /// maxStorageBufferRange), not texels: no texel view of the pool to bound.
+    bool kv_blocks = false;
     /// 0: the split is chosen for the device; n > 0: at most n chunks per sequence (1 = no split),
     /// unless the per-invocation loop limit needs more.
     std::uint32_t max_chunks = 0;

@@ -237,12 +237,14 @@ void record_decode_sdpa(const run_session& s, const sdpa_plan& plan, const sdpa_
                         const decode_rows& rows = {}, const merge_guard* guard = nullptr);
 
 /// A paged batch's pool on the device: a kv_cache of one batch whose rows are the pages' rows
-/// (page p is rows p·page_size onwards of each K/V head), its texel views, rows per K/V head
-/// (the cache's capacity), its storage type and the statistics of its rows.
+/// (page p is rows p·page_size onwards of each K/V head), its texel views (f32, f16) or its
+/// blocks' bindings (q8_0, q4_0: rows of ggml's blocks), rows per K/V head (the cache's capacity),
+/// its storage type and the statistics of its rows.
 struct paged_pool {
     VkBufferView k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
+    binding k_blocks{}, v_blocks{};
     std::uint32_t rows = 0;
-    bool half = false;
+    element_type type = element_type::f32;
     const kv_stats* stats = nullptr;
 };
 

@@ -1,8 +1,9 @@
 // run_paged: the batched paged decode (kernels/paged_plan.hpp, contract/paged.h) of a paged batch
 // against a pool kept on the device in a kv_cache of one batch: one dispatch over the plan's work
 // list, the keys read through the block table, then the merge of each row's partials in a fixed
-// order. The overflow rule as the decode's against a cache: q's norms from the host, K's and V's
-// from the cache's statistics.
+// order. The pool's rows are texels (f32, f16) or ggml's q8_0 / q4_0 blocks, which the kernel
+// dequantizes as the decode against a cache does (shaders/kv_blocks.glsl). The overflow rule as
+// the decode's against a cache: q's norms from the host, K's and V's from the cache's statistics.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -81,6 +82,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     request.kv_heads = static_cast<std::uint32_t>(problem.kv_heads);
     request.d_qk = static_cast<std::uint32_t>(problem.d_qk), request.d_v = static_cast<std::uint32_t>(problem.d_v);
     request.pool_rows = pool.rows;
+    request.kv_blocks = is_quantized(pool.type);
     request.max_chunks = env.set.max_decode_chunks;
     // shared prefixes: where the tables begin with the same pages that every query row sees
     request.block_table = problem.block_table;
@@ -102,7 +104,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     whole.q = q_heads_first;
     const sdpa_facts facts = scan_sdpa(whole, *pool.stats);
     const float scale = problem.options.scale ? *problem.options.scale : default_scale(whole.shape);
-    check_sdpa_scores(facts, whole.shape, scale, pool.half);
+    check_sdpa_scores(facts, whole.shape, scale, pool.type == element_type::f16);
     const float v_scale = value_scale(facts, std::max(longest, 1u));
 
     varlen_output out;
@@ -206,22 +208,34 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         push.v_scale = v_scale;
         push.sequences = static_cast<std::uint32_t>(B);
         push.token_base = static_cast<std::uint32_t>(token_base);
+        const bool blocks = is_quantized(pool.type);
+        const std::uint32_t kv_format = !blocks                           ? DECODE_KV_TEXELS
+                                        : pool.type == element_type::q8_0 ? DECODE_KV_Q8_0
+                                                                          : DECODE_KV_Q4_0;
         const decode_spec spec{plan.wg,  plan.rpi,
                                plan.kps, plan.e4,
                                plan.ev4, problem.options.causal ? MASK_FLAG_CAUSAL : 0u,
                                0u,       facts.inputs_finite ? DECODE_VALUES_FINITE : DECODE_VALUES_NONFINITE,
-                               features, DECODE_KV_TEXELS,
+                               features, kv_format,
                                0u};
         static_assert(row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged, "tttssssss") &&
                           row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged_shuffle, "tttssssss"),
                       "Q, K and V are uniform texel buffers, the rest storage buffers");
-        const pipeline& kernel = session.pipes().get(
-            plan.shuffle ? shader_id::sdpa_decode_paged_shuffle : shader_id::sdpa_decode_paged, spec);
+        static_assert(
+            row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged_blocks, "tssssssss") &&
+                row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged_shuffle_blocks, "tssssssss"),
+            "Q a uniform texel buffer, K's and V's blocks and the rest storage buffers");
+        const shader_id id =
+            blocks ? (plan.shuffle ? shader_id::sdpa_decode_paged_shuffle_blocks : shader_id::sdpa_decode_paged_blocks)
+                   : (plan.shuffle ? shader_id::sdpa_decode_paged_shuffle : shader_id::sdpa_decode_paged);
+        if (blocks && (!pool.k_blocks.buffer || !pool.v_blocks.buffer))
+            throw error("internal: a paged decode over a quantized pool without its blocks' bindings");
+        const pipeline& kernel = session.pipes().get(id, spec);
         const binding table = rb.bind(role::inputs, table_at, std::max<std::uint64_t>(table_bytes, 4));
         const std::uint32_t groups[3] = {push.items, 1, 1};
-        session.rec().dispatch(
-            kernel, {texel(q_view.handle()), texel(pool.k), texel(pool.v), table, work, stats, acc, params, params},
-            &push, groups);
+        const binding k = blocks ? pool.k_blocks : texel(pool.k), v = blocks ? pool.v_blocks : texel(pool.v);
+        session.rec().dispatch(kernel, {texel(q_view.handle()), k, v, table, work, stats, acc, params, params}, &push,
+                               groups);
         session.rec().compute_barrier();
     }
     paged_merge_push m{};

@@ -207,6 +207,7 @@ constexpr std::string_view layers_flags[] = {"--heads", "--kv-heads", "--seq",  
 constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "--dim", "--kv-heads", "--backward"};
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
+constexpr std::string_view serve_options[] = {"precision", "kv_type"};
 constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--serve", "--shared-prefix"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
@@ -241,9 +242,9 @@ constexpr mode_row mode_table[] = {
     {mode::varlen, "qkv bench --varlen", false, varlen_options, varlen_flags,
      "times a ragged batch of causal self-attention sequences (S_b = L_b, lengths drawn up to --seq) three ways, "
      "taking --precision of the options"},
-    {mode::serve, "qkv bench --serve", false, varlen_options, serve_flags,
-     "times one decode step of sequences with cached lengths drawn up to --seq four ways, taking --precision of "
-     "the options"},
+    {mode::serve, "qkv bench --serve", false, serve_options, serve_flags,
+     "times one decode step of sequences with cached lengths drawn up to --seq four ways, taking --precision and "
+     "--kv-type of the options"},
     {mode::context_parallel,
      "qkv bench --context-parallel",
      true,
@@ -464,14 +465,19 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     if (vc.max_len < 16)
         throw usage_error("--seq " + std::to_string(vc.max_len) + ": " + flag + " draws lengths from 16");
     const std::vector<qkv::sdpa_options> rows = option_sweep(o.flags, {});
-    if (rows.size() > 1) throw usage_error("--precision takes one value with " + flag);
+    if (rows.size() > 1) throw usage_error("--precision and --kv-type take one value each with " + flag);
     vc.precision = rows.front().precision;
+    vc.kv_type = rows.front().kv_type;
+    if (vc.kv_type && qkv::is_quantized(*vc.kv_type) && vc.dim % 32 != 0)
+        throw usage_error("--kv-type " + std::string(qkv::to_string(*vc.kv_type)) +
+                          " stores blocks of 32 values: --dim " + std::to_string(vc.dim) + " is not a multiple of 32");
     config largest;  // the largest form's K/V: refused before anything is built if no buffer holds it
     largest.batch = serve ? 1 : vc.batch, largest.heads = vc.q_heads, largest.kv_heads = vc.kv_heads;
     largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len + vc.shared_prefix, largest.dim = vc.dim;
     largest.decode = true;
     largest.host_kv = true;
     largest.options.precision = vc.precision;
+    largest.options.kv_type = vc.kv_type;
     check_fits_device(largest, info);
     const bool slow = info.type == qkv::vulkan::device_type::cpu;
     if (o.repeat <= 0) o.repeat = slow ? 5 : 20;

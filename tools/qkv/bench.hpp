@@ -156,6 +156,7 @@ struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
     std::size_t shared_prefix = 0;  ///< --serve: rows of a common prompt every sequence begins with
     qkv::precision precision = qkv::precision::fp32;
+    std::optional<qkv::element_type> kv_type;  ///< --serve: how the caches store K and V (unset: by precision)
 };
 /// The seeded draws of a --varlen or --serve batch, from one generator: the B sequence lengths,
 /// log-uniform in [16, max_len], then N(0, 1) values (and the pages' shuffle, through rng).
@@ -166,7 +167,8 @@ struct batch_draws {
     std::mt19937_64 rng;
     std::normal_distribution<float> normal{0.0f, 1.0f};
 };
-/// The options of a --varlen or --serve call: causal, aligned bottom-right, at c.precision.
+/// The options of a --varlen or --serve call: causal, aligned bottom-right, at c.precision, K and V
+/// stored as c.kv_type.
 qkv::sdpa_options batch_options(const varlen_config& c);
 /// Wall milliseconds since `t`; process CPU milliseconds since `c` (std::clock: the host thread and
 /// lavapipe's worker threads alike).

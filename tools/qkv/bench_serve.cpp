@@ -81,8 +81,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     // Each sequence's rows in (Hkv, S_b, d) order, gathered from the pool once: the separate caches'
     // and the padded cache's contents.
     const qkv::basic_gathered_pages<float> gathered = qkv::gather_pages(paged);
-    const qkv::element_type stored =
-        vc.precision == qkv::precision::fp16 ? qkv::element_type::f16 : qkv::element_type::f32;
+    const qkv::element_type stored = qkv::stored_kv_type(options);
     const auto rows_of = [&](const std::vector<float>& packed, std::size_t b) {
         std::vector<float> out(Hkv * len[b] * d);
         const auto k0 = static_cast<std::size_t>(gathered.cu_seqlens_k[b]);
@@ -139,7 +138,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     }
     // The padded form: (B, Hkv, longest, d), each sequence's rows first, the rest zeros and masked;
     // skipped where one of its K and V would not fit the device's largest buffer, or both pass 4 GiB.
-    const double padded_bytes = static_cast<double>(B * Hkv * longest * d) * (stored == qkv::element_type::f16 ? 2 : 4);
+    const double padded_bytes = static_cast<double>(B * Hkv * longest) * static_cast<double>(qkv::bytes_for(stored, d));
     const bool pad = padded_bytes <= static_cast<double>(ctx.device().max_storage_buffer_range) &&
                      2 * padded_bytes <= 4.0 * 1073741824.0;
     std::vector<qkv::vulkan::kv_cache> padded_cache;
@@ -270,7 +269,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     if (prompt) os << "a shared prompt of " << prompt << " rows plus ";
     os << "log-uniform in [16, " << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
        << " keys; padded: " << B * longest << "), pages of " << page << ", Hq = " << Hq << ", Hkv = " << Hkv
-       << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32") << ":\n"
+       << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32");
+    if (vc.kv_type) os << ", K/V stored as " << qkv::to_string(stored);
+    os << ":\n"
        << "  one batched paged call, pool on the device: ";
     if (pool)
         os << "median " << fixed(ds.median, 3) << " ms (min " << fixed(ds.min, 3) << ", max " << fixed(ds.max, 3)
@@ -316,6 +317,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            {"kv_heads", Hkv},
            {"dim", d},
            {"precision", vc.precision == qkv::precision::fp16 ? "fp16" : "fp32"},
+           {"kv_type", std::string(qkv::to_string(stored))},
            {"paged_ms", summary_json(rs)},
            {"separate_ms", summary_json(ss)},
            {"paged_cpu_ms", summary_json(rc)},

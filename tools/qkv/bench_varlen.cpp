@@ -38,6 +38,7 @@ qkv::sdpa_options batch_options(const varlen_config& c) {
     options.causal = true;
     options.alignment = qkv::causal_alignment::bottom_right;
     options.precision = c.precision;
+    options.kv_type = c.kv_type;
     return options;
 }
 

@@ -138,7 +138,8 @@ public:
     /// output and lse are laid out as that ragged batch's.
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem);
     /// The same batch against a pool kept on the device: `pool`, a kv_cache created from this
-    /// context of batch 1, the problem's kv_heads, d_qk and d_v, f32 or f16, whose rows are the
+    /// context of batch 1, the problem's kv_heads, d_qk and d_v, of any type (f32, f16, q8_0, q4_0:
+    /// a quantized pool's blocks are dequantized as the decode against a cache does), whose rows are the
     /// pages' rows in page order (page p is rows p·page_size .. p·page_size + page_size - 1 of each
     /// K/V head; append them with kv_cache::append as (1, Hkv, rows, E)). problem.k_pages and
     /// v_pages stay empty; problem.num_pages is 0 (then it is pool.size() / page_size) or at most
