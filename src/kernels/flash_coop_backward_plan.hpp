@@ -48,10 +48,10 @@ struct coop_bwd_tiles {
     [[nodiscard]] std::uint32_t dkdv_keys() const { return subgroups * m; }  ///< keys per dk/dv workgroup
     [[nodiscard]] std::uint32_t dq_rows() const { return subgroups * m; }    ///< rows per dq workgroup
     /// Shared memory of the dk/dv kernel (its declarations, in bytes): K and V of the block, a
-    /// step's Q and dO (f16), Sᵀ or dPᵀ (f32), Pᵀ and dSᵀ (f16), the step's lse' and D, and a
-    /// staging matrix per subgroup for the stores.
+    /// step's Q and dO (f16), Sᵀ and dPᵀ (f32), Pᵀ and dSᵀ (f16), the step's lse' and D, and a
+    /// staging matrix per subgroup for the accumulators' loads and stores.
     [[nodiscard]] std::uint32_t dkdv_shared_bytes() const;
-    /// Shared memory of the dq kernel, likewise: Q and dO of the block, a step's K and V, S or dP,
+    /// Shared memory of the dq kernel, likewise: Q and dO of the block, a step's K and V, S and dP,
     /// dS, the block's lse' and D, the staging.
     [[nodiscard]] std::uint32_t dq_shared_bytes() const;
 };
