@@ -2,11 +2,13 @@
 // function of a device description, against the fake devices of support/fake_devices.hpp, with and
 // without cooperative-matrix shapes: the shape it shares with the forward, the tiles that fit each
 // device, the chunks below lavapipe's loop limit, and every refusal.
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <string>
 
 #include "contract/score.h"
+#include "kernels/flash_backward_plan.hpp"
 #include "kernels/flash_coop_backward_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "support/catch.hpp"
@@ -182,4 +184,40 @@ TEST_CASE("coop backward plan: refusals name why, with the right error", "[plan]
         CHECK_THROWS_AS(plan_flash_coop_backward(fd::desc_of(devices[i]), layout_of(64, 64), {}, set),
                         qkv::vulkan::unavailable);
     }
+}
+
+TEST_CASE("coop backward plan: the backward's plan with the coop dk/dv kernel (QKV_BACKWARD_COOP=1)",
+          "[plan][coop][backward]") {
+    const auto devices = fd::fake_devices();
+    flash_bwd_request r;
+    r.coop = true;
+    for (const std::size_t i : {fd::discrete_32, fd::xe2_16, fd::lavapipe_26}) {
+        INFO(devices[i].name);
+        const device_desc desc = fd::desc_of(devices[i]);
+        for (const std::uint32_t hook : {0u, 8u, 20u}) {
+            settings set;
+            set.max_fused_keys = hook;
+            const flash_layout l = layout_of(17, 113, 45, 53);
+            const flash_bwd_plan p = plan_flash_backward(desc, l, r, set);
+            REQUIRE(p.coop);
+            CHECK_FALSE(p.fused);  // the fused order's dR comes from the scalar kernel
+            const coop_bwd_tiles& t = p.coop_tiles;
+            CHECK(t.m != 0);
+            // Padded and chunked for both dk/dv kernels: the coop one and the scalar careful one.
+            CHECK(p.npad_q % t.dkdv_rows == 0);
+            CHECK(p.npad_q % p.rps == 0);
+            CHECK(p.npad_kv % t.dkdv_keys() == 0);
+            CHECK(p.npad_kv % p.dkdv_block() == 0);
+            CHECK(p.dkdv_chunk % t.dkdv_rows == 0);
+            CHECK(p.dkdv_chunk % p.rps == 0);
+            CHECK(p.coop_key_blocks == (l.kv_len + t.dkdv_keys() - 1) / t.dkdv_keys());
+            if (hook) CHECK(p.dkdv_chunk <= std::max(hook / 8 * 8, std::lcm(p.rps, t.dkdv_rows)));
+        }
+        // Where the family's plan refuses, the backward's refuses: never another kernel in secret.
+        CHECK_THROWS_AS(plan_flash_backward(desc, layout_of(64, 64, 113, 300, false), r, {}), qkv::vulkan::unavailable);
+    }
+    CHECK_THROWS_AS(plan_flash_backward(fd::desc_of(devices[fd::cpu_4]), layout_of(64, 64), r, {}),
+                    qkv::vulkan::unavailable);
+    // Without the request: the scalar kernels alone.
+    CHECK_FALSE(plan_flash_backward(fd::desc_of(devices[fd::lavapipe_26]), layout_of(64, 64), {}, {}).coop);
 }

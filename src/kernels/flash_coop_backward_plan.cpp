@@ -6,6 +6,7 @@
 
 #include "contract/backward.h"
 #include "contract/coop.h"
+#include "kernels/flash_backward_plan.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {

@@ -27,10 +27,11 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/flash_backward_plan.hpp"
 #include "kernels/flash_coop_plan.hpp"
 
 namespace qkv::vulkan::detail {
+
+struct flash_bwd_request;  // kernels/flash_backward_plan.hpp
 
 /// The backward kernels' tiles on one device, in the device's matrix shape m x n x k.
 struct coop_bwd_tiles {
