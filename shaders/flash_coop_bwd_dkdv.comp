@@ -36,7 +36,7 @@ layout(constant_id = COOP_BWD_SPEC_N) const uint N = 8;
 layout(constant_id = COOP_BWD_SPEC_K) const uint K = 8;
 layout(constant_id = COOP_BWD_SPEC_D_PAD) const uint D_PAD = 64;
 layout(constant_id = COOP_BWD_SPEC_DV_PAD) const uint DV_PAD = 64;
-layout(constant_id = COOP_BWD_SPEC_ROWS) const uint ROWS = 8;
+layout(constant_id = COOP_BWD_SPEC_STEP) const uint ROWS = 8;
 layout(constant_id = COOP_BWD_SPEC_MASKS) const uint MASKS = 0;
 layout(constant_id = COOP_BWD_SPEC_FEATURES) const uint FEATURES = 0;
 

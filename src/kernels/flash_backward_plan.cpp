@@ -74,8 +74,8 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
         // Throws, naming why, where the family's plan refuses.
         coop = plan_flash_coop_backward(desc, l, r, set);
         p.coop = true, p.coop_tiles = coop.tiles;
-        row_align = std::lcm(row_align, coop.tiles.dkdv_rows);
-        key_align = std::lcm(key_align, coop.tiles.dkdv_keys());
+        row_align = std::lcm(std::lcm(row_align, coop.tiles.dkdv_rows), coop.tiles.dq_rows());
+        key_align = std::lcm(std::lcm(key_align, coop.tiles.dkdv_keys()), coop.tiles.dq_keys);
     }
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), row_align));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), key_align));
@@ -90,13 +90,16 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
         keys = std::min<std::uint64_t>(keys, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
         slots = std::min<std::uint64_t>(slots, std::max<std::uint64_t>(p.rps, at_most / p.rps * p.rps));
     }
-    p.dq_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(keys, p.npad_kv));
     if (p.coop) {
         // Whole steps of both dk/dv kernels (the coop one, and the scalar one's careful pipeline).
         const std::uint64_t both = std::lcm(p.rps, coop.tiles.dkdv_rows);
         slots = std::max(both, std::min<std::uint64_t>(slots, coop.dkdv_chunk) / both * both);
+        const std::uint64_t steps = std::lcm(p.kps, coop.tiles.dq_keys);  // likewise for dq
+        keys = std::max(steps, std::min<std::uint64_t>(keys, coop.dq_chunk) / steps * steps);
         p.coop_key_blocks = ceil_div(std::max(l.kv_len, 1u), coop.tiles.dkdv_keys());
+        p.coop_row_blocks = ceil_div(std::max(l.q_len, 1u), coop.tiles.dq_rows());
     }
+    p.dq_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(keys, p.npad_kv));
     p.dkdv_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, std::uint64_t{l.group()} * p.npad_q));
     p.fold_chunk = max_steps_per_dispatch;
     if (set.max_fused_keys) p.fold_chunk = std::max(1u, std::min(p.fold_chunk, set.max_fused_keys));

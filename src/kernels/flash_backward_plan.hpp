@@ -77,11 +77,12 @@ struct flash_bwd_plan {
     bool fused = false;
     std::uint32_t key_blocks = 0;  ///< dk/dv's key blocks per (batch, K/V head): ceil(max(S, 1) / dkdv_block())
     std::uint64_t dr_bytes = 0, dr_sums_at = 0, dr_sums_bytes = 0;
-    /// dk and dv by flash_coop_bwd_dkdv.comp (flash_bwd_request::coop): its tiles, and its key
-    /// blocks per (batch, K/V head) (the scalar kernel's careful pipeline keeps key_blocks).
+    /// dq, dk and dv by flash_coop_bwd_dq.comp and flash_coop_bwd_dkdv.comp
+    /// (flash_bwd_request::coop): their tiles, their row blocks per (batch, query head) and key
+    /// blocks per (batch, K/V head) (the scalar kernels' careful pipelines keep theirs).
     bool coop = false;
     coop_bwd_tiles coop_tiles;
-    std::uint32_t coop_key_blocks = 0;  ///< the dR scratch and its check sums
+    std::uint32_t coop_row_blocks = 0, coop_key_blocks = 0;  ///< the dR scratch and its check sums
     [[nodiscard]] std::uint64_t fused_scratch_bytes() const { return fused ? dr_sums_at + dr_sums_bytes : 0; }
 
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }

@@ -72,7 +72,7 @@ std::uint32_t coop_bwd_tiles::dq_shared_bytes() const {
     const std::uint32_t rows = dq_rows(), keys = dq_keys;
     return 2 * rows * (d_pad + COOP_PAD_HALVES) + 2 * rows * (dv_pad + COOP_PAD_HALVES) +
            2 * keys * (d_pad + COOP_PAD_HALVES) + 2 * keys * (dv_pad + COOP_PAD_HALVES) +
-           2 * 4 * rows * (keys + COOP_PAD_FLOATS) + 2 * rows * (keys + COOP_PAD_HALVES) + 8 * rows +
+           2 * 4 * rows * (keys + COOP_PAD_FLOATS) + 2 * rows * (keys + COOP_PAD_HALVES) + (8 + 16) * rows +
            4 * subgroups * m * (n + COOP_PAD_FLOATS);
 }
 

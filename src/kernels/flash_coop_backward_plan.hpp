@@ -10,7 +10,7 @@
 //   heads and their rows in steps of `dkdv_rows`:
 //     Sᵀ = K·Qᵀ (keys x rows, f32) -> Pᵀ = e^(rule(Sᵀ) - lse') in f16 (the score rules, the masks)
 //     dPᵀ = V·dOᵀ (f32) -> dSᵀ = Pᵀ ∘ (dPᵀ - D) (softcap's 1 - tanh² as well) in f16
-//     dV += Pᵀ·dO, dK += dSᵀ·Q (f32 accumulators held by each subgroup), dK scaled once at the end;
+//     dV += Pᵀ·dO, dK += (scale·dSᵀ)·Q (f32 accumulators held by each subgroup);
 //   dq kernel, one workgroup per block of query rows of one (batch, query head), over the keys in
 //   steps of `dq_keys`:
 //     S = Q·Kᵀ -> P, dP = dO·Vᵀ -> dS as above (row-major), dQ += dS·K, scaled at the end.
@@ -53,7 +53,7 @@ struct coop_bwd_tiles {
     /// staging matrix per subgroup for the accumulators' loads and stores.
     [[nodiscard]] std::uint32_t dkdv_shared_bytes() const;
     /// Shared memory of the dq kernel, likewise: Q and dO of the block, a step's K and V, S and dP,
-    /// dS, the block's lse' and D, the staging.
+    /// dS, the block's lse' and D and the check's sums, the staging.
     [[nodiscard]] std::uint32_t dq_shared_bytes() const;
 };
 
