@@ -207,3 +207,33 @@ TEST_CASE("backward plan: the fused order where it applies, the two-kernel order
         CHECK(o.kernels.fused_scratch_bytes() <= fused_budget);
     }
 }
+
+TEST_CASE("backward plan: kernel coopmat takes the cooperative-matrix kernels or is refused",
+          "[plan][backward][coop]") {
+    const auto devices = fake_devices();
+    for (const std::size_t i : {qkv::test::discrete_32, qkv::test::xe2_16, qkv::test::lavapipe_26}) {
+        INFO(devices[i].name);
+        const device_desc d = desc_of(devices[i]);
+        sized_backward asked(
+            2, 8, 2, 37, 300, 64, 64,
+            {.causal = true, .precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat});
+        const sdpa_backward_plan p = plan_sdpa_backward(asked.b, d, {});
+        CHECK(p.kernels.coop);
+        CHECK_FALSE(p.kernels.fused);
+        // The automatic choice keeps the other family's kernels (the matrix ones are not measured
+        // on a GPU yet).
+        sized_backward automatic(2, 8, 2, 37, 300, 64, 64, {.causal = true, .precision = qkv::precision::fp16});
+        CHECK_FALSE(plan_sdpa_backward(automatic.b, d, {}).kernels.coop);
+        // Dropout is refused by name, as the family's forward refuses it.
+        sized_backward dropout(
+            2, 8, 2, 37, 300, 64, 64,
+            {.precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat, .dropout_p = 0.1f});
+        CHECK_THROWS_AS(plan_sdpa_backward(dropout.b, d, {}), qkv::vulkan::unavailable);
+    }
+    for (const std::size_t i : {qkv::test::cpu_4, qkv::test::integrated_16, qkv::test::minimal}) {
+        INFO(devices[i].name);
+        sized_backward asked(1, 2, 1, 17, 33, 64, 64,
+                             {.precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat});
+        CHECK_THROWS_AS(plan_sdpa_backward(asked.b, desc_of(devices[i]), {}), qkv::vulkan::unavailable);
+    }
+}

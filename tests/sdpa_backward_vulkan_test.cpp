@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/families.hpp"
 #include "support/gpu.hpp"
 
 namespace {
@@ -669,5 +671,155 @@ TEST_CASE("sdpa_backward on the device: ALiBi from rows beyond the keys, huge so
     save_forward(far);
     expect_throw_with([&] { (void)gpu().sdpa_backward(far.backward()); }, {"ALiBi", "alibi_slopes", "position_offset"});
     CHECK_THROWS_AS(gpu().sdpa_backward(far.backward()), qkv::vulkan::limit_exceeded);
+    require_clean(gpu());
+}
+
+TEST_CASE("sdpa_backward on the device: dk and dv by the cooperative-matrix kernel", "[coop_backward]") {
+    // Run with QKV_BACKWARD_COOP=1 (tests/CMakeLists.txt: qkv_sdpa_backward_coopmat) on a device the
+    // family runs on; elsewhere there is nothing to run.
+    const char* asked = std::getenv("QKV_BACKWARD_COOP");
+    if (!asked || std::string(asked) != "1" || !qkv_test::coopmat_runs(gpu().device())) {
+        WARN("QKV_BACKWARD_COOP=1 on a device with the cooperative-matrix family is needed");
+        return;
+    }
+    struct shaped {
+        qkv::sdpa_shape s;
+        qkv::sdpa_options options;
+    };
+    const shaped cases[] = {
+        {{.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 64, .d_v = 64},
+         {.causal = true, .precision = qkv::precision::fp16}},
+        {{.batch = 2, .q_heads = 3, .kv_heads = 1, .q_len = 1, .kv_len = 3, .d_qk = 17, .d_v = 3},
+         {.precision = qkv::precision::fp16}},
+        {{.batch = 1, .q_heads = 2, .kv_heads = 2, .q_len = 113, .kv_len = 17, .d_qk = 80, .d_v = 48},
+         {.causal = true, .precision = qkv::precision::fp16, .softcap = 20.f}},
+    };
+    std::uint32_t seed = 90;
+    for (const auto& [s, options] : cases) {
+        INFO("L = " << s.q_len << ", S = " << s.kv_len << ", d = " << s.d_qk << " / " << s.d_v);
+        owned o = make(s, options, seed++);
+        save_forward(o);
+        const owned r = rounded_to_half(o);
+        const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(r.backward());
+        const qkv::sdpa_gradients got = gpu().sdpa_backward(o.backward());
+        require_clean(gpu());
+        // dq, dk and dv from float16 P and dS with float32 sums, as FlashAttention-2's fp16
+        // backward: float16's unit roundoff 2^-11 gives an nmse near 1e-7, bounded here by 1e-5;
+        // and above 1e-12, which the float32 kernels stay below, so that this case fails if the
+        // cooperative-matrix kernels did not run.
+        const double dq = nmse(got.dq, want.dq), dk = nmse(got.dk, want.dk), dv = nmse(got.dv, want.dv);
+        INFO("nmse dq " << dq << ", dk " << dk << ", dv " << dv);
+        CHECK(dq <= 1e-5);
+        CHECK(dk <= 1e-5);
+        CHECK(dv <= 1e-5);
+        CHECK(dq > 1e-12);
+        CHECK(dk + dv > 1e-12);
+        // Deterministic: the same bits again.
+        CHECK(same_gradients(got, gpu().sdpa_backward(o.backward())));
+    }
+}
+
+TEST_CASE("sdpa_backward on the device: the cooperative-matrix dk/dv with every rule, chunked and poisoned",
+          "[coop_backward]") {
+    const char* asked = std::getenv("QKV_BACKWARD_COOP");
+    if (!asked || std::string(asked) != "1" || !qkv_test::coopmat_runs(gpu().device())) {
+        WARN("QKV_BACKWARD_COOP=1 on a device with the cooperative-matrix family is needed");
+        return;
+    }
+    const auto check_coop = [](const qkv::sdpa_gradients& got, const owned& o) {
+        const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(rounded_to_half(o).backward());
+        CHECK(nmse(got.dq, want.dq) <= 1e-5);
+        CHECK(nmse(got.dk, want.dk) <= 1e-5);
+        CHECK(nmse(got.dv, want.dv) <= 1e-5);
+        REQUIRE(got.d_sinks.size() == want.d_sinks.size());
+        if (!want.d_sinks.empty()) CHECK(nmse(got.d_sinks, want.d_sinks) <= 1e-9);
+    };
+    // GQA, causal bottom-right, a window, softcap, ALiBi, sinks and an additive mask (no gradient).
+    const qkv::sdpa_shape s{.batch = 2, .q_heads = 4, .kv_heads = 2, .q_len = 45, .kv_len = 53, .d_qk = 16, .d_v = 24};
+    owned o = make(s,
+                   {.causal = true,
+                    .alignment = qkv::causal_alignment::bottom_right,
+                    .precision = qkv::precision::fp16,
+                    .window_left = 20,
+                    .softcap = 8.f,
+                    .alibi_max_bias = 4.f},
+                   41);
+    std::mt19937 rng(42);
+    o.sinks = normal(4, rng);
+    o.additive = normal(45 * 53, rng);
+    o.mask_shape = {45, 53};
+    save_forward(o);
+    const qkv::sdpa_gradients whole = gpu().sdpa_backward(o.backward());
+    require_clean(gpu());
+    check_coop(whole, o);
+    // Row slots cut into chunks of 8 (lavapipe's loop limit at small sizes): each dispatch resumes
+    // from dk and dv as the last left them, the same bits.
+    qkv::vulkan::context chunked = qkv_test::make_context({.max_fused_keys_per_dispatch = 8});
+    const qkv::sdpa_gradients cut = chunked.sdpa_backward(o.backward());
+    qkv_test::require_clean(chunked);
+    check_coop(cut, o);
+    CHECK(same_bits(cut.dq, whole.dq));
+    CHECK(same_bits(cut.dk, whole.dk));
+    CHECK(same_bits(cut.dv, whole.dv));
+    // A NaN poisons what it reaches, as in the reference: a key's value, a query (its head runs on
+    // the scalar kernel's careful pipeline), an infinite d_out element.
+    const qkv::sdpa_shape small{
+        .batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 11, .kv_len = 13, .d_qk = 16, .d_v = 16};
+    const owned base = make(small, {.causal = true, .precision = qkv::precision::fp16}, 51);
+    for (const int where : {0, 1, 2}) {
+        owned poisoned = base;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        if (where == 0) poisoned.v[4 * 16 + 1] = nan;
+        if (where == 1) poisoned.q[2 * 16 + 3] = nan;
+        if (where == 2) poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::infinity();
+        save_forward(poisoned);
+        INFO("poisoned input " << where);
+        const qkv::sdpa_gradients got = gpu().sdpa_backward(poisoned.backward());
+        require_clean(gpu());
+        check_coop(got, poisoned);
+    }
+    // The saved tensors' check runs in the cooperative-matrix dq: another problem's lse is refused,
+    // naming its row, in one dispatch and in chunks of keys.
+    owned bad = base;
+    save_forward(bad);
+    bad.lse[3] += 0.5f;
+    expect_throw_with([&] { (void)gpu().sdpa_backward(bad.backward()); }, {"row 3"});
+    expect_throw_with([&] { (void)chunked.sdpa_backward(bad.backward()); }, {"row 3"});
+    require_clean(gpu());
+    // What the family's backward refuses, naming why: float32 storage, the mask's gradient.
+    owned fp32 = base;
+    fp32.options.precision = qkv::precision::fp32;
+    save_forward(fp32);
+    expect_throw_with([&] { (void)gpu().sdpa_backward(fp32.backward()); }, {"precision fp16"});
+    owned d_mask = o;
+    d_mask.want_d_additive = true;
+    expect_throw_with([&] { (void)gpu().sdpa_backward(d_mask.backward()); }, {"additive mask's gradient"});
+}
+
+TEST_CASE("sdpa_backward with kernel coopmat: the cooperative-matrix kernels, host and tensors", "[coop_backward]") {
+    const qkv::sdpa_shape s{.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 37, .kv_len = 41, .d_qk = 64, .d_v = 64};
+    owned o = make(s, {.causal = true, .precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat}, 77);
+    o.sinks = {0.5f, -1.f, 0.25f, 2.f};
+    save_forward(o);
+    if (!qkv_test::coopmat_runs(gpu().device())) {
+        // Refused, naming why, where the family does not run: never another kernel in secret.
+        CHECK_THROWS_AS(gpu().sdpa_backward(o.backward()), qkv::vulkan::unavailable);
+        return;
+    }
+    const qkv::sdpa_gradients host = gpu().sdpa_backward(o.backward());
+    require_clean(gpu());
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(rounded_to_half(o).backward());
+    const double dq = nmse(host.dq, want.dq), dk = nmse(host.dk, want.dk), dv = nmse(host.dv, want.dv);
+    INFO("nmse dq " << dq << ", dk " << dk << ", dv " << dv);
+    CHECK(dq <= 1e-5);
+    CHECK(dk <= 1e-5);
+    CHECK(dv <= 1e-5);
+    CHECK(dq > 1e-12);  // float16 P and dS: the matrix kernels ran
+    CHECK(nmse(host.d_sinks, want.d_sinks) <= 1e-9);
+    // Over tensors: the same kernels, the same bits.
+    qkv::vulkan::sdpa_backward_call call(gpu(), description_of(o));
+    device_tensors t(gpu(), o);
+    call.run(t.view());
+    CHECK(same_gradients(t.gradients(), host));
     require_clean(gpu());
 }

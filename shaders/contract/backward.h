@@ -120,6 +120,33 @@ QKV_CONST uint BWD_CHECK = 2u;     // dq: check that out and lse are the problem
 QKV_CONST uint BWD_STORE_DR = 4u;
 QKV_CONST uint BWD_DR_MASKED = 0xffffffffu;
 
+// Specialization constants of flash_coop_bwd_dkdv.comp and flash_coop_bwd_dq.comp (the
+// cooperative-matrix family's backward; src/kernels/flash_coop_backward_plan.hpp: coop_bwd_tiles).
+// Their bindings and push block are flash_bwd_dkdv.comp's (BWD_DKDV_BINDING_*, bwd_push; no dR
+// scratch) and flash_bwd_dq.comp's (BWD_DQ_BINDING_*), Q, K, V and dO float16 texels.
+struct coop_bwd_spec {
+    uint wg;        // invocations per workgroup: subgroups · lanes
+    uint lanes;     // the subgroup size the pipeline requires
+    uint m, n, k;   // the device's matrix shape (f16 A and B, f32 accumulators)
+    uint d_pad;     // E rounded up to lcm(k, n, 8)
+    uint dv_pad;    // Ev likewise
+    uint step;      // query rows (dk/dv) or keys (dq) per step (a multiple of lcm(n, k))
+    uint masks;     // as bwd_spec
+    uint features;  // as bwd_spec (no SCORE_DROPOUT: the plan refuses it)
+    uint extras;    // BWD_CHECK (dq only)
+};
+QKV_CONST uint COOP_BWD_SPEC_WG = 0u;
+QKV_CONST uint COOP_BWD_SPEC_LANES = 1u;
+QKV_CONST uint COOP_BWD_SPEC_M = 2u;
+QKV_CONST uint COOP_BWD_SPEC_N = 3u;
+QKV_CONST uint COOP_BWD_SPEC_K = 4u;
+QKV_CONST uint COOP_BWD_SPEC_D_PAD = 5u;
+QKV_CONST uint COOP_BWD_SPEC_DV_PAD = 6u;
+QKV_CONST uint COOP_BWD_SPEC_STEP = 7u;
+QKV_CONST uint COOP_BWD_SPEC_MASKS = 8u;
+QKV_CONST uint COOP_BWD_SPEC_FEATURES = 9u;
+QKV_CONST uint COOP_BWD_SPEC_EXTRAS = 10u;
+
 // Specialization constants of flash_bwd_prep.comp and flash_bwd_fold.comp (QKV_FP16, a define,
 // says how prep's dO is stored).
 struct bwd_small_spec {

@@ -141,7 +141,9 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_shuffle, "ttttssstsssss") &&
         row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv, "ttttssstssssss") &&
         row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dkdv_shuffle, "ttttssstssssss") &&
-        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_dr_shuffle, "tstsssss"));
+        row_matches<contract::bwd_push, contract::bwd_spec>(shader_id::flash_bwd_dq_dr_shuffle, "tstsssss") &&
+        row_matches<contract::bwd_push, contract::coop_bwd_spec>(shader_id::flash_coop_bwd_dkdv, "ttttssstssss") &&
+        row_matches<contract::bwd_push, contract::coop_bwd_spec>(shader_id::flash_coop_bwd_dq, "ttttssstsssss"));
     const std::uint32_t masks = l.mask_flags();
     const auto spec = [&](std::uint32_t own, std::uint32_t step, bool careful, std::uint32_t extras) {
         return contract::bwd_spec{p.wg, own, step, p.d4, p.dv4, masks, l.features, careful ? 1u : 0u, extras};
@@ -165,20 +167,40 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         p.fused && p.dr_sums_bytes ? binding{io.dr.buffer, io.dr.offset + p.dr_sums_at, p.dr_sums_bytes} : stats;
     const auto record_dq = [&] {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dq_shuffle : shader_id::flash_bwd_dq;
-        const pipeline& plain = pipes.get(kernel, spec(p.rpi, p.kps, false, p.extras));
+        const pipeline* plain = p.coop ? nullptr : &pipes.get(kernel, spec(p.rpi, p.kps, false, p.extras));
         const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.rpi, p.kps, true, p.extras));
         const std::uint32_t blocks = ceil_div(l.q_len, p.dq_block());
         const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
         push.blocks = blocks;
+        // The cooperative-matrix kernel runs the (batch, K/V head)s whose K is finite, in its own
+        // row blocks; the scalar kernel's careful pipeline the others.
+        const coop_bwd_tiles& t = p.coop_tiles;
+        const std::uint32_t coop_groups[3] = {p.coop_row_blocks, 1, l.q_batches()};
+        const pipeline* coop =
+            p.coop ? &pipes.get(shader_id::flash_coop_bwd_dq,
+                                contract::coop_bwd_spec{t.wg(), t.lanes, t.m, t.n, t.k, t.d_pad, t.dv_pad, t.dq_keys,
+                                                        masks, l.features, p.extras & contract::BWD_CHECK},
+                                t.required_subgroup)
+                   : nullptr;
         const std::uint32_t keys = std::max(l.kv_len, 1u);
         for (std::uint32_t begin = 0; begin < keys; begin += p.dq_chunk) {
             contract::bwd_push part = push;
             part.begin = begin;
             part.stop = keys - begin < p.dq_chunk ? keys : begin + p.dq_chunk;
             part.flags = (begin > 0 ? contract::BWD_RESUME : 0u) | (part.stop < keys ? contract::BWD_PARTIAL : 0u);
-            for (const pipeline* k : {&plain, careful}) {
+            if (coop) {
+                if (begin > 0) exec.compute_barrier();
+                contract::bwd_push mine = part;
+                mine.blocks = p.coop_row_blocks;
+                exec.dispatch(*coop,
+                              {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
+                               io.dq, ds, sums, k_flags, io.verdict},
+                              &mine, coop_groups);
+            }
+            for (const pipeline* k : {plain, careful}) {
                 if (!k) continue;
-                if (begin > 0 || k == careful) exec.compute_barrier();
+                if (begin > 0 || k == careful || coop) exec.compute_barrier();
                 exec.dispatch(*k,
                               {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
                                texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
@@ -212,11 +234,22 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
     const auto record_dkdv = [&] {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dkdv_shuffle : shader_id::flash_bwd_dkdv;
         const std::uint32_t extras = p.fused ? p.extras & (contract::BWD_STORE_DR | contract::BWD_CHECK) : 0u;
-        const pipeline& plain = pipes.get(kernel, spec(p.kpi, p.rps, false, extras));
+        const pipeline* plain = p.coop ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, false, extras));
         const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, true, extras));
         const std::uint32_t blocks = p.key_blocks;
         const std::uint32_t groups[3] = {blocks, 1, l.kv_batches()};
         push.blocks = blocks;
+        // The cooperative-matrix kernel runs the (batch, K/V head)s whose Q and dO are finite, in
+        // its own key blocks; the scalar kernel's careful pipeline the others.
+        const pipeline* coop = nullptr;
+        const coop_bwd_tiles& t = p.coop_tiles;
+        const std::uint32_t coop_groups[3] = {p.coop_key_blocks, 1, l.kv_batches()};
+        if (p.coop) {
+            coop = &pipes.get(shader_id::flash_coop_bwd_dkdv,
+                              contract::coop_bwd_spec{t.wg(), t.lanes, t.m, t.n, t.k, t.d_pad, t.dv_pad, t.dkdv_rows,
+                                                      masks, l.features, 0u},
+                              t.required_subgroup);
+        }
         const std::uint32_t slots = l.group() * p.npad_q;
         push.pair_offset = static_cast<std::uint32_t>((p.do_at - p.q_at) / p.texel_bytes());
         const VkBufferView q_view = p.paired() ? views.q_d_out.handle() : views.q.handle();
@@ -225,9 +258,19 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             part.begin = begin;
             part.stop = slots - begin < p.dkdv_chunk ? slots : begin + p.dkdv_chunk;
             part.flags = (begin > 0 ? contract::BWD_RESUME : 0u) | (part.stop < slots ? contract::BWD_PARTIAL : 0u);
-            for (const pipeline* k : {&plain, careful}) {
+            if (coop) {
+                if (begin > 0) exec.compute_barrier();
+                contract::bwd_push mine = part;
+                mine.blocks = p.coop_key_blocks;
+                exec.dispatch(*coop,
+                              {texel(views.q.handle()), texel(views.k.handle()), texel(views.v.handle()),
+                               texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
+                               io.dk, io.dv, q_flags, io.verdict},
+                              &mine, coop_groups);
+            }
+            for (const pipeline* k : {plain, careful}) {
                 if (!k) continue;
-                if (begin > 0 || k == careful) exec.compute_barrier();
+                if (begin > 0 || k == careful || coop) exec.compute_barrier();
                 exec.dispatch(*k,
                               {texel(q_view), texel(views.k.handle()), texel(views.v.handle()),
                                texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <numeric>
 #include <string>
 
 #include "contract/score.h"
@@ -67,7 +68,15 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     if (set.backward_rows)
         p.rpi = set.backward_rows, p.kps = set.backward_keys, p.kpi = set.backward_own_keys,
         p.rps = set.backward_rows_step;
-    const std::uint32_t row_align = std::max(p.dq_block(), p.rps), key_align = std::max(p.kps, p.dkdv_block());
+    std::uint32_t row_align = std::max(p.dq_block(), p.rps), key_align = std::max(p.kps, p.dkdv_block());
+    flash_coop_bwd_plan coop;
+    if (r.coop) {
+        // Throws, naming why, where the family's plan refuses.
+        coop = plan_flash_coop_backward(desc, l, r, set);
+        p.coop = true, p.coop_tiles = coop.tiles;
+        row_align = std::lcm(std::lcm(row_align, coop.tiles.dkdv_rows), coop.tiles.dq_rows());
+        key_align = std::lcm(std::lcm(key_align, coop.tiles.dkdv_keys()), coop.tiles.dq_keys);
+    }
     p.npad_q = static_cast<std::uint32_t>(align_up(std::max(l.q_len, 1u), row_align));
     p.npad_kv = static_cast<std::uint32_t>(align_up(std::max(l.kv_len, 1u), key_align));
     // Chunks: dq's key steps, dk/dv's row steps (beside a few iterations per head: the skips over
@@ -80,6 +89,15 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     if (const std::uint32_t at_most = set.max_fused_keys) {
         keys = std::min<std::uint64_t>(keys, std::max<std::uint64_t>(p.kps, at_most / p.kps * p.kps));
         slots = std::min<std::uint64_t>(slots, std::max<std::uint64_t>(p.rps, at_most / p.rps * p.rps));
+    }
+    if (p.coop) {
+        // Whole steps of both dk/dv kernels (the coop one, and the scalar one's careful pipeline).
+        const std::uint64_t both = std::lcm(p.rps, coop.tiles.dkdv_rows);
+        slots = std::max(both, std::min<std::uint64_t>(slots, coop.dkdv_chunk) / both * both);
+        const std::uint64_t steps = std::lcm(p.kps, coop.tiles.dq_keys);  // likewise for dq
+        keys = std::max(steps, std::min<std::uint64_t>(keys, coop.dq_chunk) / steps * steps);
+        p.coop_key_blocks = ceil_div(std::max(l.kv_len, 1u), coop.tiles.dkdv_keys());
+        p.coop_row_blocks = ceil_div(std::max(l.q_len, 1u), coop.tiles.dq_rows());
     }
     p.dq_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(keys, p.npad_kv));
     p.dkdv_chunk = static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, std::uint64_t{l.group()} * p.npad_q));
@@ -124,7 +142,7 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     const std::uint64_t sums_at = align_up(dr_bytes, desc.storage_alignment);
     const std::uint64_t sums_bytes = r.check ? std::uint64_t{l.q_batches()} * p.key_blocks * p.npad_q * 16 : 0;
     const std::uint64_t dr_total = sums_at + sums_bytes;
-    if (set.backward_fused && p.shuffle && !r.d_mask && p.dkdv_block() % 4 == 0 &&
+    if (set.backward_fused && !p.coop && p.shuffle && !r.d_mask && p.dkdv_block() % 4 == 0 &&
         p.key_blocks <= max_steps_per_dispatch && dr_total <= fused_budget &&
         dr_bytes <= info.max_storage_buffer_range &&
         std::max<std::uint64_t>(sums_bytes, 1) <= info.max_storage_buffer_range && dr_floats <= 0xffffffffu) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "contract/backward.h"
+#include "kernels/flash_coop_backward_plan.hpp"
 #include "kernels/flash_layout.hpp"
 #include "plan/settings.hpp"
 #include "vk/device_desc.hpp"
@@ -28,6 +29,8 @@ struct flash_bwd_request {
     /// The additive mask's dimensions (b, h, l, s), each 1 or the problem's (with d_mask).
     std::uint32_t mask_dims[4] = {1, 1, 1, 1};
     bool check = true;  ///< check that out and lse are the problem's forward results (BWD_CHECK)
+    /// dk and dv by the cooperative-matrix family's kernel (settings::backward_coop).
+    bool coop = false;
 };
 
 /// A fold (flash_bwd_fold.comp): a (b, h, l, s) tensor summed onto (mb, mh, ml, ms).
@@ -73,7 +76,13 @@ struct flash_bwd_plan {
     /// the two-kernel order.
     bool fused = false;
     std::uint32_t key_blocks = 0;  ///< dk/dv's key blocks per (batch, K/V head): ceil(max(S, 1) / dkdv_block())
-    std::uint64_t dr_bytes = 0, dr_sums_at = 0, dr_sums_bytes = 0;  ///< the dR scratch and its check sums
+    std::uint64_t dr_bytes = 0, dr_sums_at = 0, dr_sums_bytes = 0;
+    /// dq, dk and dv by flash_coop_bwd_dq.comp and flash_coop_bwd_dkdv.comp
+    /// (flash_bwd_request::coop): their tiles, their row blocks per (batch, query head) and key
+    /// blocks per (batch, K/V head) (the scalar kernels' careful pipelines keep theirs).
+    bool coop = false;
+    coop_bwd_tiles coop_tiles;
+    std::uint32_t coop_row_blocks = 0, coop_key_blocks = 0;  ///< the dR scratch and its check sums
     [[nodiscard]] std::uint64_t fused_scratch_bytes() const { return fused ? dr_sums_at + dr_sums_bytes : 0; }
 
     [[nodiscard]] std::uint64_t texel_bytes() const { return half ? 8 : 16; }

@@ -79,6 +79,7 @@ sdpa_backward_plan plan_sdpa_backward(const sdpa_backward_problem& problem, cons
     flash_bwd_request r;
     r.d_sinks = !fp.sinks.empty();
     r.d_mask = problem.return_d_additive_mask;
+    r.coop = set.backward_coop || fp.options.kernel == kernel_family::coopmat;
     if (r.d_mask) {
         // The mask's dimensions, outermost first, as (b, h, l, s); missing leading ones are 1.
         const std::vector<std::size_t> dims =

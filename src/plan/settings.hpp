@@ -32,6 +32,9 @@ struct settings {
     /// recomputing P) where the plan would take the fused one (flash_bwd_plan::fused; for
     /// before/after measurements and the tests of both orders).
     bool backward_fused = true;
+    /// QKV_BACKWARD_COOP=1: dk and dv by the cooperative-matrix family's kernel
+    /// (flash_coop_bwd_dkdv.comp; refused where its plan refuses), dq by the other family's.
+    bool backward_coop = false;
     /// QKV_DECODE_CPU_TILES=rows,keys: the cpu decode kernel's rows per lane and keys per step
     /// (0: chosen by try_plan_decode).
     std::uint32_t decode_cpu_rows = 0, decode_cpu_keys = 0;

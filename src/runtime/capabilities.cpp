@@ -29,9 +29,6 @@ constexpr std::string_view no_dropout_in_decode =
 constexpr std::string_view one_type_over_tensors =
     "q, k, v and d_out come as tensors of the precision's type (f32, or f16); K and V of another type, or "
     "as ggml's blocks (a decode cache's storage), only from the host (context::sdpa_backward rounds them)";
-constexpr std::string_view no_coopmat_backward =
-    "the cooperative-matrix family has no backward kernels (it runs the forward's fused and decode routes); "
-    "kernel automatic, row_tiles or block_tiles runs the backward pass";
 constexpr std::string_view no_dropout_across_ranks =
     "the mask is defined by each row's and key's place in the whole call, which a rank's block call does not "
     "carry; qkv::cpu::sdpa and context::sdpa compute it on one process";
@@ -61,8 +58,6 @@ constexpr refusal table[] = {
     {entry_point::cpu_paged, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_paged, "return_weights", no_weights_in_ragged},
     {entry_point::context_paged, "dropout_p", no_dropout_in_ragged},
-    {entry_point::context_sdpa_backward, values::coopmat, no_coopmat_backward},
-    {entry_point::sdpa_backward_call, values::coopmat, no_coopmat_backward},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
