@@ -130,11 +130,20 @@ endforeach()
 
 while(COMPARE)
   list(POP_FRONT COMPARE actual expected)
-  execute_process(COMMAND ${EMULATOR} "${NPY_COMPARE}" "${actual}" "${expected}" --max-nmse ${MAX_NMSE}
-                  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE compare_status OUTPUT_VARIABLE compare_out
-                  ERROR_VARIABLE compare_err)
+  # npy_compare always says something: a line on stdout (status 0 or 1) or a message on stderr
+  # (status 2). A failure in silence means the program never ran: under an emulator (Wine), a
+  # start that failed; that start is retried once, and said so.
+  foreach(attempt RANGE 1)
+    execute_process(COMMAND ${EMULATOR} "${NPY_COMPARE}" "${actual}" "${expected}" --max-nmse ${MAX_NMSE}
+                    WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE compare_status OUTPUT_VARIABLE compare_out
+                    ERROR_VARIABLE compare_err)
+    if(NOT EMULATOR OR NOT "${compare_out}${compare_err}" STREQUAL "" OR compare_status EQUAL 0)
+      break()
+    endif()
+    message("npy_compare under ${EMULATOR} ended with status ${compare_status} and printed nothing: started again")
+  endforeach()
   message("${compare_out}${compare_err}")
   if(NOT compare_status EQUAL 0)
-    fail("${actual} does not match ${expected}:\n${compare_out}${compare_err}")
+    fail("${actual} does not match ${expected} (npy_compare status ${compare_status}):\n${compare_out}${compare_err}")
   endif()
 endwhile()
