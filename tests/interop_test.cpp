@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "app_values.hpp"
@@ -125,6 +126,58 @@ TEST_CASE("interop: tensors over the application's buffers at odd offsets, fp32 
         r.check();
         CHECK(nmse(out.data<float>() + o_at, qkv::cpu::sdpa_f64(rounded).output) <= 1e-10);
         CHECK(output_fenced());
+    }
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop: q8_0 / q4_0 tensors over the application's buffers that end mid 32-bit word", "[interop]") {
+    // 17 rows of 34 (q8_0) or 18 (q4_0) bytes end mid-word: the blocks are read as words, the last
+    // one's included. A range that reaches that word's end (or a start at the word's other half,
+    // which ends the tensor on a whole word) reads every value; a range that stops short of it is
+    // refused when the call is recorded, never read as zeros or whatever lies past it.
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    std::mt19937_64 rng(5);
+    constexpr std::size_t L = 2, S = 17, E = 32;
+    const std::vector<float> q = normal(L * E, rng), k = normal(S * E, rng), v = normal(S * E, rng);
+    for (const qkv::element_type t : {qkv::element_type::q8_0, qkv::element_type::q4_0}) {
+        INFO(qkv::to_string(t));
+        const std::size_t bytes = qkv::bytes_for(t, S * E);
+        REQUIRE(bytes % 4 == 2);
+        qkv::sdpa_problem desc;
+        desc.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = L, .kv_len = S, .d_qk = E, .d_v = E};
+        desc.options.kv_type = t;
+        qkv::sdpa_problem host = desc;
+        host.q = q, host.k = k, host.v = v;
+        const std::vector<double> want = qkv::cpu::sdpa_f64(host).output;  // K and V through kv_type
+        qkv::vulkan::sdpa_call call(ctx, desc);
+        app::buffer io = a.make_buffer(4096);
+        put(io, 0, q);
+        qkv::vulkan::tensor tq = qkv::vulkan::wrap(ctx, io.handle, 0, L * E * 4, {1, 1, L, E});
+        qkv::vulkan::tensor to = qkv::vulkan::wrap(ctx, io.handle, 1024, L * E * 4, {1, 1, L, E});
+        // (offset, range): the word's end reached, a start at a word's second half, a range short of it
+        for (const auto& [at, range, refused] :
+             {std::tuple{std::size_t{0}, bytes + 2, false}, std::tuple{std::size_t{2}, bytes, false},
+              std::tuple{std::size_t{0}, bytes, true}}) {
+            INFO("offset " << at << ", range " << range);
+            app::buffer kv = a.make_buffer(2048);
+            for (std::size_t i = 0; i < 512; ++i) kv.data<float>()[i] = 1234.5f;  // not zeros past the tensors
+            qkv::vulkan::tensor tk = qkv::vulkan::wrap(ctx, kv.handle, at, range, {1, 1, S, E}, t);
+            qkv::vulkan::tensor tv = qkv::vulkan::wrap(ctx, kv.handle, 1024 + at, range, {1, 1, S, E}, t);
+            tk.upload(k), tv.upload(v);
+            VkCommandBuffer cmd = a.begin();
+            if (refused) {
+                CHECK_THROWS_AS(qkv::vulkan::record(call, cmd, {.q = &tq, .k = &tk, .v = &tv, .out = &to}),
+                                qkv::invalid_argument);
+                a.submit_and_wait(cmd);
+                continue;
+            }
+            qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, {.q = &tq, .k = &tk, .v = &tv, .out = &to});
+            app::vulkan_app::host_barrier(cmd);
+            a.submit_and_wait(cmd);
+            r.check();
+            CHECK(nmse(io.data<float>() + 256, want) <= 1e-10);
+        }
     }
     CHECK(a.log.count() == 0);
 }

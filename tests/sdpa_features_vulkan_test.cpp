@@ -710,32 +710,32 @@ TEST_CASE("sdpa features: parts over disjoint key halves merge into the whole ca
 
 namespace {
 
-/// One call reads every stored element of a cache back: row (j, c) has the one-hot query e_c
-/// (scale 1) and a mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored,
-/// lse = k_j[c] as stored (m = q·k_j exactly, l = e^0 = 1). Appends of 2 and 3 rows, so that rows
-/// of q4_0 blocks (18 bytes) start at both halves of a 32-bit word.
-void check_cache_reads_back(qkv::vulkan::context& ctx) {
+/// Where the stored K/V comes from, for check_reads_back: a kv_cache filled by host appends (2
+/// rows, then the rest: rows of q4_0 blocks, 18 bytes, start at both halves of a 32-bit word) or
+/// by one append of K/V tensors of the cache's type (decoded against it); or K/V tensors of that
+/// type as an sdpa_call's inputs (the fused kernels over the values as float32).
+enum class kv_source { host_appends, tensor_append, tensors };
+
+/// The K/V storage of one check_reads_back: B = 1, Hkv heads (Hq = Hkv), S keys in a cache of
+/// `capacity` rows.
+struct reads_back_shape {
+    std::size_t kv_heads = 2, keys = 5, capacity = 8, d_qk = 64, d_v = 32;
+};
+
+/// One call reads every stored element back: query row (j, c) has the one-hot query e_c (scale 1)
+/// and a mask that keeps key j alone, so its weight is exactly 1: out = v_j as stored, lse =
+/// k_j[c] as stored (m = q·k_j exactly, l = e^0 = 1).
+void check_reads_back(qkv::vulkan::context& ctx, const reads_back_shape& shape, kv_source source) {
     for (const element_type t : {element_type::f16, element_type::q8_0, element_type::q4_0}) {
-        INFO(qkv::to_string(t));
-        const std::size_t B = 1, Hkv = 2, S = 5, E = 64, Ev = 32, L = S * E;
-        std::mt19937_64 rng(900);
+        if (qkv::is_quantized(t) && (shape.d_qk % 32 != 0 || shape.d_v % 32 != 0)) continue;  // blocks of 32
+        const std::size_t B = 1, Hkv = shape.kv_heads, S = shape.keys, E = shape.d_qk, Ev = shape.d_v, L = S * E;
+        INFO(qkv::to_string(t) << ", Hkv " << Hkv << ", S " << S << " (capacity " << shape.capacity << "), E " << E
+                               << ", Ev " << Ev << ", source " << static_cast<int>(source));
+        std::mt19937_64 rng(900 + S);
         std::normal_distribution<float> normal(0.0f, 3.0f);
         std::vector<float> k(B * Hkv * S * E), v(B * Hkv * S * Ev);
         for (float& x : k) x = normal(rng);
         for (float& x : v) x = normal(rng);
-        qkv::vulkan::kv_cache cache(ctx, {.batch = B, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .type = t});
-        // rows 0..1, then 2..4
-        for (const auto& [from, rows] :
-             {std::pair{std::size_t{0}, std::size_t{2}}, std::pair{std::size_t{2}, std::size_t{3}}}) {
-            std::vector<float> kk, vv;
-            for (std::size_t z = 0; z < B * Hkv; ++z) {
-                kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>((z * S + from) * E),
-                          k.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * E));
-                vv.insert(vv.end(), v.begin() + static_cast<std::ptrdiff_t>((z * S + from) * Ev),
-                          v.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * Ev));
-            }
-            cache.append(kk, vv, rows);
-        }
         std::vector<float> q(B * Hkv * L * E, 0.0f);
         std::vector<std::uint8_t> mask(Hkv * L * S, 0);
         for (std::size_t h = 0; h < Hkv; ++h)
@@ -751,7 +751,42 @@ void check_cache_reads_back(qkv::vulkan::context& ctx) {
             .mask = mask,
             .mask_shape = {1, Hkv, L, S},
             .options = {.scale = 1.0f, .return_lse = true}};
-        const qkv::sdpa_output got = ctx.sdpa(p, cache);
+        qkv::sdpa_output got;
+        if (source == kv_source::tensors) {
+            qkv::sdpa_problem desc = p;
+            desc.q = {};
+            desc.options.kv_type = t;
+            qkv::vulkan::sdpa_call call(ctx, desc);
+            qkv::vulkan::tensor qt(ctx, {B, Hkv, L, E}), kt(ctx, {B, Hkv, S, E}, t), vt(ctx, {B, Hkv, S, Ev}, t);
+            qkv::vulkan::tensor out(ctx, {B, Hkv, L, Ev}), lse(ctx, {B, Hkv, L});
+            qt.upload(q), kt.upload(k), vt.upload(v);
+            call.run({.q = &qt, .k = &kt, .v = &vt, .out = &out, .lse = &lse});
+            got.output = out.download(), got.lse = lse.download();
+        } else {
+            qkv::vulkan::kv_cache cache(
+                ctx, {.batch = B, .kv_heads = Hkv, .capacity = shape.capacity, .d_qk = E, .d_v = Ev, .type = t});
+            if (source == kv_source::tensor_append) {
+                qkv::vulkan::tensor kt(ctx, {B, Hkv, S, E}, t), vt(ctx, {B, Hkv, S, Ev}, t);
+                kt.upload(k), vt.upload(v);
+                cache.append(kt, vt, S);
+            } else {
+                for (const auto& [from, rows] :
+                     {std::pair{std::size_t{0}, std::min<std::size_t>(2, S)},
+                      std::pair{std::min<std::size_t>(2, S), S - std::min<std::size_t>(2, S)}}) {
+                    if (rows == 0) continue;
+                    std::vector<float> kk, vv;
+                    for (std::size_t z = 0; z < B * Hkv; ++z) {
+                        kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>((z * S + from) * E),
+                                  k.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * E));
+                        vv.insert(vv.end(), v.begin() + static_cast<std::ptrdiff_t>((z * S + from) * Ev),
+                                  v.begin() + static_cast<std::ptrdiff_t>((z * S + from + rows) * Ev));
+                    }
+                    cache.append(kk, vv, rows);
+                }
+            }
+            p.shape.kv_len = 0;  // the cache's size
+            got = ctx.sdpa(p, cache);
+        }
         require_clean(ctx);
         const std::vector<float> k_stored = qkv::round_trip(t, k), v_stored = qkv::round_trip(t, v);
         // Bit for bit, but for the sign of a zero: a q4_0 quant of 8 with a negative scale stores
@@ -773,10 +808,31 @@ void check_cache_reads_back(qkv::vulkan::context& ctx) {
     }
 }
 
+/// Caches and tensors whose storage ends mid 32-bit word: an odd number of rows in all of 34-byte
+/// (q8_0, 32 values), 18-byte (q4_0) or 102- and 54-byte (96 values) rows, so that the last row's
+/// last quants share a word with what follows the storage, and f16 of an odd number of values
+/// (widths 17 and 5: f16 alone); and an even count, rows of 64 values.
+constexpr reads_back_shape reads_back_shapes[] = {
+    {.kv_heads = 2, .keys = 5, .capacity = 8, .d_qk = 64, .d_v = 32},
+    {.kv_heads = 1, .keys = 1, .capacity = 1, .d_qk = 32, .d_v = 96},
+    {.kv_heads = 3, .keys = 3, .capacity = 3, .d_qk = 96, .d_v = 32},
+    {.kv_heads = 1, .keys = 17, .capacity = 17, .d_qk = 32, .d_v = 32},
+    {.kv_heads = 1, .keys = 113, .capacity = 113, .d_qk = 32, .d_v = 32},
+    {.kv_heads = 1, .keys = 3, .capacity = 3, .d_qk = 17, .d_v = 5},
+};
+
 }  // namespace
 
-TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit", "[vulkan][kv_cache][features]") {
-    check_cache_reads_back(qkv_test::gpu());
+TEST_CASE("kv_cache: appended then dequantized matches qkv::round_trip bit for bit, odd row counts",
+          "[vulkan][kv_cache][features]") {
+    for (const reads_back_shape& s : reads_back_shapes)
+        for (const kv_source source : {kv_source::host_appends, kv_source::tensor_append})
+            check_reads_back(qkv_test::gpu(), s, source);
+}
+
+TEST_CASE("sdpa over f16 / q8_0 / q4_0 K/V tensors reads every stored value, odd row counts",
+          "[vulkan][tensor][features]") {
+    for (const reads_back_shape& s : reads_back_shapes) check_reads_back(qkv_test::gpu(), s, kv_source::tensors);
 }
 
 TEST_CASE("sdpa features: refusals name the option", "[vulkan][sdpa][features]") {
@@ -1014,7 +1070,7 @@ TEST_CASE("sdpa features: the decode kernel's wide form, every rule and K/V type
         }
     }
     // Every stored element read back bit for bit through the wide form's block reads.
-    check_cache_reads_back(ctx);
+    for (const reads_back_shape& s : reads_back_shapes) check_reads_back(ctx, s, kv_source::host_appends);
     // The gpu decode kernel loops over E past 32 texels too (its Q is in shared memory): asked for
     // by name, with a bool mask, ALiBi and sinks, over q8_0 blocks and float32 texels.
     for (const element_type t : {element_type::f32, element_type::q8_0}) {

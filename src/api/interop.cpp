@@ -2,6 +2,7 @@
 // device, tensors over the caller's buffers, and recordings into the caller's command buffers.
 #include "qkv/vulkan/interop.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "api/recording_impl.hpp"
 #include "api/sdpa_call_impl.hpp"
 #include "api/tensor_impl.hpp"
+#include "plan/buffers.hpp"
 #include "vk/check.hpp"
 
 namespace qkv::vulkan {
@@ -119,6 +121,7 @@ tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize siz
                                     std::to_string(size));
     t->handle = buffer;
     t->offset = offset;
+    t->reach = std::min(align_up(offset + t->bytes, 4) - offset, size);  // whole words where the range has them
     t->wrapped = true;
     return tensor_access::make(std::move(t));
 }

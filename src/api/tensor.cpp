@@ -12,6 +12,7 @@
 
 #include "api/context_impl.hpp"
 #include "api/tensor_impl.hpp"
+#include "plan/buffers.hpp"
 #include "run/io.hpp"
 
 namespace qkv::vulkan {
@@ -40,7 +41,7 @@ tensor::impl::bound tensor::impl::bind() const {
     const std::uint64_t align = core->dev->desc().storage_alignment;
     const VkDeviceSize start = offset / align * align;
     const std::uint32_t element = element_bytes() ? static_cast<std::uint32_t>((offset - start) / element_bytes()) : 0;
-    return {binding{handle, start, offset - start + bytes}, element, offset - start};
+    return {binding{handle, start, offset - start + reach}, element, offset - start};
 }
 
 void require_usage(const tensor::impl& t, VkBufferUsageFlags needed, const char* flag, const char* op,
@@ -60,7 +61,7 @@ tensor texels_only_tensor(const std::shared_ptr<detail::device_core>& core, std:
     t->texels_only = true;
     std::lock_guard lock(core->mutex);
     core->check_alive();
-    t->owned = core->alloc->create(t->bytes, memory_use::device, what, VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+    t->owned = core->alloc->create(t->reach, memory_use::device, what, VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
     t->handle = t->owned.handle();
     return tensor_access::make(std::move(t));
 }
@@ -152,8 +153,9 @@ void describe(tensor::impl& t, std::vector<std::size_t> shape, element_type type
     t.type = type;
     t.elements = n;
     t.bytes = bytes_for(type, n);
-    if (t.bytes > info.max_storage_buffer_range)
-        throw limit_exceeded(named + ": " + std::to_string(t.bytes) + " bytes, more than " + info.name +
+    t.reach = align_up(t.bytes, 4);               // whole words (tensor_impl.hpp); wrap() cuts it to the caller's range
+    if (t.reach > info.max_storage_buffer_range)  // bound as whole words
+        throw limit_exceeded(named + ": " + std::to_string(t.reach) + " bytes, more than " + info.name +
                              "'s maxStorageBufferRange of " + std::to_string(info.max_storage_buffer_range));
 }
 
@@ -163,7 +165,7 @@ tensor::tensor(context& ctx, std::vector<std::size_t> shape, element_type type) 
     describe(*t, std::move(shape), type, t->core->dev->info(), "qkv::vulkan::tensor");
     std::lock_guard lock(t->core->mutex);
     t->core->check_alive();
-    t->owned = t->core->alloc->create(t->bytes, memory_use::device, "tensor", VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
+    t->owned = t->core->alloc->create(t->reach, memory_use::device, "tensor", VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT);
     t->handle = t->owned.handle();
     impl_ = std::move(t);
 }

@@ -24,6 +24,13 @@ struct tensor::impl {
     detail::buffer owned;              // qkv's memory; empty for a caller's buffer
     VkBuffer handle = VK_NULL_HANDLE;  // owned's, or the caller's
     VkDeviceSize offset = 0;           // of the first element in `handle`
+    /// Bytes from `offset` that bind() reaches: `bytes`, rounded up so that the binding ends on a
+    /// whole 32-bit word where the buffer has those bytes (qkv's own tensors always do; a caller's
+    /// where wrap()'s size reaches them). Shaders that read f16 values or q8_0 / q4_0 blocks as
+    /// words (tensor_widen.comp) read the word holding the last bytes, which must lie inside the
+    /// binding: f16 tensors of an odd number of values and quantized ones of an odd number of
+    /// rows (34- and 18-byte rows of 32 values) end mid-word.
+    std::uint64_t reach = 0;
     bool wrapped = false;
     /// Larger than maxStorageBufferRange: read only through texel views (a kv_cache's storage,
     /// texels_only_tensor); bind() refuses it.

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "contract/flash.h"
+#include "plan/buffers.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -48,6 +49,18 @@ void record_tensor_widen(recorder& rec, pipeline_set& pipes, binding src, std::u
         dst_off + count >= (std::uint64_t{1} << 32))
         throw limit_exceeded("a tensor read as float32 of more than 2^32 - 1 values or bytes (" +
                              std::to_string(count) + " values)");
+    // The shader reads the source as 32-bit words, the word holding its last bytes included: a
+    // binding that ends mid-word (a caller's buffer range that stops there) would make that a read
+    // past the binding, which returns anything (robust access: zero) for the last values.
+    const std::uint64_t end = align_up(src_byte + rows * row_bytes, 4);
+    if (src.range != VK_WHOLE_SIZE && src.range < end)
+        throw qkv::invalid_argument("a " + std::string(to_string(type)) + " tensor of " +
+                                    std::to_string(rows * row_bytes) +
+                                    " bytes that ends mid 32-bit word is read as whole words, and its buffer range "
+                                    "stops " +
+                                    std::to_string(end - src.range) +
+                                    " byte(s) short of the word's end: wrap it with a range reaching the next "
+                                    "multiple of 4 bytes");
     contract::tensor_widen_push push{};
     push.rows = static_cast<std::uint32_t>(rows), push.cols = static_cast<std::uint32_t>(cols);
     push.src_byte = static_cast<std::uint32_t>(src_byte), push.src_row_bytes = static_cast<std::uint32_t>(row_bytes);

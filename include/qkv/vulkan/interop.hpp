@@ -116,7 +116,12 @@ inline constexpr VkBufferUsageFlags wrap_usage =
 /// tensor and its recordings. Throws qkv::invalid_argument where the shape does not fit `size`, the
 /// offset is misaligned, or offset + size passes the end of the buffer (its size as
 /// vkGetBufferMemoryRequirements reports it, which a driver may round up to the buffer's
-/// alignment: the check catches every range beyond that).
+/// alignment: the check catches every range beyond that). An f16 tensor of an odd number of
+/// values, or a q8_0 / q4_0 tensor of an odd number of rows (34- and 18-byte rows of 32 values),
+/// ends mid 32-bit word; what reads it as float32 first (a call's K/V of another type than q, or
+/// quantized; a quantized kv_cache's append from it) reads that last word whole, so `size` must
+/// reach the word's end (offset + bytes rounded up to a multiple of 4), or recording or running
+/// that throws qkv::invalid_argument.
 [[nodiscard]] QKV_VULKAN_API tensor wrap(context& ctx, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize size,
                                          std::vector<std::size_t> shape, element_type type = element_type::f32,
                                          VkBufferUsageFlags usage = wrap_usage);
