@@ -147,6 +147,7 @@ varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cac
         throw qkv::invalid_argument("sdpa over a paged K/V pool: the problem appends " +
                                     std::to_string(given.new_rows) +
                                     " rows per sequence and the pool is const; pass a kv_cache& to append");
+    if (given.new_rows != 0) require_supported(entry_point::paged_append, features_of(c.type));
     return self.host_call("sdpa over a paged K/V pool", [&](run_env& env) {
         // Under the lock: the pool's size and rows cannot change during the call.
         c.check_ready("sdpa over a paged K/V pool", nullptr);
@@ -189,11 +190,6 @@ varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cac
         }
         const std::size_t n = resolved.rows_at.size();
         if (n != 0) {
-            if (c.blocks())
-                throw qkv::invalid_argument(std::string("sdpa over a paged K/V pool: appends into a ") +
-                                            std::string(to_string(c.type)) +
-                                            " pool are not supported (its rows are blocks); append into an f32 or "
-                                            "f16 pool, or write the pages with kv_cache::append");
             if (c.texels_only())
                 throw limit_exceeded("sdpa over a paged K/V pool: the pool's K or V passes " +
                                      self.core->dev->info().name + "'s maxStorageBufferRange of " +
