@@ -578,3 +578,19 @@ TEST_CASE("paged vulkan: appends are refused before anything is written", "[page
     CHECK_THROWS_AS(ctx.sdpa(p, half), qkv::vulkan::numeric_overflow);
     qkv_test::require_clean(ctx);
 }
+
+TEST_CASE("paged vulkan: appends without queries write the pool alone", "[paged][paged_pool][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged(
+        {.kv_lens = {21, 3}, .q_len = 1, .q_heads = 4, .kv_heads = 2, .d_qk = 5, .d_v = 9, .page_size = 4, .seed = 13});
+    qkv_test::make_appends(o, 3, 4);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::paged_problem p = without_pool(o.problem);
+    p.q_len = 0, p.q = {};
+    const qkv::varlen_output none = ctx.sdpa(p, pool);
+    CHECK(none.output.empty());
+    // The queries afterwards see the appended rows.
+    std::vector<std::int32_t> lengths;
+    check_appended(ctx.sdpa(after_append(without_pool(o.problem), lengths), pool), o.problem);
+    qkv_test::require_clean(ctx);
+}

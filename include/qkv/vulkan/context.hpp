@@ -151,8 +151,8 @@ public:
     /// merged in a fixed order, so equal inputs give identical bits. K and V are the pool's type
     /// (options.precision and options.kv_type are not used; q is read in float32). Head widths up
     /// to 128; limit_exceeded past the device's limits. A problem with new rows (new_rows > 0) needs
-    /// the overload below (qkv::invalid_argument here: this pool is const); cache_batch_idx,
-    /// cache_leftpad and a rotary embedding without new rows are refused the same way, as validate().
+    /// the overload below (qkv::invalid_argument here: this pool is const); cache_batch_idx and
+    /// cache_leftpad are taken as there.
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem, const kv_cache& pool);
     /// The same, appending first, as flash_attn_with_kvcache(k=, v=) does: problem.k_new and v_new
     /// (B, new_rows, Hkv, E / Ev) are written into `pool` at each sequence's keys cache_seqlens[b]
