@@ -124,7 +124,7 @@ score_params sp;  // the score rules' values, where FEATURES uses them
 uint g_rows, g_q_len, g_kv_len, g_kv_first, g_kv_end, g_part, g_chunks;
 int g_offset;
 #ifdef QKV_PAGED
-uint g_q_first, g_table;
+uint g_q_first, g_table, g_kv_base;
 bool g_prefix;  // the item is a group's shared prefix (contract/paged.h): its rows are its members'
 #endif
 
@@ -145,6 +145,7 @@ void locate(out uint block, out uint chunk, out uint z) {
     g_part = work[seq + PAGED_SEQ_PART_BASE];
     g_offset = int(work[seq + PAGED_SEQ_OFFSET]);
     g_table = work[seq + PAGED_SEQ_TABLE] * pc.max_pages;
+    g_kv_base = work[seq + PAGED_SEQ_KV_BASE];
 #else
     const uint wx = gl_WorkGroupID.x + pc.group_x;
     block = wx % pc.row_blocks, chunk = wx / pc.row_blocks;
@@ -154,11 +155,13 @@ void locate(out uint block, out uint chunk, out uint z) {
 #endif
 }
 
-/// K/V row of key j of group z whose first row is kbase: kbase + j, or through the block table.
+/// K/V row of key j of group z whose first row is kbase: kbase + j, or through the block table
+/// (from the sequence's base key).
 uint key_row(uint kbase, uint j) {
 #ifdef QKV_PAGED
-    const uint page = uint(block_table[g_table + (j >> pc.page_shift)]);
-    return kbase + (page << pc.page_shift) + (j & ((1u << pc.page_shift) - 1u));
+    const uint jj = j + g_kv_base;
+    const uint page = uint(block_table[g_table + (jj >> pc.page_shift)]);
+    return kbase + (page << pc.page_shift) + (jj & ((1u << pc.page_shift) - 1u));
 #else
     return kbase + j;
 #endif

@@ -248,13 +248,13 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
     // above: the sdpa_call and attention_call rows' refusals come first, at the calls' making), and
     // the appends (of every storage type: the cases above and tests/kv_cache_test.cpp), the ragged
     // batches (tests/varlen_test.cpp, tests/varlen_vulkan_test.cpp: their refusals with the reason)
-    // and the paged batches (tests/paged_test.cpp, tests/paged_vulkan_test.cpp).
+    // and the paged batches and their appends (tests/paged_test.cpp, tests/paged_vulkan_test.cpp).
     const std::vector<entry_point> elsewhere{
         entry_point::cpu_sdpa,          entry_point::cpu_attention, entry_point::mpi_sdpa,
         entry_point::mpi_decode,        entry_point::mpi_append,    entry_point::sequence_record,
         entry_point::interop_record,    entry_point::cache_append,  entry_point::cache_append_tensors,
         entry_point::cpu_sdpa_backward, entry_point::cpu_varlen,    entry_point::context_varlen,
-        entry_point::cpu_paged,         entry_point::context_paged};
+        entry_point::cpu_paged,         entry_point::context_paged, entry_point::paged_append};
     for (const entry_point e : qkv::entry_points()) {
         INFO(qkv::name_of(e));
         const bool has_runner = runners.count(e) > 0;

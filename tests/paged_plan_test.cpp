@@ -278,6 +278,7 @@ struct shared_batch {
     bool causal = true;
     std::int32_t window_left = -1;
     bool cascade = true;
+    std::vector<std::uint32_t> kv_base;  ///< empty, or per sequence its first pool key (cache_leftpad)
 
     shared_batch(std::vector<std::uint32_t> kv, std::vector<std::uint32_t> q,
                  const std::vector<std::vector<std::int32_t>>& tables, std::uint32_t ps)
@@ -302,6 +303,7 @@ struct shared_batch {
         paged_request r = x.request();
         r.block_table = table, r.max_pages = max_pages, r.page_size = page_size;
         r.offsets = offsets, r.causal = causal, r.window_left = window_left, r.cascade = cascade;
+        r.kv_base = kv_base;
         return r;
     }
 };
@@ -438,6 +440,9 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
     shared_batch off = base;
     off.cascade = false;
     none(off, "no cascade: turned off for this call");
+    shared_batch pad = base;
+    pad.kv_base = {0, 3, 0};  // sequence 1's keys start at its pages' key 3: they are not the prefix's
+    none(pad, "no cascade: cache_leftpad moves sequence 1's first key");
     shared_batch lone = base;
     lone.table[1 * lone.max_pages] = 6, lone.x.pool_rows = 7 * 16;
     none(lone, "no two sequences with queries begin with the same whole page");

@@ -187,3 +187,121 @@ TEST_CASE("paged: malformed batches are refused, naming what is wrong", "[paged]
     p = o.problem, p.options.dropout_p = 0.5f;
     expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "dropout_p"});
 }
+
+namespace {
+
+/// The CPU reference against flash_attn_with_kvcache's definition (support/paged_problems.hpp):
+/// exact to float64 rounding without a rotary embedding; with one, the float problem's rotation
+/// runs in float32 (as FlashAttention's does for float32 inputs), the definition's in float64.
+void check_appended(const qkv::paged_problem& p) {
+    const qkv_test::paged_ref_result want = qkv_test::kvcache_reference(p);
+    if (p.rotary_dim == 0) {
+        qkv_test::check_cpu_backend(p, want);
+        return;
+    }
+    const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(p);
+    REQUIRE(got.output.size() == want.output.size());
+    for (const double x : got.output) REQUIRE(std::isfinite(x));
+    CHECK(qkv_test::nmse(got.output, want.output) <= 1e-12);
+}
+
+}  // namespace
+
+TEST_CASE("paged: appends, then attention: page sizes 1 and 16, 1 and 17 new rows crossing pages, GQA",
+          "[paged][paged_append]") {
+    for (const std::size_t page_size : {1u, 16u})
+        for (const std::size_t rows : {1u, 17u})
+            for (const bool rotary : {false, true})
+                for (const bool interleaved : {true, false}) {
+                    if (!rotary && !interleaved) continue;
+                    INFO("page_size " << page_size << ", " << rows << " new rows"
+                                      << (rotary ? (interleaved ? ", rotary interleaved" : ", rotary halves") : ""));
+                    // Lengths after the append: 17 + 17 = 34 crosses two pages of 16; 113 + rows.
+                    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
+                                                                      .q_len = 3,
+                                                                      .q_heads = 6,
+                                                                      .kv_heads = 2,
+                                                                      .d_qk = 18,
+                                                                      .d_v = 7,
+                                                                      .page_size = page_size,
+                                                                      .seed = 40 + rows + page_size});
+                    qkv_test::make_appends(o, rows, 5 + rows);
+                    o.problem.options = {
+                        .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+                    if (rotary) qkv_test::make_rotary(o, 12, 160, interleaved);
+                    check_appended(o.problem);
+                    // Without the causal rule, q turns at cache_seqlens[b] for all its rows.
+                    o.problem.options = {.return_lse = true};
+                    check_appended(o.problem);
+                }
+}
+
+TEST_CASE("paged: cache_batch_idx and cache_leftpad", "[paged][paged_append]") {
+    qkv_test::owned_paged o = qkv_test::random_paged(
+        {.kv_lens = {40, 9, 33, 17}, .q_len = 2, .q_heads = 4, .kv_heads = 2, .d_qk = 8, .d_v = 8, .page_size = 4});
+    qkv_test::make_appends(o, 3, 12);
+    // The table's rows permuted, with one row no sequence uses: sequence b reads row batch_idx[b].
+    const std::vector<std::int32_t> perm{2, 4, 0, 1};
+    const std::size_t cols = o.problem.max_pages;
+    std::vector<std::int32_t> table(5 * cols, -1);
+    for (std::size_t b = 0; b < 4; ++b)
+        std::copy_n(o.table.begin() + static_cast<std::ptrdiff_t>(b * cols), cols,
+                    table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(perm[b]) * cols));
+    o.table = table, o.batch_idx = perm;
+    o.problem.block_table = o.table, o.problem.cache_batch_idx = o.batch_idx;
+    o.leftpad = {5, 0, 30, 14};  // sequence 3's keys 14 .. 16 and its 3 new ones; sequence 2's 30 onwards
+    o.problem.cache_leftpad = o.leftpad;
+    qkv_test::make_rotary(o, 8, 64, false);
+    for (const qkv::sdpa_options& options :
+         {qkv::sdpa_options{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+          qkv::sdpa_options{.causal = true, .return_lse = true},
+          qkv::sdpa_options{.window_left = 4, .window_right = 1, .alibi_max_bias = 4.0f, .return_lse = true}}) {
+        o.problem.options = options;
+        check_appended(o.problem);
+    }
+}
+
+TEST_CASE("paged: the refusals of appends, rotary, cache_batch_idx and cache_leftpad", "[paged][paged_append]") {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {20, 5}, .page_size = 8, .seed = 3});
+    qkv_test::make_appends(o, 4, 1);
+    qkv::paged_problem p = o.problem;
+    REQUIRE_NOTHROW(qkv::validate(p));
+    p.new_rows = 5;  // k_new holds 4 rows per sequence
+    expect_invalid([&] { qkv::validate(p); }, {"k_new", "new_rows"});
+    // An append overflowing a sequence's pages: 16 + 9 rows need 4 pages of 8, the row has 4
+    // columns but the fourth is -1.
+    std::vector<std::int32_t> seqlens = o.seqlens;
+    seqlens[0] = 24;
+    p = o.problem, p.cache_seqlens = seqlens;
+    expect_invalid([&] { qkv::validate(p); }, {"block_table[0][3]", "writes or reads"});
+    seqlens[0] = 29;  // 33 keys: 5 pages, the row has 4
+    expect_invalid([&] { qkv::validate(p); }, {"too short for sequence 0", "new rows"});
+    // Two appends into one row of the pool: sequence 1's table is sequence 0's.
+    std::vector<std::int32_t> table = o.table;
+    std::copy_n(table.begin(), o.problem.max_pages, table.begin() + static_cast<std::ptrdiff_t>(o.problem.max_pages));
+    seqlens = {16, 16};
+    p = o.problem, p.block_table = table, p.cache_seqlens = seqlens;
+    expect_invalid([&] { qkv::validate(p), (void)qkv::cpu::sdpa(p); }, {"the same row of the pool"});
+    // Rotary: without new rows, odd, wider than d_qk, sizes apart, too few positions.
+    p = o.problem;
+    qkv_test::make_rotary(o, 8, 10, true);
+    p = o.problem;
+    expect_invalid([&] { qkv::validate(p); }, {"rotary_cos", "reaches position"});
+    qkv_test::make_rotary(o, 8, 64, true);
+    p = o.problem;
+    REQUIRE_NOTHROW(qkv::validate(p));
+    p.rotary_dim = 7;
+    expect_invalid([&] { qkv::validate(p); }, {"rotary_dim is 7", "even"});
+    p.rotary_dim = 32;
+    expect_invalid([&] { qkv::validate(p); }, {"rotary_dim is 32", "d_qk"});
+    p = o.problem, p.rotary_sin = p.rotary_sin.first(8);
+    expect_invalid([&] { qkv::validate(p); }, {"rotary_cos and rotary_sin"});
+    p = o.problem, p.new_rows = 0, p.k_new = {}, p.v_new = {};
+    expect_invalid([&] { qkv::validate(p); }, {"goes with new rows"});
+    // cache_batch_idx past the table, cache_leftpad past cache_seqlens.
+    const std::vector<std::int32_t> idx{1, 2}, pad{0, 2};
+    p = o.problem, p.cache_batch_idx = idx;
+    expect_invalid([&] { qkv::validate(p); }, {"cache_batch_idx[1] = 2", "not a row"});
+    p = o.problem, p.cache_leftpad = pad;
+    expect_invalid([&] { qkv::validate(p); }, {"cache_leftpad[1] = 2", "cache_seqlens[1] = 1"});
+}

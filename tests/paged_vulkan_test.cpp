@@ -423,3 +423,174 @@ TEST_CASE("paged vulkan: a q8_0 / q4_0 pool of an odd number of rows, its last r
         qkv_test::require_clean(ctx);
     }
 }
+
+namespace {
+
+/// The device's result against flash_attn_with_kvcache's definition (support/paged_problems.hpp).
+void check_appended(const qkv::varlen_output& got, const qkv::paged_problem& p) {
+    const qkv_test::paged_ref_result want = qkv_test::kvcache_reference(p);
+    REQUIRE(got.output.size() == want.output.size());
+    for (const float x : got.output) REQUIRE(std::isfinite(x));
+    const double e = qkv_test::nmse(got.output, want.output);
+    INFO("output nmse " << e);
+    CHECK(e <= 1e-9);
+    if (p.options.return_lse) qkv_test::check_lse(got.lse, want.lse, 1e-9);
+}
+
+/// `p` after its append: no new rows, the lengths grown by them (what the pool now holds).
+qkv::paged_problem after_append(qkv::paged_problem p, std::vector<std::int32_t>& lengths) {
+    lengths.assign(p.cache_seqlens.begin(), p.cache_seqlens.end());
+    for (std::int32_t& len : lengths) len += static_cast<std::int32_t>(p.new_rows);
+    p.cache_seqlens = lengths;
+    p.new_rows = 0, p.k_new = {}, p.v_new = {};
+    p.rotary_dim = 0, p.rotary_cos = {}, p.rotary_sin = {};
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("paged vulkan: appends into a device pool, then attention, in one command buffer",
+          "[paged][paged_pool][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::f32, element_type::f16})
+        for (const std::size_t page_size : {1u, 16u})
+            for (const std::size_t rows : {1u, 17u}) {
+                if (type == element_type::f16 && page_size == 1) continue;
+                INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
+                // Lengths after the append: 17 + 17 = 34 crosses pages of 16; a sequence only of new rows.
+                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
+                                                                  .q_len = 2,
+                                                                  .q_heads = 6,
+                                                                  .kv_heads = 2,
+                                                                  .d_qk = 18,
+                                                                  .d_v = 7,
+                                                                  .page_size = page_size,
+                                                                  .shared = 1,
+                                                                  .seed = 90 + rows + page_size});
+                qkv_test::make_appends(o, rows, 7 + rows);
+                if (type == element_type::f16) {  // values an f16 pool holds exactly: the reference is exact
+                    for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
+                        *x = qkv::round_trip(element_type::f16, *x);
+                    o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
+                    o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
+                }
+                o.problem.options = {
+                    .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+                qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                const qkv::paged_problem p = without_pool(o.problem);
+                const qkv::varlen_output got = ctx.sdpa(p, pool);
+                check_appended(got, o.problem);
+                CHECK(pool.size() == o.problem.num_pages * page_size + 0);  // written in place
+                // The rows stay: the same attention without appends reads them from the pool.
+                std::vector<std::int32_t> lengths;
+                const qkv::varlen_output again = ctx.sdpa(after_append(p, lengths), pool);
+                check_appended(again, o.problem);
+                qkv_test::require_clean(ctx);
+            }
+}
+
+TEST_CASE("paged vulkan: fused rotary embedding, cache_batch_idx and cache_leftpad on a device pool",
+          "[paged][paged_pool][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const bool interleaved : {true, false}) {
+        INFO((interleaved ? "rotary interleaved" : "rotary halves"));
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                          .q_len = 3,
+                                                          .q_heads = 6,
+                                                          .kv_heads = 3,
+                                                          .d_qk = 20,
+                                                          .d_v = 12,
+                                                          .page_size = 16,
+                                                          .seed = interleaved ? 5u : 6u});
+        qkv_test::make_appends(o, 3, 21);
+        qkv_test::make_rotary(o, 16, 64, interleaved);
+        // The table's rows permuted, with a row no sequence uses: sequence b reads row batch_idx[b].
+        const std::vector<std::int32_t> perm{2, 4, 0, 1};
+        const std::size_t cols = o.problem.max_pages;
+        std::vector<std::int32_t> table(5 * cols, -1);
+        for (std::size_t b = 0; b < 4; ++b)
+            std::copy_n(o.table.begin() + static_cast<std::ptrdiff_t>(b * cols), cols,
+                        table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(perm[b]) * cols));
+        o.table = table, o.batch_idx = perm;
+        o.problem.block_table = o.table, o.problem.cache_batch_idx = o.batch_idx;
+        o.leftpad = {5, 0, 30, 14};
+        o.problem.cache_leftpad = o.leftpad;
+        for (const qkv::sdpa_options& options :
+             {qkv::sdpa_options{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+              qkv::sdpa_options{.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true}}) {
+            o.problem.options = options;
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            check_appended(ctx.sdpa(without_pool(o.problem), pool), o.problem);
+            qkv_test::require_clean(ctx);
+        }
+    }
+}
+
+TEST_CASE("paged vulkan: appends are refused before anything is written", "[paged][paged_pool][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o =
+        qkv_test::random_paged({.kv_lens = {20, 12}, .q_heads = 2, .kv_heads = 1, .page_size = 4, .seed = 8});
+    const std::vector<std::int32_t> full_lengths = o.seqlens;
+    qkv::paged_problem full = o.problem;  // the pool as it is, every row the appends would write
+    full.cache_seqlens = full_lengths;
+    qkv_test::make_appends(o, 5, 2);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    // The pool unchanged: reading every row gives the reference of the pool as it was.
+    const auto unchanged = [&] {
+        qkv_test::check_packed(ctx.sdpa(without_pool(full), pool), qkv_test::device_reference(full));
+    };
+    qkv::paged_problem p = without_pool(o.problem);
+    // A table that runs past the pool on a page only the append writes (sequence 1's last).
+    std::vector<std::int32_t> table = o.table;
+    table[o.problem.max_pages + 2] = static_cast<std::int32_t>(o.problem.num_pages);
+    p.block_table = table;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"block_table[1][2]", "writes or reads"});
+    unchanged();
+    // An append overflowing sequence 0's pages (its row has 6 columns of 4 rows).
+    std::vector<std::int32_t> lengths = o.seqlens;
+    lengths[0] = 20;
+    p = without_pool(o.problem), p.cache_seqlens = lengths;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"too short for sequence 0"});
+    // Two appends into one row: sequence 1 appends into sequence 0's pages.
+    table = o.table;
+    std::copy_n(table.begin(), o.problem.max_pages, table.begin() + static_cast<std::ptrdiff_t>(o.problem.max_pages));
+    p = without_pool(o.problem), p.block_table = table;
+    lengths = {7, 7};
+    p.cache_seqlens = lengths;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, pool); }, {"the same row of the pool"});
+    // A const pool takes no appends.
+    p = without_pool(o.problem);
+    const qkv::vulkan::kv_cache& fixed = pool;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, fixed); }, {"the pool is const"});
+    unchanged();
+    // A q8_0 pool takes none either.
+    qkv_test::owned_paged o8 = qkv_test::random_paged(
+        {.kv_lens = {20, 12}, .q_heads = 2, .kv_heads = 1, .d_qk = 32, .d_v = 32, .page_size = 4, .seed = 8});
+    qkv_test::make_appends(o8, 5, 2);
+    qkv::vulkan::kv_cache q8 = device_pool(ctx, o8.problem, element_type::q8_0);
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(without_pool(o8.problem), q8); },
+                             {"appending into a paged K/V pool", "ggml's blocks"});
+    // An f16 pool and a new value past float16's range: numeric_overflow, nothing written.
+    qkv::vulkan::kv_cache half = device_pool(ctx, o.problem, element_type::f16);
+    std::vector<float> big = o.k_new;
+    big[3] = 1e6f;
+    p = without_pool(o.problem), p.k_new = big;
+    CHECK_THROWS_AS(ctx.sdpa(p, half), qkv::vulkan::numeric_overflow);
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged vulkan: appends without queries write the pool alone", "[paged][paged_pool][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged(
+        {.kv_lens = {21, 3}, .q_len = 1, .q_heads = 4, .kv_heads = 2, .d_qk = 5, .d_v = 9, .page_size = 4, .seed = 13});
+    qkv_test::make_appends(o, 3, 4);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::paged_problem p = without_pool(o.problem);
+    p.q_len = 0, p.q = {};
+    const qkv::varlen_output none = ctx.sdpa(p, pool);
+    CHECK(none.output.empty());
+    // The queries afterwards see the appended rows.
+    std::vector<std::int32_t> lengths;
+    check_appended(ctx.sdpa(after_append(without_pool(o.problem), lengths), pool), o.problem);
+    qkv_test::require_clean(ctx);
+}

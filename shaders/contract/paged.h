@@ -4,7 +4,14 @@
 //
 // The pool is a K/V cache of one batch (qkv::vulkan::kv_cache): row n of K/V head h is texel row
 // h·pool_rows + n, and page p holds rows p·page_size .. p·page_size + page_size − 1. Key j of
-// sequence b is row (block_table[b·max_pages + j / page_size]·page_size + j % page_size).
+// sequence b is row (block_table[b·max_pages + j' / page_size]·page_size + j' % page_size) with
+// j' = j + its KV_BASE (cache_leftpad: its positions count from that key).
+//
+// Appends (shaders/paged_append.comp, before the decode in the same command buffer): the new rows
+// of every K/V head, (Hkv, n, width) elements from src_off of the source, each row r written to
+// row at[at_off + r] of the pool, i.e. elements dst_off + (h·pool_rows + at[at_off + r])·width
+// onwards, in 32-bit words (width: a row's texels, 4·ceil(E/4) words for an f32 pool, 2·ceil(E/4)
+// for an f16 one).
 //
 // One dispatch over the work list: workgroup x takes item x, (sequence, K/V head, chunk, row
 // block), and writes the partial softmax state of each of its rows for chunk `chunk` of the
@@ -46,6 +53,22 @@ struct paged_push {
     uint token_base;         // word of the token → sequence map
 };
 
+struct paged_append_push {
+    uint group_x, group_y, group_z;
+    uint rows;       // n: new rows per K/V head
+    uint heads;      // Hkv
+    uint width;      // 32-bit words per row
+    uint src_off;    // words
+    uint dst_off;    // words
+    uint pool_rows;  // rows per K/V head in the pool
+    uint at_off;     // word of the first row's pool row
+};
+QKV_CONST uint PAGED_APPEND_BINDING_SRC = 0u;
+QKV_CONST uint PAGED_APPEND_BINDING_DST = 1u;
+QKV_CONST uint PAGED_APPEND_BINDING_AT = 2u;
+QKV_CONST uint PAGED_APPEND_WORKGROUP = 64u;  // local_size_x; PAGED_APPEND_PER_INVOCATION words each
+QKV_CONST uint PAGED_APPEND_PER_INVOCATION = 16u;
+
 struct paged_merge_push {
     uint group_x, group_y, group_z;
     uint total_q;     // query rows in all
@@ -57,15 +80,16 @@ struct paged_merge_push {
 };
 
 // Words per sequence, and each word's place.
-QKV_CONST uint PAGED_SEQ_WORDS = 8u;
+QKV_CONST uint PAGED_SEQ_WORDS = 9u;
 QKV_CONST uint PAGED_SEQ_KV_FIRST = 0u;  // the first key the chunks cover
 QKV_CONST uint PAGED_SEQ_KV_LEN = 1u;    // S_b
 QKV_CONST uint PAGED_SEQ_Q_FIRST = 2u;   // its first query row
 QKV_CONST uint PAGED_SEQ_Q_LEN = 3u;     // L_b
 QKV_CONST uint PAGED_SEQ_CHUNKS = 4u;    // P_b
 QKV_CONST uint PAGED_SEQ_PART_BASE = 5u;
-QKV_CONST uint PAGED_SEQ_OFFSET = 6u;  // the causal offset off' of contract/score.h, as a 32-bit int
-QKV_CONST uint PAGED_SEQ_TABLE = 7u;   // sequence row of the block table (b, or cache_batch_idx)
+QKV_CONST uint PAGED_SEQ_OFFSET = 6u;   // the causal offset off' of contract/score.h, as a 32-bit int
+QKV_CONST uint PAGED_SEQ_TABLE = 7u;    // sequence row of the block table (b, or cache_batch_idx)
+QKV_CONST uint PAGED_SEQ_KV_BASE = 8u;  // the pool key of its key 0 (cache_leftpad; 0 for a prefix)
 QKV_CONST uint PAGED_ITEM_WORDS = 4u;
 
 // Bindings of the paged decode (the decode's, the masks' two replaced) and of its merge (the
@@ -78,6 +102,7 @@ QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_append_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

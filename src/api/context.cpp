@@ -4,6 +4,9 @@
 #include "qkv/vulkan/context.hpp"
 
 #include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "api/context_impl.hpp"
@@ -11,6 +14,7 @@
 #include "api/kv_cache_impl.hpp"
 #include "plan/settings.hpp"
 #include "qkv/runtime/capabilities.hpp"
+#include "run/io.hpp"
 #include "run/run.hpp"
 
 namespace qkv::vulkan {
@@ -130,14 +134,20 @@ varlen_output context::sdpa(const paged_problem& problem) {
     return run_ragged(self, gathered.problem, "sdpa over a paged K/V batch");
 }
 
-varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
-    impl& self = alive(impl_);
-    kv_cache::impl& c = *kv_cache_access::of(pool);
+namespace {
+
+/// sdpa over a paged problem against a device pool, appending its new rows when `writable`.
+varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cache::impl& c, bool writable) {
     if (c.core != self.core)
         throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool was created from another context");
     std::vector<feature> asked = features_of(given);
     for (const feature f : features_of(c.type)) asked.push_back(f);  // the pool's storage
     require_supported(entry_point::context_paged, asked);
+    if (given.new_rows != 0 && !writable)
+        throw qkv::invalid_argument("sdpa over a paged K/V pool: the problem appends " +
+                                    std::to_string(given.new_rows) +
+                                    " rows per sequence and the pool is const; pass a kv_cache& to append");
+    if (given.new_rows != 0) require_supported(entry_point::paged_append, features_of(c.type));
     return self.host_call("sdpa over a paged K/V pool", [&](run_env& env) {
         // Under the lock: the pool's size and rows cannot change during the call.
         c.check_ready("sdpa over a paged K/V pool", nullptr);
@@ -170,16 +180,63 @@ varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
         if (problem.num_pages == 0)
             throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool holds no whole page (" +
                                         std::to_string(c.size) + " rows)");
-        validate_without_pool(problem);
-        const kv_stats stats = c.read_stats();
+        // Validated, appends and rotary resolved: nothing is written before this.
+        const basic_resolved_pages<float> resolved = resolve_pages(problem, false);
         paged_pool p{
-            c.k_view.handle(), c.v_view.handle(), {}, {}, static_cast<std::uint32_t>(l.capacity), c.type, &stats};
+            c.k_view.handle(), c.v_view.handle(), {}, {}, static_cast<std::uint32_t>(l.capacity), c.type, nullptr};
         if (c.blocks()) {
             p.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
             p.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
         }
-        return run_paged(env, problem, p);
+        const std::size_t n = resolved.rows_at.size();
+        if (n != 0) {
+            if (c.texels_only())
+                throw limit_exceeded("sdpa over a paged K/V pool: the pool's K or V passes " +
+                                     self.core->dev->info().name + "'s maxStorageBufferRange of " +
+                                     std::to_string(self.core->dev->info().max_storage_buffer_range) +
+                                     " bytes; appends write it as one storage buffer");
+            if (c.half())  // a finite value that float16 cannot hold would become inf: refuse
+                for (const auto& [what, data] : {std::pair{"k_new", std::span<const float>(resolved.k_rows)},
+                                                 std::pair{"v_new", std::span<const float>(resolved.v_rows)}})
+                    for (const float x : data)
+                        if (half_overflows(x))
+                            throw numeric_overflow(
+                                std::string("sdpa over a paged K/V pool: ") + what + " holds " + std::to_string(x) +
+                                (std::string(what) == "k_new" && given.rotary_dim ? " (rotated)" : "") +
+                                ", beyond float16's range (65504) of this fp16 pool; nothing was "
+                                "written");
+            // The new rows' facts join the pool's statistics before they are written (an
+            // overestimate is safe; a row the statistics miss is not).
+            kv_stats added;
+            added.add(resolved.k_rows, resolved.v_rows, l.kv_heads, n, l.d_qk, l.d_v);
+            c.stats.invalidate();
+            fold_host_rows(c.stats.mapped(), added, c.groups());
+            c.stats.flush();
+            const std::uint64_t align = self.core->dev->desc().storage_alignment;
+            for (const auto& [t, store, word] :
+                 {std::tuple{&c.k, &p.k_store, &p.k_word}, std::tuple{&c.v, &p.v_store, &p.v_word}}) {
+                const tensor::impl& ti = tensor_access::of(*t, "sdpa over a paged K/V pool");
+                const VkDeviceSize start = ti.offset / align * align;
+                *store = {ti.handle, start, ti.offset - start + ti.bytes};
+                *word = (ti.offset - start) / 4;
+            }
+        }
+        const kv_stats stats = c.read_stats();
+        p.stats = &stats;
+        return run_paged(env, resolved.problem, p, {resolved.k_rows, resolved.v_rows, resolved.rows_at});
     });
+}
+
+}  // namespace
+
+varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
+    impl& self = alive(impl_);
+    return paged_call(self, given, *kv_cache_access::of(pool), false);
+}
+
+varlen_output context::sdpa(const paged_problem& given, kv_cache& pool) {
+    impl& self = alive(impl_);
+    return paged_call(self, given, *kv_cache_access::of(pool), true);
 }
 
 call_stats context::last_call() const {

@@ -65,6 +65,10 @@ std::vector<paged_group> find_groups(const paged_request& r, std::uint32_t group
     std::string cut;
     for (std::size_t b = 0; b < B; ++b) {
         if (r.q_lens[b] == 0 || r.kv_lens[b] < r.page_size) continue;
+        if (!r.kv_base.empty() && r.kv_base[b] != 0) {  // its keys start past its first page's first row
+            if (cut.empty()) cut = "no cascade: cache_leftpad moves sequence " + std::to_string(b) + "'s first key";
+            continue;
+        }
         const auto [n, rule] = seen_by_all(r, b);
         whole[b] = static_cast<std::uint32_t>(n / r.page_size);
         if (whole[b] == 0) {
@@ -166,7 +170,8 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
         p.items.clear();
         return p;
     };
-    if (r.kv_lens.size() != r.q_lens.size() || (!r.kv_first.empty() && r.kv_first.size() != r.kv_lens.size()))
+    if (r.kv_lens.size() != r.q_lens.size() || (!r.kv_first.empty() && r.kv_first.size() != r.kv_lens.size()) ||
+        (!r.kv_base.empty() && r.kv_base.size() != r.kv_lens.size()))
         return refuse("internal: a paged plan whose lengths disagree");
     if (r.kv_heads == 0 || r.q_heads % r.kv_heads != 0 || r.d_qk == 0 || r.d_v == 0)
         return refuse("internal: a paged plan without its heads or widths");

@@ -52,6 +52,8 @@ struct paged_request {
     bool causal = false;
     std::int32_t window_left = -1, window_right = -1;  ///< the reduced sides (score_positions), -1: none
     bool cascade = true;                               ///< false: no shared prefixes (the caller's choice)
+    /// Empty, or per sequence the pool key of its key 0 (cache_leftpad): one above 0 shares no prefix.
+    std::span<const std::uint32_t> kv_base;
 };
 
 /// One sequence's part of the plan: a sequence of the batch, or (after the B of them) a group's

@@ -245,11 +245,25 @@ struct paged_pool {
     binding k_blocks{}, v_blocks{};
     std::uint32_t rows = 0;
     element_type type = element_type::f32;
-    const kv_stats* stats = nullptr;
+    const kv_stats* stats = nullptr;  ///< of every row, the appended ones included
+    /// For appends (f32, f16): K's and V's storage as 32-bit words from an aligned offset, and the
+    /// word of row 0 of each within it; empty where the pool takes none.
+    binding k_store{}, v_store{};
+    std::uint64_t k_word = 0, v_word = 0;
 };
 
-/// The batched paged decode of a validated paged batch (k_pages and v_pages empty) against `pool`:
-/// one dispatch over the plan's work list (kernels/paged_plan.hpp), then the merge (run_paged.cpp).
-run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool);
+/// New rows written into the pool before the decode (resolve_pages' k_rows, v_rows, rows_at): per
+/// K/V head (Hkv, n, E / Ev), row r to pool row rows_at[r].
+struct paged_append {
+    std::span<const float> k{}, v{};
+    std::span<const std::size_t> rows_at{};
+};
+
+/// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
+/// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after
+/// writing `append`'s rows into it in the same command buffer: one dispatch over the plan's work
+/// list (kernels/paged_plan.hpp), then the merge (run_paged.cpp).
+run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool,
+                                    const paged_append& append = {});
 
 }  // namespace qkv::vulkan::detail

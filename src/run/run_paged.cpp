@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/paged_plan.hpp"
@@ -42,7 +43,8 @@ sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint3
 
 }  // namespace
 
-run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool) {
+run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, const paged_pool& pool,
+                                    const paged_append& append) {
     const device& dev = *env.core.dev;
     const std::size_t B = batch_of(problem);
     const std::uint32_t ps = static_cast<std::uint32_t>(problem.page_size);
@@ -51,13 +53,15 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
 
     // The lengths, each sequence's positions (one set of reduced window sides and ALiBi part for
     // the whole call: refused where they would differ), the keys a window leaves.
-    std::vector<std::uint32_t> kv_lens(B), q_lens(B), first(B, 0);
+    // A sequence's keys are its pool keys from cache_leftpad on (`base`); its positions count from there.
+    std::vector<std::uint32_t> kv_lens(B), q_lens(B), first(B, 0), base(B, 0);
     std::vector<std::int32_t> offsets(B);
     std::uint32_t longest = 0;
     const bool ragged = !problem.cu_seqlens_q.empty();
     score_positions pos0{};
     for (std::size_t b = 0; b < B; ++b) {
-        kv_lens[b] = static_cast<std::uint32_t>(problem.cache_seqlens[b]);
+        base[b] = static_cast<std::uint32_t>(paged_first_key(problem, b));
+        kv_lens[b] = static_cast<std::uint32_t>(problem.cache_seqlens[b]) - base[b];
         q_lens[b] = ragged ? static_cast<std::uint32_t>(problem.cu_seqlens_q[b + 1] - problem.cu_seqlens_q[b])
                            : static_cast<std::uint32_t>(problem.q_len);
         longest = std::max(longest, kv_lens[b]);
@@ -91,6 +95,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     request.causal = problem.options.causal;
     request.window_left = pos0.window_left, request.window_right = pos0.window_right;
     request.cascade = problem.cascade;
+    request.kv_base = base;
     const paged_plan plan = plan_paged(dev.desc(), request, env.set);
     const std::uint64_t total_q = plan.total_q, Hq = problem.q_heads, E = problem.d_qk, Ev = problem.d_v;
 
@@ -112,7 +117,8 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     out.output.assign(total_q * Hq * Ev, 0.0f);
     if (problem.options.return_lse) out.lse.assign(Hq * total_q, -std::numeric_limits<float>::infinity());
     run_result<varlen_output> run;
-    if (total_q == 0) {
+    const std::uint64_t n_new = append.rows_at.size();
+    if (total_q == 0 && n_new == 0) {
         run.output = std::move(out);
         return run;
     }
@@ -131,6 +137,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         w[PAGED_SEQ_CHUNKS] = s.chunks, w[PAGED_SEQ_PART_BASE] = s.part_base;
         w[PAGED_SEQ_OFFSET] = static_cast<std::uint32_t>(offsets[b]);
         w[PAGED_SEQ_TABLE] = static_cast<std::uint32_t>(b);
+        w[PAGED_SEQ_KV_BASE] = base[b];
         for (std::uint32_t i = 0; i < s.q_len; ++i) words[token_base + s.q_first + i] = static_cast<std::uint32_t>(b);
     }
     for (const paged_group& g : plan.groups) {
@@ -156,6 +163,28 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     const std::uint64_t words_at = align_up(table_at + table_bytes, align), words_bytes = words.size() * 4;
     const std::uint64_t params_at = align_up(words_at + words_bytes, align);
     const std::uint64_t params_bytes = score_params_bytes(whole.shape);
+    // The appended rows (per K/V head, in the pool's texel form) and their pool rows.
+    const bool half = pool.type == element_type::f16;
+    const std::uint64_t Hkv = problem.kv_heads, tb = half ? 8 : 16;
+    const std::uint64_t new_k_at = align_up(params_at + params_bytes, align), new_k_bytes = Hkv * n_new * plan.e4 * tb;
+    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * plan.ev4 * tb;
+    const std::uint64_t rows_at_at = align_up(new_v_at + new_v_bytes, align), rows_at_bytes = n_new * 4;
+    const std::uint64_t inputs_bytes = n_new ? rows_at_at + rows_at_bytes : params_at + params_bytes;
+    if (n_new) {
+        if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
+            throw error("internal: an append into a paged pool without its storage bindings");
+        for (const std::uint64_t bytes : {new_k_bytes, new_v_bytes, pool.k_store.range, pool.v_store.range})
+            if (bytes > dev.info().max_storage_buffer_range)
+                throw limit_exceeded("sdpa over a paged K/V pool: an append binds " + std::to_string(bytes) +
+                                     " bytes (the new rows, or the pool's storage) as one storage buffer, more than " +
+                                     dev.info().name + "'s maxStorageBufferRange of " +
+                                     std::to_string(dev.info().max_storage_buffer_range));
+        const std::uint64_t last_word = std::max(pool.k_word + Hkv * pool.rows * plan.e4 * tb / 4,
+                                                 pool.v_word + Hkv * pool.rows * plan.ev4 * tb / 4);
+        if (last_word >= (std::uint64_t{1} << 32) || Hkv * n_new * plan.e4 * tb / 4 >= (std::uint64_t{1} << 32) ||
+            Hkv * n_new * plan.ev4 * tb / 4 >= (std::uint64_t{1} << 32))
+            throw limit_exceeded("sdpa over a paged K/V pool: an append addresses more than 2^32 - 1 words");
+    }
     const std::uint64_t out_bytes = total_q * Hq * Ev * 4, lse_at = align_up(out_bytes, align);
     const std::uint64_t lse_bytes = problem.options.return_lse ? Hq * total_q * 4 : 0;
     const device_desc& desc = dev.desc();
@@ -170,11 +199,12 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
                                  dev.info().name + "'s maxStorageBufferRange of " +
                                  std::to_string(dev.info().max_storage_buffer_range));
     buffer_plan buffers;
-    buffers.need(role::inputs, params_at + params_bytes);
+    buffers.need(role::inputs, std::max<std::uint64_t>(inputs_bytes, 16));
     buffers.need(role::partial_stats, std::max<std::uint64_t>(plan.stats_bytes(), 16));
     buffers.need(role::partial_acc, std::max<std::uint64_t>(plan.acc_bytes(), 16));
     buffers.need(role::out, lse_at + std::max<std::uint64_t>(lse_bytes, 16));
-    std::vector<download> downloads{{role::out, 0, out_bytes}};
+    std::vector<download> downloads;
+    if (out_bytes) downloads.push_back({role::out, 0, out_bytes});
     if (lse_bytes) downloads.push_back({role::out, lse_at, lse_bytes});
 
     run_session session(env, buffers, downloads);
@@ -184,8 +214,17 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     std::memcpy(in + words_at, words.data(), words_bytes);
     const std::uint32_t features = score_features(whole);
     put_score_params(in + params_at, whole, features);
+    if (n_new) {
+        put_texel_rows(in + new_k_at, append.k.data(), Hkv * n_new, E, plan.e4, half,
+                       "sdpa over a paged K/V pool: k_new");
+        put_texel_rows(in + new_v_at, append.v.data(), Hkv * n_new, Ev, plan.ev4, half,
+                       "sdpa over a paged K/V pool: v_new");
+        std::vector<std::uint32_t> rows_at(n_new);
+        for (std::uint64_t r = 0; r < n_new; ++r) rows_at[r] = static_cast<std::uint32_t>(append.rows_at[r]);
+        std::memcpy(in + rows_at_at, rows_at.data(), rows_at_bytes);
+    }
     const buffer& inputs = session.buffers()[role::inputs];
-    const buffer_view q_view(dev, inputs, texel_format(false), 0, q_bytes);
+    const buffer_view q_view(dev, inputs, texel_format(false), 0, std::max<std::uint64_t>(q_bytes, 16));
     session.begin();
 
     const run_buffers& rb = session.buffers();
@@ -193,8 +232,32 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     const binding work = rb.bind(role::inputs, words_at, words_bytes);
     const binding stats = rb.bind(role::partial_stats, 0, std::max<std::uint64_t>(plan.stats_bytes(), 16));
     const binding acc = rb.bind(role::partial_acc, 0, std::max<std::uint64_t>(plan.acc_bytes(), 16));
-    const binding o = rb.bind(role::out, 0, out_bytes);
+    const binding o = rb.bind(role::out, 0, std::max<std::uint64_t>(out_bytes, 16));
     const binding lse = lse_bytes ? rb.bind(role::out, lse_at, lse_bytes) : o;
+    if (n_new) {
+        // Append, then attend: every new row in place before any key is read.
+        static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
+        const pipeline& copy = session.pipes().get(shader_id::paged_append);
+        const binding rows_at = rb.bind(role::inputs, rows_at_at, rows_at_bytes);
+        for (const auto& [src_at, src_bytes, texels, store, word] :
+             {std::tuple{new_k_at, new_k_bytes, plan.e4, pool.k_store, pool.k_word},
+              std::tuple{new_v_at, new_v_bytes, plan.ev4, pool.v_store, pool.v_word}}) {
+            paged_append_push a{};
+            a.rows = static_cast<std::uint32_t>(n_new);
+            a.heads = request.kv_heads;
+            a.width = static_cast<std::uint32_t>(texels * tb / 4);
+            a.src_off = 0;
+            a.dst_off = static_cast<std::uint32_t>(word);
+            a.pool_rows = pool.rows;
+            a.at_off = 0;
+            const std::uint64_t count = Hkv * n_new * a.width;
+            const std::uint32_t groups[3] = {
+                static_cast<std::uint32_t>(ceil_div(count, PAGED_APPEND_WORKGROUP * PAGED_APPEND_PER_INVOCATION)), 1,
+                1};
+            session.rec().dispatch(copy, {rb.bind(role::inputs, src_at, src_bytes), store, rows_at}, &a, groups);
+        }
+        session.rec().compute_barrier();
+    }
     if (!plan.items.empty()) {
         paged_push push{};
         push.items = static_cast<std::uint32_t>(plan.items.size());
@@ -238,21 +301,23 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
                                groups);
         session.rec().compute_barrier();
     }
-    paged_merge_push m{};
-    m.total_q = static_cast<std::uint32_t>(total_q);
-    m.q_heads = request.q_heads, m.kv_heads = request.kv_heads;
-    m.dv = request.d_v, m.dv_stride = plan.ev4 * 4;
-    m.token_base = static_cast<std::uint32_t>(token_base);
-    static_assert(row_matches<paged_merge_push, no_spec>(shader_id::sdpa_merge_paged, "ssssss"));
-    const pipeline& merge = session.pipes().get(shader_id::sdpa_merge_paged);
-    const std::uint32_t merge_groups[3] = {static_cast<std::uint32_t>(ceil_div(total_q * Hq * Ev, MERGE_WORKGROUP)), 1,
-                                           1};
-    session.rec().dispatch(merge, {stats, acc, o, params, lse, work}, &m, merge_groups);
+    if (total_q != 0) {
+        paged_merge_push m{};
+        m.total_q = static_cast<std::uint32_t>(total_q);
+        m.q_heads = request.q_heads, m.kv_heads = request.kv_heads;
+        m.dv = request.d_v, m.dv_stride = plan.ev4 * 4;
+        m.token_base = static_cast<std::uint32_t>(token_base);
+        static_assert(row_matches<paged_merge_push, no_spec>(shader_id::sdpa_merge_paged, "ssssss"));
+        const pipeline& merge = session.pipes().get(shader_id::sdpa_merge_paged);
+        const std::uint32_t merge_groups[3] = {static_cast<std::uint32_t>(ceil_div(total_q * Hq * Ev, MERGE_WORKGROUP)),
+                                               1, 1};
+        session.rec().dispatch(merge, {stats, acc, o, params, lse, work}, &m, merge_groups);
+    }
     session.mark();
     run.times = session.submit();
     if (const std::vector<double>& mk = session.exec().marks_ms(); mk.size() >= 2)
         run.times.attention_ms = mk[1] - mk[0];
-    session.read(0, out.output.data());
+    if (out_bytes) session.read(0, out.output.data());
     if (lse_bytes) session.read(1, out.lse.data());
     finish_sdpa_output(out.output, facts, v_scale, whole.shape);
     run.output = std::move(out);

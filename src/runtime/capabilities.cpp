@@ -58,6 +58,9 @@ constexpr refusal table[] = {
     {entry_point::cpu_paged, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_paged, "return_weights", no_weights_in_ragged},
     {entry_point::context_paged, "dropout_p", no_dropout_in_ragged},
+    {entry_point::paged_append, inputs::kv_quantized,
+     "a q8_0 / q4_0 pool's rows are ggml's blocks, which the paged append does not write; append into an f32 or "
+     "f16 pool (or write whole pages with kv_cache::append)"},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
@@ -81,7 +84,8 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
                                        entry_point::cpu_varlen,
                                        entry_point::context_varlen,
                                        entry_point::cpu_paged,
-                                       entry_point::context_paged};
+                                       entry_point::context_paged,
+                                       entry_point::paged_append};
 
 constexpr feature value_features[] = {values::coopmat};
 
@@ -183,6 +187,8 @@ std::string_view name_of(entry_point e) {
             return "cpu::sdpa over a paged K/V batch";
         case entry_point::context_paged:
             return "context::sdpa over a paged K/V batch";
+        case entry_point::paged_append:
+            return "context::sdpa appending into a paged K/V pool";
     }
     return "an unknown entry point";
 }
@@ -195,6 +201,7 @@ bool applies(entry_point entry, feature what) {
         case entry_point::cache_append:
         case entry_point::cache_append_tensors:
         case entry_point::mpi_append:
+        case entry_point::paged_append:
             return storage;
         case entry_point::cpu_attention:
         case entry_point::context_attention:

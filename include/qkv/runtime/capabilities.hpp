@@ -43,6 +43,7 @@ enum class entry_point {
     context_varlen,         ///< context::sdpa over a ragged batch (varlen.hpp)
     cpu_paged,              ///< qkv::cpu::sdpa over a paged K/V batch (paged.hpp), float64
     context_paged,          ///< context::sdpa over a paged K/V batch (paged.hpp)
+    paged_append,           ///< context::sdpa appending a paged batch's new rows into a device pool
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options

@@ -150,8 +150,22 @@ public:
     /// reads each sequence's keys through the block table, and the partial results of each row are
     /// merged in a fixed order, so equal inputs give identical bits. K and V are the pool's type
     /// (options.precision and options.kv_type are not used; q is read in float32). Head widths up
-    /// to 128; limit_exceeded past the device's limits.
+    /// to 128; limit_exceeded past the device's limits. A problem with new rows (new_rows > 0) needs
+    /// the overload below (qkv::invalid_argument here: this pool is const); cache_batch_idx and
+    /// cache_leftpad are taken as there.
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem, const kv_cache& pool);
+    /// The same, appending first, as flash_attn_with_kvcache(k=, v=) does: problem.k_new and v_new
+    /// (B, new_rows, Hkv, E / Ev) are written into `pool` at each sequence's keys cache_seqlens[b]
+    /// onwards, through its pages (rotated by rotary_cos / rotary_sin first, as q is), then every
+    /// sequence attends its keys cache_leftpad[b] .. cache_seqlens[b] + new_rows - 1, all in one
+    /// command buffer. Everything is checked before anything is written: qkv::invalid_argument for a
+    /// table running past the pool, an append overflowing a sequence's pages, two appends into one
+    /// row; numeric_overflow for an f16 pool and a new value beyond float16's range;
+    /// qkv::invalid_argument for a q8_0 / q4_0 pool (no appends into its blocks) and limit_exceeded
+    /// for a pool past maxStorageBufferRange (its rows are written as a storage buffer). The pool's
+    /// size() does not change: the new rows go into pages it holds. The caller keeps the problem's
+    /// cache_seqlens (FlashAttention's caller adds new_rows after the call).
+    [[nodiscard]] varlen_output sdpa(const paged_problem& problem, kv_cache& pool);
 
     /// Statistics of the last successful attention() or sdpa() call on this context.
     [[nodiscard]] call_stats last_call() const;
