@@ -79,7 +79,7 @@ void main() {
     // Causal balance: the first key blocks are seen by the most rows; pair them with the last.
     const uint block = !causal ? w : ((w & 1u) == 0u ? w / 2u : pc.blocks - 1u - w / 2u);
     const uint key0 = block * BLOCK;
-    const uint kvz = gl_WorkGroupID.z + pc.group_z;  // (batch, K/V head)
+    const uint kvz = gl_WorkGroupID.z + pc.group_z + pc.z_first;  // (batch, K/V head)
     const uint kv_heads = pc.heads / pc.group;
     const uint batch = kvz / kv_heads, kv_head = kvz % kv_heads;
     const uint qz0 = batch * pc.heads + kv_head * pc.group;  // its first query head's (batch, head)
@@ -244,7 +244,8 @@ void main() {
             // key's as the sentinel it skips (a NaN as the quiet NaN, never the sentinel); the
             // block's check sums, added across the subgroup lane by lane, in lane order.
             if (STORE_DR) {
-                const uint at = ((qz * pc.blocks + block) * pc.npad_q + i0 + r) * BLOCK + lane * KPI;
+                const uint dz = qz - pc.dr_first;  // the chunk's (batch, query head)s (fused_heads)
+                const uint at = ((dz * pc.blocks + block) * pc.npad_q + i0 + r) * BLOCK + lane * KPI;
                 [[unroll]] for (uint n = 0; n < KPI; ++n) {
                     const uint x = r * KPI + n;
                     dr_out[at + n] = !ok[x] ? BWD_DR_MASKED : isnan(s[x]) ? 0x7fc00000u : floatBitsToUint(s[x]);
@@ -253,7 +254,7 @@ void main() {
             if (STORE_SUMS) {
                 vec4 total = vec4(0.0);
                 [[unroll]] for (uint m = 0u; m < WG; ++m) total += subgroupShuffle(check, m);
-                if (lane == 0u) dr_sums[(qz * pc.blocks + block) * pc.npad_q + i0 + r] = total;
+                if (lane == 0u) dr_sums[((qz - pc.dr_first) * pc.blocks + block) * pc.npad_q + i0 + r] = total;
             }
 #endif
         }

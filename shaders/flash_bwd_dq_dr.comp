@@ -52,7 +52,8 @@ void main() {
     // Causal balance (as flash_bwd_dq.comp): neighbouring workgroups take a row block from each end.
     const uint block = !causal ? w : ((w & 1u) == 0u ? w / 2u : pc.blocks - 1u - w / 2u);
     const uint row0 = block * BLOCK;
-    const uint z = gl_WorkGroupID.z + pc.group_z;
+    const uint z = gl_WorkGroupID.z + pc.group_z + pc.z_first;  // (batch, query head)
+    const uint dz = z - pc.dr_first;                            // its place in the dR scratch
     const uint batch = z / pc.heads, head = z % pc.heads;
     const uint kvz = batch * (pc.heads / pc.group) + head / pc.group;
     const uint lane = gl_LocalInvocationID.x;
@@ -87,7 +88,7 @@ void main() {
         [[unroll]] for (uint i = 0; i < RPI; ++i) {
             const uint row = row0 + i * WG + lane;
             const bool seen = row >= rows.x && row < rows.y;
-            const uint at = ((z * key_blocks + kb) * pc.npad_q + row) * KB4;
+            const uint at = ((dz * key_blocks + kb) * pc.npad_q + row) * KB4;
             [[unroll]] for (uint c = 0; c < KB4; ++c) {
                 const uvec4 x = seen ? dr[at + c] : uvec4(BWD_DR_MASKED);
                 [[unroll]] for (uint e = 0; e < 4; ++e) {
@@ -96,7 +97,7 @@ void main() {
                     ds[i * KB + c * 4u + e] = allowed ? uintBitsToFloat(x[e]) : 0.0;
                 }
             }
-            if ((EXTRAS & BWD_CHECK) != 0u && seen) check[i] += dr_sums[(z * key_blocks + kb) * pc.npad_q + row];
+            if ((EXTRAS & BWD_CHECK) != 0u && seen) check[i] += dr_sums[(dz * key_blocks + kb) * pc.npad_q + row];
         }
         // dq += dR·k, the block's keys in order
         [[unroll]] for (uint c = 0; c < D4; ++c) {

@@ -3,6 +3,7 @@
 // a device description and the settings, against the fake devices of support/fake_devices.hpp:
 // tiles, padding, the chunks that keep every loop below lavapipe's limit, the buffers and their
 // regions, and the refusals.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -196,15 +197,104 @@ TEST_CASE("backward plan: the fused order where it applies, the two-kernel order
         m.b.forward.mask_shape = {3, 5};
         m.b.return_d_additive_mask = true;
         CHECK(!plan_sdpa_backward(m.b, d, {}).kernels.fused);
-        sized_backward big(1, 8, 8, 4096, 4096, 64, 64);  // 8 heads' N² dR: beyond fused_budget
-        const sdpa_backward_plan b = plan_sdpa_backward(big.b, d, {});
-        CHECK(b.kernels.fused_scratch_bytes() == 0);
-        CHECK(!b.kernels.fused);
-        CHECK(b.buffers.of(role::scores) == 0);
         sized_backward one(1, 1, 1, 4096, 4096, 64, 64);  // one head at N = 4096: within it
         const sdpa_backward_plan o = plan_sdpa_backward(one.b, d, {});
         CHECK(o.kernels.fused);
+        CHECK(o.kernels.fused_heads == 1);
         CHECK(o.kernels.fused_scratch_bytes() <= fused_budget);
+        // One (batch, head) whose dR alone passes the budget: the two-kernel order.
+        sized_backward huge(1, 1, 1, 16384, 16384, 64, 64);
+        const sdpa_backward_plan h = plan_sdpa_backward(huge.b, d, {});
+        CHECK(!h.kernels.fused);
+        CHECK(h.buffers.of(role::scores) == 0);
+    }
+}
+
+namespace {
+
+/// The fused order's chunks of `k` for `l`: every (batch, query head) once, in order, each chunk
+/// fused_heads or fewer, within one K/V head's group where smaller than a group; the scratch one
+/// chunk's, within the budget and the device's storage range.
+void check_fused_chunks(const flash_bwd_plan& k, const flash_layout& l, const device_desc& d) {
+    REQUIRE(k.fused);
+    const std::vector<flash_bwd_plan::head_chunk> chunks = k.fused_chunks(l);
+    std::uint32_t next = 0;
+    std::uint32_t most = 0;
+    for (const auto& c : chunks) {
+        CHECK(c.first == next);
+        CHECK(c.count >= 1);
+        CHECK(c.count <= k.fused_heads);
+        if (k.fused_heads < l.group()) CHECK(c.first / l.group() == (c.first + c.count - 1) / l.group());
+        if (k.fused_heads >= l.group()) CHECK(k.fused_heads % l.group() == 0);
+        next = c.first + c.count;
+        most = std::max(most, c.count);
+    }
+    CHECK(next == l.q_batches());
+    CHECK(most == k.fused_heads);
+    const std::uint64_t head_floats = std::uint64_t{k.key_blocks} * k.npad_q * k.dkdv_block();
+    CHECK(k.dr_bytes == k.fused_heads * head_floats * 4);
+    CHECK(k.dr_sums_bytes == std::uint64_t{k.fused_heads} * k.key_blocks * k.npad_q * 16);
+    CHECK(k.fused_scratch_bytes() <= fused_budget);
+    CHECK(k.dr_bytes <= d.info.max_storage_buffer_range);
+    CHECK(k.dr_sums_bytes <= d.info.max_storage_buffer_range);
+    // One dq dispatch per chunk beside dk/dv's row chunks over its heads' slots.
+    std::uint32_t dispatches = 0;
+    for (const auto& c : chunks)
+        dispatches +=
+            1 + static_cast<std::uint32_t>((std::uint64_t{std::min(c.count, l.group())} * k.npad_q + k.dkdv_chunk - 1) /
+                                           k.dkdv_chunk);
+    CHECK(k.dispatches(l) == dispatches);
+}
+
+}  // namespace
+
+TEST_CASE("backward plan: the fused order in chunks of heads within its scratch budget", "[plan][backward]") {
+    for (const auto& f : fake_devices()) {
+        const device_desc d = desc_of(f);
+        INFO(f.name);
+        sized_backward probe(1, 1, 1, 64, 64, 64, 64);
+        if (!plan_sdpa_backward(probe.b, d, {}).kernels.fused) continue;  // no shuffles: never fused
+        // Sixteen heads at N = 4096 (`qkv bench --backward --heads 16`): whole heads per chunk,
+        // chunks of equal size (the last fewer), the scratch one chunk's.
+        sized_backward many(1, 16, 16, 4096, 4096, 64, 64);
+        const sdpa_backward_plan m = plan_sdpa_backward(many.b, d, {});
+        const flash_layout lm = m.forward.layout;
+        check_fused_chunks(m.kernels, lm, d);
+        const std::size_t n = m.kernels.fused_chunks(lm).size();
+        CHECK(n > 1);
+        CHECK(m.kernels.fused_heads == (16 + n - 1) / n);
+        CHECK(m.buffers.of(role::scores) == m.kernels.fused_scratch_bytes());
+        // GQA whose one K/V head's group passes the budget: parts of a group per chunk.
+        sized_backward gqa(2, 16, 2, 4096, 4096, 64, 64, {.causal = true});
+        const sdpa_backward_plan g = plan_sdpa_backward(gqa.b, d, {});
+        check_fused_chunks(g.kernels, g.forward.layout, d);
+        CHECK(g.kernels.fused_heads < 8);
+        // GQA whose groups fit: whole groups per chunk.
+        sized_backward small_groups(3, 8, 4, 2048, 2048, 64, 64);
+        const sdpa_backward_plan sg = plan_sdpa_backward(small_groups.b, d, {});
+        check_fused_chunks(sg.kernels, sg.forward.layout, d);
+        CHECK(sg.kernels.fused_heads % 2 == 0);
+        // A device with a smaller storage range: smaller chunks.
+        device_desc narrow = d;
+        narrow.info.max_storage_buffer_range = 128u << 20;
+        const sdpa_backward_plan nm = plan_sdpa_backward(many.b, narrow, {});
+        check_fused_chunks(nm.kernels, nm.forward.layout, narrow);
+        CHECK(nm.kernels.fused_heads < m.kernels.fused_heads);
+        // The test hook: at most so many heads per chunk, whole groups or parts of one.
+        sized_backward s(2, 6, 2, 17, 113, 16, 16);
+        for (const std::uint32_t at_most : {1u, 2u, 3u, 5u, 6u, 100u}) {
+            INFO("at most " << at_most << " heads");
+            settings set;
+            set.max_fused_heads = at_most;
+            const sdpa_backward_plan c = plan_sdpa_backward(s.b, d, set);
+            check_fused_chunks(c.kernels, c.forward.layout, d);
+            const std::uint32_t want = at_most == 1 ? 1 : at_most == 2 ? 2 : at_most < 6 ? 3 : at_most < 12 ? 6 : 12;
+            CHECK(c.kernels.fused_heads == want);
+        }
+        // Without the hook a small problem is one chunk.
+        const sdpa_backward_plan one = plan_sdpa_backward(s.b, d, {});
+        CHECK(one.kernels.fused_chunks(one.forward.layout).size() == 1);
+        CHECK(one.kernels.fused_heads == 12);
     }
 }
 

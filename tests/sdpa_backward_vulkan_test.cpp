@@ -10,6 +10,7 @@
 #include <qkv/vulkan/sequence.hpp>
 #include <qkv/vulkan/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -234,6 +236,164 @@ void check_repeatable_and_chunked(const owned& o) {
     if (!want.d_additive_mask.empty()) CHECK(nmse(cut.d_additive_mask, want.d_additive_mask) <= 1e-9);
 }
 
+/// A float16 computation of the same gradients, the same-dtype reference of FlashAttention's
+/// tolerance rule, written from PyTorch's documented scaled_dot_product_attention (S = Q·Kᵀ·scale,
+/// causal keys j <= i + off, P = softmax(S), O = P·V; K and V repeated over each group) and its
+/// autograd, as PyTorch runs it in float16: every product and every op's result rounded to float16
+/// (sums inside an op in float32): S, S·scale, P, O; dP = dO·Vᵀ, dV = Pᵀ·dO, the softmax's
+/// backward dS = P∘(dP − Σ_j P·dP), the scale's, dQ = dS·K, dK = dSᵀ·Q, and the group's sums of
+/// dK and dV. A row that sees no key has zero gradients. Takes q, k, v and d_out as float16 holds
+/// them, no rule but the causal one.
+struct half_gradients {
+    std::vector<float> dq, dk, dv;
+};
+half_gradients half_reference(const owned& o) {
+    const qkv::sdpa_shape& sh = o.shape;
+    const std::size_t L = sh.q_len, S = sh.kv_len, E = sh.d_qk, Ev = sh.d_v, group = sh.q_heads / sh.kv_heads;
+    const float scale = qkv::default_scale(sh);
+    const std::int64_t off = qkv::causal_offset(sh, o.options);
+    const auto half = [](std::vector<float>& x) { x = qkv::round_trip(qkv::element_type::f16, x); };
+    const auto seen = [&](std::size_t i, std::size_t j) {
+        return !o.options.causal || static_cast<std::int64_t>(j) <= static_cast<std::int64_t>(i) + off;
+    };
+    half_gradients g;
+    g.dq.assign(o.q.size(), 0.f), g.dk.assign(o.k.size(), 0.f), g.dv.assign(o.v.size(), 0.f);
+    std::vector<float> dk_sum(o.k.size(), 0.f), dv_sum(o.v.size(), 0.f);
+    for (std::size_t b = 0; b < sh.batch; ++b)
+        for (std::size_t h = 0; h < sh.q_heads; ++h) {
+            const std::size_t kvh = h / group;
+            const float* q = o.q.data() + (b * sh.q_heads + h) * L * E;
+            const float* dout = o.d_out.data() + (b * sh.q_heads + h) * L * Ev;
+            const float* k = o.k.data() + (b * sh.kv_heads + kvh) * S * E;
+            const float* v = o.v.data() + (b * sh.kv_heads + kvh) * S * Ev;
+            std::vector<float> s(L * S), p(L * S, 0.f), dp(L * S), ds(L * S, 0.f);
+            for (std::size_t i = 0; i < L; ++i)
+                for (std::size_t j = 0; j < S; ++j) {
+                    float acc = 0;
+                    for (std::size_t e = 0; e < E; ++e) acc += q[i * E + e] * k[j * E + e];
+                    s[i * S + j] = acc;
+                }
+            half(s);
+            for (float& x : s) x *= scale;
+            half(s);
+            for (std::size_t i = 0; i < L; ++i) {  // the softmax over the row's visible keys
+                float m = -std::numeric_limits<float>::infinity();
+                for (std::size_t j = 0; j < S; ++j)
+                    if (seen(i, j)) m = std::max(m, s[i * S + j]);
+                if (std::isinf(m)) continue;  // no key: P = 0
+                float z = 0;
+                for (std::size_t j = 0; j < S; ++j)
+                    if (seen(i, j)) z += std::exp(s[i * S + j] - m);
+                for (std::size_t j = 0; j < S; ++j)
+                    if (seen(i, j)) p[i * S + j] = std::exp(s[i * S + j] - m) / z;
+            }
+            half(p);
+            for (std::size_t i = 0; i < L; ++i)
+                for (std::size_t j = 0; j < S; ++j) {
+                    float acc = 0;
+                    for (std::size_t e = 0; e < Ev; ++e) acc += dout[i * Ev + e] * v[j * Ev + e];
+                    dp[i * S + j] = acc;
+                }
+            half(dp);
+            std::vector<float> dv(S * Ev, 0.f), dk(S * E, 0.f), dq(L * E, 0.f);
+            for (std::size_t j = 0; j < S; ++j)
+                for (std::size_t e = 0; e < Ev; ++e) {
+                    float acc = 0;
+                    for (std::size_t i = 0; i < L; ++i) acc += p[i * S + j] * dout[i * Ev + e];
+                    dv[j * Ev + e] = acc;
+                }
+            half(dv);
+            for (std::size_t i = 0; i < L; ++i) {
+                float d = 0;
+                for (std::size_t j = 0; j < S; ++j) d += p[i * S + j] * dp[i * S + j];
+                for (std::size_t j = 0; j < S; ++j) ds[i * S + j] = p[i * S + j] * (dp[i * S + j] - d);
+            }
+            half(ds);
+            for (float& x : ds) x *= scale;
+            half(ds);
+            for (std::size_t i = 0; i < L; ++i)
+                for (std::size_t e = 0; e < E; ++e) {
+                    float acc = 0;
+                    for (std::size_t j = 0; j < S; ++j) acc += ds[i * S + j] * k[j * E + e];
+                    dq[i * E + e] = acc;
+                }
+            half(dq);
+            for (std::size_t j = 0; j < S; ++j)
+                for (std::size_t e = 0; e < E; ++e) {
+                    float acc = 0;
+                    for (std::size_t i = 0; i < L; ++i) acc += ds[i * S + j] * q[i * E + e];
+                    dk[j * E + e] = acc;
+                }
+            half(dk);
+            std::copy(dq.begin(), dq.end(), g.dq.begin() + static_cast<std::ptrdiff_t>((b * sh.q_heads + h) * L * E));
+            const std::size_t kat = (b * sh.kv_heads + kvh) * S * E, vat = (b * sh.kv_heads + kvh) * S * Ev;
+            for (std::size_t n = 0; n < dk.size(); ++n) dk_sum[kat + n] += dk[n];
+            for (std::size_t n = 0; n < dv.size(); ++n) dv_sum[vat + n] += dv[n];
+        }
+    half(dk_sum), half(dv_sum);  // the group's sums (the repeat's backward), one float16 result
+    g.dk = std::move(dk_sum), g.dv = std::move(dv_sum);
+    return g;
+}
+
+/// The largest |got - want| and the root of the nmse.
+struct error_of {
+    double max_abs = 0, rms = 0;
+};
+error_of error_against(const std::vector<float>& got, const std::vector<double>& want) {
+    error_of e;
+    e.rms = std::sqrt(nmse(got, want));
+    for (std::size_t n = 0; n < got.size(); ++n)
+        e.max_abs = std::max(e.max_abs, std::abs(static_cast<double>(got[n]) - want[n]));
+    return e;
+}
+
+/// FlashAttention's tolerance rule for half-precision gradients: `o`'s q, k, v and d_out as
+/// float16 holds them, each of dq, dk and dv from `ctx` (precision fp16) within twice the error
+/// of the float16 reference (half_reference) against float64, by the largest difference (as
+/// FlashAttention's tests) and by the root of the nmse; the reference's own error that of a
+/// float16 computation (so that the rule measures something). Returns dq's nmse.
+double check_flash_attention_rule(qkv::vulkan::context& ctx, owned o) {
+    o = rounded_to_half(o);
+    save_forward(o);
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(o.backward());
+    const half_gradients ref = half_reference(o);
+    const qkv::sdpa_gradients got = ctx.sdpa_backward(o.backward());
+    qkv_test::require_clean(ctx);
+    const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<float>*>> grads[] = {
+        {"dq", {&got.dq, &ref.dq}}, {"dk", {&got.dk, &ref.dk}}, {"dv", {&got.dv, &ref.dv}}};
+    const std::vector<double>* wants[] = {&want.dq, &want.dk, &want.dv};
+    for (std::size_t n = 0; n < 3; ++n) {
+        const error_of mine = error_against(*grads[n].second.first, *wants[n]);
+        const error_of theirs = error_against(*grads[n].second.second, *wants[n]);
+        INFO(grads[n].first << ": max |error| " << mine.max_abs << " against float16's " << theirs.max_abs << ", rms "
+                            << mine.rms << " against " << theirs.rms);
+        CHECK(theirs.rms > 1e-5);  // a float16 computation: unit roundoff 2^-11
+        CHECK(theirs.rms < 1e-2);
+        CHECK(mine.max_abs <= 2 * theirs.max_abs);
+        CHECK(mine.rms <= 2 * theirs.rms);
+    }
+    return nmse(got.dq, want.dq);
+}
+
+/// The shapes the rule is checked at: odd lengths and widths, GQA, causal both ways, one row.
+std::vector<owned> flash_attention_rule_problems(qkv::kernel_family family) {
+    const auto with = [&](qkv::sdpa_options options) {
+        options.precision = qkv::precision::fp16;
+        options.kernel = family;
+        return options;
+    };
+    std::vector<owned> all;
+    all.push_back(make({.batch = 1, .q_heads = 4, .kv_heads = 2, .q_len = 37, .kv_len = 41, .d_qk = 64, .d_v = 64},
+                       with({.causal = true}), 301));
+    all.push_back(make({.batch = 2, .q_heads = 3, .kv_heads = 1, .q_len = 17, .kv_len = 113, .d_qk = 80, .d_v = 48},
+                       with({}), 302));
+    all.push_back(make({.batch = 1, .q_heads = 2, .kv_heads = 2, .q_len = 113, .kv_len = 17, .d_qk = 16, .d_v = 16},
+                       with({.causal = true, .alignment = qkv::causal_alignment::bottom_right}), 303));
+    all.push_back(
+        make({.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 1, .kv_len = 3, .d_qk = 17, .d_v = 3}, with({}), 304));
+    return all;
+}
+
 /// The problems the calls over tensors are tested on: odd shapes, then every rule together
 /// (GQA, causal bottom-right, a window, softcap, ALiBi, sinks, an additive mask and its gradient,
 /// dropout), a bool mask with rows that see no key and given ALiBi slopes, and fp16 storage.
@@ -403,6 +563,59 @@ TEST_CASE("sdpa_backward on the device: fp16 storage", "[backward]") {
     // A d_out beyond float16's range is refused, as q, k and v are.
     o.d_out[5] = 1e6f;
     CHECK_THROWS_AS(gpu().sdpa_backward(o.backward()), qkv::vulkan::numeric_overflow);
+}
+
+TEST_CASE("sdpa_backward on the device: FlashAttention's tolerance rule for fp16 gradients", "[backward]") {
+    // The scalar family (float16 storage, float32 sums): within twice a float16 computation's error.
+    if (!gpu().device().fp16_storage) {
+        WARN("no 16-bit storage: nothing to check");
+        return;
+    }
+    for (const owned& o : flash_attention_rule_problems(qkv::kernel_family::automatic)) {
+        INFO("L = " << o.shape.q_len << ", S = " << o.shape.kv_len << ", d = " << o.shape.d_qk << " / " << o.shape.d_v);
+        (void)check_flash_attention_rule(gpu(), o);
+    }
+}
+
+TEST_CASE("sdpa_backward on the device: the fused order in chunks of heads, the same bits", "[backward]") {
+    // The fused order's dR scratch for a few (batch, head)s at a time (flash_bwd_plan::fused_heads):
+    // whole K/V heads' groups, parts of a group (dk/dv resumes), with row chunks inside, GQA of
+    // three, causal with a window, sinks and a softcap: every chunking the bits of one chunk.
+    const qkv::sdpa_shape s{.batch = 2, .q_heads = 6, .kv_heads = 2, .q_len = 17, .kv_len = 113, .d_qk = 16, .d_v = 8};
+    owned o = make(s, {.causal = true, .window_left = 40, .softcap = 8.f}, 211);
+    std::mt19937 rng(212);
+    o.sinks = normal(6, rng);
+    save_forward(o);
+    const qkv::sdpa_gradients whole = gpu().sdpa_backward(o.backward());
+    require_clean(gpu());
+    const bool split = gpu().device().timestamps && gpu().last_call().backward_dq_ms > 0;
+    const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(o.backward());
+    CHECK(nmse(whole.dq, want.dq) <= 1e-9);
+    CHECK(nmse(whole.dk, want.dk) <= 1e-9);
+    CHECK(nmse(whole.dv, want.dv) <= 1e-9);
+    CHECK(nmse(whole.d_sinks, want.d_sinks) <= 1e-9);
+    // fp16 storage, the same way.
+    owned h = o;
+    h.options.precision = qkv::precision::fp16;
+    save_forward(h);
+    const bool half = gpu().device().fp16_storage;
+    const qkv::sdpa_gradients whole_half = half ? gpu().sdpa_backward(h.backward()) : qkv::sdpa_gradients{};
+    // Two heads per chunk (parts of a group of three: 2 + 1, dk/dv resuming) with row chunks of 8
+    // inside; three (one K/V head's group each).
+    for (const auto& [heads, keys] : {std::pair<std::uint32_t, std::uint32_t>{2, 8}, {3, 0}}) {
+        INFO(heads << " heads per chunk, " << keys << " row slots per dk/dv dispatch");
+        qkv::vulkan::context chunked =
+            qkv_test::make_context({.max_fused_keys_per_dispatch = keys, .max_fused_backward_heads = heads});
+        const qkv::sdpa_gradients cut = chunked.sdpa_backward(o.backward());
+        qkv_test::require_clean(chunked);
+        CHECK(same_gradients(cut, whole));
+        // Several chunks interleave dk/dv and dq: the call reports no split of their times (where
+        // the one-chunk call does), which also says the chunks ran.
+        if (split) CHECK(chunked.last_call().backward_dq_ms == 0);
+        if (half) CHECK(same_gradients(chunked.sdpa_backward(h.backward()), whole_half));
+        qkv_test::require_clean(chunked);
+    }
+    require_clean(gpu());
 }
 
 TEST_CASE("sdpa_backward on the device: the fused order at odd shapes (deterministic and chunked)", "[backward]") {
@@ -794,6 +1007,20 @@ TEST_CASE("sdpa_backward on the device: the cooperative-matrix dk/dv with every 
     owned d_mask = o;
     d_mask.want_d_additive = true;
     expect_throw_with([&] { (void)gpu().sdpa_backward(d_mask.backward()); }, {"additive mask's gradient"});
+}
+
+TEST_CASE("sdpa_backward with kernel coopmat: FlashAttention's tolerance rule for fp16 gradients", "[coop_backward]") {
+    // The cooperative-matrix kernels (float16 P and dS into float32 sums): within twice a float16
+    // computation's error, as FlashAttention's own backward.
+    if (!qkv_test::coopmat_runs(gpu().device())) {
+        WARN("a device with the cooperative-matrix family is needed");
+        return;
+    }
+    for (const owned& o : flash_attention_rule_problems(qkv::kernel_family::coopmat)) {
+        INFO("L = " << o.shape.q_len << ", S = " << o.shape.kv_len << ", d = " << o.shape.d_qk << " / " << o.shape.d_v);
+        // float16 P and dS: the matrix kernels ran (the float32 ones stay below 1e-12).
+        CHECK(check_flash_attention_rule(gpu(), o) > 1e-12);
+    }
 }
 
 TEST_CASE("sdpa_backward with kernel coopmat: the cooperative-matrix kernels, host and tensors", "[coop_backward]") {

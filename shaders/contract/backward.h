@@ -16,7 +16,9 @@
 //                          BWD_STORE_DR, also stores every dR it computes (and its key block's
 //                          check sums per row); then one invocation per RPI query rows sums
 //                          dq = scale·Σ_j dR·k from that scratch, key blocks in order: five N²·d
-//                          products in all instead of seven, nothing recomputed twice
+//                          products in all instead of seven, nothing recomputed twice. Chunked
+//                          over (batch, head)s where the scratch of all of them would pass its
+//                          budget: dk/dv then dq per chunk, over one scratch
 //   flash_bwd_fold.comp    sums over broadcast dimensions in a fixed order: the sinks' gradients
 //                          (over batch and rows) and the additive mask's (over whatever it broadcasts)
 //
@@ -58,6 +60,10 @@ struct bwd_push {
     uint begin, stop;  // this dispatch's streamed range: keys (dq), or (head, row) slots u·npad_q + i (dkdv)
     uint blocks;       // owner blocks per (batch, head): row blocks (dq), key blocks (dkdv)
     uint pair_offset;  // dk/dv's paired fetches: the first texel of dO in the view over Q and dO
+    // The fused order's chunks (flash_bwd_plan::fused_heads; 0 in every other dispatch): z_first is
+    // added to the workgroup's z, the (batch, K/V head) of dk/dv or the (batch, query head) of dq
+    // from dR, and dr_first is the first (batch, query head) whose dR the scratch holds.
+    uint z_first, dr_first;
 };
 
 /// Push block of flash_bwd_prep.comp (one invocation per padded query row).

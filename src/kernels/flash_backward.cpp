@@ -209,8 +209,9 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             }
         }
     };
-    // dq from the stored dR (the fused order): one dispatch (plain, careful), every key block.
-    const auto record_dq_dr = [&] {
+    // dq from the stored dR (the fused order): one dispatch (plain, careful) per chunk of (batch,
+    // query head)s, every key block.
+    const auto record_dq_dr = [&](const flash_bwd_plan::head_chunk& chunk) {
         const std::uint32_t extras = p.extras & contract::BWD_CHECK;
         const pipeline& plain =
             pipes.get(shader_id::flash_bwd_dq_dr_shuffle, spec(p.rpi, p.dkdv_block(), false, extras));
@@ -218,10 +219,11 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             inputs_finite ? nullptr
                           : &pipes.get(shader_id::flash_bwd_dq_dr_shuffle, spec(p.rpi, p.dkdv_block(), true, extras));
         const std::uint32_t blocks = ceil_div(l.q_len, p.dq_block());
-        const std::uint32_t groups[3] = {blocks, 1, l.q_batches()};
+        const std::uint32_t groups[3] = {blocks, 1, chunk.count};
         contract::bwd_push part = push;
         part.blocks = blocks;
         part.begin = 0, part.stop = l.kv_len;
+        part.z_first = chunk.first, part.dr_first = chunk.first;
         for (const pipeline* k : {&plain, careful}) {
             if (!k) continue;
             if (k == careful) exec.compute_barrier();
@@ -231,14 +233,19 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
                           &part, groups);
         }
     };
-    const auto record_dkdv = [&] {
+    // dk and dv of the (batch, K/V head)s from z_first on (z_count of them) over their row slots
+    // [slot_begin, slot_end) (all of them but in the fused order's chunks of part of a group),
+    // storing dR in the fused order for the (batch, query head)s from dr_first on.
+    const auto record_dkdv = [&](std::uint32_t z_first, std::uint32_t z_count, std::uint32_t slot_begin,
+                                 std::uint32_t slot_end, std::uint32_t dr_first) {
         const shader_id kernel = p.shuffle ? shader_id::flash_bwd_dkdv_shuffle : shader_id::flash_bwd_dkdv;
         const std::uint32_t extras = p.fused ? p.extras & (contract::BWD_STORE_DR | contract::BWD_CHECK) : 0u;
         const pipeline* plain = p.coop ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, false, extras));
         const pipeline* careful = inputs_finite ? nullptr : &pipes.get(kernel, spec(p.kpi, p.rps, true, extras));
         const std::uint32_t blocks = p.key_blocks;
-        const std::uint32_t groups[3] = {blocks, 1, l.kv_batches()};
+        const std::uint32_t groups[3] = {blocks, 1, z_count};
         push.blocks = blocks;
+        push.z_first = z_first, push.dr_first = dr_first;
         // The cooperative-matrix kernel runs the (batch, K/V head)s whose Q and dO are finite, in
         // its own key blocks; the scalar kernel's careful pipeline the others.
         const pipeline* coop = nullptr;
@@ -253,13 +260,13 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         const std::uint32_t slots = l.group() * p.npad_q;
         push.pair_offset = static_cast<std::uint32_t>((p.do_at - p.q_at) / p.texel_bytes());
         const VkBufferView q_view = p.paired() ? views.q_d_out.handle() : views.q.handle();
-        for (std::uint32_t begin = 0; begin < slots; begin += p.dkdv_chunk) {
+        for (std::uint32_t begin = slot_begin; begin < slot_end; begin += p.dkdv_chunk) {
             contract::bwd_push part = push;
             part.begin = begin;
-            part.stop = slots - begin < p.dkdv_chunk ? slots : begin + p.dkdv_chunk;
+            part.stop = slot_end - begin < p.dkdv_chunk ? slot_end : begin + p.dkdv_chunk;
             part.flags = (begin > 0 ? contract::BWD_RESUME : 0u) | (part.stop < slots ? contract::BWD_PARTIAL : 0u);
             if (coop) {
-                if (begin > 0) exec.compute_barrier();
+                if (begin > slot_begin) exec.compute_barrier();
                 contract::bwd_push mine = part;
                 mine.blocks = p.coop_key_blocks;
                 exec.dispatch(*coop,
@@ -270,7 +277,7 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
             }
             for (const pipeline* k : {plain, careful}) {
                 if (!k) continue;
-                if (begin > 0 || k == careful || coop) exec.compute_barrier();
+                if (begin > slot_begin || k == careful || coop) exec.compute_barrier();
                 exec.dispatch(*k,
                               {texel(q_view), texel(views.k.handle()), texel(views.v.handle()),
                                texel(views.d_out.handle()), mask_bits, additive, io.params, texel(views.stats.handle()),
@@ -280,17 +287,29 @@ void record_flash_backward(recorder& exec, pipeline_set& pipes, const flash_layo
         }
     };
     if (p.fused) {
-        // dk and dv storing dR, then dq from it (marks: dk and dv done, dq done)
-        record_dkdv();
-        if (mark_kernels) exec.mark();
-        exec.compute_barrier();
-        record_dq_dr();
+        // Per chunk of (batch, head)s, dk and dv storing dR, then dq from it (marks: the first
+        // chunk's dk and dv done, every dq done); the next chunk overwrites the scratch only after
+        // the dq before it has read it.
+        const std::uint32_t group = l.group();
+        bool first = true;
+        for (const flash_bwd_plan::head_chunk& c : p.fused_chunks(l)) {
+            if (!first) exec.compute_barrier();
+            const std::uint32_t u = c.first % group;  // a part of a group: its first head's slot
+            if (c.count >= group)
+                record_dkdv(c.first / group, c.count / group, 0, group * p.npad_q, c.first);
+            else
+                record_dkdv(c.first / group, 1, u * p.npad_q, (u + c.count) * p.npad_q, c.first);
+            if (first && mark_kernels) exec.mark();
+            exec.compute_barrier();
+            record_dq_dr(c);
+            first = false;
+        }
     } else {
         // dq, then dk and dv (marks: dq done, dk and dv done)
         record_dq();
         if (mark_kernels) exec.mark();
         exec.compute_barrier();
-        record_dkdv();
+        record_dkdv(0, l.kv_batches(), 0, l.group() * p.npad_q, 0);
     }
     if (mark_kernels) exec.mark();
 

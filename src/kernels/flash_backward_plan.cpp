@@ -30,9 +30,30 @@ std::uint64_t bwd_fold::terms() const {
 }
 
 std::uint32_t flash_bwd_plan::dispatches(const flash_layout& l) const {
-    const std::uint32_t dq = fused || l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
+    if (fused) {
+        std::uint32_t n = 0;
+        for (const head_chunk& c : fused_chunks(l))
+            n += 1 + ceil_div(std::uint64_t{std::min(c.count, l.group())} * npad_q, dkdv_chunk);
+        return n;
+    }
+    const std::uint32_t dq = l.kv_len == 0 ? 1 : ceil_div(l.kv_len, dq_chunk);
     const std::uint32_t dkdv = ceil_div(std::uint64_t{l.group()} * npad_q, dkdv_chunk);
     return dq + dkdv;
+}
+
+std::vector<flash_bwd_plan::head_chunk> flash_bwd_plan::fused_chunks(const flash_layout& l) const {
+    std::vector<head_chunk> chunks;
+    if (!fused || fused_heads == 0) return chunks;
+    const std::uint32_t group = l.group(), heads = l.q_batches();
+    if (fused_heads >= group) {
+        for (std::uint32_t first = 0; first < heads; first += fused_heads)
+            chunks.push_back({first, std::min(fused_heads, heads - first)});
+    } else {
+        for (std::uint32_t kvz = 0; kvz < l.kv_batches(); ++kvz)
+            for (std::uint32_t u = 0; u < group; u += fused_heads)
+                chunks.push_back({kvz * group + u, std::min(fused_heads, group - u)});
+    }
+    return chunks;
 }
 
 flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& l, const flash_bwd_request& r,
@@ -135,19 +156,38 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
     p.scratch_bytes = p.sink_terms_at + (r.d_sinks ? rows * 4 : 0);
     p.ds_bytes = r.d_mask ? rows * l.kv_len * 4 : 0;
 
-    // The fused order, where it applies (flash_bwd_plan::fused).
+    // The fused order, where it applies (flash_bwd_plan::fused), in chunks of (batch, query
+    // head)s whose dR scratch stays within the budget and the device's storage range
+    // (flash_bwd_plan::fused_heads).
     p.key_blocks = ceil_div(std::max(l.kv_len, 1u), p.dkdv_block());
-    const std::uint64_t dr_floats = std::uint64_t{l.q_batches()} * p.key_blocks * p.npad_q * p.dkdv_block();
-    const std::uint64_t dr_bytes = dr_floats * 4;
-    const std::uint64_t sums_at = align_up(dr_bytes, desc.storage_alignment);
-    const std::uint64_t sums_bytes = r.check ? std::uint64_t{l.q_batches()} * p.key_blocks * p.npad_q * 16 : 0;
-    const std::uint64_t dr_total = sums_at + sums_bytes;
+    const std::uint64_t head_floats = std::uint64_t{p.key_blocks} * p.npad_q * p.dkdv_block();
+    const std::uint64_t head_sums = r.check ? std::uint64_t{p.key_blocks} * p.npad_q * 16 : 0;
+    const auto dr_of = [&](std::uint64_t heads) { return heads * head_floats * 4; };
+    const auto sums_at_of = [&](std::uint64_t heads) { return align_up(dr_of(heads), desc.storage_alignment); };
+    const auto fits = [&](std::uint64_t heads) {
+        return sums_at_of(heads) + heads * head_sums <= fused_budget && dr_of(heads) <= info.max_storage_buffer_range &&
+               std::max<std::uint64_t>(heads * head_sums, 1) <= info.max_storage_buffer_range &&
+               heads * head_floats <= 0xffffffffu;
+    };
+    const std::uint32_t group = l.group(), heads = l.q_batches();
+    std::uint64_t fit = std::min<std::uint64_t>(heads, fused_budget / (head_floats * 4 + head_sums));
+    while (fit > 0 && !fits(fit)) --fit;  // the alignment's few bytes
+    if (set.max_fused_heads) fit = std::min<std::uint64_t>(fit, set.max_fused_heads);
+    // Whole (batch, K/V head)s where a group fits, parts of a group otherwise; chunks of equal
+    // size (the last fewer), so that no chunk is a small remainder.
+    std::uint32_t chunk_heads = 0;
+    if (fit >= group) {
+        const std::uint32_t kv_per = static_cast<std::uint32_t>(fit / group);
+        chunk_heads = ceil_div(l.kv_batches(), ceil_div(l.kv_batches(), kv_per)) * group;
+    } else if (fit > 0) {
+        chunk_heads = ceil_div(group, ceil_div(group, fit));
+    }
     if (set.backward_fused && !p.coop && p.shuffle && !r.d_mask && p.dkdv_block() % 4 == 0 &&
-        p.key_blocks <= max_steps_per_dispatch && dr_total <= fused_budget &&
-        dr_bytes <= info.max_storage_buffer_range &&
-        std::max<std::uint64_t>(sums_bytes, 1) <= info.max_storage_buffer_range && dr_floats <= 0xffffffffu) {
+        p.key_blocks <= max_steps_per_dispatch && chunk_heads > 0) {
         p.fused = true;
-        p.dr_bytes = dr_bytes, p.dr_sums_at = sums_at, p.dr_sums_bytes = sums_bytes;
+        p.fused_heads = chunk_heads;
+        p.dr_bytes = dr_of(chunk_heads), p.dr_sums_at = sums_at_of(chunk_heads);
+        p.dr_sums_bytes = chunk_heads * head_sums;
         p.extras |= contract::BWD_STORE_DR;
     }
     return p;

@@ -71,11 +71,17 @@ struct flash_bwd_plan {
     /// The fused order (contract/backward.h): dk/dv first, storing every dR (BWD_STORE_DR), then dq
     /// from them (flash_bwd_dq_dr.comp): five N²·d products instead of seven. Taken where the
     /// shuffle variants run (a CPU device: the order measured, bench/RESULTS.md), without the
-    /// mask's gradient (its dS scratch is the two-kernel order's), with the key blocks below the
-    /// loop limit and the scratch within fused_budget and the device's storage range; otherwise
-    /// the two-kernel order.
+    /// mask's gradient (its dS scratch is the two-kernel order's) and with the key blocks below
+    /// the loop limit; otherwise the two-kernel order.
     bool fused = false;
     std::uint32_t key_blocks = 0;  ///< dk/dv's key blocks per (batch, K/V head): ceil(max(S, 1) / dkdv_block())
+    /// The fused order's chunks: the dR scratch (and its check sums) holds fused_heads (batch,
+    /// query head)s, within fused_budget and the device's storage range; dk/dv over a chunk's
+    /// heads, then dq over them, chunk after chunk over the one scratch. fused_heads is a multiple
+    /// of the group (whole (batch, K/V head)s) or, where one K/V head's group does not fit, a part
+    /// of a group (dk/dv then resumes its accumulators from the outputs, as its row chunks do).
+    /// The chunks change no bit: each output has the same writer and order of accumulation.
+    std::uint32_t fused_heads = 0;
     std::uint64_t dr_bytes = 0, dr_sums_at = 0, dr_sums_bytes = 0;
     /// dq, dk and dv by flash_coop_bwd_dq.comp and flash_coop_bwd_dkdv.comp
     /// (flash_bwd_request::coop): their tiles, their row blocks per (batch, query head) and key
@@ -90,15 +96,22 @@ struct flash_bwd_plan {
     [[nodiscard]] std::uint32_t dkdv_block() const { return wg * kpi; }
     /// Dispatches of the dq and dk/dv kernels (one pipeline each; twice that with careful ones).
     [[nodiscard]] std::uint32_t dispatches(const flash_layout& l) const;
+    /// The fused order's chunks of (batch, query head)s, in order (fused_heads each, the last of a
+    /// K/V head's group or of the batch fewer): [first, first + count).
+    struct head_chunk {
+        std::uint32_t first = 0, count = 0;
+    };
+    [[nodiscard]] std::vector<head_chunk> fused_chunks(const flash_layout& l) const;
 };
 
-/// The largest dR scratch (with its check sums) the fused order takes: 512 MiB, an N = 4096 call
-/// of six (batch, head)s; beyond it the two-kernel order, which needs no scratch of that size.
+/// The largest dR scratch (with its check sums) of one chunk of the fused order: 512 MiB, six
+/// (batch, head)s at N = 4096 (flash_bwd_plan::fused_heads).
 inline constexpr std::uint64_t fused_budget = std::uint64_t{512} << 20;
 
 /// Plans the kernels for `layout` (its fp16 flag: RGBA16F texels) on the device `desc`
 /// describes. settings::max_fused_keys (if not 0) caps the keys of a dq dispatch and the row
-/// slots of a dk/dv dispatch (a test hook: the chunked paths at small sizes). A pure function.
+/// slots of a dk/dv dispatch, settings::max_fused_heads the fused order's heads per chunk
+/// (test hooks: the chunked paths at small sizes). A pure function.
 flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& layout, const flash_bwd_request& r,
                                    const settings& set);
 

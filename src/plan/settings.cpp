@@ -83,6 +83,7 @@ settings read_settings(const testing::hooks& hooks) {
         s.decode_cpu_rows = r, s.decode_cpu_keys = k;
     }
     s.max_fused_keys = hooks.max_fused_keys_per_dispatch;
+    s.max_fused_heads = hooks.max_fused_backward_heads;
     s.fused_tiles_as = hooks.fused_tiles_as;
     s.max_decode_chunks = hooks.max_decode_chunks;
     s.decode_unrolled_texels = hooks.decode_unrolled_texels;

@@ -44,6 +44,7 @@ struct settings {
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch
+    std::uint32_t max_fused_heads = 0;          ///< testing::hooks::max_fused_backward_heads
     std::optional<device_info> fused_tiles_as;  ///< testing::hooks::fused_tiles_as
     std::uint32_t max_decode_chunks = 0;        ///< testing::hooks::max_decode_chunks
     std::uint32_t decode_unrolled_texels = 0;   ///< testing::hooks::decode_unrolled_texels

@@ -96,8 +96,11 @@ run_result<sdpa_gradients> run_sdpa_backward(run_env& env, const sdpa_backward_p
     if (const std::vector<double>& m = s.exec().marks_ms(); m.size() >= 5) {
         run.times.attention_ms = m[4] - m[0];
         const double first = m[2] - m[1], second = m[3] - m[2];  // dk/dv first in the fused order
-        run.times.backward_dq_ms = p.kernels.fused ? second : first;
-        run.times.backward_dkdv_ms = p.kernels.fused ? first : second;
+        // The fused order in several chunks interleaves the two kernels: no split (0).
+        if (p.kernels.fused_chunks(fp.layout).size() <= 1) {
+            run.times.backward_dq_ms = p.kernels.fused ? second : first;
+            run.times.backward_dkdv_ms = p.kernels.fused ? first : second;
+        }
     }
     // read
     sdpa_gradients& g = run.output;

@@ -33,6 +33,7 @@ struct context_setup {
     std::uint64_t device_memory_limit = 0;
     std::uint32_t max_workgroup_count = 0;
     std::uint32_t max_fused_keys_per_dispatch = 0;
+    std::uint32_t max_fused_backward_heads = 0;
     bool force_staging = false;
     std::uint32_t simulate_device_lost_at_submit = 0;
     std::optional<qkv::vulkan::device_info> fused_tiles_as{};
@@ -50,6 +51,7 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
     return qkv::vulkan::testing::make_context(options,
                                               {.max_workgroup_count = setup.max_workgroup_count,
                                                .max_fused_keys_per_dispatch = setup.max_fused_keys_per_dispatch,
+                                               .max_fused_backward_heads = setup.max_fused_backward_heads,
                                                .force_staging = setup.force_staging,
                                                .simulate_device_lost_at_submit = setup.simulate_device_lost_at_submit,
                                                .fused_tiles_as = setup.fused_tiles_as,

@@ -73,8 +73,10 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                 }
                 const summary f = summarise(forward_ms), b = summarise(backward_ms);
                 const summary dq = summarise(dq_ms), dkdv = summarise(dkdv_ms);
+                // No split where the backward does not measure one (call_stats::backward_dq_ms).
+                const bool split = device_clock && dq.max > 0 && dkdv.max > 0;
                 const auto part = [&](const summary& s, std::size_t width) {
-                    std::string t = device_clock ? fixed(s.median / f.median, 2) + "x" : "-";
+                    std::string t = split ? fixed(s.median / f.median, 2) + "x" : "-";
                     if (t.size() < width) t.insert(0, width - t.size(), ' ');
                     return t;
                 };
@@ -96,7 +98,7 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                          {"forward_ms", summary_json(f)},
                          {"backward_ms", summary_json(b)},
                          {"backward_over_forward", b.median / f.median}};
-                if (device_clock) {
+                if (split) {
                     row["backward_dq_ms"] = summary_json(dq), row["backward_dkdv_ms"] = summary_json(dkdv);
                     row["dq_over_forward"] = dq.median / f.median, row["dkdv_over_forward"] = dkdv.median / f.median;
                 }

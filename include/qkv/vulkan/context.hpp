@@ -71,7 +71,8 @@ struct call_stats {
     double projection_ms = 0, attention_ms = 0, output_projection_ms = 0;
     /// context::sdpa_backward: the parts of attention_ms spent in the dq kernel and in the dk/dv
     /// kernel (the rest packs the inputs, computes the row statistics and folds broadcast
-    /// gradients); 0 for other calls and without timestamps.
+    /// gradients); 0 for other calls, without timestamps, and where the fused order runs in
+    /// several chunks of heads (its two kernels take turns chunk by chunk).
     double backward_dq_ms = 0, backward_dkdv_ms = 0;
     std::uint64_t device_bytes = 0;  ///< device memory held by the context after the call
     /// Whether the range check of the projected Q, K, V ran on the device (README, Guarantees):

@@ -34,6 +34,11 @@ struct hooks {
     /// long sequences (their loops end after 65,535 iterations), without long sequences.
     std::uint32_t max_fused_keys_per_dispatch = 0;
 
+    /// Let one chunk of the backward's fused order (dk and dv storing dR, then dq from it) cover at
+    /// most this many (batch, query head)s (0 = as many as its dR scratch's budget takes):
+    /// exercises the chunked fused order, which long sequences with many heads take, at small sizes.
+    std::uint32_t max_fused_backward_heads = 0;
+
     /// Always stage uploads and downloads through host-visible buffers, as on a discrete GPU,
     /// even where device memory is host-visible (the calls' inputs and results, and the host
     /// appends of a kv_cache made from this context).
