@@ -268,20 +268,25 @@ TEST_CASE("sdpa_call over a cache: the decode's check of q and the output, run a
     // float16 q, each kernel of the decode: the cpu one unrolled (E = 16, read in place), over
     // packed rows padded to whole texels (E = 17) and its wide form (E = 160); the gpu one; the
     // cooperative-matrix one where the device has it (fp16).
-    auto ctx = qkv_test::make_context({});
+    // And the merge's output flag by a subgroup vote, where the device offers votes (a hook: the
+    // plan keeps the per-element flag on a CPU device).
+    auto plain = qkv_test::make_context({});
+    auto voting = qkv_test::make_context({.decode_vote = true});
     std::mt19937_64 rng(31);
     constexpr std::size_t Hq = 4, Hkv = 2, S = 17;
     struct variant {
         std::size_t e;
         qkv::kernel_family kernel;
+        bool vote;
     };
-    const variant variants[] = {{16, qkv::kernel_family::automatic},
-                                {17, qkv::kernel_family::automatic},
-                                {160, qkv::kernel_family::automatic},
-                                {17, qkv::kernel_family::block_tiles},
-                                {16, qkv::kernel_family::coopmat}};
+    const variant variants[] = {
+        {16, qkv::kernel_family::automatic, false},  {17, qkv::kernel_family::automatic, false},
+        {160, qkv::kernel_family::automatic, false}, {17, qkv::kernel_family::block_tiles, false},
+        {16, qkv::kernel_family::coopmat, false},    {17, qkv::kernel_family::automatic, true}};
     for (const variant& va : variants)
         for (const bool half : {false, true}) {
+            qkv::vulkan::context& ctx = va.vote ? voting : plain;
+            if (va.vote && !ctx.device().subgroup_vote) continue;
             const std::size_t E = va.e;
             if (half && !ctx.device().fp16_storage) continue;
             if (va.kernel == qkv::kernel_family::coopmat && (!half || !ctx.device().cooperative_matrix)) continue;
@@ -297,7 +302,8 @@ TEST_CASE("sdpa_call over a cache: the decode's check of q and the output, run a
             std::vector<float> q = normal(Hq * E, rng);
             qkv::vulkan::tensor tq(ctx, {1, Hq, 1, E}, type), out(ctx, {1, Hq, 1, E});
             tq.upload(q);
-            INFO((half ? "fp16" : "fp32") << ", E = " << E << ", kernel " << static_cast<int>(va.kernel));
+            INFO((half ? "fp16" : "fp32")
+                 << ", E = " << E << ", kernel " << static_cast<int>(va.kernel) << (va.vote ? ", vote" : ""));
             // Scores beyond float32 (q's norms times k's times the scale): refused.
             qkv::sdpa_problem big = desc;
             big.options.scale = 1e38f;

@@ -58,7 +58,8 @@ struct decode_plan {
     bool subgroup = false;  ///< gpu variant: tile maxima by subgroupMax (else a shared-memory tree)
     bool shuffle = false;   ///< cpu variant: K and V rows shared by subgroupShuffle (cpu_shuffle in flash_cpu.hpp)
     /// The merge's guard form (a call over device tensors) raises its output flag by a subgroup
-    /// vote (sdpa_merge.comp, QKV_SUBGROUP_VOTE): the device offers votes in compute shaders.
+    /// vote (sdpa_merge.comp, QKV_SUBGROUP_VOTE): the device offers votes in compute shaders and is
+    /// not a CPU (settings::decode_vote: a CPU too).
     bool vote = false;
     std::uint32_t wg = 8;   ///< invocations per workgroup
     std::uint32_t rpi = 1;  ///< cpu: rows per invocation; gpu: rows per workgroup
