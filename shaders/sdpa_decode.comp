@@ -46,6 +46,10 @@
 //
 // K and V: texels (texelFetch), or with QKV_KV_BLOCKS ggml's q8_0 / q4_0 blocks read from storage
 // buffers and dequantized a texel (4 values) at a time in float32 (kv_blocks.glsl).
+//
+// GUARD = 1 (not QKV_PAGED): the workgroups of chunk 0 also run the overflow guard's rows pass over
+// the rows of q they read (contract/decode.h, DECODE_BINDING_GUARD), so that a decode recorded over
+// device tensors needs no pass of its own over q.
 #include "contract/decode.h"
 #include "contract/paged.h"
 #include "contract/score.h"
@@ -64,6 +68,7 @@ layout(constant_id = DECODE_SPEC_CAREFUL) const uint CAREFUL = 0;  // DECODE_VAL
 layout(constant_id = DECODE_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
 layout(constant_id = DECODE_SPEC_KV_FORMAT) const uint KV_FORMAT = DECODE_KV_TEXELS;
 layout(constant_id = DECODE_SPEC_TB) const uint TB = 0;  // cpu: 0 unrolled, else the wide form's texels an iteration
+layout(constant_id = DECODE_SPEC_GUARD) const uint GUARD = 0;  // 1: the guard's rows pass over q (chunk 0)
 const uint TBX = TB == 0u ? 1u : TB;                     // (array sizes: never 0)
 
 layout(binding = DECODE_BINDING_Q) uniform textureBuffer q_tex;
@@ -101,6 +106,12 @@ layout(push_constant) uniform Push { paged_push pc; };
 layout(push_constant) uniform Push { decode_push pc; };
 #endif
 layout(std430, binding = DECODE_BINDING_GATE) readonly buffer Gate { uint gate_word[]; };
+#ifndef QKV_PAGED
+#include "contract/tensor.h"
+#include "guard_rows.glsl"
+layout(std430, binding = DECODE_BINDING_GUARD) buffer Guard { uint guard_words[]; };
+QKV_GUARD_TEXEL_NORM(q_texel_norm, q_tex)
+#endif
 
 /// Whether V may hold NaN or Inf: the host's word, or (DECODE_VALUES_GATED) the gate word's, the
 /// same for every invocation of the dispatch (so the branch on it is uniform).
@@ -178,6 +189,27 @@ uint q_row(uint z, uint r) {
     return (row_token(r) * pc.q_heads + z * (g_rows / g_q_len) + r / g_q_len) * E4;
 #else
     return (z * g_rows + r) * E4;
+#endif
+}
+
+/// The guard's rows pass over q (GUARD), in the workgroups of chunk 0: the norm of row r of group z
+/// (where a row of the group) into its (batch, query head)'s word, a NaN or Inf into the flags
+/// (contract/decode.h).
+void guard_fold(uint chunk, uint z, uint r, float norm, bool bad) {
+#ifndef QKV_PAGED
+    if (GUARD == 0u || chunk != 0u || r >= g_rows) return;
+    atomicMax(guard_words[GUARD_HEADER_WORDS + (z * g_rows + r) / g_q_len], floatBitsToUint(norm));
+    if (bad) atomicOr(guard_words[GUARD_WORD_FLAGS], GUARD_FLAG_INPUT_NONFINITE);
+#endif
+}
+
+/// The same for row r of group z, whose first texel is `at`, read again from q's texels.
+void guard_q_row(uint chunk, uint z, uint r, uint at) {
+#ifndef QKV_PAGED
+    if (GUARD == 0u || chunk != 0u || r >= g_rows) return;
+    bool bad = false;
+    const float norm = q_texel_norm(at, E4, bad);
+    guard_fold(chunk, z, r, norm, bad);
 #endif
 }
 
@@ -273,7 +305,17 @@ void decode(const bool careful) {
     vec4 q[RPI * E4];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
         const uint r = min(row0 + i * WG + lane, g_rows - 1u);
-        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] = texelFetch(q_tex, int(q_row(z, r) + c)) * pc.scale;
+        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] = texelFetch(q_tex, int(q_row(z, r) + c));
+#ifndef QKV_PAGED
+        if (GUARD != 0u && chunk == 0u) {  // the guard's norm of the row from the registers just read
+            float gm = 0.0, gs = 0.0;
+            bool bad = false;
+            [[unroll]] for (uint c = 0; c < E4; ++c) guard_max4(q[i * E4 + c], gm, bad);
+            if (gm > 0.0) [[unroll]] for (uint c = 0; c < E4; ++c) guard_sum4(q[i * E4 + c], gm, gs);
+            guard_fold(chunk, z, row0 + i * WG + lane, gm * sqrt(gs), bad);
+        }
+#endif
+        [[unroll]] for (uint c = 0; c < E4; ++c) q[i * E4 + c] *= pc.scale;
     }
     float m[RPI], l[RPI];
     vec4 acc[RPI * EV4];
@@ -398,6 +440,7 @@ void decode_wide(const bool careful) {
         const uint r = min(row0 + i * WG + lane, g_rows - 1u);
         q_at[i] = q_row(z, r);
         acc_at[i] = partial_at(z, r, chunk) * EV4;
+        guard_q_row(chunk, z, row0 + i * WG + lane, q_at[i]);
     }
     float m[RPI], l[RPI];
     [[unroll]] for (uint i = 0; i < RPI; ++i) {
@@ -548,6 +591,7 @@ void decode(const bool careful) {
             q_sh[idx] = r < pc.rows ? texelFetch(q_tex, int((z * pc.rows + r) * E4 + idx % E4)) * pc.scale : vec4(0.0);
         }
     }
+    for (uint r = t; r < RPI; r += WG) guard_q_row(chunk, z, row0 + r, q_row(z, min(row0 + r, g_rows - 1u)));
     barrier();
 
     float m[RPI];

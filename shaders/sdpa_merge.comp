@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef QKV_SUBGROUP_VOTE
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_vote : require
+#endif
 // Merges the P partial softmax states (m, l, acc) of each row written by sdpa_decode.comp, in the
 // fixed order 0..P−1, so that equal inputs give identical bits on every run:
 //   M = max_p m_p,  w_p = exp(m_p − M) (0 for an empty chunk),  out = Σ w_p·acc_p / Σ w_p·l_p.
@@ -14,7 +18,10 @@
 // QKV_MERGE_GUARD (with QKV_FP16 for a float16 q): the overflow guard's output pass over the
 // elements written and its rows pass over q in the same dispatch (contract/decode.h,
 // decode_merge_guard_push), so that a decode recorded over device tensors adds no dispatch of its
-// own for the check.
+// own for the check. The rows pass runs only where the decode kernel did not (q_rows = 0
+// otherwise: sdpa_decode.comp's GUARD). With QKV_SUBGROUP_VOTE (the device offers subgroup votes
+// in compute shaders) a subgroup raises the output flag once, by subgroupAny over its active
+// invocations, whatever its size.
 #include "contract/decode.h"
 #include "contract/paged.h"
 #include "contract/score.h"
@@ -99,7 +106,10 @@ void main() {
     else
         o = l == 0.0 ? 0.0 : a / l;
     o_out[out_at] = o;
-#ifdef QKV_MERGE_GUARD
+#if defined(QKV_MERGE_GUARD) && defined(QKV_SUBGROUP_VOTE)
+    if (subgroupAny(!guard_finite(o)) && subgroupElect())
+        atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
+#elif defined(QKV_MERGE_GUARD)
     if (!guard_finite(o)) atomicOr(result[GUARD_WORD_FLAGS], GUARD_FLAG_OUTPUT_NONFINITE);
 #endif
     if ((features & SCORE_LSE) != 0u && c == 0u) lse_out[lse_at] = row_lse(big, l, false, drop);

@@ -281,6 +281,23 @@ TEST_CASE("decode plan: the K/V row stride and the chunk cap", "[decode_plan]") 
     }
 }
 
+TEST_CASE("decode plan: the merge's output flag by a subgroup vote where the device offers votes and is no CPU",
+          "[decode_plan]") {
+    const decode_request r = request(1, 8, 2, 1, 1000, 64, 64);
+    for (const fake& f : fd::fake_devices()) {
+        INFO(f.name);
+        for (const bool votes : {false, true}) {
+            device_info info = f.info;
+            info.subgroup_vote = votes;
+            const bool gpu = info.type != device_type::cpu;
+            CHECK(plan_decode(info, r).vote == (votes && gpu));
+            qkv::vulkan::detail::settings forced;
+            forced.decode_vote = true;  // the test hook: a CPU device too, never one without votes
+            CHECK(plan_decode(info, r, forced).vote == votes);
+        }
+    }
+}
+
 TEST_CASE("decode plan: wide heads take the cpu kernel's wide form, every K/V format, every width to 4,096",
           "[decode_plan]") {
     for (const fake& f : fd::fake_devices()) {

@@ -565,6 +565,75 @@ TEST_CASE("interop misuse: check() before completion throws not_complete, never 
     CHECK(a.log.count() == 0);
 }
 
+TEST_CASE("interop: a recording tied to the application's fence completes with the fence, not its word",
+          "[interop][misuse]") {
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    misuse_problem p(a, ctx, 1e20f);  // scores beyond float32: the verdict is numeric_overflow
+    qkv::vulkan::sdpa_call call(ctx, p.desc);
+    VkFenceCreateInfo fence_info{};
+    fence_info.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+    VkFence other = VK_NULL_HANDLE;
+    app::check(vkCreateFence(a.device, &fence_info, nullptr, &other), "vkCreateFence");
+    // Run to completion (its word says done), but tied to a fence no submit has signalled yet:
+    // not complete until that fence is (the word alone is no host synchronisation).
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, p.tensors());
+    CHECK_THROWS_AS(r.completes_with(VK_NULL_HANDLE), qkv::invalid_argument);
+    r.completes_with(other);
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK_THROWS_AS(r.check(), qkv::vulkan::not_complete);
+    VkSubmitInfo empty{};
+    empty.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    app::check(vkQueueSubmit(a.queue, 1, &empty, other), "vkQueueSubmit");
+    app::check(vkWaitForFences(a.device, 1, &other, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    CHECK_THROWS_AS(r.check(), qkv::vulkan::numeric_overflow);
+    r = {};
+    // Destroyed unchecked once its fence is signalled: released at once, no later call needed
+    // (without the fence it stays with the context until a later record or run). A run first:
+    // the call keeps its own runs' recording.
+    CHECK_THROWS_AS(call.run(p.tensors()), qkv::vulkan::numeric_overflow);
+    const std::size_t live = qkv::vulkan::testing::live().recordings;
+    cmd = a.begin();
+    {
+        qkv::vulkan::recording unchecked = qkv::vulkan::record(call, cmd, p.tensors());
+        CHECK(qkv::vulkan::testing::live().recordings == live + 1);
+        app::vulkan_app::host_barrier(cmd);
+        const VkFence fence = a.submit(cmd);
+        unchecked.completes_with(fence);
+        app::check(vkWaitForFences(a.device, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+        unchecked = {};
+        CHECK(qkv::vulkan::testing::live().recordings == live);
+        a.wait(fence, cmd);
+    }
+    // Destroyed before its fence signalled: the fence is forgotten (the application may destroy
+    // it), and the word decides, as without one.
+    cmd = a.begin();
+    VkFence late = VK_NULL_HANDLE;
+    app::check(vkCreateFence(a.device, &fence_info, nullptr, &late), "vkCreateFence");
+    {
+        qkv::vulkan::recording pending = qkv::vulkan::record(call, cmd, p.tensors());
+        pending.completes_with(late);
+    }
+    vkDestroyFence(a.device, late, nullptr);
+    CHECK(qkv::vulkan::testing::live().recordings == live + 1);
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    cmd = a.begin();
+    {
+        // A later record finds its word done and lets it go, never asking the destroyed fence.
+        qkv::vulkan::recording again = qkv::vulkan::record(call, cmd, p.tensors());
+        CHECK(qkv::vulkan::testing::live().recordings == live + 1);
+        app::vulkan_app::host_barrier(cmd);
+        a.submit_and_wait(cmd);
+        CHECK_THROWS_AS(again.check(), qkv::vulkan::numeric_overflow);
+    }
+    CHECK(qkv::vulkan::testing::live().recordings == live);
+    vkDestroyFence(a.device, other, nullptr);
+    CHECK(a.log.count() == 0);
+}
+
 TEST_CASE("interop misuse: an append recorded but not run is never seen", "[interop][misuse][cache]") {
     app::vulkan_app a;
     qkv::vulkan::context ctx = context_on(a);

@@ -259,54 +259,78 @@ TEST_CASE("sequence: several layers' decode calls in one submit equal the host c
     require_clean(ctx);
 }
 
-TEST_CASE("sdpa_call over a cache: the merge's check of q and the output, run and in a sequence",
+TEST_CASE("sdpa_call over a cache: the decode's check of q and the output, run and in a sequence",
           "[tensor][sequence][overflow]") {
-    // A decode recorded over a cache checks q's rows and its output in the merge's dispatch: q's
-    // norms must reach the verdict (scores beyond float32 refused), and a NaN in q must be seen as
-    // an input's (the NaN rules: a NaN output, no verdict), for float32 and float16 q.
-    auto ctx = qkv_test::make_context({});
+    // A decode recorded over a cache checks q's rows as its kernel reads q (or, where the kernel's
+    // texels are not q's values or the family reads none, in the merge) and its output in the
+    // merge's dispatch: q's norms must reach the verdict (scores beyond float32 refused), and a NaN
+    // in q must be seen as an input's (the NaN rules: a NaN output, no verdict), for float32 and
+    // float16 q, each kernel of the decode: the cpu one unrolled (E = 16, read in place), over
+    // packed rows padded to whole texels (E = 17) and its wide form (E = 160); the gpu one; the
+    // cooperative-matrix one where the device has it (fp16).
+    // And the merge's output flag by a subgroup vote, where the device offers votes (a hook: the
+    // plan keeps the per-element flag on a CPU device).
+    auto plain = qkv_test::make_context({});
+    auto voting = qkv_test::make_context({.decode_vote = true});
     std::mt19937_64 rng(31);
-    constexpr std::size_t Hq = 4, Hkv = 2, E = 16, S = 17;
-    for (const bool half : {false, true}) {
-        if (half && !ctx.device().fp16_storage) continue;
-        const qkv::element_type type = half ? qkv::element_type::f16 : qkv::element_type::f32;
-        qkv::sdpa_problem desc;
-        desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
-        if (half) desc.options.precision = qkv::precision::fp16;
-        qkv::vulkan::kv_cache cache(
-            ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E, .type = type});
-        cache.append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
-        std::vector<float> q = normal(Hq * E, rng);
-        qkv::vulkan::tensor tq(ctx, {1, Hq, 1, E}, type), out(ctx, {1, Hq, 1, E});
-        tq.upload(q);
-        INFO((half ? "fp16" : "fp32"));
-        // Scores beyond float32 (q's norms times k's times the scale): refused.
-        qkv::sdpa_problem big = desc;
-        big.options.scale = 1e38f;
-        qkv::vulkan::sdpa_call over(ctx, big, cache);
-        CHECK_THROWS_AS(over.run({.q = &tq, .out = &out}), qkv::vulkan::numeric_overflow);
-        qkv::vulkan::sequence seq(ctx);
-        seq.record(over, {.q = &tq, .out = &out});
-        CHECK_THROWS_AS(seq.run(), qkv::vulkan::numeric_overflow);
-        // The same q at the default scale: the host call's answer.
-        qkv::vulkan::sdpa_call call(ctx, desc, cache);
-        qkv::sdpa_problem host = desc;
-        host.q = q;
-        const std::vector<float> want = ctx.sdpa(host, cache).output;
-        seq.record(call, {.q = &tq, .out = &out});
-        seq.run();
-        CHECK(out.download() == want);
-        // A NaN in a row of q: that row's output is NaN, and no verdict.
-        q[E + 3] = std::numeric_limits<float>::quiet_NaN();
-        tq.upload(q);
-        seq.record(call, {.q = &tq, .out = &out});
-        CHECK_NOTHROW(seq.run());
-        const std::vector<float> got = out.download();
-        CHECK(std::isnan(got[E]));
-        CHECK(std::isfinite(got[0]));
-        CHECK_NOTHROW(call.run({.q = &tq, .out = &out}));
-        require_clean(ctx);
-    }
+    constexpr std::size_t Hq = 4, Hkv = 2, S = 17;
+    struct variant {
+        std::size_t e;
+        qkv::kernel_family kernel;
+        bool vote;
+    };
+    const variant variants[] = {
+        {16, qkv::kernel_family::automatic, false},  {17, qkv::kernel_family::automatic, false},
+        {160, qkv::kernel_family::automatic, false}, {17, qkv::kernel_family::block_tiles, false},
+        {16, qkv::kernel_family::coopmat, false},    {17, qkv::kernel_family::automatic, true}};
+    for (const variant& va : variants)
+        for (const bool half : {false, true}) {
+            qkv::vulkan::context& ctx = va.vote ? voting : plain;
+            if (va.vote && !ctx.device().subgroup_vote) continue;
+            const std::size_t E = va.e;
+            if (half && !ctx.device().fp16_storage) continue;
+            if (va.kernel == qkv::kernel_family::coopmat && (!half || !ctx.device().cooperative_matrix)) continue;
+            if (E == 160 && half) continue;  // one wide case is enough
+            const qkv::element_type type = half ? qkv::element_type::f16 : qkv::element_type::f32;
+            qkv::sdpa_problem desc;
+            desc.shape = {.batch = 1, .q_heads = Hq, .kv_heads = Hkv, .q_len = 1, .kv_len = 0, .d_qk = E, .d_v = E};
+            if (half) desc.options.precision = qkv::precision::fp16;
+            desc.options.kernel = va.kernel;
+            qkv::vulkan::kv_cache cache(
+                ctx, qkv::kv_layout{.batch = 1, .kv_heads = Hkv, .capacity = S, .d_qk = E, .d_v = E, .type = type});
+            cache.append(normal(Hkv * S * E, rng), normal(Hkv * S * E, rng), S);
+            std::vector<float> q = normal(Hq * E, rng);
+            qkv::vulkan::tensor tq(ctx, {1, Hq, 1, E}, type), out(ctx, {1, Hq, 1, E});
+            tq.upload(q);
+            INFO((half ? "fp16" : "fp32")
+                 << ", E = " << E << ", kernel " << static_cast<int>(va.kernel) << (va.vote ? ", vote" : ""));
+            // Scores beyond float32 (q's norms times k's times the scale): refused.
+            qkv::sdpa_problem big = desc;
+            big.options.scale = 1e38f;
+            qkv::vulkan::sdpa_call over(ctx, big, cache);
+            CHECK_THROWS_AS(over.run({.q = &tq, .out = &out}), qkv::vulkan::numeric_overflow);
+            qkv::vulkan::sequence seq(ctx);
+            seq.record(over, {.q = &tq, .out = &out});
+            CHECK_THROWS_AS(seq.run(), qkv::vulkan::numeric_overflow);
+            // The same q at the default scale: the host call's answer.
+            qkv::vulkan::sdpa_call call(ctx, desc, cache);
+            qkv::sdpa_problem host = desc;
+            host.q = q;
+            const std::vector<float> want = ctx.sdpa(host, cache).output;
+            seq.record(call, {.q = &tq, .out = &out});
+            seq.run();
+            CHECK(out.download() == want);
+            // A NaN in a row of q: that row's output is NaN, and no verdict.
+            q[E + 3] = std::numeric_limits<float>::quiet_NaN();
+            tq.upload(q);
+            seq.record(call, {.q = &tq, .out = &out});
+            CHECK_NOTHROW(seq.run());
+            const std::vector<float> got = out.download();
+            CHECK(std::isnan(got[E]));
+            CHECK(std::isfinite(got[0]));
+            CHECK_NOTHROW(call.run({.q = &tq, .out = &out}));
+            require_clean(ctx);
+        }
 }
 
 TEST_CASE("sequence: a decode over a cache holding infinities takes the host call's kernel", "[tensor][sequence]") {

@@ -12,17 +12,76 @@ Available where qkv was built with qkv::mpi (qkv.mpi.available); mpi4py must use
 (Debian's python3-mpi4py and libopenmpi-dev do). Every call is collective: it returns on every
 rank or raises the same error on every rank, the failing rank named (qkv.mpi.Timeout when a rank
 does not arrive in time).
+
+After a Timeout the ranks are out of step and the late rank may never come back (frozen, blocked
+outside MPI, dead), so mpi4py's MPI_Finalize at interpreter exit, which waits for every rank,
+could wait forever. In a process where a qkv.mpi call raised Timeout (timed_out()), qkv.mpi's exit
+handler therefore ends the whole job with MPI_Abort(MPI_COMM_WORLD, 1) instead, after flushing
+sys.stdout and sys.stderr: every rank ends, the frozen one included, and the launcher exits with
+status 1. Do not call MPI.Finalize() yourself after a Timeout.
 """
 
+import atexit
 import numbers
+import sys
+import time
 
 from . import _arrays, _devices, _qkv
 from ._errors import InvalidArgument, MPIError, Timeout
 from ._sdpa import TOP_LEFT, check_dtypes, mask_kind, options, same_kind, small
 
-__all__ = ["sdpa", "slice_of", "take", "available", "MPIError", "Timeout"]
+__all__ = ["sdpa", "slice_of", "take", "timed_out", "available", "MPIError", "Timeout"]
 
 available = bool(_qkv._has_mpi)
+
+
+_timed_out_here = False  # a wait of this module's own (_summed) ran out
+
+
+def timed_out():
+    """Whether a qkv.mpi call of this process has raised Timeout (its own wait ran out, or another
+    rank's did): the ranks are then out of step, and the job ends with MPI_Abort at exit."""
+    return available and (_timed_out_here or bool(_qkv._mpi_timed_out()))
+
+
+def _summed(comm, values, timeout):
+    """The sums of `values` (ints) over the ranks of comm, waiting at most the call's timeout as
+    qkv's own waits do: a rank that never arrives (frozen, dead) gives Timeout, not a hang."""
+    import numpy
+    from mpi4py import MPI
+
+    global _timed_out_here
+    limit = float(timeout) if timeout is not None else _qkv._mpi_default_timeout()
+    send = numpy.array(values, dtype=numpy.int64)
+    sums = numpy.zeros_like(send)
+    request = comm.Iallreduce(send, sums, op=MPI.SUM)
+    deadline = time.monotonic() + limit
+    while not request.Test():
+        if time.monotonic() > deadline:
+            _timed_out_here = True
+            raise Timeout(f"qkv.mpi.sdpa: summing q_len and kv_len over the {comm.size} ranks: not every rank "
+                          f"arrived within the timeout ({limit:g} s)")
+        time.sleep(0.001)
+    return [int(x) for x in sums]
+
+
+def _end_after_timeout():
+    # Runs before mpi4py's finalisation (Python's exit handlers come first, in reverse order).
+    if not timed_out():
+        return
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream: nothing left to lose
+            pass
+    MPI.COMM_WORLD.Abort(1)
+
+
+atexit.register(_end_after_timeout)
 
 
 def _need_mpi():
@@ -80,15 +139,16 @@ def sdpa(comm, query, key, value, attn_mask=None, *, q_len=None, kv_len=None, is
     v = _arrays.host_view(value, "value")
     kind = same_kind((q, k, v), ("query", "key", "value"))
     check_dtypes(q, k, v)
-    if q_len is None:
-        q_len = comm.allreduce(_arrays.shape_of(q)[2] if _arrays.rank(q) == 4 else 0)
-    if kv_len is None:
-        kv_len = comm.allreduce(_arrays.shape_of(k)[2] if _arrays.rank(k) == 4 else 0)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
+        raise TypeError(f"timeout must be a number of seconds (it is a {type(timeout).__name__})")
+    if q_len is None or kv_len is None:
+        rows = _summed(comm, [_arrays.shape_of(x)[2] if _arrays.rank(x) == 4 else 0 for x in (q, k)],
+                       timeout if timeout is None or timeout > 0 else None)
+        q_len = rows[0] if q_len is None else q_len
+        kv_len = rows[1] if kv_len is None else kv_len
     for name, n in (("q_len", q_len), ("kv_len", kv_len)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise InvalidArgument(f"{name} must be a non-negative int (it is {n!r})")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
-        raise TypeError(f"timeout must be a number of seconds (it is a {type(timeout).__name__})")
     opts = options(scale=scale, causal=is_causal, alignment=causal_alignment, window=window, softcap=softcap,
                    return_lse=return_lse, kv_type=kv_type, precision=precision)
     mask, is_bool = mask_kind(attn_mask)

@@ -142,6 +142,8 @@ void bind_mpi(py::module_& m) {
             return out;
         },
         py::arg("length"), py::arg("ranks"), py::arg("rank"), py::arg("layout"));
+    m.def("_mpi_timed_out", [] { return qkv::mpi::timed_out(); });
+    m.def("_mpi_default_timeout", [] { return static_cast<double>(qkv::mpi::default_timeout().count()) / 1000.0; });
 }
 #else
 void bind_mpi(pybind11::module_& m) { m.attr("_has_mpi") = false; }

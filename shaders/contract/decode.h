@@ -65,6 +65,7 @@ struct decode_spec {
     uint kv_format;  // DECODE_KV_TEXELS, or (QKV_KV_BLOCKS variants) DECODE_KV_Q8_0 / DECODE_KV_Q4_0
     uint tb;         // cpu: 0, every texel of a row unrolled (Q and the accumulator in registers); n > 0,
                      // the wide form: loops over E and Ev of n texels an iteration (8 = one block)
+    uint guard;      // 1: the workgroups of chunk 0 fold q's row norms into the guard's words (below)
 };
 QKV_CONST uint DECODE_SPEC_WG = 0u;         // invocations per workgroup
 QKV_CONST uint DECODE_SPEC_RPI = 1u;        // cpu: rows per invocation; gpu: rows per workgroup
@@ -77,7 +78,8 @@ QKV_CONST uint DECODE_SPEC_CAREFUL = 7u;    // 1: V may hold NaN or Inf (shaders
 QKV_CONST uint DECODE_SPEC_FEATURES = 8u;   // contract/score.h's SCORE_* bits
 QKV_CONST uint DECODE_SPEC_KV_FORMAT = 9u;  // how K and V are stored (below)
 QKV_CONST uint DECODE_SPEC_TB = 10u;        // cpu: texels an iteration of the wide form's loops over E, Ev
-QKV_CONST uint DECODE_SPEC_COUNT = 11u;
+QKV_CONST uint DECODE_SPEC_GUARD = 11u;     // 1: the overflow guard's rows pass over q (not QKV_PAGED)
+QKV_CONST uint DECODE_SPEC_COUNT = 12u;
 
 // The gpu variant's score loop over E is unrolled up to this many texels and a loop beyond (the
 // plan counts its iterations): an unrolled 256 took lavapipe's LLVM more than five minutes to build.
@@ -101,7 +103,16 @@ QKV_CONST uint DECODE_BINDING_ACC = 6u;       // storage, acc[dv_stride] per (z,
                                               // accumulates there (read and written)
 QKV_CONST uint DECODE_BINDING_PARAMS = 7u;    // storage, contract/score.h's params
 QKV_CONST uint DECODE_BINDING_GATE = 8u;      // storage, a flags word (DECODE_VALUES_GATED)
-QKV_CONST uint DECODE_BINDINGS = 9u;
+QKV_CONST uint DECODE_BINDINGS = 9u;          // QKV_PAGED's (contract/paged.h)
+// DECODE_SPEC_GUARD = 1 (a decode recorded over device tensors, where q's texels hold q's values
+// exactly): the workgroups of chunk 0 each fold the row norm (shaders/guard_rows.glsl) of their
+// rows of q, as read, into word GUARD_HEADER_WORDS + (z·R + r) / L of the overflow guard's words
+// (contract/tensor.h, zeroed before), the word of row (batch, query head), and raise
+// GUARD_FLAG_INPUT_NONFINITE for a NaN or Inf in it: the guard's rows pass over q, in the pass the
+// kernel makes over q anyway. The merge then runs only the output pass (decode_merge_guard_push,
+// q_rows = 0). With 0 the binding is bound to any buffer and not read.
+QKV_CONST uint DECODE_BINDING_GUARD = 9u;  // storage, the guard's uint words (not QKV_PAGED)
+QKV_CONST uint DECODE_GUARD_BINDINGS = 10u;
 
 // decode_spec::careful. Where only the device knows whether V holds a NaN or Inf (a call over
 // device tensors, or a cache filled by device appends), one gated pipeline holds both paths and
@@ -143,7 +154,8 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_spec) == qkv::contract::DECODE_S
                    offsetof(qkv::contract::decode_spec, subgroup) == qkv::contract::DECODE_SPEC_SUBGROUP * 4u &&
                    offsetof(qkv::contract::decode_spec, features) == qkv::contract::DECODE_SPEC_FEATURES * 4u &&
                    offsetof(qkv::contract::decode_spec, kv_format) == qkv::contract::DECODE_SPEC_KV_FORMAT * 4u &&
-                   offsetof(qkv::contract::decode_spec, tb) == qkv::contract::DECODE_SPEC_TB * 4u)
+                   offsetof(qkv::contract::decode_spec, tb) == qkv::contract::DECODE_SPEC_TB * 4u &&
+                   offsetof(qkv::contract::decode_spec, guard) == qkv::contract::DECODE_SPEC_GUARD * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::decode_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

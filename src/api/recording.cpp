@@ -30,6 +30,16 @@ void recording::check() const {
     impl_->check_completed();
 }
 
+void recording::completes_with(VkFence fence) {
+    if (!impl_) throw qkv::invalid_argument("qkv::vulkan::recording::completes_with: the recording is empty");
+    if (fence == VK_NULL_HANDLE) throw qkv::invalid_argument("qkv::vulkan::recording::completes_with: no fence");
+    if (!impl_->core || !impl_->rec)
+        throw qkv::invalid_argument(
+            "qkv::vulkan::recording::completes_with: a call run by qkv has completed already (no fence of yours)");
+    std::lock_guard lock(impl_->core->mutex);
+    impl_->fence = fence;
+}
+
 namespace {
 
 /// A recording's device objects, views before the buffers they view, then its descriptor sets.
@@ -79,6 +89,10 @@ void recording::impl::end_marker(recorder& r) {
 
 bool recording::impl::finished() const {
     if (!rec || !marker) return true;  // run by qkv (waited on), or nothing recorded
+    if (fence != VK_NULL_HANDLE) {     // the caller's fence first: the word alone is no host synchronisation
+        const VkResult status = core->dev->fn().vkGetFenceStatus(core->dev->handle(), fence);
+        if (status != VK_SUCCESS) return false;  // VK_NOT_READY, or an error (a lost device): not known done
+    }
     marker.invalidate();
     std::uint32_t word = 0;
     std::memcpy(&word, marker.mapped(), 4);
@@ -119,16 +133,22 @@ void recording_access::retire(std::unique_ptr<recording::impl> r) noexcept {
     std::vector<std::shared_ptr<void>> later;                   // let go of after the lock
     std::shared_ptr<void> cache;
     std::lock_guard lock(core->mutex);
-    // The earlier retirees first: this one is never released at its own end, since its word
-    // may read done while the caller's command buffer is still pending (no fence waited yet),
-    // and destroying what a pending command buffer uses is invalid; a later call releases it.
+    // The earlier retirees first: this one is released at its own end only where the caller's
+    // fence (completes_with) is signalled, since its word may read done while the caller's
+    // command buffer is still pending (no fence waited yet), and destroying what a pending
+    // command buffer uses is invalid; otherwise a later call releases it.
     later = core->reclaim();
     cache = retire_locked(std::move(r));
 }
 
 std::shared_ptr<void> recording_access::retire_locked(std::unique_ptr<recording::impl> r) noexcept {
     if (!r || !r->core) return {};
-    r->settle_append(r->finished());
+    const bool done = r->finished();
+    r->settle_append(done);
+    // Known complete through the caller's fence: released now. Otherwise the fence is forgotten
+    // (the caller may destroy it once the recording is gone) and the word decides, as without one.
+    if (r->fence != VK_NULL_HANDLE && done) r->seen_complete = true;
+    r->fence = VK_NULL_HANDLE;
     // Its cache is let go of: the cache holds the core, so a retiree holding it would keep the
     // core (and every retiree, and the device objects) alive after the application's last qkv
     // object went. The application destroys a cache only after its commands over it completed.
@@ -136,7 +156,7 @@ std::shared_ptr<void> recording_access::retire_locked(std::unique_ptr<recording:
     std::shared_ptr<detail::device_core> core = std::move(r->core);
     if (r->rec && !r->seen_complete) {
         // Perhaps still running (the word is written by the device, not a fence the host waited
-        // on): kept until a later record or run finds its word done (the core's reclaim), or
+        // on): kept until a later record finds its word done (the core's reclaim), or
         // until the core goes, after the last object that shares it.
         try {
             core->retirees.push_back(std::move(r));

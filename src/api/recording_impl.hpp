@@ -42,6 +42,9 @@ struct recording::impl : detail::retired {
     /// check() has seen the word say done (after the caller's fence, as its contract says): the
     /// recording may be released at once when it goes.
     mutable bool seen_complete = false;
+    /// The caller's fence of the submit (recording::completes_with): completed only once it is
+    /// signalled too. Forgotten when the recording is retired (the caller may destroy it then).
+    VkFence fence = VK_NULL_HANDLE;
     std::vector<detail::buffer_view> views;
     detail::flash_cpu_views flash_views;
     // What check() needs:
@@ -77,8 +80,8 @@ struct recording::impl : detail::retired {
     void begin_marker(detail::recorder& rec);
     /// After everything recorded: the commands that write done_word once all of it has completed.
     void end_marker(detail::recorder& rec);
-    /// Whether its commands have completed: true for a call run by qkv (no marker); else the word
-    /// (the lock held).
+    /// Whether its commands have completed: true for a call run by qkv (no marker); else the word,
+    /// and the caller's fence where it was given (the lock held).
     [[nodiscard]] bool finished() const override;
     [[nodiscard]] std::shared_ptr<void> after_lock() override { return std::move(cache); }
     /// An append recording's effect on its cache, once known (the lock held): completed, the rows

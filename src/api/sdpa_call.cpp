@@ -374,14 +374,18 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
             rows.v = rows_binding(inputs.handle(), p.v.at, p.v.bytes),
             rows.v_off = static_cast<std::uint32_t>(p.v.at / 2);
         }
-        // check: the merge runs the guard's passes over the output it writes (and q's rows, where
-        // they did not go first), in its own dispatch, instead of a guard dispatch after it.
+        // check: the merge runs the guard's output pass over what it writes, in its own dispatch,
+        // instead of a guard dispatch after it; q's rows pass, where it did not go first, runs in
+        // the decode kernel as it reads q's texels where they hold q's values exactly (every
+        // float16 value is a float32 one; a float32 q packed as float16 texels is not), else in
+        // the merge too.
         const merge_guard in_merge{.q = qb.b,
                                    .result = verdict,
                                    .q_rows = rows_first ? 0u : g.q_rows,
                                    .d = g.d,
                                    .q_off = g.q_off,
-                                   .half = half && !rows_first};
+                                   .half = half && !rows_first,
+                                   .q_texels = half || !p.q_fp16};
         record_decode_sdpa(session, p, problem, r.views[0].handle(), kv, vv, m, 1.0f, values, k_blocks, v_blocks, gate,
                            direct_out, rows, &in_merge);
     }

@@ -27,11 +27,11 @@ constexpr std::uint32_t unrolled_texels_cpu = 32;
 
 }  // namespace
 
-contract::decode_spec decode_plan::spec(decode_values values) const {
+contract::decode_spec decode_plan::spec(decode_values values, bool guard) const {
     const std::uint32_t careful = values == decode_values::finite      ? contract::DECODE_VALUES_FINITE
                                   : values == decode_values::nonfinite ? contract::DECODE_VALUES_NONFINITE
                                                                        : contract::DECODE_VALUES_GATED;
-    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful, features, kv_format, tb};
+    return {wg, rpi, kps, e4, ev4, masks, subgroup ? 1u : 0u, careful, features, kv_format, tb, guard ? 1u : 0u};
 }
 
 decode_plan try_plan_decode(const device_info& info, const decode_request& r, const settings& set) {
@@ -73,6 +73,11 @@ decode_plan try_plan_decode(const device_info& info, const decode_request& r, co
     p.masks = r.masks;
     p.features = r.features;
     p.kv_format = r.kv_format;
+    // The vote only where it pays: on a GPU one instruction and at most one atomic per subgroup.
+    // llvmpipe already skips a branch no lane takes, so its per-element flag costs no atomic
+    // either, and its subgroupAny and subgroupElect cost more than they save (the 32-layer decode
+    // token's recorded form, LP_NUM_THREADS=0: 3 % more process CPU time with the vote).
+    p.vote = info.subgroup_vote && (info.type != device_type::cpu || set.decode_vote);
     p.kv_end = std::min(r.kv_end, p.kv_len);
     p.kv_first = std::min(r.kv_first, p.kv_end);
     const std::uint32_t max_wg = std::max<std::uint32_t>(info.max_workgroup_invocations, 1);

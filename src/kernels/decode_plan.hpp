@@ -57,6 +57,10 @@ struct decode_plan {
     kernel_family family = kernel_family::row_tiles;
     bool subgroup = false;  ///< gpu variant: tile maxima by subgroupMax (else a shared-memory tree)
     bool shuffle = false;   ///< cpu variant: K and V rows shared by subgroupShuffle (cpu_shuffle in flash_cpu.hpp)
+    /// The merge's guard form (a call over device tensors) raises its output flag by a subgroup
+    /// vote (sdpa_merge.comp, QKV_SUBGROUP_VOTE): the device offers votes in compute shaders and is
+    /// not a CPU (settings::decode_vote: a CPU too).
+    bool vote = false;
     std::uint32_t wg = 8;   ///< invocations per workgroup
     std::uint32_t rpi = 1;  ///< cpu: rows per invocation; gpu: rows per workgroup
     std::uint32_t kps = 8;  ///< cpu: keys per step; gpu: keys per tile (= wg)
@@ -83,8 +87,9 @@ struct decode_plan {
     [[nodiscard]] std::uint64_t stats_bytes() const { return partials() * 8; }
     [[nodiscard]] std::uint64_t acc_bytes() const { return partials() * ev4 * 16; }
     [[nodiscard]] std::uint64_t out_bytes() const { return std::uint64_t{groups} * rows * dv * 4; }
-    /// The kernel's constants for what is known of V (shaders/values.glsl).
-    [[nodiscard]] contract::decode_spec spec(decode_values values) const;
+    /// The kernel's constants for what is known of V (shaders/values.glsl); `guard`: the kernel runs
+    /// the overflow guard's rows pass over q (contract/decode.h, DECODE_SPEC_GUARD).
+    [[nodiscard]] contract::decode_spec spec(decode_values values, bool guard = false) const;
 };
 
 /// Plans a decode call on a device described by `info`: a pure function. Where the shape cannot

@@ -13,6 +13,12 @@ using namespace qkv::contract;
 
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
 
+/// Whether the decode kernel runs the guard's rows pass over q (merge_guard::q_texels).
+bool rows_in_kernel(const decode_plan& plan, const decode_io& io) {
+    return io.guard && io.guard->q_rows == std::uint64_t{plan.groups} * plan.rows && io.guard->q_texels &&
+           plan.family != kernel_family::coopmat;
+}
+
 void record_decode_kernel(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
                           const contract::decode_push& push, decode_values values, bool blocks) {
     const shader_id id = plan.family != kernel_family::row_tiles
@@ -21,30 +27,35 @@ void record_decode_kernel(recorder& exec, pipeline_set& pipes, const decode_plan
                              ? (blocks ? shader_id::sdpa_decode_cpu_shuffle_blocks : shader_id::sdpa_decode_cpu_shuffle)
                              : (blocks ? shader_id::sdpa_decode_cpu_blocks : shader_id::sdpa_decode_cpu);
     const binding gate = io.gate.buffer ? io.gate : io.params;  // read only when gated
+    const bool guard = rows_in_kernel(plan, io);
+    const binding words = guard ? io.guard->result : io.params;  // read only with the guard
     static_assert(DECODE_BINDING_Q == 0 && DECODE_BINDING_K == 1 && DECODE_BINDING_V == 2 && DECODE_BINDING_MASK == 3 &&
                       DECODE_BINDING_ADDITIVE == 4 && DECODE_BINDING_STATS == 5 && DECODE_BINDING_ACC == 6 &&
-                      DECODE_BINDING_PARAMS == 7 && DECODE_BINDING_GATE == 8 && DECODE_BINDINGS == 9,
+                      DECODE_BINDING_PARAMS == 7 && DECODE_BINDING_GATE == 8 && DECODE_BINDING_GUARD == 9 &&
+                      DECODE_GUARD_BINDINGS == 10,
                   "the binding lists below follow the contract's order");
-    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttssssss"),
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu, "tttsssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle, "tttsssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu, "tttsssssss"),
                   "Q, K and V are uniform texel buffers, the rest storage buffers");
-    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_blocks, "tssssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle_blocks, "tssssssss") &&
-                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tssssssss"),
+    static_assert(row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_blocks, "tsssssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_cpu_shuffle_blocks, "tsssssssss") &&
+                      row_matches<decode_push, decode_spec>(shader_id::sdpa_decode_gpu_blocks, "tsssssssss"),
                   "Q is a uniform texel buffer, K and V blocks in storage buffers");
     const std::uint32_t groups[3] = {plan.row_blocks * plan.chunks, 1, plan.groups};
     if (values == decode_values::gated && !io.gate.buffer)
         throw error("internal: a gated decode without its gate word");
-    const pipeline& kernel = pipes.get(id, plan.spec(values));
+    const pipeline& kernel = pipes.get(id, plan.spec(values, guard));
     if (blocks)
-        exec.dispatch(kernel,
-                      {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params, gate},
-                      &push, groups);
+        exec.dispatch(
+            kernel,
+            {texel(io.q), io.k_blocks, io.v_blocks, io.mask, io.additive, io.stats, io.acc, io.params, gate, words},
+            &push, groups);
     else
-        exec.dispatch(kernel,
-                      {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate},
-                      &push, groups);
+        exec.dispatch(
+            kernel,
+            {texel(io.q), texel(io.k), texel(io.v), io.mask, io.additive, io.stats, io.acc, io.params, gate, words},
+            &push, groups);
 }
 
 void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, const decode_io& io,
@@ -65,18 +76,24 @@ void record_merge(recorder& exec, pipeline_set& pipes, const decode_plan& plan, 
                   MERGE_BINDING_RESULT == 6 && MERGE_GUARD_BINDINGS == 7 &&
                   row_matches<decode_merge_push, no_spec>(shader_id::sdpa_merge, "sssss") &&
                   row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard, "sssssss") &&
-                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard_f16, "sssssss"));
+                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard_f16, "sssssss") &&
+                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard_vote, "sssssss") &&
+                  row_matches<decode_merge_guard_push, no_spec>(shader_id::sdpa_merge_guard_vote_f16, "sssssss"));
     const std::uint32_t merge_groups[3] = {ceil_div(std::uint64_t{plan.groups} * plan.rows * plan.dv, MERGE_WORKGROUP),
                                            1, 1};
     const binding lse = io.lse.buffer != VK_NULL_HANDLE ? io.lse : io.out;  // written with SCORE_LSE only
     if (const merge_guard* g = io.guard) {
-        // Its rows pass within the merge's invocations: one per row of q at most.
+        // Its rows pass (where the kernel did not run it) within the merge's invocations: one per
+        // row of q at most.
         if (g->q_rows > std::uint64_t{plan.groups} * plan.rows)
             throw error("internal: a merge guard over more rows of q than the merge has outputs");
         decode_merge_guard_push gp{};
         gp.merge = m;
-        gp.q_rows = g->q_rows, gp.d = g->d, gp.q_off = g->q_off;
-        const pipeline& merge = pipes.get(g->half ? shader_id::sdpa_merge_guard_f16 : shader_id::sdpa_merge_guard);
+        gp.q_rows = rows_in_kernel(plan, io) ? 0u : g->q_rows, gp.d = g->d, gp.q_off = g->q_off;
+        const shader_id id = plan.vote
+                                 ? (g->half ? shader_id::sdpa_merge_guard_vote_f16 : shader_id::sdpa_merge_guard_vote)
+                                 : (g->half ? shader_id::sdpa_merge_guard_f16 : shader_id::sdpa_merge_guard);
+        const pipeline& merge = pipes.get(id);
         exec.dispatch(merge, {io.stats, io.acc, io.out, io.params, lse, g->q, g->result}, &gp, merge_groups);
         return;
     }

@@ -30,13 +30,18 @@ inline binding rows_binding(VkBuffer buffer, VkDeviceSize offset, VkDeviceSize b
 /// quantized blocks the storage bindings k_blocks, v_blocks), the masks (bound to any buffer when
 /// absent), the partial states, the output (B, Hq, L, Ev), the score params (contract/score.h,
 /// always) and the log-sum-exp (B, Hq, L) (bound to the output when not asked for).
-/// The overflow guard's passes run by the merge (sdpa_merge.comp's QKV_MERGE_GUARD form): every
-/// output element, and the first q_rows rows of q (d values each, from element q_off of `q`, float16
-/// where `half`), into the guard's zeroed words `result`.
+/// The overflow guard's passes run with the decode (a call over device tensors), into the guard's
+/// zeroed words `result`: the merge's output pass over every element it writes (sdpa_merge.comp's
+/// QKV_MERGE_GUARD form, by a subgroup vote where the plan says), and the rows pass over the first
+/// q_rows rows of q (d values each, from element q_off of `q`, float16 where `half`). Where
+/// `q_texels` (the kernel's Q texels hold exactly those rows' values, zeros past d) and the family
+/// reads q's texels (not coopmat), the decode kernel runs the rows pass as it reads q
+/// (DECODE_SPEC_GUARD) and the merge does not; otherwise the merge runs it.
 struct merge_guard {
     binding q, result;
     std::uint32_t q_rows = 0, d = 0, q_off = 0;
     bool half = false;
+    bool q_texels = false;
 };
 
 struct decode_io {

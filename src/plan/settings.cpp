@@ -87,6 +87,7 @@ settings read_settings(const testing::hooks& hooks) {
     s.fused_tiles_as = hooks.fused_tiles_as;
     s.max_decode_chunks = hooks.max_decode_chunks;
     s.decode_unrolled_texels = hooks.decode_unrolled_texels;
+    s.decode_vote = hooks.decode_vote;
     s.force_staging = hooks.force_staging;
     s.kv_storage_range = hooks.kv_storage_range;
     return s;

@@ -48,6 +48,7 @@ struct settings {
     std::optional<device_info> fused_tiles_as;  ///< testing::hooks::fused_tiles_as
     std::uint32_t max_decode_chunks = 0;        ///< testing::hooks::max_decode_chunks
     std::uint32_t decode_unrolled_texels = 0;   ///< testing::hooks::decode_unrolled_texels
+    bool decode_vote = false;                   ///< testing::hooks::decode_vote
     bool force_staging = false;                 ///< testing::hooks::force_staging
     std::uint64_t kv_storage_range = 0;         ///< testing::hooks::kv_storage_range
 

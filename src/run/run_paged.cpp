@@ -280,7 +280,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
                                plan.ev4, problem.options.causal ? MASK_FLAG_CAUSAL : 0u,
                                0u,       facts.inputs_finite ? DECODE_VALUES_FINITE : DECODE_VALUES_NONFINITE,
                                features, kv_format,
-                               0u};
+                               0u,       0u};
         static_assert(row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged, "tttssssss") &&
                           row_matches<paged_push, decode_spec>(shader_id::sdpa_decode_paged_shuffle, "tttssssss"),
                       "Q, K and V are uniform texel buffers, the rest storage buffers");

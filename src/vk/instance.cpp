@@ -187,6 +187,9 @@ device_info describe(const instance_table& fn, VkPhysicalDevice pd, std::uint32_
     d.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
                          (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) && subgroup.subgroupSize > 0;
+    d.subgroup_vote = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT) &&
+                      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) && subgroup.subgroupSize > 0;
     d.max_shared_memory = base.limits.maxComputeSharedMemorySize;
     d.max_workgroup_invocations = base.limits.maxComputeWorkGroupInvocations;
     for (int i = 0; i < 3; ++i) d.max_workgroup_count[i] = base.limits.maxComputeWorkGroupCount[i];

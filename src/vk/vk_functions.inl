@@ -85,6 +85,7 @@ QKV_VK_DEVICE(vkCreateFence, required)
 QKV_VK_DEVICE(vkDestroyFence, required)
 QKV_VK_DEVICE(vkResetFences, required)
 QKV_VK_DEVICE(vkWaitForFences, required)
+QKV_VK_DEVICE(vkGetFenceStatus, required)
 QKV_VK_DEVICE(vkQueueSubmit, required)
 
 #undef QKV_VK_GLOBAL

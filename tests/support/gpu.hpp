@@ -41,6 +41,7 @@ struct context_setup {
     std::uint32_t decode_unrolled_texels = 0;
     std::uint64_t kv_storage_range = 0;
     bool poison_new_memory = true;  // new host-visible memory filled with 0xFF bytes
+    bool decode_vote = false;
 };
 
 /// A context with the validation layer (and synchronisation validation) on.
@@ -58,7 +59,8 @@ inline qkv::vulkan::context make_context(const context_setup& setup) {
                                                .max_decode_chunks = setup.max_decode_chunks,
                                                .decode_unrolled_texels = setup.decode_unrolled_texels,
                                                .kv_storage_range = setup.kv_storage_range,
-                                               .poison_new_memory = setup.poison_new_memory});
+                                               .poison_new_memory = setup.poison_new_memory,
+                                               .decode_vote = setup.decode_vote});
 }
 
 /// Fails the current test if the validation layer said anything since the last check.

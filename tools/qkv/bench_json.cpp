@@ -31,6 +31,7 @@ json device_json(const qkv::vulkan::device_info& d) {
             {"subgroup_size", d.subgroup_size},
             {"subgroup_arithmetic", d.subgroup_arithmetic},
             {"subgroup_shuffle", d.subgroup_shuffle},
+            {"subgroup_vote", d.subgroup_vote},
             {"shared_memory_bytes", d.max_shared_memory},
             {"device_local_bytes", d.device_local_memory},
             {"fp16_storage", d.fp16_storage},

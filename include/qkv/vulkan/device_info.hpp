@@ -44,6 +44,7 @@ struct device_info {
     std::uint32_t subgroup_size = 0;
     bool subgroup_arithmetic = false;     ///< subgroupAdd/Max usable in compute shaders
     bool subgroup_shuffle = false;        ///< subgroupShuffle usable in compute shaders
+    bool subgroup_vote = false;           ///< subgroupAny/All usable in compute shaders
     std::uint32_t max_shared_memory = 0;  ///< maxComputeSharedMemorySize, bytes
     std::uint32_t max_workgroup_invocations = 0;
     std::uint32_t max_workgroup_count[3] = {0, 0, 0};

@@ -34,10 +34,13 @@
 //           descriptor sets and push constants before your next dispatch. Nothing else of the
 //           command buffer's state is changed (graphics state is untouched; no dynamic state is set).
 //   scratch A recording owns its scratch memory, descriptor sets and a completion word the device
-//           writes last. Keep it until the command buffer has completed. qkv cannot see your fence,
-//           so it reads that word: a recording destroyed before its check() has seen that word say
+//           writes last. Keep it until the command buffer has completed. qkv submits nothing, so
+//           it sees your fence only where you give it: recording::completes_with(fence) makes the
+//           recording complete only once that fence is signalled (and the word says done), and
+//           releases it at its destruction where the fence is signalled by then. Otherwise it
+//           reads that word: a recording destroyed before its check() has seen that word say
 //           "done" does not free what its commands use; its device objects are kept by the context
-//           and released on a later record or run that finds the word done (make that call after
+//           and released on a later record that finds the word done (make that call after
 //           your fence, as the word is no host synchronisation), or when the context's device goes
 //           (a recording never submitted keeps them until then): when the last qkv object of the
 //           context (the context, its calls, caches, tensors and recordings) is destroyed, which
@@ -45,8 +48,8 @@
 //           kept recording holds none of them alive. Several recordings of one
 //           call may be in flight at once; each has its own. record() and record_append() are
 //           [[nodiscard]]: a discarded recording would be destroyed before its commands ran.
-//   check   recording::check() reads the same word: before completion it throws not_complete (the
-//           verdict is unknown), never returns normally.
+//   check   recording::check() reads the same word (and the fence given to completes_with): before
+//           completion it throws not_complete (the verdict is unknown), never returns normally.
 //   appends An append recorded into `cmd` (record_append) grows the cache's size at once, so calls
 //           over the cache recorded after it into the same command buffer see the rows; every
 //           other use of the cache (a host call, a record into another command buffer, an append
@@ -148,6 +151,17 @@ public:
     /// cache's for every use. Before completion (not submitted, or still running) it throws
     /// not_complete and changes nothing.
     void check() const;
+
+    /// Ties completion to `fence`: the fence your vkQueueSubmit of the command buffer signals
+    /// (the contract's "scratch" above). From then on the recording counts as completed only once
+    /// that fence is signalled (vkGetFenceStatus) and its word says done: check() throws
+    /// not_complete before, and the recording, destroyed with its fence signalled, releases what
+    /// its commands used at once, with no later call needed. Keep the fence (not destroyed, not
+    /// reset) until check() has returned or the recording is destroyed. Destroyed before the
+    /// fence signalled, the recording forgets the fence (you may destroy it) and falls back to its
+    /// word. Throws qkv::invalid_argument for VK_NULL_HANDLE, and for a recording run by qkv or
+    /// empty.
+    void completes_with(VkFence fence);
 
     struct impl;
 

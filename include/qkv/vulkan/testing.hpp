@@ -72,6 +72,11 @@ struct hooks {
     /// before use: Vulkan memory starts with any contents, and a driver may hand out memory it used
     /// before, so a result that depends on fresh memory being zero shows up.
     bool poison_new_memory = false;
+
+    /// A decode over device tensors raises its output flag by a subgroup vote wherever the device
+    /// offers votes in compute shaders, a CPU device included (whose plan otherwise keeps the
+    /// per-element flag, measured faster there): runs the vote form on lavapipe.
+    bool decode_vote = false;
 };
 
 /// A context as qkv::vulkan::context(options) makes it, with `h` set.
