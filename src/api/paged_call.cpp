@@ -182,7 +182,10 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                 VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
-    if (total_q == 0) return;  // no query rows: nothing to compute, nothing to write
+    if (total_q == 0) {  // no query rows (no tensor has none: not reached past check): nothing to do
+        r.checks = false;
+        return;
+    }
 
     // write: q's rows (token, head) as texel rows into the inputs
     const tensor::impl::bound qb = q.bind();
