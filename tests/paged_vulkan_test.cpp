@@ -791,3 +791,58 @@ TEST_CASE("paged_call: refusals come first, typed, nothing written", "[paged][pa
     CHECK(out.download() == sentinel);
     qkv_test::require_clean(ctx);
 }
+
+TEST_CASE("paged_call: a sequence appends a page to the pool, then decodes a step that reads it",
+          "[paged][paged_pool][paged_call]") {
+    // A server's step: the new rows appended at the pool's end (record_append of tensors), then the
+    // batch's decode, whose table gives a sequence the new page; one submit. The decode recorded
+    // after a pending append reads V's finiteness from the pool's gate word.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t page_size : {1u, 16u}) {
+        INFO("page_size " << page_size);
+        qkv_test::owned_paged o = call_batch(page_size, false, 190 + page_size);
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);  // room for 16 rows more
+        const std::size_t Hkv = o.problem.kv_heads, E = o.problem.d_qk, Ev = o.problem.d_v, ps = page_size;
+        const std::size_t pages = o.problem.num_pages;
+        // The new page's rows, N(0, 1)-like values of their own, as (1, Hkv, ps, E) for the append and
+        // (ps, Hkv, E) page rows for the reference.
+        std::vector<float> k_new(Hkv * ps * E), v_new(Hkv * ps * Ev);
+        for (std::size_t i = 0; i < k_new.size(); ++i) k_new[i] = std::sin(0.37f * static_cast<float>(i) + 1.0f);
+        for (std::size_t i = 0; i < v_new.size(); ++i) v_new[i] = std::cos(0.53f * static_cast<float>(i) + 2.0f);
+        std::vector<float> k_pages(o.k_pages), v_pages(o.v_pages);
+        for (std::size_t n = 0; n < ps; ++n)
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                for (std::size_t e = 0; e < E; ++e) k_pages.push_back(k_new[(h * ps + n) * E + e]);
+                for (std::size_t e = 0; e < Ev; ++e) v_pages.push_back(v_new[(h * ps + n) * Ev + e]);
+            }
+        // Sequence 4 (no keys so far) gets the new page, all its rows.
+        std::vector<std::int32_t> lens = o.seqlens, table = o.table;
+        lens[4] = static_cast<std::int32_t>(ps);
+        table[4 * o.problem.max_pages] = static_cast<std::int32_t>(pages);
+        qkv::paged_problem ref = o.problem;
+        ref.k_pages = k_pages, ref.v_pages = v_pages, ref.num_pages = pages + 1;
+        ref.cache_seqlens = lens, ref.block_table = table;
+
+        qkv::paged_problem desc = without_pool(o.problem);
+        desc.q = {}, desc.block_table = {}, desc.cache_seqlens = {};
+        qkv::vulkan::paged_call call(ctx, desc, pool);
+        qkv::vulkan::tensor q(ctx, rows_shape(o.problem, E)), out(ctx, rows_shape(o.problem, Ev));
+        const std::size_t total_q = o.seqlens.size() * o.problem.q_len;
+        qkv::vulkan::tensor lse(ctx, {o.problem.q_heads, total_q});
+        qkv::vulkan::tensor tk(ctx, {1, Hkv, ps, E}), tv(ctx, {1, Hkv, ps, Ev});
+        q.upload(o.q), tk.upload(k_new), tv.upload(v_new);
+        qkv::vulkan::sequence seq(ctx);
+        seq.record_append(pool, tk, tv, ps);
+        seq.record(call, {.q = &q, .out = &out, .lse = &lse, .block_table = table, .cache_seqlens = lens});
+        seq.run();
+        CHECK(pool.size() == (pages + 1) * ps);
+        qkv::paged_problem host = without_pool(ref);
+        const qkv::varlen_output same = ctx.sdpa(host, pool);
+        qkv_test::check_packed(same, qkv_test::device_reference(ref));
+        const qkv::varlen_output got = downloaded(out, &lse);
+        qkv_test::check_packed(got, qkv_test::device_reference(ref));
+        CHECK(got.output == same.output);  // the gated kernel took the finite values' path
+        CHECK(got.lse == same.lse);
+        qkv_test::require_clean(ctx);
+    }
+}
