@@ -191,6 +191,8 @@ TEST_CASE("paged: malformed batches are refused, naming what is wrong", "[paged]
     expect_invalid([&] { qkv::validate_without_data(p); }, {"block_table[0][0]", "num_pages"});
     p = o.problem, p.k_pages = {}, p.v_pages = {};
     expect_invalid([&] { qkv::validate_without_data(p); }, {"q must be empty"});
+    p = o.problem, p.k_pages = {}, p.v_pages = {}, p.q = {}, p.q_len = std::size_t{1} << 31;
+    expect_invalid([&] { qkv::validate_without_data(p); }, {"query rows exceed int32 offsets"});
     // The capability table's refusals, with their reasons.
     p = o.problem, p.options.return_weights = true;
     expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "return_weights"});

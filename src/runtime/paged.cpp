@@ -147,6 +147,13 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = 
                      " reaches position " + str(last));
         }
     }
+    if (!data) {  // q's rows counted as its tensor will hold them: within int32 offsets, no overflow
+        const std::size_t total_q = p.cu_seqlens_q.empty() ? checked_product({{"B", B}, {"q_len", p.q_len}})
+                                                           : static_cast<std::size_t>(p.cu_seqlens_q[B]);
+        if (total_q > int32_limit) fail("the batch's " + str(total_q) + " query rows exceed int32 offsets");
+        (void)checked_product({{"query rows", total_q}, {"q_heads", p.q_heads}, {"d_qk", p.d_qk}});
+        (void)checked_product({{"query rows", total_q}, {"q_heads", p.q_heads}, {"d_v", p.d_v}});
+    }
     validate_per_sequence_rules<T>(p);
 }
 
