@@ -10,6 +10,7 @@
 #include <qkv/vulkan/runtime.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <random>
@@ -242,13 +243,29 @@ TEST_CASE("capabilities: every Vulkan entry point refuses from the table what it
              p.options.return_weights = f == "return_weights";
              qkv::vulkan::attention_call(ctx, p);
          }},
+        {entry_point::paged_call,
+         [&](qkv::feature f) {
+             // The cache as a pool of 5 pages of 8 rows; one sequence of 20 keys.
+             const std::vector<std::int32_t> table{3, 0, 4}, lens{20};
+             const qkv::paged_problem p{.q_heads = s.q_heads,
+                                        .kv_heads = s.kv_heads,
+                                        .d_qk = s.d_qk,
+                                        .d_v = s.d_v,
+                                        .page_size = 8,
+                                        .max_pages = 3,
+                                        .block_table = table,
+                                        .cache_seqlens = lens,
+                                        .options = sdpa_with(f).options};
+             qkv::vulkan::paged_call(ctx, p, cache);
+         }},
     };
     // The entry points tested elsewhere: the CPU backend's (tests/capabilities_test.cpp: they refuse
     // nothing), the MPI ones (tests/mpi/mpi_test.cpp), the recordings (they record the calls
     // above: the sdpa_call and attention_call rows' refusals come first, at the calls' making), and
     // the appends (of every storage type: the cases above and tests/kv_cache_test.cpp), the ragged
     // batches (tests/varlen_test.cpp, tests/varlen_vulkan_test.cpp: their refusals with the reason)
-    // and the paged batches and their appends (tests/paged_test.cpp, tests/paged_vulkan_test.cpp).
+    // and the paged batches and their appends (tests/paged_test.cpp, tests/paged_vulkan_test.cpp; a
+    // paged_call's recordings there and in tests/interop_test.cpp).
     const std::vector<entry_point> elsewhere{
         entry_point::cpu_sdpa,          entry_point::cpu_attention, entry_point::mpi_sdpa,
         entry_point::mpi_decode,        entry_point::mpi_append,    entry_point::sequence_record,

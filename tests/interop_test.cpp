@@ -15,6 +15,7 @@
 
 #include "app_values.hpp"
 #include "support/catch.hpp"
+#include "support/paged_problems.hpp"
 #include "vulkan_app.hpp"
 
 namespace {
@@ -297,6 +298,92 @@ TEST_CASE("interop: several recordings of one call in flight at once", "[interop
         CHECK(nmse(outs[i].data<float>(), want[i]) <= 1e-10);
     }
     vkFreeCommandBuffers(a.device, a.pool, static_cast<std::uint32_t>(n), cmds.data());
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop: a server's batched paged decode steps recorded into the application's command buffer",
+          "[interop][paged]") {
+    // Two steps of a batch against one pool, q and out in the application's memory at odd offsets:
+    // GQA, sequences 1 and 2 sharing sequence 0's first 32 keys, sequences of 0 and 1 keys; the
+    // second step one key longer each. Each step's bits are the host call's, its values the float64
+    // reference's.
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    for (const std::size_t page_size : {1u, 16u}) {
+        INFO("page_size " << page_size);
+        const std::size_t two = 32 / page_size;
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 35, 33, 0, 1},
+                                                          .q_len = 1,
+                                                          .q_heads = 6,
+                                                          .kv_heads = 2,
+                                                          .d_qk = 16,
+                                                          .d_v = 8,
+                                                          .page_size = page_size,
+                                                          .shares = {{0, 0}, {0, two}, {0, two}, {0, 0}, {0, 0}},
+                                                          .seed = 60 + page_size});
+        o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+        const qkv::paged_problem& full = o.problem;
+        const std::size_t B = 5, Hq = 6, Hkv = 2, E = 16, Ev = 8, rows = full.num_pages * page_size;
+        // The pool: the pages' rows in page order, (1, Hkv, rows, E).
+        std::vector<float> k(rows * Hkv * E), v(rows * Hkv * Ev);
+        for (std::size_t n = 0; n < rows; ++n)
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = full.k_pages[(n * Hkv + h) * E + e];
+                for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = full.v_pages[(n * Hkv + h) * Ev + e];
+            }
+        qkv::vulkan::kv_cache pool(ctx, {.batch = 1, .kv_heads = Hkv, .capacity = rows, .d_qk = E, .d_v = Ev});
+        pool.append(k, v, rows);
+        // Step 2: one key more each, a new page (any of the pool's) where the key needs one.
+        std::vector<std::int32_t> lens2 = o.seqlens, table2 = o.table;
+        for (std::size_t b = 0; b < B; ++b) {
+            const auto j = static_cast<std::size_t>(lens2[b]++);
+            if (j % page_size == 0) table2[b * full.max_pages + j / page_size] = o.table[0];
+        }
+        qkv::paged_problem steps[2] = {full, full};
+        steps[1].cache_seqlens = lens2, steps[1].block_table = table2;
+        constexpr std::size_t q_at = 3, o_at = 5;
+        const std::size_t nq = B * Hq * E, no = B * Hq * Ev;
+        app::buffer in = a.make_buffer((q_at + nq) * 4), out = a.make_buffer((o_at + 2 * no) * 4);
+        put(in, q_at, o.q);
+        qkv::vulkan::tensor tq = qkv::vulkan::wrap(ctx, in.handle, q_at * 4, nq * 4, {B, 1, Hq, E});
+        qkv::vulkan::tensor to[2] = {qkv::vulkan::wrap(ctx, out.handle, o_at * 4, no * 4, {B, 1, Hq, Ev}),
+                                     qkv::vulkan::wrap(ctx, out.handle, (o_at + no) * 4, no * 4, {B, 1, Hq, Ev})};
+        qkv::vulkan::tensor tl[2] = {qkv::vulkan::tensor(ctx, {Hq, B}), qkv::vulkan::tensor(ctx, {Hq, B})};
+        qkv::paged_problem desc = full;
+        desc.q = {}, desc.k_pages = {}, desc.v_pages = {}, desc.num_pages = 0;
+        desc.block_table = {}, desc.cache_seqlens = {};
+        qkv::vulkan::paged_call call(ctx, desc, pool);  // planned once, for every step
+        VkCommandBuffer cmd = a.begin();
+        std::vector<qkv::vulkan::recording> recs;
+        for (std::size_t i = 0; i < 2; ++i)
+            recs.push_back(qkv::vulkan::record(call, cmd,
+                                               {.q = &tq,
+                                                .out = &to[i],
+                                                .lse = &tl[i],
+                                                .block_table = steps[i].block_table,
+                                                .cache_seqlens = steps[i].cache_seqlens}));
+        app::vulkan_app::host_barrier(cmd);
+        a.submit_and_wait(cmd);
+        for (std::size_t i = 0; i < 2; ++i) {
+            INFO("step " << i);
+            recs[i].check();
+            qkv::paged_problem host = steps[i];
+            host.k_pages = {}, host.v_pages = {}, host.num_pages = 0;
+            const qkv::varlen_output same = ctx.sdpa(host, pool);
+            const std::vector<float> got(out.data<float>() + o_at + i * no, out.data<float>() + o_at + (i + 1) * no);
+            CHECK(got == same.output);
+            CHECK(tl[i].download() == same.lse);
+            CHECK(nmse(got.data(), qkv::cpu::sdpa_f64(steps[i]).output) <= 1e-10);
+        }
+        // A page past the pool: refused before anything is recorded.
+        std::vector<std::int32_t> bad = o.table;
+        bad[0] = static_cast<std::int32_t>(full.num_pages);
+        VkCommandBuffer cmd2 = a.begin();
+        CHECK_THROWS_AS((void)qkv::vulkan::record(
+                            call, cmd2, {.q = &tq, .out = &to[0], .block_table = bad, .cache_seqlens = o.seqlens}),
+                        qkv::invalid_argument);
+        a.discard(cmd2);
+    }
     CHECK(a.log.count() == 0);
 }
 

@@ -181,6 +181,18 @@ TEST_CASE("paged: malformed batches are refused, naming what is wrong", "[paged]
     refused(p, {"kv_heads"});
     p = o.problem, p.options.window_left = -2;
     refused(p, {"window_left"});
+    // Without the data (a paged_call's step: the pool on the device, q a tensor): the same checks
+    // of the table and lengths, q and the pages refused where given.
+    p = o.problem, p.k_pages = {}, p.v_pages = {}, p.q = {};
+    CHECK_NOTHROW(qkv::validate_without_data(p));
+    CHECK_THROWS_AS(qkv::validate_without_pool(p), qkv::invalid_argument);  // q missing there
+    table = o.table, table[0] = static_cast<std::int32_t>(o.problem.num_pages);
+    p.block_table = table;
+    expect_invalid([&] { qkv::validate_without_data(p); }, {"block_table[0][0]", "num_pages"});
+    p = o.problem, p.k_pages = {}, p.v_pages = {};
+    expect_invalid([&] { qkv::validate_without_data(p); }, {"q must be empty"});
+    p = o.problem, p.k_pages = {}, p.v_pages = {}, p.q = {}, p.q_len = std::size_t{1} << 31;
+    expect_invalid([&] { qkv::validate_without_data(p); }, {"query rows exceed int32 offsets"});
     // The capability table's refusals, with their reasons.
     p = o.problem, p.options.return_weights = true;
     expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "return_weights"});

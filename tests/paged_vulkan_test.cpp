@@ -447,6 +447,44 @@ qkv::paged_problem after_append(qkv::paged_problem p, std::vector<std::int32_t>&
     return p;
 }
 
+/// The output and lse of a paged_call over tensors as a varlen_output (downloaded).
+qkv::varlen_output downloaded(const qkv::vulkan::tensor& out, const qkv::vulkan::tensor* lse) {
+    qkv::varlen_output r;
+    r.output = out.download();
+    if (lse) r.lse = lse->download();
+    return r;
+}
+
+/// The batches of the paged_call cases: GQA (3 query heads per K/V head), sequences 1..3 sharing
+/// sequence 0's first 32 keys (a prompt of whole pages), sequences of 0 and 1 keys, ragged queries
+/// or one each; odd widths unless given.
+qkv_test::owned_paged call_batch(std::size_t page_size, bool ragged, std::uint64_t seed, std::size_t d_qk = 17,
+                                 std::size_t d_v = 24) {
+    const std::size_t two = 32 / page_size;
+    qkv_test::paged_shape s{.kv_lens = {50, 37, 113, 33, 0, 1},
+                            .q_len = 1,
+                            .q_heads = 6,
+                            .kv_heads = 2,
+                            .d_qk = d_qk,
+                            .d_v = d_v,
+                            .page_size = page_size,
+                            .shares = {{0, 0}, {0, two}, {0, two}, {0, two}, {0, 0}, {0, 0}},
+                            .seed = seed};
+    if (ragged) s.q_lens = {1, 2, 1, 3, 0, 1};
+    qkv_test::owned_paged o = qkv_test::random_paged(s);
+    o.problem.options = ragged ? every : causal;
+    if (ragged) o.problem.options.window_left = -1;  // a window would leave the prefix partly unseen
+    o.sinks = {0.5f, -std::numeric_limits<float>::infinity(), 2.0f, -1.0f, 0.0f, 1.0f};
+    o.problem.sinks = o.sinks;
+    return o;
+}
+
+/// q's tensor shape for `p`: (B, L, Hq, E), or (total_q, Hq, E) with cu_seqlens_q; out's with Ev.
+std::vector<std::size_t> rows_shape(const qkv::paged_problem& p, std::size_t width) {
+    if (p.cu_seqlens_q.empty()) return {p.cache_seqlens.size(), p.q_len, p.q_heads, width};
+    return {static_cast<std::size_t>(p.cu_seqlens_q.back()), p.q_heads, width};
+}
+
 }  // namespace
 
 TEST_CASE("paged vulkan: appends into a device pool, then attention, in one command buffer",
@@ -593,4 +631,218 @@ TEST_CASE("paged vulkan: appends without queries write the pool alone", "[paged]
     std::vector<std::int32_t> lengths;
     check_appended(ctx.sdpa(after_append(without_pool(o.problem), lengths), pool), o.problem);
     qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: run and sequence, page sizes 1 and 16, GQA, a shared prefix, lengths 0 and 1",
+          "[paged][paged_pool][paged_call]") {
+    // Over device tensors, the same plan and kernels as the host call: its bits, and the float64
+    // reference's values. Each step's batch given with the tensors, or planned once from the
+    // description; a sequence records two steps of different batches.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t page_size : {1u, 16u})
+        for (const bool ragged : {false, true}) {
+            INFO("page_size " << page_size << (ragged ? ", ragged queries" : ", one query each"));
+            qkv_test::owned_paged o = call_batch(page_size, ragged, 150 + page_size);
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            const qkv::paged_problem host = without_pool(o.problem);
+            const qkv::varlen_output want_bits = ctx.sdpa(host, pool);
+            qkv_test::check_packed(want_bits, qkv_test::device_reference(o.problem));
+
+            qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+            const std::size_t total_q = want_bits.output.size() / (host.q_heads * host.d_v);
+            qkv::vulkan::tensor lse(ctx, {host.q_heads, total_q});
+            q.upload(o.q);
+            qkv::paged_problem desc = host;
+            desc.q = {};
+            // The step with the tensors; the description has shapes only.
+            qkv::paged_problem shapes_only = desc;
+            shapes_only.block_table = {}, shapes_only.cache_seqlens = {}, shapes_only.cu_seqlens_q = {};
+            qkv::vulkan::paged_call call(ctx, shapes_only, pool);
+            call.run({.q = &q,
+                      .out = &out,
+                      .lse = &lse,
+                      .block_table = host.block_table,
+                      .cache_seqlens = host.cache_seqlens,
+                      .cu_seqlens_q = host.cu_seqlens_q});
+            CHECK(out.download() == want_bits.output);
+            CHECK(lse.download() == want_bits.lse);
+            // The step planned once, from the description.
+            qkv::vulkan::paged_call planned(ctx, desc, pool);
+            qkv::vulkan::tensor out2(ctx, rows_shape(host, host.d_v)), lse2(ctx, {host.q_heads, total_q});
+            planned.run({.q = &q, .out = &out2, .lse = &lse2});
+            CHECK(out2.download() == want_bits.output);
+            CHECK(lse2.download() == want_bits.lse);
+
+            // A sequence: this step, then one where every sequence has one key more (a decode
+            // step's growth) on the same pages, one submit.
+            std::vector<std::int32_t> longer(host.cache_seqlens.begin(), host.cache_seqlens.end());
+            for (std::int32_t& n : longer) ++n;
+            qkv::paged_problem next = host;
+            next.cache_seqlens = longer;
+            std::vector<std::int32_t> table(host.block_table.begin(), host.block_table.end());
+            for (std::size_t b = 0; b < longer.size(); ++b)  // a new last page where the keys need one
+                if ((longer[b] - 1) % static_cast<std::int32_t>(page_size) == 0)
+                    table[b * host.max_pages + static_cast<std::size_t>(longer[b] - 1) / page_size] = table[0];
+            next.block_table = table;
+            qkv::paged_problem next_ref = o.problem;
+            next_ref.cache_seqlens = longer, next_ref.block_table = table;
+            const qkv::varlen_output next_bits = ctx.sdpa(next, pool);
+            qkv_test::check_packed(next_bits, qkv_test::device_reference(next_ref));
+            qkv::vulkan::tensor out3(ctx, rows_shape(host, host.d_v)), lse3(ctx, {host.q_heads, total_q});
+            out2.upload(std::vector<float>(out2.elements(), 1234.5f));  // nothing left from the run above
+            lse2.upload(std::vector<float>(lse2.elements(), 1234.5f));
+            qkv::vulkan::sequence seq(ctx);
+            seq.record(call, {.q = &q,
+                              .out = &out2,
+                              .lse = &lse2,
+                              .block_table = host.block_table,
+                              .cache_seqlens = host.cache_seqlens,
+                              .cu_seqlens_q = host.cu_seqlens_q});
+            seq.record(call, {.q = &q,
+                              .out = &out3,
+                              .lse = &lse3,
+                              .block_table = table,
+                              .cache_seqlens = longer,
+                              .cu_seqlens_q = host.cu_seqlens_q});
+            seq.run();
+            CHECK(out2.download() == want_bits.output);
+            CHECK(lse2.download() == want_bits.lse);
+            CHECK(downloaded(out3, &lse3).output == next_bits.output);
+            CHECK(lse3.download() == next_bits.lse);
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged_call: a q8_0 pool through a sequence, equal to the host call", "[paged][paged_pool][paged_call]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = call_batch(16, true, 170, 64, 32);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::q8_0);
+    const qkv::paged_problem host = without_pool(o.problem);
+    const qkv::varlen_output want = ctx.sdpa(host, pool);
+    qkv::paged_problem ref = o.problem;
+    ref.options.kv_type = element_type::q8_0;
+    qkv_test::check_packed(want, qkv_test::device_reference(ref));
+    qkv::paged_problem desc = host;
+    desc.q = {};
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+    qkv::vulkan::tensor lse(ctx, {host.q_heads, want.lse.size() / host.q_heads});
+    q.upload(o.q);
+    qkv::vulkan::sequence seq(ctx);
+    seq.record(call, {.q = &q, .out = &out, .lse = &lse});
+    seq.run();
+    CHECK(out.download() == want.output);
+    CHECK(lse.download() == want.lse);
+    // The overflow rule over q on the device, as on the host: a q whose scores leave float32.
+    qkv::paged_problem huge = host;
+    std::vector<float> big = o.q;
+    big[big.size() - 1] = 3e38f;  // the last row: a row past the first of each head
+    huge.q = big;
+    CHECK_THROWS_AS((void)ctx.sdpa(huge, pool), qkv::vulkan::numeric_overflow);
+    q.upload(big);
+    CHECK_THROWS_AS(call.run({.q = &q, .out = &out, .lse = &lse}), qkv::vulkan::numeric_overflow);
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: refusals come first, typed, nothing written", "[paged][paged_pool][paged_call]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {20, 5}, .page_size = 8, .seed = 3});
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::paged_problem desc = without_pool(o.problem);
+    desc.q = {};
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    qkv::vulkan::tensor q(ctx, rows_shape(desc, desc.d_qk)), out(ctx, rows_shape(desc, desc.d_v));
+    q.upload(o.q);
+    const std::vector<float> sentinel(out.elements(), 1234.5f);
+    out.upload(sentinel);
+    // A page index one past the pages the pool holds: invalid_argument, nothing written.
+    std::vector<std::int32_t> table = o.table;
+    table[0] = static_cast<std::int32_t>(o.problem.num_pages);
+    const qkv::vulkan::paged_tensors bad{.q = &q, .out = &out, .block_table = table, .cache_seqlens = o.seqlens};
+    qkv_test::expect_invalid([&] { call.run(bad); }, {"block_table[0][0]", "num_pages"});
+    {
+        qkv::vulkan::sequence seq(ctx);
+        qkv_test::expect_invalid([&] { seq.record(call, bad); }, {"block_table[0][0]", "num_pages"});
+        CHECK(seq.recorded() == 0);
+    }
+    CHECK(out.download() == sentinel);
+    // Tensors of the wrong shape, an lse the options do not ask for, a batch nowhere.
+    qkv::vulkan::tensor small(ctx, {1, desc.q_heads, desc.d_v});
+    qkv_test::expect_invalid([&] { call.run({.q = &q, .out = &small}); }, {"paged_call", "out"});
+    qkv::vulkan::tensor lse(ctx, {desc.q_heads, 2});
+    qkv_test::expect_invalid([&] { call.run({.q = &q, .out = &out, .lse = &lse}); }, {"return_lse"});
+    qkv::paged_problem shapes_only = desc;
+    shapes_only.block_table = {}, shapes_only.cache_seqlens = {};
+    qkv::vulkan::paged_call no_step(ctx, shapes_only, pool);
+    qkv_test::expect_invalid([&] { no_step.run({.q = &q, .out = &out}); }, {"no batch"});
+    // The capability table's refusal, and a q given as host data.
+    qkv::paged_problem p = desc;
+    p.options.return_weights = true;
+    qkv_test::expect_invalid([&] { qkv::vulkan::paged_call c(ctx, p, pool); }, {"paged_call", "return_weights"});
+    p = desc, p.q = o.q;
+    qkv_test::expect_invalid([&] { qkv::vulkan::paged_call c(ctx, p, pool); }, {"must be empty"});
+    // A head width past the paged kernel's: limit_exceeded when the step is planned, nothing run.
+    qkv_test::owned_paged wide =
+        qkv_test::random_paged({.kv_lens = {3}, .q_heads = 1, .kv_heads = 1, .d_qk = 256, .d_v = 8, .seed = 4});
+    qkv::vulkan::kv_cache wide_pool = device_pool(ctx, wide.problem, element_type::f32);
+    qkv::paged_problem wd = without_pool(wide.problem);
+    wd.q = {};
+    expect_limit([&] { qkv::vulkan::paged_call c(ctx, wd, wide_pool); }, {"256"});
+    CHECK(out.download() == sentinel);
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: a sequence appends a page to the pool, then decodes a step that reads it",
+          "[paged][paged_pool][paged_call]") {
+    // A server's step: the new rows appended at the pool's end (record_append of tensors), then the
+    // batch's decode, whose table gives a sequence the new page; one submit. The decode recorded
+    // after a pending append reads V's finiteness from the pool's gate word.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t page_size : {1u, 16u}) {
+        INFO("page_size " << page_size);
+        qkv_test::owned_paged o = call_batch(page_size, false, 190 + page_size);
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);  // room for 16 rows more
+        const std::size_t Hkv = o.problem.kv_heads, E = o.problem.d_qk, Ev = o.problem.d_v, ps = page_size;
+        const std::size_t pages = o.problem.num_pages;
+        // The new page's rows, N(0, 1)-like values of their own, as (1, Hkv, ps, E) for the append and
+        // (ps, Hkv, E) page rows for the reference.
+        std::vector<float> k_new(Hkv * ps * E), v_new(Hkv * ps * Ev);
+        for (std::size_t i = 0; i < k_new.size(); ++i) k_new[i] = std::sin(0.37f * static_cast<float>(i) + 1.0f);
+        for (std::size_t i = 0; i < v_new.size(); ++i) v_new[i] = std::cos(0.53f * static_cast<float>(i) + 2.0f);
+        std::vector<float> k_pages(o.k_pages), v_pages(o.v_pages);
+        for (std::size_t n = 0; n < ps; ++n)
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                for (std::size_t e = 0; e < E; ++e) k_pages.push_back(k_new[(h * ps + n) * E + e]);
+                for (std::size_t e = 0; e < Ev; ++e) v_pages.push_back(v_new[(h * ps + n) * Ev + e]);
+            }
+        // Sequence 4 (no keys so far) gets the new page, all its rows.
+        std::vector<std::int32_t> lens = o.seqlens, table = o.table;
+        lens[4] = static_cast<std::int32_t>(ps);
+        table[4 * o.problem.max_pages] = static_cast<std::int32_t>(pages);
+        qkv::paged_problem ref = o.problem;
+        ref.k_pages = k_pages, ref.v_pages = v_pages, ref.num_pages = pages + 1;
+        ref.cache_seqlens = lens, ref.block_table = table;
+
+        qkv::paged_problem desc = without_pool(o.problem);
+        desc.q = {}, desc.block_table = {}, desc.cache_seqlens = {};
+        qkv::vulkan::paged_call call(ctx, desc, pool);
+        qkv::vulkan::tensor q(ctx, rows_shape(o.problem, E)), out(ctx, rows_shape(o.problem, Ev));
+        const std::size_t total_q = o.seqlens.size() * o.problem.q_len;
+        qkv::vulkan::tensor lse(ctx, {o.problem.q_heads, total_q});
+        qkv::vulkan::tensor tk(ctx, {1, Hkv, ps, E}), tv(ctx, {1, Hkv, ps, Ev});
+        q.upload(o.q), tk.upload(k_new), tv.upload(v_new);
+        qkv::vulkan::sequence seq(ctx);
+        seq.record_append(pool, tk, tv, ps);
+        seq.record(call, {.q = &q, .out = &out, .lse = &lse, .block_table = table, .cache_seqlens = lens});
+        seq.run();
+        CHECK(pool.size() == (pages + 1) * ps);
+        qkv::paged_problem host = without_pool(ref);
+        const qkv::varlen_output same = ctx.sdpa(host, pool);
+        qkv_test::check_packed(same, qkv_test::device_reference(ref));
+        const qkv::varlen_output got = downloaded(out, &lse);
+        qkv_test::check_packed(got, qkv_test::device_reference(ref));
+        CHECK(got.output == same.output);  // the gated kernel took the finite values' path
+        CHECK(got.lse == same.lse);
+        qkv_test::require_clean(ctx);
+    }
 }

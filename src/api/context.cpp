@@ -137,7 +137,7 @@ varlen_output context::sdpa(const paged_problem& problem) {
 namespace {
 
 /// sdpa over a paged problem against a device pool, appending its new rows when `writable`.
-varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cache::impl& c, bool writable) {
+varlen_output paged_pool_call(context::impl& self, const paged_problem& given, kv_cache::impl& c, bool writable) {
     if (c.core != self.core)
         throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool was created from another context");
     std::vector<feature> asked = features_of(given);
@@ -152,42 +152,10 @@ varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cac
         // Under the lock: the pool's size and rows cannot change during the call.
         c.check_ready("sdpa over a paged K/V pool", nullptr);
         const kv_layout& l = c.layout;
-        if (l.batch != 1 || l.kv_heads != given.kv_heads || l.d_qk != given.d_qk || l.d_v != given.d_v)
-            throw qkv::invalid_argument(
-                "sdpa over a paged K/V pool: the pool is a kv_cache of batch 1 with the problem's kv_heads, d_qk "
-                "and d_v (it has batch " +
-                std::to_string(l.batch) + ", kv_heads " + std::to_string(l.kv_heads) + ", d_qk " +
-                std::to_string(l.d_qk) + ", d_v " + std::to_string(l.d_v) + "; the problem kv_heads " +
-                std::to_string(given.kv_heads) + ", d_qk " + std::to_string(given.d_qk) + ", d_v " +
-                std::to_string(given.d_v) + ")");
-        if (c.type != element_type::f32 && c.type != element_type::f16 && !c.blocks())
-            throw limit_exceeded(std::string("sdpa over a paged K/V pool: the paged decode kernel reads f32, f16, "
-                                             "q8_0 and q4_0 pools, not ") +
-                                 std::string(to_string(c.type)));
-        paged_problem problem = given;
-        const std::size_t ps = given.page_size;
-        if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0) {
-            problem.num_pages = 1;
-            validate_without_pool(problem);  // names the page size
-        }
-        const std::size_t held = c.size / ps;
-        if (problem.num_pages == 0) problem.num_pages = held;
-        if (problem.num_pages > held)
-            throw qkv::invalid_argument("sdpa over a paged K/V pool: num_pages is " +
-                                        std::to_string(problem.num_pages) + " and the pool holds " +
-                                        std::to_string(held) + " pages of " + std::to_string(given.page_size) +
-                                        " rows (" + std::to_string(c.size) + " rows)");
-        if (problem.num_pages == 0)
-            throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool holds no whole page (" +
-                                        std::to_string(c.size) + " rows)");
+        const paged_problem problem = c.check_pool(given, true);
         // Validated, appends and rotary resolved: nothing is written before this.
         const basic_resolved_pages<float> resolved = resolve_pages(problem, false);
-        paged_pool p{
-            c.k_view.handle(), c.v_view.handle(), {}, {}, static_cast<std::uint32_t>(l.capacity), c.type, nullptr};
-        if (c.blocks()) {
-            p.k_blocks = {c.k_blocks.handle(), 0, c.k_blocks.size()};
-            p.v_blocks = {c.v_blocks.handle(), 0, c.v_blocks.size()};
-        }
+        paged_pool p = c.pool(nullptr);
         const std::size_t n = resolved.rows_at.size();
         if (n != 0) {
             if (c.texels_only())
@@ -231,12 +199,12 @@ varlen_output paged_call(context::impl& self, const paged_problem& given, kv_cac
 
 varlen_output context::sdpa(const paged_problem& given, const kv_cache& pool) {
     impl& self = alive(impl_);
-    return paged_call(self, given, *kv_cache_access::of(pool), false);
+    return paged_pool_call(self, given, *kv_cache_access::of(pool), false);
 }
 
 varlen_output context::sdpa(const paged_problem& given, kv_cache& pool) {
     impl& self = alive(impl_);
-    return paged_call(self, given, *kv_cache_access::of(pool), true);
+    return paged_pool_call(self, given, *kv_cache_access::of(pool), true);
 }
 
 call_stats context::last_call() const {

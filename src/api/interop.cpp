@@ -12,6 +12,7 @@
 #include "api/attention_call_impl.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
+#include "api/paged_call_impl.hpp"
 #include "api/recording_impl.hpp"
 #include "api/sdpa_call_impl.hpp"
 #include "api/tensor_impl.hpp"
@@ -135,6 +136,10 @@ recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tenso
 
 recording record(attention_call& call, VkCommandBuffer cmd, const attention_tensors& tensors) {
     return record_call(attention_call_access::of(call), cmd, tensors);
+}
+
+recording record(paged_call& call, VkCommandBuffer cmd, const paged_tensors& tensors) {
+    return record_call(paged_call_access::of(call), cmd, tensors);
 }
 
 recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, const tensor& v, std::size_t rows) {

@@ -618,4 +618,51 @@ void kv_cache::append(const tensor& k, const tensor& v, std::size_t rows) {
     }
 }
 
+paged_problem kv_cache::impl::check_pool(const paged_problem& given, bool data) const {
+    const kv_layout& l = layout;
+    if (l.batch != 1 || l.kv_heads != given.kv_heads || l.d_qk != given.d_qk || l.d_v != given.d_v)
+        throw qkv::invalid_argument(
+            "sdpa over a paged K/V pool: the pool is a kv_cache of batch 1 with the problem's kv_heads, d_qk "
+            "and d_v (it has batch " +
+            std::to_string(l.batch) + ", kv_heads " + std::to_string(l.kv_heads) + ", d_qk " + std::to_string(l.d_qk) +
+            ", d_v " + std::to_string(l.d_v) + "; the problem kv_heads " + std::to_string(given.kv_heads) + ", d_qk " +
+            std::to_string(given.d_qk) + ", d_v " + std::to_string(given.d_v) + ")");
+    if (type != element_type::f32 && type != element_type::f16 && !blocks())
+        throw limit_exceeded(std::string("sdpa over a paged K/V pool: the paged decode kernel reads f32, f16, "
+                                         "q8_0 and q4_0 pools, not ") +
+                             std::string(to_string(type)));
+    const auto validated = [&](const paged_problem& p) {
+        if (data)
+            validate_without_pool(p);
+        else
+            validate_without_data(p);
+    };
+    paged_problem problem = given;
+    const std::size_t ps = given.page_size;
+    if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0) {
+        problem.num_pages = 1;
+        validated(problem);  // names the page size
+    }
+    const std::size_t held = size / ps;
+    if (problem.num_pages == 0) problem.num_pages = held;
+    if (problem.num_pages > held)
+        throw qkv::invalid_argument("sdpa over a paged K/V pool: num_pages is " + std::to_string(problem.num_pages) +
+                                    " and the pool holds " + std::to_string(held) + " pages of " +
+                                    std::to_string(given.page_size) + " rows (" + std::to_string(size) + " rows)");
+    if (problem.num_pages == 0)
+        throw qkv::invalid_argument("sdpa over a paged K/V pool: the pool holds no whole page (" +
+                                    std::to_string(size) + " rows)");
+    validated(problem);
+    return problem;
+}
+
+detail::paged_pool kv_cache::impl::pool(const detail::kv_stats* s) const {
+    paged_pool p{k_view.handle(), v_view.handle(), {}, {}, static_cast<std::uint32_t>(layout.capacity), type, s};
+    if (blocks()) {
+        p.k_blocks = {k_blocks.handle(), 0, k_blocks.size()};
+        p.v_blocks = {v_blocks.handle(), 0, v_blocks.size()};
+    }
+    return p;
+}
+
 }  // namespace qkv::vulkan

@@ -11,7 +11,9 @@
 #include "api/tensor_impl.hpp"
 #include "kernels/sdpa_decode.hpp"
 #include "plan/sdpa_plan.hpp"
+#include "qkv/runtime/paged.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "run/run.hpp"
 #include "run/sdpa_guard.hpp"
 #include "vk/memory.hpp"
 
@@ -88,6 +90,14 @@ struct kv_cache::impl {
     /// must live until the commands have run). Grows `size`.
     void record_append(detail::recorder& rec, const tensor& k, const tensor& v, std::size_t rows,
                        detail::buffer& scratch);
+    /// The one check of a paged batch against this cache as its pool (the lock held, with the rows
+    /// it holds now): batch 1 and the batch's kv_heads, d_qk and d_v (invalid_argument), a type
+    /// the paged kernel reads (limit_exceeded), num_pages at most the whole pages held (0: those),
+    /// then the batch validated (validate_without_pool, or with `data` false
+    /// validate_without_data). Returns the batch with its num_pages.
+    [[nodiscard]] paged_problem check_pool(const paged_problem& given, bool data) const;
+    /// The pool as the paged kernels bind it (the lock held); `stats` as the caller read them.
+    [[nodiscard]] detail::paged_pool pool(const detail::kv_stats* stats) const;
 };
 
 struct kv_cache_access {

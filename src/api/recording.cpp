@@ -1,5 +1,6 @@
 // qkv::vulkan::recording: what a recorded (or run) call owns until its commands have completed,
 // and its check(): the device's verdict read back, the overflow rule applied as on the host path.
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -179,6 +180,12 @@ void recording::impl::check(bool locked) const {
         guard.invalidate();
         words = guard_words::read(guard.mapped(), q_groups, cache ? 0 : kv_groups);
         if (cache) cache_stats = cache->read_stats();
+    }
+    if (q_rows_per_head) {  // a paged call's rows (token, head): the largest norm of each head
+        std::vector<float> heads(shape.q_heads, 0.0f);
+        for (std::size_t i = 0; i < words.q_norm.size(); ++i)
+            heads[i % shape.q_heads] = std::max(heads[i % shape.q_heads], words.q_norm[i]);
+        words.q_norm = std::move(heads);
     }
     // Recorded with the kernel for finite values, the decode read rows that were finite when it
     // was recorded (a later append's non-finite rows are beyond them): an output that is not

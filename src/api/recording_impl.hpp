@@ -58,6 +58,9 @@ struct recording::impl : detail::retired {
     /// finite when it was recorded: its check holds them to that (below).
     bool read_finite = false;
     std::size_t q_groups = 0, kv_groups = 0;
+    /// A paged call's: its q's norms are per (token, head) row, this many tokens of shape.q_heads
+    /// rows, folded to one per head for the rule (0: per group of the shape, as read).
+    std::size_t q_rows_per_head = 0;
     mutable detail::guard_words words;
     // An attention call's check (attention_call.cpp): its plan, the flags of its inputs' passes.
     std::unique_ptr<detail::plan> attention;
@@ -107,6 +110,7 @@ struct recording::impl : detail::retired {
         backward_views = {};
         checks = false;
         read_finite = false;
+        q_rows_per_head = 0;
         backward = false;
         attention.reset();
         return std::move(cache);

@@ -6,6 +6,7 @@
 #include "api/attention_call_impl.hpp"
 #include "api/context_impl.hpp"
 #include "api/kv_cache_impl.hpp"
+#include "api/paged_call_impl.hpp"
 #include "api/recording_impl.hpp"
 #include "api/sdpa_call_impl.hpp"
 #include "qkv/vulkan/sequence.hpp"
@@ -27,6 +28,11 @@ sequence& sequence::operator=(sequence&&) noexcept = default;
 void sequence::record(sdpa_call& call, const sdpa_tensors& tensors) {
     if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
     record_in_sequence(*impl_, sdpa_call_access::of(call), tensors);
+}
+
+void sequence::record(paged_call& call, const paged_tensors& tensors) {
+    if (!impl_) throw qkv::error("qkv::vulkan::sequence used after move");
+    record_in_sequence(*impl_, paged_call_access::of(call), tensors);
 }
 
 void sequence::record_append(kv_cache& cache, const tensor& k, const tensor& v, std::size_t rows) {

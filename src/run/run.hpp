@@ -20,6 +20,7 @@
 
 #include "api/device_core.hpp"
 #include "kernels/flash_cpu.hpp"
+#include "kernels/paged_plan.hpp"
 #include "kernels/sdpa_decode.hpp"
 #include "plan/sdpa_plan.hpp"
 #include "plan/settings.hpp"
@@ -258,6 +259,39 @@ struct paged_append {
     std::span<const float> k{}, v{};
     std::span<const std::size_t> rows_at{};
 };
+
+/// The host side of a paged batch's decode, made before anything is recorded (every limit checked):
+/// the plan, the work words, and where the inputs go. `whole` is the batch as one problem of shape
+/// (1, Hq, Hkv, total_q, max(longest, 1), E, Ev) with its options, sinks and slopes (the score
+/// params, the overflow rule). The inputs: q's texels at 0 (total_q·Hq rows of e4 texels), then
+/// the block table, the work words and the score params, each at its offset.
+struct paged_layout {
+    paged_plan plan;
+    sdpa_problem whole;
+    std::uint32_t longest = 0, page_shift = 0;
+    std::uint64_t total_q = 0, token_base = 0, item_base = 0;
+    std::vector<std::uint32_t> words;
+    std::uint64_t q_bytes = 0, table_at = 0, table_bytes = 0, words_at = 0, words_bytes = 0, params_at = 0,
+                  params_bytes = 0, out_bytes = 0, lse_at = 0, lse_bytes = 0;
+    buffer_plan buffers;  ///< role::inputs (all of the above), the partials, role::out (out, then lse)
+};
+/// Plans a validated paged batch (k_pages, v_pages and q may be empty: only their sizes are used)
+/// against a pool of `pool_rows` rows per K/V head of `pool_type`. Throws limit_exceeded past the
+/// device's limits.
+paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
+                             std::uint32_t pool_rows, element_type pool_type);
+/// Writes the block table, the work words and the score params at the layout's offsets of the
+/// inputs, less `from`, into `to` (host-visible memory up to the params' end; q's texels not written).
+void put_paged_words(std::byte* to, const paged_layout& layout, const paged_problem& problem, std::uint64_t from = 0);
+/// What the paged kernels bind: q's texels, the table, the work words and the score params; the
+/// gate word (DECODE_VALUES_GATED: whether V may hold NaN or Inf), the partials, out and lse.
+struct paged_bindings {
+    binding q, table, work, params, gate, stats, acc, out, lse;
+};
+/// Records the paged decode's dispatch (none without work items), a barrier and the merge.
+/// `values`: DECODE_VALUES_FINITE, DECODE_VALUES_NONFINITE or DECODE_VALUES_GATED.
+void record_paged(recorder& rec, pipeline_set& pipes, const paged_layout& layout, const paged_problem& problem,
+                  const paged_pool& pool, const paged_bindings& b, float scale, float v_scale, std::uint32_t values);
 
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after

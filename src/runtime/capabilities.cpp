@@ -61,6 +61,8 @@ constexpr refusal table[] = {
     {entry_point::paged_append, inputs::kv_quantized,
      "a q8_0 / q4_0 pool's rows are ggml's blocks, which the paged append does not write; append into an f32 or "
      "f16 pool (or write whole pages with kv_cache::append)"},
+    {entry_point::paged_call, "return_weights", no_weights_in_ragged},
+    {entry_point::paged_call, "dropout_p", no_dropout_in_ragged},
 };
 
 constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
@@ -85,7 +87,8 @@ constexpr entry_point all_entries[] = {entry_point::cpu_sdpa,
                                        entry_point::context_varlen,
                                        entry_point::cpu_paged,
                                        entry_point::context_paged,
-                                       entry_point::paged_append};
+                                       entry_point::paged_append,
+                                       entry_point::paged_call};
 
 constexpr feature value_features[] = {values::coopmat};
 
@@ -189,6 +192,8 @@ std::string_view name_of(entry_point e) {
             return "context::sdpa over a paged K/V batch";
         case entry_point::paged_append:
             return "context::sdpa appending into a paged K/V pool";
+        case entry_point::paged_call:
+            return "paged_call";
     }
     return "an unknown entry point";
 }
@@ -216,6 +221,7 @@ bool applies(entry_point entry, feature what) {
         case entry_point::context_varlen:
         case entry_point::cpu_paged:
         case entry_point::context_paged:
+        case entry_point::paged_call:
             return !attention_only && !backward_only && what != inputs::mask &&
                    what != inputs::additive_mask;  // no masks
         case entry_point::cpu_sdpa_backward:

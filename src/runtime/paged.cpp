@@ -30,7 +30,7 @@ constexpr auto int32_limit = static_cast<std::size_t>(std::numeric_limits<std::i
 std::size_t pages_for(std::size_t keys, std::size_t page_size) { return (keys + page_size - 1) / page_size; }
 
 template <class T>
-void check_paged(const basic_paged_problem<T>& p, bool pool = true) {
+void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = true) {
     const std::size_t ps = p.page_size;
     if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0)
         fail("page_size is " + str(ps) + ": it must be a power of two from 1 to " + str(max_page_size));
@@ -103,8 +103,9 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true) {
                      " it for its keys " + str(i * ps) + " onwards");
         }
     }
+    if (!data && !p.q.empty()) fail("q must be empty: it comes as a tensor");
     if (p.cu_seqlens_q.empty()) {
-        expect_size("q", p.q, {{"B", B}, {"q_len", p.q_len}, {"q_heads", p.q_heads}, {"d_qk", p.d_qk}});
+        if (data) expect_size("q", p.q, {{"B", B}, {"q_len", p.q_len}, {"q_heads", p.q_heads}, {"d_qk", p.d_qk}});
     } else {
         if (p.cu_seqlens_q.size() != B + 1)
             fail("cu_seqlens_q has " + str(p.cu_seqlens_q.size()) + " entries: B + 1 = " + str(B + 1) +
@@ -116,10 +117,11 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true) {
                 fail("cu_seqlens_q must be nondecreasing: cu_seqlens_q[" + str(b) +
                      "] = " + std::to_string(p.cu_seqlens_q[b]) + " is below cu_seqlens_q[" + str(b - 1) +
                      "] = " + std::to_string(p.cu_seqlens_q[b - 1]));
-        expect_size("q", p.q,
-                    {{"total_q = cu_seqlens_q[B]", static_cast<std::size_t>(p.cu_seqlens_q[B])},
-                     {"q_heads", p.q_heads},
-                     {"d_qk", p.d_qk}});
+        if (data)
+            expect_size("q", p.q,
+                        {{"total_q = cu_seqlens_q[B]", static_cast<std::size_t>(p.cu_seqlens_q[B])},
+                         {"q_heads", p.q_heads},
+                         {"d_qk", p.d_qk}});
     }
     if (p.rotary_dim == 0) {
         if (!p.rotary_cos.empty() || !p.rotary_sin.empty())
@@ -144,6 +146,13 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true) {
                 fail("rotary_cos and rotary_sin have " + str(rows) + " positions (rows); sequence " + str(b) +
                      " reaches position " + str(last));
         }
+    }
+    if (!data) {  // q's rows counted as its tensor will hold them: within int32 offsets, no overflow
+        const std::size_t total_q = p.cu_seqlens_q.empty() ? checked_product({{"B", B}, {"q_len", p.q_len}})
+                                                           : static_cast<std::size_t>(p.cu_seqlens_q[B]);
+        if (total_q > int32_limit) fail("the batch's " + str(total_q) + " query rows exceed int32 offsets");
+        (void)checked_product({{"query rows", total_q}, {"q_heads", p.q_heads}, {"d_qk", p.d_qk}});
+        (void)checked_product({{"query rows", total_q}, {"q_heads", p.q_heads}, {"d_v", p.d_v}});
     }
     validate_per_sequence_rules<T>(p);
 }
@@ -289,6 +298,7 @@ basic_gathered_pages<T> gather(const basic_paged_problem<T>& given) {
 void validate(const paged_problem& problem) { check_paged(problem); }
 void validate(const paged_problem_f64& problem) { check_paged(problem); }
 void validate_without_pool(const paged_problem& problem) { check_paged(problem, false); }
+void validate_without_data(const paged_problem& problem) { check_paged(problem, false, false); }
 
 std::size_t batch_of(const paged_problem& problem) { return problem.cache_seqlens.size(); }
 std::size_t batch_of(const paged_problem_f64& problem) { return problem.cache_seqlens.size(); }

@@ -208,7 +208,8 @@ constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "-
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
 constexpr std::string_view serve_options[] = {"precision", "kv_type"};
-constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--serve", "--shared-prefix"};
+constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads",      "--seq",     "--dim",
+                                            "--serve", "--shared-prefix", "--recorded"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -456,6 +457,7 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     vc.max_len = one(o.seq, "--seq", serve ? 2048 : 512);
     vc.dim = one(o.dim, "--dim", serve ? 128 : 64);
     vc.shared_prefix = o.shared_prefix;
+    vc.recorded = o.recorded;
     if (vc.shared_prefix % 16 != 0)
         throw usage_error("--shared-prefix " + std::to_string(vc.shared_prefix) +
                           ": a prompt in shared pages is whole pages of 16 rows");
@@ -672,6 +674,10 @@ void add_bench(CLI::App& app) {
                     "shared prefixes computed once per group (cascade) and without")
         ->check(CLI::Range(0, 1 << 20))
         ->type_name("ROWS");
+    cmd->add_flag("--recorded", o->recorded,
+                  "With --serve: also time the batched call against the device pool over device tensors "
+                  "(paged_call: q and out as tensors, the step's table and lengths given per step), run and "
+                  "recorded in a sequence, against the host call");
     cmd->add_option("--kv-seq", o->kv_seq_text,
                     "Keys and values per head S (default: --seq); without --decode, times sdpa with q, k, v from "
                     "the host (cross-attention, GQA)")

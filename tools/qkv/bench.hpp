@@ -48,6 +48,8 @@ struct options {
     std::uint64_t seed = 20261122;
     /// With serve: every sequence begins with a common prompt of this many rows in shared pages.
     std::size_t shared_prefix = 0;
+    /// With serve: also the batched call over device tensors (paged_call::run) and recorded in a sequence.
+    bool recorded = false;
     /// Every flag the command line gave ("--window", "--batch", ...), for the mode's check: each
     /// mode honours the flags its row of bench.cpp's mode table lists and refuses the others.
     std::vector<std::string> given;
@@ -155,6 +157,7 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmu
 struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
     std::size_t shared_prefix = 0;  ///< --serve: rows of a common prompt every sequence begins with
+    bool recorded = false;          ///< --serve: the paged_call forms too (over tensors, in a sequence)
     qkv::precision precision = qkv::precision::fp32;
     std::optional<qkv::element_type> kv_type;  ///< --serve: how the caches store K and V (unset: by precision)
 };

@@ -18,6 +18,10 @@
 // With --shared-prefix P, every sequence begins with the same P rows (a common prompt) in the same
 // pages, its drawn length after them, and the call against the pool on the device is timed twice:
 // with the shared prefix attended once per group (cascade, paged_problem::cascade) and without.
+// With --recorded, the call against the pool on the device is also timed over device tensors
+// (qkv::vulkan::paged_call made once, q uploaded once, the step's table and lengths given with the
+// tensors each step, so each step is planned and recorded as a server's): run, and recorded into a
+// sequence and run; its output must equal the host call's bits.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +38,9 @@
 #include "qkv/runtime/paged.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/paged_call.hpp"
+#include "qkv/vulkan/sequence.hpp"
+#include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::cli::bench {
 
@@ -248,6 +255,29 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             padded_ms, padded_cpu, unused_gpu);
     else
         padded_ms.push_back(0), padded_cpu.push_back(0);
+    // --recorded: the device-pool call over tensors, run and in a sequence; its bits the host call's.
+    const bool recorded = pool && vc.recorded;
+    std::vector<double> call_ms, call_cpu, seq_ms, seq_cpu;
+    bool same_bits = true;
+    if (recorded) {
+        qkv::paged_problem desc = on_device;
+        desc.q = {}, desc.block_table = {}, desc.cache_seqlens = {};
+        qkv::vulkan::paged_call call(ctx, desc, *pool);
+        qkv::vulkan::tensor tq(ctx, {B, 1, Hq, d}), to(ctx, {B, 1, Hq, d});
+        tq.upload(q);
+        const qkv::vulkan::paged_tensors t{
+            .q = &tq, .out = &to, .block_table = on_device.block_table, .cache_seqlens = on_device.cache_seqlens};
+        time_form([&](int) { call.run(t); }, call_ms, call_cpu, unused_gpu);
+        same_bits = to.download() == dr.output;
+        qkv::vulkan::sequence seq(ctx);
+        time_form(
+            [&](int) {
+                seq.record(call, t);
+                seq.run();
+            },
+            seq_ms, seq_cpu, unused_gpu);
+        same_bits = same_bits && to.download() == dr.output;
+    }
     // the forms agree: (B, 1, Hq, d) against each (1, Hq, 1, d) and (B, Hq, 1, d)
     for (std::size_t b = 0; b < B; ++b)
         for (std::size_t e = 0; e < Hq * d; ++e) {
@@ -289,6 +319,19 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
        << "  " << B << " separate calls (kv_caches):               median " << fixed(ss.median, 3) << " ms (min "
        << fixed(ss.min, 3) << ", max " << fixed(ss.max, 3) << "), " << sig3(tokens(ss)) << " tokens/s; CPU "
        << fixed(sc.median, 1) << " ms; device " << fixed(sg.median, 1) << " ms\n";
+    const summary cs = summarise(call_ms.empty() ? std::vector<double>{0} : call_ms),
+                  cc = summarise(call_cpu.empty() ? std::vector<double>{0} : call_cpu),
+                  qs = summarise(seq_ms.empty() ? std::vector<double>{0} : seq_ms),
+                  qc = summarise(seq_cpu.empty() ? std::vector<double>{0} : seq_cpu);
+    if (recorded)
+        os << "  the same over tensors (paged_call::run):    median " << fixed(cs.median, 3) << " ms (min "
+           << fixed(cs.min, 3) << ", max " << fixed(cs.max, 3) << "), " << sig3(tokens(cs)) << " tokens/s; CPU "
+           << fixed(cc.median, 1) << " ms\n"
+           << "  the same recorded in a sequence:            median " << fixed(qs.median, 3) << " ms (min "
+           << fixed(qs.min, 3) << ", max " << fixed(qs.max, 3) << "), " << sig3(tokens(qs)) << " tokens/s; CPU "
+           << fixed(qc.median, 1) << " ms; over tensors / host call " << fixed(cs.median / ds.median, 2)
+           << ", sequence / host call " << fixed(qs.median / ds.median, 2) << ", "
+           << (same_bits ? "the host call's bits" : "NOT the host call's bits") << "\n";
     if (pad)
         os << "  one call padded to the longest:             median " << fixed(ps.median, 3) << " ms (min "
            << fixed(ps.min, 3) << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU "
@@ -331,6 +374,15 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         j["device_paged_device_ms"] = summary_json(dg);
         j["separate_device_ms"] = summary_json(sg);
         j["separate_over_device_paged_device_time"] = sg.median / dg.median;
+    }
+    if (recorded) {
+        j["paged_call_ms"] = summary_json(cs);
+        j["paged_call_cpu_ms"] = summary_json(cc);
+        j["paged_call_sequence_ms"] = summary_json(qs);
+        j["paged_call_sequence_cpu_ms"] = summary_json(qc);
+        j["paged_call_over_device_paged"] = cs.median / ds.median;
+        j["paged_call_sequence_over_device_paged"] = qs.median / ds.median;
+        j["paged_call_same_bits"] = same_bits;
     }
     if (cascade) {
         j["device_paged_no_cascade_ms"] = summary_json(fs);

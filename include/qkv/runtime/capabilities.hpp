@@ -26,8 +26,8 @@ enum class entry_point {
     context_decode,         ///< context::sdpa(problem, cache): K and V in a qkv::vulkan::kv_cache
     sdpa_call,              ///< qkv::vulkan::sdpa_call over device tensors: run()
     sdpa_call_decode,       ///< sdpa_call against a kv_cache: run()
-    sequence_record,        ///< qkv::vulkan::sequence::record of an sdpa_call or attention_call
-    interop_record,         ///< qkv::vulkan::record (interop.hpp) of an sdpa_call or attention_call
+    sequence_record,        ///< qkv::vulkan::sequence::record of an sdpa_call, attention_call or paged_call
+    interop_record,         ///< qkv::vulkan::record (interop.hpp) of an sdpa_call, attention_call or paged_call
     mpi_sdpa,               ///< qkv::mpi::sdpa: context parallelism across ranks
     mpi_decode,             ///< qkv::mpi::sharded_kv_cache::decode
     cpu_attention,          ///< qkv::cpu::attention
@@ -44,6 +44,7 @@ enum class entry_point {
     cpu_paged,              ///< qkv::cpu::sdpa over a paged K/V batch (paged.hpp), float64
     context_paged,          ///< context::sdpa over a paged K/V batch (paged.hpp)
     paged_append,           ///< context::sdpa appending a paged batch's new rows into a device pool
+    paged_call,             ///< qkv::vulkan::paged_call over device tensors: run()
 };
 
 /// What a problem (or an append) may ask of an entry point, by name: an option of sdpa_options

@@ -117,6 +117,9 @@ QKV_RUNTIME_API void validate(const paged_problem_f64& problem);
 /// The checks of validate() for a pool kept elsewhere (a device's: context::sdpa with a kv_cache
 /// pool): k_pages and v_pages empty, num_pages the pages that pool holds; the rest as validate().
 QKV_RUNTIME_API void validate_without_pool(const paged_problem& problem);
+/// The same for a batch whose q is a device tensor too (a paged_call's step): q empty, its shape
+/// the call's to check; the rest as validate_without_pool().
+QKV_RUNTIME_API void validate_without_data(const paged_problem& problem);
 
 /// The one definition of where things are, shared by the float64 reference and the device: the
 /// block table row of sequence b (cache_batch_idx[b], or b), its first key (cache_leftpad[b], or 0),

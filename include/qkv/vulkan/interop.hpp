@@ -76,6 +76,7 @@
 #include "qkv/vulkan/attention_call.hpp"
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/paged_call.hpp"
 #include "qkv/vulkan/sdpa_backward_call.hpp"
 #include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/tensor.hpp"
@@ -175,6 +176,9 @@ private:
 [[nodiscard]] QKV_VULKAN_API recording record(sdpa_call& call, VkCommandBuffer cmd, const sdpa_tensors& tensors);
 [[nodiscard]] QKV_VULKAN_API recording record(attention_call& call, VkCommandBuffer cmd,
                                               const attention_tensors& tensors);
+/// A paged batch's step (block table and lengths read now) against its pool: a server's batched
+/// decode step recorded into its own command buffer.
+[[nodiscard]] QKV_VULKAN_API recording record(paged_call& call, VkCommandBuffer cmd, const paged_tensors& tensors);
 [[nodiscard]] QKV_VULKAN_API recording record(sdpa_backward_call& call, VkCommandBuffer cmd,
                                               const sdpa_backward_tensors& tensors);
 

@@ -12,6 +12,7 @@
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/paged_call.hpp"
 #include "qkv/vulkan/sdpa_backward_call.hpp"
 #include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/sequence.hpp"

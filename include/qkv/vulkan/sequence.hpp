@@ -1,4 +1,4 @@
-// qkv::vulkan::sequence: several planned calls over device tensors (sdpa_call, attention_call) and
+// qkv::vulkan::sequence: several planned calls over device tensors (sdpa_call, attention_call, paged_call) and
 // K/V cache appends recorded into one command buffer of qkv's and submitted once.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/export.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/paged_call.hpp"
 #include "qkv/vulkan/sdpa_backward_call.hpp"
 #include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/tensor.hpp"
@@ -39,6 +40,8 @@ public:
     void record(sdpa_call& call, const sdpa_tensors& tensors);
     void record(attention_call& call, const attention_tensors& tensors);
     void record(sdpa_backward_call& call, const sdpa_backward_tensors& tensors);
+    /// A paged batch's step: its block table and lengths are read (copied) now.
+    void record(paged_call& call, const paged_tensors& tensors);
     /// Records an append of device rows to `cache`. Its size grows now, so calls recorded after it
     /// in this sequence see the rows; until run(), every other use of the cache (its appends, the
     /// calls over it, other sequences) is refused with qkv::invalid_argument, since those rows are

@@ -1,0 +1,68 @@
+// qkv::vulkan::paged_call: the batched decode against a paged K/V pool on the device
+// (qkv/runtime/paged.hpp, context::sdpa(paged_problem, kv_cache)) over device tensors: run, recorded
+// into a sequence (qkv/vulkan/sequence.hpp), or into a caller's command buffer
+// (qkv/vulkan/interop.hpp), so that a server records a whole batched step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "qkv/runtime/paged.hpp"
+#include "qkv/vulkan/context.hpp"
+#include "qkv/vulkan/export.hpp"
+#include "qkv/vulkan/tensor.hpp"
+
+namespace qkv::vulkan {
+
+class kv_cache;
+
+/// The tensors and the batch of one paged_call run or recording. q (B, L, Hq, E), or with
+/// cu_seqlens_q (total_q, Hq, E); out of the same layout with Ev; lse (Hq, total_q) where the
+/// options return it (and only then); all f32. The batch: this step's block table (B x max_pages)
+/// and cache_seqlens (B), with cu_seqlens_q (empty: L = the description's q_len), host data read
+/// (copied) when the call is recorded or run; all three empty: the description's.
+struct paged_tensors {
+    const tensor* q = nullptr;
+    tensor* out = nullptr;
+    tensor* lse = nullptr;  ///< options.return_lse: each row's log-sum-exp
+    std::span<const std::int32_t> block_table{};
+    std::span<const std::int32_t> cache_seqlens{};
+    std::span<const std::int32_t> cu_seqlens_q{};
+};
+
+/// The batched paged decode against `pool` (a kv_cache of batch 1, as for
+/// context::sdpa(paged_problem, kv_cache)), planned for a description and then run (or recorded)
+/// many times over tensors: the same plan, kernels and bits as that host call.
+class QKV_VULKAN_API paged_call {
+public:
+    /// `description`: the batch's shapes and options (q_heads, kv_heads, d_qk, d_v, page_size,
+    /// max_pages, q_len, options, sinks, alibi_slopes, cascade; num_pages 0: the pool's pages at each
+    /// call), its q, k_pages and v_pages empty. Its block_table, cache_seqlens and cu_seqlens_q may be
+    /// empty, or a step the tensors may leave empty: then validated now against the pool, planned
+    /// once and kept (copied). Its sinks and slopes are copied. The pipelines of that step (if any)
+    /// are built now. Throws qkv::invalid_argument and limit_exceeded as the host call would.
+    /// The pool is kept by reference: it must outlive the call.
+    paged_call(context& ctx, const paged_problem& description, kv_cache& pool);
+    ~paged_call();
+    paged_call(paged_call&&) noexcept;
+    paged_call& operator=(paged_call&&) noexcept;
+    paged_call(const paged_call&) = delete;
+    paged_call& operator=(const paged_call&) = delete;
+
+    /// Runs over `tensors` on the context's queue and waits. Every refusal comes before anything is
+    /// recorded: the batch validated against the pool's pages (qkv::invalid_argument: a page index
+    /// past the pool, a table too short, ...; nothing written), the tensors' shapes and types and
+    /// their aliasing (invalid_argument), the device's limits (limit_exceeded). The overflow rule
+    /// as for sdpa_call: q's norms checked on the device, K's and V's from the pool's statistics
+    /// (numeric_overflow, after the run).
+    void run(const paged_tensors& tensors);
+
+    struct impl;
+
+private:
+    friend struct paged_call_access;
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace qkv::vulkan

@@ -1,0 +1,40 @@
+// The inside of qkv::vulkan::paged_call (paged_call.cpp), for what records it (sequence.cpp,
+// interop.cpp). Private to src/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "api/kv_cache_impl.hpp"
+#include "api/planned_call.hpp"
+#include "qkv/vulkan/paged_call.hpp"
+#include "run/run.hpp"
+
+namespace qkv::vulkan {
+
+struct paged_call::impl : planned_call {
+    paged_problem desc;  // its spans point into the vectors below
+    std::vector<std::int32_t> block_table, cache_seqlens, cu_seqlens_q;
+    std::vector<float> sinks, alibi_slopes;
+    std::shared_ptr<kv_cache::impl> cache;  // the pool
+    /// The description's step, planned once (where it has one).
+    std::optional<detail::paged_layout> planned;
+
+    /// The step `t` asks for (its spans, or the description's), validated against the pool's pages
+    /// as they are now, and the tensors checked against it (the lock held): before anything is
+    /// recorded.
+    [[nodiscard]] paged_problem check(const paged_tensors& t) const;
+    /// Records the call over `t` into `rec`, its scratch in `r` (the lock held).
+    void record(detail::recorder& rec, recording::impl& r, const paged_tensors& t);
+};
+
+struct paged_call_access {
+    static paged_call::impl& of(paged_call& c) {
+        if (!c.impl_) throw qkv::error("qkv::vulkan::paged_call used after move");
+        return *c.impl_;
+    }
+};
+
+}  // namespace qkv::vulkan
