@@ -96,6 +96,18 @@ void save_forward(owned& o) {
     o.out = f.output, o.lse = f.lse;
 }
 
+/// `o` with one non-finite input (its forward saved again), for the three places the NaN tests
+/// poison (rows of 16 values): 0, a key's value; 1, a query; 2, an infinite d_out element.
+owned poisoned_copy(const owned& o, int where) {
+    owned poisoned = o;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (where == 0) poisoned.v[4 * 16 + 1] = nan;
+    if (where == 1) poisoned.q[2 * 16 + 3] = nan;
+    if (where == 2) poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::infinity();
+    save_forward(poisoned);
+    return poisoned;
+}
+
 /// The device's gradients against the float64 reference, each within `bound`.
 void check_against_reference(const owned& o, double bound) {
     const qkv::sdpa_gradients_f64 want = qkv::cpu::sdpa_backward_f64(o.backward());
@@ -691,12 +703,7 @@ TEST_CASE("sdpa_backward on the device: saved tensors and non-finite values", "[
     // value (the rows that attend it), a query (its row), a d_out element (its row's dq, the dk and
     // dv of the keys it attends; the others stay finite, masked keys get nothing).
     for (const int where : {0, 1, 2}) {
-        owned poisoned = o;
-        const float nan = std::numeric_limits<float>::quiet_NaN();
-        if (where == 0) poisoned.v[4 * 16 + 1] = nan;
-        if (where == 1) poisoned.q[2 * 16 + 3] = nan;
-        if (where == 2) poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::infinity();
-        save_forward(poisoned);
+        const owned poisoned = poisoned_copy(o, where);
         INFO("poisoned input " << where);
         check_against_reference(poisoned, 1e-9);
     }
@@ -980,12 +987,7 @@ TEST_CASE("sdpa_backward on the device: the cooperative-matrix dk/dv with every 
         .batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 11, .kv_len = 13, .d_qk = 16, .d_v = 16};
     const owned base = make(small, {.causal = true, .precision = qkv::precision::fp16}, 51);
     for (const int where : {0, 1, 2}) {
-        owned poisoned = base;
-        const float nan = std::numeric_limits<float>::quiet_NaN();
-        if (where == 0) poisoned.v[4 * 16 + 1] = nan;
-        if (where == 1) poisoned.q[2 * 16 + 3] = nan;
-        if (where == 2) poisoned.d_out[6 * 16 + 5] = std::numeric_limits<float>::infinity();
-        save_forward(poisoned);
+        const owned poisoned = poisoned_copy(base, where);
         INFO("poisoned input " << where);
         const qkv::sdpa_gradients got = gpu().sdpa_backward(poisoned.backward());
         require_clean(gpu());
