@@ -253,16 +253,8 @@ TEST_CASE("paged: cache_batch_idx and cache_leftpad", "[paged][paged_append]") {
         {.kv_lens = {40, 9, 33, 17}, .q_len = 2, .q_heads = 4, .kv_heads = 2, .d_qk = 8, .d_v = 8, .page_size = 4});
     qkv_test::make_appends(o, 3, 12);
     // The table's rows permuted, with one row no sequence uses: sequence b reads row batch_idx[b].
-    const std::vector<std::int32_t> perm{2, 4, 0, 1};
-    const std::size_t cols = o.problem.max_pages;
-    std::vector<std::int32_t> table(5 * cols, -1);
-    for (std::size_t b = 0; b < 4; ++b)
-        std::copy_n(o.table.begin() + static_cast<std::ptrdiff_t>(b * cols), cols,
-                    table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(perm[b]) * cols));
-    o.table = table, o.batch_idx = perm;
-    o.problem.block_table = o.table, o.problem.cache_batch_idx = o.batch_idx;
-    o.leftpad = {5, 0, 30, 14};  // sequence 3's keys 14 .. 16 and its 3 new ones; sequence 2's 30 onwards
-    o.problem.cache_leftpad = o.leftpad;
+    // Leftpads: sequence 3's keys 14 .. 16 and its 3 new ones; sequence 2's 30 onwards.
+    qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 14});
     qkv_test::make_rotary(o, 8, 64, false);
     for (const qkv::sdpa_options& options :
          {qkv::sdpa_options{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},

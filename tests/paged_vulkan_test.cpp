@@ -543,16 +543,7 @@ TEST_CASE("paged vulkan: fused rotary embedding, cache_batch_idx and cache_leftp
         qkv_test::make_appends(o, 3, 21);
         qkv_test::make_rotary(o, 16, 64, interleaved);
         // The table's rows permuted, with a row no sequence uses: sequence b reads row batch_idx[b].
-        const std::vector<std::int32_t> perm{2, 4, 0, 1};
-        const std::size_t cols = o.problem.max_pages;
-        std::vector<std::int32_t> table(5 * cols, -1);
-        for (std::size_t b = 0; b < 4; ++b)
-            std::copy_n(o.table.begin() + static_cast<std::ptrdiff_t>(b * cols), cols,
-                        table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(perm[b]) * cols));
-        o.table = table, o.batch_idx = perm;
-        o.problem.block_table = o.table, o.problem.cache_batch_idx = o.batch_idx;
-        o.leftpad = {5, 0, 30, 14};
-        o.problem.cache_leftpad = o.leftpad;
+        qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 14});
         for (const qkv::sdpa_options& options :
              {qkv::sdpa_options{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
               qkv::sdpa_options{.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true}}) {

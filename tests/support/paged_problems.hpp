@@ -65,6 +65,21 @@ inline void make_rotary(owned_paged& o, std::size_t rotary_dim, std::size_t posi
     o.problem.rotary_interleaved = interleaved;
 }
 
+/// `o`'s block table with its rows permuted through cache_batch_idx = `perm` (sequence b reads
+/// row perm[b]) into a table of `rows` rows (rows no sequence reads are all -1), and `leftpad` as
+/// cache_leftpad.
+inline void permute_table(owned_paged& o, const std::vector<std::int32_t>& perm, std::size_t rows,
+                          const std::vector<std::int32_t>& leftpad) {
+    const std::size_t cols = o.problem.max_pages;
+    std::vector<std::int32_t> table(rows * cols, -1);
+    for (std::size_t b = 0; b < perm.size(); ++b)
+        std::copy_n(o.table.begin() + static_cast<std::ptrdiff_t>(b * cols), cols,
+                    table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(perm[b]) * cols));
+    o.table = table, o.batch_idx = perm, o.leftpad = leftpad;
+    o.problem.block_table = o.table, o.problem.cache_batch_idx = o.batch_idx;
+    o.problem.cache_leftpad = o.leftpad;
+}
+
 struct paged_shape {
     std::vector<std::size_t> kv_lens{};  ///< S_b
     std::vector<std::size_t> q_lens{};   ///< L_b: empty for one q_len for all (then `q_len`)
