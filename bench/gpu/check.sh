@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# qkv on an NVIDIA GPU inside one short lease (at most 8 minutes): the Vulkan suite's call paths and
-# the per-family parity suites on every kernel family the GPU has (the cooperative-matrix one
-# included), the held-out PyTorch-semantics fixtures of tests/data/sdpa on each family, `qkv bench`
-# over N = 1024 ... 16384, d = 64 and 128, fp16 and fp32, causal and not, and a decode step at
-# S = 65,536, and PyTorch's CUDA scaled_dot_product_attention (flash backend) on the same shapes in
-# the same run; and training: `qkv bench --backward` at N = 4096, d = 64 and 128, fp16 and fp32,
-# causal and not, beside PyTorch's SDPA forward and backward (torch.autograd.grad) on the same shapes
-# (the last steps: where the 8 minutes run short, they are what is skipped); one JSON file of it all.
+# qkv on an NVIDIA GPU inside one short lease (at most 8 minutes; QKV_CHECK_SECONDS, default 470):
+# first the numbers, then the correctness checks. `qkv bench` over N = 1024 ... 16384, d = 64 and 128,
+# fp16 and fp32, causal and not, and a decode step at S = 65,536, and PyTorch's CUDA
+# scaled_dot_product_attention (flash backend) on the same shapes in the same run; training:
+# `qkv bench --backward` at N = 4096, d = 64 and 128, fp16 and fp32, causal and not, scalar and
+# cooperative-matrix kernels, beside PyTorch's SDPA forward and backward (torch.autograd.grad); the
+# held-out PyTorch-semantics fixtures of tests/data/sdpa on each family; then the Vulkan suite's call
+# paths and the per-family parity suites on every kernel family the GPU has (the cooperative-matrix
+# one included), in the time left (where the minutes run short, they are what is cut); one JSON file
+# of it all.
 #
 #   bash bench/gpu/check.sh build           here: build/gpu-check/bundle (the qkv tool, qkv_npy_compare and
 #                                           the Vulkan test programs, a Release build with the
@@ -77,20 +79,20 @@ build() {
 # ---- run -------------------------------------------------------------------------------------------
 QUICK=0
 # The benchmarks' sizes (bench, backward_bench; --quick makes them small).
-sizes=(1024 2048 4096 8192 16384) repeat=10 warmup=2 tokens=16384 heads=16 decode=65536 dims=64,128
+sizes=(1024 2048 4096 8192 16384) repeat=6 warmup=2 tokens=16384 heads=16 decode=65536 dims=64,128
 backward=4096 backward_repeat=5
 WORK=
 JSON=
 STEPS=()  # JSON objects, one per step
 
-# step NAME SECONDS COMMAND...: runs the command under a time limit (never past the lease's 8 minutes),
+# step NAME SECONDS COMMAND...: runs the command under a time limit (never past QKV_CHECK_SECONDS),
 # records its status and duration; its output goes to the log.
 step() {
     local name=$1 limit=$2
     shift 2
-    local left=$((470 - (SECONDS - START)))
+    local left=$((${QKV_CHECK_SECONDS:-470} - (SECONDS - START)))
     if ((left < 15)); then
-        echo "-- $name: skipped, the 8 minutes are nearly spent"
+        echo "-- $name: skipped, the ${QKV_CHECK_SECONDS:-470} s are nearly spent"
         STEPS+=("{\"step\": \"$name\", \"status\": \"skipped: out of time\"}")
         return 0
     fi
@@ -191,7 +193,12 @@ environment() {
         [ -n "$dir" ] && compgen -G "$dir/*validation*.json" >/dev/null && HAVE_LAYER=1
     done
     ((HAVE_LAYER)) || missing "no Khronos validation layer: the test programs (validation on) cannot run"
-    if program qkv devices; then :; else missing "qkv devices found no usable Vulkan device"; fi
+    if program qkv devices; then :; else
+        missing "qkv devices found no usable Vulkan device"
+        echo "the loader's own account (VK_LOADER_DEBUG=error,warn,driver):"
+        VK_LOADER_DEBUG=error,warn,driver program qkv devices 2>&1 | head -40
+        ls -l /usr/local/nvidia/lib64 2>&1 | grep -i "vulkan\|GLX_nvidia" | head
+    fi
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         TORCH=cuda
     elif python3 -c 'import torch' 2>/dev/null; then
@@ -287,7 +294,8 @@ bench() {
         --json "$WORK/torch.json"
 }
 
-# Training: the backward pass (context::sdpa_backward) beside the forward, at N = 4096 with the
+# Training: the backward pass (context::sdpa_backward) beside the forward, scalar and cooperative-matrix
+# kernels (the latter fp16 only: its fp32 rows are skipped rows that say so), at N = 4096 with the
 # forward rows' batch and heads; one step per precision, so that what finished is kept if the lease
 # runs short. About 0.55 TFLOP per forward at d = 128 (1.4 per backward): 5 timed calls each.
 backward_bench() {
@@ -296,7 +304,7 @@ backward_bench() {
     for precision in fp16 fp32; do
         step "qkv bench --backward N = $backward $precision" 60 program qkv bench --backward --seq "$backward" \
             --batch $((tokens / backward > 0 ? tokens / backward : 1)) --heads "$heads" --dim "$dims" \
-            --precision "$precision" --causal no,yes --repeat "$backward_repeat" --warmup 1 \
+            --precision "$precision" --causal no,yes --kernel block_tiles,coopmat --repeat "$backward_repeat" --warmup 1 \
             --json "$WORK/qkv_backward_$precision.json"
     done
 }
@@ -313,10 +321,10 @@ run() {
     {
         echo "bash bench/gpu/check.sh run${1:+ $1}: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         environment
-        tests
-        parity
         bench
         backward_bench
+        parity
+        tests
         log "Summary"
         {
             printf '{"quick": %s, "seconds": %d, "missing": [' "$QUICK" $((SECONDS - START))

@@ -26,6 +26,11 @@ def load(path):
         return {"error": f"{path}: {e}"}
 
 
+def flat(row):
+    """A qkv bench row with its options (the one field list's JSON object) beside its own keys."""
+    return dict(row.get("options") or {}, **row)
+
+
 def key(row):
     return (row.get("seq"), row.get("kv_seq", row.get("seq")), row.get("dim"), bool(row.get("causal")),
             row.get("precision"), bool(row.get("decode")) or row.get("impl") == "decode")
@@ -45,7 +50,7 @@ def main():
         devices.append(b.get("device"))
         if "ceiling" in b:
             steps.setdefault("ceiling", b["ceiling"])
-        qkv_rows += [dict(r, source=os.path.basename(path)) for r in b["results"]]
+        qkv_rows += [dict(flat(r), source=os.path.basename(path)) for r in b["results"]]
     torch = load(os.path.join(a.work, "torch.json"))
     torch_by_key = {key(r): r for r in torch.get("rows", []) if not r.get("backward")}
     torch_backward = {key(r): r for r in torch.get("rows", []) if r.get("backward")}
@@ -73,6 +78,9 @@ def main():
         for r in b.get("rows", []):
             r = dict(r, batch=b.get("batch"), heads=b.get("heads"), kv_heads=b.get("kv_heads"), source=os.path.basename(path))
             entry = {"qkv": r}
+            if r.get("skipped") or "backward_ms" not in r:
+                backward.append(entry)
+                continue
             flop = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["dim"] * (0.5 if r.get("causal") else 1.0)
             ms = r["backward_ms"]["median"]
             entry["qkv_backward_tflops"] = 2.5 * flop / (ms * 1e-3) / 1e12 if ms > 0 else None
@@ -106,11 +114,16 @@ def main():
               f"{e.get('qkv_over_torch') or float('nan'):9.3f}")
     if backward:
         print(f"\nBackward (qkv bench --backward beside torch.autograd.grad of PyTorch's SDPA):")
-        print(f"{'N':>6} {'d':>4} {'causal':>6} {'prec':>5} {'qkv fwd ms':>10} {'qkv bwd ms':>10} {'TFLOP/s':>8} "
+        print(f"{'N':>6} {'d':>4} {'causal':>6} {'prec':>5} {'kernel':>11} {'qkv fwd ms':>10} {'qkv bwd ms':>10} {'TFLOP/s':>8} "
               f"{'torch':>10} {'bwd ms':>10} {'qkv/torch':>9}")
     for e in backward:
         r, t = e["qkv"], e.get("torch", {})
-        print(f"{r['seq']:>6} {r['dim']:>4} {str(r['causal']):>6} {r['precision']:>5} {r['forward_ms']['median']:10.3f} "
+        if r.get("skipped") or "backward_ms" not in r:
+            print(f"{r.get('seq', '?'):>6} {r.get('dim', '?'):>4} {str(r.get('causal')):>6} {r.get('precision', '?'):>5} "
+                  f"{r.get('kernel', '-'):>11}  skipped: {r.get('skipped', 'no timing')}")
+            continue
+        print(f"{r['seq']:>6} {r['dim']:>4} {str(r['causal']):>6} {r['precision']:>5} {r.get('kernel', '-'):>11} "
+              f"{r['forward_ms']['median']:10.3f} "
               f"{r['backward_ms']['median']:10.3f} {e.get('qkv_backward_tflops') or 0:8.2f} "
               f"{t.get('backend', '-') or '-':>10} {t.get('backward_ms', {}).get('median', float('nan')):10.3f} "
               f"{e.get('qkv_over_torch_backward') or float('nan'):9.3f}")

@@ -23,10 +23,10 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
     os << "Backward beside forward (B = " << bc.batch << ", H = " << bc.heads << ", Hkv = " << bc.kv_heads
        << ", L = S = N, Ev = d), " << (device_clock ? "device time of the kernels" : "host clock around each call")
        << ", median (min-max) ms:\n\n"
-       << "|     N |   d | causal | prec | forward ms          | backward ms         | backward / forward "
-          "|   dq / forward | dk/dv / forward |\n"
-       << "|------:|----:|:------:|:----:|:--------------------|:--------------------|-------------------:"
-          "|---------------:|----------------:|\n";
+       << "|     N |   d | causal | prec | kernel      | forward ms          | backward ms         "
+          "| backward / forward |   dq / forward | dk/dv / forward |\n"
+       << "|------:|----:|:------:|:----:|:------------|:--------------------|:--------------------"
+          "|-------------------:|---------------:|----------------:|\n";
     json rows = json::array();
     for (const std::size_t n : bc.seq)
         for (const std::size_t d : bc.dim)
@@ -55,21 +55,49 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                                     .options = options};
                 p.options.return_lse = true;
                 std::vector<double> forward_ms, backward_ms, dq_ms, dkdv_ms;
-                for (int i = 0; i < warmup + repeat; ++i) {
-                    const qkv::sdpa_output out = ctx.sdpa(p);
-                    const double f = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
-                    const qkv::sdpa_backward_problem b{.forward = p, .out = out.output, .lse = out.lse, .d_out = d_out};
-                    const qkv::sdpa_gradients g = ctx.sdpa_backward(b);
-                    const double bw = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
-                    if (i == 0)  // time only calls that compute something real
-                        for (const std::vector<float>* t : {&g.dq, &g.dk, &g.dv})
-                            if (!std::all_of(t->begin(), t->end(), [](float x) { return std::isfinite(x); }))
-                                throw qkv::vulkan::error("a gradient has NaN or Inf: not timing a broken result");
-                    if (i >= warmup) {
-                        forward_ms.push_back(f), backward_ms.push_back(bw);
-                        dq_ms.push_back(ctx.last_call().backward_dq_ms);
-                        dkdv_ms.push_back(ctx.last_call().backward_dkdv_ms);
+                char lead[80];
+                std::snprintf(lead, sizeof lead, "| %5zu | %3zu | %-6s | %-4s | %-11s | ", n, d,
+                              options.causal ? "yes" : "no", name_of(options.precision), name_of(options.kernel));
+                json row{{"seq", n},
+                         {"dim", d},
+                         {"causal", options.causal},
+                         {"precision", name_of(options.precision)},
+                         {"kernel", name_of(options.kernel)}};
+                // A configuration the device cannot take (a kernel family it lacks, fp32 with the
+                // cooperative-matrix family, its limits or memory) is a skipped row that says why.
+                const auto skip = [&](const std::exception& e) {
+                    os << lead << "skipped: " << e.what() << " |\n";
+                    os.flush();
+                    row["skipped"] = e.what();
+                    rows.push_back(row);
+                };
+                try {
+                    for (int i = 0; i < warmup + repeat; ++i) {
+                        const qkv::sdpa_output out = ctx.sdpa(p);
+                        const double f = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
+                        const qkv::sdpa_backward_problem b{
+                            .forward = p, .out = out.output, .lse = out.lse, .d_out = d_out};
+                        const qkv::sdpa_gradients g = ctx.sdpa_backward(b);
+                        const double bw = device_clock ? ctx.last_call().attention_ms : ctx.last_call().host_ms;
+                        if (i == 0)  // time only calls that compute something real
+                            for (const std::vector<float>* t : {&g.dq, &g.dk, &g.dv})
+                                if (!std::all_of(t->begin(), t->end(), [](float x) { return std::isfinite(x); }))
+                                    throw qkv::vulkan::error("a gradient has NaN or Inf: not timing a broken result");
+                        if (i >= warmup) {
+                            forward_ms.push_back(f), backward_ms.push_back(bw);
+                            dq_ms.push_back(ctx.last_call().backward_dq_ms);
+                            dkdv_ms.push_back(ctx.last_call().backward_dkdv_ms);
+                        }
                     }
+                } catch (const qkv::vulkan::limit_exceeded& e) {
+                    skip(e);
+                    continue;
+                } catch (const qkv::vulkan::out_of_memory& e) {
+                    skip(e);
+                    continue;
+                } catch (const qkv::vulkan::unavailable& e) {
+                    skip(e);
+                    continue;
                 }
                 const summary f = summarise(forward_ms), b = summarise(backward_ms);
                 const summary dq = summarise(dq_ms), dkdv = summarise(dkdv_ms);
@@ -85,19 +113,11 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& bc, int warm
                     t.resize(std::max<std::size_t>(t.size(), 19), ' ');
                     return t;
                 };
-                char lead[64];
-                std::snprintf(lead, sizeof lead, "| %5zu | %3zu | %-6s | %-4s | ", n, d, options.causal ? "yes" : "no",
-                              name_of(options.precision));
                 os << lead << cell(f) << " | " << cell(b) << " | " << fixed(b.median / f.median, 2) << "x | "
                    << part(dq, 14) << " | " << part(dkdv, 15) << " |\n";
                 os.flush();
-                json row{{"seq", n},
-                         {"dim", d},
-                         {"causal", options.causal},
-                         {"precision", name_of(options.precision)},
-                         {"forward_ms", summary_json(f)},
-                         {"backward_ms", summary_json(b)},
-                         {"backward_over_forward", b.median / f.median}};
+                row["forward_ms"] = summary_json(f), row["backward_ms"] = summary_json(b);
+                row["backward_over_forward"] = b.median / f.median;
                 if (split) {
                     row["backward_dq_ms"] = summary_json(dq), row["backward_dkdv_ms"] = summary_json(dkdv);
                     row["dq_over_forward"] = dq.median / f.median, row["dkdv_over_forward"] = dkdv.median / f.median;
