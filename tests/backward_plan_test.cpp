@@ -307,18 +307,23 @@ TEST_CASE("backward plan: kernel coopmat takes the cooperative-matrix kernels or
         sized_backward asked(
             2, 8, 2, 37, 300, 64, 64,
             {.causal = true, .precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat});
-        const sdpa_backward_plan p = plan_sdpa_backward(asked.b, d, {});
+        // On a GPU the family's gate refuses it unless QKV_COOP_UNVERIFIED=1 (coop_gates).
+        settings open;
+        open.coop_unverified = true;
+        if (devices[i].info.type != qkv::vulkan::device_type::cpu)
+            CHECK_THROWS_AS(plan_sdpa_backward(asked.b, d, {}), qkv::vulkan::unavailable);
+        const sdpa_backward_plan p = plan_sdpa_backward(asked.b, d, open);
         CHECK(p.kernels.coop);
         CHECK_FALSE(p.kernels.fused);
         // The automatic choice keeps the other family's kernels (the matrix ones are not measured
         // on a GPU yet).
         sized_backward automatic(2, 8, 2, 37, 300, 64, 64, {.causal = true, .precision = qkv::precision::fp16});
-        CHECK_FALSE(plan_sdpa_backward(automatic.b, d, {}).kernels.coop);
+        CHECK_FALSE(plan_sdpa_backward(automatic.b, d, open).kernels.coop);
         // Dropout is refused by name, as the family's forward refuses it.
         sized_backward dropout(
             2, 8, 2, 37, 300, 64, 64,
             {.precision = qkv::precision::fp16, .kernel = qkv::kernel_family::coopmat, .dropout_p = 0.1f});
-        CHECK_THROWS_AS(plan_sdpa_backward(dropout.b, d, {}), qkv::vulkan::unavailable);
+        CHECK_THROWS_AS(plan_sdpa_backward(dropout.b, d, open), qkv::vulkan::unavailable);
     }
     for (const std::size_t i : {qkv::test::cpu_4, qkv::test::integrated_16, qkv::test::minimal}) {
         INFO(devices[i].name);

@@ -35,24 +35,36 @@ flash_layout layout_of(std::uint32_t d, std::uint32_t dv, bool fp16 = true, std:
     return l;
 }
 
-/// What each fake device should give for an fp16 call: the shape (0: refused), and whether the
-/// automatic choice may take the family.
+/// What each fake device should give for an fp16 call: the shape (0: refused), whether the
+/// automatic choice may take the family, and whether its gate refuses the family there as not seen
+/// right (coop_gate_effect::unverified: the shape and tiles are those given with
+/// QKV_COOP_UNVERIFIED=1).
 struct expectation {
     std::uint32_t m = 0, n = 0, k = 0, lanes = 0;
     bool automatic = false;
     const char* refusal = nullptr;  ///< a part of the refusal's text
+    bool unverified = false;
 };
+
+/// The settings of QKV_COOP_UNVERIFIED=1: the family where asked for on the GPUs its gate has not
+/// seen it right on, so that their shapes and tiles are planned and checked.
+settings unverified_ok() {
+    settings s;
+    s.coop_unverified = true;
+    return s;
+}
 
 expectation expected(std::size_t index) {
     switch (index) {
+        // The GPUs: refused unless QKV_COOP_UNVERIFIED=1, then where asked for only (the GPU gate).
         case fd::discrete_32:  // NVIDIA: 16x16x16 is the largest of 16x16x16, 16x8x16, 16x8x8
-            return {16, 16, 16, 32, true};
+            return {16, 16, 16, 32, false, nullptr, true};
         case fd::discrete_64:  // RADV on RDNA3: wave32, the smallest size it lets a pipeline require
-            return {16, 16, 16, 32, true};
+            return {16, 16, 16, 32, false, nullptr, true};
         case fd::xe2_16:
-            return {8, 16, 16, 16, true};
-        case fd::amd_proprietary:  // runs where asked for, not automatically (its gate)
-            return {16, 16, 16, 32, false};
+            return {8, 16, 16, 16, false, nullptr, true};
+        case fd::amd_proprietary:  // its own gate too
+            return {16, 16, 16, 32, false, nullptr, true};
         case fd::lavapipe_26:  // emulated: where asked for only
             return {8, 8, 8, 8, false};
         case fd::integrated_16:
@@ -99,9 +111,16 @@ struct sized_problem {
 }  // namespace
 
 TEST_CASE("coop plan: the shape comes from each device's own list, the tiles fit it", "[plan][coop]") {
-    const settings set;
+    const settings set = unverified_ok();
     for (const auto& [f, desc, e] : device_cases()) {
         INFO(f.name);
+        if (e.unverified) {  // without QKV_COOP_UNVERIFIED=1: refused as not seen right, saying how to try it
+            coop_tiles t;
+            const coop_verdict v = check_coop(desc, layout_of(64, 64), false, settings{}, t);
+            CHECK(contains(v.why, "QKV_COOP_UNVERIFIED=1"));
+            CHECK(contains(v.why, "wrong results"));
+            CHECK_FALSE(v.limit);
+        }
         for (const bool split : {false, true}) {
             for (const auto& [d, dv] : {std::pair{64u, 64u}, std::pair{1u, 3u}, std::pair{17u, 113u},
                                         std::pair{80u, 48u}, std::pair{128u, 128u}, std::pair{256u, 256u}}) {
@@ -163,7 +182,7 @@ TEST_CASE("coop plan: a build without the shaders refuses the family on every de
 }
 
 TEST_CASE("coop plan: float32 calls, wide heads and many heads are refused, naming why", "[plan][coop]") {
-    const settings set;
+    const settings set = unverified_ok();
     for (const auto& [f, desc, e] : device_cases()) {
         INFO(f.name);
         coop_tiles t;
@@ -202,12 +221,16 @@ TEST_CASE("coop plan: the per-driver gates, one table", "[plan][coop]") {
     CHECK_FALSE(applies(fd::discrete_64, "AMD's proprietary driver and AMDVLK"));  // RADV
     CHECK(applies(fd::integrated_16, "Intel before Xe2"));
     CHECK_FALSE(applies(fd::xe2_16, "Intel before Xe2"));
-    for (const coop_gate& g : coop_gates()) CHECK_FALSE(g.applies(fd::desc_of(devices[fd::discrete_32])));
+    for (const std::size_t gpu : {fd::discrete_32, fd::discrete_64, fd::xe2_16, fd::amd_proprietary})
+        CHECK(applies(gpu, "a GPU"));
+    CHECK_FALSE(applies(fd::lavapipe_26, "a GPU"));
+    for (const coop_gate& g : coop_gates())
+        if (std::string(g.name) != "a GPU") CHECK_FALSE(g.applies(fd::desc_of(devices[fd::discrete_32])));
 }
 
 TEST_CASE("coop plan: QKV_COOP_TILES overrides the subgroups and keys per tile", "[plan][coop]") {
     const auto devices = fd::fake_devices();
-    settings set;
+    settings set = unverified_ok();
     set.coop_subgroups = 2, set.coop_keys = 32;
     coop_tiles t;
     REQUIRE(check_coop(fd::desc_of(devices[fd::discrete_32]), layout_of(64, 64), false, set, t).why.empty());
@@ -219,7 +242,7 @@ TEST_CASE("coop plan: QKV_COOP_TILES overrides the subgroups and keys per tile",
 }
 
 TEST_CASE("coop plan: sdpa's fused route takes the family where it may, and only for fp16", "[plan][coop][sdpa]") {
-    const settings set;
+    const settings set = unverified_ok();
     for (const auto& [f, desc, e] : device_cases()) {
         INFO(f.name);
         // Prefill (the fused route): 3 query rows per K/V head would decode; 37 do not.
@@ -241,6 +264,10 @@ TEST_CASE("coop plan: sdpa's fused route takes the family where it may, and only
         CHECK_THROWS_AS(plan_sdpa(asked32.p, desc, set), qkv::vulkan::unavailable);
         // Asked for: it runs wherever it can, gates or not; elsewhere a typed refusal.
         const sized_problem asked(2, 8, 2, 37, 300, 17, 113, qkv::precision::fp16, kernel_family::coopmat);
+        if (e.unverified) {  // the GPU gate without QKV_COOP_UNVERIFIED=1: never automatic, refused where asked for
+            CHECK(plan_sdpa(half.p, desc, settings{}).family != kernel_family::coopmat);
+            CHECK_THROWS_AS(plan_sdpa(asked.p, desc, settings{}), qkv::vulkan::unavailable);
+        }
         if (e.m) {
             const sdpa_plan c = plan_sdpa(asked.p, desc, set);
             CHECK(c.family == kernel_family::coopmat);
@@ -283,8 +310,8 @@ TEST_CASE("coop plan: CPU devices split long key ranges under lavapipe's loop li
     // A GPU takes every key in one dispatch; the test hook caps it.
     const device_desc nv = fd::desc_of(devices[fd::discrete_32]);
     const sized_problem big(1, 1, 1, 37, 600000, 64, 64, qkv::precision::fp16, kernel_family::coopmat);
-    CHECK(plan_sdpa(big.p, nv, {}).coop.chunk_keys == 600000);
-    settings capped;
+    CHECK(plan_sdpa(big.p, nv, unverified_ok()).coop.chunk_keys == 600000);
+    settings capped = unverified_ok();
     capped.max_fused_keys = 100;
     const sized_problem some(1, 1, 1, 37, 1000, 64, 64, qkv::precision::fp16, kernel_family::coopmat);
     const sdpa_plan c = plan_sdpa(some.p, nv, capped);
@@ -295,9 +322,13 @@ TEST_CASE("coop plan: CPU devices split long key ranges under lavapipe's loop li
 TEST_CASE("coop plan: decode packs a K/V head's query heads into M and splits the keys", "[plan][coop][decode]") {
     const auto devices = fd::fake_devices();
     const device_desc nv = fd::desc_of(devices[fd::discrete_32]);
-    // Llama-3-like decode: 32 query heads over 8 K/V heads, one query row, 4,096 keys.
-    const sized_problem step(1, 32, 8, 1, 4096, 128, 128);
-    const sdpa_plan p = plan_sdpa(step.p, nv, {});
+    // Llama-3-like decode: 32 query heads over 8 K/V heads, one query row, 4,096 keys; the family
+    // asked for (the GPU gate keeps it from the automatic choice) with QKV_COOP_UNVERIFIED=1.
+    const sized_problem step(1, 32, 8, 1, 4096, 128, 128, qkv::precision::fp16, kernel_family::coopmat);
+    const settings open = unverified_ok();
+    CHECK(plan_sdpa(sized_problem(1, 32, 8, 1, 4096, 128, 128).p, nv, open).decode.family ==
+          kernel_family::block_tiles);
+    const sdpa_plan p = plan_sdpa(step.p, nv, open);
     REQUIRE_FALSE(p.fused());
     CHECK(p.decode.family == kernel_family::coopmat);
     CHECK(p.kernel() == kernel_family::coopmat);
@@ -309,7 +340,7 @@ TEST_CASE("coop plan: decode packs a K/V head's query heads into M and splits th
     CHECK(std::uint64_t{p.decode.chunk} * p.decode.chunks >= 4096);
     // On lavapipe the cpu decode stays the automatic choice; asked for, the family decodes there too.
     const device_desc lvp = fd::desc_of(devices[fd::lavapipe_26]);
-    CHECK(plan_sdpa(step.p, lvp, {}).decode.family == kernel_family::row_tiles);
+    CHECK(plan_sdpa(sized_problem(1, 32, 8, 1, 4096, 128, 128).p, lvp, {}).decode.family == kernel_family::row_tiles);
     const sized_problem asked(1, 32, 8, 1, 4096, 128, 128, qkv::precision::fp16, kernel_family::coopmat);
     const sdpa_plan c = plan_sdpa(asked.p, lvp, {});
     REQUIRE_FALSE(c.fused());
@@ -319,10 +350,10 @@ TEST_CASE("coop plan: decode packs a K/V head's query heads into M and splits th
     const sized_problem single(1, 32, 8, 1, 4096, 128, 128, qkv::precision::fp32);
     CHECK(plan_sdpa(single.p, nv, {}).decode.family == kernel_family::block_tiles);
     // A cache of float16 rows, and a quantized one (the family reads float16 only).
-    CHECK(plan_sdpa_cache(step.p, {4096, qkv::element_type::f16}, nv, {}).decode.family == kernel_family::coopmat);
-    sized_problem quant = step;
+    CHECK(plan_sdpa_cache(step.p, {4096, qkv::element_type::f16}, nv, open).decode.family == kernel_family::coopmat);
+    sized_problem quant(1, 32, 8, 1, 4096, 128, 128);
     quant.p.options.kv_type = qkv::element_type::q8_0;
-    CHECK(plan_sdpa_cache(quant.p, {4096, qkv::element_type::q8_0}, nv, {}).decode.family ==
+    CHECK(plan_sdpa_cache(quant.p, {4096, qkv::element_type::q8_0}, nv, open).decode.family ==
           kernel_family::block_tiles);
 }
 
@@ -335,7 +366,11 @@ TEST_CASE("coop plan: attention's fused kernel takes the family, its products st
     pr.shape = {.batch = 2, .seq = 113, .d_in = 64, .d_k = 64, .d_v = 64, .heads = 2};
     pr.x = x, pr.wq = w, pr.wk = w, pr.wv = w;
     pr.options.precision = qkv::precision::fp16;
-    const plan p = plan_attention(pr, nv, {});
+    CHECK(plan_attention(pr, nv, {}).family == kernel_family::block_tiles);  // the GPU gate
+    pr.options.kernel = kernel_family::coopmat;
+    CHECK_THROWS_AS(plan_attention(pr, nv, {}), qkv::vulkan::unavailable);
+    const settings open = unverified_ok();
+    const plan p = plan_attention(pr, nv, open);
     CHECK(p.impl == qkv::implementation::fused);
     CHECK(p.family == kernel_family::coopmat);
     CHECK(p.project.shader == shader_id::project_f16);
@@ -343,7 +378,7 @@ TEST_CASE("coop plan: attention's fused kernel takes the family, its products st
     // The staged implementation has no cooperative-matrix products: asked for, refused.
     pr.options.kernel = kernel_family::coopmat;
     pr.options.implementation = qkv::implementation::staged;
-    CHECK_THROWS_AS(plan_attention(pr, nv, {}), qkv::vulkan::unavailable);
+    CHECK_THROWS_AS(plan_attention(pr, nv, open), qkv::vulkan::unavailable);
     // fp32: the gpu family
     pr.options = {};
     pr.options.implementation = qkv::implementation::fused;

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # qkv on an NVIDIA GPU inside one short lease (at most 8 minutes; QKV_CHECK_SECONDS, default 470):
-# first the numbers, then the correctness checks. `qkv bench` over N = 1024 ... 16384, d = 64 and 128,
+# first the numbers, then the correctness checks. `qkv bench` over N = 1024, 4096, 16384, d = 64 and 128,
 # fp16 and fp32, causal and not, and a decode step at S = 65,536, and PyTorch's CUDA
 # scaled_dot_product_attention (flash backend) on the same shapes in the same run; training:
 # `qkv bench --backward` at N = 4096, d = 64 and 128, fp16 and fp32, causal and not, scalar and
-# cooperative-matrix kernels, beside PyTorch's SDPA forward and backward (torch.autograd.grad); the
+# cooperative-matrix kernels (QKV_COOP_UNVERIFIED=1: on GPUs the family's gate refuses it otherwise), beside PyTorch's SDPA forward and backward (torch.autograd.grad); the
 # held-out PyTorch-semantics fixtures of tests/data/sdpa on each family; then the Vulkan suite's call
 # paths and the per-family parity suites on every kernel family the GPU has (the cooperative-matrix
 # one included), in the time left (where the minutes run short, they are what is cut); one JSON file
@@ -14,7 +14,9 @@
 #                                           the Vulkan test programs, a Release build with the
 #                                           cooperative-matrix shaders) and, in .gl/, Debian's
 #                                           Vulkan loader and validation layer packages for a machine
-#                                           without them; carry both (build/gpu-check/bundle, .gl)
+#                                           without them, in .gl2/ libglvnd (NVIDIA's driver links its
+#                                           libGLdispatch); carry all three (build/gpu-check/bundle,
+#                                           .gl, .gl2: about 50 MiB with the repository's 14)
 #   bash bench/gpu/check.sh run [--quick]   there: everything above. --quick: small sizes and few
 #                                           calls, each step cut at 30 s, for a dry run of every step
 #                                           on any Vulkan device (lavapipe)
@@ -22,7 +24,9 @@
 # It finds what is missing and says so (and in the JSON), running what it can: no NVIDIA GPU or no
 # NVIDIA Vulkan driver (VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json is used
 # where that file exists), no Vulkan loader (the carried .gl/libvulkan1_*.deb is unpacked under the
-# work folder, never into /), no validation layer (the test programs need it; the carried
+# work folder, never into /; where NVIDIA's driver is still not found that way, bookworm's loader
+# and libglvnd from .gl2 are unpacked into / and the machine's own C library runs the programs), no
+# validation layer (the test programs need it; the carried
 # vulkan-validationlayers package likewise), no CUDA PyTorch. QKV_CHECK_WRAPPER (optional) runs every
 # qkv program through a wrapper, e.g. build/mesa26/run for a dry run on Mesa 26.1's lavapipe.
 #
@@ -71,16 +75,26 @@ build() {
         libx11-xcb1 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0; do
         cp build/mesa26/debs/"${p}"_*.deb .gl/
     done
+    # NVIDIA's Vulkan driver (libGLX_nvidia.so.0) links libglvnd's libGLdispatch: without it the
+    # loader finds the driver but its vk_icdGetInstanceProcAddr gives no vkCreateInstance (seen on
+    # an H200, driver 580.159.04). Debian's libglvnd packages and bookworm's Vulkan loader, in .gl2:
+    # the first go into the root, all of them into / on the fallback route (other_routes).
+    rm -rf .gl2
+    mkdir -p .gl2/partial
+    local apt=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 "-oDir::State::Lists=$ROOT/.gl2/partial")
+    apt-get "${apt[@]}" update -qq
+    (cd .gl2 && apt-get "${apt[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+    rm -rf .gl2/partial
     set +e
-    du -sh "$BUNDLE" .gl
-    echo "carry: build/gpu-check/bundle .gl; then: bash bench/gpu/check.sh run"
+    du -sh "$BUNDLE" .gl .gl2
+    echo "carry: build/gpu-check/bundle .gl .gl2; then: bash bench/gpu/check.sh run"
 }
 
 # ---- run -------------------------------------------------------------------------------------------
 QUICK=0
 # The benchmarks' sizes (bench, backward_bench; --quick makes them small).
-sizes=(1024 2048 4096 8192 16384) repeat=6 warmup=2 tokens=16384 heads=16 decode=65536 dims=64,128
-backward=4096 backward_repeat=5
+sizes=(1024 4096 16384) repeat=4 warmup=1 tokens=16384 heads=16 decode=65536 dims=64,128
+backward=4096 backward_repeat=3
 WORK=
 JSON=
 STEPS=()  # JSON objects, one per step
@@ -151,6 +165,30 @@ program() {
     "${CMD[@]}" "$@"
 }
 
+# other_routes: where the carried root's loader finds no device, the machine's own C library with
+# Debian bookworm's Vulkan loader and libglvnd (.gl2) unpacked into / (the recipe the device notes
+# give), the programs run directly, tried with `qkv devices`; the validation layer then is whatever
+# the machine has (the root's needs the root's C library).
+other_routes() {
+    local deb
+    if ls .gl2/*.deb >/dev/null 2>&1; then
+        for deb in .gl2/*.deb; do dpkg -x "$deb" /; done
+        ldconfig
+        RUN=()
+        export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        unset VK_ADD_LAYER_PATH
+        HAVE_LAYER=0
+        local dir
+        for dir in /usr/share/vulkan/explicit_layer.d /etc/vulkan/explicit_layer.d; do
+            compgen -G "$dir/*validation*.json" >/dev/null && HAVE_LAYER=1
+        done
+        echo "route: the machine's C library, bookworm's Vulkan loader and libglvnd in / (validation layer: $HAVE_LAYER)"
+        program qkv devices && return 0
+        VK_LOADER_DEBUG=error,warn program qkv devices 2>&1 | head -6
+    fi
+    return 1
+}
+
 environment() {
     log "What this machine has"
     uname -a
@@ -175,7 +213,10 @@ environment() {
     elif ls .gl/libc6_*.deb >/dev/null 2>&1; then
         mkdir -p "$WORK/root" "$WORK/layers"
         local deb lib=$WORK/root/usr/lib/x86_64-linux-gnu manifest
-        for deb in .gl/*.deb; do dpkg -x "$deb" "$WORK/root"; done
+        for deb in .gl/*.deb .gl2/*.deb; do
+            case $deb in .gl2/libvulkan1_*) continue ;; esac  # the root's own (newer) loader stays
+            dpkg -x "$deb" "$WORK/root"
+        done
         RUN=("$lib/ld-linux-x86-64.so.2" --library-path "$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:/usr/local/nvidia/lib64:/usr/local/nvidia/lib")
         for manifest in "$WORK"/root/usr/share/vulkan/explicit_layer.d/*validation*.json; do
             sed -E "s|\"library_path\"[ ]*:[ ]*\"([^/\"]*)\"|\"library_path\": \"$lib/\\1\"|" "$manifest" \
@@ -194,10 +235,11 @@ environment() {
     done
     ((HAVE_LAYER)) || missing "no Khronos validation layer: the test programs (validation on) cannot run"
     if program qkv devices; then :; else
-        missing "qkv devices found no usable Vulkan device"
         echo "the loader's own account (VK_LOADER_DEBUG=error,warn,driver):"
-        VK_LOADER_DEBUG=error,warn,driver program qkv devices 2>&1 | head -40
-        ls -l /usr/local/nvidia/lib64 2>&1 | grep -i "vulkan\|GLX_nvidia" | head
+        VK_LOADER_DEBUG=error,warn,driver program qkv devices 2>&1 | grep -v "^\[Vulkan Loader\] DRIVER: " | head -12
+        ls /usr/local/nvidia/lib64 2>&1 | grep -i "GLdispatch\|vulkan\|GLX_nvidia\|glvkspirv\|gpucomp" | tr '\n' ' '
+        echo
+        other_routes || missing "qkv devices found no usable Vulkan device on any route"
     fi
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         TORCH=cuda
@@ -270,47 +312,66 @@ parity() {
 }
 
 bench() {
-    log "qkv bench (sdpa over q, k, v: L = S = N; B = 16384 / N, 16 heads) and a decode step"
+    log "qkv bench (sdpa over q, k, v: L = S = N; B = 16384 / N, 16 heads) and a decode step, block_tiles"
     local n
     step "qkv bench ceiling" 30 program qkv bench --seq 64 --kv-seq 64 --heads 1 --dim 16 --precision fp32 \
         --causal no --kernel block_tiles --repeat 1 --warmup 0 --json "$WORK/qkv_bench_ceiling.json"
     for n in "${sizes[@]}"; do
-        step "qkv bench N = $n" 90 program qkv bench --seq "$n" --kv-seq "$n" --batch $((tokens / n > 0 ? tokens / n : 1)) \
-            --heads "$heads" --dim "$dims" --precision fp16,fp32 --causal no,yes --kernel block_tiles,coopmat --no-ceiling \
+        step "qkv bench N = $n" 75 program qkv bench --seq "$n" --kv-seq "$n" --batch $((tokens / n > 0 ? tokens / n : 1)) \
+            --heads "$heads" --dim "$dims" --precision fp16,fp32 --causal no,yes --kernel block_tiles --no-ceiling \
             --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_n$n.json"
     done
-    step "qkv bench decode S = $decode" 60 program qkv bench --decode --seq 1 --kv-seq "$decode" --heads 32 \
-        --kv-heads 8 --dim 128 --precision fp16,fp32 --causal no --kernel block_tiles,coopmat --split on --no-ceiling \
+    step "qkv bench decode S = $decode" 40 program qkv bench --decode --seq 1 --kv-seq "$decode" --heads 32 \
+        --kv-heads 8 --dim 128 --precision fp16,fp32 --causal no --kernel block_tiles --split on --no-ceiling \
         --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_decode.json"
     if [ "$TORCH" = none ]; then
         STEPS+=('{"step": "torch", "status": "skipped: no PyTorch"}')
-        return
+    else
+        log "PyTorch's scaled_dot_product_attention on the same shapes (flash backend for fp16), forward and backward"
+        local seqs
+        seqs=$(IFS=,; echo "${sizes[*]}")
+        step "torch sdpa" 120 python3 bench/gpu/torch_sdpa.py --seq "$seqs" --dim "$dims" --tokens "$tokens" \
+            --heads "$heads" --decode "$decode" --backward "$backward" --repeat "$repeat" --warmup "$warmup" \
+            --json "$WORK/torch.json"
     fi
-    log "PyTorch's scaled_dot_product_attention on the same shapes (flash backend for fp16), forward and backward"
-    local seqs
-    seqs=$(IFS=,; echo "${sizes[*]}")
-    step "torch sdpa" 120 python3 bench/gpu/torch_sdpa.py --seq "$seqs" --dim "$dims" --tokens "$tokens" \
-        --heads "$heads" --decode "$decode" --backward "$backward" --repeat "$repeat" --warmup "$warmup" \
-        --json "$WORK/torch.json"
+    # The cooperative-matrix family apart (QKV_COOP_UNVERIFIED=1, set by run: its GPU gate refuses it
+    # otherwise), fp16 only: where it computes a NaN the bench stops, and only these rows are lost.
+    log "qkv bench, the cooperative-matrix family (fp16)"
+    for n in "${sizes[@]}"; do
+        step "qkv bench coopmat N = $n" 40 program qkv bench --seq "$n" --kv-seq "$n" \
+            --batch $((tokens / n > 0 ? tokens / n : 1)) --heads "$heads" --dim "$dims" --precision fp16 --causal no,yes \
+            --kernel coopmat --no-ceiling --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_coop_n$n.json"
+    done
+    step "qkv bench coopmat decode S = $decode" 30 program qkv bench --decode --seq 1 --kv-seq "$decode" --heads 32 \
+        --kv-heads 8 --dim 128 --precision fp16 --causal no --kernel coopmat --split on --no-ceiling \
+        --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_coop_decode.json"
 }
 
-# Training: the backward pass (context::sdpa_backward) beside the forward, scalar and cooperative-matrix
-# kernels (the latter fp16 only: its fp32 rows are skipped rows that say so), at N = 4096 with the
-# forward rows' batch and heads; one step per precision, so that what finished is kept if the lease
-# runs short. About 0.55 TFLOP per forward at d = 128 (1.4 per backward): 5 timed calls each.
+# Training: the backward pass (context::sdpa_backward) beside the forward, at N = 4096 with the
+# forward rows' batch and heads: the scalar kernels (block_tiles) one step per precision, then the
+# cooperative-matrix kernels (fp16 only), so that what finished is kept if the lease runs short.
+# About 0.55 TFLOP per forward at d = 128 (1.4 per backward).
 backward_bench() {
     log "qkv bench --backward (sdpa_backward beside sdpa: L = S = $backward, B = $((tokens / backward)), $heads heads)"
     local precision
     for precision in fp16 fp32; do
         step "qkv bench --backward N = $backward $precision" 60 program qkv bench --backward --seq "$backward" \
             --batch $((tokens / backward > 0 ? tokens / backward : 1)) --heads "$heads" --dim "$dims" \
-            --precision "$precision" --causal no,yes --kernel block_tiles,coopmat --repeat "$backward_repeat" --warmup 1 \
+            --precision "$precision" --causal no,yes --kernel block_tiles --repeat "$backward_repeat" --warmup 1 \
             --json "$WORK/qkv_backward_$precision.json"
     done
+    step "qkv bench --backward N = $backward coopmat" 45 program qkv bench --backward --seq "$backward" \
+        --batch $((tokens / backward > 0 ? tokens / backward : 1)) --heads "$heads" --dim "$dims" \
+        --precision fp16 --causal no,yes --kernel coopmat --repeat "$backward_repeat" --warmup 1 \
+        --json "$WORK/qkv_backward_coop.json"
 }
 
 run() {
     [ "${1:-}" = --quick ] && QUICK=1
+    # The cooperative-matrix family where asked for, on GPUs too (its gate refuses it there until a
+    # GPU run of this script sees it right; src/kernels/flash_coop_plan.cpp): the tests and the
+    # coopmat bench steps measure it. The automatic choice is unchanged.
+    export QKV_COOP_UNVERIFIED=1
     if ((QUICK)); then
         sizes=(128 256) repeat=2 warmup=1 tokens=256 heads=2 decode=4096 dims=16,64 backward=128 backward_repeat=2
     fi

@@ -40,6 +40,12 @@ const coop_gate gates[] = {
      "Mesa 26.1's lavapipe lowers cooperative matrices for 8-lane vectors only (a matrix row per lane of "
      "an 8 x 8 matrix, lvp_nir_lower_cooperative_matrix.c); with LP_NATIVE_VECTOR_WIDTH=512 (16 lanes) a "
      "cooperative-matrix program crashed"},
+    {"a GPU", [](const device_desc& d) { return d.info.type != device_type::cpu; }, coop_gate_effect::unverified,
+     "the family's GPU configuration (a subgroup of 16 or more lanes sharing each row of an M x N tile, "
+     "several subgroups per workgroup) has not been seen right on any GPU: on an NVIDIA H200 (driver "
+     "580.159.04, 16x16x16 matrices, 32 lanes) every cooperative-matrix test gave wrong results, nmse "
+     "1.4 to 2.1 against float64 (bench/gpu/check.sh, 2026-11-27); the block_tiles family computes these "
+     "calls there"},
     {"lavapipe (llvmpipe)", llvmpipe, coop_gate_effect::manual_only,
      "it emulates the matrices with a subgroup reduction per element on the CPU: right, and far slower "
      "than the cpu family, which stays the automatic choice there"},
@@ -176,9 +182,12 @@ coop_verdict check_coop(const device_desc& desc, const flash_layout& l, bool spl
     bool manual = false;
     for (const coop_gate& g : coop_gates()) {
         if (!g.applies(desc)) continue;
-        if (g.effect == coop_gate_effect::refused)
+        if (g.effect == coop_gate_effect::refused || (g.effect == coop_gate_effect::unverified && !set.coop_unverified))
             return {std::string("the cooperative-matrix family is refused on ") + g.name + " (" + info.driver +
-                        "): " + g.reason,
+                        "): " + g.reason +
+                        (g.effect == coop_gate_effect::unverified
+                             ? " (QKV_COOP_UNVERIFIED=1 runs it where asked for, to measure a fix)"
+                             : ""),
                     false};
         manual = true;
     }

@@ -40,8 +40,10 @@ struct coop_tiles {
 };
 
 /// What a driver gate does (coop_gates): keeps the family from the automatic choice (it still runs
-/// where asked for), or refuses it on that driver altogether.
-enum class coop_gate_effect { manual_only, refused };
+/// where asked for); refuses it on that driver altogether; or refuses it there because it has not
+/// been seen right there (or was seen wrong), unless QKV_COOP_UNVERIFIED=1 (settings::coop_unverified)
+/// lets it run where asked for, for measuring a fix on such a device.
+enum class coop_gate_effect { manual_only, refused, unverified };
 
 /// One row of the per-driver gates: the drivers it matches (`applies`, a pure function of the
 /// device description), what it does and why.

@@ -75,6 +75,10 @@ settings read_settings(const testing::hooks& hooks) {
         s.backward_fused = flag("QKV_BACKWARD_FUSED", v, "0 (never) or 1 (where the plan takes it)");
     if (const std::string v = environment("QKV_BACKWARD_COOP"); !v.empty())
         s.backward_coop = flag("QKV_BACKWARD_COOP", v, "0 (never) or 1 (dk and dv by the cooperative-matrix family)");
+    if (const std::string v = environment("QKV_COOP_UNVERIFIED"); !v.empty())
+        s.coop_unverified = flag("QKV_COOP_UNVERIFIED", v,
+                                 "0 (never) or 1 (the cooperative-matrix family where asked for, on a device its "
+                                 "gate has not seen it right)");
     if (const std::string v = environment("QKV_DECODE_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
         unsigned r = 0, k = 0;
         if (!two_numbers(v, r, k) || !power_of_two(r) || r > 8 || !power_of_two(k) || k < 4 || k > 64)

@@ -41,6 +41,10 @@ struct settings {
     /// QKV_COOP_TILES=subgroups,keys: the cooperative-matrix family's subgroups per workgroup and
     /// keys per K/V tile (0: chosen by choose_coop_tiles).
     std::uint32_t coop_subgroups = 0, coop_keys = 0;
+    /// QKV_COOP_UNVERIFIED=1: the cooperative-matrix family runs where asked for on a device whose
+    /// gate says it has not been seen right there (coop_gate_effect::unverified), to measure a fix;
+    /// never chosen automatically there.
+    bool coop_unverified = false;
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch

@@ -102,10 +102,10 @@ void add_attention_options(CLI::App& cmd, attention_options& o) {
         ->group(running);
     add_choice<qkv::kernel_family>(
         cmd, "--kernel", o.kernel, kernel_names(),
-        "kernel family: auto (row_tiles on a CPU device such as lavapipe, coopmat for fp16 on a GPU with "
-        "cooperative matrices, block_tiles elsewhere), row_tiles (rows on SIMD lanes, texel-buffer loads), "
-        "block_tiles (shared-memory tiles) or coopmat (matrix units, fp16; fused only); cpu and gpu are the old "
-        "names of row_tiles and block_tiles")
+        "kernel family: auto (row_tiles on a CPU device such as lavapipe, block_tiles elsewhere), row_tiles "
+        "(rows on SIMD lanes, texel-buffer loads), block_tiles (shared-memory tiles) or coopmat (matrix units, "
+        "fp16; fused only; refused on GPUs until one runs it right, QKV_COOP_UNVERIFIED=1 to try); cpu and gpu "
+        "are the old names of row_tiles and block_tiles")
         ->group(running);
     add_device_option(cmd, o.device)->group(running);
 }
