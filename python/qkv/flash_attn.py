@@ -35,9 +35,9 @@ own problem, causal and windows aligned to its own bottom-right corner, softmax_
 (nheads, total_q); their gradients run each sequence's backward pass. dropout_p > 0 is refused
 there (InvalidArgument): the library draws dropout's mask per row of a (batch, nheads, seqlen)
 batch, which a ragged one does not have. flash_attn_with_kvcache appends to a cache the caller holds
-(arrays, updated in place; contiguous or paged) and computes through the same varlen call over
-each sequence's visible rows, which it copies (gathers from their pages) on every call: the
-device-resident paged pool is the library's qkv::vulkan::paged_kv_cache, a separate interface.
+(arrays, updated in place; contiguous or paged) or to a qkv.PagedKVCache kept on the device; with
+a block_table it runs the library's batched paged decode (the pages it uses uploaded into a device
+pool for the call), without one the same varlen call over each sequence's visible rows.
 Every function's call goes through _forward or _varlen
 below to _autograd.run, the one place where the backward pass (a torch.autograd.Function) plugs in.
 
