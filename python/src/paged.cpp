@@ -14,6 +14,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -195,8 +196,22 @@ paged_values<T> read_all(const paged_inputs& in) {
         read_values(*in.k_new, k, "k"), read_values(*in.v_new, v, "v");
         x.k_new.assign(k.view.begin(), k.view.end()), x.v_new.assign(v.view.begin(), v.view.end());
     }
-    if (in.cos) read_values(*in.cos, x.cos, "rotary_cos"), read_values(*in.sin, x.sin, "rotary_sin");
-    if (in.slopes) read_values(*in.slopes, x.slopes, "alibi_slopes");
+    // The tables and slopes in any float dtype (a list of slopes reads as float64), as T: refused
+    // where float32 cannot hold a finite value.
+    const auto narrow = [](const host_array& a, values<T>& out, const char* name) {
+        values<double> wide;
+        read_values(a, wide, name);
+        out.owned.resize(wide.view.size());
+        for (std::size_t i = 0; i < wide.view.size(); ++i) {
+            const double d = wide.view[i];
+            if (std::isfinite(d) && std::abs(d) > static_cast<double>(std::numeric_limits<T>::max()))
+                refuse(std::string(name) + "[" + std::to_string(i) + "] is beyond float32's range");
+            out.owned[i] = static_cast<T>(d);
+        }
+        out.view = std::span<const T>(out.owned.data(), out.owned.size());
+    };
+    if (in.cos) narrow(*in.cos, x.cos, "rotary_cos"), narrow(*in.sin, x.sin, "rotary_sin");
+    if (in.slopes) narrow(*in.slopes, x.slopes, "alibi_slopes");
     return x;
 }
 

@@ -173,3 +173,22 @@ def test_the_cache_keeps_its_device():
     want, _ = fa_reference(q, *(torch.cat([x[1], x[0]])[None, :6] for x in (k, v)))
     assert max_error(out, want) < 1e-5
     assert cache.context.take_validation_messages() == []
+
+
+def test_slopes_as_a_list_and_float64_tables_on_the_paged_path():
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 1, 4, 16, generator=g)
+    k_pool, v_pool = pages(4, 4, 2, 16, torch.float32, 14)
+    table = torch.tensor([[1, 0], [3, 2]], dtype=torch.int32)
+    slopes = [0.5, 0.25, 0.125, 0.0625]
+    args = dict(cache_seqlens=torch.tensor([7, 5], dtype=torch.int32), block_table=table, causal=True)
+    by_list = flash_attn_with_kvcache(q, k_pool, v_pool, alibi_slopes=slopes, **args)
+    by_tensor = flash_attn_with_kvcache(q, k_pool, v_pool, alibi_slopes=torch.tensor(slopes), **args)
+    assert torch.equal(by_list, by_tensor)
+    angle = torch.rand(16, 4, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    wide = flash_attn_with_kvcache(q, k_pool.clone(), v_pool.clone(), k, v, rotary_cos=angle.cos(),
+                                   rotary_sin=angle.sin(), **args)
+    narrow = flash_attn_with_kvcache(q, k_pool.clone(), v_pool.clone(), k, v, rotary_cos=angle.cos().float(),
+                                     rotary_sin=angle.sin().float(), **args)
+    assert torch.equal(wide, narrow)
