@@ -35,9 +35,10 @@ own problem, causal and windows aligned to its own bottom-right corner, softmax_
 (nheads, total_q); their gradients run each sequence's backward pass. dropout_p > 0 is refused
 there (InvalidArgument): the library draws dropout's mask per row of a (batch, nheads, seqlen)
 batch, which a ragged one does not have. flash_attn_with_kvcache appends to a cache the caller holds
-(arrays, updated in place; contiguous or paged) or to a qkv.PagedKVCache kept on the device; with
-a block_table it runs the library's batched paged decode (the pages it uses uploaded into a device
-pool for the call), without one the same varlen call over each sequence's visible rows.
+(arrays, updated in place; contiguous or paged) or to a qkv.PagedKVCache kept on the device, and
+runs the library's batched paged decode (the pages it uses uploaded into a device pool for the
+call; a contiguous cache taken as pages), or, for ALiBi slopes that differ per sequence, the same
+varlen call over each sequence's visible rows.
 Every function's call goes through _forward or _varlen
 below to _autograd.run, the one place where the backward pass (a torch.autograd.Function) plugs in.
 
@@ -434,15 +435,16 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
     what the cache receives. Returns out (batch, seqlen_q, nheads, headdim_v), with
     return_softmax_lse=True also softmax_lse (batch, nheads, seqlen_q) float32.
 
-    With a block_table the call runs the library's batched paged decode (on a Vulkan device): the
-    pages the batch reads or writes are uploaded once each into a pool on the device (a page
-    shared by sequences stays shared, and a shared prompt is attended once per group), the new
-    rows are appended there and the decode reads every sequence's keys through the block table, in
-    one command buffer; the new rows are then written into the caller's arrays. Head widths past
-    the batched decode's (128) run the library's host-pool paged call instead. ALiBi slopes of
-    shape (batch, nheads) whose rows differ, and caches without a block table, run as one ragged
-    (varlen) call over each sequence's visible rows, gathered on the host. Equal inputs give equal
-    bits. cache_batch_idx and cache_leftpad are taken with a block_table as FlashAttention 3
+    The call runs the library's batched paged decode (on a Vulkan device): the pages the batch
+    reads or writes are uploaded once each into a pool on the device (a page shared by sequences
+    stays shared, and a shared prompt is attended once per group), the new rows are appended there
+    and the decode reads every sequence's keys through the block table, in one command buffer; the
+    new rows are then written into the caller's arrays. A contiguous cache is taken as a pool of
+    pages of P rows (P the largest power of two up to 1024 dividing seqlen_cache), cache row r
+    being the pages of table row r. Head widths past the batched decode's (128) run the library's
+    host-pool paged call instead; ALiBi slopes of shape (batch, nheads) whose rows differ run as one
+    ragged (varlen) call over each sequence's visible rows, gathered on the host. Equal inputs give
+    equal bits. cache_batch_idx and cache_leftpad are taken with a block_table as FlashAttention 3
     defines them (the table then has any number of rows, cache_batch_idx[b] naming sequence b's);
     FlashAttention 2 refuses both with a block_table.
 
@@ -552,14 +554,23 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
             raise InvalidArgument(f"rotary_cos has {ro[0]} positions; this call reaches position {last - 1}")
     slopes, uniform = _uniform_slopes(small(alibi_slopes, "alibi_slopes"))
     ops = _Ops(kind)
-    if paged and uniform:
-        # The library's paged call; the new rows come back as written, rotated and rounded.
-        flat = [i for row in table for i in row]
+    if uniform and (paged or capacity > 0):
+        # The library's paged call; the new rows come back as written, rotated and rounded. A
+        # contiguous cache (batch_cache, seqlen_cache, ...) is a pool of batch_cache x seqlen_cache / P
+        # pages of P rows (P the largest power of two up to 1024 dividing seqlen_cache), row r of
+        # the cache the pages of row r of the table, each sequence naming its row.
+        pool_k, pool_v, batch_idx = k_cache, v_cache, [] if cache_batch_idx is None else rows
+        if not paged:
+            page = min(capacity & -capacity, 1024)
+            per = capacity // page
+            pool_k, pool_v = (x.reshape(rows_held * per, page, *_arrays.shape_of(x)[2:]) for x in (k_cache, v_cache))
+            table = [list(range(r * per, (r + 1) * per)) for r in range(rows_held)]
+            batch_idx = rows
         out, lse, k_rows, v_rows = _qkv._paged(
-            _arrays.detached(q), _arrays.detached(k_cache), _arrays.detached(v_cache), None, flat,
-            len(table[0]) if table else 0, seqlens, _arrays.detached(k) if new else None,
-            _arrays.detached(v) if new else None, cos, sin, rotary_interleaved, [] if cache_batch_idx is None else rows,
-            [] if cache_leftpad is None else starts, alibi_slopes=slopes, options=opts,
+            _arrays.detached(q), _arrays.detached(pool_k), _arrays.detached(pool_v), None,
+            [i for row in table for i in row], len(table[0]) if table else 0, seqlens,
+            _arrays.detached(k) if new else None, _arrays.detached(v) if new else None, cos, sin, rotary_interleaved,
+            batch_idx, [] if cache_leftpad is None else starts, alibi_slopes=slopes, options=opts,
             context=_devices.resolve(device))
         out = _arrays.wrap(out, kind)
         if new:

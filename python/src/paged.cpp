@@ -350,6 +350,12 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
         } else {
             paged_values<float> x = read_all<float>(in);
             qkv::paged_problem p = problem_of(in, x, table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
+            // Two new rows bound for one row of the caller's pool are refused here, in its page
+            // numbers (the library's check, before the pages are renumbered below).
+            if (p.new_rows) {
+                const qkv::basic_resolved_pages<float> checked = qkv::resolve_pages(p, false);
+                static_cast<void>(checked);
+            }
             // The device pool of the call: the pages the batch reads or writes, each once (a shared
             // page stays shared), in the order of first use; the table renumbered to them.
             std::vector<std::int32_t> compact(in.num_pages, -1), order, renumbered(table.size(), 0);

@@ -289,3 +289,34 @@ def test_paged_cases_on_the_device_paged_path(case):
     out2, lse2 = flash_attn_with_kvcache(q, again_k, again_v, **args)
     assert torch.equal(out2, out) and torch.equal(lse2, lse)
     assert torch.equal(again_k, pool_k) and torch.equal(again_v, pool_v)
+
+
+@needs_vulkan
+def test_two_appends_into_one_pool_row_are_refused_in_the_callers_page_numbers():
+    q = torch.randn(2, 1, 2, 8)
+    pool_k, pool_v = torch.randn(6, 4, 1, 8), torch.randn(6, 4, 1, 8)
+    kept = pool_k.clone()
+    table = torch.tensor([[5, 1], [5, 2]], dtype=torch.int32)  # both sequences append into page 5, row 3
+    with pytest.raises(qkv.InvalidArgument, match=r"page 5, row 3"):
+        flash_attn_with_kvcache(q, pool_k, pool_v, torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8),
+                                cache_seqlens=torch.tensor([3, 3], dtype=torch.int32), block_table=table)
+    assert torch.equal(pool_k, kept)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("seqlen_cache", [17, 2048])
+def test_contiguous_caches_of_odd_and_long_rows_on_the_paged_path(seqlen_cache):
+    """A contiguous cache runs as pages of the largest power of two dividing its rows (1 for 17, 1024
+    for 2048): the same semantics, checked against the reference, appends crossing rows."""
+    g = torch.Generator().manual_seed(seqlen_cache)
+    B, hq, hkv, E = 2, 4, 2, 16
+    q = torch.randn(B, 2, hq, E, generator=g)
+    k_cache, v_cache = torch.randn(B + 1, seqlen_cache, hkv, E, generator=g), torch.randn(B + 1, seqlen_cache, hkv,
+                                                                                          E, generator=g)
+    k, v = torch.randn(B, 3, hkv, E, generator=g), torch.randn(B, 3, hkv, E, generator=g)
+    seqlens = [seqlen_cache - 3, 5]
+    want, want_k, want_v = reference(q, k_cache, v_cache, k, v, seqlens, batch_idx=[2, 0], causal=True)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32),
+                                  cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32), causal=True)
+    assert max_error(out, want) < 1e-5
+    assert torch.equal(k_cache, want_k.float()) and torch.equal(v_cache, want_v.float())
