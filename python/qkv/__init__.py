@@ -17,12 +17,14 @@ from ._devices import default_context
 from ._errors import (DeviceLost, Error, InvalidArgument, LimitExceeded, NoMatchingDevice, NumericOverflow,
                       OutOfMemory, Unavailable, VulkanError)
 from ._qkv import Context, Device, Tensor, devices
+from ._paged import PagedKVCache
 from . import _arrays, _devices, _sdpa
 
 __version__ = _qkv.__version__
 
 __all__ = [
     "scaled_dot_product_attention", "devices", "Device", "Context", "default_context", "Tensor", "tensor", "KVCache",
+    "PagedKVCache", "paged_attention",
     "alibi_slopes", "Error", "InvalidArgument", "LimitExceeded", "NumericOverflow", "Unavailable",
     "NoMatchingDevice", "DeviceLost", "OutOfMemory", "VulkanError", "__version__", "flash_attn", "mpi", "tutorial",
 ]
@@ -179,6 +181,28 @@ class KVCache:
 
     def __repr__(self):
         return f"qkv.KVCache(size={self.size}, capacity={self.capacity}, kv_type={self.kv_type!r})"
+
+
+def paged_attention(q, cache, block_table, cache_seqlens, k=None, v=None, *, rotary_cos=None, rotary_sin=None,
+                    rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None, softmax_scale=None,
+                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
+    """A batch of sequences decoding against a qkv.PagedKVCache, in FlashAttention's layout: q
+    (batch, seqlen_q, nheads, headdim); block_table int32 (batch, max_pages) page indices (key j
+    of sequence b is row j % page_size of page block_table[b][j // page_size]; with
+    cache_batch_idx, a table of any number of rows and sequence b's row cache_batch_idx[b]);
+    cache_seqlens int32 (batch,) or an int, the keys each sequence has before the call; k, v
+    (batch, seqlen_new, kv_heads, ·), written into each sequence's pages at keys cache_seqlens[b]
+    onwards before any sequence attends. Every other argument and the result are
+    qkv.flash_attn.flash_attn_with_kvcache's (this is flash_attn_with_kvcache(q, cache=cache, ...)):
+    out (batch, seqlen_q, nheads, head_dim_v), of q's kind and dtype, and with
+    return_softmax_lse=True softmax_lse (batch, nheads, seqlen_q) float32. The caller advances its
+    cache_seqlens by seqlen_new afterwards, as with FlashAttention."""
+    return flash_attn.flash_attn_with_kvcache(
+        q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes, return_softmax_lse=return_softmax_lse,
+        cache=cache)
 
 
 def alibi_slopes(heads, max_bias=8.0):

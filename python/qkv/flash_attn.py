@@ -35,9 +35,10 @@ own problem, causal and windows aligned to its own bottom-right corner, softmax_
 (nheads, total_q); their gradients run each sequence's backward pass. dropout_p > 0 is refused
 there (InvalidArgument): the library draws dropout's mask per row of a (batch, nheads, seqlen)
 batch, which a ragged one does not have. flash_attn_with_kvcache appends to a cache the caller holds
-(arrays, updated in place; contiguous or paged) and computes through the same varlen call over
-each sequence's visible rows, which it copies (gathers from their pages) on every call: the
-device-resident paged pool is the library's qkv::vulkan::paged_kv_cache, a separate interface.
+(arrays, updated in place; contiguous or paged) or to a qkv.PagedKVCache kept on the device, and
+runs the library's batched paged decode (the pages it uses uploaded into a device pool for the
+call; a contiguous cache taken as pages), or, for ALiBi slopes that differ per sequence, the same
+varlen call over each sequence's visible rows.
 Every function's call goes through _forward or _varlen
 below to _autograd.run, the one place where the backward pass (a torch.autograd.Function) plugs in.
 
@@ -48,6 +49,7 @@ import numbers
 
 from . import _arrays, _autograd, _devices, _qkv
 from ._errors import InvalidArgument
+from ._paged import PagedKVCache
 from ._sdpa import BOTTOM_RIGHT, Attention, _flag, check_dtypes, dropout_options, options, same_kind, small
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -228,11 +230,14 @@ def _paged_rows(pool, name, block_table, lengths):
 
 
 def _block_table(x, batch):
+    """A block table as rows of ints: int32 (batch, max_num_blocks_per_seq), or with batch None
+    (a cache_batch_idx names each sequence's row) any number of rows, at least one."""
     x = _arrays.host_view(x, "block_table")
     dtype = _arrays.dtype_name(x)
-    if dtype != "int32" or _arrays.rank(x) != 2 or _arrays.shape_of(x)[0] != batch:
-        raise InvalidArgument(f"block_table is {dtype} {_arrays.shape_of(x)}: it must be int32 (batch, "
-                              f"max_num_blocks_per_seq) with batch = {batch}")
+    shape = _arrays.shape_of(x)
+    if dtype != "int32" or len(shape) != 2 or (shape[0] != batch if batch is not None else shape[0] < 1):
+        raise InvalidArgument(f"block_table is {dtype} {shape}: it must be int32 (batch, max_num_blocks_per_seq) "
+                              + (f"with batch = {batch}" if batch is not None else "with at least one row"))
     return [[int(i) for i in row] for row in x.tolist()]
 
 
@@ -379,38 +384,82 @@ def _rotary(ops, x, positions, cos, sin, interleaved):
     return ops.like(ops.cat([turned, w[..., 2 * half:]], -1), x)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+def _pool_of(k_cache, v_cache, cache):
+    """The PagedKVCache a call names (as k_cache and v_cache, or cache=), or None for arrays."""
+    given = [x for x in (k_cache, v_cache) if isinstance(x, PagedKVCache)]
+    if cache is not None:
+        if not isinstance(cache, PagedKVCache):
+            raise TypeError(f"cache must be a qkv.PagedKVCache (it is a {type(cache).__name__})")
+        if any(x is not None and x is not cache for x in (k_cache, v_cache)):
+            raise InvalidArgument("cache= is given: k_cache and v_cache are then None or that cache")
+        return cache
+    if given:
+        if k_cache is not v_cache:
+            raise InvalidArgument("a qkv.PagedKVCache holds both keys and values: pass it as k_cache and v_cache")
+        return k_cache
+    return None
+
+
+def _uniform_slopes(slopes):
+    """ALiBi slopes (nheads,) as they are; (batch, nheads) whose rows are equal as their first row;
+    None where the rows differ (each sequence then has its own slopes)."""
+    if slopes is None or _arrays.kind_of(slopes) == _arrays.BUFFER or _arrays.rank(slopes) != 2:
+        return slopes, True
+    rows = slopes.tolist()
+    if all(r == rows[0] for r in rows):
+        return slopes[0], True
+    return slopes, False
+
+
+def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            device=None, precision=None):
+                            cache=None, device=None, precision=None):
     """FlashAttention's flash_attn_with_kvcache: attention of new queries against a K/V cache the caller
     holds, the new keys and values (if given) appended to it in place.
 
     q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k,
     headdim[_v]), or with block_table (batch, max_num_blocks_per_seq) int32 pools of pages
-    (num_blocks, page_block_size, nheads_k, headdim[_v]); k, v (batch, seqlen_new, nheads_k, ·) are
-    written into sequence b's cache at rows cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1
-    (its cache row cache_batch_idx[b]; through its pages with a block table). cache_seqlens: an int
-    or int32 (batch,), the rows each cache holds before the call (None: the whole cache, without
-    new k and v). Sequence b attends to the rows cache_leftpad[b] (0 if None) up to cache_seqlens[b]
-    + seqlen_new, causal and windows aligned to the bottom right of that block. rotary_cos and
-    rotary_sin (seqlen_ro, rotary_dim / 2) rotate the new k at its rows' positions and q at
-    cache_seqlens[b] + i when causal or windowed, else all at cache_seqlens[b] (interleaved pairs,
-    or halves with rotary_interleaved=False). Returns out (batch, seqlen_q, nheads, headdim_v), with
+    (num_blocks, page_block_size, nheads_k, headdim[_v]), or a qkv.PagedKVCache (as both, or as
+    cache=) whose pages stay on the device; k, v (batch, seqlen_new, nheads_k, ·) are written into
+    sequence b's cache at rows cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1 (its cache row
+    cache_batch_idx[b], or with a block table through the pages of table row cache_batch_idx[b]).
+    cache_seqlens: an int or int32 (batch,), the rows each cache holds before the call (None: the
+    whole cache, without new k and v; required with a PagedKVCache). Sequence b attends to the rows
+    cache_leftpad[b] (0 if None) up to cache_seqlens[b] + seqlen_new, causal and windows aligned to
+    the bottom right of that block. rotary_cos and rotary_sin (seqlen_ro, rotary_dim / 2) rotate
+    the new k at its rows' positions and q at cache_seqlens[b] + i when causal or windowed, else
+    all at cache_seqlens[b] (interleaved pairs, or halves with rotary_interleaved=False), computed
+    in float32 (float64 for float64 inputs) and rounded to the inputs' dtype, the rotated k being
+    what the cache receives. Returns out (batch, seqlen_q, nheads, headdim_v), with
     return_softmax_lse=True also softmax_lse (batch, nheads, seqlen_q) float32.
 
-    The call copies each sequence's visible rows (gathered from their pages) into one ragged batch
-    and computes it with one call of the library's varlen attention; everything is checked before
-    the cache is written (a page index past the pool, rows past the cache: InvalidArgument,
-    nothing written), and the cache is written only once the attention succeeded. num_splits is
-    accepted and changes nothing. There is no backward pass (FlashAttention has none): inputs that
-    would record a graph are refused."""
+    The call runs the library's batched paged decode (on a Vulkan device): the pages the batch
+    reads or writes are uploaded once each into a pool on the device (a page shared by sequences
+    stays shared, and a shared prompt is attended once per group), the new rows are appended there
+    and the decode reads every sequence's keys through the block table, in one command buffer; the
+    new rows are then written into the caller's arrays. A contiguous cache is taken as a pool of
+    pages of P rows (P the largest power of two up to 1024 dividing seqlen_cache), cache row r
+    being the pages of table row r. Head widths past the batched decode's (128) run the library's
+    host-pool paged call instead; ALiBi slopes of shape (batch, nheads) whose rows differ run as one
+    ragged (varlen) call over each sequence's visible rows, gathered on the host. Equal inputs give
+    equal bits. cache_batch_idx and cache_leftpad are taken with a block_table as FlashAttention 3
+    defines them (the table then has any number of rows, cache_batch_idx[b] naming sequence b's);
+    FlashAttention 2 refuses both with a block_table.
+
+    Everything is checked before a cache is written (a page index past the pool, rows past the
+    cache, two new rows bound for one row of a pool: InvalidArgument, nothing written), and an
+    array cache is written only once the attention succeeded. num_splits is accepted and changes
+    nothing. There is no backward pass (FlashAttention has none): inputs that would record a graph
+    are refused."""
+    pool = _pool_of(k_cache, v_cache, cache)
     torch = _arrays._torch()
     q = _bshd(q, "q")
-    k_cache, v_cache = _arrays.host_array(k_cache, "k_cache"), _arrays.host_array(v_cache, "v_cache")
+    if pool is None:
+        k_cache, v_cache = _arrays.host_array(k_cache, "k_cache"), _arrays.host_array(v_cache, "v_cache")
     given = [(x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"), (v, "v"))
-             if x is not None]
+             if x is not None and not isinstance(x, PagedKVCache)]
     kind = same_kind([x for x, _ in given], [n for _, n in given])
     if kind not in (_arrays.NUMPY, _arrays.TORCH):
         raise InvalidArgument("flash_attn_with_kvcache takes numpy arrays or torch tensors (the caches are written "
@@ -420,12 +469,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 raise NotImplementedError(f"{n}.requires_grad: flash_attn_with_kvcache has no backward pass "
                                           "(FlashAttention's has none); call it under torch.no_grad()")
-    check_dtypes(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise InvalidArgument("k and v go together: the new keys and values to append")
     if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
         raise TypeError(f"num_splits must be an int (it is a {type(num_splits).__name__})")
     _flag(rotary_interleaved, "rotary_interleaved")
+    opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size or (-1, -1),
+                   softcap=0.0 if softcap is None else softcap, return_lse=_flag(return_softmax_lse,
+                                                                                 "return_softmax_lse"),
+                   precision=precision)
+    if pool is not None:
+        return _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                          block_table, rotary_interleaved, alibi_slopes, opts, kind, device)
+    check_dtypes(q, k_cache, v_cache)
     B, L, Hq, E = _arrays.shape_of(q)
     cshape, vshape = _arrays.shape_of(k_cache), _arrays.shape_of(v_cache)
     if len(cshape) != 4 or len(vshape) != 4 or cshape[:3] != vshape[:3]:
@@ -446,19 +502,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise InvalidArgument(f"k {_arrays.shape_of(k)} and v {_arrays.shape_of(v)}: they must be (batch, "
                                   f"seqlen_new, nheads_k, headdim) = ({B}, seqlen_new, {Hkv}, {E}) and ({B}, "
                                   f"seqlen_new, {Hkv}, {Ev})")
-        for cache, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-            if kind == _arrays.NUMPY and not cache.flags.writeable:
+        for cache_array, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            if kind == _arrays.NUMPY and not cache_array.flags.writeable:
                 raise InvalidArgument(f"{n} is read-only: new k and v are written into it")
     paged = block_table is not None
     if paged:
-        if cache_batch_idx is not None or cache_leftpad is not None:
-            raise InvalidArgument("cache_batch_idx and cache_leftpad do not apply with a block_table (as in "
-                                  "FlashAttention): the table gives each sequence's pages")
-        table = _block_table(block_table, B)
+        table = _block_table(block_table, None if cache_batch_idx is not None else B)
         page = cshape[1]
         capacity = len(table[0]) * page if table else 0
+        rows_held = len(table)
     else:
-        capacity = cshape[1]
+        capacity, rows_held = cshape[1], cshape[0]
     if cache_seqlens is None:
         if k is not None:
             raise InvalidArgument("k and v need cache_seqlens: the rows after which they are written")
@@ -468,8 +522,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rows = list(range(B)) if cache_batch_idx is None else _int32s(cache_batch_idx, "cache_batch_idx", B)
     starts = [0] * B if cache_leftpad is None else _int32s(cache_leftpad, "cache_leftpad", B)
     for b in range(B):
-        if not 0 <= rows[b] < (cshape[0] if not paged else B):
-            raise InvalidArgument(f"cache_batch_idx[{b}] = {rows[b]}: the cache has {cshape[0]} sequences")
+        if not 0 <= rows[b] < rows_held:
+            raise InvalidArgument(f"cache_batch_idx[{b}] = {rows[b]}: the {'block_table' if paged else 'cache'} has "
+                                  f"{rows_held} rows")
         if seqlens[b] < 0 or seqlens[b] + new > capacity:
             raise InvalidArgument(f"cache_seqlens[{b}] = {seqlens[b]}: with {new} new rows it must lie in [0, "
                                   f"{capacity - new}] (the cache holds {capacity} rows)")
@@ -478,11 +533,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   f"{seqlens[b]}]")
     if paged:  # every page a sequence's rows use, before anything is read or written
         for b in range(B):
-            for j in range(-(-(seqlens[b] + new) // page)):
-                if not 0 <= table[b][j] < cshape[0]:
-                    raise InvalidArgument(f"block_table[{b}, {j}] = {table[b][j]}: the pool k_cache has {cshape[0]} "
-                                          f"pages (0 to {cshape[0] - 1})")
-    ops = _Ops(kind)
+            for j in range(starts[b] // page, -(-(seqlens[b] + new) // page)):
+                if not 0 <= table[rows[b]][j] < cshape[0]:
+                    raise InvalidArgument(f"block_table[{rows[b]}, {j}] = {table[rows[b]][j]}: the pool k_cache has "
+                                          f"{cshape[0]} pages (0 to {cshape[0] - 1})")
+    cos = sin = None
     if rotary_cos is not None or rotary_sin is not None:
         if rotary_cos is None or rotary_sin is None or k is None:
             raise InvalidArgument("rotary_cos and rotary_sin go together, and with new k and v (as in FlashAttention)")
@@ -497,49 +552,108 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         last = max(seqlens[b] + (max(L, new) if moving else new) for b in range(B)) if B else 0
         if last > ro[0]:
             raise InvalidArgument(f"rotary_cos has {ro[0]} positions; this call reaches position {last - 1}")
-        k = ops.stack([_rotary(ops, k[b], [seqlens[b] + i for i in range(new)], cos, sin, rotary_interleaved)
-                       for b in range(B)], 0)
-        q = ops.stack([_rotary(ops, q[b], [seqlens[b] + (i if moving else 0) for i in range(L)], cos, sin,
-                               rotary_interleaved) for b in range(B)], 0)
-    # The visible rows of each sequence: its cache's [start, seqlen), then the new ones.
-    keys, values, lengths = [], [], []
-    for b in range(B):
-        if paged:
-            old_k = _paged_rows(k_cache, "k_cache", [table[b]], [seqlens[b]])
-            old_v = _paged_rows(v_cache, "v_cache", [table[b]], [seqlens[b]])
-        else:
-            old_k, old_v = k_cache[rows[b], starts[b]:seqlens[b]], v_cache[rows[b], starts[b]:seqlens[b]]
-        keys += [old_k] + ([k[b]] if new else [])
-        values += [old_v] + ([v[b]] if new else [])
-        lengths.append(seqlens[b] - starts[b] + new)
-    cu_k, cu_q = [0], [L * b for b in range(B + 1)]
-    for n in lengths:
-        cu_k.append(cu_k[-1] + n)
-    packed_k = ops.cat(keys, 0) if keys else k_cache[:0, 0]
-    packed_v = ops.cat(values, 0) if values else v_cache[:0, 0]
-    opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size or (-1, -1),
-                   softcap=0.0 if softcap is None else softcap, return_lse=_flag(return_softmax_lse,
-                                                                                 "return_softmax_lse"),
-                   precision=precision)
-    call = _Ragged(q.reshape(B * L, Hq, E), packed_k, packed_v, ("q", "k_cache", "v_cache"), kind, cu_q, cu_k, L,
-                   max(lengths, default=0), small(alibi_slopes, "alibi_slopes"), opts, _devices.resolve(device))
-    out, lse, _ = call.run()
+    slopes, uniform = _uniform_slopes(small(alibi_slopes, "alibi_slopes"))
+    ops = _Ops(kind)
+    if uniform and (paged or capacity > 0):
+        # The library's paged call; the new rows come back as written, rotated and rounded. A
+        # contiguous cache (batch_cache, seqlen_cache, ...) is a pool of batch_cache x seqlen_cache / P
+        # pages of P rows (P the largest power of two up to 1024 dividing seqlen_cache), row r of
+        # the cache the pages of row r of the table, each sequence naming its row.
+        pool_k, pool_v, batch_idx = k_cache, v_cache, [] if cache_batch_idx is None else rows
+        if not paged:
+            page = min(capacity & -capacity, 1024)
+            per = capacity // page
+            pool_k, pool_v = (x.reshape(rows_held * per, page, *_arrays.shape_of(x)[2:]) for x in (k_cache, v_cache))
+            table = [list(range(r * per, (r + 1) * per)) for r in range(rows_held)]
+            batch_idx = rows
+        out, lse, k_rows, v_rows = _qkv._paged(
+            _arrays.detached(q), _arrays.detached(pool_k), _arrays.detached(pool_v), None,
+            [i for row in table for i in row], len(table[0]) if table else 0, seqlens,
+            _arrays.detached(k) if new else None, _arrays.detached(v) if new else None, cos, sin, rotary_interleaved,
+            batch_idx, [] if cache_leftpad is None else starts, alibi_slopes=slopes, options=opts,
+            context=_devices.resolve(device))
+        out = _arrays.wrap(out, kind)
+        if new:
+            k, v = _arrays.wrap(k_rows, kind), _arrays.wrap(v_rows, kind)
+        lse = _arrays.wrap(lse, kind)
+    else:
+        if cos is not None:
+            k = ops.stack([_rotary(ops, k[b], [seqlens[b] + i for i in range(new)], cos, sin, rotary_interleaved)
+                           for b in range(B)], 0)
+            q = ops.stack([_rotary(ops, q[b], [seqlens[b] + (i if moving else 0) for i in range(L)], cos, sin,
+                                   rotary_interleaved) for b in range(B)], 0)
+        # The visible rows of each sequence: its cache's [start, seqlen), then the new ones.
+        keys, values, lengths = [], [], []
+        for b in range(B):
+            if paged:
+                old_k = _paged_rows(k_cache, "k_cache", [table[rows[b]]], [seqlens[b]])[starts[b]:]
+                old_v = _paged_rows(v_cache, "v_cache", [table[rows[b]]], [seqlens[b]])[starts[b]:]
+            else:
+                old_k, old_v = k_cache[rows[b], starts[b]:seqlens[b]], v_cache[rows[b], starts[b]:seqlens[b]]
+            keys += [old_k] + ([k[b]] if new else [])
+            values += [old_v] + ([v[b]] if new else [])
+            lengths.append(seqlens[b] - starts[b] + new)
+        cu_k, cu_q = [0], [L * b for b in range(B + 1)]
+        for n in lengths:
+            cu_k.append(cu_k[-1] + n)
+        packed_k = ops.cat(keys, 0) if keys else k_cache[:0, 0]
+        packed_v = ops.cat(values, 0) if values else v_cache[:0, 0]
+        call = _Ragged(q.reshape(B * L, Hq, E), packed_k, packed_v, ("q", "k_cache", "v_cache"), kind, cu_q, cu_k, L,
+                       max(lengths, default=0), slopes, opts, _devices.resolve(device))
+        out, lse, _ = call.run()
     if new:  # written only now: a refused or failed call leaves the cache as it was
         for b in range(B):
             for i in range(new):
                 pos = seqlens[b] + i
-                for cache, x in ((k_cache, k), (v_cache, v)):
-                    if paged:
-                        target = (table[b][pos // page], pos % page)
-                    else:
-                        target = (rows[b], pos)
+                target = (table[rows[b]][pos // page], pos % page) if paged else (rows[b], pos)
+                for cache_array, x in ((k_cache, k), (v_cache, v)):
                     if torch is not None and kind == _arrays.TORCH:
                         with torch.no_grad():
-                            cache[target].copy_(x[b, i])
+                            cache_array[target].copy_(x[b, i])
                     else:
-                        cache[target] = x[b, i]
+                        cache_array[target] = x[b, i]
+    return _kvcache_results(out, lse, B, L, Hq, Ev, kind, opts["return_lse"])
+
+
+def _kvcache_results(out, lse, B, L, Hq, Ev, kind, with_lse):
+    """out (batch, seqlen_q, nheads, headdim_v) and softmax_lse (batch, nheads, seqlen_q) from the
+    ragged batch's (B·L, Hq, Ev) and (Hq, B·L)."""
     out = out.reshape(B, L, Hq, Ev)
-    if not return_softmax_lse:
+    if not with_lse:
         return out
     lse = lse.reshape(Hq, B, L).transpose(0, 1) if kind == _arrays.TORCH else lse.reshape(Hq, B, L).transpose(1, 0, 2)
     return out, _flash_lse(lse.contiguous() if kind == _arrays.TORCH else lse, kind)  # numpy's copy is C-ordered
+
+
+def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+               rotary_interleaved, alibi_slopes, opts, kind, device):
+    """flash_attn_with_kvcache against a PagedKVCache: one call of the library's paged decode on the
+    pool's device, the new rows appended into its pages there."""
+    if block_table is None or cache_seqlens is None:
+        raise InvalidArgument("a qkv.PagedKVCache needs a block_table and cache_seqlens: which pages and rows each "
+                              "sequence has")
+    if device is not None and _devices.resolve(device) is not pool.context:
+        raise InvalidArgument("device: a qkv.PagedKVCache computes on its own device (leave device= out)")
+    check_dtypes(q, q, q)
+    B, L, Hq, _ = _arrays.shape_of(q)
+    if k is not None:
+        k, v = _bshd(k, "k"), _bshd(v, "v")
+    table = _block_table(block_table, None if cache_batch_idx is not None else B)
+    seqlens = _int32s(cache_seqlens, "cache_seqlens", B)
+    rows = [] if cache_batch_idx is None else _int32s(cache_batch_idx, "cache_batch_idx", B)
+    starts = [] if cache_leftpad is None else _int32s(cache_leftpad, "cache_leftpad", B)
+    cos = sin = None
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None:
+            raise InvalidArgument("rotary_cos and rotary_sin go together")
+        cos, sin = _arrays.host_view(rotary_cos, "rotary_cos"), _arrays.host_view(rotary_sin, "rotary_sin")
+    slopes, uniform = _uniform_slopes(small(alibi_slopes, "alibi_slopes"))
+    if not uniform:
+        raise InvalidArgument("alibi_slopes (batch, nheads) with rows that differ: the paged call against a "
+                              "qkv.PagedKVCache takes one slope per query head, (nheads,)")
+    out, lse, _, _ = _qkv._paged(_arrays.detached(q), None, None, pool._pool, [i for row in table for i in row],
+                                 len(table[0]) if table else 0, seqlens, None if k is None else _arrays.detached(k),
+                                 None if v is None else _arrays.detached(v), cos, sin, rotary_interleaved, rows,
+                                 starts, alibi_slopes=slopes, options=opts, context=pool.context)
+    return _kvcache_results(_arrays.wrap(out, kind), _arrays.wrap(lse, kind), B, L, Hq, pool.head_dim_v, kind,
+                            opts["return_lse"])

@@ -47,5 +47,7 @@ void choose_precision(call_options& opt, dtype type, const context_ptr& ctx);
 void bind_calls(py::module_& m);
 /// The ragged (varlen) calls: _varlen and _varlen_backward (varlen.cpp).
 void bind_varlen(py::module_& m);
+/// The paged calls: _paged and the pool of qkv.PagedKVCache, _PagedPool (paged.cpp).
+void bind_paged(py::module_& m);
 
 }  // namespace qkv::python

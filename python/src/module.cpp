@@ -20,6 +20,7 @@ PYBIND11_MODULE(_qkv, m) {
     qkv::python::bind_objects(m);
     qkv::python::bind_calls(m);
     qkv::python::bind_varlen(m);
+    qkv::python::bind_paged(m);
     qkv::python::bind_tutorial(m);
     qkv::python::bind_mpi(m);
 }

@@ -174,3 +174,149 @@ def test_refusals_leave_the_cache_unwritten():
     with pytest.raises(NotImplementedError, match="no backward pass"):
         flash_attn_with_kvcache(q.requires_grad_(), pool_k, pool_v, cache_seqlens=1,
                                 block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), device="cpu")
+
+
+def paged_pool(k_cache, v_cache, page, seed, shared_pages=0):
+    """Contiguous caches (rows, s, h, d) as pools of pages in shuffled order with three spare pages,
+    and the block table (rows, s / page) int32; with shared_pages > 0, table rows 0 and 1 list the
+    same first pages (a common prompt: the caches' rows 0 and 1 are made equal there first)."""
+    R, S = k_cache.shape[:2]
+    per = S // page
+    if shared_pages:
+        k_cache[1, :shared_pages * page] = k_cache[0, :shared_pages * page]
+        v_cache[1, :shared_pages * page] = v_cache[0, :shared_pages * page]
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(R * per + 3, generator=g)
+    table = order[:R * per].view(R, per).to(torch.int32)
+    if shared_pages:
+        table[1, :shared_pages] = table[0, :shared_pages]
+    pools = []
+    for cache in (k_cache, v_cache):
+        pool = torch.randn(R * per + 3, page, *cache.shape[2:], generator=g).to(cache.dtype)
+        for r in range(R):
+            for j in range(per):
+                pool[table[r, j]] = cache[r, j * page:(j + 1) * page]
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+# The paged cases (FlashAttention's test_flash_attn_kvcache with paged_kv_block_size, on the library's
+# device paged decode): page sizes 1, 16 and 256, shuffled pages, shared pages, appends crossing pages,
+# rotary in both forms, cache_batch_idx and cache_leftpad with a block table (FlashAttention 3's
+# semantics), GQA and MQA, windows, float16 by the 2x rule.
+PAGED_CASES = [
+    dict(page=1, L=1, new=3, heads=(4, 2), rotary="interleaved", causal=True),
+    dict(page=16, L=2, new=17, heads=(4, 1), rotary="half", batch_idx=True, leftpad=True, causal=True),
+    dict(page=16, L=1, new=1, heads=(8, 2), shared=2, causal=True, window=(20, 0), dtype=torch.float16),
+    dict(page=256, L=3, new=2, heads=(2, 2), rotary="interleaved", dtype=torch.float16),
+    dict(page=4, L=2, new=5, heads=(4, 2), rotary="half", leftpad=True, window=(5, 3), softcap=3.0, causal=True,
+         dtype=torch.float16),
+    dict(page=2, L=1, new=0, heads=(4, 4), batch_idx=True, alibi=True, causal=True),
+    dict(page=8, L=1, new=2, heads=(4, 2), alibi="per_sequence", causal=True),
+]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("case", PAGED_CASES, ids=[str(i) for i in range(len(PAGED_CASES))])
+def test_paged_cases_on_the_device_paged_path(case):
+    dtype = case.get("dtype", torch.float32)
+    B, E = 3, 32
+    S_max = max(64, case["page"])
+    hq, hkv = case["heads"]
+    L, new, page = case["L"], case["new"], case["page"]
+    g = torch.Generator().manual_seed(100 + len(str(case)))
+    q = torch.randn(B, L, hq, E, generator=g).to(dtype)
+    R = B + 1 if case.get("batch_idx") else B
+    k_cache = torch.randn(R, S_max, hkv, E, generator=g).to(dtype)
+    v_cache = torch.randn(R, S_max, hkv, E, generator=g).to(dtype)
+    k = torch.randn(B, new, hkv, E, generator=g).to(dtype) if new else None
+    v = torch.randn(B, new, hkv, E, generator=g).to(dtype) if new else None
+    shared = case.get("shared", 0)
+    seqlens = [37, 33, 17] if shared else [13, 0, 41]
+    if case.get("leftpad"):
+        seqlens = [13, 3, 41]
+    batch_idx = [2, 0, 3] if case.get("batch_idx") else None
+    leftpad = [2, 0, 19] if case.get("leftpad") else None
+    if shared:  # sequences 0 and 1 read the shared pages of table rows 0 and 1
+        batch_idx = None
+    cos = sin = None
+    if case.get("rotary"):
+        angle = torch.rand(S_max, E // 4, generator=g, dtype=torch.float64) * 2 * np.pi
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    kw = dict(causal=case.get("causal", False), window_size=case.get("window", (-1, -1)),
+              softcap=case.get("softcap", 0.0))
+    if case.get("alibi") == "per_sequence":
+        kw["alibi_slopes"] = torch.rand(B, hq, generator=g) * 0.5
+    elif case.get("alibi"):
+        kw["alibi_slopes"] = torch.rand(hq, generator=g) * 0.5
+    pool_k, pool_v, table = paged_pool(k_cache, v_cache, page, seed=7, shared_pages=shared)
+    ref = dict(cos=cos, sin=sin, interleaved=case.get("rotary") != "half", batch_idx=batch_idx, leftpad=leftpad)
+    ref_kw = dict(kw)
+    slopes = ref_kw.pop("alibi_slopes", None)
+    if slopes is not None and slopes.dim() == 2:  # per sequence: the reference of each with its own slopes
+        want = torch.cat([reference(q[b:b + 1], *(c[b:b + 1] for c in (k_cache, v_cache)), *(None if x is None else
+                                    x[b:b + 1] for x in (k, v)), seqlens[b:b + 1], alibi_slopes=slopes[b], **ref,
+                                    **ref_kw)[0] for b in range(B)])
+        same = torch.cat([reference(q[b:b + 1], *(c[b:b + 1] for c in (k_cache, v_cache)), *(None if x is None else
+                                    x[b:b + 1] for x in (k, v)), seqlens[b:b + 1], alibi_slopes=slopes[b], dtype=dtype,
+                                    **ref, **ref_kw)[0] for b in range(B)])
+        _, want_k, want_v = reference(q, k_cache, v_cache, k, v, seqlens, **ref, **ref_kw)
+    else:
+        extra = {} if slopes is None else dict(alibi_slopes=slopes)
+        want, want_k, want_v = reference(q, k_cache, v_cache, k, v, seqlens, **ref, **ref_kw, **extra)
+        same, _, _ = reference(q, k_cache, v_cache, k, v, seqlens, dtype=dtype, **ref, **ref_kw, **extra)
+    args = dict(k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32),
+                rotary_interleaved=case.get("rotary") != "half", return_softmax_lse=True, block_table=table, **kw)
+    if batch_idx:
+        args["cache_batch_idx"] = torch.tensor(batch_idx, dtype=torch.int32)
+    if leftpad:
+        args["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32)
+    before_k, before_v = pool_k.clone(), pool_v.clone()
+    out, lse = flash_attn_with_kvcache(q, pool_k, pool_v, **args)
+    assert out.shape == (B, L, hq, E) and out.dtype == dtype and lse.shape == (B, hq, L)
+    assert torch.isfinite(out).all()
+    for b in range(B):  # a sequence without keys: lse +inf (FlashAttention's), else finite
+        keys = seqlens[b] + new - (leftpad[b] if leftpad else 0)
+        assert torch.isfinite(lse[b]).all() if keys else (lse[b] == float("inf")).all()
+    flash_rule(out, want, same)
+    tol = 2e-3 if dtype == torch.float16 else 1e-6  # the rotated rows: rounding of the angle's products
+    assert max_error(unpaged(pool_k, table), want_k) <= tol * 8
+    assert max_error(unpaged(pool_v, table), want_v) == 0
+    spare = sorted(set(range(pool_k.shape[0])) - set(table.flatten().tolist()))
+    assert torch.equal(pool_k[spare], before_k[spare]) and torch.equal(pool_v[spare], before_v[spare])
+    # Equal inputs, equal bits (the pools as they were before the call).
+    again_k, again_v = before_k.clone(), before_v.clone()
+    out2, lse2 = flash_attn_with_kvcache(q, again_k, again_v, **args)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    assert torch.equal(again_k, pool_k) and torch.equal(again_v, pool_v)
+
+
+@needs_vulkan
+def test_two_appends_into_one_pool_row_are_refused_in_the_callers_page_numbers():
+    q = torch.randn(2, 1, 2, 8)
+    pool_k, pool_v = torch.randn(6, 4, 1, 8), torch.randn(6, 4, 1, 8)
+    kept = pool_k.clone()
+    table = torch.tensor([[5, 1], [5, 2]], dtype=torch.int32)  # both sequences append into page 5, row 3
+    with pytest.raises(qkv.InvalidArgument, match=r"page 5, row 3"):
+        flash_attn_with_kvcache(q, pool_k, pool_v, torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8),
+                                cache_seqlens=torch.tensor([3, 3], dtype=torch.int32), block_table=table)
+    assert torch.equal(pool_k, kept)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("seqlen_cache", [17, 2048])
+def test_contiguous_caches_of_odd_and_long_rows_on_the_paged_path(seqlen_cache):
+    """A contiguous cache runs as pages of the largest power of two dividing its rows (1 for 17, 1024
+    for 2048): the same semantics, checked against the reference, appends crossing rows."""
+    g = torch.Generator().manual_seed(seqlen_cache)
+    B, hq, hkv, E = 2, 4, 2, 16
+    q = torch.randn(B, 2, hq, E, generator=g)
+    k_cache, v_cache = torch.randn(B + 1, seqlen_cache, hkv, E, generator=g), torch.randn(B + 1, seqlen_cache, hkv,
+                                                                                          E, generator=g)
+    k, v = torch.randn(B, 3, hkv, E, generator=g), torch.randn(B, 3, hkv, E, generator=g)
+    seqlens = [seqlen_cache - 3, 5]
+    want, want_k, want_v = reference(q, k_cache, v_cache, k, v, seqlens, batch_idx=[2, 0], causal=True)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32),
+                                  cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32), causal=True)
+    assert max_error(out, want) < 1e-5
+    assert torch.equal(k_cache, want_k.float()) and torch.equal(v_cache, want_v.float())

@@ -1,0 +1,194 @@
+"""qkv.PagedKVCache, a pool of K/V pages kept on the device, through flash_attn_with_kvcache(cache=)
+and qkv.paged_attention: pages read back as appended, the calls equal (bit for bit) to the same call
+over the caller's arrays, rows written through a block table where FlashAttention writes them
+(key j of sequence b is row j % page_size of page block_table[b][j // page_size]), and every bad
+input refused with the documented exception, nothing written. Light: small pools."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from qkv.flash_attn import flash_attn_with_kvcache
+
+from conftest import fa_reference, max_error, needs_vulkan, nmse
+
+pytestmark = needs_vulkan
+
+
+def pages(n, page, hkv, e, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, page, hkv, e, generator=g).to(dtype), torch.randn(n, page, hkv, e, generator=g).to(dtype))
+
+
+def test_pages_read_back_as_appended():
+    for dtype, name in ((torch.float32, "float32"), (torch.float16, "float16")):
+        cache = qkv.PagedKVCache(5, 4, 2, 17, 9, dtype=name)
+        assert (cache.num_pages, cache.page_size, cache.pages_held, cache.head_dim, cache.head_dim_v) == (5, 4, 0, 17, 9)
+        k, _ = pages(3, 4, 2, 17, dtype, 1)
+        _, v = pages(3, 4, 2, 9, dtype, 2)
+        cache.append_pages(k, v)
+        cache.append_pages(k[:1].numpy(), v[:1].numpy())
+        assert cache.pages_held == 4
+        got_k, got_v = cache.read_pages()
+        assert got_k.dtype == np.float32 and got_k.shape == (4, 4, 2, 17) and got_v.shape == (4, 4, 2, 9)
+        assert np.array_equal(got_k[:3], k.float().numpy()) and np.array_equal(got_v[3], v[0].float().numpy())
+        with pytest.raises(qkv.LimitExceeded):  # 4 + 2 pages > 5: nothing appended
+            cache.append_pages(k[:2], v[:2])
+        assert cache.pages_held == 4
+        with pytest.raises(qkv.InvalidArgument, match="pool holds 4 pages"):
+            cache.read_pages(3, 2)
+        cache.clear()
+        assert cache.pages_held == 0
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(qkv.InvalidArgument, match="dtype"):
+        qkv.PagedKVCache(2, 4, 1, 8, dtype="int8")
+    with pytest.raises(qkv.InvalidArgument, match="power of two"):
+        qkv.PagedKVCache(2, 3, 1, 8)
+    with pytest.raises(qkv.InvalidArgument, match="at least one page"):
+        qkv.PagedKVCache(0, 4, 1, 8)
+    with pytest.raises(qkv.InvalidArgument, match="not on \"cpu\""):
+        qkv.PagedKVCache(2, 4, 1, 8, device="cpu")
+    with pytest.raises(TypeError):
+        qkv.PagedKVCache(2.0, 4, 1, 8)
+    cache = qkv.PagedKVCache(2, 4, 1, 8, dtype="float32")
+    k, v = pages(1, 4, 1, 8, torch.float32, 3)
+    with pytest.raises(qkv.InvalidArgument, match="page_size"):  # pages of 2 rows into a pool of pages of 4
+        cache.append_pages(k[:, :2], v[:, :2])
+    with pytest.raises(qkv.InvalidArgument):
+        cache.append_pages(k.to(torch.int32), v.to(torch.int32))
+    with pytest.raises(qkv.InvalidArgument):
+        cache.append_pages(k.bool(), v.bool())
+    with pytest.raises(TypeError):
+        cache.append_pages("k", "v")
+    q = torch.randn(1, 1, 2, 8)
+    table, lens = torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(qkv.InvalidArgument, match="holds no pages"):
+        qkv.paged_attention(q, cache, table, lens)
+    cache.append_pages(k, v)
+    with pytest.raises(qkv.InvalidArgument, match="block_table"):  # page 1 is not held
+        qkv.paged_attention(q, cache, torch.tensor([[1]], dtype=torch.int32), lens)
+    with pytest.raises(qkv.InvalidArgument, match="headdim"):
+        qkv.paged_attention(torch.randn(1, 1, 2, 16), cache, table, lens)
+    with pytest.raises(qkv.InvalidArgument):
+        qkv.paged_attention(q.to(torch.int32), cache, table, lens)
+    with pytest.raises(qkv.InvalidArgument, match="needs a block_table"):
+        flash_attn_with_kvcache(q, cache=cache)
+    with pytest.raises(qkv.InvalidArgument, match="k_cache and v_cache"):
+        flash_attn_with_kvcache(q, cache, torch.zeros(1, 4, 1, 8), cache_seqlens=lens, block_table=table)
+    with pytest.raises(qkv.InvalidArgument, match="own device"):
+        flash_attn_with_kvcache(q, cache=cache, cache_seqlens=lens, block_table=table, device="cpu")
+    with pytest.raises(qkv.InvalidArgument):  # an append past the sequence's one page
+        qkv.paged_attention(q, cache, table, 3, k=torch.randn(1, 2, 1, 8), v=torch.randn(1, 2, 1, 8))
+    got_k, _ = cache.read_pages()
+    assert np.array_equal(got_k, k.numpy())  # nothing written by the refused calls
+
+
+def test_the_cache_equals_the_array_pool_and_takes_its_appends():
+    """fp16 pages of 16 rows, GQA, rotary (half-split), appends crossing a page, a shared page,
+    cache_batch_idx and a leftpad: the same bits as the call over the caller's arrays, and the same
+    rows written."""
+    B, hq, hkv, E, page = 3, 4, 2, 32, 16
+    k_pool, v_pool = pages(9, page, hkv, E, torch.float16, 5)
+    table = torch.tensor([[4, 1, 7], [4, 0, 2], [8, 3, 6], [5, 5, 5]], dtype=torch.int32)  # row 3 unused
+    batch_idx = torch.tensor([2, 0, 1], dtype=torch.int32)
+    seqlens = torch.tensor([14, 16, 20], dtype=torch.int32)  # rows 0 and 1 share page 4 (16 rows)
+    leftpad = torch.tensor([3, 0, 0], dtype=torch.int32)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(B, 2, hq, E, generator=g).half()
+    k, v = torch.randn(B, 5, hkv, E, generator=g).half(), torch.randn(B, 5, hkv, E, generator=g).half()
+    angle = torch.rand(64, 8, generator=g, dtype=torch.float64) * 6.28
+    kw = dict(k=k, v=v, rotary_cos=angle.cos().half(), rotary_sin=angle.sin().half(), rotary_interleaved=False,
+              cache_seqlens=seqlens, cache_batch_idx=batch_idx, cache_leftpad=leftpad, block_table=table,
+              causal=True, window_size=(24, 0), return_softmax_lse=True)
+    cache = qkv.PagedKVCache(9, page, hkv, E, dtype="float16")
+    cache.append_pages(k_pool, v_pool)
+    want_out, want_lse = flash_attn_with_kvcache(q, k_pool, v_pool, **kw)
+    out, lse = flash_attn_with_kvcache(q, cache=cache, **kw)
+    assert out.dtype == torch.float16 and torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    got_k, got_v = cache.read_pages()
+    assert np.array_equal(got_k, k_pool.float().numpy()) and np.array_equal(got_v, v_pool.float().numpy())
+    # the next step through paged_attention: one new row each, the lengths advanced
+    q1 = torch.randn(B, 1, hq, E, generator=g).half()
+    k1, v1 = torch.randn(B, 1, hkv, E, generator=g).half(), torch.randn(B, 1, hkv, E, generator=g).half()
+    step = dict(cache_seqlens=seqlens + 5, cache_batch_idx=batch_idx, causal=True)
+    want = flash_attn_with_kvcache(q1, k_pool, v_pool, k1, v1, block_table=table, **step)
+    got = qkv.paged_attention(q1, cache, table, k=k1, v=v1, **step)
+    assert torch.equal(got, want)
+    assert np.array_equal(cache.read_pages()[0], k_pool.float().numpy())
+
+
+def test_write_through_a_block_table():
+    cache = qkv.PagedKVCache(4, 2, 1, 8, dtype="float32")
+    k_pool, v_pool = pages(4, 2, 1, 8, torch.float32, 7)
+    cache.append_pages(k_pool, v_pool)
+    table = np.array([[0, 1], [3, 2]], dtype=np.int32)
+    k = np.random.default_rng(8).standard_normal((2, 2, 1, 8), dtype=np.float32)
+    cache.write(k, k + 1, table, np.array([1, 2], dtype=np.int32))  # sequence 0: keys 1, 2; sequence 1: 2, 3
+    got_k, got_v = cache.read_pages()
+    want = k_pool.numpy().copy()
+    want[0, 1], want[1, 0], want[2, 0], want[2, 1] = k[0, 0], k[0, 1], k[1, 0], k[1, 1]
+    assert np.array_equal(got_k, want) and np.array_equal(got_v[2, 1], k[1, 1] + 1)
+    with pytest.raises(qkv.InvalidArgument):  # two sequences writing the same pool row: nothing written
+        cache.write(k, k, np.array([[0, 1], [0, 1]], dtype=np.int32), np.array([0, 0], dtype=np.int32))
+    with pytest.raises(qkv.InvalidArgument):  # a page past the pool
+        cache.write(k, k, np.array([[0, 1], [4, 2]], dtype=np.int32), np.array([0, 0], dtype=np.int32))
+    assert np.array_equal(cache.read_pages()[0], want)
+
+
+def test_a_q8_0_pool_decodes_and_refuses_writes():
+    B, hq, hkv, E, page = 2, 4, 2, 32, 16
+    k_pool, v_pool = pages(4, page, hkv, E, torch.float32, 9)
+    cache = qkv.PagedKVCache(4, page, hkv, E, dtype="q8_0")
+    cache.append_pages(k_pool, v_pool)
+    table = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
+    seqlens = torch.tensor([17, 31], dtype=torch.int32)
+    q = torch.randn(B, 1, hq, E, generator=torch.Generator().manual_seed(10))
+    out = qkv.paged_attention(q, cache, table, seqlens, causal=True)
+    for b in range(B):
+        rows = torch.cat([k_pool[i] for i in table[b].tolist()])[:seqlens[b]], \
+            torch.cat([v_pool[i] for i in table[b].tolist()])[:seqlens[b]]
+        want, _ = fa_reference(q[b:b + 1], rows[0][None], rows[1][None], causal=True)
+        assert nmse(out[b:b + 1], want) < 1e-3  # q8_0's rounding of K and V
+    with pytest.raises(qkv.InvalidArgument):
+        cache.write(torch.randn(B, 1, hkv, E), torch.randn(B, 1, hkv, E), table, seqlens)
+    with pytest.raises(qkv.Unavailable):
+        cache.read_pages()
+
+
+def test_the_cache_keeps_its_device():
+    ctx = qkv.Context(0)
+    cache = qkv.PagedKVCache(2, 4, 1, 8, dtype="float32", device=ctx)
+    assert cache.context is ctx
+    del ctx  # the cache holds it
+    gc.collect()
+    k, v = pages(2, 4, 1, 8, torch.float32, 11)
+    cache.append_pages(k, v)
+    q = torch.randn(1, 1, 1, 8, generator=torch.Generator().manual_seed(12))
+    out = qkv.paged_attention(q, cache, torch.tensor([[1, 0]], dtype=torch.int32), 6)
+    want, _ = fa_reference(q, *(torch.cat([x[1], x[0]])[None, :6] for x in (k, v)))
+    assert max_error(out, want) < 1e-5
+    assert cache.context.take_validation_messages() == []
+
+
+def test_slopes_as_a_list_and_float64_tables_on_the_paged_path():
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 1, 4, 16, generator=g)
+    k_pool, v_pool = pages(4, 4, 2, 16, torch.float32, 14)
+    table = torch.tensor([[1, 0], [3, 2]], dtype=torch.int32)
+    slopes = [0.5, 0.25, 0.125, 0.0625]
+    args = dict(cache_seqlens=torch.tensor([7, 5], dtype=torch.int32), block_table=table, causal=True)
+    by_list = flash_attn_with_kvcache(q, k_pool, v_pool, alibi_slopes=slopes, **args)
+    by_tensor = flash_attn_with_kvcache(q, k_pool, v_pool, alibi_slopes=torch.tensor(slopes), **args)
+    assert torch.equal(by_list, by_tensor)
+    angle = torch.rand(16, 4, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    wide = flash_attn_with_kvcache(q, k_pool.clone(), v_pool.clone(), k, v, rotary_cos=angle.cos(),
+                                   rotary_sin=angle.sin(), **args)
+    narrow = flash_attn_with_kvcache(q, k_pool.clone(), v_pool.clone(), k, v, rotary_cos=angle.cos().float(),
+                                     rotary_sin=angle.sin().float(), **args)
+    assert torch.equal(wide, narrow)
