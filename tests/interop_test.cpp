@@ -131,7 +131,8 @@ TEST_CASE("interop: tensors over the application's buffers at odd offsets, fp32 
     CHECK(a.log.count() == 0);
 }
 
-TEST_CASE("interop: q8_0 / q4_0 tensors over the application's buffers that end mid 32-bit word", "[interop]") {
+TEST_CASE("interop: q8_0 / q4_0 tensors over the application's buffers that end mid 32-bit word",
+          "[interop][quantized]") {
     // 17 rows of 34 (q8_0) or 18 (q4_0) bytes end mid-word: the blocks are read as words, the last
     // one's included. A range that reaches that word's end (or a start at the word's other half,
     // which ends the tensor on a whole word) reads every value; a range that stops short of it is

@@ -4,7 +4,11 @@
 // scaled into the overflow region, where the only acceptable outcomes are the right answer or
 // qkv::vulkan::numeric_overflow. Every failure prints the seed and the case.
 //
-// QKV_SWEEP_SEED=<n> replays another sweep; QKV_SWEEP_CASES=<n> changes its length.
+// QKV_SWEEP_SEED=<n> replays another sweep; QKV_SWEEP_CASES=<n> changes its length;
+// QKV_SWEEP_FIRST=<n> starts it at case n of the same seeded stream (the cases before it are drawn
+// and not run), so that several CTest entries share one sweep: qkv_sweep_tests runs its first
+// cases in every leg that runs the sweep, qkv_sweep_rest the rest in the gcc leg
+// (tests/CMakeLists.txt).
 //
 // [loop_limit]: widths just past 65,535 (llvmpipe ends every shader loop after 65,535
 // iterations), which the matrix products reach by splitting K across dispatches; in the
@@ -198,17 +202,21 @@ std::string run_case(qkv::vulkan::context& ctx, const sweep_case& c, bool* refus
 }  // namespace
 
 TEST_CASE("random sweep: shapes, masks, precisions, implementations and both backends against float64",
-          "[sweep][vulkan]") {
+          "[sweep][vulkan][random_sweep]") {
     auto& ctx = qkv_test::gpu();
     const std::uint64_t seed = env_or("QKV_SWEEP_SEED", 20261123);
+    const std::uint64_t first = env_or("QKV_SWEEP_FIRST", 0);
     const std::uint64_t cases = env_or("QKV_SWEEP_CASES", 200);
-    std::printf("sweep: seed %llu, %llu cases (QKV_SWEEP_SEED / QKV_SWEEP_CASES to change)\n",
-                static_cast<unsigned long long>(seed), static_cast<unsigned long long>(cases));
+    REQUIRE(cases > 0);
+    std::printf("sweep: seed %llu, cases %llu to %llu (QKV_SWEEP_SEED / QKV_SWEEP_FIRST / QKV_SWEEP_CASES to change)\n",
+                static_cast<unsigned long long>(seed), static_cast<unsigned long long>(first),
+                static_cast<unsigned long long>(first + cases - 1));
     std::mt19937_64 rng(seed);
     const bool fp16 = ctx.device().fp16_storage;
     std::size_t failures = 0, scaled = 0, refused = 0;
-    for (std::uint64_t i = 0; i < cases; ++i) {
+    for (std::uint64_t i = 0; i < first + cases; ++i) {
         const sweep_case c = random_case(rng, fp16);
+        if (i < first) continue;  // drawn, so that case i is the same whatever the entry
         bool was_refused = false;
         const std::string why = run_case(ctx, c, &was_refused);
         scaled += c.magnitude != 1.0;
