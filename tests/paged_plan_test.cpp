@@ -398,11 +398,18 @@ void check_cascade_cover(const paged_plan& p, const shared_batch& sb) {
 
 TEST_CASE("paged plan: shared prefixes form groups, each prefix planned once for its members", "[paged_plan]") {
     const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
-    // 0, 1, 2 share pages 7, 8; 3 shares page 7 only; 4 stands alone; 5 and 6 share page 20 (one
-    // page, ragged queries); 7 has no queries though it lists page 20.
-    shared_batch sb(
-        {40, 33, 100, 20, 50, 33, 16, 30}, {1, 1, 1, 1, 1, 3, 1, 0},
-        {{7, 8, 9}, {7, 8, 10}, {7, 8, 11, 12, 13, 14, 15}, {7, 16}, {17, 18, 19}, {20, 21, 23}, {20}, {20, 22}}, 16);
+    // 0, 1, 2 share pages 7, 8; 3 shares page 7 only; 4 stands alone; 5 and 6 share pages 20, 21
+    // (ragged queries); 7 has no queries though it lists page 20.
+    shared_batch sb({40, 33, 100, 20, 50, 40, 33, 30}, {1, 1, 1, 1, 1, 3, 1, 0},
+                    {{7, 8, 9},
+                     {7, 8, 10},
+                     {7, 8, 11, 12, 13, 14, 15},
+                     {7, 16},
+                     {17, 18, 19},
+                     {20, 21, 23},
+                     {20, 21, 24},
+                     {20, 22}},
+                    16);
     const paged_plan p = plan_paged(desc, sb.request());
     INFO(p.cascade);
     check_cascade_cover(p, sb);
@@ -414,7 +421,7 @@ TEST_CASE("paged plan: shared prefixes form groups, each prefix planned once for
     CHECK(p.groups[1].first == 16);
     CHECK(p.groups[1].prefix == 32);
     CHECK(p.groups[2].members == std::vector<std::uint32_t>{5, 6});
-    CHECK(p.groups[2].prefix == 16);
+    CHECK(p.groups[2].prefix == 32);
     CHECK(p.sequences[p.groups[2].entry].q_len == 4);  // 3 + 1 rows stacked
     CHECK(p.sequences[p.groups[2].entry].rows == 16);  // G = 4
     CHECK(p.sequences[4].kv_first == 0);
@@ -476,10 +483,10 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
     shared_batch top = base;
     top.offsets = {0, 0, 0};  // top-left alignment: query 0 sees key 0 only
     none(top, "the causal alignment keeps sequence 0's first page");
-    top.offsets = {15, 15, 0};  // query 0 at position 15 sees the whole first page
+    top.offsets = {31, 31, 0};  // query 0 at position 31 sees the whole first two pages
     const paged_plan pt = plan_paged(desc, top.request());
     REQUIRE(pt.groups.size() == 1);
-    CHECK(pt.groups[0].prefix == 16);
+    CHECK(pt.groups[0].prefix == 32);
     shared_batch off = base;
     off.cascade = false;
     none(off, "no cascade: turned off for this call");
@@ -516,19 +523,20 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
 TEST_CASE("paged plan: nested shared prefixes form a tree of depth 1, 2 and 3, disjoint groups beside it",
           "[paged_plan][cascade]") {
     const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
-    // A system prompt (pages 0, 1) shared by 0..5 and 8, a few-shot prefix (page 2) by 0..3, a
-    // third level (page 3) by 0 and 1; 6 and 7 a disjoint group (pages 5, 6); 8 is the system prompt
+    // A system prompt (pages 0, 1) shared by 0..5 and 8, a few-shot prefix (pages 2, 3) by 0..3, a
+    // third level (pages 4, 5) by 0 and 1; 6 and 7 a disjoint group (pages 40, 41); 8 is the system prompt
     // and nothing more (its keys all shared); 9 has no keys, 10 no queries (both list page 0); 11
     // and 12 share page 23, but not at their start (no cascade); 13 stands alone.
-    shared_batch sb({80, 70, 60, 50, 40, 40, 45, 33, 32, 0, 30, 30, 31, 20}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1},
-                    {{0, 1, 2, 3, 10},
-                     {0, 1, 2, 3, 11},
-                     {0, 1, 2, 12},
-                     {0, 1, 2, 13},
+    shared_batch sb({110, 100, 70, 65, 40, 40, 45, 33, 32, 0, 30, 30, 31, 20},
+                    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1},
+                    {{0, 1, 2, 3, 4, 5, 10},
+                     {0, 1, 2, 3, 4, 5, 11},
+                     {0, 1, 2, 3, 12},
+                     {0, 1, 2, 3, 13},
                      {0, 1, 14},
                      {0, 1, 15},
-                     {5, 6, 16},
-                     {5, 6, 17},
+                     {40, 41, 16},
+                     {40, 41, 17},
                      {0, 1},
                      {0},
                      {0, 1},
@@ -543,15 +551,15 @@ TEST_CASE("paged plan: nested shared prefixes form a tree of depth 1, 2 and 3, d
     CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 8});
     CHECK((p.groups[0].first == 0 && p.groups[0].prefix == 32 && p.groups[0].depth == 1));
     CHECK(p.groups[1].members == std::vector<std::uint32_t>{0, 1, 2, 3});
-    CHECK((p.groups[1].first == 32 && p.groups[1].prefix == 48 && p.groups[1].parent == 0 && p.groups[1].depth == 2));
+    CHECK((p.groups[1].first == 32 && p.groups[1].prefix == 64 && p.groups[1].parent == 0 && p.groups[1].depth == 2));
     CHECK(p.groups[2].members == std::vector<std::uint32_t>{0, 1});
-    CHECK((p.groups[2].first == 48 && p.groups[2].prefix == 64 && p.groups[2].parent == 1 && p.groups[2].depth == 3));
+    CHECK((p.groups[2].first == 64 && p.groups[2].prefix == 96 && p.groups[2].parent == 1 && p.groups[2].depth == 3));
     CHECK(p.groups[3].members == std::vector<std::uint32_t>{6, 7});
     CHECK((p.groups[3].first == 0 && p.groups[3].prefix == 32 && p.groups[3].depth == 1));
     CHECK(p.cascade.find("4 shared prefixes for 9 sequences, 3 levels") != std::string::npos);
     // the members keep the keys past their deepest node; 8 keeps none, but its slots are the root's
-    CHECK(p.sequences[0].kv_first == 64);
-    CHECK(p.sequences[2].kv_first == 48);
+    CHECK(p.sequences[0].kv_first == 96);
+    CHECK(p.sequences[2].kv_first == 64);
     CHECK(p.sequences[4].kv_first == 32);
     CHECK(p.sequences[8].kv_first == 32);
     CHECK(p.sequences[8].own_chunks == 0);
@@ -570,7 +578,7 @@ TEST_CASE("paged plan: nested shared prefixes form a tree of depth 1, 2 and 3, d
     wide.max_pages = 50;
     wide.table.assign(6 * 50, -1);
     for (std::size_t b = 0; b < 6; ++b) {
-        const std::size_t shared = b < 2 ? 4 : b < 4 ? 3 : 2;
+        const std::size_t shared = b < 2 ? 6 : b < 4 ? 4 : 2;
         for (std::size_t j = 0; j < ceil_div(wide.x.kv[b], 16); ++j)
             wide.table[b * 50 + j] =
                 j < shared ? static_cast<std::int32_t>(j) : static_cast<std::int32_t>(100 + 60 * b + j);
@@ -618,6 +626,13 @@ TEST_CASE("paged plan: a level too small to pay is left to its members or its ch
     full.x.q = {1, 1};
     full.offsets = {79, 79};
     CHECK(plan_paged(desc, full.request()).groups.size() == 1);
+    // a tie is left to the members: one page (2 steps) for two sequences of 4 rows, 4 against 4
+    shared_batch tie({40, 40}, {1, 1}, {{0, 1, 2}, {0, 3, 4}}, 16);
+    const paged_plan pt = plan_paged(desc, tie.request());
+    INFO(pt.cascade);
+    check_cascade_cover(pt, tie);
+    CHECK(pt.groups.empty());
+    CHECK(pt.cascade.find("cost 4 key steps stacked against 4 apart") != std::string::npos);
 }
 
 TEST_CASE("paged plan: the Vulkan tests' prefix tree of depth 3 cascades every level on a lavapipe-like device",
@@ -633,9 +648,9 @@ TEST_CASE("paged plan: the Vulkan tests' prefix tree of depth 3 cascades every l
                                                   {0, 1},
                                                   {},
                                                   {30, 31, 32},
-                                                  {30, 33},
+                                                  {30, 31, 33},
                                                   {34, 35}};
-    shared_batch sb({130, 120, 100, 77, 50, 33, 32, 0, 40, 17, 25}, std::vector<std::uint32_t>(11, 1), tables, 16);
+    shared_batch sb({130, 120, 100, 77, 50, 33, 32, 0, 40, 37, 25}, std::vector<std::uint32_t>(11, 1), tables, 16);
     sb.x.d = 24, sb.x.dv = 17;
     const paged_plan p = plan_paged(fd::desc_of(fd::fake_devices()[fd::cpu_8]), sb.request());
     INFO(p.cascade);
@@ -646,6 +661,15 @@ TEST_CASE("paged plan: the Vulkan tests' prefix tree of depth 3 cascades every l
     CHECK(p.groups[2].members == std::vector<std::uint32_t>{0, 1});
     CHECK(p.groups[2].depth == 3);
     CHECK(p.groups[3].members == std::vector<std::uint32_t>{8, 9});
+    // its window of 90 keys: 0, 1, 2 see no first page, the rest keep the top level
+    shared_batch w = sb;
+    w.window_left = 90;
+    const paged_plan pw = plan_paged(fd::desc_of(fd::fake_devices()[fd::cpu_8]), w.request());
+    INFO(pw.cascade);
+    check_cascade_cover(pw, w);
+    REQUIRE(pw.groups.size() == 2);
+    CHECK(pw.groups[0].members == std::vector<std::uint32_t>{3, 4, 5, 6});
+    CHECK(pw.groups[1].members == std::vector<std::uint32_t>{8, 9});
 }
 
 TEST_CASE("paged plan: nested shared prefixes deeper than the plan cascades are left to their members",

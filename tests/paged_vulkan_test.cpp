@@ -343,17 +343,17 @@ TEST_CASE("paged vulkan: nested shared prefixes (a prefix tree of depth 2 and 3)
     const float inf = std::numeric_limits<float>::infinity();
     // Depth 3, one query each (decode), 4 query heads per K/V head: 0..6 share 0's first 2 pages
     // (a system prompt), 0..3 the next 2 (a few-shot prefix), 0 and 1 the next 2; 6 is the system
-    // prompt and nothing more; 7 has no keys; 8 and 9 are a disjoint group of one page; 10 alone.
+    // prompt and nothing more; 7 has no keys; 8 and 9 are a disjoint group of two pages; 10 alone.
     // tests/paged_plan_test.cpp plans the same tables on a lavapipe-like device: every level pays.
     const qkv_test::paged_shape deep{
-        .kv_lens = {130, 120, 100, 77, 50, 33, 32, 0, 40, 17, 25},
+        .kv_lens = {130, 120, 100, 77, 50, 33, 32, 0, 40, 37, 25},
         .q_len = 1,
         .q_heads = 8,
         .kv_heads = 2,
         .d_qk = 24,
         .d_v = 17,
         .page_size = 16,
-        .shares = {{0, 0}, {0, 6}, {0, 4}, {0, 4}, {0, 2}, {0, 2}, {0, 2}, {0, 0}, {0, 0}, {8, 1}, {0, 0}},
+        .shares = {{0, 0}, {0, 6}, {0, 4}, {0, 4}, {0, 2}, {0, 2}, {0, 2}, {0, 0}, {0, 0}, {8, 2}, {0, 0}},
         .seed = 310};
     // Depth 2, chunks of prefill (ragged queries, causal bottom-right: every query sees the whole
     // prefix), 2 query heads per K/V head: 0..3 share 4 pages, 0 and 1 two more.
@@ -368,8 +368,8 @@ TEST_CASE("paged vulkan: nested shared prefixes (a prefix tree of depth 2 and 3)
                                     .seed = 311};
     qkv::sdpa_options scored = causal;  // causal bottom-right, softcap and ALiBi by position
     scored.softcap = 5.0f, scored.alibi_max_bias = 4.0f;
-    qkv::sdpa_options windowed = causal;  // the long sequences' windows end past the prefixes:
-    windowed.window_left = 60;            // they leave every group; the short ones keep theirs
+    qkv::sdpa_options windowed = causal;  // the long sequences' windows end past the prefixes: they
+    windowed.window_left = 90;            // leave every group; the short ones keep theirs (3..6; 2, 3)
     const qkv::sdpa_options full{.alibi_max_bias = 2.0f, .return_lse = true};  // not causal
     for (const qkv_test::paged_shape* shape : {&deep, &two})
         for (const qkv::sdpa_options& options : {causal, scored, windowed, full}) {
