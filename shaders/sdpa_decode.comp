@@ -214,14 +214,15 @@ void guard_q_row(uint chunk, uint z, uint r, uint at) {
 }
 
 /// The partial state's slot of row r of group z for a chunk: a shared prefix's rows write into
-/// their own sequences' slots, after those of the sequence's own chunks.
+/// their own sequences' slots, after those of the sequence's own chunks and of the prefixes nested
+/// in it (its tail, contract/paged.h).
 uint partial_at(uint z, uint r, uint chunk) {
 #ifdef QKV_PAGED
     if (g_prefix) {
         const uint t = row_token(r), seq = work[pc.token_base + t] * PAGED_SEQ_WORDS;
         const uint L = work[seq + PAGED_SEQ_Q_LEN], P = work[seq + PAGED_SEQ_CHUNKS];
         const uint row = (z * (g_rows / g_q_len) + r / g_q_len) * L + t - work[seq + PAGED_SEQ_Q_FIRST];
-        return work[seq + PAGED_SEQ_PART_BASE] + row * P + P - g_chunks + chunk;
+        return work[seq + PAGED_SEQ_PART_BASE] + row * P + P - g_part + chunk;
     }
 #endif
     return g_part + (z * g_rows + r) * g_chunks + chunk;

@@ -309,14 +309,44 @@ struct shared_batch {
 };
 
 /// Every (sequence, K/V head, row) of the batch sees each of its keys [0, S_b) exactly once, from
-/// its own items or its group's prefix items, each partial slot 0..P_b-1 filled exactly once, and
-/// every prefix item reads keys of pages its members all list.
+/// its own items or its groups' prefix items, each partial slot 0..P_b-1 filled exactly once, and
+/// every prefix item reads keys of pages its members all list. The groups form a tree: a node's
+/// keys begin where its parent's end, its members are some of its parent's, and its tail is its
+/// chunks and its parent's tail.
 void check_cascade_cover(const paged_plan& p, const shared_batch& sb) {
     const batch& x = sb.x;
     REQUIRE(p.refusal.empty());
     const std::size_t B = x.kv.size();
     REQUIRE(p.batch == B);
     REQUIRE(p.sequences.size() == B + p.groups.size());
+    for (std::size_t i = 0; i < p.groups.size(); ++i) {
+        const auto& g = p.groups[i];
+        const auto& e = p.sequences[g.entry];
+        CHECK(g.entry == B + i);
+        CHECK(g.members.size() >= 2);
+        CHECK(std::is_sorted(g.members.begin(), g.members.end()));
+        CHECK(e.kv_first == g.first);
+        CHECK(e.kv_len == g.prefix);
+        CHECK(g.first < g.prefix);
+        CHECK(g.prefix % sb.page_size == 0);
+        if (g.parent == qkv::vulkan::detail::paged_group::root) {
+            CHECK(g.first == 0);
+            CHECK(g.depth == 1);
+            CHECK(e.tail == e.chunks);
+        } else {
+            REQUIRE(g.parent < i);  // preorder
+            const auto& up = p.groups[g.parent];
+            CHECK(g.first == up.prefix);
+            CHECK(g.depth == up.depth + 1);
+            CHECK(e.tail == e.chunks + p.sequences[up.entry].tail);
+            for (const std::uint32_t b : g.members)
+                CHECK(std::find(up.members.begin(), up.members.end(), b) != up.members.end());
+        }
+        for (const std::uint32_t b : g.members)  // its pages are each member's
+            for (std::uint32_t j = 0; j < g.prefix / sb.page_size; ++j)
+                CHECK(sb.table[std::size_t{b} * sb.max_pages + j] ==
+                      sb.table[std::size_t{g.members[0]} * sb.max_pages + j]);
+    }
     const std::uint32_t G = x.hq / x.hkv;
     std::vector<std::uint32_t> seq_of;  // the sequence of each query row
     for (std::size_t b = 0; b < B; ++b)
@@ -338,7 +368,7 @@ void check_cascade_cover(const paged_plan& p, const shared_batch& sb) {
                 const std::uint32_t t = p.group_tokens[s.q_first + r % s.q_len];
                 b = seq_of[t];
                 row = (r / s.q_len) * x.q[b] + (t - p.sequences[b].q_first);
-                slot = p.sequences[b].chunks - s.chunks + it.chunk;
+                slot = p.sequences[b].chunks - s.tail + it.chunk;
                 for (std::uint64_t j = begin; j < end; ++j)  // the prefix's page is the member's
                     CHECK(
                         sb.table[b * sb.max_pages + j / sb.page_size] ==
@@ -368,23 +398,36 @@ void check_cascade_cover(const paged_plan& p, const shared_batch& sb) {
 
 TEST_CASE("paged plan: shared prefixes form groups, each prefix planned once for its members", "[paged_plan]") {
     const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
-    // 0, 1, 2 share pages 7, 8; 3 shares page 7 only; 4 stands alone; 5 and 6 share page 20 (one
-    // page, ragged queries); 7 has no queries though it lists page 20.
-    shared_batch sb(
-        {40, 33, 100, 20, 50, 33, 16, 30}, {1, 1, 1, 1, 1, 3, 1, 0},
-        {{7, 8, 9}, {7, 8, 10}, {7, 8, 11, 12, 13, 14, 15}, {7, 16}, {17, 18, 19}, {20, 21, 23}, {20}, {20, 22}}, 16);
+    // 0, 1, 2 share pages 7, 8; 3 shares page 7 only; 4 stands alone; 5 and 6 share pages 20, 21
+    // (ragged queries); 7 has no queries though it lists page 20.
+    shared_batch sb({40, 33, 100, 20, 50, 40, 33, 30}, {1, 1, 1, 1, 1, 3, 1, 0},
+                    {{7, 8, 9},
+                     {7, 8, 10},
+                     {7, 8, 11, 12, 13, 14, 15},
+                     {7, 16},
+                     {17, 18, 19},
+                     {20, 21, 23},
+                     {20, 21, 24},
+                     {20, 22}},
+                    16);
     const paged_plan p = plan_paged(desc, sb.request());
     INFO(p.cascade);
     check_cascade_cover(p, sb);
-    REQUIRE(p.groups.size() == 2);
+    REQUIRE(p.groups.size() == 3);
     CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3});
-    CHECK(p.groups[0].prefix == 16);  // sequence 3 shares only the first page
-    CHECK(p.groups[1].members == std::vector<std::uint32_t>{5, 6});
-    CHECK(p.groups[1].prefix == 16);
-    CHECK(p.sequences[p.groups[1].entry].q_len == 4);  // 3 + 1 rows stacked
-    CHECK(p.sequences[p.groups[1].entry].rows == 16);  // G = 4
+    CHECK(p.groups[0].prefix == 16);                                    // sequence 3 shares only the first page
+    CHECK(p.groups[1].members == std::vector<std::uint32_t>{0, 1, 2});  // and 0, 1, 2 the second too
+    CHECK(p.groups[1].parent == 0);
+    CHECK(p.groups[1].first == 16);
+    CHECK(p.groups[1].prefix == 32);
+    CHECK(p.groups[2].members == std::vector<std::uint32_t>{5, 6});
+    CHECK(p.groups[2].prefix == 32);
+    CHECK(p.sequences[p.groups[2].entry].q_len == 4);  // 3 + 1 rows stacked
+    CHECK(p.sequences[p.groups[2].entry].rows == 16);  // G = 4
     CHECK(p.sequences[4].kv_first == 0);
-    CHECK(p.cascade.find("2 shared prefixes for 6 sequences") != std::string::npos);
+    CHECK(p.sequences[3].kv_first == 16);
+    CHECK(p.sequences[0].kv_first == 32);
+    CHECK(p.cascade.find("3 shared prefixes for 6 sequences, 2 levels") != std::string::npos);
     // without 3, the first group shares two pages
     shared_batch two = sb;
     two.table[3 * two.max_pages] = 30;
@@ -398,16 +441,23 @@ TEST_CASE("paged plan: shared prefixes form groups, each prefix planned once for
     one.x.max_chunks = 1;
     check_cascade_cover(plan_paged(desc, one.request()), one);
     for (const auto& lanes : {fd::discrete_32, fd::cpu_8, fd::minimal}) {
-        shared_batch page1({9, 9, 9, 5}, {2, 1, 1, 1},
-                           {{0, 1, 2, 3, 4, 5, 6, 7, 8},
-                            {0, 1, 2, 3, 4, 5, 6, 7, 9},
-                            {0, 1, 2, 3, 10, 11, 12, 13, 14},
-                            {0, 1, 2, 3, 4}},
-                           1);
+        // page size 1: whole pages are single keys. All four share keys [0, 60), three of them
+        // [60, 62): on every device the 60 keys pay (the rows of four stacked in at most as many
+        // blocks, 8 steps each), the 2 keys below them not (one step, their blocks each full or
+        // stacked into as many).
+        std::vector<std::vector<std::int32_t>> tables(4);
+        for (std::int32_t j = 0; j < 60; ++j)
+            for (auto& t : tables) t.push_back(j);
+        for (std::size_t b = 0; b < 3; ++b) tables[b].insert(tables[b].end(), {60, 61});
+        tables[0].push_back(70), tables[1].push_back(71), tables[2].push_back(72);
+        tables[3].insert(tables[3].end(), {80, 81, 82, 83});
+        shared_batch page1({63, 63, 63, 64}, {2, 1, 1, 1}, tables, 1);
         const paged_plan pp = plan_paged(fd::desc_of(fd::fake_devices()[lanes]), page1.request());
+        INFO(pp.cascade);
         check_cascade_cover(pp, page1);
-        REQUIRE(pp.groups.size() == 1);
-        CHECK(pp.groups[0].prefix == 4);  // page size 1: whole pages are single keys
+        REQUIRE(!pp.groups.empty());
+        CHECK(pp.groups[0].prefix == 60);
+        CHECK(pp.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3});
     }
 }
 
@@ -415,7 +465,7 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
           "[paged_plan]") {
     const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
     const std::vector<std::vector<std::int32_t>> tables{{0, 1, 2}, {0, 1, 3}, {4, 5}};
-    const shared_batch base({40, 40, 20}, {2, 2, 1}, tables, 16);
+    const shared_batch base({40, 40, 20}, {1, 1, 1}, tables, 16);
     const auto none = [&](const shared_batch& sb, const std::string& why) {
         const paged_plan p = plan_paged(desc, sb.request());
         INFO(p.cascade);
@@ -433,10 +483,10 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
     shared_batch top = base;
     top.offsets = {0, 0, 0};  // top-left alignment: query 0 sees key 0 only
     none(top, "the causal alignment keeps sequence 0's first page");
-    top.offsets = {15, 15, 0};  // query 0 at position 15 sees the whole first page
+    top.offsets = {31, 31, 0};  // query 0 at position 31 sees the whole first two pages
     const paged_plan pt = plan_paged(desc, top.request());
     REQUIRE(pt.groups.size() == 1);
-    CHECK(pt.groups[0].prefix == 16);
+    CHECK(pt.groups[0].prefix == 32);
     shared_batch off = base;
     off.cascade = false;
     none(off, "no cascade: turned off for this call");
@@ -447,7 +497,7 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
     lone.table[1 * lone.max_pages] = 6, lone.x.pool_rows = 7 * 16;
     none(lone, "no two sequences with queries begin with the same whole page");
     shared_batch noq = base;
-    noq.x.q = {2, 0, 1};  // the other member has no queries
+    noq.x.q = {1, 0, 1};  // the other member has no queries
     none(noq, "no two sequences");
     shared_batch short_seq = base;
     short_seq.x.kv = {40, 10, 20};  // sequence 1 has less than a page of keys
@@ -468,4 +518,180 @@ TEST_CASE("paged plan: no cascade where a rule hides the prefix, a group of one,
     const paged_plan pr = plan_paged(desc, rows.request());
     CHECK(pr.groups.empty());
     CHECK(pr.cascade.find("stacks 70000 query rows per K/V head") != std::string::npos);
+}
+
+TEST_CASE("paged plan: nested shared prefixes form a tree of depth 1, 2 and 3, disjoint groups beside it",
+          "[paged_plan][cascade]") {
+    const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
+    // A system prompt (pages 0, 1) shared by 0..5 and 8, a few-shot prefix (pages 2, 3) by 0..3, a
+    // third level (pages 4, 5) by 0 and 1; 6 and 7 a disjoint group (pages 40, 41); 8 is the system prompt
+    // and nothing more (its keys all shared); 9 has no keys, 10 no queries (both list page 0); 11
+    // and 12 share page 23, but not at their start (no cascade); 13 stands alone.
+    shared_batch sb({110, 100, 70, 65, 40, 40, 45, 33, 32, 0, 30, 30, 31, 20},
+                    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1},
+                    {{0, 1, 2, 3, 4, 5, 10},
+                     {0, 1, 2, 3, 4, 5, 11},
+                     {0, 1, 2, 3, 12},
+                     {0, 1, 2, 3, 13},
+                     {0, 1, 14},
+                     {0, 1, 15},
+                     {40, 41, 16},
+                     {40, 41, 17},
+                     {0, 1},
+                     {0},
+                     {0, 1},
+                     {22, 23},
+                     {24, 23},
+                     {25, 26}},
+                    16);
+    const paged_plan p = plan_paged(desc, sb.request());
+    INFO(p.cascade);
+    check_cascade_cover(p, sb);
+    REQUIRE(p.groups.size() == 4);
+    CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 8});
+    CHECK((p.groups[0].first == 0 && p.groups[0].prefix == 32 && p.groups[0].depth == 1));
+    CHECK(p.groups[1].members == std::vector<std::uint32_t>{0, 1, 2, 3});
+    CHECK((p.groups[1].first == 32 && p.groups[1].prefix == 64 && p.groups[1].parent == 0 && p.groups[1].depth == 2));
+    CHECK(p.groups[2].members == std::vector<std::uint32_t>{0, 1});
+    CHECK((p.groups[2].first == 64 && p.groups[2].prefix == 96 && p.groups[2].parent == 1 && p.groups[2].depth == 3));
+    CHECK(p.groups[3].members == std::vector<std::uint32_t>{6, 7});
+    CHECK((p.groups[3].first == 0 && p.groups[3].prefix == 32 && p.groups[3].depth == 1));
+    CHECK(p.cascade.find("4 shared prefixes for 9 sequences, 3 levels") != std::string::npos);
+    // the members keep the keys past their deepest node; 8 keeps none, but its slots are the root's
+    CHECK(p.sequences[0].kv_first == 96);
+    CHECK(p.sequences[2].kv_first == 64);
+    CHECK(p.sequences[4].kv_first == 32);
+    CHECK(p.sequences[8].kv_first == 32);
+    CHECK(p.sequences[8].own_chunks == 0);
+    CHECK(p.sequences[8].chunks == p.sequences[p.groups[0].entry].chunks);
+    for (const std::uint32_t b : {9u, 10u, 11u, 12u, 13u}) CHECK(p.sequences[b].kv_first == 0);
+    // a pure function: equal requests, equal plans (the merge's order with them)
+    const paged_plan again = plan_paged(desc, sb.request());
+    REQUIRE(again.items.size() == p.items.size());
+    for (std::size_t i = 0; i < p.items.size(); ++i)
+        CHECK((again.items[i].seq == p.items[i].seq && again.items[i].chunk == p.items[i].chunk &&
+               again.items[i].kv_head == p.items[i].kv_head && again.items[i].row_block == p.items[i].row_block));
+    CHECK(again.group_tokens == p.group_tokens);
+    // long sequences, a tree of depth 3, split into chunks by the device's target or a fixed count:
+    // every key still covered once, every slot filled once
+    shared_batch wide({800, 700, 600, 500, 400, 400}, {1, 2, 1, 3, 1, 1}, {{0}, {0}, {0}, {0}, {0}, {0}}, 16);
+    wide.max_pages = 50;
+    wide.table.assign(6 * 50, -1);
+    for (std::size_t b = 0; b < 6; ++b) {
+        const std::size_t shared = b < 2 ? 6 : b < 4 ? 4 : 2;
+        for (std::size_t j = 0; j < ceil_div(wide.x.kv[b], 16); ++j)
+            wide.table[b * 50 + j] =
+                j < shared ? static_cast<std::int32_t>(j) : static_cast<std::int32_t>(100 + 60 * b + j);
+    }
+    wide.x.pool_rows = 16 * 500;
+    for (const std::uint32_t chunks : {0u, 3u, 40u}) {
+        shared_batch c = wide;
+        c.x.max_chunks = chunks;
+        const paged_plan pc = plan_paged(desc, c.request());
+        INFO(pc.cascade);
+        check_cascade_cover(pc, c);
+        REQUIRE(pc.groups.size() == 3);
+        CHECK(pc.groups[2].depth == 3);
+    }
+}
+
+TEST_CASE("paged plan: a level too small to pay is left to its members or its children (the cost rule)",
+          "[paged_plan][cascade]") {
+    // cpu_8: 8 lanes, one row each (the most rows of a sequence, 8, fill one block), 8 keys a step.
+    // A node's stacked rows cost ceil(rows / 8) blocks of (its steps + 2) against each member's own
+    // blocks of its steps.
+    const auto desc = fd::desc_of(fd::fake_devices()[fd::cpu_8]);
+    // 0, 1 (4 rows each: G = 4, one query) and 2, 3 (8 rows: two queries) share page 0; 0 and 1
+    // also page 1. Page 0 alone (2 steps) for all four: 3 x 4 = 12 against 4 x 2 = 8, left to the
+    // children; 0 and 1 over both pages (4 steps): 1 x 6 against 2 x 4, cascaded, keys from 0.
+    shared_batch sb({50, 50, 40, 40}, {1, 1, 2, 2}, {{0, 1, 2, 3}, {0, 1, 4, 5}, {0, 6, 7}, {0, 8, 9}}, 16);
+    const paged_plan p = plan_paged(desc, sb.request());
+    INFO(p.cascade);
+    check_cascade_cover(p, sb);
+    REQUIRE(p.groups.size() == 1);
+    CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1});
+    CHECK((p.groups[0].first == 0 && p.groups[0].prefix == 32 && p.groups[0].depth == 1));
+    CHECK(p.sequences[2].kv_first == 0);
+    CHECK(p.cascade.find("the shared keys [0, 16) of sequences 0.. (4) cost 12 key steps stacked against 8 apart") !=
+          std::string::npos);
+    // full blocks gain nothing stacked: two sequences of 8 rows each over 4 pages, never cascaded
+    shared_batch full({80, 80}, {2, 2}, {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 5}}, 16);
+    const paged_plan pf = plan_paged(desc, full.request());
+    INFO(pf.cascade);
+    check_cascade_cover(pf, full);
+    CHECK(pf.groups.empty());
+    CHECK(pf.cascade.find("no cascade: the shared keys [0, 64) of sequences 0.. (2) cost 20 key steps stacked "
+                          "against 16 apart: left to the members") != std::string::npos);
+    // the same two with one query each (4 rows): one block for both, 10 against 16, cascaded
+    full.x.q = {1, 1};
+    full.offsets = {79, 79};
+    CHECK(plan_paged(desc, full.request()).groups.size() == 1);
+    // a tie is left to the members: one page (2 steps) for two sequences of 4 rows, 4 against 4
+    shared_batch tie({40, 40}, {1, 1}, {{0, 1, 2}, {0, 3, 4}}, 16);
+    const paged_plan pt = plan_paged(desc, tie.request());
+    INFO(pt.cascade);
+    check_cascade_cover(pt, tie);
+    CHECK(pt.groups.empty());
+    CHECK(pt.cascade.find("cost 4 key steps stacked against 4 apart") != std::string::npos);
+}
+
+TEST_CASE("paged plan: the Vulkan tests' prefix tree of depth 3 cascades every level on a lavapipe-like device",
+          "[paged_plan][cascade]") {
+    // paged_vulkan_test.cpp's "nested shared prefixes" batch of depth 3 (its pages renumbered): one
+    // query each, 4 query heads per K/V head, pages of 16.
+    std::vector<std::vector<std::int32_t>> tables{{0, 1, 2, 3, 4, 5, 6, 7, 8},
+                                                  {0, 1, 2, 3, 4, 5, 20, 21},
+                                                  {0, 1, 2, 3, 22, 23, 24},
+                                                  {0, 1, 2, 3, 25},
+                                                  {0, 1, 26, 27},
+                                                  {0, 1, 28},
+                                                  {0, 1},
+                                                  {},
+                                                  {30, 31, 32},
+                                                  {30, 31, 33},
+                                                  {34, 35}};
+    shared_batch sb({130, 120, 100, 77, 50, 33, 32, 0, 40, 37, 25}, std::vector<std::uint32_t>(11, 1), tables, 16);
+    sb.x.d = 24, sb.x.dv = 17;
+    const paged_plan p = plan_paged(fd::desc_of(fd::fake_devices()[fd::cpu_8]), sb.request());
+    INFO(p.cascade);
+    check_cascade_cover(p, sb);
+    REQUIRE(p.groups.size() == 4);
+    CHECK(p.groups[0].members == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 6});
+    CHECK(p.groups[1].members == std::vector<std::uint32_t>{0, 1, 2, 3});
+    CHECK(p.groups[2].members == std::vector<std::uint32_t>{0, 1});
+    CHECK(p.groups[2].depth == 3);
+    CHECK(p.groups[3].members == std::vector<std::uint32_t>{8, 9});
+    // its window of 90 keys: 0, 1, 2 see no first page, the rest keep the top level
+    shared_batch w = sb;
+    w.window_left = 90;
+    const paged_plan pw = plan_paged(fd::desc_of(fd::fake_devices()[fd::cpu_8]), w.request());
+    INFO(pw.cascade);
+    check_cascade_cover(pw, w);
+    REQUIRE(pw.groups.size() == 2);
+    CHECK(pw.groups[0].members == std::vector<std::uint32_t>{3, 4, 5, 6});
+    CHECK(pw.groups[1].members == std::vector<std::uint32_t>{8, 9});
+}
+
+TEST_CASE("paged plan: nested shared prefixes deeper than the plan cascades are left to their members",
+          "[paged_plan][cascade]") {
+    // Sequence k of 19 lists the shared pages 0 .. 2(19 - k) - 1, then one of its own: a chain of 18
+    // levels of two pages each (level l shared by sequences 0 .. 18 - l), each paying by the cost
+    // rule. The plan cascades the first 16 and leaves the rest to the members.
+    std::vector<std::vector<std::int32_t>> tables(19);
+    std::vector<std::uint32_t> kv(19);
+    for (std::size_t k = 0; k < 19; ++k) {
+        for (std::int32_t j = 0; j < static_cast<std::int32_t>(2 * (19 - k)); ++j) tables[k].push_back(j);
+        tables[k].push_back(static_cast<std::int32_t>(100 + k));
+        kv[k] = static_cast<std::uint32_t>(tables[k].size() * 16);
+    }
+    shared_batch sb(kv, std::vector<std::uint32_t>(19, 1), tables, 16);
+    const paged_plan p = plan_paged(fd::desc_of(fd::fake_devices()[fd::cpu_8]), sb.request());
+    INFO(p.cascade);
+    check_cascade_cover(p, sb);
+    REQUIRE(p.groups.size() == 16);
+    CHECK(p.groups.back().depth == 16);
+    CHECK(p.groups.back().prefix == 16 * 32);
+    CHECK(p.sequences[0].kv_first == 16 * 32);  // its keys past the 16th level are its own
+    CHECK(p.cascade.find("16 shared prefixes for 19 sequences, 16 levels") != std::string::npos);
+    CHECK(p.cascade.find("nest deeper than 16 levels: left to the members") != std::string::npos);
 }

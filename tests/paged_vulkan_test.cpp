@@ -337,6 +337,64 @@ TEST_CASE("paged vulkan: a shared prefix with GQA and many decode rows, f16 page
     qkv_test::require_clean(ctx);
 }
 
+TEST_CASE("paged vulkan: nested shared prefixes (a prefix tree of depth 2 and 3), GQA, windows, sinks, lse",
+          "[paged][paged_pool][cascade]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    const float inf = std::numeric_limits<float>::infinity();
+    // Depth 3, one query each (decode), 4 query heads per K/V head: 0..6 share 0's first 2 pages
+    // (a system prompt), 0..3 the next 2 (a few-shot prefix), 0 and 1 the next 2; 6 is the system
+    // prompt and nothing more; 7 has no keys; 8 and 9 are a disjoint group of two pages; 10 alone.
+    // tests/paged_plan_test.cpp plans the same tables on a lavapipe-like device: every level pays.
+    const qkv_test::paged_shape deep{
+        .kv_lens = {130, 120, 100, 77, 50, 33, 32, 0, 40, 37, 25},
+        .q_len = 1,
+        .q_heads = 8,
+        .kv_heads = 2,
+        .d_qk = 24,
+        .d_v = 17,
+        .page_size = 16,
+        .shares = {{0, 0}, {0, 6}, {0, 4}, {0, 4}, {0, 2}, {0, 2}, {0, 2}, {0, 0}, {0, 0}, {8, 2}, {0, 0}},
+        .seed = 310};
+    // Depth 2, chunks of prefill (ragged queries, causal bottom-right: every query sees the whole
+    // prefix), 2 query heads per K/V head: 0..3 share 4 pages, 0 and 1 two more.
+    const qkv_test::paged_shape two{.kv_lens = {113, 100, 70, 65, 3},
+                                    .q_lens = {2, 2, 3, 1, 2},
+                                    .q_heads = 4,
+                                    .kv_heads = 2,
+                                    .d_qk = 17,
+                                    .d_v = 24,
+                                    .page_size = 16,
+                                    .shares = {{0, 0}, {0, 6}, {0, 4}, {0, 4}, {0, 0}},
+                                    .seed = 311};
+    qkv::sdpa_options scored = causal;  // causal bottom-right, softcap and ALiBi by position
+    scored.softcap = 5.0f, scored.alibi_max_bias = 4.0f;
+    qkv::sdpa_options windowed = causal;  // the long sequences' windows end past the prefixes: they
+    windowed.window_left = 90;            // leave every group; the short ones keep theirs (3..6; 2, 3)
+    const qkv::sdpa_options full{.alibi_max_bias = 2.0f, .return_lse = true};  // not causal
+    for (const qkv_test::paged_shape* shape : {&deep, &two})
+        for (const qkv::sdpa_options& options : {causal, scored, windowed, full}) {
+            INFO((shape == &deep ? "depth 3" : "depth 2") << ", causal " << options.causal << ", window "
+                                                          << options.window_left << ", softcap " << options.softcap);
+            qkv_test::owned_paged o = qkv_test::random_paged(*shape);
+            o.problem.options = options;
+            // sinks: the merge's, once per row whatever the levels
+            o.sinks.assign(shape->q_heads, 0.0f);
+            for (std::size_t h = 0; h < o.sinks.size(); ++h) o.sinks[h] = h == 1 ? -inf : 0.75f * float(h) - 1.0f;
+            o.problem.sinks = o.sinks;
+            const qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::paged_problem p = without_pool(o.problem);
+            const qkv::varlen_output_f64 want = qkv_test::device_reference(o.problem);
+            const qkv::varlen_output got = ctx.sdpa(p, pool);
+            qkv_test::check_packed(got, want);
+            const qkv::varlen_output again = ctx.sdpa(p, pool);  // equal inputs, equal bits
+            CHECK(again.output == got.output);
+            CHECK(again.lse == got.lse);
+            p.cascade = false;
+            qkv_test::check_packed(ctx.sdpa(p, pool), want);
+            qkv_test::require_clean(ctx);
+        }
+}
+
 TEST_CASE("paged vulkan: a device pool of q8_0 and q4_0, page sizes 1 and 16, GQA, a shared prefix",
           "[paged][paged_pool][cascade]") {
     // The kernel reads the pool's ggml blocks and dequantizes them as the decode against a cache

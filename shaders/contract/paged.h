@@ -24,13 +24,16 @@
 //   [item_base, item_base + 4·items)         per item: sequence, K/V head, chunk, row block
 //
 // Shared prefixes (cascade): entries past the B sequences (index >= `sequences`) are the prefixes
-// of groups of sequences. Such an entry's words: KV_FIRST 0, KV_LEN the prefix's keys, Q_FIRST the
-// word of its row list (the group's query rows, one word each, member after member), Q_LEN their
-// count, CHUNKS the prefix's chunks, TABLE a member's table row; the others unused. Its row r
-// (head g·L + i of the stacked L rows) is query row t = work[Q_FIRST + i] of sequence b =
-// work[token_base + t], scored at b's positions, and its partial state for chunk c goes to b's slot
-// (kv head·R_b + g·L_b + t − q_first_b)·P_b + P_b − CHUNKS + c: a member's own items fill its
-// first P_b − CHUNKS slots (its keys past the prefix: its KV_FIRST is the prefix's keys).
+// of groups of sequences, nodes of a prefix tree. Such an entry's words: KV_FIRST and KV_LEN its
+// keys [KV_FIRST, KV_LEN) (KV_FIRST: its parent node's KV_LEN, 0 at the top), Q_FIRST the word of
+// its row list (the group's query rows, one word each, member after member), Q_LEN their count,
+// CHUNKS the prefix's chunks, PART_BASE its tail T (its CHUNKS and those of the nodes enclosing
+// it), TABLE a member's table row; the others unused. Its row r (head g·L + i of the stacked L
+// rows) is query row t = work[Q_FIRST + i] of sequence b = work[token_base + t], scored at b's
+// positions, and its partial state for chunk c goes to b's slot
+// (kv head·R_b + g·L_b + t − q_first_b)·P_b + P_b − T + c: a member's own items fill its first
+// slots (its keys past its deepest node: its KV_FIRST is that node's KV_LEN), then its deepest
+// node's, .. the top node's last.
 #ifndef QKV_CONTRACT_PAGED_H
 #define QKV_CONTRACT_PAGED_H
 
@@ -86,7 +89,7 @@ QKV_CONST uint PAGED_SEQ_KV_LEN = 1u;    // S_b
 QKV_CONST uint PAGED_SEQ_Q_FIRST = 2u;   // its first query row
 QKV_CONST uint PAGED_SEQ_Q_LEN = 3u;     // L_b
 QKV_CONST uint PAGED_SEQ_CHUNKS = 4u;    // P_b
-QKV_CONST uint PAGED_SEQ_PART_BASE = 5u;
+QKV_CONST uint PAGED_SEQ_PART_BASE = 5u;  // a shared prefix's: its tail
 QKV_CONST uint PAGED_SEQ_OFFSET = 6u;   // the causal offset off' of contract/score.h, as a 32-bit int
 QKV_CONST uint PAGED_SEQ_TABLE = 7u;    // sequence row of the block table (b, or cache_batch_idx)
 QKV_CONST uint PAGED_SEQ_KV_BASE = 8u;  // the pool key of its key 0 (cache_leftpad; 0 for a prefix)

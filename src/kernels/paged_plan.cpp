@@ -1,6 +1,7 @@
 #include "kernels/paged_plan.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -17,6 +18,10 @@ bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 // The paged kernel keeps every texel of a row in registers (shaders/sdpa_decode.comp's unrolled
 // cpu form): head widths up to this many texels.
 constexpr std::uint32_t paged_unrolled_texels = 32;
+
+// The most levels of nested shared prefixes cascaded (a member's slots grow by one chunk per level
+// at most, within the merge's decode_max_chunks_total); deeper nodes are left to their members.
+constexpr std::uint32_t paged_max_cascade_depth = 16;
 
 // What an item costs besides its key steps (q's rows read, the partial states written), in key
 // steps, for the balance of the work list.
@@ -44,76 +49,178 @@ std::pair<std::int64_t, const char*> seen_by_all(const paged_request& r, std::si
     return {n, rule};
 }
 
-/// The groups of sequences sharing their first whole pages, each a prefix every query row of every
-/// member sees; `why` says what decided.
-std::vector<paged_group> find_groups(const paged_request& r, std::uint32_t group, std::string& why) {
-    std::vector<paged_group> groups;
-    const std::size_t B = r.kv_lens.size();
-    if (!r.cascade) {
-        why = "no cascade: turned off for this call";
-        return groups;
-    }
-    if (r.block_table.empty() || r.page_size == 0 || r.max_pages == 0 || r.offsets.size() != B ||
-        r.block_table.size() < B * std::size_t{r.max_pages}) {
-        why = "no cascade: no block table";
-        return groups;
-    }
-    const auto page = [&](std::size_t b, std::size_t j) { return r.block_table[b * r.max_pages + j]; };
-    // Candidates by first page, in batch order: sequences with queries and a whole page seen by all.
-    std::vector<std::pair<std::int32_t, std::vector<std::uint32_t>>> by_page;
-    std::vector<std::uint32_t> whole(B, 0);
-    std::string cut;
-    for (std::size_t b = 0; b < B; ++b) {
-        if (r.q_lens[b] == 0 || r.kv_lens[b] < r.page_size) continue;
-        if (!r.kv_base.empty() && r.kv_base[b] != 0) {  // its keys start past its first page's first row
-            if (cut.empty()) cut = "no cascade: cache_leftpad moves sequence " + std::to_string(b) + "'s first key";
-            continue;
-        }
-        const auto [n, rule] = seen_by_all(r, b);
-        whole[b] = static_cast<std::uint32_t>(n / r.page_size);
-        if (whole[b] == 0) {
-            if (cut.empty())
-                cut = "no cascade: " + std::string(rule) + " keeps sequence " + std::to_string(b) +
-                      "'s first page from some of its queries";
-            continue;
-        }
-        const std::int32_t first = page(b, 0);
-        auto it = std::find_if(by_page.begin(), by_page.end(), [&](const auto& e) { return e.first == first; });
-        if (it == by_page.end()) by_page.push_back({first, {}}), it = by_page.end() - 1;
-        it->second.push_back(static_cast<std::uint32_t>(b));
-    }
-    std::string big;
-    for (auto& [first, members] : by_page) {
-        if (members.size() < 2) continue;
-        std::uint32_t pages = whole[members[0]];
-        for (const std::uint32_t b : members) {
-            std::uint32_t same = 0;
-            while (same < std::min(pages, whole[b]) && page(b, same) == page(members[0], same)) ++same;
-            pages = same;
-        }
-        std::uint64_t rows = 0;
-        for (const std::uint32_t b : members) rows += std::uint64_t{group} * r.q_lens[b];
-        if (rows > 0xffffu) {
-            if (big.empty())
-                big = "no cascade: the group of sequence " + std::to_string(members[0]) + " stacks " +
-                      std::to_string(rows) + " query rows per K/V head (the kernel takes at most 65,535)";
-            continue;
-        }
-        groups.push_back({pages * r.page_size, 0, std::move(members)});
-    }
-    if (!groups.empty()) {
-        std::size_t n = 0;
-        for (const paged_group& g : groups) n += g.members.size();
-        why = "cascade: " + std::to_string(groups.size()) + " shared prefixes for " + std::to_string(n) + " sequences";
-    } else if (!big.empty()) {
-        why = big;
-    } else if (!cut.empty()) {
-        why = cut;
-    } else {
-        why = "no cascade: no two sequences with queries begin with the same whole page";
-    }
-    return groups;
+/// The cost rule of a shared prefix's node: cascading keys [first, prefix) for its members pays
+/// when the items of the members' query rows stacked, each counted as one item of the keys' steps
+/// plus an item's overhead (paged_item_overhead_steps) per block of `block` rows, cost fewer key
+/// steps than the members' own rows reading those keys in their own row blocks. On a device that
+/// runs a block of rows for the price of a full one, this is where stacking fills blocks that each
+/// member would leave part empty. A tie is left to the members: on lavapipe a level of one page
+/// shared by two sequences (a tie) measured no faster cascaded (bench/RESULTS.md).
+struct cascade_cost {
+    std::uint64_t stacked = 0, apart = 0;
+    [[nodiscard]] bool pays() const { return stacked < apart; }
+};
+cascade_cost cost_of_cascade(std::uint64_t keys, const std::vector<std::uint64_t>& member_rows, std::uint64_t block,
+                             std::uint64_t kps) {
+    const std::uint64_t steps = ceil_div(keys, kps);
+    std::uint64_t rows = 0, apart_blocks = 0;
+    for (const std::uint64_t m : member_rows) rows += m, apart_blocks += ceil_div(m, block);
+    return {ceil_div(rows, block) * (steps + paged_item_overhead_steps), apart_blocks * steps};
 }
+
+/// The prefix tree of the batch's block tables, its nodes the shared prefixes cascaded (preorder,
+/// members in batch order), and what decided.
+class prefix_tree {
+public:
+    prefix_tree(const paged_request& r, std::uint32_t group, std::uint64_t block, std::uint64_t kps)
+        : r_(r), group_(group), block_(block), kps_(kps) {}
+
+    std::vector<paged_group> find(std::string& why) {
+        const std::size_t B = r_.kv_lens.size();
+        if (!r_.cascade) {
+            why = "no cascade: turned off for this call";
+            return {};
+        }
+        if (r_.block_table.empty() || r_.page_size == 0 || r_.max_pages == 0 || r_.offsets.size() != B ||
+            r_.block_table.size() < B * std::size_t{r_.max_pages}) {
+            why = "no cascade: no block table";
+            return {};
+        }
+        // Candidates: sequences with queries and a whole page seen by all their rows.
+        whole_.assign(B, 0);
+        std::vector<std::uint32_t> all;
+        for (std::size_t b = 0; b < B; ++b) {
+            if (r_.q_lens[b] == 0 || r_.kv_lens[b] < r_.page_size) continue;
+            if (!r_.kv_base.empty() && r_.kv_base[b] != 0) {  // its keys start past its first page's first row
+                if (cut_.empty())
+                    cut_ = "no cascade: cache_leftpad moves sequence " + std::to_string(b) + "'s first key";
+                continue;
+            }
+            const auto [n, rule] = seen_by_all(r_, b);
+            whole_[b] = static_cast<std::uint32_t>(std::min<std::int64_t>(n / r_.page_size, r_.max_pages));
+            if (whole_[b] == 0) {
+                if (cut_.empty())
+                    cut_ = "no cascade: " + std::string(rule) + " keeps sequence " + std::to_string(b) +
+                           "'s first page from some of its queries";
+                continue;
+            }
+            all.push_back(static_cast<std::uint32_t>(b));
+        }
+        if (all.size() >= 2) grow(all);
+        if (!nodes_.empty()) {
+            std::vector<bool> in(B, false);
+            std::uint32_t depth = 0;
+            for (const paged_group& g : nodes_) {
+                depth = std::max(depth, g.depth);
+                for (const std::uint32_t b : g.members) in[b] = true;
+            }
+            why = "cascade: " + std::to_string(nodes_.size()) + " shared prefixes for " +
+                  std::to_string(std::count(in.begin(), in.end(), true)) + " sequences, " + std::to_string(depth) +
+                  (depth == 1 ? " level" : " levels");
+            if (!cheap_.empty()) why += "; " + cheap_;
+            if (!deep_.empty()) why += "; " + deep_;
+        } else if (!big_.empty()) {
+            why = big_;
+        } else if (!cheap_.empty()) {
+            why = "no cascade: " + cheap_;
+        } else if (!deep_.empty()) {
+            why = "no cascade: " + deep_;
+        } else if (!cut_.empty()) {
+            why = cut_;
+        } else {
+            why = "no cascade: no two sequences with queries begin with the same whole page";
+        }
+        return std::move(nodes_);
+    }
+
+private:
+    [[nodiscard]] std::int32_t page(std::size_t b, std::size_t j) const { return r_.block_table[b * r_.max_pages + j]; }
+
+    /// A run of the tree to weigh: members (batch order, two or more) that all list the same page
+    /// `at`, under the last cascaded node `parent` whose keys end at `first`.
+    struct part {
+        std::vector<std::uint32_t> members;
+        std::uint32_t at = 0, first = 0, parent = paged_group::root, depth = 1;
+    };
+
+    /// The members split by their page `at`, in order of first appearance: the parts of two or more.
+    [[nodiscard]] std::vector<std::vector<std::uint32_t>> split(const std::vector<std::uint32_t>& members,
+                                                                std::uint32_t at) const {
+        std::vector<std::vector<std::uint32_t>> parts;
+        std::map<std::int32_t, std::size_t> index;
+        for (const std::uint32_t b : members) {
+            const auto [it, added] = index.try_emplace(page(b, at), parts.size());
+            if (added) parts.emplace_back();
+            parts[it->second].push_back(b);
+        }
+        std::erase_if(parts, [](const std::vector<std::uint32_t>& m) { return m.size() < 2; });
+        return parts;
+    }
+
+    /// The tree from the candidates, in preorder without recursion (each level of it has fewer
+    /// members than its parent, but a batch may be long): a part's node is the run of pages all
+    /// its members list from `at`; it is cascaded where the rules allow, else its keys pass to its
+    /// children (their keys then begin at `first`) and its members. Then the part's members with
+    /// pages past the run, split by their next page, are the next parts to weigh.
+    void grow(const std::vector<std::uint32_t>& candidates) {
+        std::vector<part> todo;
+        const auto push_parts = [&](const std::vector<std::uint32_t>& members, std::uint32_t at, std::uint32_t first,
+                                    std::uint32_t parent, std::uint32_t depth) {
+            std::vector<std::vector<std::uint32_t>> parts = split(members, at);
+            for (auto it = parts.rbegin(); it != parts.rend(); ++it)  // the first part on top
+                todo.push_back({std::move(*it), at, first, parent, depth});
+        };
+        push_parts(candidates, 0, 0, paged_group::root, 1);
+        while (!todo.empty()) {
+            const part t = std::move(todo.back());
+            todo.pop_back();
+            std::uint32_t end = whole_[t.members[0]];
+            for (const std::uint32_t b : t.members) end = std::min(end, whole_[b]);
+            std::uint32_t e = t.at + 1;
+            while (e < end && std::all_of(t.members.begin(), t.members.end(),
+                                          [&](std::uint32_t b) { return page(b, e) == page(t.members[0], e); }))
+                ++e;
+            const std::uint32_t prefix = e * r_.page_size;
+            std::vector<std::uint64_t> rows;
+            std::uint64_t stacked = 0;
+            for (const std::uint32_t b : t.members)
+                rows.push_back(std::uint64_t{group_} * r_.q_lens[b]), stacked += rows.back();
+            const cascade_cost cost = cost_of_cascade(prefix - t.first, rows, block_, kps_);
+            std::uint32_t first = t.first, parent = t.parent, depth = t.depth;
+            if (stacked > 0xffffu) {
+                if (big_.empty())
+                    big_ = "no cascade: the group of sequence " + std::to_string(t.members[0]) + " stacks " +
+                           std::to_string(stacked) + " query rows per K/V head (the kernel takes at most 65,535)";
+            } else if (t.depth > paged_max_cascade_depth) {
+                if (deep_.empty())
+                    deep_ = "the shared keys [" + std::to_string(t.first) + ", " + std::to_string(prefix) +
+                            ") of sequences " + std::to_string(t.members[0]) + ".. nest deeper than " +
+                            std::to_string(paged_max_cascade_depth) + " levels: left to the members";
+            } else if (!cost.pays()) {
+                if (cheap_.empty())
+                    cheap_ = "the shared keys [" + std::to_string(t.first) + ", " + std::to_string(prefix) +
+                             ") of sequences " + std::to_string(t.members[0]) + ".. (" +
+                             std::to_string(t.members.size()) + ") cost " + std::to_string(cost.stacked) +
+                             " key steps stacked against " + std::to_string(cost.apart) + " apart: left to the members";
+            } else {
+                parent = static_cast<std::uint32_t>(nodes_.size());
+                nodes_.push_back({t.first, prefix, 0, t.parent, t.depth, t.members});
+                first = prefix, depth = t.depth + 1;
+            }
+            std::vector<std::uint32_t> deeper;
+            for (const std::uint32_t b : t.members)
+                if (whole_[b] > e) deeper.push_back(b);
+            if (deeper.size() >= 2) push_parts(deeper, e, first, parent, depth);
+        }
+    }
+
+    const paged_request& r_;
+    std::uint32_t group_;
+    std::uint64_t block_, kps_;
+    std::vector<std::uint32_t> whole_;  ///< per sequence: its whole pages that every row of it sees
+    std::vector<paged_group> nodes_;
+    std::string cut_, big_, cheap_, deep_;  ///< the first rule that kept some sequence or node out
+};
 
 /// The items reordered so that the work is spread evenly along the list: a CPU device's threads
 /// each take one contiguous range of the workgroups (llvmpipe's compute thread pool divides the
@@ -201,16 +308,26 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
     if (most_rows > 0xffffu)
         return refuse("the paged decode kernel takes at most 65,535 query rows per K/V head (G x L_b = " +
                       std::to_string(most_rows) + ")");
-    // The shared prefixes (their stacked rows count for the rows per invocation too).
-    p.groups = find_groups(r, group, p.cascade);
+    const std::uint32_t widest = std::max(p.e4, p.ev4);
+    const auto rows_per_lane = [&](std::uint64_t rows) {
+        std::uint32_t rpi = 1;
+        while (rpi * p.wg < rows && rpi * 2 * widest <= 32) rpi *= 2;
+        return rpi;
+    };
+    // The shared prefixes, a tree whose nodes the cost rule weighs at the sequences' own block and
+    // step (their stacked rows then count for the rows per invocation too).
+    {
+        const std::uint32_t rpi = rows_per_lane(most_rows);
+        p.groups = prefix_tree(r, group, std::uint64_t{p.wg} * rpi, rpi <= 2 ? 8 : 4).find(p.cascade);
+    }
+    std::uint32_t depth = 0;
     for (const paged_group& g : p.groups) {
         std::uint64_t rows = 0;
         for (const std::uint32_t b : g.members) rows += std::uint64_t{group} * r.q_lens[b];
         most_rows = std::max(most_rows, rows);
+        depth = std::max(depth, g.depth);
     }
-    const std::uint32_t widest = std::max(p.e4, p.ev4);
-    p.rpi = 1;
-    while (p.rpi * p.wg < most_rows && p.rpi * 2 * widest <= 32) p.rpi *= 2;
+    p.rpi = rows_per_lane(most_rows);
     p.kps = p.rpi <= 2 ? 8 : 4;
     p.shuffle = cpu_shuffle(info, p.wg, set);
     const std::uint32_t block = p.wg * p.rpi;
@@ -236,12 +353,13 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
     }
     p.batch = static_cast<std::uint32_t>(r.kv_lens.size());
 
-    // The shared prefixes: one more entry each, its rows the members' queries stacked; the members
-    // keep the keys past it.
+    // The shared prefixes: one more entry each (preorder: a node after its parent), its rows the
+    // members' queries stacked, its keys those past its parent's; the members keep the keys past
+    // their deepest node.
     for (paged_group& g : p.groups) {
         g.entry = static_cast<std::uint32_t>(p.sequences.size());
         paged_sequence e;
-        e.kv_len = g.prefix;
+        e.kv_first = g.first, e.kv_len = g.prefix;
         e.q_first = static_cast<std::uint32_t>(p.group_tokens.size());
         for (const std::uint32_t b : g.members) {
             paged_sequence& s = p.sequences[b];
@@ -281,8 +399,9 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
                 lo = mid + step;
         }
         chunk = std::min(lo, max_chunk);
-        // a member's chunks are its own and its prefix's: ceil(a/c) + ceil(b/c) <= ceil((a+b)/c) + 1
-        const std::uint32_t most = decode_max_chunks_total - (p.groups.empty() ? 0 : 1);
+        // a member's chunks are its own and its prefixes': ceil(a/c) + ceil(b/c) <= ceil((a+b)/c) + 1
+        // per level
+        const std::uint32_t most = decode_max_chunks_total - depth;
         chunk = std::max(chunk, ceil_div(ceil_div(longest, most), step) * step);
         if (chunk > max_chunk)
             return refuse("the paged decode kernel would split a sequence of " + std::to_string(longest) +
@@ -295,8 +414,18 @@ paged_plan try_plan_paged(const device_desc& desc, const paged_request& r, const
     // chunks', then its prefix's.
     for (paged_sequence& s : p.sequences)
         s.own_chunks = s.chunks = s.rows == 0 ? 0 : static_cast<std::uint32_t>(ceil_div(s.kv_len - s.kv_first, chunk));
-    for (const paged_group& g : p.groups)
-        for (const std::uint32_t b : g.members) p.sequences[b].chunks += p.sequences[g.entry].chunks;
+    // A prefix's tail: its chunks and its ancestors'; a member's slots are its own chunks', then its
+    // deepest prefix's, its parent's, .. the root's (preorder: a parent's tail is known first, and a
+    // member's last node is its deepest).
+    std::vector<std::uint32_t> deepest(p.batch, paged_group::root);
+    for (std::size_t i = 0; i < p.groups.size(); ++i) {
+        const paged_group& g = p.groups[i];
+        paged_sequence& e = p.sequences[g.entry];
+        e.tail = e.chunks + (g.parent == paged_group::root ? 0 : p.sequences[p.groups[g.parent].entry].tail);
+        for (const std::uint32_t b : g.members) deepest[b] = static_cast<std::uint32_t>(i);
+    }
+    for (std::uint32_t b = 0; b < p.batch; ++b)
+        if (deepest[b] != paged_group::root) p.sequences[b].chunks += p.sequences[p.groups[deepest[b]].entry].tail;
     std::uint64_t parts = 0;
     for (std::size_t b = 0; b < p.sequences.size(); ++b) {
         paged_sequence& s = p.sequences[b];

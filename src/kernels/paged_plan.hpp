@@ -12,13 +12,19 @@
 //
 // Shared prefixes (cascade attention, FlashInfer's idea): sequences whose block tables begin with
 // the same pages, where every query row of each sees all of those pages' keys (the causal rule and
-// the window, from each sequence's positions), form a group. The group's prefix is one more entry
-// of the work list, after the B sequences: its rows are the queries of all its members stacked
-// (G x the members' L_b per K/V head), so each chunk of the prefix's K/V is read once for the
-// group. Each member's own items cover only its keys past the prefix; the prefix's partial states
-// land in the member's own slots after those of its own chunks, so the merge is unchanged and
-// combines them in the same fixed order. Score rules that depend on positions use each row's own
-// (its sequence's offset and length), so the result is the one without cascade up to rounding.
+// the window, from each sequence's positions), form a group. Groups nest: the block tables' prefix
+// tree of page runs (a system prompt shared by all, a few-shot prefix shared by some of them, then
+// each sequence's own pages) gives one node per run that two or more sequences share, its keys
+// those past its parent's. Each node is one more entry of the work list, after the B sequences: its
+// rows are the queries of all its members stacked (G x the members' L_b per K/V head), so each
+// chunk of its K/V is read once for the group. A node is cascaded only where a cost rule says it
+// pays (cost_of_cascade in paged_plan.cpp: stacked rows fill row blocks the members would leave
+// part empty); one that does not leaves its keys to its children and members. Each member's own
+// items cover only its keys past its deepest node; the nodes' partial states land in the member's
+// own slots after those of its own chunks, deepest node first, the root's last, so the merge is
+// unchanged and combines them in one fixed order (equal inputs, equal bits). Score rules that
+// depend on positions use each row's own (its sequence's offset and length); sinks are the
+// merge's, once per row. The result is the one without cascade up to rounding.
 #pragma once
 
 #include <cstdint>
@@ -63,9 +69,12 @@ struct paged_sequence {
     std::uint32_t q_first = 0, q_len = 0;    ///< its queries: rows q_first .. q_first + q_len - 1 of q
     std::uint32_t rows = 0;                  ///< R_b = G x L_b rows per K/V head
     std::uint32_t chunks = 0;                ///< P_b (0: no keys or no queries; the merge writes zeros)
-    std::uint32_t own_chunks = 0;            ///< chunks of its own items: P_b less its group prefix's
-    std::uint32_t part_base = 0;             ///< first partial state: (kv head x R_b + row) x P_b + chunk after it
-    std::uint32_t row_blocks = 0;            ///< blocks of wg x rpi rows per K/V head
+    std::uint32_t own_chunks = 0;            ///< chunks of its own items: P_b less its prefixes'
+    /// A shared prefix's: its chunks and those of the prefixes enclosing it. Its partial state for
+    /// chunk c of a member's row is that row's slot P_b - tail + c.
+    std::uint32_t tail = 0;
+    std::uint32_t part_base = 0;   ///< first partial state: (kv head x R_b + row) x P_b + chunk after it
+    std::uint32_t row_blocks = 0;  ///< blocks of wg x rpi rows per K/V head
 };
 
 /// One workgroup's work.
@@ -73,11 +82,15 @@ struct paged_item {
     std::uint32_t seq = 0, kv_head = 0, chunk = 0, row_block = 0;
 };
 
-/// A group of sequences sharing their first pages.
+/// A group of sequences sharing their first pages: a node of the prefix tree.
 struct paged_group {
-    std::uint32_t prefix = 0;            ///< keys of the shared prefix: whole pages
-    std::uint32_t entry = 0;             ///< its entry in paged_plan::sequences (B + its index)
-    std::vector<std::uint32_t> members;  ///< its sequences, in batch order
+    static constexpr std::uint32_t root = 0xffffffffu;  ///< the parent of a top-level node
+    std::uint32_t first = 0;                            ///< keys before it: its parent's prefix (0 at the top)
+    std::uint32_t prefix = 0;                           ///< its keys are [first, prefix): whole pages
+    std::uint32_t entry = 0;                            ///< its entry in paged_plan::sequences (B + its index)
+    std::uint32_t parent = root;                        ///< the node (index in paged_plan::groups) it nests in, or root
+    std::uint32_t depth = 1;                            ///< 1 at the top, its parent's + 1 below
+    std::vector<std::uint32_t> members;                 ///< its sequences, in batch order
 };
 
 struct paged_plan {
@@ -96,7 +109,7 @@ struct paged_plan {
     /// (every contiguous range holds its share: a CPU device's threads take contiguous ranges).
     std::vector<paged_item> items;
     std::uint32_t batch = 0;                  ///< B: entries of `sequences` past it are group prefixes
-    std::vector<paged_group> groups;          ///< the shared prefixes (none: no cascade)
+    std::vector<paged_group> groups;          ///< the shared prefixes, a tree in preorder (none: no cascade)
     std::vector<std::uint32_t> group_tokens;  ///< each group's members' query rows, group after group
     /// What decided the cascade: its groups, or the rule that kept it from running.
     std::string cascade;

@@ -122,9 +122,9 @@ paged_layout plan_paged_call(const device& dev, const settings& set, const paged
     for (const paged_group& g : plan.groups) {
         const paged_sequence& s = plan.sequences[g.entry];
         std::uint32_t* w = &words[std::uint64_t{g.entry} * PAGED_SEQ_WORDS];
-        w[PAGED_SEQ_KV_FIRST] = 0, w[PAGED_SEQ_KV_LEN] = s.kv_len;
+        w[PAGED_SEQ_KV_FIRST] = s.kv_first, w[PAGED_SEQ_KV_LEN] = s.kv_len;
         w[PAGED_SEQ_Q_FIRST] = static_cast<std::uint32_t>(rows_base + s.q_first), w[PAGED_SEQ_Q_LEN] = s.q_len;
-        w[PAGED_SEQ_CHUNKS] = s.chunks;
+        w[PAGED_SEQ_CHUNKS] = s.chunks, w[PAGED_SEQ_PART_BASE] = s.tail;
         w[PAGED_SEQ_TABLE] = g.members.front();
     }
     std::copy(plan.group_tokens.begin(), plan.group_tokens.end(),

@@ -208,8 +208,9 @@ constexpr std::string_view backward_flags[] = {"--batch", "--heads", "--seq", "-
 constexpr std::string_view varlen_options[] = {"precision"};
 constexpr std::string_view varlen_flags[] = {"--heads", "--kv-heads", "--seq", "--dim", "--varlen"};
 constexpr std::string_view serve_options[] = {"precision", "kv_type"};
-constexpr std::string_view serve_flags[] = {"--heads", "--kv-heads",      "--seq",     "--dim",
-                                            "--serve", "--shared-prefix", "--recorded"};
+constexpr std::string_view serve_flags[] = {"--heads",       "--kv-heads",      "--seq",
+                                            "--dim",         "--serve",         "--shared-prefix",
+                                            "--prefix-tree", "--prefix-groups", "--recorded"};
 constexpr std::string_view context_parallel_flags_taken[] = {
     "--batch",      "--heads",      "--seq", "--dim", "--kv-seq", "--kv-heads", "--context-parallel",
     "--cp-slicing", "--mpi-timeout"};
@@ -458,9 +459,18 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
     vc.dim = one(o.dim, "--dim", serve ? 128 : 64);
     vc.shared_prefix = o.shared_prefix;
     vc.recorded = o.recorded;
+    vc.prefix_tree = o.prefix_tree, vc.prefix_groups = o.prefix_groups;
     if (vc.shared_prefix % 16 != 0)
         throw usage_error("--shared-prefix " + std::to_string(vc.shared_prefix) +
                           ": a prompt in shared pages is whole pages of 16 rows");
+    if (vc.prefix_tree % 16 != 0)
+        throw usage_error("--prefix-tree " + std::to_string(vc.prefix_tree) +
+                          ": a prefix in shared pages is whole pages of 16 rows");
+    if (vc.prefix_tree != 0 && vc.shared_prefix == 0)
+        throw usage_error("--prefix-tree needs --shared-prefix: the prompt every sequence shares is the tree's top");
+    if (vc.prefix_tree != 0 && vc.prefix_groups > vc.batch)
+        throw usage_error("--prefix-groups " + std::to_string(vc.prefix_groups) + ": more groups than the " +
+                          std::to_string(vc.batch) + " sequences");
     if (vc.q_heads % vc.kv_heads != 0)
         throw usage_error("--kv-heads " + std::to_string(vc.kv_heads) + " must divide --heads " +
                           std::to_string(vc.q_heads));
@@ -475,7 +485,8 @@ void run_varlen_bench(bench_options& o, qkv::vulkan::context& ctx) {
                           " stores blocks of 32 values: --dim " + std::to_string(vc.dim) + " is not a multiple of 32");
     config largest;  // the largest form's K/V: refused before anything is built if no buffer holds it
     largest.batch = serve ? 1 : vc.batch, largest.heads = vc.q_heads, largest.kv_heads = vc.kv_heads;
-    largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len + vc.shared_prefix, largest.dim = vc.dim;
+    largest.seq = serve ? 1 : vc.max_len, largest.kv_seq = vc.max_len + vc.shared_prefix + vc.prefix_tree,
+    largest.dim = vc.dim;
     largest.decode = true;
     largest.host_kv = true;
     largest.options.precision = vc.precision;
@@ -674,6 +685,17 @@ void add_bench(CLI::App& app) {
                     "shared prefixes computed once per group (cascade) and without")
         ->check(CLI::Range(0, 1 << 20))
         ->type_name("ROWS");
+    cmd->add_option("--prefix-tree", o->prefix_tree,
+                    "With --serve and --shared-prefix: a second level of shared pages after the prompt, this many "
+                    "rows (whole pages of 16), shared within each of --prefix-groups groups of consecutive sequences; "
+                    "the batched call on the device is timed with the two-level cascade, with one level (the second "
+                    "level's pages copied per sequence) and without")
+        ->check(CLI::Range(0, 1 << 20))
+        ->type_name("ROWS");
+    cmd->add_option("--prefix-groups", o->prefix_groups,
+                    "With --prefix-tree: the second level's groups of consecutive sequences (default 8)")
+        ->check(CLI::Range(1, 4096))
+        ->type_name("N");
     cmd->add_flag("--recorded", o->recorded,
                   "With --serve: also time the batched call against the device pool over device tensors "
                   "(paged_call: q and out as tensors, the step's table and lengths given per step), run and "

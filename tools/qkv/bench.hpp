@@ -48,6 +48,9 @@ struct options {
     std::uint64_t seed = 20261122;
     /// With serve: every sequence begins with a common prompt of this many rows in shared pages.
     std::size_t shared_prefix = 0;
+    /// With serve and shared_prefix: a second level of shared pages after the prompt, this many
+    /// rows, shared within each of prefix_groups groups of consecutive sequences (a prefix tree).
+    std::size_t prefix_tree = 0, prefix_groups = 8;
     /// With serve: also the batched call over device tensors (paged_call::run) and recorded in a sequence.
     bool recorded = false;
     /// Every flag the command line gave ("--window", "--batch", ...), for the mode's check: each
@@ -157,6 +160,8 @@ json run_backward(qkv::vulkan::context& ctx, const backward_config& c, int warmu
 struct varlen_config {
     std::size_t batch = 0, q_heads = 8, kv_heads = 8, max_len = 512, dim = 64;
     std::size_t shared_prefix = 0;  ///< --serve: rows of a common prompt every sequence begins with
+    std::size_t prefix_tree = 0;    ///< --serve: rows of a second level, shared within each group
+    std::size_t prefix_groups = 8;  ///< --serve: the second level's groups of consecutive sequences
     bool recorded = false;          ///< --serve: the paged_call forms too (over tensors, in a sequence)
     qkv::precision precision = qkv::precision::fp32;
     std::optional<qkv::element_type> kv_type;  ///< --serve: how the caches store K and V (unset: by precision)

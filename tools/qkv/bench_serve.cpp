@@ -18,6 +18,12 @@
 // With --shared-prefix P, every sequence begins with the same P rows (a common prompt) in the same
 // pages, its drawn length after them, and the call against the pool on the device is timed twice:
 // with the shared prefix attended once per group (cascade, paged_problem::cascade) and without.
+// With --prefix-tree R (and --shared-prefix), a prefix tree of two levels: after the prompt, each
+// of --prefix-groups groups of consecutive sequences shares R more rows (a few-shot prefix) in its
+// own pages, then each sequence's drawn length. The call against the pool on the device is then
+// timed three ways: the two-level cascade (the tables as they are), one level (the same rows, but
+// the second level's pages copied into pages of each sequence's own, so that only the prompt is
+// shared), and without cascade.
 // With --recorded, the call against the pool on the device is also timed over device tensors
 // (qkv::vulkan::paged_call made once, q uploaded once, the step's table and lengths given with the
 // tensors each step, so each step is planned and recorded as a server's): run, and recorded into a
@@ -49,26 +55,46 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     const std::size_t B = vc.batch, Hq = vc.q_heads, Hkv = vc.kv_heads, d = vc.dim, page = 16;
     batch_draws draw(seed);
     const std::size_t prompt = vc.shared_prefix, prompt_pages = prompt / page;  // whole pages: bench.cpp checks
+    const std::size_t tree = vc.prefix_tree, tree_pages = tree / page, groups = tree ? vc.prefix_groups : 0;
+    const auto group_of = [&](std::size_t b) { return b * groups / B; };  // consecutive, as even as B allows
     std::vector<std::size_t> len = draw.lengths(vc);
-    for (std::size_t& l : len) l += prompt;  // the prompt, then each sequence's drawn length
+    for (std::size_t& l : len) l += prompt + tree;  // the prompt, the group's prefix, each one's drawn length
     const std::size_t keys = std::accumulate(len.begin(), len.end(), std::size_t{0});
     const std::size_t longest = *std::max_element(len.begin(), len.end());
     // The pool: sequence b's pages drawn from a shuffled list; its keys row j % 16 of its page j / 16.
-    // The prompt's pages come first in the list and open every sequence's row of the table.
-    std::vector<std::size_t> first_page(B + 1, prompt_pages);
-    for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] - prompt + page - 1) / page;
+    // The prompt's pages come first in the list and open every sequence's row of the table; then
+    // each group's prefix pages (after the prompt in its members' rows), then (with a tree) every
+    // sequence's copy of its group's prefix pages (the one-level tables), then each one's own.
+    const std::size_t shared_pages = prompt_pages + groups * tree_pages, copies = tree ? B * tree_pages : 0;
+    std::vector<std::size_t> first_page(B + 1, shared_pages + copies);
+    for (std::size_t b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (len[b] - prompt - tree + page - 1) / page;
     const std::size_t pages = first_page[B], columns = (longest + page - 1) / page;
     std::vector<std::int32_t> order(pages);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), draw.rng);
-    std::vector<std::int32_t> table(B * columns, 0), seqlens;
+    std::vector<std::int32_t> table(B * columns, 0), seqlens, one_level;
     for (std::size_t b = 0; b < B; ++b) {
         for (std::size_t i = 0; i < prompt_pages; ++i) table[b * columns + i] = order[i];
+        for (std::size_t i = 0; i < tree_pages; ++i)
+            table[b * columns + prompt_pages + i] = order[prompt_pages + group_of(b) * tree_pages + i];
         for (std::size_t i = first_page[b]; i < first_page[b + 1]; ++i)
-            table[b * columns + prompt_pages + i - first_page[b]] = order[i];
+            table[b * columns + prompt_pages + tree_pages + i - first_page[b]] = order[i];
         seqlens.push_back(static_cast<std::int32_t>(len[b]));
     }
-    const std::vector<float> k_pool = draw.values(pages * page * Hkv * d), v_pool = draw.values(pages * page * Hkv * d);
+    std::vector<float> k_pool = draw.values(pages * page * Hkv * d), v_pool = draw.values(pages * page * Hkv * d);
+    if (tree) {  // the one-level tables: b's copies of its group's prefix pages, the same rows
+        one_level = table;
+        const std::size_t row = page * Hkv * d;  // floats of a page: (16, Hkv, d)
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t i = 0; i < tree_pages; ++i) {
+                const auto from = static_cast<std::size_t>(table[b * columns + prompt_pages + i]);
+                const std::int32_t to = order[shared_pages + b * tree_pages + i];
+                one_level[b * columns + prompt_pages + i] = to;
+                for (std::vector<float>* pool_values : {&k_pool, &v_pool})
+                    std::copy_n(pool_values->begin() + static_cast<std::ptrdiff_t>(from * row), row,
+                                pool_values->begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(to) * row));
+            }
+    }
     const std::vector<float> q = draw.values(B * Hq * d);
     const qkv::sdpa_options options = batch_options(vc);
     const qkv::paged_problem paged{.q_heads = Hq,
@@ -129,6 +155,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     qkv::paged_problem no_cascade = on_device;  // the same call, every sequence over all its keys
     no_cascade.cascade = false;
     const bool cascade = pool && prompt > 0;
+    qkv::paged_problem flat_tree = on_device;  // the same rows, only the prompt's pages shared
+    flat_tree.block_table = one_level;
+    const bool two_levels = cascade && tree > 0;
     std::vector<qkv::vulkan::kv_cache> caches;
     std::vector<std::vector<float>> one_q(B);
     std::vector<qkv::sdpa_problem> one(B);
@@ -180,7 +209,8 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
 
     using clock = std::chrono::steady_clock;
     std::vector<double> device_ms, paged_ms, separate_ms, padded_ms, device_cpu, paged_cpu, separate_cpu, padded_cpu;
-    std::vector<double> flat_ms, flat_cpu;  // the device form without cascade
+    std::vector<double> flat_ms, flat_cpu;    // the device form without cascade
+    std::vector<double> level_ms, level_cpu;  // the device form with one level of cascade
     // The device's own time (context::last_call().device_ms: timestamps around each command
     // buffer; for the separate calls their sum) of the device-pool and separate forms.
     std::vector<double> device_gpu, separate_gpu, unused_gpu;
@@ -199,7 +229,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             if (i >= warmup) wall.push_back(w), cpu_ms.push_back(c), gpu_ms.push_back(round_gpu);
         }
     };
-    qkv::varlen_output dr, fr, r;
+    qkv::varlen_output dr, fr, lr, r;
     std::vector<qkv::sdpa_output> each(B);
     qkv::sdpa_output p;
     if (pool)
@@ -225,6 +255,17 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             flat_ms, flat_cpu, unused_gpu);
     else
         flat_ms.push_back(0), flat_cpu.push_back(0);
+    if (two_levels)
+        time_form(
+            [&](int i) {
+                if (i == 0)
+                    lr = ctx.sdpa(flat_tree, *pool);
+                else
+                    (void)ctx.sdpa(flat_tree, *pool);
+            },
+            level_ms, level_cpu, unused_gpu);
+    else
+        level_ms.push_back(0), level_cpu.push_back(0);
     time_form(
         [&](int i) {
             if (i == 0)
@@ -284,12 +325,15 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - each[b].output[e]));
             if (pool) max_diff = std::max<double>(max_diff, std::abs(dr.output[b * Hq * d + e] - each[b].output[e]));
             if (cascade) max_diff = std::max<double>(max_diff, std::abs(fr.output[b * Hq * d + e] - each[b].output[e]));
+            if (two_levels)
+                max_diff = std::max<double>(max_diff, std::abs(lr.output[b * Hq * d + e] - each[b].output[e]));
             if (pad)
                 max_diff = std::max<double>(max_diff, std::abs(r.output[b * Hq * d + e] - p.output[b * Hq * d + e]));
         }
     const summary ds = summarise(device_ms), rs = summarise(paged_ms), ss = summarise(separate_ms),
                   ps = summarise(padded_ms);
     const summary fs = summarise(flat_ms), fc = summarise(flat_cpu);
+    const summary ls = summarise(level_ms), lc = summarise(level_cpu);
     const summary dc = summarise(device_cpu), rc = summarise(paged_cpu), sc = summarise(separate_cpu),
                   pc = summarise(padded_cpu);
     const summary dg = summarise(device_gpu), sg = summarise(separate_gpu);
@@ -297,6 +341,7 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     const std::size_t shortest = *std::min_element(len.begin(), len.end());
     os << "Serving step: " << B << " sequences decoding one token each, cached lengths ";
     if (prompt) os << "a shared prompt of " << prompt << " rows plus ";
+    if (tree) os << "a prefix of " << tree << " rows shared in each of " << groups << " groups plus ";
     os << "log-uniform in [16, " << vc.max_len << "] (shortest " << shortest << ", longest " << longest << ", " << keys
        << " keys; padded: " << B * longest << "), pages of " << page << ", Hq = " << Hq << ", Hkv = " << Hkv
        << ", d = " << d << ", " << (vc.precision == qkv::precision::fp16 ? "fp16" : "fp32");
@@ -309,6 +354,10 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << fixed(dg.median, 1) << " ms\n";
     else
         os << "skipped (" << pool_refused << ")\n";
+    if (two_levels)
+        os << "  the same with one level of cascade (group prefix per sequence): median " << fixed(ls.median, 3)
+           << " ms (min " << fixed(ls.min, 3) << ", max " << fixed(ls.max, 3) << "), " << sig3(tokens(ls))
+           << " tokens/s; CPU " << fixed(lc.median, 1) << " ms\n";
     if (cascade)
         os << "  the same without cascade (prompt per sequence): median " << fixed(fs.median, 3) << " ms (min "
            << fixed(fs.min, 3) << ", max " << fixed(fs.max, 3) << "), " << sig3(tokens(fs)) << " tokens/s; CPU "
@@ -341,6 +390,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << fixed(padded_bytes / 1048576.0, 0) << " MiB; the device's largest buffer holds "
            << fixed(static_cast<double>(ctx.device().max_storage_buffer_range) / 1048576.0, 0) << " MiB)\n";
     os << "  ";
+    if (two_levels)
+        os << "one level / two levels of cascade: " << fixed(ls.median / ds.median, 2) << " (CPU time "
+           << fixed(lc.median / dc.median, 2) << "); ";
     if (cascade)
         os << "without / with cascade: " << fixed(fs.median / ds.median, 2) << " (CPU time "
            << fixed(fc.median / dc.median, 2) << "); ";
@@ -356,6 +408,8 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            {"keys", keys},
            {"page_size", page},
            {"shared_prefix", prompt},
+           {"prefix_tree", tree},
+           {"prefix_groups", groups},
            {"q_heads", Hq},
            {"kv_heads", Hkv},
            {"dim", d},
@@ -388,6 +442,11 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         j["device_paged_no_cascade_ms"] = summary_json(fs);
         j["device_paged_no_cascade_cpu_ms"] = summary_json(fc);
         j["no_cascade_over_cascade"] = fs.median / ds.median;
+    }
+    if (two_levels) {
+        j["device_paged_one_level_ms"] = summary_json(ls);
+        j["device_paged_one_level_cpu_ms"] = summary_json(lc);
+        j["one_level_over_two_levels"] = ls.median / ds.median;
     }
     if (pad) {
         j["padded_ms"] = summary_json(ps);
