@@ -255,18 +255,25 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         return run;
     }
 
-    // The appended rows (per K/V head, in the pool's texel form) and their pool rows, after the params.
+    // The appended rows (per K/V head, in the pool's texel form, or its blocks) and their pool rows,
+    // after the params.
     const paged_plan& plan = l.plan;
     const std::uint64_t align = 256;
-    const bool half = pool.type == element_type::f16;
+    const bool half = pool.type == element_type::f16, blocks = is_quantized(pool.type);
     const std::uint64_t Hkv = problem.kv_heads, tb = half ? 8 : 16;
+    const std::uint64_t k_row_bytes = blocks ? bytes_for(pool.type, E) : plan.e4 * tb,
+                        v_row_bytes = blocks ? bytes_for(pool.type, Ev) : plan.ev4 * tb;
     const std::uint64_t new_k_at = align_up(l.params_at + l.params_bytes, align),
-                        new_k_bytes = Hkv * n_new * plan.e4 * tb;
-    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * plan.ev4 * tb;
+                        new_k_bytes = Hkv * n_new * k_row_bytes;
+    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * v_row_bytes;
     const std::uint64_t rows_at_at = align_up(new_v_at + new_v_bytes, align), rows_at_bytes = n_new * 4;
     const std::uint64_t inputs_bytes = n_new ? rows_at_at + rows_at_bytes : l.params_at + l.params_bytes;
-    if (n_new) {
-        if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
+    if (n_new && blocks) {
+        if (!pool.k_blocks.buffer || !pool.v_blocks.buffer || append.k_blocks.size() != new_k_bytes ||
+            append.v_blocks.size() != new_v_bytes)
+            throw error("internal: an append into a q8_0 / q4_0 paged pool without its blocks");
+    } else if (n_new) {
+        if (!pool.k_store.buffer || !pool.v_store.buffer)
             throw error("internal: an append into a paged pool without its storage bindings");
         for (const std::uint64_t bytes : {new_k_bytes, new_v_bytes, pool.k_store.range, pool.v_store.range})
             if (bytes > dev.info().max_storage_buffer_range)
@@ -289,11 +296,16 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     std::byte* in = session.inputs();
     put_texel_rows(in, problem.q.data(), total_q * Hq, E, l.plan.e4, false, "sdpa over a paged K/V pool: q");
     put_paged_words(in, l, problem);
-    if (n_new) {
+    if (n_new && blocks) {
+        std::memcpy(in + new_k_at, append.k_blocks.data(), new_k_bytes);
+        std::memcpy(in + new_v_at, append.v_blocks.data(), new_v_bytes);
+    } else if (n_new) {
         put_texel_rows(in + new_k_at, append.k.data(), Hkv * n_new, E, plan.e4, half,
                        "sdpa over a paged K/V pool: k_new");
         put_texel_rows(in + new_v_at, append.v.data(), Hkv * n_new, Ev, plan.ev4, half,
                        "sdpa over a paged K/V pool: v_new");
+    }
+    if (n_new) {
         std::vector<std::uint32_t> rows_at(n_new);
         for (std::uint64_t r = 0; r < n_new; ++r) rows_at[r] = static_cast<std::uint32_t>(append.rows_at[r]);
         std::memcpy(in + rows_at_at, rows_at.data(), rows_at_bytes);
@@ -313,7 +325,32 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     b.acc = rb.bind(role::partial_acc, 0, std::max<std::uint64_t>(l.plan.acc_bytes(), 16));
     b.out = rb.bind(role::out, 0, std::max<std::uint64_t>(l.out_bytes, 16));
     b.lse = l.lse_bytes ? rb.bind(role::out, l.lse_at, l.lse_bytes) : b.out;
-    if (n_new) {
+    if (n_new && blocks) {
+        // Append, then attend. A q8_0 / q4_0 row is 34 or 18 bytes a block, often not whole 32-bit
+        // words, so the rows go by transfer copies (any byte offset), one region per run of
+        // consecutive pool rows of a K/V head; earlier reads and writes of the pool (a call
+        // before, an append) come first, and the copies before any key is read.
+        session.rec().barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                              VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                              VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+        const VkBuffer from = rb[role::inputs].handle();
+        for (const auto& [src_at, row_bytes, store] :
+             {std::tuple{new_k_at, k_row_bytes, pool.k_blocks}, std::tuple{new_v_at, v_row_bytes, pool.v_blocks}}) {
+            std::vector<VkBufferCopy> regions;
+            for (std::uint64_t h = 0; h < Hkv; ++h)
+                for (std::uint64_t r = 0; r < n_new;) {
+                    std::uint64_t run_end = r + 1;
+                    while (run_end < n_new && append.rows_at[run_end] == append.rows_at[run_end - 1] + 1) ++run_end;
+                    regions.push_back({src_at + (h * n_new + r) * row_bytes,
+                                       store.offset + (h * pool.rows + append.rows_at[r]) * row_bytes,
+                                       (run_end - r) * row_bytes});
+                    r = run_end;
+                }
+            session.rec().copy(from, store.buffer, regions);
+        }
+        session.rec().barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
+    } else if (n_new) {
         // Append, then attend: every new row in place before any key is read.
         static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
         const pipeline& copy = session.pipes().get(shader_id::paged_append);
