@@ -161,9 +161,9 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
         const std::size_t n = resolved.rows_at.size();
         // A q8_0 / q4_0 pool's new rows as ggml's blocks, quantized once, as kv_cache::append does
         // (put_block_rows: qkv::quantize row by row; its refusals name k_new or v_new), before
-        // anything is written; their facts are those of the values the blocks hold.
+        // anything is written. The facts of the values the blocks hold join the pool's statistics
+        // before they are written (an overestimate is safe; a row the statistics miss is not).
         std::vector<std::byte> k_blocks, v_blocks;
-        std::vector<float> k_held, v_held;
         if (n != 0 && c.blocks()) {
             const std::size_t k_rows = resolved.k_rows.size() / l.d_qk, v_rows = resolved.v_rows.size() / l.d_v;
             k_blocks.resize(k_rows * c.k_row_bytes), v_blocks.resize(v_rows * c.v_row_bytes);
@@ -172,11 +172,16 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
                 given.rotary_dim ? "sdpa over a paged K/V pool: k_new (rotated)" : "sdpa over a paged K/V pool: k_new");
             put_block_rows(v_blocks.data(), c.type, resolved.v_rows.data(), v_rows, l.d_v,
                            "sdpa over a paged K/V pool: v_new");
-            k_held.resize(resolved.k_rows.size()), v_held.resize(resolved.v_rows.size());
+            std::vector<float> k_held(resolved.k_rows.size()), v_held(resolved.v_rows.size());
             dequantize(c.type, k_blocks, k_held);
             dequantize(c.type, v_blocks, v_held);
+            kv_stats added;
+            added.add(k_held, v_held, l.kv_heads, n, l.d_qk, l.d_v);
+            c.stats.invalidate();
+            fold_host_rows(c.stats.mapped(), added, c.groups());
+            c.stats.flush();
         }
-        if (n != 0) {
+        if (n != 0 && !c.blocks()) {
             if (c.texels_only())
                 throw limit_exceeded("sdpa over a paged K/V pool: the pool's K or V passes " +
                                      self.core->dev->info().name + "'s maxStorageBufferRange of " +
@@ -195,18 +200,13 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
             // The new rows' facts join the pool's statistics before they are written (an
             // overestimate is safe; a row the statistics miss is not).
             kv_stats added;
-            if (c.blocks())
-                added.add(k_held, v_held, l.kv_heads, n, l.d_qk, l.d_v);
-            else
-                added.add(resolved.k_rows, resolved.v_rows, l.kv_heads, n, l.d_qk, l.d_v);
+            added.add(resolved.k_rows, resolved.v_rows, l.kv_heads, n, l.d_qk, l.d_v);
             c.stats.invalidate();
             fold_host_rows(c.stats.mapped(), added, c.groups());
             c.stats.flush();
             const std::uint64_t align = self.core->dev->desc().storage_alignment;
-            // (A q8_0 / q4_0 pool's rows are written into its blocks' storage, p.k_blocks and p.v_blocks.)
             for (const auto& [t, store, word] :
                  {std::tuple{&c.k, &p.k_store, &p.k_word}, std::tuple{&c.v, &p.v_store, &p.v_word}}) {
-                if (c.blocks()) continue;
                 const tensor::impl& ti = tensor_access::of(*t, "sdpa over a paged K/V pool");
                 const VkDeviceSize start = ti.offset / align * align;
                 *store = {ti.handle, start, ti.offset - start + ti.bytes};

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,37 @@ namespace {
 using namespace qkv::contract;
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+/// Records the writes of a q8_0 / q4_0 paged append: the new rows of ggml's blocks per K/V head
+/// (Hkv, n, k_row_bytes / v_row_bytes) at `k_at` and `v_at` of `from`, row r to pool row rows_at[r]
+/// of the pool's blocks. A row of 34- or 18-byte blocks may end mid-word, which a 32-bit word copy
+/// (shaders/paged_append.comp) cannot write without touching its neighbour row: transfer copies
+/// take any byte offset, one region per run of consecutive pool rows of a K/V head. Barriers:
+/// after earlier reads and writes of the pool and of `from` (a staged upload), and before the
+/// decode reads the rows.
+void record_block_append(recorder& rec, VkBuffer from, std::uint64_t k_at, std::uint64_t v_at, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t k_row_bytes, std::uint64_t v_row_bytes,
+                         std::span<const std::size_t> rows_at) {
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    const std::uint64_t n = rows_at.size();
+    for (const auto& [src_at, row_bytes, store] :
+         {std::tuple{k_at, k_row_bytes, pool.k_blocks}, std::tuple{v_at, v_row_bytes, pool.v_blocks}}) {
+        std::vector<VkBufferCopy> regions;
+        for (std::uint64_t h = 0; h < kv_heads; ++h)
+            for (std::uint64_t r = 0; r < n;) {
+                std::uint64_t end = r + 1;
+                while (end < n && rows_at[end] == rows_at[end - 1] + 1) ++end;
+                regions.push_back({src_at + (h * n + r) * row_bytes,
+                                   store.offset + (h * pool.rows + rows_at[r]) * row_bytes, (end - r) * row_bytes});
+                r = end;
+            }
+        rec.copy(from, store.buffer, regions);
+    }
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT);
+}
 
 /// Sequence b's SDPA problem as far as its shape goes (its positions, the score params).
 sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint32_t q_len, std::uint32_t kv_len) {
@@ -266,14 +298,14 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     const std::uint64_t new_k_at = align_up(l.params_at + l.params_bytes, align),
                         new_k_bytes = Hkv * n_new * k_row_bytes;
     const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * v_row_bytes;
+    if (n_new && blocks &&
+        (!pool.k_blocks.buffer || !pool.v_blocks.buffer || append.k_blocks.size() != new_k_bytes ||
+         append.v_blocks.size() != new_v_bytes))
+        throw error("internal: an append into a q8_0 / q4_0 paged pool without its blocks");
     const std::uint64_t rows_at_at = align_up(new_v_at + new_v_bytes, align), rows_at_bytes = n_new * 4;
     const std::uint64_t inputs_bytes = n_new ? rows_at_at + rows_at_bytes : l.params_at + l.params_bytes;
-    if (n_new && blocks) {
-        if (!pool.k_blocks.buffer || !pool.v_blocks.buffer || append.k_blocks.size() != new_k_bytes ||
-            append.v_blocks.size() != new_v_bytes)
-            throw error("internal: an append into a q8_0 / q4_0 paged pool without its blocks");
-    } else if (n_new) {
-        if (!pool.k_store.buffer || !pool.v_store.buffer)
+    if (n_new && !blocks) {
+        if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
             throw error("internal: an append into a paged pool without its storage bindings");
         for (const std::uint64_t bytes : {new_k_bytes, new_v_bytes, pool.k_store.range, pool.v_store.range})
             if (bytes > dev.info().max_storage_buffer_range)
@@ -325,32 +357,10 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     b.acc = rb.bind(role::partial_acc, 0, std::max<std::uint64_t>(l.plan.acc_bytes(), 16));
     b.out = rb.bind(role::out, 0, std::max<std::uint64_t>(l.out_bytes, 16));
     b.lse = l.lse_bytes ? rb.bind(role::out, l.lse_at, l.lse_bytes) : b.out;
-    if (n_new && blocks) {
-        // Append, then attend. A q8_0 / q4_0 row is 34 or 18 bytes a block, often not whole 32-bit
-        // words, so the rows go by transfer copies (any byte offset), one region per run of
-        // consecutive pool rows of a K/V head; earlier reads and writes of the pool (a call
-        // before, an append) come first, and the copies before any key is read.
-        session.rec().barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                              VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                              VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-        const VkBuffer from = rb[role::inputs].handle();
-        for (const auto& [src_at, row_bytes, store] :
-             {std::tuple{new_k_at, k_row_bytes, pool.k_blocks}, std::tuple{new_v_at, v_row_bytes, pool.v_blocks}}) {
-            std::vector<VkBufferCopy> regions;
-            for (std::uint64_t h = 0; h < Hkv; ++h)
-                for (std::uint64_t r = 0; r < n_new;) {
-                    std::uint64_t run_end = r + 1;
-                    while (run_end < n_new && append.rows_at[run_end] == append.rows_at[run_end - 1] + 1) ++run_end;
-                    regions.push_back({src_at + (h * n_new + r) * row_bytes,
-                                       store.offset + (h * pool.rows + append.rows_at[r]) * row_bytes,
-                                       (run_end - r) * row_bytes});
-                    r = run_end;
-                }
-            session.rec().copy(from, store.buffer, regions);
-        }
-        session.rec().barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-                              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
-    } else if (n_new) {
+    if (n_new && blocks)  // Append, then attend (transfer copies: the blocks' rows may end mid-word).
+        record_block_append(session.rec(), rb[role::inputs].handle(), new_k_at, new_v_at, pool, Hkv, k_row_bytes,
+                            v_row_bytes, append.rows_at);
+    if (n_new && !blocks) {
         // Append, then attend: every new row in place before any key is read.
         static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
         const pipeline& copy = session.pipes().get(shader_id::paged_append);
