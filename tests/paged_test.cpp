@@ -4,10 +4,14 @@
 // and one or ragged query counts, every score rule; and the refusals, typed and naming what is wrong.
 #include <qkv/runtime/capabilities.hpp>
 #include <qkv/runtime/cpu.hpp>
+#include <qkv/runtime/element_type.hpp>
 #include <qkv/runtime/paged.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -246,6 +250,69 @@ TEST_CASE("paged: appends, then attention: page sizes 1 and 16, 1 and 17 new row
                     o.problem.options = {.return_lse = true};
                     check_appended(o.problem);
                 }
+}
+
+TEST_CASE("paged: with kv_type q8_0 / q4_0, the appended rows are stored after the rotary embedding",
+          "[paged][paged_append]") {
+    // What a quantized device pool holds after an append: each new key turned at its position
+    // (rotate_rows), then every row of the pool stored as kv_type (qkv::round_trip, whole 32-value
+    // blocks of a row). The reference with appends and kv_type equals the one over a pool that
+    // already holds those rows, without appends or kv_type.
+    for (const qkv::element_type type : {qkv::element_type::q8_0, qkv::element_type::q4_0})
+        for (const std::size_t page_size : {1u, 16u}) {
+            INFO(qkv::to_string(type) << ", page_size " << page_size);
+            const std::size_t n = 17, Hkv = 2, E = 64, Ev = 32;
+            qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {n + 17, n + 40},
+                                                              .q_len = 2,
+                                                              .q_heads = 4,
+                                                              .kv_heads = Hkv,
+                                                              .d_qk = E,
+                                                              .d_v = Ev,
+                                                              .page_size = page_size,
+                                                              .seed = 70 + page_size});
+            qkv_test::make_appends(o, n, 9);
+            qkv_test::make_rotary(o, 32, 64, true);
+            o.problem.options = {
+                .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true, .kv_type = type};
+            const qkv::paged_problem& p = o.problem;
+            std::vector<float> k = o.k_pages, v = o.v_pages, q = o.q;
+            std::vector<std::int32_t> lengths;
+            for (std::size_t b = 0; b < 2; ++b) {
+                for (std::size_t i = 0; i < n; ++i) {
+                    const std::size_t t = static_cast<std::size_t>(p.cache_seqlens[b]) + i;
+                    const std::size_t at =
+                        static_cast<std::size_t>(o.table[b * p.max_pages + t / page_size]) * page_size + t % page_size;
+                    std::vector<float> row(o.k_new.begin() + static_cast<std::ptrdiff_t>((b * n + i) * Hkv * E),
+                                           o.k_new.begin() + static_cast<std::ptrdiff_t>((b * n + i + 1) * Hkv * E));
+                    const std::size_t position[1] = {t};
+                    qkv::rotate_rows<float>(p, row, 1, Hkv, E, position);
+                    std::copy(row.begin(), row.end(), k.begin() + static_cast<std::ptrdiff_t>(at * Hkv * E));
+                    std::copy_n(o.v_new.begin() + static_cast<std::ptrdiff_t>((b * n + i) * Hkv * Ev), Hkv * Ev,
+                                v.begin() + static_cast<std::ptrdiff_t>(at * Hkv * Ev));
+                }
+                // q's two rows at positions cache_seqlens[b] and + 1 (causal)
+                for (std::size_t i = 0; i < 2; ++i) {
+                    const std::size_t position[1] = {static_cast<std::size_t>(p.cache_seqlens[b]) + i};
+                    qkv::rotate_rows<float>(p, std::span<float>(q).subspan((b * 2 + i) * 4 * E, 4 * E), 1, 4, E,
+                                            position);
+                }
+                lengths.push_back(p.cache_seqlens[b] + static_cast<std::int32_t>(n));
+            }
+            k = qkv::round_trip(type, k), v = qkv::round_trip(type, v);
+            qkv::paged_problem held = p;
+            held.k_pages = k, held.v_pages = v, held.q = q, held.cache_seqlens = lengths;
+            held.new_rows = 0, held.k_new = {}, held.v_new = {};
+            held.rotary_dim = 0, held.rotary_cos = {}, held.rotary_sin = {};
+            held.options.kv_type = std::nullopt;
+            const qkv::varlen_output_f64 got = qkv::cpu::sdpa_f64(p), want = qkv::cpu::sdpa_f64(held);
+            for (const double x : got.output) REQUIRE(std::isfinite(x));
+            CHECK(qkv_test::nmse(got.output, want.output) <= 1e-14);
+            CHECK(qkv_test::nmse(got.lse, want.lse) <= 1e-14);
+            // Not the values before storing: the rounding is there to see.
+            qkv::paged_problem unrounded = p;
+            unrounded.options.kv_type = std::nullopt;
+            CHECK(qkv_test::nmse(qkv::cpu::sdpa_f64(unrounded).output, want.output) > 1e-8);
+        }
 }
 
 TEST_CASE("paged: cache_batch_idx and cache_leftpad", "[paged][paged_append]") {

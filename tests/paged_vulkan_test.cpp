@@ -8,11 +8,13 @@
 #include <qkv/runtime/element_type.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -613,6 +615,79 @@ TEST_CASE("paged vulkan: fused rotary embedding, cache_batch_idx and cache_leftp
     }
 }
 
+TEST_CASE("paged vulkan: appends into a q8_0 / q4_0 device pool, rotary on, the blocks a kv_cache append writes",
+          "[paged][paged_pool][paged_append]") {
+    // The new rows (turned by the rotary embedding first) are quantized on the host by
+    // qkv::quantize, as kv_cache::append quantizes, and copied into their pages; 34- and 18-byte
+    // rows (d_v = 32) end mid-word. The float64 reference gathers the same rotated rows and stores
+    // every key and value as kv_type (qkv::round_trip), so it sees the values the device holds.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0})
+        for (const std::size_t page_size : {1u, 16u})
+            for (const std::size_t rows : {1u, 17u}) {
+                INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
+                // Lengths after the append: 17 + 17 = 34 crosses pages of 16; a sequence only of new
+                // rows, in a page it shares with sequence 0; 3 query heads per K/V head.
+                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 40},
+                                                                  .q_len = 2,
+                                                                  .q_heads = 6,
+                                                                  .kv_heads = 2,
+                                                                  .d_qk = 64,
+                                                                  .d_v = 32,
+                                                                  .page_size = page_size,
+                                                                  .shared = 1,
+                                                                  .seed = 300 + rows + page_size});
+                qkv_test::make_appends(o, rows, 11 + rows);
+                qkv_test::make_rotary(o, 32, 64, page_size == 1);
+                o.problem.options = {
+                    .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
+                qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                const qkv::paged_problem p = without_pool(o.problem);
+                qkv::paged_problem want = o.problem;
+                want.options.kv_type = type;
+                const qkv::varlen_output got = ctx.sdpa(p, pool);
+                qkv_test::check_packed(got, qkv_test::device_reference(want));
+                CHECK(pool.size() == o.problem.num_pages * page_size);  // written in place
+
+                // The same pool written by one kv_cache::append: the pages' rows with the new (rotated)
+                // rows at the pool rows resolve_pages gives them. Equal blocks read equally: the decode
+                // over every row of both, and the batch after the append, give equal bits.
+                const qkv::basic_resolved_pages<float> resolved = qkv::resolve_pages(o.problem);
+                auto [k, v] = pool_rows(o.problem);
+                const std::size_t held = o.problem.num_pages * page_size, n = resolved.rows_at.size();
+                for (std::size_t x = 0; x < n; ++x)
+                    for (std::size_t h = 0; h < 2; ++h) {
+                        std::copy_n(resolved.k_rows.begin() + static_cast<std::ptrdiff_t>((h * n + x) * 64), 64,
+                                    k.begin() + static_cast<std::ptrdiff_t>((h * held + resolved.rows_at[x]) * 64));
+                        std::copy_n(resolved.v_rows.begin() + static_cast<std::ptrdiff_t>((h * n + x) * 32), 32,
+                                    v.begin() + static_cast<std::ptrdiff_t>((h * held + resolved.rows_at[x]) * 32));
+                    }
+                qkv::vulkan::kv_cache whole(
+                    ctx, {.batch = 1, .kv_heads = 2, .capacity = held + 16, .d_qk = 64, .d_v = 32, .type = type});
+                whole.append(k, v, held);
+                qkv::sdpa_problem one;
+                one.shape = {
+                    .batch = 1, .q_heads = 6, .kv_heads = 2, .q_len = 1, .kv_len = held, .d_qk = 64, .d_v = 32};
+                one.q = std::span<const float>(o.q).first(6 * 64);
+                const qkv::sdpa_output from_pool = ctx.sdpa(one, pool);
+                for (const float x : from_pool.output) REQUIRE(std::isfinite(x));
+                CHECK(from_pool.output == ctx.sdpa(one, whole).output);
+                std::vector<std::int32_t> lengths;
+                const qkv::paged_problem after = after_append(p, lengths);
+                CHECK(ctx.sdpa(after, pool).output == ctx.sdpa(after, whole).output);
+                qkv_test::require_clean(ctx);
+                if (type == element_type::q4_0 && page_size == 16 && rows == 17) {
+                    // Through staging (the inputs copied to device memory before the blocks are copied
+                    // from them): the same bits, and no hazard.
+                    qkv::vulkan::context staged = qkv_test::make_context({.force_staging = true});
+                    qkv::vulkan::kv_cache staged_pool = device_pool(staged, o.problem, type);
+                    CHECK(staged.sdpa(p, staged_pool).output == got.output);
+                    CHECK(staged.sdpa(one, staged_pool).output == from_pool.output);
+                    qkv_test::require_clean(staged);
+                }
+            }
+}
+
 TEST_CASE("paged vulkan: appends are refused before anything is written", "[paged][paged_pool][paged_append]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
     qkv_test::owned_paged o =
@@ -650,13 +725,20 @@ TEST_CASE("paged vulkan: appends are refused before anything is written", "[page
     const qkv::vulkan::kv_cache& fixed = pool;
     qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, fixed); }, {"the pool is const"});
     unchanged();
-    // A q8_0 pool takes none either.
+    // A q8_0 pool and a new value qkv::quantize refuses (NaN), as kv_cache::append refuses it.
     qkv_test::owned_paged o8 = qkv_test::random_paged(
         {.kv_lens = {20, 12}, .q_heads = 2, .kv_heads = 1, .d_qk = 32, .d_v = 32, .page_size = 4, .seed = 8});
+    qkv::paged_problem full8 = o8.problem;
+    const std::vector<std::int32_t> full8_lengths = o8.seqlens;
+    full8.cache_seqlens = full8_lengths;
+    full8.options.kv_type = element_type::q8_0;
     qkv_test::make_appends(o8, 5, 2);
     qkv::vulkan::kv_cache q8 = device_pool(ctx, o8.problem, element_type::q8_0);
-    qkv_test::expect_invalid([&] { (void)ctx.sdpa(without_pool(o8.problem), q8); },
-                             {"appending into a paged K/V pool", "ggml's blocks"});
+    std::vector<float> nan_v = o8.v_new;
+    nan_v[40] = std::numeric_limits<float>::quiet_NaN();
+    p = without_pool(o8.problem), p.v_new = nan_v;
+    qkv_test::expect_invalid([&] { (void)ctx.sdpa(p, q8); }, {"v_new", "q8_0"});
+    qkv_test::check_packed(ctx.sdpa(without_pool(full8), q8), qkv_test::device_reference(full8));
     // An f16 pool and a new value past float16's range: numeric_overflow, nothing written.
     qkv::vulkan::kv_cache half = device_pool(ctx, o.problem, element_type::f16);
     std::vector<float> big = o.k_new;

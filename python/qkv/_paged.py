@@ -66,9 +66,10 @@ class PagedKVCache:
         attention): k (batch, n, kv_heads, head_dim) and v (batch, n, kv_heads, head_dim_v) of one
         float dtype become keys cache_seqlens[b] ... cache_seqlens[b] + n - 1 of sequence b, in the
         pages of its row of block_table (int32 (batch, max_pages); with cache_batch_idx int32
-        (batch,), row cache_batch_idx[b] of a table of any number of rows). Into pages held only;
-        float16 and float32 pools (qkv.InvalidArgument for q8_0 / q4_0, whose pages append_pages
-        fills). Everything is checked first: nothing is written when a check fails."""
+        (batch,), row cache_batch_idx[b] of a table of any number of rows). Into pages held only; a
+        q8_0 / q4_0 pool's rows are quantized on the host as append_pages quantizes them (a value
+        that cannot be quantized, NaN or infinite: qkv.InvalidArgument). Everything is checked
+        first: nothing is written when a check fails."""
         from .flash_attn import _bshd, _block_table, _int32s
 
         k, v = _bshd(_arrays.host_view(k, "k"), "k"), _bshd(_arrays.host_view(v, "v"), "v")

@@ -140,7 +140,7 @@ def test_write_through_a_block_table():
     assert np.array_equal(cache.read_pages()[0], want)
 
 
-def test_a_q8_0_pool_decodes_and_refuses_writes():
+def test_a_q8_0_pool_decodes_and_takes_writes():
     B, hq, hkv, E, page = 2, 4, 2, 32, 16
     k_pool, v_pool = pages(4, page, hkv, E, torch.float32, 9)
     cache = qkv.PagedKVCache(4, page, hkv, E, dtype="q8_0")
@@ -154,8 +154,16 @@ def test_a_q8_0_pool_decodes_and_refuses_writes():
             torch.cat([v_pool[i] for i in table[b].tolist()])[:seqlens[b]]
         want, _ = fa_reference(q[b:b + 1], rows[0][None], rows[1][None], causal=True)
         assert nmse(out[b:b + 1], want) < 1e-3  # q8_0's rounding of K and V
-    with pytest.raises(qkv.InvalidArgument):
-        cache.write(torch.randn(B, 1, hkv, E), torch.randn(B, 1, hkv, E), table, seqlens)
+    # A write quantizes the new rows into their pages (as append_pages quantizes); the next step reads them.
+    k_new = torch.randn(B, 1, hkv, E, generator=torch.Generator().manual_seed(13))
+    v_new = torch.randn(B, 1, hkv, E, generator=torch.Generator().manual_seed(14))
+    cache.write(k_new, v_new, table, seqlens)
+    out = qkv.paged_attention(q, cache, table, seqlens + 1, causal=True)
+    for b in range(B):
+        rows = [torch.cat([x[i] for i in table[b].tolist()])[:seqlens[b]] for x in (k_pool, v_pool)]
+        want, _ = fa_reference(q[b:b + 1], torch.cat([rows[0], k_new[b]])[None], torch.cat([rows[1], v_new[b]])[None],
+                               causal=True)
+        assert nmse(out[b:b + 1], want) < 1e-3
     with pytest.raises(qkv.Unavailable):
         cache.read_pages()
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "api/context_impl.hpp"
 #include "api/device_request.hpp"
@@ -15,6 +16,7 @@
 #include "plan/settings.hpp"
 #include "qkv/runtime/capabilities.hpp"
 #include "run/io.hpp"
+#include "run/kv_storage.hpp"
 #include "run/run.hpp"
 
 namespace qkv::vulkan {
@@ -157,7 +159,29 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
         const basic_resolved_pages<float> resolved = resolve_pages(problem, false);
         paged_pool p = c.pool(nullptr);
         const std::size_t n = resolved.rows_at.size();
-        if (n != 0) {
+        // A q8_0 / q4_0 pool's new rows as ggml's blocks, quantized once, as kv_cache::append does
+        // (put_block_rows: qkv::quantize row by row; its refusals name k_new or v_new), before
+        // anything is written. The facts of the values the blocks hold join the pool's statistics
+        // before they are written (an overestimate is safe; a row the statistics miss is not).
+        std::vector<std::byte> k_blocks, v_blocks;
+        if (n != 0 && c.blocks()) {
+            const std::size_t k_rows = resolved.k_rows.size() / l.d_qk, v_rows = resolved.v_rows.size() / l.d_v;
+            k_blocks.resize(k_rows * c.k_row_bytes), v_blocks.resize(v_rows * c.v_row_bytes);
+            put_block_rows(
+                k_blocks.data(), c.type, resolved.k_rows.data(), k_rows, l.d_qk,
+                given.rotary_dim ? "sdpa over a paged K/V pool: k_new (rotated)" : "sdpa over a paged K/V pool: k_new");
+            put_block_rows(v_blocks.data(), c.type, resolved.v_rows.data(), v_rows, l.d_v,
+                           "sdpa over a paged K/V pool: v_new");
+            std::vector<float> k_held(resolved.k_rows.size()), v_held(resolved.v_rows.size());
+            dequantize(c.type, k_blocks, k_held);
+            dequantize(c.type, v_blocks, v_held);
+            kv_stats added;
+            added.add(k_held, v_held, l.kv_heads, n, l.d_qk, l.d_v);
+            c.stats.invalidate();
+            fold_host_rows(c.stats.mapped(), added, c.groups());
+            c.stats.flush();
+        }
+        if (n != 0 && !c.blocks()) {
             if (c.texels_only())
                 throw limit_exceeded("sdpa over a paged K/V pool: the pool's K or V passes " +
                                      self.core->dev->info().name + "'s maxStorageBufferRange of " +
@@ -191,7 +215,8 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
         }
         const kv_stats stats = c.read_stats();
         p.stats = &stats;
-        return run_paged(env, resolved.problem, p, {resolved.k_rows, resolved.v_rows, resolved.rows_at});
+        return run_paged(env, resolved.problem, p,
+                         {resolved.k_rows, resolved.v_rows, resolved.rows_at, k_blocks, v_blocks});
     });
 }
 

@@ -248,16 +248,20 @@ struct paged_pool {
     element_type type = element_type::f32;
     const kv_stats* stats = nullptr;  ///< of every row, the appended ones included
     /// For appends (f32, f16): K's and V's storage as 32-bit words from an aligned offset, and the
-    /// word of row 0 of each within it; empty where the pool takes none.
+    /// word of row 0 of each within it; empty where the pool takes none (q8_0 / q4_0: k_blocks and
+    /// v_blocks, written by transfer copies).
     binding k_store{}, v_store{};
     std::uint64_t k_word = 0, v_word = 0;
 };
 
 /// New rows written into the pool before the decode (resolve_pages' k_rows, v_rows, rows_at): per
-/// K/V head (Hkv, n, E / Ev), row r to pool row rows_at[r].
+/// K/V head (Hkv, n, E / Ev), row r to pool row rows_at[r]. For a q8_0 / q4_0 pool, the same rows
+/// as ggml's blocks (put_block_rows, run/kv_storage.hpp: Hkv·n rows of bytes_for(type, E / Ev)
+/// bytes), which are what is written.
 struct paged_append {
     std::span<const float> k{}, v{};
     std::span<const std::size_t> rows_at{};
+    std::span<const std::byte> k_blocks{}, v_blocks{};
 };
 
 /// The host side of a paged batch's decode, made before anything is recorded (every limit checked):

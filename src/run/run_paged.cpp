@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,37 @@ namespace {
 using namespace qkv::contract;
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+/// Records the writes of a q8_0 / q4_0 paged append: the new rows of ggml's blocks per K/V head
+/// (Hkv, n, k_row_bytes / v_row_bytes) at `k_at` and `v_at` of `from`, row r to pool row rows_at[r]
+/// of the pool's blocks. A row of 34- or 18-byte blocks may end mid-word, which a 32-bit word copy
+/// (shaders/paged_append.comp) cannot write without touching its neighbour row: transfer copies
+/// take any byte offset, one region per run of consecutive pool rows of a K/V head. Barriers:
+/// after earlier reads and writes of the pool and of `from` (a staged upload), and before the
+/// decode reads the rows.
+void record_block_append(recorder& rec, VkBuffer from, std::uint64_t k_at, std::uint64_t v_at, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t k_row_bytes, std::uint64_t v_row_bytes,
+                         std::span<const std::size_t> rows_at) {
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    const std::uint64_t n = rows_at.size();
+    for (const auto& [src_at, row_bytes, store] :
+         {std::tuple{k_at, k_row_bytes, pool.k_blocks}, std::tuple{v_at, v_row_bytes, pool.v_blocks}}) {
+        std::vector<VkBufferCopy> regions;
+        for (std::uint64_t h = 0; h < kv_heads; ++h)
+            for (std::uint64_t r = 0; r < n;) {
+                std::uint64_t end = r + 1;
+                while (end < n && rows_at[end] == rows_at[end - 1] + 1) ++end;
+                regions.push_back({src_at + (h * n + r) * row_bytes,
+                                   store.offset + (h * pool.rows + rows_at[r]) * row_bytes, (end - r) * row_bytes});
+                r = end;
+            }
+        rec.copy(from, store.buffer, regions);
+    }
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT);
+}
 
 /// Sequence b's SDPA problem as far as its shape goes (its positions, the score params).
 sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint32_t q_len, std::uint32_t kv_len) {
@@ -255,17 +287,24 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         return run;
     }
 
-    // The appended rows (per K/V head, in the pool's texel form) and their pool rows, after the params.
+    // The appended rows (per K/V head, in the pool's texel form, or its blocks) and their pool rows,
+    // after the params.
     const paged_plan& plan = l.plan;
     const std::uint64_t align = 256;
-    const bool half = pool.type == element_type::f16;
+    const bool half = pool.type == element_type::f16, blocks = is_quantized(pool.type);
     const std::uint64_t Hkv = problem.kv_heads, tb = half ? 8 : 16;
+    const std::uint64_t k_row_bytes = blocks ? bytes_for(pool.type, E) : plan.e4 * tb,
+                        v_row_bytes = blocks ? bytes_for(pool.type, Ev) : plan.ev4 * tb;
     const std::uint64_t new_k_at = align_up(l.params_at + l.params_bytes, align),
-                        new_k_bytes = Hkv * n_new * plan.e4 * tb;
-    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * plan.ev4 * tb;
+                        new_k_bytes = Hkv * n_new * k_row_bytes;
+    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align), new_v_bytes = Hkv * n_new * v_row_bytes;
+    if (n_new && blocks &&
+        (!pool.k_blocks.buffer || !pool.v_blocks.buffer || append.k_blocks.size() != new_k_bytes ||
+         append.v_blocks.size() != new_v_bytes))
+        throw error("internal: an append into a q8_0 / q4_0 paged pool without its blocks");
     const std::uint64_t rows_at_at = align_up(new_v_at + new_v_bytes, align), rows_at_bytes = n_new * 4;
     const std::uint64_t inputs_bytes = n_new ? rows_at_at + rows_at_bytes : l.params_at + l.params_bytes;
-    if (n_new) {
+    if (n_new && !blocks) {
         if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
             throw error("internal: an append into a paged pool without its storage bindings");
         for (const std::uint64_t bytes : {new_k_bytes, new_v_bytes, pool.k_store.range, pool.v_store.range})
@@ -289,11 +328,16 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     std::byte* in = session.inputs();
     put_texel_rows(in, problem.q.data(), total_q * Hq, E, l.plan.e4, false, "sdpa over a paged K/V pool: q");
     put_paged_words(in, l, problem);
-    if (n_new) {
+    if (n_new && blocks) {
+        std::memcpy(in + new_k_at, append.k_blocks.data(), new_k_bytes);
+        std::memcpy(in + new_v_at, append.v_blocks.data(), new_v_bytes);
+    } else if (n_new) {
         put_texel_rows(in + new_k_at, append.k.data(), Hkv * n_new, E, plan.e4, half,
                        "sdpa over a paged K/V pool: k_new");
         put_texel_rows(in + new_v_at, append.v.data(), Hkv * n_new, Ev, plan.ev4, half,
                        "sdpa over a paged K/V pool: v_new");
+    }
+    if (n_new) {
         std::vector<std::uint32_t> rows_at(n_new);
         for (std::uint64_t r = 0; r < n_new; ++r) rows_at[r] = static_cast<std::uint32_t>(append.rows_at[r]);
         std::memcpy(in + rows_at_at, rows_at.data(), rows_at_bytes);
@@ -313,7 +357,10 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     b.acc = rb.bind(role::partial_acc, 0, std::max<std::uint64_t>(l.plan.acc_bytes(), 16));
     b.out = rb.bind(role::out, 0, std::max<std::uint64_t>(l.out_bytes, 16));
     b.lse = l.lse_bytes ? rb.bind(role::out, l.lse_at, l.lse_bytes) : b.out;
-    if (n_new) {
+    if (n_new && blocks)  // Append, then attend (transfer copies: the blocks' rows may end mid-word).
+        record_block_append(session.rec(), rb[role::inputs].handle(), new_k_at, new_v_at, pool, Hkv, k_row_bytes,
+                            v_row_bytes, append.rows_at);
+    if (n_new && !blocks) {
         // Append, then attend: every new row in place before any key is read.
         static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
         const pipeline& copy = session.pipes().get(shader_id::paged_append);

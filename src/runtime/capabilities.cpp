@@ -58,9 +58,6 @@ constexpr refusal table[] = {
     {entry_point::cpu_paged, "dropout_p", no_dropout_in_ragged},
     {entry_point::context_paged, "return_weights", no_weights_in_ragged},
     {entry_point::context_paged, "dropout_p", no_dropout_in_ragged},
-    {entry_point::paged_append, inputs::kv_quantized,
-     "a q8_0 / q4_0 pool's rows are ggml's blocks, which the paged append does not write; append into an f32 or "
-     "f16 pool (or write whole pages with kv_cache::append)"},
     {entry_point::paged_call, "return_weights", no_weights_in_ragged},
     {entry_point::paged_call, "dropout_p", no_dropout_in_ragged},
 };

@@ -42,7 +42,10 @@
 // Sequence b's keys are then keys cache_leftpad[b] .. cache_seqlens[b] + new_rows - 1 of its pages
 // (its S_b is their count, its positions count from the first of them), every append of the batch
 // written before any sequence reads: where pages are shared, a sequence reads the rows another one
-// appended. Two appends into the same row of the pool are refused.
+// appended. Two appends into the same row of the pool are refused. With options.kv_type, every key
+// and value a sequence reads, the new ones included (each key after its rotary embedding), is
+// stored as kv_type row by row (qkv::round_trip): what a q8_0 / q4_0 device pool holds after the
+// append, whose new rows are quantized by qkv::quantize as kv_cache::append quantizes.
 #pragma once
 
 #include <cstddef>

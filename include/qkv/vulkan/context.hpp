@@ -162,8 +162,11 @@ public:
     /// command buffer. Everything is checked before anything is written: qkv::invalid_argument for a
     /// table running past the pool, an append overflowing a sequence's pages, two appends into one
     /// row; numeric_overflow for an f16 pool and a new value beyond float16's range;
-    /// qkv::invalid_argument for a q8_0 / q4_0 pool (no appends into its blocks) and limit_exceeded
-    /// for a pool past maxStorageBufferRange (its rows are written as a storage buffer). The pool's
+    /// qkv::invalid_argument for a q8_0 / q4_0 pool and a new value qkv::quantize refuses (NaN,
+    /// infinite, a block whose scale does not fit float16), as kv_cache::append refuses it; and
+    /// limit_exceeded for an f32 / f16 pool past maxStorageBufferRange (its rows are written as a
+    /// storage buffer). A q8_0 / q4_0 pool's new rows are quantized on the host by qkv::quantize
+    /// (after the rotary embedding), the same blocks kv_cache::append writes for those rows. The pool's
     /// size() does not change: the new rows go into pages it holds. The caller keeps the problem's
     /// cache_seqlens (FlashAttention's caller adds new_rows after the call).
     [[nodiscard]] varlen_output sdpa(const paged_problem& problem, kv_cache& pool);
