@@ -297,6 +297,15 @@ struct paged_bindings {
 void record_paged(recorder& rec, pipeline_set& pipes, const paged_layout& layout, const paged_problem& problem,
                   const paged_pool& pool, const paged_bindings& b, float scale, float v_scale, std::uint32_t values);
 
+/// Records the paged append (shaders/paged_append.comp): `n` new rows per K/V head of K and of V,
+/// in the pool's texel form per K/V head (Hkv, n, e4 / ev4 texels) in `k_rows` and `v_rows`, row r
+/// to pool row rows_at[r] (n words) through the pool's storage (k_store, v_store). Throws
+/// limit_exceeded where a binding passes maxStorageBufferRange or a word index 2^32 - 1, before
+/// anything is recorded. No barrier after.
+void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t n, std::uint32_t e4, std::uint32_t ev4, binding k_rows,
+                         binding v_rows, binding rows_at);
+
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after
 /// writing `append`'s rows into it in the same command buffer: one dispatch over the plan's work
