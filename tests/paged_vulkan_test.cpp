@@ -1165,3 +1165,56 @@ TEST_CASE("paged_call: cache_batch_idx and cache_leftpad over tensors, with and 
         }
     }
 }
+
+TEST_CASE("paged_call: the fused rotary embedding of q and the new keys on the device",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // Interleaved and half-split, a rotary_dim short of d_qk, the causal rule (queries at their own
+    // positions) and a window with ALiBi; a permuted cache_batch_idx with leftpads; f32 and f16
+    // pools; GQA; the float64 reference of flash_attn_with_kvcache.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const bool interleaved : {true, false})
+        for (const element_type type : {element_type::f32, element_type::f16}) {
+            INFO((interleaved ? "rotary interleaved, " : "rotary halves, ") << qkv::to_string(type));
+            qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                              .q_len = 3,
+                                                              .q_heads = 6,
+                                                              .kv_heads = 3,
+                                                              .d_qk = 20,
+                                                              .d_v = 12,
+                                                              .page_size = 16,
+                                                              .seed = interleaved ? 15u : 16u});
+            qkv_test::make_appends(o, 3, 21);
+            qkv_test::make_rotary(o, 16, 64, interleaved);
+            qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 14});
+            if (type == element_type::f16) {  // values an f16 pool holds exactly before they are turned
+                for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
+                    *x = qkv::round_trip(element_type::f16, *x);
+                o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
+                o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
+            }
+            for (const qkv::sdpa_options& options :
+                 {qkv::sdpa_options{
+                      .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+                  qkv::sdpa_options{.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true}}) {
+                o.problem.options = options;
+                const qkv::paged_problem host = without_pool(o.problem);
+                qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                qkv::vulkan::paged_call call(ctx, description_of(host, true), pool);
+                append_tensors t(ctx, o, type);
+                call.run(t.with());
+                const qkv::varlen_output got = downloaded(t.out, &t.lse);
+                if (type == element_type::f32) {
+                    check_appended(got, o.problem);
+                } else {  // the turned keys rounded to float16 in the pool: the host call's rounding
+                    const qkv_test::paged_ref_result want = qkv_test::kvcache_reference(o.problem);
+                    for (const float x : got.output) REQUIRE(std::isfinite(x));
+                    CHECK(qkv_test::nmse(got.output, want.output) <= 1e-5);
+                    qkv::vulkan::kv_cache again = device_pool(ctx, o.problem, type);
+                    const qkv::varlen_output same = ctx.sdpa(host, again);
+                    const std::vector<double> same_values(same.output.begin(), same.output.end());
+                    CHECK(qkv_test::nmse(got.output, same_values) <= 1e-10);
+                }
+                qkv_test::require_clean(ctx);
+            }
+        }
+}

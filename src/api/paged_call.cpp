@@ -81,9 +81,6 @@ paged_call::paged_call(context& ctx, const paged_problem& description, kv_cache&
         throw qkv::invalid_argument(
             "paged_call: the description's k_new and v_new must be empty (the new rows come as tensors; its "
             "new_rows says how many)");
-    if (description.rotary_dim != 0)
-        throw qkv::invalid_argument(
-            "paged_call: a rotary embedding is not taken over tensors yet; context::sdpa(problem, pool) takes it");
     if (description.new_rows != 0) {
         require_supported(entry_point::paged_append, features_of(c.cache->type));
         if (c.cache->blocks())
@@ -102,13 +99,23 @@ paged_call::paged_call(context& ctx, const paged_problem& description, kv_cache&
     c.cu_seqlens_q.assign(description.cu_seqlens_q.begin(), description.cu_seqlens_q.end());
     c.cache_batch_idx.assign(description.cache_batch_idx.begin(), description.cache_batch_idx.end());
     c.cache_leftpad.assign(description.cache_leftpad.begin(), description.cache_leftpad.end());
+    c.rotary_cos.assign(description.rotary_cos.begin(), description.rotary_cos.end());
+    c.rotary_sin.assign(description.rotary_sin.begin(), description.rotary_sin.end());
     c.sinks.assign(description.sinks.begin(), description.sinks.end());
     c.alibi_slopes.assign(description.alibi_slopes.begin(), description.alibi_slopes.end());
     c.desc.block_table = c.block_table, c.desc.cache_seqlens = c.cache_seqlens, c.desc.cu_seqlens_q = c.cu_seqlens_q;
     c.desc.cache_batch_idx = c.cache_batch_idx, c.desc.cache_leftpad = c.cache_leftpad;
     c.desc.sinks = c.sinks, c.desc.alibi_slopes = c.alibi_slopes;
+    c.desc.rotary_cos = c.rotary_cos, c.desc.rotary_sin = c.rotary_sin;
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
+    if (!c.rotary_cos.empty()) {  // the rotary tables on the device once: cos, then sin
+        const std::uint64_t bytes = c.rotary_cos.size() * 4;
+        c.constants = c.core->alloc->create(2 * bytes, memory_use::upload, "paged_call rotary tables");
+        std::memcpy(c.constants.mapped(), c.rotary_cos.data(), bytes);
+        std::memcpy(c.constants.mapped() + bytes, c.rotary_sin.data(), bytes);
+        c.constants.flush();
+    }
     if (c.cache_seqlens.empty()) {
         // No step yet: the shapes and options alone, as for a batch of one empty sequence.
         paged_problem p = c.desc;
@@ -228,15 +235,41 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     // The table, the work words and the score params: host data of this recording, in its scratch,
     // then the new rows' pool rows.
     const std::uint64_t align = 256;
+    // With a rotary embedding, the positions of the new keys (B·new_rows) and of q's rows (total_q).
+    const bool rotary = step.rotary_dim != 0;
     const std::uint64_t rows_at_at = align_up(l.params_at + l.params_bytes - l.table_at, align);
-    const std::uint64_t words_bytes = n_new ? rows_at_at + n_new * 4 : l.params_at + l.params_bytes - l.table_at;
+    const std::uint64_t k_pos_at = align_up(rows_at_at + n_new * 4, align);
+    const std::uint64_t q_pos_at = align_up(k_pos_at + n_new * 4, align);
+    const std::uint64_t words_bytes = rotary  ? q_pos_at + std::max<std::uint64_t>(total_q, 1) * 4
+                                      : n_new ? rows_at_at + n_new * 4
+                                              : l.params_at + l.params_bytes - l.table_at;
     core->alloc->ensure(r.scratch, words_bytes, memory_use::upload, "paged_call work list");
     put_paged_words(r.scratch.mapped(), l, problem, l.table_at);
-    for (std::uint64_t i = 0; i < n_new; ++i) {
-        const auto row = static_cast<std::uint32_t>(rows_at[i]);  // below the pool's capacity (< 2^31)
-        std::memcpy(r.scratch.mapped() + rows_at_at + i * 4, &row, 4);
+    const auto put_word = [&](std::uint64_t at, std::size_t value) {
+        const auto word = static_cast<std::uint32_t>(value);  // a pool row or position, below 2^31
+        std::memcpy(r.scratch.mapped() + at, &word, 4);
+    };
+    for (std::uint64_t i = 0; i < n_new; ++i) put_word(rows_at_at + i * 4, rows_at[i]);
+    if (rotary) {
+        const std::size_t B = batch_of(step), n = step.new_rows;
+        for (std::size_t x = 0; x < B; ++x)
+            for (std::size_t i = 0; i < n; ++i)
+                put_word(k_pos_at + (x * n + i) * 4, paged_rotary_position(step, x, i, false));
+        std::uint64_t token = 0;
+        for (std::size_t x = 0; x < B; ++x) {
+            const std::size_t L = step.cu_seqlens_q.empty()
+                                      ? step.q_len
+                                      : static_cast<std::size_t>(step.cu_seqlens_q[x + 1] - step.cu_seqlens_q[x]);
+            for (std::size_t i = 0; i < L; ++i)
+                put_word(q_pos_at + token++ * 4, paged_rotary_position(step, x, i, true));
+        }
     }
     r.scratch.flush();
+    const binding angles{constants.handle(), 0, rotary ? constants.size() : 0};
+    paged_rotary turn;
+    turn.half = cache->half(), turn.interleaved = step.rotary_interleaved;
+    turn.rotary_dim = static_cast<std::uint32_t>(step.rotary_dim);
+    turn.sin_off = static_cast<std::uint32_t>(rotary_cos.size());
     // The new rows in the pool's texel form per K/V head (Hkv, B·new_rows), after q's texels.
     const bool f16 = cache->half();
     const std::uint64_t tb = f16 ? 8 : 16;
@@ -280,6 +313,13 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
             record_texel_pack(rec, *core->pipes, src.b, dst, b.bind(role::partial_stats, 0, 16), tp);
         }
         rec.compute_barrier();
+        if (rotary) {  // the new keys turned at their positions, per K/V head: row h·(B·n) + x is key x
+            paged_rotary k_turn = turn;
+            k_turn.rows = static_cast<std::uint32_t>(Hkv * n_new), k_turn.w4 = l.plan.e4;
+            k_turn.pos_mod = static_cast<std::uint32_t>(n_new);
+            record_paged_rotary(rec, *core->pipes, k_rows, angles, {r.scratch.handle(), k_pos_at, n_new * 4}, k_turn);
+            rec.compute_barrier();
+        }
         guard_rows g;
         g.q_rows = 0;
         g.k_rows = static_cast<std::uint32_t>(Hkv * n_new);
@@ -305,6 +345,15 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     record_texel_pack(rec, *core->pipes, qb.b, b.bind(role::inputs, 0, l.q_bytes), b.bind(role::partial_stats, 0, 16),
                       tp);
     rec.compute_barrier();
+    if (rotary) {  // q's rows (token, head) turned at their token's position
+        paged_rotary q_turn = turn;
+        q_turn.half = false;  // q's texels are RGBA32F
+        q_turn.rows = tp.rows, q_turn.w4 = l.plan.e4;
+        q_turn.pos_div = static_cast<std::uint32_t>(Hq), q_turn.pos_mod = static_cast<std::uint32_t>(total_q);
+        record_paged_rotary(rec, *core->pipes, b.bind(role::inputs, 0, l.q_bytes), angles,
+                            {r.scratch.handle(), q_pos_at, total_q * 4}, q_turn);
+        rec.compute_barrier();
+    }
 
     // record: the paged kernels, as the host call records them. V's finiteness as for an sdpa_call
     // over a cache: the host's where no append is pending, else the pool's gate word.
@@ -340,8 +389,13 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     g.q_rows = tp.rows, g.q_len = 1, g.kv_len = 1;
     g.d = static_cast<std::uint32_t>(problem.d_qk), g.dv = static_cast<std::uint32_t>(problem.d_v);
     g.q_off = qb.element;
+    binding q_read = qb.b;
+    if (rotary) {  // the norms of q as the decode read it: turned (the tables may scale), in texels
+        q_read = b.bind(role::inputs, 0, l.q_bytes);
+        g.d = l.plan.e4 * 4, g.q_off = 0;  // whole texels: the padding is zeros
+    }
     const guard_output result_check{pb.out, 0, out_count};
-    record_guard(rec, *core->pipes, qb.b, qb.b, qb.b, verdict, &g, &result_check);
+    record_guard(rec, *core->pipes, q_read, q_read, q_read, verdict, &g, &result_check);
     if (!qkv_submits)
         rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                     VK_ACCESS_HOST_READ_BIT);

@@ -26,8 +26,8 @@ struct paged_step {
 struct paged_call::impl : planned_call {
     paged_problem desc;  // its spans point into the vectors below
     std::vector<std::int32_t> block_table, cache_seqlens, cu_seqlens_q, cache_batch_idx, cache_leftpad;
-    std::vector<float> sinks, alibi_slopes;
-    std::shared_ptr<kv_cache::impl> cache;  // the pool
+    std::vector<float> sinks, alibi_slopes, rotary_cos, rotary_sin;  // the tables also in `constants`
+    std::shared_ptr<kv_cache::impl> cache;                           // the pool
     /// The description's step, planned once (where it has one).
     std::optional<detail::paged_step> planned;
 

@@ -118,6 +118,21 @@ void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, 
     }
 }
 
+void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
+                         const paged_rotary& r) {
+    if (r.rows == 0 || r.rotary_dim == 0) return;
+    static_assert(row_matches<paged_rotary_push, no_spec>(shader_id::paged_rotary, "sss"));
+    paged_rotary_push p{};
+    p.rows = r.rows, p.w4 = r.w4, p.at = r.at;
+    p.half_texels = r.half ? 1u : 0u;
+    p.rotary_half = r.rotary_dim / 2;
+    p.interleaved = r.interleaved ? 1u : 0u;
+    p.pos_off = 0, p.pos_div = r.pos_div, p.pos_mod = r.pos_mod;
+    p.cos_off = r.cos_off, p.sin_off = r.sin_off;
+    const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(r.rows, PAGED_ROTARY_WORKGROUP)), 1, 1};
+    rec.dispatch(pipes.get(shader_id::paged_rotary), {texels, angles, positions}, &p, groups);
+}
+
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
                              std::uint32_t pool_rows, element_type pool_type) {
     const std::size_t B = batch_of(problem);
