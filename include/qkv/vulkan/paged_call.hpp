@@ -44,11 +44,13 @@ struct paged_tensors {
 class QKV_VULKAN_API paged_call {
 public:
     /// `description`: the batch's shapes and options (q_heads, kv_heads, d_qk, d_v, page_size,
-    /// max_pages, q_len, options, sinks, alibi_slopes, cascade, new_rows; num_pages 0: the pool's
-    /// pages at each call), its q, k_pages, v_pages, k_new and v_new empty. Its block_table,
-    /// cache_seqlens, cu_seqlens_q, cache_batch_idx and cache_leftpad may be empty, or a step the
-    /// tensors may leave empty: then validated now against the pool, planned once and kept (copied).
-    /// Its sinks and slopes are copied. The pipelines of that step (if any) are built now. Throws
+    /// max_pages, q_len, options, sinks, alibi_slopes, cascade, new_rows, rotary_dim, rotary_cos,
+    /// rotary_sin, rotary_interleaved; num_pages 0: the pool's pages at each call), its q, k_pages,
+    /// v_pages, k_new and v_new empty. Its block_table, cache_seqlens, cu_seqlens_q, cache_batch_idx
+    /// and cache_leftpad may be empty, or a step the tensors may leave empty: then validated now
+    /// against the pool, planned once and kept (copied). Its sinks, slopes and rotary tables are
+    /// copied (the tables onto the device: q and the new keys are turned there). The pipelines of
+    /// that step (if any) are built now. Throws
     /// qkv::invalid_argument and limit_exceeded as the host call would. The pool is kept by
     /// reference: it must outlive the call.
     ///
