@@ -388,6 +388,77 @@ TEST_CASE("interop: a server's batched paged decode steps recorded into the appl
     CHECK(a.log.count() == 0);
 }
 
+TEST_CASE("interop: a paged_call that appends, recorded into the application's command buffer", "[interop][paged]") {
+    // The new rows as tensors written into the pool's pages, then the decode, in the application's
+    // command buffer. Recorded and never submitted: the pool is the command buffer's until the
+    // recording goes, and then as it was (nothing written). Submitted: the float64 reference of
+    // append-then-attend, and the rows are the pool's once check() has seen it complete.
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 17, 20},
+                                                      .q_len = 1,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 16,
+                                                      .d_v = 8,
+                                                      .page_size = 16,
+                                                      .seed = 77});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
+    const std::vector<std::int32_t> full_lengths = o.seqlens;
+    qkv::paged_problem before_ref = o.problem;  // every row the append would write, as it was
+    before_ref.cache_seqlens = full_lengths;
+    qkv_test::make_appends(o, 17, 78);
+    const qkv::paged_problem& p = o.problem;
+    const std::size_t B = 3, Hq = 6, Hkv = 2, E = 16, Ev = 8, rows = p.num_pages * p.page_size;
+    std::vector<float> k(rows * Hkv * E), v(rows * Hkv * Ev);  // the pool (1, Hkv, rows, E)
+    for (std::size_t n = 0; n < rows; ++n)
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = p.k_pages[(n * Hkv + h) * E + e];
+            for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = p.v_pages[(n * Hkv + h) * Ev + e];
+        }
+    qkv::vulkan::kv_cache pool(ctx, {.batch = 1, .kv_heads = Hkv, .capacity = rows, .d_qk = E, .d_v = Ev});
+    pool.append(k, v, rows);
+    const auto host_of = [](qkv::paged_problem x) {
+        x.k_pages = {}, x.v_pages = {}, x.num_pages = 0;
+        return x;
+    };
+    qkv::paged_problem desc = host_of(p);
+    desc.q = {}, desc.k_new = {}, desc.v_new = {};
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    qkv::vulkan::tensor tq(ctx, {B, 1, Hq, E}), to(ctx, {B, 1, Hq, Ev});
+    qkv::vulkan::tensor tk(ctx, {B, 17, Hkv, E}), tv(ctx, {B, 17, Hkv, Ev});
+    tq.upload(o.q), tk.upload(o.k_new), tv.upload(o.v_new);
+    const qkv::vulkan::paged_tensors t{.q = &tq, .out = &to, .k_new = &tk, .v_new = &tv};
+    const qkv::paged_problem before = host_of(before_ref);
+    const std::vector<double> want_before = qkv::cpu::sdpa_f64(before_ref).output;
+    VkCommandBuffer cmd = a.begin();
+    {
+        qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+        CHECK_THROWS_AS((void)ctx.sdpa(before, pool), qkv::invalid_argument);
+        CHECK_THROWS_AS(call.run(t), qkv::invalid_argument);
+        VkCommandBuffer other = a.begin();
+        CHECK_THROWS_AS((void)qkv::vulkan::record(call, other, t), qkv::invalid_argument);
+        a.discard(other);
+        CHECK_THROWS_AS(r.check(), qkv::vulkan::not_complete);
+    }
+    a.discard(cmd);
+    CHECK(nmse(ctx.sdpa(before, pool).output.data(), want_before) <= 1e-10);  // nothing written
+    cmd = a.begin();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    CHECK_THROWS_AS((void)ctx.sdpa(before, pool), qkv::invalid_argument);  // not known to have run yet
+    r.check();
+    const std::vector<float> got = to.download();
+    CHECK(nmse(got.data(), qkv_test::kvcache_reference(p).output) <= 1e-10);
+    std::vector<std::int32_t> lengths(o.seqlens);
+    for (std::int32_t& n : lengths) n += 17;
+    qkv::paged_problem after = host_of(p);
+    after.cache_seqlens = lengths, after.new_rows = 0, after.k_new = {}, after.v_new = {};
+    CHECK(ctx.sdpa(after, pool).output == got);  // the rows are the pool's: equal bits without the append
+    CHECK(a.log.count() == 0);
+}
+
 TEST_CASE("interop: what the application's device was not created with is refused, naming it", "[interop]") {
     app::vulkan_app a(/*fp16=*/false);
     qkv::vulkan::context ctx = context_on(a);

@@ -197,6 +197,21 @@ TEST_CASE("paged: malformed batches are refused, naming what is wrong", "[paged]
     expect_invalid([&] { qkv::validate_without_data(p); }, {"q must be empty"});
     p = o.problem, p.k_pages = {}, p.v_pages = {}, p.q = {}, p.q_len = std::size_t{1} << 31;
     expect_invalid([&] { qkv::validate_without_data(p); }, {"query rows exceed int32 offsets"});
+    {  // new rows as tensors: k_new and v_new empty; the pool rows resolved as with the data
+        qkv_test::owned_paged a = qkv_test::random_paged({.kv_lens = {20, 9}, .page_size = 4, .seed = 12});
+        qkv_test::make_appends(a, 5, 3);
+        qkv::paged_problem d = a.problem;
+        d.k_pages = {}, d.v_pages = {}, d.q = {};
+        expect_invalid([&] { qkv::validate_without_data(d); }, {"k_new and v_new must be empty"});
+        d.k_new = {}, d.v_new = {};
+        CHECK_NOTHROW(qkv::validate_without_data(d));
+        const qkv::basic_resolved_pages<float> with = qkv::resolve_pages(a.problem);
+        const qkv::basic_resolved_pages<float> without = qkv::resolve_pages_without_data(d);
+        CHECK(without.rows_at == with.rows_at);
+        CHECK(without.block_table == with.block_table);
+        CHECK(without.cache_seqlens == with.cache_seqlens);
+        CHECK(without.k_rows.empty());
+    }
     // The capability table's refusals, with their reasons.
     p = o.problem, p.options.return_weights = true;
     expect_invalid([&] { (void)qkv::cpu::sdpa(p); }, {"cpu::sdpa over a paged K/V batch", "return_weights"});

@@ -977,3 +977,244 @@ TEST_CASE("paged_call: a sequence appends a page to the pool, then decodes a ste
         qkv_test::require_clean(ctx);
     }
 }
+
+namespace {
+
+/// The tensors of a paged_call step that appends: q, k_new and v_new uploaded from `o` (k_new and
+/// v_new of the pool's type), out and lse to write.
+struct append_tensors {
+    qkv::vulkan::tensor q, k_new, v_new, out, lse;
+    append_tensors(qkv::vulkan::context& ctx, const qkv_test::owned_paged& o, element_type type) {
+        const qkv::paged_problem& p = o.problem;
+        const std::size_t B = o.seqlens.size();
+        q = qkv::vulkan::tensor(ctx, rows_shape(p, p.d_qk));
+        out = qkv::vulkan::tensor(ctx, rows_shape(p, p.d_v));
+        lse = qkv::vulkan::tensor(ctx, {p.q_heads, out.elements() / (p.q_heads * p.d_v)});
+        k_new = qkv::vulkan::tensor(ctx, {B, p.new_rows, p.kv_heads, p.d_qk}, type);
+        v_new = qkv::vulkan::tensor(ctx, {B, p.new_rows, p.kv_heads, p.d_v}, type);
+        q.upload(o.q), k_new.upload(o.k_new), v_new.upload(o.v_new);
+        out.upload(std::vector<float>(out.elements(), 1234.5f));  // nothing left from an earlier run
+    }
+    /// The step's tensors, with its batch (`step`: the tensors give it) or the description's.
+    qkv::vulkan::paged_tensors with(const qkv::paged_problem* step = nullptr) {
+        qkv::vulkan::paged_tensors t{.q = &q, .out = &out, .lse = &lse, .k_new = &k_new, .v_new = &v_new};
+        if (step) {
+            t.block_table = step->block_table, t.cache_seqlens = step->cache_seqlens;
+            t.cu_seqlens_q = step->cu_seqlens_q;
+            t.cache_batch_idx = step->cache_batch_idx, t.cache_leftpad = step->cache_leftpad;
+        }
+        return t;
+    }
+};
+
+/// `p` as a paged_call's description: no q, k_new or v_new (tensors), or no batch either.
+qkv::paged_problem description_of(qkv::paged_problem p, bool with_batch) {
+    p.q = {}, p.k_new = {}, p.v_new = {};
+    if (!with_batch)
+        p.block_table = {}, p.cache_seqlens = {}, p.cu_seqlens_q = {}, p.cache_batch_idx = {}, p.cache_leftpad = {};
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("paged_call: appends of device tensors, then attention, run and sequence",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // k_new and v_new as tensors written into the pool's pages in the call's own commands before
+    // the decode reads them: page sizes 1 and 16, appends of 1 and 17 rows (crossing pages), GQA,
+    // a sequence of new rows only, f32 and f16 pools; the float64 reference of
+    // flash_attn_with_kvcache's definition, and the pool holding the rows afterwards.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::f32, element_type::f16})
+        for (const std::size_t page_size : {1u, 16u})
+            for (const std::size_t rows : {1u, 17u}) {
+                if (type == element_type::f16 && page_size == 1) continue;
+                INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
+                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
+                                                                  .q_len = 2,
+                                                                  .q_heads = 6,
+                                                                  .kv_heads = 2,
+                                                                  .d_qk = 18,
+                                                                  .d_v = 7,
+                                                                  .page_size = page_size,
+                                                                  .shared = 1,
+                                                                  .seed = 290 + rows + page_size});
+                qkv_test::make_appends(o, rows, 17 + rows);
+                if (type == element_type::f16) {  // values an f16 pool holds exactly: the reference is exact
+                    for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
+                        *x = qkv::round_trip(element_type::f16, *x);
+                    o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
+                    o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
+                }
+                o.problem.options = causal;
+                const qkv::paged_problem host = without_pool(o.problem);
+                std::vector<std::int32_t> lengths;
+                const qkv::paged_problem after = after_append(host, lengths);
+                {  // run, the batch with the tensors
+                    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                    qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+                    append_tensors t(ctx, o, type);
+                    call.run(t.with(&host));
+                    check_appended(downloaded(t.out, &t.lse), o.problem);
+                    check_appended(ctx.sdpa(after, pool), o.problem);  // the rows stay in the pool
+                }
+                {  // a sequence, the batch planned once from the description
+                    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                    qkv::vulkan::paged_call call(ctx, description_of(host, true), pool);
+                    append_tensors t(ctx, o, type);
+                    qkv::vulkan::sequence seq(ctx);
+                    seq.record(call, t.with());
+                    seq.run();
+                    check_appended(downloaded(t.out, &t.lse), o.problem);
+                    check_appended(ctx.sdpa(after, pool), o.problem);
+                }
+                qkv_test::require_clean(ctx);
+            }
+}
+
+TEST_CASE("paged_call: a recorded append holds the pool until it runs; abandoned, nothing is written",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {21, 3, 40},
+                                                      .q_len = 1,
+                                                      .q_heads = 4,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 5,
+                                                      .d_v = 9,
+                                                      .page_size = 4,
+                                                      .seed = 31});
+    qkv::paged_problem full = without_pool(o.problem);  // the pool as it is, every row the appends would write
+    const std::vector<std::int32_t> full_lengths = o.seqlens;
+    full.cache_seqlens = full_lengths;
+    qkv::paged_problem full_ref = o.problem;
+    full_ref.cache_seqlens = full_lengths;
+    qkv_test::make_appends(o, 3, 4);
+    o.problem.options = causal;
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    const auto unchanged = [&] { qkv_test::check_packed(ctx.sdpa(full, pool), qkv_test::device_reference(full_ref)); };
+    qkv::vulkan::paged_call call(ctx, description_of(host, true), pool);
+    append_tensors t(ctx, o, element_type::f32);
+    {
+        qkv::vulkan::sequence seq(ctx);
+        seq.record(call, t.with());
+        // Until the sequence runs, the pool is its: every other use waits.
+        qkv_test::expect_invalid([&] { (void)ctx.sdpa(full, pool); }, {"sequence"});
+        qkv_test::expect_invalid([&] { call.run(t.with()); }, {"sequence"});
+        seq.record(call, t.with());  // the same sequence may use it (another append: its rows twice)
+        CHECK(seq.recorded() == 2);
+    }  // destroyed, never run
+    unchanged();
+    // The tensors' own refusals: a k_new of another type, none at all, new rows the description
+    // does not append.
+    qkv::vulkan::tensor k16(ctx, t.k_new.shape(), element_type::f16);
+    qkv::vulkan::paged_tensors bad = t.with();
+    bad.k_new = &k16;
+    qkv_test::expect_invalid([&] { call.run(bad); }, {"paged_call", "k_new"});
+    bad.k_new = nullptr;
+    qkv_test::expect_invalid([&] { call.run(bad); }, {"paged_call", "k_new"});
+    qkv::vulkan::paged_call reader(ctx, description_of(full, true), pool);
+    qkv::vulkan::paged_tensors extra = t.with();
+    extra.lse = nullptr;  // `full` returns none
+    qkv_test::expect_invalid([&] { reader.run(extra); }, {"new_rows is 0"});
+    unchanged();
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: cache_batch_idx and cache_leftpad over tensors, with and without appends",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // The table's rows permuted (a row no sequence reads is all -1), first keys past 0, in the
+    // description or with the tensors; GQA; each with 3 new rows or none.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t rows : {0u, 3u}) {
+        INFO(rows << " new rows");
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                          .q_len = 3,
+                                                          .q_heads = 6,
+                                                          .kv_heads = 3,
+                                                          .d_qk = 20,
+                                                          .d_v = 12,
+                                                          .page_size = 16,
+                                                          .seed = 7 + rows});
+        if (rows) qkv_test::make_appends(o, rows, 22);
+        qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 6});
+        o.problem.options = {.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true};
+        const qkv::paged_problem host = without_pool(o.problem);
+        for (const bool in_description : {true, false}) {
+            INFO((in_description ? "the batch in the description" : "the batch with the tensors"));
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::vulkan::paged_call call(ctx, description_of(host, in_description), pool);
+            qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+            qkv::vulkan::tensor lse(ctx, {host.q_heads, out.elements() / (host.q_heads * host.d_v)});
+            q.upload(o.q);
+            qkv::vulkan::tensor k_new, v_new;
+            qkv::vulkan::paged_tensors t{.q = &q, .out = &out, .lse = &lse};
+            if (rows) {
+                append_tensors a(ctx, o, element_type::f32);
+                k_new = std::move(a.k_new), v_new = std::move(a.v_new);
+                t.k_new = &k_new, t.v_new = &v_new;
+            }
+            if (!in_description) {
+                t.block_table = host.block_table, t.cache_seqlens = host.cache_seqlens;
+                t.cache_batch_idx = host.cache_batch_idx, t.cache_leftpad = host.cache_leftpad;
+            }
+            qkv::vulkan::sequence seq(ctx);
+            seq.record(call, t);
+            seq.run();
+            check_appended(downloaded(out, &lse), o.problem);
+            qkv_test::require_clean(ctx);
+        }
+    }
+}
+
+TEST_CASE("paged_call: the fused rotary embedding of q and the new keys on the device",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // Interleaved and half-split, a rotary_dim short of d_qk, the causal rule (queries at their own
+    // positions) and a window with ALiBi; a permuted cache_batch_idx with leftpads; f32 and f16
+    // pools; GQA; the float64 reference of flash_attn_with_kvcache.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const bool interleaved : {true, false})
+        for (const element_type type : {element_type::f32, element_type::f16}) {
+            INFO((interleaved ? "rotary interleaved, " : "rotary halves, ") << qkv::to_string(type));
+            qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                              .q_len = 3,
+                                                              .q_heads = 6,
+                                                              .kv_heads = 3,
+                                                              .d_qk = 20,
+                                                              .d_v = 12,
+                                                              .page_size = 16,
+                                                              .seed = interleaved ? 15u : 16u});
+            qkv_test::make_appends(o, 3, 21);
+            qkv_test::make_rotary(o, 16, 64, interleaved);
+            qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 14});
+            if (type == element_type::f16) {  // values an f16 pool holds exactly before they are turned
+                for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
+                    *x = qkv::round_trip(element_type::f16, *x);
+                o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
+                o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
+            }
+            for (const qkv::sdpa_options& options :
+                 {qkv::sdpa_options{
+                      .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+                  qkv::sdpa_options{.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true}}) {
+                o.problem.options = options;
+                const qkv::paged_problem host = without_pool(o.problem);
+                qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                qkv::vulkan::paged_call call(ctx, description_of(host, true), pool);
+                append_tensors t(ctx, o, type);
+                call.run(t.with());
+                const qkv::varlen_output got = downloaded(t.out, &t.lse);
+                if (type == element_type::f32) {
+                    check_appended(got, o.problem);
+                } else {  // the turned keys rounded to float16 in the pool: the host call's rounding
+                    const qkv_test::paged_ref_result want = qkv_test::kvcache_reference(o.problem);
+                    for (const float x : got.output) REQUIRE(std::isfinite(x));
+                    CHECK(qkv_test::nmse(got.output, want.output) <= 1e-5);
+                    qkv::vulkan::kv_cache again = device_pool(ctx, o.problem, type);
+                    const qkv::varlen_output same = ctx.sdpa(host, again);
+                    const std::vector<double> same_values(same.output.begin(), same.output.end());
+                    CHECK(qkv_test::nmse(got.output, same_values) <= 1e-10);
+                }
+                qkv_test::require_clean(ctx);
+            }
+        }
+}

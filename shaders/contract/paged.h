@@ -101,11 +101,35 @@ QKV_CONST uint PAGED_BINDING_TABLE = DECODE_BINDING_MASK;     // storage, int32 
 QKV_CONST uint PAGED_BINDING_WORK = DECODE_BINDING_ADDITIVE;  // storage, the words above
 QKV_CONST uint PAGED_MERGE_BINDING_WORK = MERGE_BINDINGS;     // storage, the words above
 QKV_CONST uint PAGED_MERGE_BINDINGS = MERGE_BINDINGS + 1u;
+
+// The fused rotary embedding of a paged_call (shaders/paged_rotary.comp), in place on texel rows
+// in qkv's own memory (q's, and the new keys' per K/V head) before the guard, the append and the
+// decode read them: one invocation per row r (no two write one word), whose position is
+// pos[pos_off + (r / pos_div) % pos_mod]; the first rotary_dim values of the row turned by row
+// position of cos and sin (rotary_half = rotary_dim / 2 floats each, from cos_off and sin_off):
+// pairs (2j, 2j + 1) when interleaved, else (j, j + rotary_half); x' = x1·cos − x2·sin,
+// y' = x1·sin + x2·cos in float32, then stored as the texels' type (RGBA16F with `half`).
+struct paged_rotary_push {
+    uint group_x, group_y, group_z;
+    uint rows;         // texel rows
+    uint w4;           // texels per row
+    uint at;           // texel of row 0
+    uint half_texels;  // 1: RGBA16F texels, else RGBA32F
+    uint rotary_half;  // rotary_dim / 2
+    uint interleaved;  // 1: pairs (2j, 2j + 1)
+    uint pos_off, pos_div, pos_mod;
+    uint cos_off, sin_off;  // floats
+};
+QKV_CONST uint PAGED_ROTARY_BINDING_ROWS = 0u;    // storage, the texels as 32-bit words
+QKV_CONST uint PAGED_ROTARY_BINDING_ANGLES = 1u;  // storage, float cos and sin tables
+QKV_CONST uint PAGED_ROTARY_BINDING_POS = 2u;     // storage, uint positions
+QKV_CONST uint PAGED_ROTARY_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_append_push) == 10u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_rotary_push) == 14u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

@@ -204,14 +204,7 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
             c.stats.invalidate();
             fold_host_rows(c.stats.mapped(), added, c.groups());
             c.stats.flush();
-            const std::uint64_t align = self.core->dev->desc().storage_alignment;
-            for (const auto& [t, store, word] :
-                 {std::tuple{&c.k, &p.k_store, &p.k_word}, std::tuple{&c.v, &p.v_store, &p.v_word}}) {
-                const tensor::impl& ti = tensor_access::of(*t, "sdpa over a paged K/V pool");
-                const VkDeviceSize start = ti.offset / align * align;
-                *store = {ti.handle, start, ti.offset - start + ti.bytes};
-                *word = (ti.offset - start) / 4;
-            }
+            c.bind_stores(p);
         }
         const kv_stats stats = c.read_stats();
         p.stats = &stats;

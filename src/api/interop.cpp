@@ -165,20 +165,10 @@ recording record_append(kv_cache& cache, VkCommandBuffer cmd, const tensor& k, c
     }
     r->end_marker(*r->rec);
     r->cache = c;  // its storage and statistics live until the recording goes (after the commands)
-    if (rows) {
-        // The rows are the cache's once the recording is known to have run (check(), or its
-        // destruction after completion); until then only this command buffer may use them, and a
-        // recording destroyed before then takes them back.
-        if (c->pending_in != in) {
-            c->pending_in = in;
-            c->pending_count = 0;
-            c->pending_before = before;
-            ++c->pending_generation;
-        }
-        ++c->pending_count;
-        r->appended_in = cmd;
-        r->append_generation = c->pending_generation;
-    }
+    // The rows are the cache's once the recording is known to have run (check(), or its
+    // destruction after completion); until then only this command buffer may use them, and a
+    // recording destroyed before then takes them back.
+    if (rows) r->hold_append(*c, cmd, before);
     return recording_access::make(std::move(r));
 }
 

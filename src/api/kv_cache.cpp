@@ -665,4 +665,15 @@ detail::paged_pool kv_cache::impl::pool(const detail::kv_stats* s) const {
     return p;
 }
 
+void kv_cache::impl::bind_stores(detail::paged_pool& p) const {
+    const std::uint64_t align = core->dev->desc().storage_alignment;
+    for (const auto& [t, store, word] :
+         {std::tuple{&k, &p.k_store, &p.k_word}, std::tuple{&v, &p.v_store, &p.v_word}}) {
+        const tensor::impl& ti = tensor_access::of(*t, "paged K/V pool");
+        const VkDeviceSize start = ti.offset / align * align;
+        *store = {ti.handle, start, ti.offset - start + ti.bytes};
+        *word = (ti.offset - start) / 4;
+    }
+}
+
 }  // namespace qkv::vulkan

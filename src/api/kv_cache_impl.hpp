@@ -98,6 +98,10 @@ struct kv_cache::impl {
     [[nodiscard]] paged_problem check_pool(const paged_problem& given, bool data) const;
     /// The pool as the paged kernels bind it (the lock held); `stats` as the caller read them.
     [[nodiscard]] detail::paged_pool pool(const detail::kv_stats* stats) const;
+    /// The pool's K and V storage as the paged append writes it (an f32 / f16 pool within
+    /// maxStorageBufferRange; the lock held): 32-bit words from an aligned offset, and the word of
+    /// row 0 of each, into `p`.
+    void bind_stores(detail::paged_pool& p) const;
 };
 
 struct kv_cache_access {

@@ -6,9 +6,11 @@
 // rule's device pass, read afterwards, as an sdpa_call over a cache does).
 #include "qkv/vulkan/paged_call.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "api/context_impl.hpp"
@@ -29,14 +31,22 @@ using namespace detail;
 
 namespace {
 
+/// Whether the tensors give the step's batch (else it is the description's).
+bool own_batch(const paged_tensors& t) {
+    return !t.block_table.empty() || !t.cache_seqlens.empty() || !t.cu_seqlens_q.empty() ||
+           !t.cache_batch_idx.empty() || !t.cache_leftpad.empty();
+}
+
 /// The step as a paged problem: the description's shapes and options with the tensors' batch (or
 /// the description's own).
 paged_problem step_of(const paged_problem& desc, const paged_tensors& t) {
     paged_problem p = desc;
-    if (!t.block_table.empty() || !t.cache_seqlens.empty() || !t.cu_seqlens_q.empty()) {
+    if (own_batch(t)) {
         p.block_table = t.block_table;
         p.cache_seqlens = t.cache_seqlens;
         p.cu_seqlens_q = t.cu_seqlens_q;
+        p.cache_batch_idx = t.cache_batch_idx;
+        p.cache_leftpad = t.cache_leftpad;
     }
     if (p.cache_seqlens.empty())
         throw qkv::invalid_argument(
@@ -67,35 +77,59 @@ paged_call::paged_call(context& ctx, const paged_problem& description, kv_cache&
         throw qkv::invalid_argument(
             "paged_call: the description's q, k_pages and v_pages must be empty (q comes as a tensor, K and V "
             "from the pool)");
-    if (description.new_rows != 0 || description.rotary_dim != 0 || !description.cache_batch_idx.empty() ||
-        !description.cache_leftpad.empty())
+    if (!description.k_new.empty() || !description.v_new.empty())
         throw qkv::invalid_argument(
-            "paged_call: appends (new_rows), rotary embedding, cache_batch_idx and cache_leftpad are not taken over "
-            "tensors yet; context::sdpa(problem, pool) takes them (or append with sequence::record_append)");
+            "paged_call: the description's k_new and v_new must be empty (the new rows come as tensors; its "
+            "new_rows says how many)");
+    if (description.new_rows != 0) {
+        require_supported(entry_point::paged_append, features_of(c.cache->type));
+        if (c.cache->blocks())
+            throw qkv::invalid_argument(
+                "paged_call: appends into a q8_0 / q4_0 pool are not taken over tensors; context::sdpa(problem, "
+                "pool) appends host rows");
+        if (c.cache->texels_only())
+            throw limit_exceeded("paged_call: the pool's K or V passes " + c.core->dev->info().name +
+                                 "'s maxStorageBufferRange of " +
+                                 std::to_string(c.core->dev->info().max_storage_buffer_range) +
+                                 " bytes; appends write it as one storage buffer");
+    }
     c.desc = description;
     c.block_table.assign(description.block_table.begin(), description.block_table.end());
     c.cache_seqlens.assign(description.cache_seqlens.begin(), description.cache_seqlens.end());
     c.cu_seqlens_q.assign(description.cu_seqlens_q.begin(), description.cu_seqlens_q.end());
+    c.cache_batch_idx.assign(description.cache_batch_idx.begin(), description.cache_batch_idx.end());
+    c.cache_leftpad.assign(description.cache_leftpad.begin(), description.cache_leftpad.end());
+    c.rotary_cos.assign(description.rotary_cos.begin(), description.rotary_cos.end());
+    c.rotary_sin.assign(description.rotary_sin.begin(), description.rotary_sin.end());
     c.sinks.assign(description.sinks.begin(), description.sinks.end());
     c.alibi_slopes.assign(description.alibi_slopes.begin(), description.alibi_slopes.end());
     c.desc.block_table = c.block_table, c.desc.cache_seqlens = c.cache_seqlens, c.desc.cu_seqlens_q = c.cu_seqlens_q;
+    c.desc.cache_batch_idx = c.cache_batch_idx, c.desc.cache_leftpad = c.cache_leftpad;
     c.desc.sinks = c.sinks, c.desc.alibi_slopes = c.alibi_slopes;
+    c.desc.rotary_cos = c.rotary_cos, c.desc.rotary_sin = c.rotary_sin;
     std::lock_guard lock(c.core->mutex);
     c.core->check_alive();
+    if (!c.rotary_cos.empty()) {  // the rotary tables on the device once: cos, then sin
+        const std::uint64_t bytes = c.rotary_cos.size() * 4;
+        c.constants = c.core->alloc->create(2 * bytes, memory_use::upload, "paged_call rotary tables");
+        std::memcpy(c.constants.mapped(), c.rotary_cos.data(), bytes);
+        std::memcpy(c.constants.mapped() + bytes, c.rotary_sin.data(), bytes);
+        c.constants.flush();
+    }
     if (c.cache_seqlens.empty()) {
         // No step yet: the shapes and options alone, as for a batch of one empty sequence.
         paged_problem p = c.desc;
         const std::vector<std::int32_t> table(p.max_pages, 0), none{0}, rows{0, 0};
         p.block_table = table, p.cache_seqlens = none, p.num_pages = 1;
+        p.cache_batch_idx = {}, p.cache_leftpad = {};
         if (!p.cu_seqlens_q.empty()) p.cu_seqlens_q = rows;
         validate_without_data(p);
         return;
     }
     // The description's step: checked against the pool now, planned once, its pipelines built.
     const paged_problem step = c.cache->check_pool(c.desc, false);
-    c.planned =
-        plan_paged_call(*c.core->dev, c.set, step, static_cast<std::uint32_t>(c.cache->layout.capacity), c.cache->type);
-    const std::uint64_t total_q = c.planned->total_q;
+    c.planned = c.plan(step);
+    const std::uint64_t total_q = c.planned->layout.total_q;
     const auto Hq = step.q_heads;
     tensor q = c.desc.cu_seqlens_q.empty()
                    ? stand_in(c.core, {batch_of(step), step.q_len, Hq, step.d_qk}, element_type::f32)
@@ -103,15 +137,28 @@ paged_call::paged_call(context& ctx, const paged_problem& description, kv_cache&
     tensor out = c.desc.cu_seqlens_q.empty()
                      ? stand_in(c.core, {batch_of(step), step.q_len, Hq, step.d_v}, element_type::f32)
                      : stand_in(c.core, {total_q, Hq, step.d_v}, element_type::f32);
-    tensor lse;
+    tensor lse, k_new, v_new;
     paged_tensors t{.q = &q, .out = &out};
     if (step.options.return_lse) lse = stand_in(c.core, {Hq, total_q}, element_type::f32), t.lse = &lse;
+    if (step.new_rows != 0) {
+        k_new = stand_in(c.core, {batch_of(step), step.new_rows, step.kv_heads, step.d_qk}, c.cache->type);
+        v_new = stand_in(c.core, {batch_of(step), step.new_rows, step.kv_heads, step.d_v}, c.cache->type);
+        t.k_new = &k_new, t.v_new = &v_new;
+    }
     build_pipelines(c, t);
 }
 
 paged_call::~paged_call() = default;
 paged_call::paged_call(paged_call&&) noexcept = default;
 paged_call& paged_call::operator=(paged_call&&) noexcept = default;
+
+paged_step paged_call::impl::plan(const paged_problem& step) const {
+    paged_step s;
+    s.resolved = std::make_shared<basic_resolved_pages<float>>(resolve_pages_without_data(step));
+    s.layout = plan_paged_call(*core->dev, set, s.resolved->problem, static_cast<std::uint32_t>(cache->layout.capacity),
+                               cache->type);
+    return s;
+}
 
 paged_problem paged_call::impl::check(const paged_tensors& t) const {
     // The one check of a batch against the pool, with the pages it holds now.
@@ -133,21 +180,41 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
         lse = expect(t.lse, "lse", {Hq, total_q});
     else if (t.lse)
         throw qkv::invalid_argument("paged_call: an lse tensor, but the description's options.return_lse is not set");
+    const tensor::impl *k_new = nullptr, *v_new = nullptr;
+    if (p.new_rows != 0) {
+        const std::size_t B = batch_of(p);
+        if (!t.k_new || !t.v_new)
+            throw qkv::invalid_argument("paged_call: the description appends; no k_new or v_new tensor");
+        k_new = &expect_tensor(*t.k_new, "paged_call", "k_new", core, {B, p.new_rows, p.kv_heads, p.d_qk}, cache->type);
+        v_new = &expect_tensor(*t.v_new, "paged_call", "v_new", core, {B, p.new_rows, p.kv_heads, p.d_v}, cache->type);
+        if (B * p.new_rows * p.kv_heads > 0x7fffffffu)
+            throw limit_exceeded("paged_call: " + std::to_string(B * p.new_rows * p.kv_heads) +
+                                 " new rows (B x new_rows x kv_heads) are more than the append's 2^31 - 1");
+    } else if (t.k_new || t.v_new) {
+        throw qkv::invalid_argument("paged_call: k_new or v_new tensors, but the description's new_rows is 0");
+    }
     const tensor::impl* ck = !cache->blocks() ? &tensor_access::of(cache->k, "paged_call") : nullptr;
     const tensor::impl* cv = !cache->blocks() ? &tensor_access::of(cache->v, "paged_call") : nullptr;
-    refuse_overlap("paged_call",
-                   {{q, "q"}, {ck, "pool's k"}, {cv, "pool's v"}, {out, "out", true}, {lse, "lse", true}});
+    refuse_overlap("paged_call", {{q, "q"},
+                                  {k_new, "k_new"},
+                                  {v_new, "v_new"},
+                                  {ck, "pool's k", p.new_rows != 0},
+                                  {cv, "pool's v", p.new_rows != 0},
+                                  {out, "out", true},
+                                  {lse, "lse", true}});
     return p;
 }
 
 void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_tensors& t) {
-    const paged_problem problem = check(t);
+    const paged_problem step = check(t);
     const device& dev = *core->dev;
-    const bool own_step = t.block_table.empty() && t.cache_seqlens.empty() && t.cu_seqlens_q.empty();
-    const paged_layout l =
-        own_step && planned
-            ? *planned
-            : plan_paged_call(dev, set, problem, static_cast<std::uint32_t>(cache->layout.capacity), cache->type);
+    const paged_step planned_now = !own_batch(t) && planned ? *planned : plan(step);
+    const paged_layout& l = planned_now.layout;
+    // The attention without appends or cache_batch_idx (its table's rows the sequences', its
+    // lengths the ones after the append), and where each new row goes.
+    const paged_problem& problem = planned_now.resolved->problem;
+    const std::vector<std::size_t>& rows_at = planned_now.resolved->rows_at;
+    const std::uint64_t n_new = rows_at.size(), Hkv = problem.kv_heads;
     const std::uint64_t total_q = l.total_q, Hq = problem.q_heads;
     const tensor::impl& q = tensor_access::of(*t.q, "paged_call");
     const tensor::impl& out = tensor_access::of(*t.out, "paged_call");
@@ -165,12 +232,56 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t verdict_bytes = guard_words::bytes(r.q_groups, r.kv_groups);
     core->alloc->ensure(r.guard, verdict_bytes, memory_use::readback, "paged_call verdict");
     const binding verdict{r.guard.handle(), 0, verdict_bytes};
-    // The table, the work words and the score params: host data of this recording, in its scratch.
-    const std::uint64_t words_bytes = l.params_at + l.params_bytes - l.table_at;
+    // The table, the work words and the score params: host data of this recording, in its scratch,
+    // then the new rows' pool rows.
+    const std::uint64_t align = 256;
+    // With a rotary embedding, the positions of the new keys (B·new_rows) and of q's rows (total_q).
+    const bool rotary = step.rotary_dim != 0;
+    const std::uint64_t rows_at_at = align_up(l.params_at + l.params_bytes - l.table_at, align);
+    const std::uint64_t k_pos_at = align_up(rows_at_at + n_new * 4, align);
+    const std::uint64_t q_pos_at = align_up(k_pos_at + n_new * 4, align);
+    const std::uint64_t words_bytes = rotary  ? q_pos_at + std::max<std::uint64_t>(total_q, 1) * 4
+                                      : n_new ? rows_at_at + n_new * 4
+                                              : l.params_at + l.params_bytes - l.table_at;
     core->alloc->ensure(r.scratch, words_bytes, memory_use::upload, "paged_call work list");
     put_paged_words(r.scratch.mapped(), l, problem, l.table_at);
+    const auto put_word = [&](std::uint64_t at, std::size_t value) {
+        const auto word = static_cast<std::uint32_t>(value);  // a pool row or position, below 2^31
+        std::memcpy(r.scratch.mapped() + at, &word, 4);
+    };
+    for (std::uint64_t i = 0; i < n_new; ++i) put_word(rows_at_at + i * 4, rows_at[i]);
+    if (rotary) {
+        const std::size_t B = batch_of(step), n = step.new_rows;
+        for (std::size_t x = 0; x < B; ++x)
+            for (std::size_t i = 0; i < n; ++i)
+                put_word(k_pos_at + (x * n + i) * 4, paged_rotary_position(step, x, i, false));
+        std::uint64_t token = 0;
+        for (std::size_t x = 0; x < B; ++x) {
+            const std::size_t L = step.cu_seqlens_q.empty()
+                                      ? step.q_len
+                                      : static_cast<std::size_t>(step.cu_seqlens_q[x + 1] - step.cu_seqlens_q[x]);
+            for (std::size_t i = 0; i < L; ++i)
+                put_word(q_pos_at + token++ * 4, paged_rotary_position(step, x, i, true));
+        }
+    }
     r.scratch.flush();
-    run_session session(*core, rec, r.buffers, l.buffers);
+    const binding angles{constants.handle(), 0, rotary ? constants.size() : 0};
+    paged_rotary turn;
+    turn.half = cache->half(), turn.interleaved = step.rotary_interleaved;
+    turn.rotary_dim = static_cast<std::uint32_t>(step.rotary_dim);
+    turn.sin_off = static_cast<std::uint32_t>(rotary_cos.size());
+    // The new rows in the pool's texel form per K/V head (Hkv, B·new_rows), after q's texels.
+    const bool f16 = cache->half();
+    const std::uint64_t tb = f16 ? 8 : 16;
+    const std::uint64_t new_k_at = align_up(std::max<std::uint64_t>(l.q_bytes, 16), align);
+    const std::uint64_t new_k_bytes = Hkv * n_new * l.plan.e4 * tb;
+    const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align);
+    const std::uint64_t new_v_bytes = Hkv * n_new * l.plan.ev4 * tb;
+    detail::buffer_plan buffers = l.buffers;
+    if (n_new) buffers.need(role::inputs, new_v_at + new_v_bytes);
+    paged_pool pool = cache->pool(nullptr);
+    if (n_new) cache->bind_stores(pool);
+    run_session session(*core, rec, r.buffers, buffers);
     const run_buffers& b = r.buffers;
     const bool qkv_submits = !r.rec;
     if (qkv_submits) {
@@ -182,6 +293,44 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                 VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                 VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    if (n_new) {
+        // Append, then attend. The new rows packed per K/V head into texels, their facts folded into
+        // the pool's statistics (the overflow rule, V's gate word), then written to their rows.
+        const binding k_rows = b.bind(role::inputs, new_k_at, new_k_bytes);
+        const binding v_rows = b.bind(role::inputs, new_v_at, new_v_bytes);
+        const binding stats_all{cache->stats.handle(), 0, cache->stats.size()};
+        const tensor::impl::bound kb = tensor_access::of(*t.k_new, "paged_call").bind();
+        const tensor::impl::bound vb = tensor_access::of(*t.v_new, "paged_call").bind();
+        for (const auto& [src, dst, width, texels] :
+             {std::tuple{kb, k_rows, problem.d_qk, l.plan.e4}, std::tuple{vb, v_rows, problem.d_v, l.plan.ev4}}) {
+            texel_pack tp;  // (B·new_rows, Hkv, width) as Hkv groups of B·new_rows rows
+            tp.groups = static_cast<std::uint32_t>(Hkv);
+            tp.rows = static_cast<std::uint32_t>(n_new);
+            tp.width = static_cast<std::uint32_t>(width), tp.w4 = texels;
+            tp.src_off = src.element, tp.at = 0, tp.stride = tp.rows;
+            tp.group_stride = tp.width, tp.row_stride = static_cast<std::uint32_t>(Hkv * width);
+            tp.half = f16, tp.texels_half = f16;
+            record_texel_pack(rec, *core->pipes, src.b, dst, b.bind(role::partial_stats, 0, 16), tp);
+        }
+        rec.compute_barrier();
+        if (rotary) {  // the new keys turned at their positions, per K/V head: row h·(B·n) + x is key x
+            paged_rotary k_turn = turn;
+            k_turn.rows = static_cast<std::uint32_t>(Hkv * n_new), k_turn.w4 = l.plan.e4;
+            k_turn.pos_mod = static_cast<std::uint32_t>(n_new);
+            record_paged_rotary(rec, *core->pipes, k_rows, angles, {r.scratch.handle(), k_pos_at, n_new * 4}, k_turn);
+            rec.compute_barrier();
+        }
+        guard_rows g;
+        g.q_rows = 0;
+        g.k_rows = static_cast<std::uint32_t>(Hkv * n_new);
+        g.q_len = 1, g.kv_len = static_cast<std::uint32_t>(n_new);
+        g.d = l.plan.e4 * 4, g.dv = l.plan.ev4 * 4;  // whole texels: the padding is zeros
+        g.half = f16;
+        record_guard_rows(rec, *core->pipes, k_rows, k_rows, v_rows, stats_all, g);
+        record_paged_append(rec, *core->pipes, dev, pool, Hkv, n_new, l.plan.e4, l.plan.ev4, k_rows, v_rows,
+                            {r.scratch.handle(), rows_at_at, n_new * 4});
+        rec.compute_barrier();
+    }
     if (total_q == 0) {  // no query rows (no tensor has none: not reached past check): nothing to do
         r.checks = false;
         return;
@@ -196,10 +345,19 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     record_texel_pack(rec, *core->pipes, qb.b, b.bind(role::inputs, 0, l.q_bytes), b.bind(role::partial_stats, 0, 16),
                       tp);
     rec.compute_barrier();
+    if (rotary) {  // q's rows (token, head) turned at their token's position
+        paged_rotary q_turn = turn;
+        q_turn.half = false;  // q's texels are RGBA32F
+        q_turn.rows = tp.rows, q_turn.w4 = l.plan.e4;
+        q_turn.pos_div = static_cast<std::uint32_t>(Hq), q_turn.pos_mod = static_cast<std::uint32_t>(total_q);
+        record_paged_rotary(rec, *core->pipes, b.bind(role::inputs, 0, l.q_bytes), angles,
+                            {r.scratch.handle(), q_pos_at, total_q * 4}, q_turn);
+        rec.compute_barrier();
+    }
 
     // record: the paged kernels, as the host call records them. V's finiteness as for an sdpa_call
     // over a cache: the host's where no append is pending, else the pool's gate word.
-    const bool finite = cache->pending_in == nullptr && cache->rows_finite();
+    const bool finite = n_new == 0 && cache->pending_in == nullptr && cache->rows_finite();
     r.read_finite = finite;
     r.views.emplace_back(dev, b[role::inputs], texel_format(false), 0, l.q_bytes);
     paged_bindings pb;
@@ -207,12 +365,12 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     pb.table = {r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
     pb.work = {r.scratch.handle(), l.words_at - l.table_at, l.words_bytes};
     pb.params = {r.scratch.handle(), l.params_at - l.table_at, l.params_bytes};
-    pb.gate = {cache->stats.handle(), 0, 16};
+    pb.gate = {cache->stats.handle(), 0, 16};  // after this call's own append, where it has one
     pb.stats = b.bind(role::partial_stats, 0, std::max<std::uint64_t>(l.plan.stats_bytes(), 16));
     pb.acc = b.bind(role::partial_acc, 0, std::max<std::uint64_t>(l.plan.acc_bytes(), 16));
     pb.out = b.bind(role::out, 0, l.out_bytes);
     pb.lse = l.lse_bytes ? b.bind(role::out, l.lse_at, l.lse_bytes) : pb.out;
-    record_paged(rec, *core->pipes, l, problem, cache->pool(nullptr), pb, r.scale, 1.0f,
+    record_paged(rec, *core->pipes, l, problem, pool, pb, r.scale, 1.0f,
                  finite ? contract::DECODE_VALUES_FINITE : contract::DECODE_VALUES_GATED);
     rec.compute_barrier();
 
@@ -231,8 +389,13 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     g.q_rows = tp.rows, g.q_len = 1, g.kv_len = 1;
     g.d = static_cast<std::uint32_t>(problem.d_qk), g.dv = static_cast<std::uint32_t>(problem.d_v);
     g.q_off = qb.element;
+    binding q_read = qb.b;
+    if (rotary) {  // the norms of q as the decode read it: turned (the tables may scale), in texels
+        q_read = b.bind(role::inputs, 0, l.q_bytes);
+        g.d = l.plan.e4 * 4, g.q_off = 0;  // whole texels: the padding is zeros
+    }
     const guard_output result_check{pb.out, 0, out_count};
-    record_guard(rec, *core->pipes, qb.b, qb.b, qb.b, verdict, &g, &result_check);
+    record_guard(rec, *core->pipes, q_read, q_read, q_read, verdict, &g, &result_check);
     if (!qkv_submits)
         rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
                     VK_ACCESS_HOST_READ_BIT);

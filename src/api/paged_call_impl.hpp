@@ -14,13 +14,27 @@
 
 namespace qkv::vulkan {
 
+namespace detail {
+/// A step resolved (resolve_pages_without_data: the table's rows, the lengths after the append,
+/// the new rows' pool rows) and planned.
+struct paged_step {
+    std::shared_ptr<const basic_resolved_pages<float>> resolved;  // shared: its problem views itself
+    paged_layout layout;
+};
+}  // namespace detail
+
 struct paged_call::impl : planned_call {
     paged_problem desc;  // its spans point into the vectors below
-    std::vector<std::int32_t> block_table, cache_seqlens, cu_seqlens_q;
-    std::vector<float> sinks, alibi_slopes;
-    std::shared_ptr<kv_cache::impl> cache;  // the pool
+    std::vector<std::int32_t> block_table, cache_seqlens, cu_seqlens_q, cache_batch_idx, cache_leftpad;
+    std::vector<float> sinks, alibi_slopes, rotary_cos, rotary_sin;  // the tables also in `constants`
+    std::shared_ptr<kv_cache::impl> cache;                           // the pool
     /// The description's step, planned once (where it has one).
-    std::optional<detail::paged_layout> planned;
+    std::optional<detail::paged_step> planned;
+
+    /// Whether the call appends: its new rows are written into the pool when its commands run.
+    [[nodiscard]] bool appends() const { return desc.new_rows != 0; }
+    /// A validated step resolved and planned (the lock held).
+    [[nodiscard]] detail::paged_step plan(const paged_problem& step) const;
 
     /// The step `t` asks for (its spans, or the description's), validated against the pool's pages
     /// as they are now, and the tensors checked against it (the lock held): before anything is

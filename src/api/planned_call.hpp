@@ -115,6 +115,10 @@ recording record_call(Call& call, VkCommandBuffer cmd, const Tensors& tensors) {
         throw;
     }
     r->end_marker(*r->rec);
+    // A call that appends (paged_call with new rows) holds its pool as record_append holds a cache:
+    // the rows are written once the recording is known to have run.
+    if constexpr (requires { call.appends(); })
+        if (call.appends()) r->hold_append(*call.cache, cmd, call.cache->size);
     return recording_access::make(std::move(r));
 }
 
@@ -129,8 +133,16 @@ void record_in_sequence(sequence::impl& s, Call& call, const Tensors& tensors) {
     check_cache_ready(call, "sequence::record", &s);
     s.core->guarded("sequence::record", [&] {
         s.ensure_begun();
+        s.appended.reserve(s.appended.size() + 1);  // before anything is recorded: no allocation after
         recording::impl& r = s.next_scratch(release);
         s.record_or_abandon(release, true, [&] { call.record(*s.exec, r, tensors); });
+        // A call that appends holds its pool as sequence::record_append holds a cache: until the
+        // sequence runs (or is abandoned), every other use of it waits.
+        if constexpr (requires { call.appends(); })
+            if (call.appends() && call.cache->pending_in != &s) {
+                s.appended.emplace_back(call.cache, call.cache->size);
+                call.cache->pending_in = &s;
+            }
     });
 }
 

@@ -115,6 +115,19 @@ void recording::impl::settle_append(bool completed) noexcept {
     ++c.pending_generation;
 }
 
+void recording::impl::hold_append(kv_cache::impl& c, VkCommandBuffer cmd, std::size_t before) noexcept {
+    const void* in = static_cast<const void*>(cmd);
+    if (c.pending_in != in) {
+        c.pending_in = in;
+        c.pending_count = 0;
+        c.pending_before = before;
+        ++c.pending_generation;
+    }
+    ++c.pending_count;
+    appended_in = cmd;
+    append_generation = c.pending_generation;
+}
+
 void recording::impl::check_completed() const {
     {
         std::lock_guard lock(core->mutex);

@@ -91,6 +91,10 @@ struct recording::impl : detail::retired {
     /// are the cache's for every use; not completed, they are taken back (the cache's size as
     /// before the command buffer's appends). Idempotent.
     void settle_append(bool completed) noexcept;
+    /// Marks this recording in `cmd` as one that appends to `c` (its `cache`; the lock held), `before`
+    /// the cache's size before it: until it is known to have run, only `cmd` may use the cache's rows
+    /// (check_ready), and settle_append gives them back if it never does.
+    void hold_append(kv_cache::impl& c, VkCommandBuffer cmd, std::size_t before) noexcept;
     /// The verdict of the recorded checks, after the commands have completed (not_complete before:
     /// not submitted, or still running).
     void check_completed() const;

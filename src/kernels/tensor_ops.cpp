@@ -90,7 +90,9 @@ void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding 
     constexpr std::uint32_t workgroup = 64;
     contract::flash_pack_push pk{};
     pk.rows = t.rows, pk.npad = t.rows, pk.width = t.width, pk.w4 = t.w4;
-    pk.bs = 0, pk.hs = t.rows * t.width, pk.rs = t.width, pk.off = t.src_off;  // groups as "heads" of one batch
+    pk.bs = 0, pk.off = t.src_off;  // groups as "heads" of one batch
+    pk.hs = t.group_stride ? t.group_stride : t.rows * t.width;
+    pk.rs = t.row_stride ? t.row_stride : t.width;
     pk.heads = t.groups;
     pk.at = t.at;
     pk.mark_nonfinite = 0;

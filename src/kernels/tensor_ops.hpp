@@ -28,14 +28,18 @@ void record_block_copy(recorder& rec, pipeline_set& pipes, binding src, std::uin
 void record_tensor_widen(recorder& rec, pipeline_set& pipes, binding src, std::uint64_t src_byte, element_type type,
                          binding dst, std::uint64_t dst_off, std::uint64_t rows, std::uint64_t cols);
 
-/// A (groups, rows, width) tensor of `src` (float32, or float16 with `half`; contiguous from
-/// element src_off) as rows of `w4` texels of 4 values (zero-padded) into `dst`: row r of group z
-/// lands at texel at + (z·stride + r)·w4. RGBA32F texels, or RGBA16F with `texels_half`.
+/// A (groups, rows, width) tensor of `src` (float32, or float16 with `half`; from element src_off,
+/// contiguous unless its strides are given) as rows of `w4` texels of 4 values (zero-padded) into
+/// `dst`: row r of group z lands at texel at + (z·stride + r)·w4. RGBA32F texels, or RGBA16F with
+/// `texels_half`.
 struct texel_pack {
     std::uint32_t groups = 1, rows = 0, width = 0, w4 = 0;
     std::uint32_t src_off = 0, at = 0, stride = 0;
     bool half = false;         ///< the source is float16
     bool texels_half = false;  ///< RGBA16F texels (else RGBA32F)
+    /// The source's strides in elements between groups and between rows; 0: contiguous
+    /// (rows x width, width).
+    std::uint32_t group_stride = 0, row_stride = 0;
 };
 void record_texel_pack(recorder& rec, pipeline_set& pipes, binding src, binding dst, binding flags,
                        const texel_pack& pack);

@@ -297,6 +297,27 @@ struct paged_bindings {
 void record_paged(recorder& rec, pipeline_set& pipes, const paged_layout& layout, const paged_problem& problem,
                   const paged_pool& pool, const paged_bindings& b, float scale, float v_scale, std::uint32_t values);
 
+/// Records the paged append (shaders/paged_append.comp): `n` new rows per K/V head of K and of V,
+/// in the pool's texel form per K/V head (Hkv, n, e4 / ev4 texels) in `k_rows` and `v_rows`, row r
+/// to pool row rows_at[r] (n words) through the pool's storage (k_store, v_store). Throws
+/// limit_exceeded where a binding passes maxStorageBufferRange or a word index 2^32 - 1, before
+/// anything is recorded. No barrier after.
+void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t n, std::uint32_t e4, std::uint32_t ev4, binding k_rows,
+                         binding v_rows, binding rows_at);
+
+/// Records the fused rotary embedding (shaders/paged_rotary.comp) in place on `rows` texel rows of
+/// `w4` texels (RGBA16F with `half`) in `texels` from texel `at`: row r turned at position
+/// pos[(r / pos_div) % pos_mod] of `angles` (cos at float cos_off, sin at sin_off, rotary_dim / 2
+/// each per position), as paged.hpp's rotate_rows. No barrier after.
+struct paged_rotary {
+    std::uint32_t rows = 0, w4 = 0, at = 0;
+    bool half = false, interleaved = true;
+    std::uint32_t rotary_dim = 0, pos_div = 1, pos_mod = 1, cos_off = 0, sin_off = 0;
+};
+void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
+                         const paged_rotary& r);
+
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after
 /// writing `append`'s rows into it in the same command buffer: one dispatch over the plan's work

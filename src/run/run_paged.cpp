@@ -73,7 +73,65 @@ sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint3
     return s;
 }
 
+/// The limits of a paged append (before anything is recorded).
+void check_paged_append(const device& dev, const paged_pool& pool, std::uint64_t Hkv, std::uint64_t n, std::uint32_t e4,
+                        std::uint32_t ev4) {
+    if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
+        throw error("internal: an append into a paged pool without its storage bindings");
+    const std::uint64_t tb = pool.type == element_type::f16 ? 8 : 16;
+    for (const std::uint64_t bytes : {Hkv * n * e4 * tb, Hkv * n * ev4 * tb, pool.k_store.range, pool.v_store.range})
+        if (bytes > dev.info().max_storage_buffer_range)
+            throw limit_exceeded("sdpa over a paged K/V pool: an append binds " + std::to_string(bytes) +
+                                 " bytes (the new rows, or the pool's storage) as one storage buffer, more than " +
+                                 dev.info().name + "'s maxStorageBufferRange of " +
+                                 std::to_string(dev.info().max_storage_buffer_range));
+    const std::uint64_t last_word =
+        std::max(pool.k_word + Hkv * pool.rows * e4 * tb / 4, pool.v_word + Hkv * pool.rows * ev4 * tb / 4);
+    if (last_word >= (std::uint64_t{1} << 32) || Hkv * n * e4 * tb / 4 >= (std::uint64_t{1} << 32) ||
+        Hkv * n * ev4 * tb / 4 >= (std::uint64_t{1} << 32))
+        throw limit_exceeded("sdpa over a paged K/V pool: an append addresses more than 2^32 - 1 words");
+}
+
 }  // namespace
+
+void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t n, std::uint32_t e4, std::uint32_t ev4, binding k_rows,
+                         binding v_rows, binding rows_at) {
+    check_paged_append(dev, pool, kv_heads, n, e4, ev4);
+    const std::uint64_t tb = pool.type == element_type::f16 ? 8 : 16;
+    static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
+    const pipeline& copy = pipes.get(shader_id::paged_append);
+    for (const auto& [src, texels, store, word] :
+         {std::tuple{k_rows, e4, pool.k_store, pool.k_word}, std::tuple{v_rows, ev4, pool.v_store, pool.v_word}}) {
+        paged_append_push a{};
+        a.rows = static_cast<std::uint32_t>(n);
+        a.heads = static_cast<std::uint32_t>(kv_heads);
+        a.width = static_cast<std::uint32_t>(texels * tb / 4);
+        a.src_off = 0;
+        a.dst_off = static_cast<std::uint32_t>(word);
+        a.pool_rows = pool.rows;
+        a.at_off = 0;
+        const std::uint64_t count = kv_heads * n * a.width;
+        const std::uint32_t groups[3] = {
+            static_cast<std::uint32_t>(ceil_div(count, PAGED_APPEND_WORKGROUP * PAGED_APPEND_PER_INVOCATION)), 1, 1};
+        rec.dispatch(copy, {src, store, rows_at}, &a, groups);
+    }
+}
+
+void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
+                         const paged_rotary& r) {
+    if (r.rows == 0 || r.rotary_dim == 0) return;
+    static_assert(row_matches<paged_rotary_push, no_spec>(shader_id::paged_rotary, "sss"));
+    paged_rotary_push p{};
+    p.rows = r.rows, p.w4 = r.w4, p.at = r.at;
+    p.half_texels = r.half ? 1u : 0u;
+    p.rotary_half = r.rotary_dim / 2;
+    p.interleaved = r.interleaved ? 1u : 0u;
+    p.pos_off = 0, p.pos_div = r.pos_div, p.pos_mod = r.pos_mod;
+    p.cos_off = r.cos_off, p.sin_off = r.sin_off;
+    const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(r.rows, PAGED_ROTARY_WORKGROUP)), 1, 1};
+    rec.dispatch(pipes.get(shader_id::paged_rotary), {texels, angles, positions}, &p, groups);
+}
 
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
                              std::uint32_t pool_rows, element_type pool_type) {
@@ -304,21 +362,7 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
         throw error("internal: an append into a q8_0 / q4_0 paged pool without its blocks");
     const std::uint64_t rows_at_at = align_up(new_v_at + new_v_bytes, align), rows_at_bytes = n_new * 4;
     const std::uint64_t inputs_bytes = n_new ? rows_at_at + rows_at_bytes : l.params_at + l.params_bytes;
-    if (n_new && !blocks) {
-        if (!pool.k_store.buffer || !pool.v_store.buffer || is_quantized(pool.type))
-            throw error("internal: an append into a paged pool without its storage bindings");
-        for (const std::uint64_t bytes : {new_k_bytes, new_v_bytes, pool.k_store.range, pool.v_store.range})
-            if (bytes > dev.info().max_storage_buffer_range)
-                throw limit_exceeded("sdpa over a paged K/V pool: an append binds " + std::to_string(bytes) +
-                                     " bytes (the new rows, or the pool's storage) as one storage buffer, more than " +
-                                     dev.info().name + "'s maxStorageBufferRange of " +
-                                     std::to_string(dev.info().max_storage_buffer_range));
-        const std::uint64_t last_word = std::max(pool.k_word + Hkv * pool.rows * plan.e4 * tb / 4,
-                                                 pool.v_word + Hkv * pool.rows * plan.ev4 * tb / 4);
-        if (last_word >= (std::uint64_t{1} << 32) || Hkv * n_new * plan.e4 * tb / 4 >= (std::uint64_t{1} << 32) ||
-            Hkv * n_new * plan.ev4 * tb / 4 >= (std::uint64_t{1} << 32))
-            throw limit_exceeded("sdpa over a paged K/V pool: an append addresses more than 2^32 - 1 words");
-    }
+    if (n_new && !blocks) check_paged_append(dev, pool, Hkv, n_new, plan.e4, plan.ev4);
     buffer_plan buffers = l.buffers;
     buffers.need(role::inputs, std::max<std::uint64_t>(inputs_bytes, 16));
     std::vector<download> downloads;
@@ -362,26 +406,9 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
                             v_row_bytes, append.rows_at);
     if (n_new && !blocks) {
         // Append, then attend: every new row in place before any key is read.
-        static_assert(row_matches<paged_append_push, no_spec>(shader_id::paged_append, "sss"));
-        const pipeline& copy = session.pipes().get(shader_id::paged_append);
-        const binding rows_at = rb.bind(role::inputs, rows_at_at, rows_at_bytes);
-        for (const auto& [src_at, src_bytes, texels, store, word] :
-             {std::tuple{new_k_at, new_k_bytes, plan.e4, pool.k_store, pool.k_word},
-              std::tuple{new_v_at, new_v_bytes, plan.ev4, pool.v_store, pool.v_word}}) {
-            paged_append_push a{};
-            a.rows = static_cast<std::uint32_t>(n_new);
-            a.heads = static_cast<std::uint32_t>(problem.kv_heads);
-            a.width = static_cast<std::uint32_t>(texels * tb / 4);
-            a.src_off = 0;
-            a.dst_off = static_cast<std::uint32_t>(word);
-            a.pool_rows = pool.rows;
-            a.at_off = 0;
-            const std::uint64_t count = Hkv * n_new * a.width;
-            const std::uint32_t groups[3] = {
-                static_cast<std::uint32_t>(ceil_div(count, PAGED_APPEND_WORKGROUP * PAGED_APPEND_PER_INVOCATION)), 1,
-                1};
-            session.rec().dispatch(copy, {rb.bind(role::inputs, src_at, src_bytes), store, rows_at}, &a, groups);
-        }
+        record_paged_append(session.rec(), session.pipes(), dev, pool, Hkv, n_new, plan.e4, plan.ev4,
+                            rb.bind(role::inputs, new_k_at, new_k_bytes), rb.bind(role::inputs, new_v_at, new_v_bytes),
+                            rb.bind(role::inputs, rows_at_at, rows_at_bytes));
         session.rec().compute_barrier();
     }
     record_paged(session.rec(), session.pipes(), l, problem, pool, b, scale, v_scale,

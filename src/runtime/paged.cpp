@@ -68,6 +68,8 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = 
     if (p.new_rows > int32_limit) fail("new_rows is " + str(p.new_rows) + ": at most 2^31 - 1");
     if (p.new_rows == 0) {
         if (!p.k_new.empty() || !p.v_new.empty()) fail("k_new and v_new must be empty when new_rows is 0");
+    } else if (!data) {
+        if (!p.k_new.empty() || !p.v_new.empty()) fail("k_new and v_new must be empty: they come as tensors");
     } else {
         expect_size("k_new", p.k_new, {{"B", B}, {"new_rows", p.new_rows}, {"kv_heads", p.kv_heads}, {"d_qk", p.d_qk}});
         expect_size("v_new", p.v_new, {{"B", B}, {"new_rows", p.new_rows}, {"kv_heads", p.kv_heads}, {"d_v", p.d_v}});
@@ -158,8 +160,8 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = 
 }
 
 template <class T>
-basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool) {
-    check_paged(p, with_pool);
+basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool, bool data = true) {
+    check_paged(p, with_pool, data);
     const std::size_t B = p.cache_seqlens.size(), H = p.kv_heads, E = p.d_qk, Ev = p.d_v, n = p.new_rows;
     basic_resolved_pages<T> r;
     r.problem = p;
@@ -193,6 +195,7 @@ basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool)
              " of sequence " + str(second / n) + " go to the same row of the pool (page " + str(*dup / p.page_size) +
              ", row " + str(*dup % p.page_size) + "): appends must not share a row");
     }
+    if (!data) return r;  // the rows are tensors: the device rotates and places them
     // q and the new keys rotated at their positions; the new rows per K/V head.
     std::vector<T> k(p.k_new.begin(), p.k_new.end());
     if (p.rotary_dim != 0) {
@@ -309,6 +312,9 @@ basic_resolved_pages<float> resolve_pages(const paged_problem& problem, bool wit
 }
 basic_resolved_pages<double> resolve_pages(const paged_problem_f64& problem, bool with_pool) {
     return resolve(problem, with_pool);
+}
+basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem) {
+    return resolve(problem, false, false);
 }
 basic_gathered_pages<double> gather_pages(const paged_problem_f64& problem) { return gather(problem); }
 

@@ -120,8 +120,8 @@ QKV_RUNTIME_API void validate(const paged_problem_f64& problem);
 /// The checks of validate() for a pool kept elsewhere (a device's: context::sdpa with a kv_cache
 /// pool): k_pages and v_pages empty, num_pages the pages that pool holds; the rest as validate().
 QKV_RUNTIME_API void validate_without_pool(const paged_problem& problem);
-/// The same for a batch whose q is a device tensor too (a paged_call's step): q empty, its shape
-/// the call's to check; the rest as validate_without_pool().
+/// The same for a batch whose q, k_new and v_new are device tensors too (a paged_call's step):
+/// they are empty, their shapes the call's to check; the rest as validate_without_pool().
 QKV_RUNTIME_API void validate_without_data(const paged_problem& problem);
 
 /// The one definition of where things are, shared by the float64 reference and the device: the
@@ -200,6 +200,10 @@ struct basic_resolved_pages {
                                                                         bool with_pool = true);
 [[nodiscard]] QKV_RUNTIME_API basic_resolved_pages<double> resolve_pages(const paged_problem_f64& problem,
                                                                          bool with_pool = true);
+/// The same for a batch whose q and new rows are device tensors (a paged_call's step, validated as
+/// validate_without_data: q, k_new and v_new empty): the table, the lengths and the new rows' pool
+/// rows (rows_at) resolved, no rows copied or rotated (q, k_rows and v_rows empty: the device's).
+[[nodiscard]] QKV_RUNTIME_API basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem);
 
 /// B, the number of sequences (cache_seqlens.size()).
 [[nodiscard]] QKV_RUNTIME_API std::size_t batch_of(const paged_problem& problem);

@@ -19,16 +19,23 @@ class kv_cache;
 
 /// The tensors and the batch of one paged_call run or recording. q (B, L, Hq, E), or with
 /// cu_seqlens_q (total_q, Hq, E); out of the same layout with Ev; lse (Hq, total_q) where the
-/// options return it (and only then); all f32. The batch: this step's block table (B x max_pages)
-/// and cache_seqlens (B), with cu_seqlens_q (empty: L = the description's q_len), host data read
-/// (copied) when the call is recorded or run; all three empty: the description's.
+/// options return it (and only then); all f32. Where the description appends (new_rows > 0):
+/// k_new (B, new_rows, Hkv, E) and v_new (B, new_rows, Hkv, Ev) of the pool's type (f32 or f16),
+/// written into the pool's pages first (append, then attend: paged.hpp). The batch: this step's
+/// block table (B x max_pages), cache_seqlens (B), cu_seqlens_q (empty: L = the description's
+/// q_len), cache_batch_idx and cache_leftpad (B each, or empty), host data read (copied) when the
+/// call is recorded or run; all five empty: the description's.
 struct paged_tensors {
     const tensor* q = nullptr;
     tensor* out = nullptr;
     tensor* lse = nullptr;  ///< options.return_lse: each row's log-sum-exp
+    const tensor* k_new = nullptr;
+    const tensor* v_new = nullptr;
     std::span<const std::int32_t> block_table{};
     std::span<const std::int32_t> cache_seqlens{};
     std::span<const std::int32_t> cu_seqlens_q{};
+    std::span<const std::int32_t> cache_batch_idx{};
+    std::span<const std::int32_t> cache_leftpad{};
 };
 
 /// The batched paged decode against `pool` (a kv_cache of batch 1, as for
@@ -37,12 +44,20 @@ struct paged_tensors {
 class QKV_VULKAN_API paged_call {
 public:
     /// `description`: the batch's shapes and options (q_heads, kv_heads, d_qk, d_v, page_size,
-    /// max_pages, q_len, options, sinks, alibi_slopes, cascade; num_pages 0: the pool's pages at each
-    /// call), its q, k_pages and v_pages empty. Its block_table, cache_seqlens and cu_seqlens_q may be
-    /// empty, or a step the tensors may leave empty: then validated now against the pool, planned
-    /// once and kept (copied). Its sinks and slopes are copied. The pipelines of that step (if any)
-    /// are built now. Throws qkv::invalid_argument and limit_exceeded as the host call would.
-    /// The pool is kept by reference: it must outlive the call.
+    /// max_pages, q_len, options, sinks, alibi_slopes, cascade, new_rows, rotary_dim, rotary_cos,
+    /// rotary_sin, rotary_interleaved; num_pages 0: the pool's pages at each call), its q, k_pages,
+    /// v_pages, k_new and v_new empty. Its block_table, cache_seqlens, cu_seqlens_q, cache_batch_idx
+    /// and cache_leftpad may be empty, or a step the tensors may leave empty: then validated now
+    /// against the pool, planned once and kept (copied). Its sinks, slopes and rotary tables are
+    /// copied (the tables onto the device: q and the new keys are turned there). The pipelines of
+    /// that step (if any) are built now. Throws
+    /// qkv::invalid_argument and limit_exceeded as the host call would. The pool is kept by
+    /// reference: it must outlive the call.
+    ///
+    /// A call that appends writes the pool when its commands run: recorded into a sequence, the
+    /// pool is the sequence's until it runs (or is abandoned: nothing written); recorded into a
+    /// caller's command buffer, the caller's until the recording's check() after its fence (or
+    /// its destruction), as for record_append. Every other use of the pool meanwhile is refused.
     paged_call(context& ctx, const paged_problem& description, kv_cache& pool);
     ~paged_call();
     paged_call(paged_call&&) noexcept;
