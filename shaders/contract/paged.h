@@ -84,15 +84,15 @@ struct paged_merge_push {
 
 // Words per sequence, and each word's place.
 QKV_CONST uint PAGED_SEQ_WORDS = 9u;
-QKV_CONST uint PAGED_SEQ_KV_FIRST = 0u;  // the first key the chunks cover
-QKV_CONST uint PAGED_SEQ_KV_LEN = 1u;    // S_b
-QKV_CONST uint PAGED_SEQ_Q_FIRST = 2u;   // its first query row
-QKV_CONST uint PAGED_SEQ_Q_LEN = 3u;     // L_b
-QKV_CONST uint PAGED_SEQ_CHUNKS = 4u;    // P_b
+QKV_CONST uint PAGED_SEQ_KV_FIRST = 0u;   // the first key the chunks cover
+QKV_CONST uint PAGED_SEQ_KV_LEN = 1u;     // S_b
+QKV_CONST uint PAGED_SEQ_Q_FIRST = 2u;    // its first query row
+QKV_CONST uint PAGED_SEQ_Q_LEN = 3u;      // L_b
+QKV_CONST uint PAGED_SEQ_CHUNKS = 4u;     // P_b
 QKV_CONST uint PAGED_SEQ_PART_BASE = 5u;  // a shared prefix's: its tail
-QKV_CONST uint PAGED_SEQ_OFFSET = 6u;   // the causal offset off' of contract/score.h, as a 32-bit int
-QKV_CONST uint PAGED_SEQ_TABLE = 7u;    // sequence row of the block table (b, or cache_batch_idx)
-QKV_CONST uint PAGED_SEQ_KV_BASE = 8u;  // the pool key of its key 0 (cache_leftpad; 0 for a prefix)
+QKV_CONST uint PAGED_SEQ_OFFSET = 6u;     // the causal offset off' of contract/score.h, as a 32-bit int
+QKV_CONST uint PAGED_SEQ_TABLE = 7u;      // sequence row of the block table (b, or cache_batch_idx)
+QKV_CONST uint PAGED_SEQ_KV_BASE = 8u;    // the pool key of its key 0 (cache_leftpad; 0 for a prefix)
 QKV_CONST uint PAGED_ITEM_WORDS = 4u;
 
 // Bindings of the paged decode (the decode's, the masks' two replaced) and of its merge (the
