@@ -20,6 +20,7 @@
 #   bash bench/gpu/check.sh run [--quick]   there: everything above. --quick: small sizes and few
 #                                           calls, each step cut at 30 s, for a dry run of every step
 #                                           on any Vulkan device (lavapipe)
+#   bash bench/gpu/check.sh probe           there: only the cooperative-matrix probe (coop_probe)
 #
 # It finds what is missing and says so (and in the JSON), running what it can: no NVIDIA GPU or no
 # NVIDIA Vulkan driver (VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json is used
@@ -274,6 +275,43 @@ tests() {
     ((QUICK)) || step "qkv_vulkan_tests N = 16384" 60 program qkv_vulkan_tests "N = 16384*"
 }
 
+# Where the cooperative-matrix family goes wrong on a GPU (docs/devices.md: every result wrong on an
+# H200): a few held-out fixtures through `--kernel coopmat` under several tilings (QKV_COOP_TILES:
+# subgroups per workgroup, keys per tile; "auto" the plan's own), each line the nmse against the
+# PyTorch-semantics reference (at most 1e-5 is right). `single` is one query against one key, so its
+# output is V's row whatever the scores are: wrong there means the P·V product, the rescale or the
+# write-out, not Q·Kᵀ. About 30 short runs (lavapipe: minutes, each tiling a pipeline to compile).
+coop_probe() {
+    log "Cooperative-matrix probe (QKV_COOP_UNVERIFIED=1): nmse of held-out fixtures per tiling"
+    mkdir -p "$WORK/probe"
+    local name tiles dir flags out line
+    for name in single plain_2d gqa_4d_scale causal_bottom_right_gqa decode_5000; do
+        dir=tests/data/sdpa/$name
+        [ -f "$dir/args.txt" ] || continue
+        read -r -a flags <"$dir/args.txt"
+        # block_tiles in fp16 first: the float16 rounding of the inputs alone (decode_5000's scores
+        # are large: 8e-2 on every family), the line each tiling is to be read against
+        for tiles in block_tiles auto 1,16 1,32 2,32 4,64; do
+            ((SECONDS - START > ${QKV_CHECK_SECONDS:-470} - 30)) && return 0
+            out=$WORK/probe/${name}_${tiles/,/_}.npy
+            cmd qkv || return 0
+            line=$( (kernel=coopmat
+                if [ "$tiles" = block_tiles ]; then kernel=block_tiles; elif [ "$tiles" != auto ]; then
+                    export QKV_COOP_TILES=$tiles
+                fi
+                timeout 30 "${CMD[@]}" sdpa --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$out" \
+                    --backend vulkan --kernel "$kernel" --precision fp16 "${flags[@]}" 2>&1 >/dev/null
+                status=$?
+                ((status == 124)) && echo "timed out after 30 s") | tail -1)
+            if [ -f "$out" ] && cmd qkv_npy_compare; then
+                line=$(timeout 10 "${CMD[@]}" "$out" "$dir/expected_out.npy" --max-nmse 1e-5 2>&1 | grep -o "nmse [^ ]*" | head -1)
+            fi
+            printf '   %-24s %-11s %s\n' "$name" "$tiles" "${line:0:150}"
+        done
+    done
+    STEPS+=('{"step": "coop probe", "status": "ran: see the log"}')
+}
+
 # The PyTorch-semantics fixtures (tests/data/sdpa, made by make_sdpa_fixtures.py) on each family.
 parity_case() {
     local dir=$1 family=$2
@@ -382,6 +420,7 @@ run() {
     {
         echo "bash bench/gpu/check.sh run${1:+ $1}: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         environment
+        coop_probe
         bench
         backward_bench
         parity
@@ -413,8 +452,15 @@ run() {
 case "${1:-}" in
     build) build ;;
     run) run "${2:-}" ;;
+    probe)  # the cooperative-matrix probe alone (a short second call in a lease)
+        export QKV_COOP_UNVERIFIED=1
+        WORK=$(mktemp -d)
+        environment
+        coop_probe
+        rm -rf "$WORK"
+        ;;
     *)
-        echo "usage: bash bench/gpu/check.sh build | run [--quick]" >&2
+        echo "usage: bash bench/gpu/check.sh build | run [--quick] | probe" >&2
         exit 2
         ;;
 esac
