@@ -539,6 +539,31 @@ qkv_test::owned_paged call_batch(std::size_t page_size, bool ragged, std::uint64
     return o;
 }
 
+/// The appending problem of the device-pool cases: three sequences whose lengths after the append
+/// cross pages of 16 (17 + rows), consist of new rows only, and run long (113 + rows), GQA 6:2,
+/// widths 18 / 7, one shared page, `rows` new rows each; for an f16 pool every value rounded to
+/// what it holds, so that the float64 reference is exact. `seed` and `salt` keep cases apart.
+qkv_test::owned_paged appending_problem(element_type type, std::size_t page_size, std::size_t rows, std::uint64_t seed,
+                                        std::uint64_t salt) {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
+                                                      .q_len = 2,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 18,
+                                                      .d_v = 7,
+                                                      .page_size = page_size,
+                                                      .shared = 1,
+                                                      .seed = seed + rows + page_size});
+    qkv_test::make_appends(o, rows, salt + rows);
+    if (type == element_type::f16) {
+        for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
+            *x = qkv::round_trip(element_type::f16, *x);
+        o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
+        o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
+    }
+    return o;
+}
+
 /// q's tensor shape for `p`: (B, L, Hq, E), or (total_q, Hq, E) with cu_seqlens_q; out's with Ev.
 std::vector<std::size_t> rows_shape(const qkv::paged_problem& p, std::size_t width) {
     if (p.cu_seqlens_q.empty()) return {p.cache_seqlens.size(), p.q_len, p.q_heads, width};
@@ -555,23 +580,7 @@ TEST_CASE("paged vulkan: appends into a device pool, then attention, in one comm
             for (const std::size_t rows : {1u, 17u}) {
                 if (type == element_type::f16 && page_size == 1) continue;
                 INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
-                // Lengths after the append: 17 + 17 = 34 crosses pages of 16; a sequence only of new rows.
-                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
-                                                                  .q_len = 2,
-                                                                  .q_heads = 6,
-                                                                  .kv_heads = 2,
-                                                                  .d_qk = 18,
-                                                                  .d_v = 7,
-                                                                  .page_size = page_size,
-                                                                  .shared = 1,
-                                                                  .seed = 90 + rows + page_size});
-                qkv_test::make_appends(o, rows, 7 + rows);
-                if (type == element_type::f16) {  // values an f16 pool holds exactly: the reference is exact
-                    for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
-                        *x = qkv::round_trip(element_type::f16, *x);
-                    o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
-                    o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
-                }
+                qkv_test::owned_paged o = appending_problem(type, page_size, rows, 90, 7);
                 o.problem.options = {
                     .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
                 qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
@@ -1029,22 +1038,7 @@ TEST_CASE("paged_call: appends of device tensors, then attention, run and sequen
             for (const std::size_t rows : {1u, 17u}) {
                 if (type == element_type::f16 && page_size == 1) continue;
                 INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
-                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 113},
-                                                                  .q_len = 2,
-                                                                  .q_heads = 6,
-                                                                  .kv_heads = 2,
-                                                                  .d_qk = 18,
-                                                                  .d_v = 7,
-                                                                  .page_size = page_size,
-                                                                  .shared = 1,
-                                                                  .seed = 290 + rows + page_size});
-                qkv_test::make_appends(o, rows, 17 + rows);
-                if (type == element_type::f16) {  // values an f16 pool holds exactly: the reference is exact
-                    for (std::vector<float>* x : {&o.k_pages, &o.v_pages, &o.k_new, &o.v_new})
-                        *x = qkv::round_trip(element_type::f16, *x);
-                    o.problem.k_pages = o.k_pages, o.problem.v_pages = o.v_pages;
-                    o.problem.k_new = o.k_new, o.problem.v_new = o.v_new;
-                }
+                qkv_test::owned_paged o = appending_problem(type, page_size, rows, 290, 17);
                 o.problem.options = causal;
                 const qkv::paged_problem host = without_pool(o.problem);
                 std::vector<std::int32_t> lengths;
