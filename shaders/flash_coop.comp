@@ -59,7 +59,7 @@ layout(constant_id = COOP_SPEC_DV_PAD) const uint DV_PAD = 64;  // Ev rounded up
 layout(constant_id = COOP_SPEC_VEC4) const uint VEC4 = 0;       // 1: f16vec4 loads of Q, K, V
 layout(constant_id = COOP_SPEC_FEATURES) const uint FEATURES = 0;  // contract/score.h's SCORE_* bits
 layout(constant_id = COOP_SPEC_SPLIT) const uint SPLIT = 0;       // 1: split-K decode partials
-layout(constant_id = COOP_SPEC_CAREFUL) const uint CAREFUL = 1;   // 0: V is finite (no careful path built)
+layout(constant_id = COOP_SPEC_CAREFUL) const uint CAREFUL = 1;   // contract/coop.h's COOP_CAREFUL_*
 
 layout(std430, binding = COOP_BINDING_Q) readonly buffer Q { float16_t q_in[]; };
 layout(std430, binding = COOP_BINDING_Q) readonly buffer Q4 { f16vec4 q4_in[]; };
@@ -276,7 +276,7 @@ bool load_tile(uint j0, uint bc, uint parity) {
     }
     if (nonfinite) v_nonfinite[parity] = true;
     barrier();  // #1: tiles loaded
-    const bool careful = CAREFUL != 0u && v_nonfinite[parity];
+    const bool careful = CAREFUL != COOP_CAREFUL_NONE && (v_nonfinite[parity] || CAREFUL == COOP_CAREFUL_EVERY_TILE);
     if (t == 0) v_nonfinite[parity ^ 1u] = false;  // last read before the previous barrier #2
     return careful;
 }
@@ -358,12 +358,34 @@ void softmax_tile(uint j0, uint bc) {
     subgroupBarrier();
 }
 
+// O = O ∘ α per element through the staging tile (COOP_CAREFUL_STAGED_RESCALE: fault finding).
+void rescale_through_staging(uint mt) {
+    [[unroll]] for (uint vt = 0; vt < VT; ++vt) {
+        coopMatStore(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        [[unroll]] for (uint i = 0; i < RPL; ++i) {
+            const uint rl = owned_row(i);
+            if (rl / M != mt) continue;
+            [[unroll]] for (uint c = 0; c < NPL; ++c) mn_sh[(sg * RS + rl) * NS + lane % LPR + c * LPR] *= alpha[i];
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        coopMatLoad(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupBarrier();
+    }
+}
+
 // O = O ∘ α + P·V on the matrix units (every value of V finite, O finite).
 void accumulate_tile() {
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
-        MAT_C a;
-        coopMatLoad(a, mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
-        [[unroll]] for (uint vt = 0; vt < VT; ++vt) o[mt * VT + vt] = o[mt * VT + vt] * a;
+        if (CAREFUL == COOP_CAREFUL_STAGED_RESCALE) {
+            rescale_through_staging(mt);
+        } else {
+            MAT_C a;
+            coopMatLoad(a, mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint vt = 0; vt < VT; ++vt) o[mt * VT + vt] = o[mt * VT + vt] * a;
+        }
         [[unroll]] for (uint kt = 0; kt < KT; ++kt) {
             MAT_A p;
             coopMatLoad(p, p_sh, (sg * RS + mt * M) * PS + kt * K, PS, gl_CooperativeMatrixLayoutRowMajor);

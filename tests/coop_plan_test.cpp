@@ -241,6 +241,24 @@ TEST_CASE("coop plan: QKV_COOP_TILES overrides the subgroups and keys per tile",
                     qkv::invalid_argument);
 }
 
+TEST_CASE("coop plan: QKV_COOP_ISOLATE builds the careful path and names the step taken off the matrix units",
+          "[plan][coop]") {
+    const auto devices = fd::fake_devices();
+    settings set = unverified_ok();
+    coop_tiles t;
+    REQUIRE(check_coop(fd::desc_of(devices[fd::discrete_32]), layout_of(64, 64), false, set, t).why.empty());
+    CHECK(t.spec(0, false, false).careful == qkv::contract::COOP_CAREFUL_NONE);
+    CHECK(t.spec(0, false, true).careful == qkv::contract::COOP_CAREFUL_NONFINITE);
+    set.coop_isolate = coop_isolate_mode::pv;
+    REQUIRE(check_coop(fd::desc_of(devices[fd::discrete_32]), layout_of(64, 64), false, set, t).why.empty());
+    for (const bool careful : {false, true})
+        CHECK(t.spec(0, false, careful).careful == qkv::contract::COOP_CAREFUL_EVERY_TILE);
+    set.coop_isolate = coop_isolate_mode::rescale;
+    REQUIRE(check_coop(fd::desc_of(devices[fd::discrete_32]), layout_of(64, 64), false, set, t).why.empty());
+    for (const bool careful : {false, true})
+        CHECK(t.spec(0, true, careful).careful == qkv::contract::COOP_CAREFUL_STAGED_RESCALE);
+}
+
 TEST_CASE("coop plan: sdpa's fused route takes the family where it may, and only for fp16", "[plan][coop][sdpa]") {
     const settings set = unverified_ok();
     for (const auto& [f, desc, e] : device_cases()) {

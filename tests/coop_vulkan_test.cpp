@@ -117,7 +117,7 @@ bool coop_here() {
 }  // namespace
 
 TEST_CASE("coopmat: at most twice the error of attention computed in float16 (FlashAttention's rule)",
-          "[vulkan][coopmat]") {
+          "[vulkan][coopmat][isolate]") {
     if (!coop_here()) return;
     struct shape_case {
         qkv::sdpa_shape shape;
@@ -191,7 +191,8 @@ TEST_CASE("coopmat: planned calls over float16 device tensors, fused and decode,
     }
 }
 
-TEST_CASE("coopmat: GQA groups wider than a matrix tile, and infinities in V across tiles", "[vulkan][coopmat]") {
+TEST_CASE("coopmat: GQA groups wider than a matrix tile, and infinities in V across tiles",
+          "[vulkan][coopmat][isolate]") {
     if (!coop_here()) return;
     auto& ctx = gpu();
     // 40 query heads over 2 K/V heads, 3 rows each: 60 rows of a group, several M-tiles and row blocks.

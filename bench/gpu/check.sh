@@ -280,7 +280,10 @@ tests() {
 # subgroups per workgroup, keys per tile; "auto" the plan's own), each line the nmse against the
 # PyTorch-semantics reference (at most 1e-5 is right). `single` is one query against one key, so its
 # output is V's row whatever the scores are: wrong there means the P·V product, the rescale or the
-# write-out, not Q·Kᵀ. About 30 short runs (lavapipe: minutes, each tiling a pipeline to compile).
+# write-out, not Q·Kᵀ. The last two lines of each fixture take steps off the matrix units
+# (QKV_COOP_ISOLATE, contract/coop.h): isolate=pv does P·V and O's rescale per element in float32,
+# isolate=rescale only the rescale; right there and wrong on auto names the step at fault. About 40
+# short runs (lavapipe: minutes, each tiling a pipeline to compile).
 coop_probe() {
     log "Cooperative-matrix probe (QKV_COOP_UNVERIFIED=1): nmse of held-out fixtures per tiling"
     mkdir -p "$WORK/probe"
@@ -291,13 +294,14 @@ coop_probe() {
         read -r -a flags <"$dir/args.txt"
         # block_tiles in fp16 first: the float16 rounding of the inputs alone (decode_5000's scores
         # are large: 8e-2 on every family), the line each tiling is to be read against
-        for tiles in block_tiles auto 1,16 1,32 2,32 4,64; do
+        for tiles in block_tiles auto 1,16 1,32 2,32 4,64 isolate=pv isolate=rescale; do
             ((SECONDS - START > ${QKV_CHECK_SECONDS:-470} - 30)) && return 0
-            out=$WORK/probe/${name}_${tiles/,/_}.npy
+            out=$WORK/probe/${name}_${tiles//[,=]/_}.npy
             cmd qkv || return 0
             line=$( (kernel=coopmat
-                if [ "$tiles" = block_tiles ]; then kernel=block_tiles; elif [ "$tiles" != auto ]; then
-                    export QKV_COOP_TILES=$tiles
+                if [ "$tiles" = block_tiles ]; then kernel=block_tiles
+                elif [ "${tiles%%=*}" = isolate ]; then export QKV_COOP_ISOLATE=${tiles#isolate=}
+                elif [ "$tiles" != auto ]; then export QKV_COOP_TILES=$tiles
                 fi
                 timeout 30 "${CMD[@]}" sdpa --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$out" \
                     --backend vulkan --kernel "$kernel" --precision fp16 "${flags[@]}" 2>&1 >/dev/null

@@ -68,7 +68,7 @@ struct coop_spec {
     uint vec4_loads;  // 1: every offset and stride of Q, K and V is a multiple of 4: f16vec4 loads
     uint features;    // contract/score.h's SCORE_* rules of the call
     uint split;       // 1: split-K decode partials (above); 0: the fused route
-    uint careful;     // 1: V may hold a NaN or Inf (tiles that do take the careful path); 0: V is finite
+    uint careful;     // COOP_CAREFUL_*: how V's non-finite values and the rescale are handled
 };
 QKV_CONST uint COOP_SPEC_WG = 0u;
 QKV_CONST uint COOP_SPEC_LANES = 1u;
@@ -88,6 +88,14 @@ QKV_CONST uint COOP_SPEC_COUNT = 13u;
 // Padding (elements) of each shared row beyond its width: 8 halves (16 bytes) for the float16
 // tiles, 4 floats for the float32 ones, so that rows start on 16 bytes and lanes reading the same
 // column of consecutive rows fall in different banks.
+// coop_spec::careful. NONE: V is finite (no careful path built); NONFINITE: V may hold a NaN or Inf
+// (its tiles take the careful path); the fault-finding modes (QKV_COOP_ISOLATE, bench/gpu/check.sh):
+// EVERY_TILE, every tile careful (P·V and O's rescale per element in float32), STAGED_RESCALE, O's
+// rescale per element through the staging tile with P·V on the matrix units (and NONFINITE's rule).
+QKV_CONST uint COOP_CAREFUL_NONE = 0u;
+QKV_CONST uint COOP_CAREFUL_NONFINITE = 1u;
+QKV_CONST uint COOP_CAREFUL_EVERY_TILE = 2u;
+QKV_CONST uint COOP_CAREFUL_STAGED_RESCALE = 3u;
 QKV_CONST uint COOP_PAD_HALVES = 8u;
 QKV_CONST uint COOP_PAD_FLOATS = 4u;
 

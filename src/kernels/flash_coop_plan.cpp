@@ -117,6 +117,7 @@ coop_verdict choose_coop_tiles(const device_desc& desc, std::uint32_t d, std::ui
     t = {};
     t.lanes = sc.min_size;
     t.required_subgroup = t.lanes;
+    t.isolate = set.coop_isolate;
     const cooperative_matrix_shape s = pick_shape(info, t.lanes);
     if (s.m == 0)
         return {info.name +

@@ -26,6 +26,8 @@ struct coop_tiles {
     std::uint32_t row_tiles = 1, bc = 0, d_pad = 0, dv_pad = 0;
     std::uint32_t required_subgroup = 0;  ///< requiredSubgroupSize of the pipeline (0: the device's is fixed)
     std::uint32_t vec4 = 0;               ///< 1: f16vec4 loads (set by the plans, from the strides)
+    /// settings::coop_isolate (QKV_COOP_ISOLATE): steps taken off the matrix units, for fault finding.
+    coop_isolate_mode isolate = coop_isolate_mode::none;
 
     [[nodiscard]] std::uint32_t wg() const { return subgroups * lanes; }
     /// Query rows per workgroup.
@@ -33,9 +35,14 @@ struct coop_tiles {
     /// Shared memory of flash_coop.comp for these tiles (its declarations, in bytes).
     [[nodiscard]] std::uint32_t shared_bytes() const;
     /// The kernel's constants for the call's score rules, route and values (`careful`: V may hold
-    /// a NaN or Inf; a pipeline without the careful path compiles faster and skips the checks).
+    /// a NaN or Inf; a pipeline without the careful path compiles faster and skips the checks;
+    /// `isolate` builds it always: contract/coop.h's COOP_CAREFUL_* values).
     [[nodiscard]] contract::coop_spec spec(std::uint32_t features, bool split, bool careful) const {
-        return {wg(), lanes, m, n, k, row_tiles, bc, d_pad, dv_pad, vec4, features, split ? 1u : 0u, careful ? 1u : 0u};
+        const std::uint32_t values = isolate == coop_isolate_mode::pv        ? contract::COOP_CAREFUL_EVERY_TILE
+                                     : isolate == coop_isolate_mode::rescale ? contract::COOP_CAREFUL_STAGED_RESCALE
+                                     : careful                               ? contract::COOP_CAREFUL_NONFINITE
+                                                                             : contract::COOP_CAREFUL_NONE;
+        return {wg(), lanes, m, n, k, row_tiles, bc, d_pad, dv_pad, vec4, features, split ? 1u : 0u, values};
     }
 };
 

@@ -79,6 +79,16 @@ settings read_settings(const testing::hooks& hooks) {
         s.coop_unverified = flag("QKV_COOP_UNVERIFIED", v,
                                  "0 (never) or 1 (the cooperative-matrix family where asked for, on a device its "
                                  "gate has not seen it right)");
+    if (const std::string v = environment("QKV_COOP_ISOLATE"); !v.empty()) {  // fault finding
+        if (v == "pv")
+            s.coop_isolate = coop_isolate_mode::pv;
+        else if (v == "rescale")
+            s.coop_isolate = coop_isolate_mode::rescale;
+        else if (v != "none")
+            throw invalid_argument("QKV_COOP_ISOLATE=" + v +
+                                   ": expected none, pv (P·V and the rescale per element) or rescale (the "
+                                   "rescale per element)");
+    }
     if (const std::string v = environment("QKV_DECODE_CPU_TILES"); !v.empty()) {  // tuning: "rows,keys"
         unsigned r = 0, k = 0;
         if (!two_numbers(v, r, k) || !power_of_two(r) || r > 8 || !power_of_two(k) || k < 4 || k > 64)

@@ -13,6 +13,9 @@
 
 namespace qkv::vulkan::detail {
 
+/// settings::coop_isolate: which of the cooperative-matrix kernel's steps leave the matrix units.
+enum class coop_isolate_mode : std::uint32_t { none, pv, rescale };
+
 struct settings {
     // ---- tuning, from the environment (for measurements; each refuses a value it cannot use) ----
     /// QKV_CPU_SHUFFLE=0: the cpu family's kernels never share rows by subgroupShuffle (1, the
@@ -45,6 +48,12 @@ struct settings {
     /// gate says it has not been seen right there (coop_gate_effect::unverified), to measure a fix;
     /// never chosen automatically there.
     bool coop_unverified = false;
+    /// QKV_COOP_ISOLATE=pv|rescale: a fault-finding knob for a device where the family is wrong
+    /// (bench/gpu/check.sh's probe). `pv`: every K/V tile takes the careful path (P·V and O's rescale
+    /// per element in float32; Q·Kᵀ and O's loads and stores stay on the matrix units); `rescale`:
+    /// only O's rescale by α goes per element through the staging tile, P·V stays on the matrix
+    /// units. The results are the same numbers either way (within float16 rounding of P).
+    coop_isolate_mode coop_isolate = coop_isolate_mode::none;
 
     // ---- test hooks (testing::hooks) ----
     std::uint32_t max_fused_keys = 0;           ///< testing::hooks::max_fused_keys_per_dispatch
