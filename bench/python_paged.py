@@ -16,7 +16,14 @@ Each form is timed around the Python call (time.perf_counter); rounds alternate 
 per round; the arrays forms include a copy of the two pools per call (so that every call starts
 from the same cache), timed alone as "copy".
 
-    /usr/bin/python3 bench/python_paged.py [--batch 16] [--max-len 4096] [--rounds 3] [--calls 5]
+With --varlen, flash_attn_varlen_func with a block_table over the same pools (no append; sequence
+b has 1 query, every fourth 17: decode beside chunks of prefill), two ways:
+
+  gather   each sequence's rows gathered on the host into one ragged call: the route the call takes
+           for ALiBi slopes that differ per sequence (or inputs that record gradients)
+  paged    the library's paged call, the pages the batch reads uploaded into a device pool
+
+    /usr/bin/python3 bench/python_paged.py [--batch 16] [--max-len 4096] [--rounds 3] [--calls 5] [--varlen]
 
 Numbers: bench/RESULTS.md, "Python paged decode".
 """
@@ -30,7 +37,7 @@ import numpy as np
 import torch
 
 import qkv
-from qkv.flash_attn import flash_attn_with_kvcache
+from qkv.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 HQ, HKV, D, PAGE = 8, 2, 128, 16
 
@@ -41,6 +48,7 @@ def main():
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--varlen", action="store_true", help="flash_attn_varlen_func(block_table=): gather vs paged")
     a = ap.parse_args()
     torch.manual_seed(0)
     rng = np.random.default_rng(1)
@@ -69,9 +77,20 @@ def main():
         "cache": lambda: qkv.paged_attention(q, cache, table, seqlens, k=k, v=v, causal=True, alibi_slopes=same[0]),
         "copy": lambda: (kp.clone(), vp.clone()),
     }
+    if a.varlen:
+        lq = [17 if b % 4 == 3 else 1 for b in range(B)]
+        cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32)
+        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+        qr = torch.randn(sum(lq), HQ, D).half()
+        args = (qr, kp, vp, cu_q, cu_k, max(lq), int(lens.max()))
+        forms = {
+            "gather": lambda: flash_attn_varlen_func(*args, causal=True, alibi_slopes=differ, block_table=table),
+            "paged": lambda: flash_attn_varlen_func(*args, causal=True, alibi_slopes=same, block_table=table),
+        }
     print(f"B = {B}, {int(lens.sum())} keys (lengths {int(lens.min())}..{int(lens.max())}), Hq = {HQ}, Hkv = {HKV}, "
           f"d = {D}, float16, {num_pages} pages of {PAGE}; {qkv.default_context()}")
-    print("round | " + " | ".join(f"{n} ms" for n in forms) + " | arrays / gather | cache / arrays | load")
+    ratios = "paged / gather" if a.varlen else "arrays / gather | cache / arrays"
+    print("round | " + " | ".join(f"{n} ms" for n in forms) + f" | {ratios} | load")
     for r in range(a.rounds):
         med = {}
         for name, f in forms.items():
@@ -82,9 +101,9 @@ def main():
                 f()
                 ts.append((time.perf_counter() - t) * 1e3)
             med[name] = statistics.median(ts)
-        print(f"{r} | " + " | ".join(f"{med[n]:.1f}" for n in forms) +
-              f" | {med['arrays'] / med['gather']:.2f} | {med['cache'] / med['arrays']:.3f} | "
-              f"{os.getloadavg()[0]:.1f}")
+        ratio = (f"{med['paged'] / med['gather']:.3f}" if a.varlen else
+                 f"{med['arrays'] / med['gather']:.2f} | {med['cache'] / med['arrays']:.3f}")
+        print(f"{r} | " + " | ".join(f"{med[n]:.1f}" for n in forms) + f" | {ratio} | {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -31,15 +31,25 @@ def _differentiable(call):
     return tuple(zip((call.query, call.key, call.value, *extras), (*call.names, "attn_mask", "sinks")))
 
 
-def requiring_grad(call):
-    """The name of the first of the call's inputs that would record a graph, or None."""
+def _first_recording(pairs):
     torch = sys.modules.get("torch")
     if torch is None or not torch.is_grad_enabled():
         return None
-    for x, name in _differentiable(call):
+    for x, name in pairs:
         if isinstance(x, torch.Tensor) and x.requires_grad:
             return name
     return None
+
+
+def requiring_grad(call):
+    """The name of the first of the call's inputs that would record a graph, or None."""
+    return _first_recording(_differentiable(call))
+
+
+def records(*arrays):
+    """Whether any of the arrays would record a graph (a torch tensor that requires grad, with grad
+    enabled): a call without a backward pass must then take another route."""
+    return _first_recording((x, "input") for x in arrays) is not None
 
 
 def _inverse(perm):

@@ -32,7 +32,9 @@ deterministic).
 The variable-length functions (flash_attn_varlen_func and its packed forms) compute a ragged
 batch in one call of the library's varlen attention (qkv/runtime/varlen.hpp): each sequence is its
 own problem, causal and windows aligned to its own bottom-right corner, softmax_lse
-(nheads, total_q); their gradients run each sequence's backward pass. dropout_p > 0 is refused
+(nheads, total_q); their gradients run each sequence's backward pass. With a block_table (paged
+k and v) flash_attn_varlen_func runs the library's paged call instead, as flash_attn_with_kvcache
+does (the rows gathered into the varlen call only for gradients and per-sequence ALiBi slopes). dropout_p > 0 is refused
 there (InvalidArgument): the library draws dropout's mask per row of a (batch, nheads, seqlen)
 batch, which a ragged one does not have. flash_attn_with_kvcache appends to a cache the caller holds
 (arrays, updated in place; contiguous or paged) or to a qkv.PagedKVCache kept on the device, and
@@ -200,16 +202,15 @@ class _Ragged:
         return tuple(_arrays.wrap(g, _arrays.TORCH) for g in grads)
 
 
-def _paged_rows(pool, name, block_table, lengths):
-    """The rows of each sequence b, [0, lengths[b]), read through its row of the block table from a
-    pool (num_blocks, page_size, H, D), packed along one token axis: FlashAttention's paged K/V
-    gathered (a copy; torch indexing keeps the gradient's path to the pool)."""
+def _pages_read(pool, name, block_table, lengths):
+    """The pages each sequence b reads for its keys [0, lengths[b]), as (b, j, page index) in order,
+    every index checked against the pool (num_blocks, page_size, H, D) before anything is read."""
     shape = _arrays.shape_of(pool)
     if len(shape) != 4:
         raise InvalidArgument(f"{name} has shape {shape}: with a block_table it is (num_blocks, page_block_size, "
                               "nheads_k, headdim)")
     blocks, page = shape[0], shape[1]
-    rows = []
+    used = []
     for b, n in enumerate(lengths):
         pages = -(-n // page) if page else 0
         if pages > len(block_table[b]):
@@ -220,7 +221,20 @@ def _paged_rows(pool, name, block_table, lengths):
             if not 0 <= index < blocks:
                 raise InvalidArgument(f"block_table[{b}, {j}] = {index}: the pool {name} has {blocks} pages "
                                       f"(0 to {blocks - 1})")
-            rows.extend(range(index * page, index * page + min(page, n - j * page)))
+            used.append((b, j, index))
+    return used
+
+
+def _paged_rows(pool, name, block_table, lengths):
+    """The rows of each sequence b, [0, lengths[b]), read through its row of the block table from a
+    pool (num_blocks, page_size, H, D), packed along one token axis: FlashAttention's paged K/V
+    gathered (a copy; torch indexing keeps the gradient's path to the pool)."""
+    shape = _arrays.shape_of(pool)
+    page = shape[1] if len(shape) == 4 else 0
+    rows = []
+    for b, j, index in _pages_read(pool, name, block_table, lengths):
+        rows.extend(range(index * page, index * page + min(page, lengths[b] - j * page)))
+    blocks = shape[0]
     flat = pool.reshape(blocks * page, shape[2], shape[3])
     if _arrays.kind_of(pool) == _arrays.TORCH:
         return flat[_arrays._torch().tensor(rows, dtype=_arrays._torch().int64)]
@@ -250,28 +264,58 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     check_dtypes(q, k, v)
     cu_q, cu_k = _offsets(cu_seqlens_q, "cu_seqlens_q"), _offsets(cu_seqlens_k, "cu_seqlens_k")
     max_q, max_k = _count(max_seqlen_q, "max_seqlen_q"), _count(max_seqlen_k, "max_seqlen_k")
-    if block_table is not None:  # FlashAttention's paged varlen: k and v are pools, cu_seqlens_k the lengths
-        if len(cu_k) < 2 or any(b < a for a, b in zip(cu_k, cu_k[1:])):
-            raise InvalidArgument(f"cu_seqlens_k {cu_k}: it must be nondecreasing batch + 1 offsets")
-        lengths = [b - a for a, b in zip(cu_k, cu_k[1:])]
-        table = _block_table(block_table, len(lengths))
-        k, v = _paged_rows(k, names[1], table, lengths), _paged_rows(v, names[2], table, lengths)
-        cu_k = [0]
-        for n in lengths:
-            cu_k.append(cu_k[-1] + n)
     if window_size is None:
         window_size = (-1, -1)
     if softcap is None:
         softcap = 0.0
     opts = options(scale=softmax_scale, causal=causal, alignment=BOTTOM_RIGHT, window=window_size, softcap=softcap,
                    return_lse=bool(return_attn_probs), precision=precision)
-    opts.update(dropout_options(dropout_p))  # refused by the library's capability table (its message says why)
+    dropout = dropout_options(dropout_p)
+    opts.update(dropout)  # refused by the library's capability table (its message says why)
     slopes = small(alibi_slopes, "alibi_slopes")
+    if block_table is not None:  # FlashAttention's paged varlen: k and v are pools, cu_seqlens_k the lengths
+        if len(cu_k) < 2 or any(b < a for a, b in zip(cu_k, cu_k[1:])):
+            raise InvalidArgument(f"cu_seqlens_k {cu_k}: it must be nondecreasing batch + 1 offsets")
+        lengths = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        table = _block_table(block_table, len(lengths))
+        for pool, name in ((k, names[1]), (v, names[2])):
+            _pages_read(pool, name, table, lengths)  # every page index checked before anything is read
+        uniform_slopes, uniform = _uniform_slopes(slopes)
+        if uniform and not dropout and not _autograd.records(q, k, v):
+            return _paged_varlen(q, k, v, kind, cu_q, lengths, table, max_q, max_k, uniform_slopes, opts, device,
+                                 return_attn_probs)
+        # Gradients (the library's paged call has no backward pass), ALiBi slopes that differ per
+        # sequence and dropout's refusal: each sequence's rows gathered (a copy), one ragged call.
+        k, v = _paged_rows(k, names[1], table, lengths), _paged_rows(v, names[2], table, lengths)
+        cu_k = [0]
+        for n in lengths:
+            cu_k.append(cu_k[-1] + n)
     call = _Ragged(q, k, v, names, kind, cu_q, cu_k, max_q, max_k, slopes, opts, _devices.resolve(device))
     out, lse, _ = _autograd.run(call)
     if not return_attn_probs:
         return out
     return out, _flash_lse(lse, kind), None
+
+
+def _paged_varlen(q, k_pool, v_pool, kind, cu_q, lengths, table, max_q, max_k, slopes, opts, device, with_lse):
+    """flash_attn_varlen_func with a block_table on the library's paged call: the ragged q as the
+    paged problem's cu_seqlens_q, cache_seqlens the keys of each sequence; on a Vulkan device the
+    pages the batch reads are uploaded once each into a device pool for the call."""
+    if len(cu_q) != len(lengths) + 1:
+        raise InvalidArgument(f"cu_seqlens_q has {len(cu_q)} offsets and cu_seqlens_k {len(lengths) + 1}: one "
+                              "batch + 1 each")
+    longest_q = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
+    if max_q < longest_q or max_k < max(lengths, default=0):
+        raise InvalidArgument(f"max_seqlen_q = {max_q} and max_seqlen_k = {max_k}: the longest sequence has "
+                              f"{longest_q} queries and {max(lengths, default=0)} keys")
+    out, lse, _, _ = _qkv._paged(
+        _arrays.detached(q), _arrays.detached(k_pool), _arrays.detached(v_pool), None,
+        [i for row in table for i in row], len(table[0]) if table else 0, lengths, None, None, None, None, True, [],
+        [], cu_seqlens_q=cu_q, alibi_slopes=slopes, options=opts, context=_devices.resolve(device))
+    out = _arrays.wrap(out, kind)
+    if not with_lse:
+        return out
+    return out, _flash_lse(_arrays.wrap(lse, kind), kind), None
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -288,8 +332,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     alibi_slopes (nheads,) or (batch, nheads). Returns out (total_q, nheads, headdim_v); with
     return_attn_probs=True, (out, softmax_lse (nheads, total_q) float32, None). block_table
     (batch, max_num_blocks_per_seq) int32: k and v are pools (num_blocks, page_block_size, nheads_k,
-    headdim) and cu_seqlens_k gives each sequence's length (its rows gathered, a copy). dropout_p > 0
-    is refused (InvalidArgument): the library draws dropout's mask per row of a (B, H, L) batch.
+    headdim) and cu_seqlens_k gives each sequence's length; the call is the library's paged call
+    (as flash_attn_with_kvcache's: the pages the batch reads uploaded once each into a device pool),
+    except where q, k or v record gradients or ALiBi slopes (batch, nheads) differ per sequence:
+    then each sequence's rows are gathered (a copy) into one ragged call. Every page index is
+    checked first (InvalidArgument). dropout_p > 0 is refused (InvalidArgument): the library draws
+    dropout's mask per row of a (B, H, L) batch.
     """
     q = _packed_rows(q, "q", "(total_q, nheads, headdim)")
     if block_table is None:

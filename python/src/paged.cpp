@@ -175,6 +175,7 @@ struct paged_inputs {
     dtype type = dtype::f32;
     host_array q;
     std::optional<host_array> k_pages, v_pages, k_new, v_new, cos, sin, slopes;
+    std::vector<std::int32_t> cu_q;  ///< empty, or the ragged q's B + 1 offsets (flash_attn_varlen_func)
     std::size_t batch = 0, q_len = 0, hq = 0, hkv = 0, e = 0, ev = 0, page_size = 0, num_pages = 0, new_rows = 0;
 };
 
@@ -227,7 +228,7 @@ qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& 
     p.page_size = in.page_size, p.num_pages = in.num_pages;
     if (with_pool) p.k_pages = x.k_pages.view, p.v_pages = x.v_pages.view;
     p.max_pages = max_pages, p.block_table = table, p.cache_seqlens = seqlens;
-    p.q_len = in.q_len, p.q = x.q;
+    p.q_len = in.q_len, p.q = x.q, p.cu_seqlens_q = in.cu_q;
     p.options = in.opt.options;
     p.alibi_slopes = x.slopes.view.subspan(0, in.slopes ? in.hq : 0);
     p.new_rows = in.new_rows, p.k_new = x.k_new, p.v_new = x.v_new;
@@ -258,19 +259,33 @@ qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& 
 }
 
 /// (output (B, L, Hq, Ev) of the inputs' dtype, lse (Hq, B·L) float32 or None, the new keys as
-/// written (B, new, Hkv, E) of the inputs' dtype or None, the new values likewise).
+/// written (B, new, Hkv, E) of the inputs' dtype or None, the new values likewise). With
+/// cu_seqlens_q (B + 1 offsets; flash_attn_varlen_func's paged form) q is ragged, (total_q, Hq, E),
+/// the output (total_q, Hq, Ev) and lse (Hq, total_q); it takes no new rows.
 py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object pool_object,
                 const std::vector<std::int32_t>& table, std::size_t max_pages, const std::vector<std::int32_t>& seqlens,
                 py::handle k_new, py::handle v_new, py::handle rotary_cos, py::handle rotary_sin, bool interleaved,
                 const std::vector<std::int32_t>& batch_idx, const std::vector<std::int32_t>& leftpad,
-                py::handle alibi_slopes, const py::dict& options, py::handle device) {
+                const std::vector<std::int32_t>& cu_seqlens_q, py::handle alibi_slopes, const py::dict& options,
+                py::handle device) {
     paged_inputs in;
     in.opt = read_options(options);
     in.q = read_array(q, "q");
-    if (in.q.rank() != 4) refuse("q has shape " + dims(in.q.shape) + ": it must be (batch, seqlen_q, nheads, headdim)");
+    in.cu_q = cu_seqlens_q;
+    const bool ragged = !in.cu_q.empty();
+    if (!ragged && in.q.rank() != 4)
+        refuse("q has shape " + dims(in.q.shape) + ": it must be (batch, seqlen_q, nheads, headdim)");
+    if (ragged && in.q.rank() != 3)
+        refuse("q has shape " + dims(in.q.shape) + ": it must be (total_q, nheads, headdim)");
+    if (ragged && (!k_new.is_none() || !rotary_cos.is_none()))
+        refuse("a ragged q (cu_seqlens_q) takes no new k and v and no rotary embedding");
     in.type = in.q.type;
     if (in.type == dtype::boolean) refuse("q is bool: it must be floating point");
-    in.batch = in.q.shape[0], in.q_len = in.q.shape[1], in.hq = in.q.shape[2], in.e = in.q.shape[3];
+    if (ragged) {
+        in.batch = seqlens.size(), in.q_len = 0, in.hq = in.q.shape[1], in.e = in.q.shape[2];
+    } else {
+        in.batch = in.q.shape[0], in.q_len = in.q.shape[1], in.hq = in.q.shape[2], in.e = in.q.shape[3];
+    }
     py_paged_pool* pool = pool_object.is_none() ? nullptr : &pool_object.cast<py_paged_pool&>();
     const context_ptr ctx = pool ? pool->context : context_of(device);
     if (pool) {
@@ -319,8 +334,11 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
     std::optional<out_array> out, lse, k_rows, v_rows;
     {
         py::gil_scoped_release nogil;
-        const std::vector<std::size_t> none, out_shape{in.batch, in.q_len, in.hq, in.ev},
-            lse_shape{in.hq, in.batch * in.q_len}, new_k{in.batch, in.new_rows, in.hkv, in.e},
+        const std::size_t total_q = ragged ? in.q.shape[0] : in.batch * in.q_len;
+        const std::vector<std::size_t> none,
+            out_shape = ragged ? std::vector<std::size_t>{total_q, in.hq, in.ev}
+                               : std::vector<std::size_t>{in.batch, in.q_len, in.hq, in.ev},
+            lse_shape{in.hq, total_q}, new_k{in.batch, in.new_rows, in.hkv, in.e},
             new_v{in.batch, in.new_rows, in.hkv, in.ev};
         const auto finish = [&](auto&& o, auto& x) {
             out = make_output(std::move(o.output), in.type, out_shape, none, "output");
@@ -427,8 +445,10 @@ void bind_paged(py::module_& m) {
     m.def("_paged", &paged, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pool"),
           py::arg("block_table"), py::arg("max_pages"), py::arg("cache_seqlens"), py::arg("k"), py::arg("v"),
           py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("cache_batch_idx"),
-          py::arg("cache_leftpad"), py::kw_only(), py::arg("alibi_slopes"), py::arg("options"), py::arg("context"),
-          "flash_attn_with_kvcache with a block_table (qkv/flash_attn.py calls it). Returns (output, lse or None, "
+          py::arg("cache_leftpad"), py::kw_only(), py::arg("cu_seqlens_q") = std::vector<std::int32_t>{},
+          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"),
+          "flash_attn_with_kvcache and flash_attn_varlen_func (cu_seqlens_q) with a block_table "
+          "(qkv/flash_attn.py calls it). Returns (output, lse or None, "
           "the new keys as written or None, the new values or None) as _Array buffers.");
 }
 

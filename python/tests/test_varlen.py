@@ -17,7 +17,7 @@ import qkv
 from qkv.flash_attn import (flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                             flash_attn_varlen_qkvpacked_func)
 
-from conftest import fa_reference, flash_rule, max_error, needs_vulkan
+from conftest import fa_reference, flash_rule, max_error, needs_vulkan, nmse
 
 
 def offsets(lengths):
@@ -131,6 +131,155 @@ def test_paged_keys_through_a_block_table():
     with pytest.raises(qkv.InvalidArgument, match=r"block_table\[2, 1\] = 6"):
         flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 3, 9, device="cpu",
                                block_table=torch.tensor([[3, 0, 0], [1, 1, 1], [5, 6, 4]], dtype=torch.int32))
+
+
+def paged_numpy_reference(q, pool_k, pool_v, table, lq, lk, causal=False, window_size=(-1, -1), softcap=0.0,
+                          alibi_slopes=None, softmax_scale=None):
+    """FlashAttention's paged flash_attn_varlen_func in float64 numpy, from its documentation: key j
+    of sequence b is row j % page_block_size of page block_table[b, j // page_block_size] (j below
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b]); query i of sequence b sits at key i + S_b - L_b (causal
+    and windows aligned bottom-right); query head h reads K/V head h // (nheads // nheads_k); ALiBi
+    adds -slope * |i + S_b - L_b - j|; softcap caps each scaled score. Returns out (total_q, h, dv)
+    and lse (h, total_q), a row with no key: zeros and +inf (FlashAttention 2's lse)."""
+    q, pool_k, pool_v = (np.asarray(x, dtype=np.float64) for x in (q, pool_k, pool_v))
+    page, hk = pool_k.shape[1], pool_k.shape[2]
+    total, h, d = q.shape
+    scale = 1.0 / np.sqrt(d) if softmax_scale is None else softmax_scale
+    out = np.zeros((total, h, pool_v.shape[3]))
+    lse = np.full((h, total), np.inf)
+    start = 0
+    for b, (n_q, n_k) in enumerate(zip(lq, lk)):
+        keys = np.array([pool_k[table[b][j // page], j % page] for j in range(n_k)]).reshape(n_k, hk, d)
+        values = np.array([pool_v[table[b][j // page], j % page] for j in range(n_k)]).reshape(n_k, hk, -1)
+        for head in range(h):
+            kv = head // (h // hk)
+            s = q[start:start + n_q, head] @ keys[:, kv].T * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            i = np.arange(n_q)[:, None] + n_k - n_q
+            j = np.arange(n_k)[None, :]
+            if alibi_slopes is not None:
+                s = s - float(alibi_slopes[head]) * np.abs(i - j)
+            left, right = window_size
+            right = (0 if right < 0 else min(right, 0)) if causal else right
+            keep = np.ones_like(s, dtype=bool)
+            if left >= 0:
+                keep &= j >= i - left
+            if right >= 0:
+                keep &= j <= i + right
+            s = np.where(keep, s, -np.inf)
+            for r in range(n_q):
+                if keep[r].any():
+                    m = s[r].max()
+                    w = np.exp(s[r] - m)
+                    out[start + r, head] = w @ values[:, kv] / w.sum()
+                    lse[head, start + r] = m + np.log(w.sum())
+        start += n_q
+    return out, lse
+
+
+def paged_pools(lk, page, hk, d, dv, dtype, seed, spare=3):
+    """Pools holding each sequence's keys in pages listed in shuffled order (spare pages of other
+    data among them), the table of int32 (batch, max_pages), and the packed keys and values."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // page) for n in lk]
+    blocks = sum(need) + spare
+    pool_k = torch.randn(blocks, page, hk, d, generator=g, dtype=torch.float64).to(dtype)
+    pool_v = torch.randn(blocks, page, hk, dv, generator=g, dtype=torch.float64).to(dtype)
+    order = torch.randperm(blocks, generator=g).tolist()
+    width = max(max(need), 1)
+    table = torch.zeros(len(lk), width, dtype=torch.int32)
+    for b, n in enumerate(need):
+        for j in range(n):
+            table[b, j] = order.pop()
+        table[b, n:] = blocks + 7  # past the pool: never read (past the pages the length needs)
+    return pool_k, pool_v, table
+
+
+PAGED_CASES = [dict(causal=True), dict(window_size=(5, 2), softcap=2.0),
+               dict(causal=True, alibi_slopes=[0.5, 0.25, 0.125, 0.0625])]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("kw", PAGED_CASES)
+def test_paged_on_the_device_matches_a_float64_numpy_reference(page, kw, monkeypatch):
+    # GQA 4:2, q lengths 1 and 17 (and 3 queries over 2 keys: a row with no key under causal). The
+    # pages go to the device's paged call as they are: the host gather is not used.
+    def no_gather(*args):
+        raise AssertionError("the pages were gathered on the host")
+
+    monkeypatch.setattr(qkv.flash_attn, "_paged_rows", no_gather)
+    lq, lk = [1, 17, 3, 17], [37, 17, 2, 1]
+    pool_k, pool_v, table = paged_pools(lk, page, 2, 16, 8, torch.float32, seed=page + len(kw))
+    q = torch.randn(sum(lq), 4, 16, generator=torch.Generator().manual_seed(4))
+    out, lse, _ = flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), max(lq), max(lk),
+                                         block_table=table, return_attn_probs=True, **kw)
+    want, want_lse = paged_numpy_reference(q, pool_k, pool_v, table.tolist(), lq, lk, **kw)
+    assert out.dtype == torch.float32 and out.shape == want.shape and lse.shape == want_lse.shape
+    assert nmse(out, want) < 1e-10
+    assert max_error(lse, want_lse) < 1e-4
+    # numpy in, numpy out, the same bits.
+    got = flash_attn_varlen_func(q.numpy(), pool_k.numpy(), pool_v.numpy(), offsets(lq).numpy(),
+                                 offsets(lk).numpy(), max(lq), max(lk), block_table=table.numpy(), **kw)
+    assert isinstance(got, np.ndarray) and np.array_equal(got, out.numpy())
+
+
+@needs_vulkan
+def test_paged_float16_on_the_device_by_flashattentions_rule():
+    lq, lk, page = [17, 1, 17], [40, 17, 17], 16
+    pool_k, pool_v, table = paged_pools(lk, page, 2, 16, 16, torch.float16, seed=11)
+    q = torch.randn(sum(lq), 4, 16, generator=torch.Generator().manual_seed(12)).half()
+    kw = dict(causal=True, softcap=3.0)
+    out = flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 17, 40, block_table=table, **kw)
+    want, _ = paged_numpy_reference(q, pool_k, pool_v, table.tolist(), lq, lk, **kw)
+    # The same-dtype reference: the gathered rows through FlashAttention's float16 ops (fa_reference).
+    keys = torch.cat([pool_k[table[b, j // page].item(), j % page][None] for b, n in enumerate(lk) for j in range(n)])
+    vals = torch.cat([pool_v[table[b, j // page].item(), j % page][None] for b, n in enumerate(lk) for j in range(n)])
+    same, _ = reference(q, keys, vals, lq, lk, dtype=torch.float16, **kw)
+    assert out.dtype == torch.float16
+    flash_rule(out, torch.from_numpy(want), same)
+
+
+def test_paged_bad_block_index_is_refused_before_anything_runs():
+    lq, lk = [1, 17], [5, 20]
+    pool_k, pool_v, table = paged_pools(lk, 16, 1, 8, 8, torch.float32, seed=2, spare=0)
+    q = torch.randn(18, 2, 8)
+    before = [x.clone() for x in (q, pool_k, pool_v, table)]
+    bad = table.clone()
+    bad[1, 1] = pool_k.shape[0]  # sequence 1's second page: past the pool
+    for device in ("cpu", None):
+        with pytest.raises(qkv.InvalidArgument, match=rf"block_table\[1, 1\] = {pool_k.shape[0]}"):
+            flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 17, 20, block_table=bad,
+                                   device=device)
+        bad[1, 1] = -1
+        with pytest.raises(qkv.InvalidArgument, match=r"block_table\[1, 1\] = -1"):
+            flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 17, 20, block_table=bad,
+                                   device=device)
+        bad[1, 1] = pool_k.shape[0]
+        with pytest.raises(qkv.InvalidArgument, match="max_seqlen"):
+            flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 17, 19, block_table=table,
+                                   device=device)
+    for x, y in zip(before, (q, pool_k, pool_v, table)):
+        assert torch.equal(x, y)
+
+
+def test_paged_float64_reference_and_gradients_keep_the_gathered_route():
+    # device="cpu" (float64) computes the paged problem; inputs that record gradients take the
+    # gathered route and get the same values, and their gradients reach the pools.
+    lq, lk = [3, 1], [9, 4]
+    pool_k, pool_v, table = paged_pools(lk, 4, 1, 8, 8, torch.float64, seed=3)
+    q = torch.randn(4, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    kw = dict(causal=True, window_size=(4, -1), alibi_slopes=[0.3, 0.6])
+    out = flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 3, 9, block_table=table,
+                                 device="cpu", **kw)
+    assert max_error(out, paged_numpy_reference(q, pool_k, pool_v, table.tolist(), lq, lk, **kw)[0]) < 1e-12
+    pool_k.requires_grad_()
+    graded = flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 3, 9, block_table=table,
+                                    device="cpu", **kw)
+    assert max_error(graded.detach(), out) < 1e-12
+    graded.sum().backward()
+    assert pool_k.grad is not None and pool_k.grad.abs().sum() > 0
 
 
 def test_gradcheck_float64_through_the_cpu_reference():
