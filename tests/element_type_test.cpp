@@ -4,6 +4,7 @@
 // rounding against its definition, and every refusal.
 #include <qkv/runtime/element_type.hpp>
 #include <qkv/runtime/error.hpp>
+#include <qkv/runtime/half.hpp>
 
 #include <array>
 #include <bit>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "npy/npy.hpp"
+#include "runtime/half_bits.hpp"
 #include "support/catch.hpp"
 #include "support/expect.hpp"
 
@@ -144,6 +146,98 @@ TEST_CASE("float16: rounding to nearest, ties to even, and every pattern back", 
         if (!(nearest && tie_ok) && bad++ < 5) FAIL_CHECK("x = " << x << " gave " << h);
     }
     CHECK(bad == 0);
+}
+
+namespace {
+
+/// Converts `floats` by the bulk functions (the dispatched one, and the branch-free loop the others
+/// fall back on) and counts the results that differ in any bit from the scalar qkv::to_half_bits.
+std::size_t bulk_to_half_mismatches(const std::vector<float>& floats) {
+    std::vector<std::uint16_t> bulk(floats.size()), portable(floats.size());
+    qkv::to_half_bits(floats, bulk);
+    qkv::half_detail::to_halves(floats.data(), portable.data(), floats.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < floats.size(); ++i) {
+        const std::uint16_t want = qkv::to_half_bits(floats[i]);
+        if ((bulk[i] != want || portable[i] != want) && bad++ < 5)
+            FAIL_CHECK("float bits 0x" << std::hex << std::bit_cast<std::uint32_t>(floats[i]) << ": scalar 0x" << want
+                                       << ", bulk 0x" << bulk[i] << ", branch-free 0x" << portable[i]);
+    }
+    return bad;
+}
+
+}  // namespace
+
+TEST_CASE("float16 in bulk: bit for bit the scalar conversions, every half and millions of floats",
+          "[element_type][f16]") {
+    // Every float16 pattern to float32, in bulk, in every bit (NaN payloads and signs included),
+    // and back to float16 equal to the scalar round trip (a signalling NaN comes back quiet).
+    std::vector<std::uint16_t> halves(65536);
+    for (std::size_t h = 0; h < halves.size(); ++h) halves[h] = static_cast<std::uint16_t>(h);
+    std::vector<float> wide(halves.size()), portable(halves.size());
+    qkv::from_half_bits(halves, wide);
+    qkv::half_detail::from_halves(halves.data(), portable.data(), halves.size());
+    std::size_t bad = 0;
+    for (std::size_t h = 0; h < halves.size(); ++h) {
+        const auto want = std::bit_cast<std::uint32_t>(qkv::from_half_bits(halves[h]));
+        if ((std::bit_cast<std::uint32_t>(wide[h]) != want || std::bit_cast<std::uint32_t>(portable[h]) != want) &&
+            bad++ < 5)
+            FAIL_CHECK("half 0x" << std::hex << h << ": scalar 0x" << want << ", bulk 0x"
+                                 << std::bit_cast<std::uint32_t>(wide[h]) << ", branch-free 0x"
+                                 << std::bit_cast<std::uint32_t>(portable[h]));
+    }
+    CHECK(bad == 0);
+    CHECK(bulk_to_half_mismatches(wide) == 0);
+
+    // Every boundary and tie: for each float16 value, the floats at it, one ulp either side, at the
+    // midpoint to the next float16 (the tie) and one ulp either side of the midpoint, both signs.
+    std::vector<float> floats;
+    floats.reserve(4'000'000);
+    for (std::uint32_t h = 0; h < 0x7c00u; ++h) {
+        const double here = qkv::from_half_bits(static_cast<std::uint16_t>(h));
+        const double next = h + 1 == 0x7c00u ? 65536.0 : qkv::from_half_bits(static_cast<std::uint16_t>(h + 1));
+        for (const double x : {here, (here + next) / 2}) {
+            const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(x));  // exact in float32
+            for (const std::uint32_t b : {bits - 1, bits, bits + 1})
+                for (const std::uint32_t sign : {0u, 0x80000000u})
+                    if (b <= 0x7f800000u) floats.push_back(std::bit_cast<float>(b | sign));
+        }
+    }
+    // The special patterns: ±0, float32 subnormals, the largest float, inf, NaNs (quiet and
+    // signalling, payloads in the bits kept and the bits dropped).
+    for (const std::uint32_t b :
+         {0x00000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu, 0x7f800000u, 0x7f800001u,
+          0x7fc00000u, 0x7fffffffu, 0x7fa00000u, 0x7f802000u, 0x7f801fffu, 0x7fbfe000u, 0x477fefffu,
+          0x477ff000u, 0x477ff001u, 0x47800000u, 0x33000000u, 0x33000001u, 0x387fffffu, 0x38800000u})
+        for (const std::uint32_t sign : {0u, 0x80000000u}) floats.push_back(std::bit_cast<float>(b | sign));
+    // A dense sweep of float16's subnormal range, and random patterns over every float32 (NaNs and
+    // infinities included), to a few million values in all.
+    for (std::uint32_t b = 0x32f00000u; b < 0x38900000u; b += 97) floats.push_back(std::bit_cast<float>(b));
+    std::mt19937 rng(2024);
+    for (int n = 0; n < 1'500'000; ++n) floats.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+    CHECK(floats.size() > 2'000'000);
+    CHECK(bulk_to_half_mismatches(floats) == 0);
+
+    // Every length, so that each vector width's tail is taken; and one size for in and out.
+    for (std::size_t n = 0; n < 40; ++n) {
+        const std::vector<float> part(floats.begin() + 1000, floats.begin() + 1000 + static_cast<std::ptrdiff_t>(n));
+        CHECK(bulk_to_half_mismatches(part) == 0);
+    }
+    std::vector<std::uint16_t> two(2);
+    qkv_test::expect_invalid([&] { qkv::to_half_bits(std::span<const float>(floats.data(), 3), two); },
+                             {"to_half_bits", "one size"});
+    qkv_test::expect_invalid([&] { qkv::from_half_bits(std::span<const std::uint16_t>(two), std::span<float>(wide)); },
+                             {"from_half_bits", "one size"});
+
+    // The check before a float16 store: the first finite value that rounds to inf.
+    const std::vector<float> fine{65519.99f, -65504.0f, INFINITY, NAN, 1.0f};
+    CHECK(qkv::half_overflow_index(fine) == fine.size());
+    const std::vector<float> over{1.0f, INFINITY, -65520.0f, 1e30f};
+    CHECK(qkv::half_overflow_index(over) == 2);
+    std::size_t first = floats.size();
+    for (std::size_t i = 0; i < floats.size() && first == floats.size(); ++i)
+        if (std::isfinite(floats[i]) && (qkv::to_half_bits(floats[i]) & 0x7c00u) == 0x7c00u) first = i;
+    CHECK(qkv::half_overflow_index(floats) == first);
 }
 
 TEST_CASE("q8_0: d = max|x| / 127, q = round(x / d) half away from zero, d as float16", "[element_type][q8_0]") {

@@ -12,6 +12,7 @@
 
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/half.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::python {
@@ -380,6 +381,11 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
     }
     const dtype t = a.type;
     each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        // float16 rows whose values lie side by side: converted in bulk (vectorized).
+        if (t == dtype::f16 && step == 2 && reinterpret_cast<std::uintptr_t>(p) % alignof(std::uint16_t) == 0) {
+            qkv::from_half_bits({reinterpret_cast<const std::uint16_t*>(p), count}, out.subspan(i, count));
+            return;
+        }
         for (std::size_t c = 0; c < count; ++c, p += step) out[i + c] = element_as_float(t, p);
     });
 }
@@ -427,8 +433,21 @@ out_array make_output(std::vector<float>&& values, dtype type, std::vector<std::
             each_output(shape, perm, [&](std::size_t i, std::size_t src) { out[i] = values[src]; });
             return out_array(std::move(out), type, permuted(shape, perm));
         }
-        case dtype::f16:
-            return narrow(values, type, std::move(shape), perm, what, [](float v) { return qkv::to_half_bits(v); });
+        case dtype::f16: {
+            // In output order (a copy where permuted), checked, then converted in bulk (vectorized).
+            std::vector<float> ordered;
+            std::span<const float> from = values;
+            if (!perm.empty()) {
+                ordered.resize(values.size());
+                each_output(shape, perm, [&](std::size_t i, std::size_t src) { ordered[i] = values[src]; });
+                from = ordered;
+            }
+            if (const std::size_t i = qkv::half_overflow_index(from); i < from.size())
+                narrowing_overflow(what, type, static_cast<double>(from[i]));
+            std::vector<std::uint16_t> bits(from.size());
+            qkv::to_half_bits(from, bits);
+            return out_array(std::move(bits), type, permuted(shape, perm));
+        }
         case dtype::bf16:
             return narrow(values, type, std::move(shape), perm, what, [](float v) { return to_bf16_bits(v); });
         case dtype::f64: {

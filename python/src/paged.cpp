@@ -29,6 +29,7 @@
 #include "qkv/runtime/cpu.hpp"
 #include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/half.hpp"
 #include "qkv/runtime/paged.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
@@ -162,9 +163,11 @@ host_array same_type(py::handle x, const char* name, dtype type) {
 template <class T>
 void round_to(std::vector<T>& x, dtype type) {
     if constexpr (std::is_same_v<T, float>) {
-        if (type == dtype::f16)
-            for (float& f : x) f = qkv::from_half_bits(qkv::to_half_bits(f));
-        else if (type == dtype::bf16)
+        if (type == dtype::f16) {
+            std::vector<std::uint16_t> halves(x.size());
+            qkv::to_half_bits(x, halves);
+            qkv::from_half_bits(halves, x);
+        } else if (type == dtype::bf16)
             for (float& f : x) f = from_bf16_bits(to_bf16_bits(f));
     }
 }

@@ -15,6 +15,7 @@
 #include "api/kv_cache_impl.hpp"
 #include "plan/settings.hpp"
 #include "qkv/runtime/capabilities.hpp"
+#include "qkv/runtime/half.hpp"
 #include "run/io.hpp"
 #include "run/kv_storage.hpp"
 #include "run/run.hpp"
@@ -190,13 +191,12 @@ varlen_output paged_pool_call(context::impl& self, const paged_problem& given, k
             if (c.half())  // a finite value that float16 cannot hold would become inf: refuse
                 for (const auto& [what, data] : {std::pair{"k_new", std::span<const float>(resolved.k_rows)},
                                                  std::pair{"v_new", std::span<const float>(resolved.v_rows)}})
-                    for (const float x : data)
-                        if (half_overflows(x))
-                            throw numeric_overflow(
-                                std::string("sdpa over a paged K/V pool: ") + what + " holds " + std::to_string(x) +
-                                (std::string(what) == "k_new" && given.rotary_dim ? " (rotated)" : "") +
-                                ", beyond float16's range (65504) of this fp16 pool; nothing was "
-                                "written");
+                    if (const std::size_t i = half_overflow_index(data); i < data.size())
+                        throw numeric_overflow(std::string("sdpa over a paged K/V pool: ") + what + " holds " +
+                                               std::to_string(data[i]) +
+                                               (std::string(what) == "k_new" && given.rotary_dim ? " (rotated)" : "") +
+                                               ", beyond float16's range (65504) of this fp16 pool; nothing was "
+                                               "written");
             // The new rows' facts join the pool's statistics before they are written (an
             // overestimate is safe; a row the statistics miss is not).
             kv_stats added;

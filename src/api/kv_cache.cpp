@@ -18,6 +18,7 @@
 #include "kernels/tensor_ops.hpp"
 #include "plan/sdpa_plan.hpp"
 #include "qkv/runtime/capabilities.hpp"
+#include "qkv/runtime/half.hpp"
 #include "run/io.hpp"
 #include "run/kv_storage.hpp"
 #include "run/run.hpp"
@@ -424,12 +425,11 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     const bool half = c.half();
     if (half)  // a finite value that float16 cannot hold would become inf: refuse, never silently wrong
         for (const auto& [what, data] : {std::pair{"k", k}, std::pair{"v", v}})
-            for (std::size_t i = 0; i < data.size(); ++i)
-                if (half_overflows(data[i]))
-                    throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
-                                           " (" + std::to_string(data[i]) +
-                                           ") is beyond float16's range (65504) of this fp16 cache; nothing was "
-                                           "appended; use an fp32 cache or scale the inputs");
+            if (const std::size_t i = half_overflow_index(data); i < data.size())
+                throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
+                                       " (" + std::to_string(data[i]) +
+                                       ") is beyond float16's range (65504) of this fp16 cache; nothing was "
+                                       "appended; use an fp32 cache or scale the inputs");
     const std::size_t groups = c.groups();
     // What depends on the rows alone is done before the lock: the blocks of a quantized cache
     // (quantized once) and the overflow rule's facts of the values as the device will read them.

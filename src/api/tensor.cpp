@@ -13,6 +13,7 @@
 #include "api/context_impl.hpp"
 #include "api/tensor_impl.hpp"
 #include "plan/buffers.hpp"
+#include "qkv/runtime/half.hpp"
 #include "run/io.hpp"
 
 namespace qkv::vulkan {
@@ -231,11 +232,7 @@ std::vector<float> tensor::download() const {
             if (t.quantized()) {
                 dequantize(t.type, std::span<const std::byte>(from, t.bytes), out);
             } else if (t.type == element_type::f16) {
-                for (std::size_t i = 0; i < t.elements; ++i) {
-                    std::uint16_t h = 0;
-                    std::memcpy(&h, from + 2 * i, 2);
-                    out[i] = qkv::from_half_bits(h);
-                }
+                qkv::from_half_bits({reinterpret_cast<const std::uint16_t*>(from), t.elements}, out);
             } else {
                 std::memcpy(out.data(), from, t.bytes);
             }

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "qkv/runtime/element_type.hpp"
+#include "qkv/runtime/half.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -129,9 +132,7 @@ void put_floats(std::byte* at, std::span<const float> values, float scale) {
     for (std::size_t i = 0; i < values.size(); ++i) f[i] = values[i] * scale;
 }
 
-bool half_overflows(float x) {
-    return std::isfinite(x) && (qkv::to_half_bits(x) & 0x7c00u) == 0x7c00u;  // a finite value that rounds to inf
-}
+bool half_overflows(float x) { return qkv::half_overflow_index({&x, 1}) == 0; }
 
 namespace {
 
@@ -145,13 +146,30 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+/// The values times `scale` (a copy in `scaled` unless scale is 1), every one checked before any
+/// is written: a refused call leaves the memory as it was (a tensor's own memory is written in
+/// place where it is mapped).
+std::span<const float> checked_for_halves(std::span<const float> values, float scale, std::vector<float>& scaled,
+                                          const char* what) {
+    std::span<const float> stored = values;
+    if (scale != 1.0f) {
+        scaled.resize(values.size());
+        for (std::size_t i = 0; i < values.size(); ++i) scaled[i] = values[i] * scale;
+        stored = scaled;
+    }
+    const std::size_t bad = qkv::half_overflow_index(stored);
+    if (bad < stored.size()) half_overflow(what, bad, values[bad]);
+    return stored;
+}
+
+}  // namespace
+
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale) {
-    // Every value checked before any is written: a refused call leaves the memory as it was
-    // (a tensor's own memory is written in place where it is mapped).
-    for (std::size_t i = 0; i < values.size(); ++i)
-        if (half_overflows(values[i] * scale)) half_overflow(what, i, values[i]);
-    auto* h = reinterpret_cast<std::uint16_t*>(at);
-    for (std::size_t i = 0; i < values.size(); ++i) h[i] = qkv::to_half_bits(values[i] * scale);
+    std::vector<float> scaled;
+    const std::span<const float> v = checked_for_halves(values, scale, scaled, what);
+    qkv::to_half_bits(v, {reinterpret_cast<std::uint16_t*>(at), v.size()});
 }
 
 void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask) {
@@ -173,14 +191,12 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
         }
         return;
     }
+    std::vector<float> scaled;
+    const std::span<const float> v = checked_for_halves({src, rows * width}, scale, scaled, what);
     auto* d = reinterpret_cast<std::uint16_t*>(at);
     for (std::size_t r = 0; r < rows; ++r) {
         std::uint16_t* row = d + r * padded;
-        for (std::size_t c = 0; c < width; ++c) {
-            const float v = src[r * width + c] * scale;
-            if (half_overflows(v)) half_overflow(what, r * width + c, src[r * width + c]);
-            row[c] = qkv::to_half_bits(v);
-        }
+        qkv::to_half_bits(v.subspan(r * width, width), {row, width});
         std::fill(row + width, row + padded, std::uint16_t{0});
     }
 }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/half.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "run/io.hpp"
 
@@ -22,7 +23,7 @@ std::vector<float> stored_values(element_type type, std::span<const float> value
         std::vector<std::uint16_t> halves(values.size());
         put_halves(reinterpret_cast<std::byte*>(halves.data()), values, what);  // refuses what float16 cannot hold
         std::vector<float> out(values.size());
-        for (std::size_t i = 0; i < values.size(); ++i) out[i] = qkv::from_half_bits(halves[i]);
+        qkv::from_half_bits(halves, out);
         return out;
     }
     try {

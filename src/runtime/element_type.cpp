@@ -10,12 +10,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "qkv/runtime/error.hpp"
+#include "qkv/runtime/half.hpp"
+#include "runtime/half_bits.hpp"
+
+// F16C (x86's float16 conversion instructions, with AVX): compiled for those functions alone
+// (target attributes, GCC and Clang) and chosen at run time where the CPU has them. MinGW's GCC
+// does not keep 32-byte stack alignment for AVX values on Win64, so there the loops use 128-bit
+// registers only.
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define QKV_HALF_F16C 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 namespace qkv {
 namespace {
@@ -154,6 +167,95 @@ float from_half_bits(std::uint16_t bits) {
     return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+namespace {
+
+#ifdef QKV_HALF_F16C
+__attribute__((target("avx,f16c"))) void to_halves_f16c(const float* in, std::uint16_t* out, std::size_t n) {
+    std::size_t i = 0;
+#ifndef _WIN32
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i + 4 <= n; i += 4)
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i),
+                         _mm_cvtps_ph(_mm_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+    half_detail::to_halves(in + i, out + i, n - i);
+}
+
+// F16C's widening makes a signalling NaN quiet, where qkv::from_half_bits keeps every bit: a block
+// holding an inf or NaN pattern (exponent all ones: rare in data) takes the branch-free loop.
+__attribute__((target("avx,f16c"))) void from_halves_f16c(const std::uint16_t* in, float* out, std::size_t n) {
+    const __m128i exponent = _mm_set1_epi16(0x7c00);
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(h, exponent), exponent)) != 0) {
+            half_detail::from_halves(in + i, out + i, 8);
+            continue;
+        }
+#ifndef _WIN32
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+#else
+        _mm_storeu_ps(out + i, _mm_cvtph_ps(h));
+        _mm_storeu_ps(out + i + 4, _mm_cvtph_ps(_mm_unpackhi_epi64(h, h)));
+#endif
+    }
+    half_detail::from_halves(in + i, out + i, n - i);
+}
+
+bool cpu_has_f16c() {
+    static const bool has = [] {
+        // AVX usable (the CPU has it and the OS saves its registers), and F16C's CPUID bit (Clang
+        // 14's __builtin_cpu_supports does not know "f16c").
+        __builtin_cpu_init();
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    }();
+    return has;
+}
+#endif
+
+void check_sizes(std::size_t in, std::size_t out, const char* what) {
+    if (in != out)
+        fail(std::string(what) + ": " + std::to_string(in) + " values in, room for " + std::to_string(out) +
+             " out: the spans must have one size");
+}
+
+}  // namespace
+
+void to_half_bits(std::span<const float> in, std::span<std::uint16_t> out) {
+    check_sizes(in.size(), out.size(), "to_half_bits");
+#ifdef QKV_HALF_F16C
+    if (cpu_has_f16c()) return to_halves_f16c(in.data(), out.data(), in.size());
+#endif
+    half_detail::to_halves(in.data(), out.data(), in.size());
+}
+
+void from_half_bits(std::span<const std::uint16_t> in, std::span<float> out) {
+    check_sizes(in.size(), out.size(), "from_half_bits");
+#ifdef QKV_HALF_F16C
+    if (cpu_has_f16c()) return from_halves_f16c(in.data(), out.data(), in.size());
+#endif
+    half_detail::from_halves(in.data(), out.data(), in.size());
+}
+
+std::size_t half_overflow_index(std::span<const float> values) {
+    // Finite and at least 65520 in magnitude (0x477ff000 to 0x7f7fffff): what rounds to inf. The
+    // scan is a branch-free OR over 32-bit lanes (vectorized); the index is looked for only when
+    // there is one.
+    std::uint32_t any = 0;
+    for (const float v : values) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &v, 4);
+        any |= static_cast<std::uint32_t>((bits & 0x7fffffffu) - 0x477ff000u < 0x7f800000u - 0x477ff000u);
+    }
+    if (any == 0) return values.size();
+    for (std::size_t i = 0; i < values.size(); ++i)
+        if (std::isfinite(values[i]) && std::fabs(values[i]) >= 65520.0f) return i;
+    return values.size();  // not reached
+}
+
 std::size_t bytes_for(element_type type, std::size_t count) {
     check_known(type, "bytes_for");
     const std::size_t block = block_size(type);
@@ -179,12 +281,19 @@ void quantize(element_type type, std::span<const float> values, std::span<std::b
             return;
         case element_type::f16: {
             // Check every value first: nothing is written when one is refused.
-            for (std::size_t i = 0; i < values.size(); ++i)
-                if (std::isfinite(values[i]) && (to_half_bits(values[i]) & half_exponent_mask) == half_exponent_mask)
-                    fail("quantize to f16: element " + std::to_string(i) + " is " +
-                         number(static_cast<double>(values[i])) +
-                         ", beyond float16's range (a finite value must round to at most 65504 in magnitude)");
-            for (std::size_t i = 0; i < values.size(); ++i) store_u16(out.data() + 2 * i, to_half_bits(values[i]));
+            const std::size_t i = half_overflow_index(values);
+            if (i < values.size())
+                fail("quantize to f16: element " + std::to_string(i) + " is " + number(static_cast<double>(values[i])) +
+                     ", beyond float16's range (a finite value must round to at most 65504 in magnitude)");
+            if constexpr (std::endian::native == std::endian::little) {
+                if (reinterpret_cast<std::uintptr_t>(out.data()) % alignof(std::uint16_t) == 0) {
+                    to_half_bits(values, {reinterpret_cast<std::uint16_t*>(out.data()), values.size()});
+                    return;
+                }
+            }
+            std::vector<std::uint16_t> halves(values.size());
+            to_half_bits(values, halves);
+            for (std::size_t j = 0; j < values.size(); ++j) store_u16(out.data() + 2 * j, halves[j]);
             return;
         }
         case element_type::q8_0:
@@ -216,6 +325,12 @@ void dequantize(element_type type, std::span<const std::byte> in, std::span<floa
             for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_f32(in.data() + 4 * i);
             return;
         case element_type::f16:
+            if constexpr (std::endian::native == std::endian::little) {
+                if (reinterpret_cast<std::uintptr_t>(in.data()) % alignof(std::uint16_t) == 0) {
+                    from_half_bits({reinterpret_cast<const std::uint16_t*>(in.data()), out.size()}, out);
+                    return;
+                }
+            }
             for (std::size_t i = 0; i < out.size(); ++i) out[i] = from_half_bits(load_u16(in.data() + 2 * i));
             return;
         case element_type::q8_0:

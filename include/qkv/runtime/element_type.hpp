@@ -115,9 +115,9 @@ QKV_RUNTIME_API void dequantize(element_type type, std::span<const std::byte> in
 /// dequantize(quantize(values)): the values as a device storing them as `type` sees them.
 [[nodiscard]] QKV_RUNTIME_API std::vector<float> round_trip(element_type type, std::span<const float> values);
 
-/// float16 conversions, bit patterns in a std::uint16_t. to_half_bits rounds to nearest, ties to
-/// even; values beyond float16's range become ±inf, NaN stays NaN (quiet, sign kept). Nothing is
-/// refused: quantize(element_type::f16, ...) is the checked form. from_half_bits is exact.
+/// float16 conversions, bit patterns in a std::uint16_t: to nearest, ties to even; beyond float16's range ±inf,
+/// NaN stays NaN (quiet, sign kept). Nothing is refused (quantize(element_type::f16, ...) is the checked form).
+/// from_half_bits is exact. Many values at once (vectorized, the same bits): qkv/runtime/half.hpp.
 [[nodiscard]] QKV_RUNTIME_API std::uint16_t to_half_bits(float value);
 [[nodiscard]] QKV_RUNTIME_API float from_half_bits(std::uint16_t bits);
 
