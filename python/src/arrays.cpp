@@ -390,6 +390,24 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
     });
 }
 
+void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name) {
+    if (a.rank() == 0) refuse(std::string(name) + ": slices of an array of rank 0");
+    host_array slice = a;
+    slice.shape[0] = 1;
+    const std::size_t per = slice.elements();
+    expect_count(a, a.shape[0] * per, name);
+    if (out.size() != which.size() * per)
+        refuse(std::string(name) + ": " + std::to_string(which.size()) + " slices of " + std::to_string(per) +
+               " elements where " + std::to_string(out.size()) + " were expected");
+    const std::ptrdiff_t step = a.strides[0] * static_cast<std::ptrdiff_t>(item_size(a.type));
+    for (std::size_t c = 0; c < which.size(); ++c) {
+        if (which[c] < 0 || static_cast<std::size_t>(which[c]) >= a.shape[0])
+            refuse(std::string(name) + ": slice " + std::to_string(which[c]) + " of " + std::to_string(a.shape[0]));
+        slice.data = a.data + step * which[c];
+        gather(slice, out.subspan(c * per, per), name);
+    }
+}
+
 void gather(const host_array& a, std::span<double> out, const char* name) {
     expect_count(a, out.size(), name);
     if (a.type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");

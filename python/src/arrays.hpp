@@ -83,6 +83,9 @@ void gather(const host_array& a, std::span<float> out, const char* name);
 void gather(const host_array& a, std::span<double> out, const char* name);
 /// A boolean (or 0/1 integer) array as 0/1 bytes.
 void gather(const host_array& a, std::span<std::uint8_t> out, const char* name);
+/// The slices a[i] (along the first dimension) for each i of `which`, in that order, as gather
+/// reads them: `out` holds which.size() slices. Every index must lie in [0, a.shape[0]).
+void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name);
 
 /// `a`'s elements as T (float or double), without a copy where they already are contiguous T.
 void read_values(const host_array& a, values<float>& out, const char* name);

@@ -188,13 +188,16 @@ struct paged_values {
     std::vector<T> q, k_new, v_new;
 };
 
+/// Everything the call reads, as T; the caller's pools too unless `pools` is false (the device
+/// path reads only the pages the batch uses: used_pages).
 template <class T>
-paged_values<T> read_all(const paged_inputs& in) {
+paged_values<T> read_all(const paged_inputs& in, bool pools = true) {
     paged_values<T> x;
     values<T> q;
     read_values(in.q, q, "q");
     x.q.assign(q.view.begin(), q.view.end());
-    if (in.k_pages) read_values(*in.k_pages, x.k_pages, "k_cache"), read_values(*in.v_pages, x.v_pages, "v_cache");
+    if (in.k_pages && pools)
+        read_values(*in.k_pages, x.k_pages, "k_cache"), read_values(*in.v_pages, x.v_pages, "v_cache");
     if (in.k_new) {
         values<T> k, v;
         read_values(*in.k_new, k, "k"), read_values(*in.v_new, v, "v");
@@ -369,7 +372,7 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
             const auto p = problem_of(in, x, table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
             finish(p.new_rows ? ctx->sdpa(p, pool->cache) : ctx->sdpa(p, std::as_const(pool->cache)), x);
         } else {
-            paged_values<float> x = read_all<float>(in);
+            paged_values<float> x = read_all<float>(in, false);
             qkv::paged_problem p = problem_of(in, x, table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
             // Two new rows bound for one row of the caller's pool are refused here, in its page
             // numbers (the library's check, before the pages are renumbered below).
@@ -400,10 +403,17 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
                                                      .d_qk = in.e,
                                                      .d_v = in.ev,
                                                      .type = kind});
-            device_pool.append(
-                head_major(x.k_pages.view, std::span<const std::int32_t>(order), in.page_size, in.hkv, in.e),
-                head_major(x.v_pages.view, std::span<const std::int32_t>(order), in.page_size, in.hkv, in.ev),
-                order.size() * in.page_size);
+            // Only the pages used are read from the caller's pools (widened to float32), in order.
+            std::vector<std::int32_t> compact_order(order.size());
+            for (std::size_t c = 0; c < order.size(); ++c) compact_order[c] = static_cast<std::int32_t>(c);
+            const auto used_pages = [&](const host_array& pool_array, std::size_t width, const char* name) {
+                std::vector<float> pages(order.size() * in.page_size * in.hkv * width);
+                gather_slices(pool_array, order, pages, name);
+                return head_major(std::span<const float>(pages), std::span<const std::int32_t>(compact_order),
+                                  in.page_size, in.hkv, width);
+            };
+            device_pool.append(used_pages(*in.k_pages, in.e, "k_cache"), used_pages(*in.v_pages, in.ev, "v_cache"),
+                               order.size() * in.page_size);
             qkv::paged_problem on_device = p;
             on_device.num_pages = order.size();
             on_device.block_table = renumbered;
@@ -413,6 +423,7 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
             } catch (const qkv::vulkan::limit_exceeded&) {
                 // Shapes the batched paged decode does not take (head widths past its kernels'):
                 // the library's host-pool call, which runs each sequence's own route.
+                read_values(*in.k_pages, x.k_pages, "k_cache"), read_values(*in.v_pages, x.v_pages, "v_cache");
                 qkv::paged_problem on_host = p;
                 on_host.k_pages = x.k_pages.view, on_host.v_pages = x.v_pages.view;
                 o = ctx->sdpa(on_host);
