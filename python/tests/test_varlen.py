@@ -229,6 +229,9 @@ def test_paged_on_the_device_matches_a_float64_numpy_reference(page, kw, monkeyp
 def test_paged_float16_on_the_device_by_flashattentions_rule():
     lq, lk, page = [17, 1, 17], [40, 17, 17], 16
     pool_k, pool_v, table = paged_pools(lk, page, 2, 16, 16, torch.float16, seed=11)
+    unused = sorted(set(range(pool_k.shape[0])) - set(table[table < pool_k.shape[0]].tolist()))
+    assert unused
+    pool_k[unused], pool_v[unused] = float("nan"), float("inf")  # pages no sequence reads: never read
     q = torch.randn(sum(lq), 4, 16, generator=torch.Generator().manual_seed(12)).half()
     kw = dict(causal=True, softcap=3.0)
     out = flash_attn_varlen_func(q, pool_k, pool_v, offsets(lq), offsets(lk), 17, 40, block_table=table, **kw)
