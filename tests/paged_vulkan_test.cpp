@@ -1065,6 +1065,117 @@ TEST_CASE("paged_call: appends of device tensors, then attention, run and sequen
             }
 }
 
+TEST_CASE("paged_call: appends of q8_0 / q4_0 tensors into a pool of their type, run and sequence",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // k_new and v_new as ggml's blocks (the tensors quantize on upload, by qkv::quantize, as the
+    // host call quantizes its rows), copied into the pages as they are: page sizes 1 and 16,
+    // appends of 1 and 17 rows (crossing pages; 34- and 18-byte rows end mid-word), shuffled and
+    // shared pages, GQA, a sequence of new rows only. The float64 reference reads every key and
+    // value through the pool's type; the host call with the same rows gives the same bits, and the
+    // pools it and the tensors wrote read the same on every row.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0})
+        for (const std::size_t page_size : {1u, 16u})
+            for (const std::size_t rows : {1u, 17u}) {
+                INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
+                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 40},
+                                                                  .q_len = 2,
+                                                                  .q_heads = 6,
+                                                                  .kv_heads = 2,
+                                                                  .d_qk = 64,
+                                                                  .d_v = 32,
+                                                                  .page_size = page_size,
+                                                                  .shared = 1,
+                                                                  .seed = 500 + rows + page_size});
+                qkv_test::make_appends(o, rows, 41 + rows);
+                o.problem.options = causal;
+                const qkv::paged_problem host = without_pool(o.problem);
+                qkv::paged_problem want = o.problem;
+                want.options.kv_type = type;
+                const auto reference = qkv_test::device_reference(want);
+                // The host call: its rows quantized by qkv::quantize on the host.
+                qkv::vulkan::kv_cache by_host = device_pool(ctx, o.problem, type);
+                const qkv::varlen_output from_host = ctx.sdpa(host, by_host);
+                qkv_test::check_packed(from_host, reference);
+                // The pool's every row, and the batch after the append, as a decode reads them.
+                const std::size_t held = o.problem.num_pages * page_size;
+                qkv::sdpa_problem every_row;
+                every_row.shape = {
+                    .batch = 1, .q_heads = 6, .kv_heads = 2, .q_len = 1, .kv_len = held, .d_qk = 64, .d_v = 32};
+                every_row.q = std::span<const float>(o.q).first(6 * 64);
+                std::vector<std::int32_t> lengths;
+                const qkv::paged_problem after = after_append(host, lengths);
+                const std::vector<float> host_rows = ctx.sdpa(every_row, by_host).output;
+                const std::vector<float> host_after = ctx.sdpa(after, by_host).output;
+                for (const float x : host_rows) REQUIRE(std::isfinite(x));
+                for (const bool sequence : {false, true}) {
+                    INFO((sequence ? "a sequence, the batch in the description" : "run, the batch with the tensors"));
+                    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+                    qkv::vulkan::paged_call call(ctx, description_of(host, sequence), pool);
+                    append_tensors t(ctx, o, type);
+                    if (sequence) {
+                        qkv::vulkan::sequence seq(ctx);
+                        seq.record(call, t.with());
+                        seq.run();
+                    } else {
+                        call.run(t.with(&host));
+                    }
+                    const qkv::varlen_output got = downloaded(t.out, &t.lse);
+                    qkv_test::check_packed(got, reference);
+                    CHECK(got.output == from_host.output);
+                    CHECK(got.lse == from_host.lse);
+                    CHECK(ctx.sdpa(every_row, pool).output == host_rows);
+                    CHECK(ctx.sdpa(after, pool).output == host_after);
+                    qkv_test::require_clean(ctx);
+                }
+            }
+}
+
+TEST_CASE("paged_call: appends into a q8_0 / q4_0 pool are refused for another type or with rotary, nothing written",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {21, 3, 40},
+                                                      .q_len = 1,
+                                                      .q_heads = 4,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 32,
+                                                      .d_v = 64,
+                                                      .page_size = 4,
+                                                      .seed = 33});
+    qkv::paged_problem full = without_pool(o.problem);  // the pool as it is, every row the appends would write
+    const std::vector<std::int32_t> full_lengths = o.seqlens;
+    full.cache_seqlens = full_lengths;
+    qkv_test::make_appends(o, 3, 5);
+    o.problem.options = causal;
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::q8_0);
+    const std::vector<float> before = ctx.sdpa(full, pool).output;
+    qkv::vulkan::paged_call call(ctx, description_of(host, true), pool);
+    append_tensors t(ctx, o, element_type::q8_0);
+    // An f32 k_new, a q4_0 v_new: the pool's type or nothing, named.
+    for (const element_type other : {element_type::f32, element_type::q4_0}) {
+        INFO(qkv::to_string(other));
+        qkv::vulkan::tensor k_other(ctx, t.k_new.shape(), other), v_other(ctx, t.v_new.shape(), other);
+        k_other.upload(o.k_new), v_other.upload(o.v_new);
+        qkv::vulkan::paged_tensors bad = t.with();
+        bad.k_new = &k_other;
+        qkv_test::expect_invalid([&] { call.run(bad); }, {"paged_call", "k_new", "q8_0"});
+        bad = t.with(), bad.v_new = &v_other;
+        {
+            qkv::vulkan::sequence seq(ctx);
+            qkv_test::expect_invalid([&] { seq.record(call, bad); }, {"paged_call", "v_new", "q8_0"});
+            CHECK(seq.recorded() == 0);
+        }
+    }
+    // A rotary embedding: the keys come quantized, so they cannot be turned first.
+    qkv_test::make_rotary(o, 16, 64, true);
+    qkv::paged_problem turned = description_of(without_pool(o.problem), true);
+    qkv_test::expect_invalid([&] { qkv::vulkan::paged_call c(ctx, turned, pool); },
+                             {"paged_call", "rotary", "q8_0", "quantized"});
+    CHECK(ctx.sdpa(full, pool).output == before);  // nothing written
+    qkv_test::require_clean(ctx);
+}
+
 TEST_CASE("paged_call: a recorded append holds the pool until it runs; abandoned, nothing is written",
           "[paged][paged_pool][paged_call][paged_append]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();

@@ -83,10 +83,12 @@ paged_call::paged_call(context& ctx, const paged_problem& description, kv_cache&
             "new_rows says how many)");
     if (description.new_rows != 0) {
         require_supported(entry_point::paged_append, features_of(c.cache->type));
-        if (c.cache->blocks())
+        if (c.cache->blocks() && description.rotary_dim != 0)
             throw qkv::invalid_argument(
-                "paged_call: appends into a q8_0 / q4_0 pool are not taken over tensors; context::sdpa(problem, "
-                "pool) appends host rows");
+                "paged_call: a rotary embedding with appends into a " + std::string(to_string(c.cache->type)) +
+                " pool: the new keys come as ggml's blocks, and turning them needs their values before they are "
+                "quantized; turn k_new before quantizing it, or append host rows (context::sdpa(problem, pool) "
+                "turns, then quantizes)");
         if (c.cache->texels_only())
             throw limit_exceeded("paged_call: the pool's K or V passes " + c.core->dev->info().name +
                                  "'s maxStorageBufferRange of " +
@@ -187,6 +189,10 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
             throw qkv::invalid_argument("paged_call: the description appends; no k_new or v_new tensor");
         k_new = &expect_tensor(*t.k_new, "paged_call", "k_new", core, {B, p.new_rows, p.kv_heads, p.d_qk}, cache->type);
         v_new = &expect_tensor(*t.v_new, "paged_call", "v_new", core, {B, p.new_rows, p.kv_heads, p.d_v}, cache->type);
+        if (cache->blocks())  // their blocks are copied into the pages by transfer copies
+            for (const auto& [x, what] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
+                require_usage(*x, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", "paged_call",
+                              what);
         if (B * p.new_rows * p.kv_heads > 0x7fffffffu)
             throw limit_exceeded("paged_call: " + std::to_string(B * p.new_rows * p.kv_heads) +
                                  " new rows (B x new_rows x kv_heads) are more than the append's 2^31 - 1");
@@ -277,10 +283,16 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t new_k_bytes = Hkv * n_new * l.plan.e4 * tb;
     const std::uint64_t new_v_at = align_up(new_k_at + new_k_bytes, align);
     const std::uint64_t new_v_bytes = Hkv * n_new * l.plan.ev4 * tb;
+    // A q8_0 / q4_0 pool's: the values the new blocks hold as float32 (B·new_rows, Hkv, E / Ev),
+    // for the overflow rule, after the texels.
+    const bool blocks = cache->blocks();
+    const std::uint64_t wide_k_at = align_up(new_v_at + new_v_bytes, align);
+    const std::uint64_t wide_v_at = align_up(wide_k_at + n_new * Hkv * problem.d_qk * 4, align);
+    const std::uint64_t wide_end = wide_v_at + n_new * Hkv * problem.d_v * 4;
     detail::buffer_plan buffers = l.buffers;
-    if (n_new) buffers.need(role::inputs, new_v_at + new_v_bytes);
+    if (n_new) buffers.need(role::inputs, blocks ? wide_end : new_v_at + new_v_bytes);
     paged_pool pool = cache->pool(nullptr);
-    if (n_new) cache->bind_stores(pool);
+    if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
     const run_buffers& b = r.buffers;
     const bool qkv_submits = !r.rec;
@@ -299,8 +311,18 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
         const binding k_rows = b.bind(role::inputs, new_k_at, new_k_bytes);
         const binding v_rows = b.bind(role::inputs, new_v_at, new_v_bytes);
         const binding stats_all{cache->stats.handle(), 0, cache->stats.size()};
-        const tensor::impl::bound kb = tensor_access::of(*t.k_new, "paged_call").bind();
-        const tensor::impl::bound vb = tensor_access::of(*t.v_new, "paged_call").bind();
+        const tensor::impl& k_in = tensor_access::of(*t.k_new, "paged_call");
+        const tensor::impl& v_in = tensor_access::of(*t.v_new, "paged_call");
+        tensor::impl::bound kb = k_in.bind(), vb = v_in.bind();
+        if (blocks) {  // the values the blocks hold, as float32 (exactly qkv::dequantize's), then as floats are
+            const std::uint64_t k_count = n_new * Hkv * problem.d_qk, v_count = n_new * Hkv * problem.d_v;
+            const binding k_wide = b.bind(role::inputs, wide_k_at, k_count * 4);
+            const binding v_wide = b.bind(role::inputs, wide_v_at, v_count * 4);
+            record_tensor_widen(rec, *core->pipes, kb.b, kb.byte, cache->type, k_wide, 0, n_new * Hkv, problem.d_qk);
+            record_tensor_widen(rec, *core->pipes, vb.b, vb.byte, cache->type, v_wide, 0, n_new * Hkv, problem.d_v);
+            kb = {k_wide, 0, 0}, vb = {v_wide, 0, 0};
+            rec.compute_barrier();
+        }
         for (const auto& [src, dst, width, texels] :
              {std::tuple{kb, k_rows, problem.d_qk, l.plan.e4}, std::tuple{vb, v_rows, problem.d_v, l.plan.ev4}}) {
             texel_pack tp;  // (B·new_rows, Hkv, width) as Hkv groups of B·new_rows rows
@@ -327,8 +349,14 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
         g.d = l.plan.e4 * 4, g.dv = l.plan.ev4 * 4;  // whole texels: the padding is zeros
         g.half = f16;
         record_guard_rows(rec, *core->pipes, k_rows, k_rows, v_rows, stats_all, g);
-        record_paged_append(rec, *core->pipes, dev, pool, Hkv, n_new, l.plan.e4, l.plan.ev4, k_rows, v_rows,
-                            {r.scratch.handle(), rows_at_at, n_new * 4});
+        if (blocks) {  // the blocks as they are, row (x, i, h) of the tensor to pool row rows_at[x·n + i] of head h
+            const std::uint64_t kr = cache->k_row_bytes, vr = cache->v_row_bytes;
+            record_block_append(rec, {k_in.handle, k_in.offset, kr, Hkv * kr}, {v_in.handle, v_in.offset, vr, Hkv * vr},
+                                pool, Hkv, kr, vr, rows_at);
+        } else {
+            record_paged_append(rec, *core->pipes, dev, pool, Hkv, n_new, l.plan.e4, l.plan.ev4, k_rows, v_rows,
+                                {r.scratch.handle(), rows_at_at, n_new * 4});
+        }
         rec.compute_barrier();
     }
     if (total_q == 0) {  // no query rows (no tensor has none: not reached past check): nothing to do

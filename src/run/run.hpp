@@ -306,6 +306,24 @@ void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, 
                          std::uint64_t kv_heads, std::uint64_t n, std::uint32_t e4, std::uint32_t ev4, binding k_rows,
                          binding v_rows, binding rows_at);
 
+/// Where one side (K or V) of a q8_0 / q4_0 append's new rows of ggml's blocks lies: row r of K/V
+/// head h at byte at + h·head_stride + r·row_stride of `buffer` (the host call's staged rows per
+/// head, or a paged_call's k_new / v_new tensor of (B·new_rows, Hkv) rows).
+struct block_source {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    std::uint64_t at = 0, head_stride = 0, row_stride = 0;
+};
+/// Records the writes of a q8_0 / q4_0 paged append: the n = rows_at.size() new rows per K/V head
+/// of K and of V, row r to pool row rows_at[r] of the pool's blocks, bytes as they are. A row of
+/// 34- or 18-byte blocks may end mid-word, which a 32-bit word copy (shaders/paged_append.comp)
+/// cannot write without touching its neighbour row: transfer copies take any byte offset, one
+/// region per run of rows consecutive in the pool and in the source. Barriers: after earlier
+/// compute and transfer reads and writes (of the pool, of the source), and before the decode's
+/// compute reads.
+void record_block_append(recorder& rec, const block_source& k, const block_source& v, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t k_row_bytes, std::uint64_t v_row_bytes,
+                         std::span<const std::size_t> rows_at);
+
 /// Records the fused rotary embedding (shaders/paged_rotary.comp) in place on `rows` texel rows of
 /// `w4` texels (RGBA16F with `half`) in `texels` from texel `at`: row r turned at position
 /// pos[(r / pos_div) % pos_mod] of `angles` (cos at float cos_off, sin at sin_off, rotary_dim / 2

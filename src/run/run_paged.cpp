@@ -25,37 +25,6 @@ using namespace qkv::contract;
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
 
-/// Records the writes of a q8_0 / q4_0 paged append: the new rows of ggml's blocks per K/V head
-/// (Hkv, n, k_row_bytes / v_row_bytes) at `k_at` and `v_at` of `from`, row r to pool row rows_at[r]
-/// of the pool's blocks. A row of 34- or 18-byte blocks may end mid-word, which a 32-bit word copy
-/// (shaders/paged_append.comp) cannot write without touching its neighbour row: transfer copies
-/// take any byte offset, one region per run of consecutive pool rows of a K/V head. Barriers:
-/// after earlier reads and writes of the pool and of `from` (a staged upload), and before the
-/// decode reads the rows.
-void record_block_append(recorder& rec, VkBuffer from, std::uint64_t k_at, std::uint64_t v_at, const paged_pool& pool,
-                         std::uint64_t kv_heads, std::uint64_t k_row_bytes, std::uint64_t v_row_bytes,
-                         std::span<const std::size_t> rows_at) {
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-    const std::uint64_t n = rows_at.size();
-    for (const auto& [src_at, row_bytes, store] :
-         {std::tuple{k_at, k_row_bytes, pool.k_blocks}, std::tuple{v_at, v_row_bytes, pool.v_blocks}}) {
-        std::vector<VkBufferCopy> regions;
-        for (std::uint64_t h = 0; h < kv_heads; ++h)
-            for (std::uint64_t r = 0; r < n;) {
-                std::uint64_t end = r + 1;
-                while (end < n && rows_at[end] == rows_at[end - 1] + 1) ++end;
-                regions.push_back({src_at + (h * n + r) * row_bytes,
-                                   store.offset + (h * pool.rows + rows_at[r]) * row_bytes, (end - r) * row_bytes});
-                r = end;
-            }
-        rec.copy(from, store.buffer, regions);
-    }
-    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT);
-}
-
 /// Sequence b's SDPA problem as far as its shape goes (its positions, the score params).
 sdpa_problem sequence_shape_of(const paged_problem& p, std::size_t b, std::uint32_t q_len, std::uint32_t kv_len) {
     sdpa_problem s;
@@ -116,6 +85,34 @@ void record_paged_append(recorder& rec, pipeline_set& pipes, const device& dev, 
             static_cast<std::uint32_t>(ceil_div(count, PAGED_APPEND_WORKGROUP * PAGED_APPEND_PER_INVOCATION)), 1, 1};
         rec.dispatch(copy, {src, store, rows_at}, &a, groups);
     }
+}
+
+void record_block_append(recorder& rec, const block_source& k, const block_source& v, const paged_pool& pool,
+                         std::uint64_t kv_heads, std::uint64_t k_row_bytes, std::uint64_t v_row_bytes,
+                         std::span<const std::size_t> rows_at) {
+    if (!pool.k_blocks.buffer || !pool.v_blocks.buffer || !is_quantized(pool.type))
+        throw error("internal: a block append into a paged pool without its blocks");
+    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    const std::uint64_t n = rows_at.size();
+    for (const auto& [src, row_bytes, store] :
+         {std::tuple{k, k_row_bytes, pool.k_blocks}, std::tuple{v, v_row_bytes, pool.v_blocks}}) {
+        // One region per run of rows consecutive both in the pool and in the source.
+        const bool runs = src.row_stride == row_bytes;
+        std::vector<VkBufferCopy> regions;
+        for (std::uint64_t h = 0; h < kv_heads; ++h)
+            for (std::uint64_t r = 0; r < n;) {
+                std::uint64_t end = r + 1;
+                while (runs && end < n && rows_at[end] == rows_at[end - 1] + 1) ++end;
+                regions.push_back({src.at + h * src.head_stride + r * src.row_stride,
+                                   store.offset + (h * pool.rows + rows_at[r]) * row_bytes, (end - r) * row_bytes});
+                r = end;
+            }
+        rec.copy(src.buffer, store.buffer, regions);
+    }
+    rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT);
 }
 
 void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
@@ -402,8 +399,9 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     b.out = rb.bind(role::out, 0, std::max<std::uint64_t>(l.out_bytes, 16));
     b.lse = l.lse_bytes ? rb.bind(role::out, l.lse_at, l.lse_bytes) : b.out;
     if (n_new && blocks)  // Append, then attend (transfer copies: the blocks' rows may end mid-word).
-        record_block_append(session.rec(), rb[role::inputs].handle(), new_k_at, new_v_at, pool, Hkv, k_row_bytes,
-                            v_row_bytes, append.rows_at);
+        record_block_append(session.rec(), {rb[role::inputs].handle(), new_k_at, n_new * k_row_bytes, k_row_bytes},
+                            {rb[role::inputs].handle(), new_v_at, n_new * v_row_bytes, v_row_bytes}, pool, Hkv,
+                            k_row_bytes, v_row_bytes, append.rows_at);
     if (n_new && !blocks) {
         // Append, then attend: every new row in place before any key is read.
         record_paged_append(session.rec(), session.pipes(), dev, pool, Hkv, n_new, plan.e4, plan.ev4,

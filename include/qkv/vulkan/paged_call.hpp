@@ -20,8 +20,11 @@ class kv_cache;
 /// The tensors and the batch of one paged_call run or recording. q (B, L, Hq, E), or with
 /// cu_seqlens_q (total_q, Hq, E); out of the same layout with Ev; lse (Hq, total_q) where the
 /// options return it (and only then); all f32. Where the description appends (new_rows > 0):
-/// k_new (B, new_rows, Hkv, E) and v_new (B, new_rows, Hkv, Ev) of the pool's type (f32 or f16),
-/// written into the pool's pages first (append, then attend: paged.hpp). The batch: this step's
+/// k_new (B, new_rows, Hkv, E) and v_new (B, new_rows, Hkv, Ev) of the pool's type (f32, f16, or
+/// q8_0 / q4_0: ggml's blocks of 32 values along E, as kv_cache::append takes them, copied into
+/// the pages as they are), written into the pool's pages first (append, then attend: paged.hpp).
+/// A q8_0 / q4_0 pool takes no rotary embedding with appends (its keys would have to be turned
+/// before they were quantized): refused when the call is made. The batch: this step's
 /// block table (B x max_pages), cache_seqlens (B), cu_seqlens_q (empty: L = the description's
 /// q_len), cache_batch_idx and cache_leftpad (B each, or empty), host data read (copied) when the
 /// call is recorded or run; all five empty: the description's.
