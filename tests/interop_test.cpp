@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -456,6 +457,108 @@ TEST_CASE("interop: a paged_call that appends, recorded into the application's c
     qkv::paged_problem after = host_of(p);
     after.cache_seqlens = lengths, after.new_rows = 0, after.k_new = {}, after.v_new = {};
     CHECK(ctx.sdpa(after, pool).output == got);  // the rows are the pool's: equal bits without the append
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop: a paged_call appending q8_0 / q4_0 blocks from the application's buffers",
+          "[interop][paged][quantized]") {
+    // k_new and v_new as blocks in the application's buffers, at a word's second half so that K's
+    // 3·17·3 blocks of 34 or 18 bytes end on a whole word, copied into a quantized pool's pages in the
+    // application's command buffer. Discarded unsubmitted: the pool as it was. Submitted: the bits of
+    // the host call with the same rows (quantized by qkv::quantize on the host, as the tensors'
+    // upload quantizes). A buffer the copies cannot read from is refused, naming the flag.
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    for (const qkv::element_type type : {qkv::element_type::q8_0, qkv::element_type::q4_0}) {
+        INFO(qkv::to_string(type));
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 17, 20},
+                                                          .q_len = 1,
+                                                          .q_heads = 6,
+                                                          .kv_heads = 3,
+                                                          .d_qk = 32,
+                                                          .d_v = 64,
+                                                          .page_size = 16,
+                                                          .seed = 79});
+        o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
+        qkv::paged_problem before_host = o.problem;  // every row the append would write, as it was
+        before_host.k_pages = {}, before_host.v_pages = {}, before_host.num_pages = 0;
+        const std::vector<std::int32_t> full_lengths = o.seqlens;
+        before_host.cache_seqlens = full_lengths;
+        qkv_test::make_appends(o, 17, 80);
+        const qkv::paged_problem& p = o.problem;
+        const std::size_t B = 3, Hq = 6, Hkv = 3, E = 32, Ev = 64, rows = p.num_pages * p.page_size;
+        std::vector<float> k(rows * Hkv * E), v(rows * Hkv * Ev);  // the pool (1, Hkv, rows, E)
+        for (std::size_t n = 0; n < rows; ++n)
+            for (std::size_t h = 0; h < Hkv; ++h) {
+                for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = p.k_pages[(n * Hkv + h) * E + e];
+                for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = p.v_pages[(n * Hkv + h) * Ev + e];
+            }
+        const auto make_pool = [&] {
+            qkv::vulkan::kv_cache pool(
+                ctx, {.batch = 1, .kv_heads = Hkv, .capacity = rows, .d_qk = E, .d_v = Ev, .type = type});
+            pool.append(k, v, rows);
+            return pool;
+        };
+        qkv::paged_problem host = p;
+        host.k_pages = {}, host.v_pages = {}, host.num_pages = 0;
+        qkv::vulkan::kv_cache by_host = make_pool();
+        const qkv::varlen_output want = ctx.sdpa(host, by_host);
+        qkv::paged_problem ref = p;
+        ref.options.kv_type = type;
+        CHECK(nmse(want.output.data(), qkv::cpu::sdpa_f64(ref).output) <= 1e-9);
+
+        qkv::vulkan::kv_cache pool = make_pool();
+        const std::vector<float> before = ctx.sdpa(before_host, pool).output;
+        qkv::paged_problem desc = host;
+        desc.q = {}, desc.k_new = {}, desc.v_new = {};
+        qkv::vulkan::paged_call call(ctx, desc, pool);
+        const std::size_t k_bytes = qkv::bytes_for(type, B * 17 * Hkv * E);
+        const std::size_t v_bytes = qkv::bytes_for(type, B * 17 * Hkv * Ev);
+        REQUIRE(k_bytes % 4 == 2);
+        app::buffer kv = a.make_buffer(32768);
+        for (std::size_t i = 0; i < 4096; ++i) kv.data<float>()[i] = 1234.5f;  // not zeros past the tensors
+        qkv::vulkan::tensor tk = qkv::vulkan::wrap(ctx, kv.handle, 2, k_bytes, {B, 17, Hkv, E}, type);
+        // V's 3·17·3·2 blocks from a word's second half: the range reaches the word's end.
+        REQUIRE(v_bytes % 4 == 0);
+        qkv::vulkan::tensor tv = qkv::vulkan::wrap(ctx, kv.handle, 8192 + 2, v_bytes + 2, {B, 17, Hkv, Ev}, type);
+        tk.upload(o.k_new), tv.upload(o.v_new);
+        qkv::vulkan::tensor tq(ctx, {B, 1, Hq, E}), to(ctx, {B, 1, Hq, Ev});
+        tq.upload(o.q);
+        const qkv::vulkan::paged_tensors t{.q = &tq, .out = &to, .k_new = &tk, .v_new = &tv};
+        VkCommandBuffer cmd = a.begin();
+        {
+            qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+            CHECK_THROWS_AS((void)ctx.sdpa(before_host, pool), qkv::invalid_argument);
+        }
+        a.discard(cmd);
+        CHECK(ctx.sdpa(before_host, pool).output == before);  // nothing written
+        {                                                     // blocks in a buffer the transfer copies cannot read
+            app::buffer no_copy = a.make_buffer(8192, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT);
+            qkv::vulkan::tensor bad = qkv::vulkan::wrap(ctx, no_copy.handle, 2, k_bytes, {B, 17, Hkv, E}, type,
+                                                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT);
+            qkv::vulkan::paged_tensors with_bad = t;
+            with_bad.k_new = &bad;
+            cmd = a.begin();
+            try {
+                (void)qkv::vulkan::record(call, cmd, with_bad);
+                FAIL("recorded a copy from a buffer without VK_BUFFER_USAGE_TRANSFER_SRC_BIT");
+            } catch (const qkv::invalid_argument& e) {
+                CHECK(std::string(e.what()).find("VK_BUFFER_USAGE_TRANSFER_SRC_BIT") != std::string::npos);
+            }
+            a.discard(cmd);
+        }
+        cmd = a.begin();
+        qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+        app::vulkan_app::host_barrier(cmd);
+        a.submit_and_wait(cmd);
+        r.check();
+        CHECK(to.download() == want.output);
+        qkv::paged_problem after = host;
+        std::vector<std::int32_t> lengths(o.seqlens);
+        for (std::int32_t& n : lengths) n += 17;
+        after.cache_seqlens = lengths, after.new_rows = 0, after.k_new = {}, after.v_new = {};
+        CHECK(ctx.sdpa(after, pool).output == ctx.sdpa(after, by_host).output);  // the same rows in both pools
+    }
     CHECK(a.log.count() == 0);
 }
 
