@@ -1176,6 +1176,43 @@ TEST_CASE("paged_call: appends into a q8_0 / q4_0 pool are refused for another t
     qkv_test::require_clean(ctx);
 }
 
+TEST_CASE("paged_call: the overflow rule sees the values of q8_0 blocks appended over tensors",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // A q of norm 6e32 scores in float32 against the pool's keys; the same q against a new key of blocks
+    // whose scale is near float16's largest (values to 8.3e6) would leave it. The new rows' values
+    // reach the pool's statistics before the decode reads them: numeric_overflow, as from the host
+    // call with the same rows, never a silent inf or NaN.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {9, 4},
+                                                      .q_len = 1,
+                                                      .q_heads = 2,
+                                                      .kv_heads = 1,
+                                                      .d_qk = 32,
+                                                      .d_v = 32,
+                                                      .page_size = 4,
+                                                      .seed = 61});
+    qkv_test::make_appends(o, 1, 62);
+    o.problem.options = causal;
+    for (float& x : o.q) x *= 1e32f;
+    o.problem.q = o.q;
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::kv_cache calm = device_pool(ctx, o.problem, element_type::q8_0);
+    qkv::vulkan::paged_call calm_call(ctx, description_of(host, true), calm);
+    append_tensors calm_t(ctx, o, element_type::q8_0);
+    calm_call.run(calm_t.with());  // finite: the scale of the appended rows is 1
+    for (const float x : calm_t.out.download()) REQUIRE(std::isfinite(x));
+    for (float& x : o.k_new) x *= 2e6f;  // |k| up to about 8e6: q·k past float32
+    o.problem.k_new = o.k_new;
+    const qkv::paged_problem huge = without_pool(o.problem);
+    qkv::vulkan::kv_cache by_host = device_pool(ctx, o.problem, element_type::q8_0);
+    CHECK_THROWS_AS((void)ctx.sdpa(huge, by_host), qkv::vulkan::numeric_overflow);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::q8_0);
+    qkv::vulkan::paged_call call(ctx, description_of(huge, true), pool);
+    append_tensors t(ctx, o, element_type::q8_0);
+    CHECK_THROWS_AS(call.run(t.with()), qkv::vulkan::numeric_overflow);
+    qkv_test::require_clean(ctx);
+}
+
 TEST_CASE("paged_call: a recorded append holds the pool until it runs; abandoned, nothing is written",
           "[paged][paged_pool][paged_call][paged_append]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();

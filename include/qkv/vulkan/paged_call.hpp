@@ -71,7 +71,9 @@ public:
     /// Runs over `tensors` on the context's queue and waits. Every refusal comes before anything is
     /// recorded: the batch validated against the pool's pages (qkv::invalid_argument: a page index
     /// past the pool, a table too short, ...; nothing written), the tensors' shapes and types and
-    /// their aliasing (invalid_argument), the device's limits (limit_exceeded). The overflow rule
+    /// their aliasing (invalid_argument; q8_0 / q4_0 new rows are copied by transfer commands, so a
+    /// wrapped k_new or v_new needs VK_BUFFER_USAGE_TRANSFER_SRC_BIT), the device's limits
+    /// (limit_exceeded). The overflow rule
     /// as for sdpa_call: q's norms checked on the device, K's and V's from the pool's statistics
     /// (numeric_overflow, after the run).
     void run(const paged_tensors& tensors);
