@@ -1176,6 +1176,40 @@ TEST_CASE("paged_call: appends into a q8_0 / q4_0 pool are refused for another t
     qkv_test::require_clean(ctx);
 }
 
+TEST_CASE("paged_call: q8_0 / q4_0 appends with cache_batch_idx and cache_leftpad, the batch with the tensors",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // The table's rows permuted (a row no sequence reads is all -1), first keys past 0, GQA 6:3,
+    // 3 new rows each: the host call's bits and the float64 reference through the pool's type.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const element_type type : {element_type::q8_0, element_type::q4_0}) {
+        INFO(qkv::to_string(type));
+        qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                          .q_len = 3,
+                                                          .q_heads = 6,
+                                                          .kv_heads = 3,
+                                                          .d_qk = 32,
+                                                          .d_v = 64,
+                                                          .page_size = 16,
+                                                          .seed = type == element_type::q8_0 ? 71u : 72u});
+        qkv_test::make_appends(o, 3, 23);
+        qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 6});
+        o.problem.options = {.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true};
+        const qkv::paged_problem host = without_pool(o.problem);
+        qkv::paged_problem want = o.problem;
+        want.options.kv_type = type;
+        qkv::vulkan::kv_cache by_host = device_pool(ctx, o.problem, type);
+        const qkv::varlen_output from_host = ctx.sdpa(host, by_host);
+        qkv_test::check_packed(from_host, qkv_test::device_reference(want));
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, type);
+        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+        append_tensors t(ctx, o, type);
+        call.run(t.with(&host));
+        CHECK(t.out.download() == from_host.output);
+        CHECK(t.lse.download() == from_host.lse);
+        qkv_test::require_clean(ctx);
+    }
+}
+
 TEST_CASE("paged_call: the overflow rule sees the values of q8_0 blocks appended over tensors",
           "[paged][paged_pool][paged_call][paged_append]") {
     // A q of norm 6e32 scores in float32 against the pool's keys; the same q against a new key of blocks
