@@ -7,6 +7,7 @@
 #include <qkv/runtime/cpu.hpp>
 #include <qkv/runtime/element_type.hpp>
 #include <qkv/vulkan/runtime.hpp>
+#include <qkv/vulkan/testing.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -1016,6 +1017,22 @@ struct append_tensors {
     }
 };
 
+/// The bytes of the rows a q8_0 / q4_0 pool holds (its size()), K's then V's, every K/V head's.
+std::vector<std::byte> held_blocks(const qkv::vulkan::kv_cache& pool) {
+    const qkv::vulkan::testing::cache_bytes all = qkv::vulkan::testing::cache_blocks(pool);
+    const qkv::kv_layout& l = pool.layout();
+    std::vector<std::byte> held;
+    for (const auto& [bytes, width] : {std::pair{&all.k, l.d_qk}, std::pair{&all.v, l.d_v}}) {
+        const std::size_t row = qkv::bytes_for(l.type, width);
+        REQUIRE(bytes->size() == l.kv_heads * l.capacity * row);
+        for (std::size_t h = 0; h < l.kv_heads; ++h) {
+            const auto first = bytes->begin() + static_cast<std::ptrdiff_t>(h * l.capacity * row);
+            held.insert(held.end(), first, first + static_cast<std::ptrdiff_t>(pool.size() * row));
+        }
+    }
+    return held;
+}
+
 /// `p` as a paged_call's description: no q, k_new or v_new (tensors), or no batch either.
 qkv::paged_problem description_of(qkv::paged_problem p, bool with_batch) {
     p.q = {}, p.k_new = {}, p.v_new = {};
@@ -1072,7 +1089,7 @@ TEST_CASE("paged_call: appends of q8_0 / q4_0 tensors into a pool of their type,
     // appends of 1 and 17 rows (crossing pages; 34- and 18-byte rows end mid-word), shuffled and
     // shared pages, GQA, a sequence of new rows only. The float64 reference reads every key and
     // value through the pool's type; the host call with the same rows gives the same bits, and the
-    // pools it and the tensors wrote read the same on every row.
+    // pools it and the tensors wrote hold the same bytes (and read the same on every row).
     qkv::vulkan::context& ctx = qkv_test::gpu();
     for (const element_type type : {element_type::q8_0, element_type::q4_0})
         for (const std::size_t page_size : {1u, 16u})
@@ -1126,6 +1143,7 @@ TEST_CASE("paged_call: appends of q8_0 / q4_0 tensors into a pool of their type,
                     CHECK(got.lse == from_host.lse);
                     CHECK(ctx.sdpa(every_row, pool).output == host_rows);
                     CHECK(ctx.sdpa(after, pool).output == host_after);
+                    CHECK(held_blocks(pool) == held_blocks(by_host));  // the same bytes in every row held
                     qkv_test::require_clean(ctx);
                 }
             }

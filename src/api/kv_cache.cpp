@@ -19,6 +19,7 @@
 #include "plan/sdpa_plan.hpp"
 #include "qkv/runtime/capabilities.hpp"
 #include "qkv/runtime/half.hpp"
+#include "qkv/vulkan/testing.hpp"
 #include "run/io.hpp"
 #include "run/kv_storage.hpp"
 #include "run/run.hpp"
@@ -275,6 +276,37 @@ kv_cache::kv_cache(context& ctx, const kv_layout& shape, tensor k, tensor v) {
     c->core->check_alive();
     attach(*c);
     impl_ = std::move(c);
+}
+
+testing::cache_bytes testing::cache_blocks(const kv_cache& cache) {
+    const kv_cache::impl& c = alive(kv_cache_access::of(cache));
+    if (!c.blocks())
+        throw qkv::invalid_argument("testing::cache_blocks: a " + std::string(to_string(c.type)) +
+                                    " cache's storage is its keys() and values() tensors");
+    device_core& core = *c.core;
+    std::lock_guard lock(core.mutex);
+    core.check_alive();
+    c.check_ready("testing::cache_blocks", nullptr);
+    return core.guarded("testing::cache_blocks", [&] {
+        const std::uint64_t rows = std::uint64_t{c.layout.batch} * c.layout.kv_heads * c.layout.capacity;
+        const std::uint64_t k_bytes = rows * c.k_row_bytes, v_bytes = rows * c.v_row_bytes;
+        buffer staging =
+            core.alloc->create(align_up(k_bytes, 4) + v_bytes, memory_use::readback, "testing::cache_blocks staging");
+        executor& exec = *core.exec;
+        exec.begin();
+        exec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                     VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                     VK_ACCESS_TRANSFER_READ_BIT);
+        exec.copy(c.k_blocks.handle(), 0, staging.handle(), 0, k_bytes);
+        exec.copy(c.v_blocks.handle(), 0, staging.handle(), align_up(k_bytes, 4), v_bytes);
+        exec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                     VK_ACCESS_HOST_READ_BIT);
+        (void)exec.submit_and_wait();
+        staging.invalidate();
+        const std::byte* from = staging.mapped();
+        return cache_bytes{{from, from + k_bytes},
+                           {from + align_up(k_bytes, 4), from + align_up(k_bytes, 4) + v_bytes}};
+    });
 }
 
 kv_cache::~kv_cache() = default;

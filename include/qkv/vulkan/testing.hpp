@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "qkv/vulkan/context.hpp"
 #include "qkv/vulkan/device_info.hpp"
@@ -19,6 +20,7 @@
 namespace qkv::vulkan {
 
 struct external_device;  // qkv/vulkan/interop.hpp
+class kv_cache;          // qkv/vulkan/kv_cache.hpp
 
 namespace testing {
 
@@ -113,6 +115,16 @@ struct live_objects {
 /// How many compute pipelines qkv has created in this process (a plan's, a call's, a measurement's):
 /// a call's record() and run() create none, since planning the call built them.
 [[nodiscard]] QKV_VULKAN_API std::size_t pipelines_created() noexcept;
+
+/// The bytes of a q8_0 / q4_0 kv_cache's storage, read back from the device: K's blocks, then V's,
+/// each (batch, kv_heads, capacity) rows of ggml's blocks (bytes_for(type, d_qk) and
+/// bytes_for(type, d_v) bytes a row; rows not written hold whatever the memory held). For tests
+/// that two ways of writing a cache leave the same bytes. Throws qkv::invalid_argument for an f32 /
+/// f16 cache (kv_cache::keys() and values() are tensors) and while an append to it is pending.
+struct cache_bytes {
+    std::vector<std::byte> k, v;
+};
+[[nodiscard]] QKV_VULKAN_API cache_bytes cache_blocks(const kv_cache& cache);
 
 }  // namespace testing
 }  // namespace qkv::vulkan
