@@ -196,6 +196,10 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
         if (B * p.new_rows * p.kv_heads > 0x7fffffffu)
             throw limit_exceeded("paged_call: " + std::to_string(B * p.new_rows * p.kv_heads) +
                                  " new rows (B x new_rows x kv_heads) are more than the append's 2^31 - 1");
+        if (cache->blocks() && B * p.new_rows * p.kv_heads * std::max(p.d_qk, p.d_v) >= (std::uint64_t{1} << 32))
+            throw limit_exceeded("paged_call: the new rows' values, read as float32 for the overflow rule, are " +
+                                 std::to_string(B * p.new_rows * p.kv_heads * std::max(p.d_qk, p.d_v)) +
+                                 " of K or of V, more than 2^32 - 1");
     } else if (t.k_new || t.v_new) {
         throw qkv::invalid_argument("paged_call: k_new or v_new tensors, but the description's new_rows is 0");
     }
