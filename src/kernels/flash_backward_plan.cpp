@@ -6,6 +6,7 @@
 #include <string>
 
 #include "contract/score.h"
+#include "kernels/flash_cpu_plan.hpp"
 #include "kernels/gemm_tiles.hpp"
 
 namespace qkv::vulkan::detail {
@@ -18,7 +19,6 @@ constexpr std::uint32_t max_steps_per_dispatch = 65535 - 1023;
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) { return static_cast<std::uint32_t>((a + b - 1) / b); }
-bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
@@ -60,16 +60,9 @@ flash_bwd_plan plan_flash_backward(const device_desc& desc, const flash_layout& 
                                    const settings& set) {
     const device_info& info = desc.info;
     flash_bwd_plan p;
-    // One subgroup per workgroup, as the forward's cpu family (flash_cpu.cpp): a device that reports
-    // no usable subgroup size gets 8 lanes (or fewer, if its workgroups are smaller).
-    const std::uint32_t max_wg = desc.max_workgroup_x();
-    p.wg = info.subgroup_size;
-    if (!power_of_two(p.wg) || p.wg > max_wg) {
-        p.wg = 8;
-        while (p.wg > max_wg) p.wg /= 2;
-    }
-    p.d4 = ceil_div(std::max(l.d, 1u), 4);
-    p.dv4 = ceil_div(std::max(l.dv, 1u), 4);
+    // One subgroup per workgroup and the widths in texels, as the forward's row_tiles family.
+    const row_tiles_lanes lanes = plan_row_tiles_lanes(desc, l);
+    p.wg = lanes.wg, p.d4 = lanes.d4, p.dv4 = lanes.dv4;
     // Rows (dq) or keys (dk/dv) per invocation, in registers with every loop over them unrolled:
     // dq keeps three texel rows per row (q, dO, dq), dk/dv four per key (k, v, dk, dv). Measured on
     // lavapipe at N = 1024 and 4096, d = 64 (docs/devices.md): 4 rows x 8 keys a step for dq and

@@ -21,19 +21,24 @@ bool power_of_two(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
+row_tiles_lanes plan_row_tiles_lanes(const device_desc& desc, const flash_layout& l) {
+    row_tiles_lanes r;
+    const std::uint32_t max_wg = desc.max_workgroup_x();
+    r.wg = desc.info.subgroup_size;
+    if (!power_of_two(r.wg) || r.wg > max_wg) {
+        r.wg = 8;
+        while (r.wg > max_wg) r.wg /= 2;
+    }
+    r.d4 = ceil_div(std::max(l.d, 1u), 4);
+    r.dv4 = ceil_div(std::max(l.dv, 1u), 4);
+    return r;
+}
+
 flash_cpu_plan plan_flash_cpu(const device_desc& desc, const flash_layout& l, const settings& set) {
     const device_info& info = desc.info;
     flash_cpu_plan p;
-    // One subgroup per workgroup: the lanes of one SIMD vector on a CPU device. A device that
-    // reports no usable subgroup size gets 8 (or fewer, if its workgroups are smaller).
-    const std::uint32_t max_wg = desc.max_workgroup_x();
-    p.wg = info.subgroup_size;
-    if (!power_of_two(p.wg) || p.wg > max_wg) {
-        p.wg = 8;
-        while (p.wg > max_wg) p.wg /= 2;
-    }
-    p.d4 = ceil_div(std::max(l.d, 1u), 4);
-    p.dv4 = ceil_div(std::max(l.dv, 1u), 4);
+    const row_tiles_lanes lanes = plan_row_tiles_lanes(desc, l);
+    p.wg = lanes.wg, p.d4 = lanes.d4, p.dv4 = lanes.dv4;
     // Each invocation keeps rpi rows of Q and of the accumulator in registers (spilled to the
     // stack beyond the CPU's vector registers), and every loop over them is unrolled. LLVM's
     // compile time grows faster than that unrolled body: measured on lavapipe with Mesa's shader

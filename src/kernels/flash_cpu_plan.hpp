@@ -43,6 +43,15 @@ struct flash_cpu_plan {
     }
 };
 
+/// What the row_tiles family's forward (plan_flash_cpu) and backward (plan_flash_backward) kernels
+/// share: one subgroup per workgroup, the lanes of one SIMD vector on a CPU device (a device that
+/// reports no usable subgroup size gets 8, or fewer if its workgroups are smaller), and the head
+/// widths in texels of 4 values.
+struct row_tiles_lanes {
+    std::uint32_t wg = 8, d4 = 1, dv4 = 1;
+};
+row_tiles_lanes plan_row_tiles_lanes(const device_desc& desc, const flash_layout& layout);
+
 /// Plans the kernel for `layout` (its fp16 flag picks RGBA16F texels) on the device `desc`
 /// describes; settings::max_fused_keys (if not 0) caps the keys per dispatch, flash_cpu_rows/keys
 /// override the tile. A pure function.
