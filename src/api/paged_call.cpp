@@ -299,16 +299,7 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
     const run_buffers& b = r.buffers;
-    const bool qkv_submits = !r.rec;
-    if (qkv_submits) {
-        std::memset(r.guard.mapped(), 0, verdict.range);
-        r.guard.flush();
-    } else {
-        rec.fill(r.guard.handle(), 0, verdict.range, 0);
-    }
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    r.zero_verdict(rec, verdict.range);
     if (n_new) {
         // Append, then attend. The new rows packed per K/V head into texels, their facts folded into
         // the pool's statistics (the overflow rule, V's gate word), then written to their rows.
@@ -428,14 +419,11 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     }
     const guard_output result_check{pb.out, 0, out_count};
     record_guard(rec, *core->pipes, q_read, q_read, q_read, verdict, &g, &result_check);
-    if (!qkv_submits)
-        rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                    VK_ACCESS_HOST_READ_BIT);
+    r.verdict_to_host(rec);
 }
 
 void paged_call::run(const paged_tensors& tensors) {
-    if (!impl_) throw qkv::error("qkv::vulkan::paged_call used after move");
-    run_call(*impl_, tensors, "paged_call::run");
+    run_call(paged_call_access::of(*this), tensors, "paged_call::run");
 }
 
 }  // namespace qkv::vulkan

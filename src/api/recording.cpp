@@ -88,6 +88,24 @@ void recording::impl::end_marker(recorder& r) {
               VK_ACCESS_HOST_READ_BIT);
 }
 
+void recording::impl::zero_verdict(recorder& r, std::uint64_t bytes) {
+    if (!rec) {
+        std::memset(guard.mapped(), 0, bytes);
+        guard.flush();
+    } else {
+        r.fill(guard.handle(), 0, bytes, 0);
+    }
+    r.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+}
+
+void recording::impl::verdict_to_host(recorder& r) const {
+    if (rec)
+        r.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                  VK_ACCESS_HOST_READ_BIT);
+}
+
 bool recording::impl::finished() const {
     if (!rec || !marker) return true;  // run by qkv (waited on), or nothing recorded
     if (fence != VK_NULL_HANDLE) {     // the caller's fence first: the word alone is no host synchronisation

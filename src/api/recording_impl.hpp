@@ -83,6 +83,17 @@ struct recording::impl : detail::retired {
     void begin_marker(detail::recorder& rec);
     /// After everything recorded: the commands that write done_word once all of it has completed.
     void end_marker(detail::recorder& rec);
+    /// A call's verdict words (the first `bytes` of `guard`) zeroed before its kernels write them.
+    /// In qkv's own command buffer (a sequence's, or run()'s), submitted once after this record, the
+    /// last submit of this scratch having completed: by the host (the submit makes the write
+    /// visible). A caller's command buffer may be submitted again: there by the device. Then one
+    /// barrier: earlier compute writes (the caller's, or another recording's) and the zeroed words
+    /// before the call's reads and writes.
+    void zero_verdict(detail::recorder& rec, std::uint64_t bytes);
+    /// After a call's last write of its verdict words: in a caller's command buffer, the barrier
+    /// that makes them readable by the host after the fence. qkv's own submits end with that
+    /// barrier once (sequence::run, run_call), not once per call.
+    void verdict_to_host(detail::recorder& rec) const;
     /// Whether its commands have completed: true for a call run by qkv (no marker); else the word,
     /// and the caller's fence where it was given (the lock held).
     [[nodiscard]] bool finished() const override;

@@ -291,8 +291,7 @@ void recording::impl::check_backward(bool locked) const {
 }
 
 void sdpa_backward_call::run(const sdpa_backward_tensors& tensors) {
-    if (!impl_) throw qkv::error("qkv::vulkan::sdpa_backward_call used after move");
-    run_call(*impl_, tensors, "sdpa_backward_call::run");
+    run_call(sdpa_backward_call_access::of(*this), tensors, "sdpa_backward_call::run");
 }
 
 recording record(sdpa_backward_call& call, VkCommandBuffer cmd, const sdpa_backward_tensors& tensors) {

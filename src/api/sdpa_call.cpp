@@ -6,7 +6,6 @@
 #include "qkv/vulkan/sdpa_call.hpp"
 #include "qkv/vulkan/sequence.hpp"
 
-#include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
@@ -222,21 +221,7 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
     r.q_groups = q_groups, r.kv_groups = kv_groups;
     core->alloc->ensure(r.guard, guard_words::bytes(q_groups, kv_groups), memory_use::readback, "sdpa_call verdict");
     const binding verdict{r.guard.handle(), 0, guard_words::bytes(q_groups, kv_groups)};
-    // In qkv's own command buffer (a sequence's, or run()'s), submitted once after this record, the
-    // last submit of this scratch having completed: zeroed by the host (the submit makes the write
-    // visible). A caller's command buffer may be submitted again: there the device zeroes them.
-    const bool qkv_submits = !r.rec;
-    if (qkv_submits) {
-        std::memset(r.guard.mapped(), 0, verdict.range);
-        r.guard.flush();
-    } else {
-        rec.fill(r.guard.handle(), 0, verdict.range, 0);
-    }
-    // Earlier compute writes (the caller's, or another recording's), and the zeroed words, before
-    // these reads and writes: one barrier.
-    rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_UNIFORM_READ_BIT);
+    r.zero_verdict(rec, verdict.range);
     // read: the tensors as the kernels take them: in place where q, k and v share a type (f32, or
     // f16), else (widen()) each float16 or quantized one first as float32 into role::widened.
     tensor::impl::bound qb = q.bind(), kb = qb, vb = qb;
@@ -417,16 +402,9 @@ void sdpa_call::impl::record(recorder& rec, recording::impl& r, const sdpa_tenso
         rec.compute_barrier();
         record_guard(rec, pipes, qb.b, kb.b, vb.b, verdict, rows_first ? nullptr : &g, &result_check);
     }
-    // The verdict words readable by the host after the fence. qkv's own submits end with that
-    // barrier once (sequence::run, run_call), not once per call.
-    if (!qkv_submits)
-        rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                    VK_ACCESS_HOST_READ_BIT);
+    r.verdict_to_host(rec);
 }
 
-void sdpa_call::run(const sdpa_tensors& tensors) {
-    if (!impl_) throw qkv::error("qkv::vulkan::sdpa_call used after move");
-    run_call(*impl_, tensors, "sdpa_call::run");
-}
+void sdpa_call::run(const sdpa_tensors& tensors) { run_call(sdpa_call_access::of(*this), tensors, "sdpa_call::run"); }
 
 }  // namespace qkv::vulkan
