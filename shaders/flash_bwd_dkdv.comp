@@ -60,7 +60,7 @@ layout(push_constant) uniform Push { bwd_push pc; };
 
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * KPI;
-const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
+const bool EVERY_STEP = (FEATURES & SCORE_EVERY_STEP) != 0u;
 #ifdef QKV_SHUFFLE
 const bool STORE_DR = (EXTRAS & BWD_STORE_DR) != 0u;
 const bool STORE_SUMS = (EXTRAS & (BWD_STORE_DR | BWD_CHECK)) == (BWD_STORE_DR | BWD_CHECK);

@@ -64,7 +64,7 @@ layout(push_constant) uniform Push { bwd_push pc; };
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
 // Rules that change every score (not only the masked keys): the rules run on every key step.
-const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
+const bool EVERY_STEP = (FEATURES & SCORE_EVERY_STEP) != 0u;
 #ifdef QKV_SHUFFLE
 const uint ROUNDS = (KPS + WG - 1u) / WG;  // keys fetched per round: one per lane
 #endif

@@ -88,7 +88,7 @@ layout(push_constant) uniform Push { flash_cpu_push pc; };
 const uint WG = gl_WorkGroupSize.x;
 const uint BLOCK = WG * RPI;
 // Rules that change every score (not only the masked keys): the score step runs on every key step.
-const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
+const bool EVERY_STEP = (FEATURES & SCORE_EVERY_STEP) != 0u;
 
 #ifdef QKV_SHUFFLE
 // Keys fetched per round: one per lane, KPS in ROUNDS rounds (KPS may exceed WG).

@@ -125,7 +125,7 @@ const bool CAUSAL = (MASKS & MASK_FLAG_CAUSAL) != 0u;
 const bool HAS_MASK = (MASKS & MASK_FLAG_BOOLEAN) != 0u;
 const bool HAS_ADD = (MASKS & MASK_FLAG_ADDITIVE) != 0u;
 // Rules that change every score: the score step runs on every key step.
-const bool EVERY_STEP = (FEATURES & (SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW)) != 0u;
+const bool EVERY_STEP = (FEATURES & SCORE_EVERY_STEP) != 0u;
 
 score_params sp;  // the score rules' values, where FEATURES uses them
 

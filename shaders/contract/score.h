@@ -67,6 +67,11 @@ QKV_CONST uint SCORE_SINKS = 8u;     // sink logits join each row's softmax deno
 QKV_CONST uint SCORE_LSE = 16u;      // the kernel writes each row's log-sum-exp (sinks not included)
 QKV_CONST uint SCORE_DROPOUT = 32u;  // attention dropout: a weight is kept (scaled by 1 / (1 - p)) or dropped
 QKV_CONST uint SCORE_FEATURES_ALL = 63u;
+/// The rules that may change or exclude a score on any key step, not only at the masks, the last
+/// keys or the causal diagonal: with one of them, the kernels that skip the score rules on the
+/// other steps (flash_cpu.comp, sdpa_decode.comp, flash_bwd_dq.comp, flash_bwd_dkdv.comp) run
+/// them on every step. A new rule that changes every score belongs here.
+QKV_CONST uint SCORE_EVERY_STEP = SCORE_SOFTCAP | SCORE_ALIBI | SCORE_WINDOW;
 
 /// Bytes before the per-head values (vec2 per query head) in the params buffer.
 QKV_CONST uint SCORE_PARAMS_HEAD_OFFSET = 64u;
