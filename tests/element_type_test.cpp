@@ -5,6 +5,8 @@
 #include <qkv/runtime/element_type.hpp>
 #include <qkv/runtime/error.hpp>
 #include <qkv/runtime/half.hpp>
+#include <qkv/runtime/kv_layout.hpp>
+#include <qkv/runtime/sdpa.hpp>
 
 #include <array>
 #include <bit>
@@ -87,6 +89,33 @@ TEST_CASE("element_type: names, block sizes, bytes", "[element_type]") {
                              {"overflow"});
     qkv_test::expect_invalid([] { (void)qkv::bytes_for(static_cast<element_type>(9), 1); },
                              {"unknown element type (9)"});
+}
+
+TEST_CASE("element_type: i32 holds integers, refused wherever floats are stored", "[element_type]") {
+    static_assert(qkv::to_string(element_type::i32) == "i32" && qkv::parse_element_type("i32") == element_type::i32);
+    static_assert(qkv::is_known(element_type::i32) && !qkv::holds_floats(element_type::i32));
+    static_assert(qkv::holds_floats(element_type::f32) && qkv::holds_floats(element_type::q4_0));
+    static_assert(!qkv::holds_floats(static_cast<element_type>(9)));
+    static_assert(qkv::block_size(element_type::i32) == 1 && qkv::bytes_per_block(element_type::i32) == 4);
+    static_assert(!qkv::is_quantized(element_type::i32));
+    CHECK(qkv::bytes_for(element_type::i32, 17) == 68);
+    const std::vector<float> x{1.5f, -2.0f, 3.25f};
+    std::vector<std::byte> out(12);
+    std::vector<float> back(3);
+    qkv_test::expect_invalid([&] { qkv::quantize(element_type::i32, x, out); }, {"quantize", "i32", "integers"});
+    qkv_test::expect_invalid([&] { qkv::dequantize(element_type::i32, out, back); }, {"dequantize", "i32"});
+    qkv_test::expect_invalid([&] { (void)qkv::round_trip(element_type::i32, x); }, {"i32", "integers"});
+    // K and V stored as i32: refused by the problem's validation and by a cache's layout.
+    qkv::sdpa_problem p;
+    p.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 3, .kv_len = 3, .d_qk = 1, .d_v = 1};
+    p.q = x, p.k = x, p.v = x;
+    p.options.kv_type = element_type::i32;
+    qkv_test::expect_invalid([&] { qkv::validate(p); }, {"unknown kv_type (4): it takes f32, f16, q8_0, q4_0"});
+    qkv_test::expect_invalid(
+        [] {
+            qkv::validate(qkv::kv_layout{.capacity = 4, .d_qk = 8, .d_v = 8, .type = element_type::i32}, "kv_cache");
+        },
+        {"kv_cache", "i32", "integers"});
 }
 
 TEST_CASE("float16: rounding to nearest, ties to even, and every pattern back", "[element_type][f16]") {

@@ -6,6 +6,7 @@
 #include <qkv/vulkan/tensor.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <random>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/expect.hpp"
 #include "support/gpu.hpp"
 
 using qkv_test::require_clean;
@@ -68,6 +70,31 @@ TEST_CASE("tensor: upload and download in f32 and f16, misuse refused", "[tensor
     qkv::vulkan::tensor moved = std::move(t);
     CHECK_THROWS_AS((void)t.download(), qkv::error);
     CHECK(moved.download() == x);
+    require_clean(ctx);
+}
+
+TEST_CASE("tensor: i32 up and down as int32, refused where floats are needed", "[tensor]") {
+    auto ctx = qkv_test::make_context({});
+    const std::vector<std::int32_t> idx{0, -1, 7, 2147483647, -2147483647 - 1, 65536, 3, 113, -17, 16777217};
+    qkv::vulkan::tensor t(ctx, {2, 5}, qkv::element_type::i32);
+    CHECK(t.bytes() == 40);
+    t.upload(idx);
+    CHECK(t.download_int32() == idx);  // every bit kept (2^24 + 1 is no float32)
+    const std::vector<float> x(10, 1.0f);
+    qkv_test::expect_invalid([&] { t.upload(x); }, {"tensor::upload", "i32", "int32 values"});
+    qkv_test::expect_invalid([&] { (void)t.download(); }, {"tensor::download", "download_int32"});
+    qkv_test::expect_invalid([&] { t.upload(std::vector<std::int32_t>(9)); }, {"9 values", "10 elements"});
+    CHECK(t.download_int32() == idx);  // nothing was written
+    qkv::vulkan::tensor f(ctx, {10});
+    qkv_test::expect_invalid([&] { f.upload(idx); }, {"tensor::upload", "f32", "i32 tensors only"});
+    qkv_test::expect_invalid([&] { (void)f.download_int32(); }, {"download_int32", "f32"});
+    // An i32 q is refused by a call that takes floats, naming the tensor and the type it needs.
+    qkv::sdpa_problem d;
+    d.shape = {.batch = 1, .q_heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 4, .d_qk = 4, .d_v = 4};
+    qkv::vulkan::sdpa_call call(ctx, d);
+    qkv::vulkan::tensor q(ctx, {1, 1, 1, 4}, qkv::element_type::i32), k(ctx, {1, 1, 4, 4}), v(ctx, {1, 1, 4, 4}),
+        out(ctx, {1, 1, 1, 4});
+    qkv_test::expect_invalid([&] { call.run({.q = &q, .k = &k, .v = &v, .out = &out}); }, {"q tensor", "i32", "f32"});
     require_clean(ctx);
 }
 

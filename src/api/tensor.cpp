@@ -177,29 +177,17 @@ std::size_t tensor::elements() const { return tensor_access::of(*this, "tensor::
 std::uint64_t tensor::bytes() const { return tensor_access::of(*this, "tensor::bytes").bytes; }
 bool tensor::wraps_caller_memory() const { return tensor_access::of(*this, "tensor::wraps_caller_memory").wrapped; }
 
-void tensor::upload(std::span<const float> values) {
-    impl& t = tensor_access::of(*this, "tensor::upload");
-    if (values.size() != t.elements)
-        throw qkv::invalid_argument("tensor::upload: " + std::to_string(values.size()) + " values for a tensor of " +
-                                    shape_string(t.shape) + " = " + std::to_string(t.elements) + " elements");
-    require_usage(t, VK_BUFFER_USAGE_TRANSFER_DST_BIT, "VK_BUFFER_USAGE_TRANSFER_DST_BIT", "tensor::upload", "target");
+namespace {
+
+/// Host bytes into the tensor, written by `write` (which may refuse before anything is written):
+/// the tensor's own mapped memory, or a staging buffer and a copy. Waits until the device has them.
+template <class Write>
+void put_bytes(tensor::impl& t, const char* who, const Write& write) {
+    require_usage(t, VK_BUFFER_USAGE_TRANSFER_DST_BIT, "VK_BUFFER_USAGE_TRANSFER_DST_BIT", who, "target");
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    core.guarded("tensor::upload", [&] {
-        std::vector<std::byte> blocks;  // a quantized tensor's, made (and every value checked) first
-        if (t.quantized()) {
-            blocks.resize(t.bytes);
-            quantize(t.type, values, blocks);
-        }
-        const auto write = [&](std::byte* at) {
-            if (t.quantized())
-                std::memcpy(at, blocks.data(), blocks.size());
-            else if (t.type == element_type::f16)
-                put_halves(at, values, "tensor::upload: value");
-            else
-                put_floats(at, values);
-        };
+    core.guarded(who, [&] {
         if (!t.wrapped && t.owned.mapped()) {
             write(t.owned.mapped());
             t.owned.flush();
@@ -218,29 +206,20 @@ void tensor::upload(std::span<const float> values) {
     });
 }
 
-std::vector<float> tensor::download() const {
-    const impl& t = tensor_access::of(*this, "tensor::download");
+/// The tensor's bytes, handed to `read` (its own mapped memory, or a staging copy). Waits for the
+/// device.
+template <class Read>
+void get_bytes(const tensor::impl& t, const char* who, const Read& read) {
     if (t.wrapped || !t.owned.mapped())
-        require_usage(t, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", "tensor::download",
-                      "source");
+        require_usage(t, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", who, "source");
     device_core& core = *t.core;
     std::lock_guard lock(core.mutex);
     core.check_alive();
-    return core.guarded("tensor::download", [&] {
-        std::vector<float> out(t.elements);
-        const auto read = [&](const std::byte* from) {
-            if (t.quantized()) {
-                dequantize(t.type, std::span<const std::byte>(from, t.bytes), out);
-            } else if (t.type == element_type::f16) {
-                qkv::from_half_bits({reinterpret_cast<const std::uint16_t*>(from), t.elements}, out);
-            } else {
-                std::memcpy(out.data(), from, t.bytes);
-            }
-        };
+    core.guarded(who, [&] {
         if (!t.wrapped && t.owned.mapped()) {
             t.owned.invalidate();
             read(t.owned.mapped());
-            return out;
+            return;
         }
         buffer staging = core.alloc->create(t.bytes, memory_use::readback, "tensor download staging");
         executor& exec = *core.exec;
@@ -255,8 +234,86 @@ std::vector<float> tensor::download() const {
         (void)exec.submit_and_wait();
         staging.invalidate();
         read(staging.mapped());
-        return out;
     });
+}
+
+void expect_count(const tensor::impl& t, std::size_t count, const char* who) {
+    if (count != t.elements)
+        throw qkv::invalid_argument(std::string(who) + ": " + std::to_string(count) + " values for a tensor of " +
+                                    shape_string(t.shape) + " = " + std::to_string(t.elements) + " elements");
+}
+
+/// An i32 tensor for the int32 forms, a float one for the others.
+void expect_ints(const tensor::impl& t, bool ints, const char* who) {
+    if ((t.type == element_type::i32) != ints)
+        throw qkv::invalid_argument(std::string(who) + ": the tensor is " + std::string(to_string(t.type)) +
+                                    (ints ? "; int32 values go into i32 tensors only"
+                                          : "; an i32 tensor holds int32 values (upload(std::span<const "
+                                            "std::int32_t>), download_int32)"));
+}
+
+}  // namespace
+
+void tensor::upload(std::span<const float> values) {
+    impl& t = tensor_access::of(*this, "tensor::upload");
+    expect_ints(t, false, "tensor::upload");
+    expect_count(t, values.size(), "tensor::upload");
+    std::vector<std::byte> blocks;  // a quantized tensor's, made (and every value checked) first
+    if (t.quantized()) {
+        blocks.resize(t.bytes);
+        quantize(t.type, values, blocks);
+    }
+    put_bytes(t, "tensor::upload", [&](std::byte* at) {
+        if (t.quantized())
+            std::memcpy(at, blocks.data(), blocks.size());
+        else if (t.type == element_type::f16)
+            put_halves(at, values, "tensor::upload: value");
+        else
+            put_floats(at, values);
+    });
+}
+
+void tensor::upload(std::span<const std::int32_t> values) {
+    impl& t = tensor_access::of(*this, "tensor::upload");
+    expect_ints(t, true, "tensor::upload");
+    expect_count(t, values.size(), "tensor::upload");
+    put_bytes(t, "tensor::upload", [&](std::byte* at) {
+        for (std::size_t i = 0; i < values.size(); ++i) {  // little-endian words, whatever the host's order
+            const auto u = static_cast<std::uint32_t>(values[i]);
+            const std::byte word[4] = {std::byte(u & 0xffu), std::byte((u >> 8) & 0xffu), std::byte((u >> 16) & 0xffu),
+                                       std::byte(u >> 24)};
+            std::memcpy(at + 4 * i, word, 4);
+        }
+    });
+}
+
+std::vector<float> tensor::download() const {
+    const impl& t = tensor_access::of(*this, "tensor::download");
+    expect_ints(t, false, "tensor::download");
+    std::vector<float> out(t.elements);
+    get_bytes(t, "tensor::download", [&](const std::byte* from) {
+        if (t.quantized()) {
+            dequantize(t.type, std::span<const std::byte>(from, t.bytes), out);
+        } else if (t.type == element_type::f16) {
+            qkv::from_half_bits({reinterpret_cast<const std::uint16_t*>(from), t.elements}, out);
+        } else {
+            std::memcpy(out.data(), from, t.bytes);
+        }
+    });
+    return out;
+}
+
+std::vector<std::int32_t> tensor::download_int32() const {
+    const impl& t = tensor_access::of(*this, "tensor::download_int32");
+    expect_ints(t, true, "tensor::download_int32");
+    std::vector<std::int32_t> out(t.elements);
+    get_bytes(t, "tensor::download_int32", [&](const std::byte* from) {
+        for (std::size_t i = 0; i < t.elements; ++i) {
+            const auto b = [&](std::size_t k) { return std::to_integer<std::uint32_t>(from[4 * i + k]); };
+            out[i] = static_cast<std::int32_t>(b(0) | (b(1) << 8) | (b(2) << 16) | (b(3) << 24));
+        }
+    });
+    return out;
 }
 
 }  // namespace qkv::vulkan

@@ -48,6 +48,14 @@ void check_known(element_type type, const char* what) {
         fail(std::string(what) + ": unknown element type (" + std::to_string(static_cast<int>(type)) + ")");
 }
 
+/// The conversions to and from floats take the types that hold floats only.
+void check_floats(element_type type, const char* what) {
+    check_known(type, what);
+    if (!holds_floats(type))
+        fail(std::string(what) + ": " + name_of(type) +
+             " holds integers, not floats: it is no storage format of float values (f32, f16, q8_0, q4_0)");
+}
+
 constexpr std::uint16_t half_exponent_mask = 0x7c00u;
 
 void store_u16(std::byte* at, std::uint16_t bits) {
@@ -270,7 +278,7 @@ std::size_t bytes_for(element_type type, std::size_t count) {
 }
 
 void quantize(element_type type, std::span<const float> values, std::span<std::byte> out) {
-    check_known(type, "quantize");
+    check_floats(type, "quantize");
     const std::size_t need = bytes_for(type, values.size());
     if (out.size() != need)
         fail("quantize to " + name_of(type) + ": out has " + std::to_string(out.size()) + " bytes, expected " +
@@ -311,11 +319,13 @@ void quantize(element_type type, std::span<const float> values, std::span<std::b
             std::copy(blocks.begin(), blocks.end(), out.begin());
             return;
         }
+        case element_type::i32:  // refused by check_floats
+            return;
     }
 }
 
 void dequantize(element_type type, std::span<const std::byte> in, std::span<float> out) {
-    check_known(type, "dequantize");
+    check_floats(type, "dequantize");
     const std::size_t need = bytes_for(type, out.size());
     if (in.size() != need)
         fail("dequantize " + name_of(type) + ": in has " + std::to_string(in.size()) + " bytes, expected " +
@@ -353,6 +363,8 @@ void dequantize(element_type type, std::span<const std::byte> in, std::span<floa
                     out[32 * b + j + 16] = static_cast<float>(static_cast<int>(byte >> 4) - 8) * d;
                 }
             }
+            return;
+        case element_type::i32:  // refused by check_floats
             return;
     }
 }

@@ -30,6 +30,9 @@ void validate(const kv_layout& l, std::string_view who) {
     positive("d_v", l.d_v);
     if (!is_known(l.type))
         throw invalid_argument(w + ": unknown type (" + std::to_string(static_cast<int>(l.type)) + ")");
+    if (!holds_floats(l.type))
+        throw invalid_argument(w + ": type " + std::string(to_string(l.type)) +
+                               " holds integers: K and V are stored as f32, f16, q8_0 or q4_0");
     if (is_quantized(l.type) && (l.d_qk % block_size(l.type) != 0 || l.d_v % block_size(l.type) != 0))
         throw invalid_argument(w + ": type " + std::string(to_string(l.type)) + " stores blocks of " +
                                std::to_string(block_size(l.type)) + " values along each row: d_qk (" +

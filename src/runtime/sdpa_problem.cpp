@@ -54,8 +54,12 @@ void check_options(const sdpa_options& opt) {
             using V = std::remove_cvref_t<decltype(value)>;
             const std::string name(field.name);
             if constexpr (std::is_enum_v<V>) {
-                if (field.rule == option_rule::known && name_of(value).empty())
-                    fail("unknown " + name + " (" + std::to_string(static_cast<int>(value)) + ")");
+                if (field.rule == option_rule::known && name_of(value).empty()) {
+                    std::string names;  // what it takes (an i32 kv_type, say, holds no floats)
+                    for (const auto& n : names_of<V>())
+                        if (!n.alias) names += (names.empty() ? "" : ", ") + std::string(n.name);
+                    fail("unknown " + name + " (" + std::to_string(static_cast<int>(value)) + "): it takes " + names);
+                }
             } else if constexpr (std::is_floating_point_v<V>) {
                 if (field.rule == option_rule::finite && !std::isfinite(value))
                     fail(name + " must be finite (it is " + number(value) + ")");

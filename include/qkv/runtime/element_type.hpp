@@ -1,5 +1,8 @@
 // qkv::element_type: how K and V are stored on a device (sdpa_options::kv_type), and the host-side
 // conversions to and from those storage formats: qkv::quantize, qkv::dequantize, qkv::round_trip.
+// One more type holds integers, not floats: i32, of device tensors of indices and lengths (a paged
+// call's block table); it is no storage format of K or V (holds_floats is false), and the
+// conversions refuse it.
 //
 //   f32   float32, 4 bytes per element
 //   f16   IEEE float16 (binary16), 2 bytes per element; rounded to nearest, ties to even
@@ -43,9 +46,10 @@ enum class element_type {
     f16,   ///< float16 (binary16)
     q8_0,  ///< ggml's q8_0: 32 int8 quants and a float16 scale per block
     q4_0,  ///< ggml's q4_0: 32 4-bit quants and a float16 scale per block
+    i32,   ///< int32 (two's complement, little-endian): indices and lengths, not K/V storage
 };
 
-/// "f32", "f16", "q8_0", "q4_0" ("unknown" for a value outside the enum).
+/// "f32", "f16", "q8_0", "q4_0", "i32" ("unknown" for a value outside the enum).
 [[nodiscard]] constexpr std::string_view to_string(element_type type) {
     switch (type) {
         case element_type::f32:
@@ -56,13 +60,16 @@ enum class element_type {
             return "q8_0";
         case element_type::q4_0:
             return "q4_0";
+        case element_type::i32:
+            return "i32";
     }
     return "unknown";
 }
 
-/// The element type named `name` ("f32", "f16", "q8_0", "q4_0"; exact spelling), or none.
+/// The element type named `name` ("f32", "f16", "q8_0", "q4_0", "i32"; exact spelling), or none.
 [[nodiscard]] constexpr std::optional<element_type> parse_element_type(std::string_view name) {
-    for (const element_type t : {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0})
+    for (const element_type t :
+         {element_type::f32, element_type::f16, element_type::q8_0, element_type::q4_0, element_type::i32})
         if (name == to_string(t)) return t;
     return std::nullopt;
 }
@@ -70,21 +77,25 @@ enum class element_type {
 /// Whether `type` is one of the enum's values.
 [[nodiscard]] constexpr bool is_known(element_type type) {
     return type == element_type::f32 || type == element_type::f16 || type == element_type::q8_0 ||
-           type == element_type::q4_0;
+           type == element_type::q4_0 || type == element_type::i32;
 }
+
+/// Whether `type` holds float values (f32, f16, q8_0, q4_0): the types K, V, q and outputs may have,
+/// and the only ones quantize, dequantize and round_trip take (i32 holds integers).
+[[nodiscard]] constexpr bool holds_floats(element_type type) { return is_known(type) && type != element_type::i32; }
 
 /// Whether `type` stores blocks of values with a shared scale (q8_0, q4_0).
 [[nodiscard]] constexpr bool is_quantized(element_type type) {
     return type == element_type::q8_0 || type == element_type::q4_0;
 }
 
-/// Elements per block: 32 for q8_0 and q4_0, 1 for f32 and f16 (0 for an unknown value).
+/// Elements per block: 32 for q8_0 and q4_0, 1 for f32, f16 and i32 (0 for an unknown value).
 [[nodiscard]] constexpr std::size_t block_size(element_type type) {
     return is_quantized(type) ? 32 : is_known(type) ? 1 : 0;
 }
 
 /// Bytes per block: f32 4, f16 2, q8_0 34 (d, then 32 quants), q4_0 18 (d, then 16 bytes of
-/// nibbles) (0 for an unknown value).
+/// nibbles), i32 4 (0 for an unknown value).
 [[nodiscard]] constexpr std::size_t bytes_per_block(element_type type) {
     switch (type) {
         case element_type::f32:
@@ -95,6 +106,8 @@ enum class element_type {
             return 2 + 32;
         case element_type::q4_0:
             return 2 + 16;
+        case element_type::i32:
+            return 4;
     }
     return 0;
 }
@@ -104,12 +117,13 @@ enum class element_type {
 [[nodiscard]] QKV_RUNTIME_API std::size_t bytes_for(element_type type, std::size_t count);
 
 /// Stores `values` as `type` into `out`, which must hold exactly bytes_for(type, values.size())
-/// bytes (see the header comment for the formats and what is refused: qkv::invalid_argument).
+/// bytes (see the header comment for the formats and what is refused: qkv::invalid_argument; i32,
+/// which holds no floats, is refused too).
 QKV_RUNTIME_API void quantize(element_type type, std::span<const float> values, std::span<std::byte> out);
 
 /// Reads `out.size()` elements of `type` from `in`, which must hold exactly
 /// bytes_for(type, out.size()) bytes. Every stored pattern is accepted (a float16 NaN or inf
-/// gives NaN or inf; a q8_0 quant of -128 gives -128 · d).
+/// gives NaN or inf; a q8_0 quant of -128 gives -128 · d). i32 is refused (qkv::invalid_argument).
 QKV_RUNTIME_API void dequantize(element_type type, std::span<const std::byte> in, std::span<float> out);
 
 /// dequantize(quantize(values)): the values as a device storing them as `type` sees them.

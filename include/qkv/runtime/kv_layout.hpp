@@ -27,7 +27,8 @@ struct kv_layout {
 };
 
 /// Throws qkv::invalid_argument ("<who>: capacity must be at least 1", ...) for a zero dimension,
-/// an unknown type, or a quantized type with d_qk or d_v not a multiple of 32.
+/// an unknown type or one that holds no floats (i32), or a quantized type with d_qk or d_v not a
+/// multiple of 32.
 QKV_RUNTIME_API void validate(const kv_layout& layout, std::string_view who);
 
 /// Throws qkv::invalid_argument naming `who` where a problem of `shape` and `options` cannot run

@@ -12,7 +12,8 @@
 //
 // A tensor is row-major and contiguous: `shape` outermost first, of element type f32, f16, or
 // q8_0 / q4_0 (ggml's blocks of 32 values along the last dimension, as a kv_cache stores them: K
-// and V tensors of a quantized kv_type, and the rows appended to a quantized cache). It keeps its
+// and V tensors of a quantized kv_type, and the rows appended to a quantized cache), or i32 (int32
+// indices: a paged_call's block table, paged_call.hpp; written and read as int32 only). It keeps its
 // device alive, like a kv_cache: destroying the context first is safe. A moved-from tensor is
 // empty: using it throws qkv::error. Member functions are thread-safe (the device's lock).
 #pragma once
@@ -49,10 +50,18 @@ public:
     /// Host values into the tensor (elements() of them, row-major), converted to its type: f16
     /// rounds to nearest even and refuses a finite value beyond float16's range
     /// (numeric_overflow; nothing is written); q8_0 / q4_0 quantize (qkv::quantize). Waits until
-    /// the device has them.
+    /// the device has them. An i32 tensor is refused (qkv::invalid_argument): it takes int32 values.
     void upload(std::span<const float> values);
-    /// The tensor's values, as float32 (a quantized tensor's dequantized). Waits for the device.
+    /// int32 values into an i32 tensor (elements() of them, row-major), as they are. Throws
+    /// qkv::invalid_argument for a tensor of another type (floats are uploaded as floats). Waits
+    /// until the device has them.
+    void upload(std::span<const std::int32_t> values);
+    /// The tensor's values, as float32 (a quantized tensor's dequantized). Waits for the device. An
+    /// i32 tensor is refused (qkv::invalid_argument: download_int32).
     [[nodiscard]] std::vector<float> download() const;
+    /// An i32 tensor's values, as they are (qkv::invalid_argument for another type). Waits for the
+    /// device.
+    [[nodiscard]] std::vector<std::int32_t> download_int32() const;
 
     [[nodiscard]] const std::vector<std::size_t>& shape() const;
     [[nodiscard]] element_type type() const;
