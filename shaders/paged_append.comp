@@ -3,7 +3,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 // Appends into a paged pool (contract/paged.h): the new rows of every K/V head, already in the
 // pool's texel form, each written to the pool row the block table gives it (src/run/run_paged.cpp
-// records it before the decode that reads them). 32-bit words: an f32 texel is four, an f16
+// records it before the decode that reads them); a row at PAGED_ROW_NONE, or past the pool, is not
+// written. 32-bit words: an f32 texel is four, an f16
 // texel two, so one copy serves both.
 #include "contract/paged.h"
 
@@ -23,7 +24,9 @@ void main() {
         if (i < count) {
             const uint h = i / per_head, rest = i - h * per_head;
             const uint r = rest / pc.width, c = rest - r * pc.width;
-            dst[pc.dst_off + (h * pc.pool_rows + at[pc.at_off + r]) * pc.width + c] = src[pc.src_off + i];
+            const uint row = at[pc.at_off + r];
+            if (row < pc.pool_rows)  // PAGED_ROW_NONE (a bad device table's entry): nothing written
+                dst[pc.dst_off + (h * pc.pool_rows + row) * pc.width + c] = src[pc.src_off + i];
         }
     }
 }

@@ -171,7 +171,9 @@ void locate(out uint block, out uint chunk, out uint z) {
 uint key_row(uint kbase, uint j) {
 #ifdef QKV_PAGED
     const uint jj = j + g_kv_base;
-    const uint page = uint(block_table[g_table + (jj >> pc.page_shift)]);
+    // Clamped into the pool's pages: an entry of a device table is checked during the run
+    // (paged_table.comp), after which the call fails, and must never read outside the pool before.
+    const uint page = min(uint(block_table[g_table + (jj >> pc.page_shift)]), (pc.pool_rows >> pc.page_shift) - 1u);
     return kbase + (page << pc.page_shift) + (jj & ((1u << pc.page_shift) - 1u));
 #else
     return kbase + j;

@@ -1412,3 +1412,163 @@ TEST_CASE("paged_call: the fused rotary embedding of q and the new keys on the d
             }
         }
 }
+
+namespace {
+
+/// `table` as an i32 device tensor of (rows, max_pages).
+qkv::vulkan::tensor table_tensor(qkv::vulkan::context& ctx, std::span<const std::int32_t> table,
+                                 std::size_t max_pages) {
+    qkv::vulkan::tensor t(ctx, {table.size() / max_pages, max_pages}, element_type::i32);
+    t.upload(table);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("paged_call: a block table on the device gives the host table's bits, and is read at each run",
+          "[paged][paged_pool][paged_call]") {
+    // Page sizes 1 and 16, pages shuffled and shared, GQA 6:2, lengths 0 and 1, ragged queries: the
+    // table as an i32 tensor equals the same table as a span, bit for bit, and the float64
+    // reference; a table written again on the device (tensor::upload) between two runs of one
+    // call is the one the second run reads; a sequence replays it too.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t page_size : {1u, 16u}) {
+        INFO("page_size " << page_size);
+        qkv_test::owned_paged o = call_batch(page_size, true, 410 + page_size);
+        o.problem.cascade = false;
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+        const qkv::paged_problem host = without_pool(o.problem);
+        const qkv::varlen_output want = ctx.sdpa(host, pool);
+        qkv_test::check_packed(want, qkv_test::device_reference(o.problem));
+        qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+        qkv::vulkan::tensor lse(ctx, {host.q_heads, out.elements() / (host.q_heads * host.d_v)});
+        q.upload(o.q);
+        qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+        const qkv::vulkan::paged_tensors t{.q = &q,
+                                           .out = &out,
+                                           .lse = &lse,
+                                           .block_table_tensor = &table,
+                                           .cache_seqlens = host.cache_seqlens,
+                                           .cu_seqlens_q = host.cu_seqlens_q};
+        call.run(t);
+        CHECK(out.download() == want.output);
+        CHECK(lse.download() == want.lse);
+
+        // Sequence 0 reads sequence 2's pages instead (it has more keys): written on the device only.
+        std::vector<std::int32_t> second(host.block_table.begin(), host.block_table.end());
+        std::copy_n(second.begin() + static_cast<std::ptrdiff_t>(2 * host.max_pages), host.max_pages, second.begin());
+        table.upload(second);
+        qkv::paged_problem changed = host, changed_ref = o.problem;
+        changed.block_table = second, changed_ref.block_table = second;
+        const qkv::varlen_output want2 = ctx.sdpa(changed, pool);
+        qkv_test::check_packed(want2, qkv_test::device_reference(changed_ref));
+        REQUIRE(want2.output != want.output);
+        call.run(t);
+        CHECK(out.download() == want2.output);
+        CHECK(lse.download() == want2.lse);
+        // The description's batch, the table as a tensor; recorded into a sequence.
+        qkv::vulkan::paged_call planned(ctx, description_of(host, true), pool);
+        out.upload(std::vector<float>(out.elements(), 1234.5f));
+        qkv::vulkan::sequence seq(ctx);
+        seq.record(planned, {.q = &q, .out = &out, .lse = &lse, .block_table_tensor = &table});
+        seq.run();
+        CHECK(out.download() == want2.output);
+        qkv_test::require_clean(ctx);
+    }
+}
+
+TEST_CASE("paged_call: a device table with cache_batch_idx, cache_leftpad and appends",
+          "[paged][paged_pool][paged_call]") {
+    // The table's rows permuted (a row no sequence reads is all -1: never checked), first keys past
+    // 0, 3 new rows each crossing pages, GQA 6:3: the float64 reference of flash_attn_with_kvcache.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                      .q_len = 3,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 3,
+                                                      .d_qk = 20,
+                                                      .d_v = 12,
+                                                      .page_size = 16,
+                                                      .seed = 431});
+    qkv_test::make_appends(o, 3, 23);
+    qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 6});
+    o.problem.options = {.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true};
+    o.problem.cascade = false;
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+    append_tensors a(ctx, o, element_type::f32);
+    qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+    qkv::vulkan::paged_tensors t = a.with(&host);
+    t.block_table = {}, t.block_table_tensor = &table;
+    call.run(t);
+    check_appended(downloaded(a.out, &a.lse), o.problem);
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: a bad entry of a device table fails the run, reads nothing outside the pool, appends nothing",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = appending_problem(element_type::f32, 16, 3, 450, 19);
+    o.problem.options = causal;
+    o.problem.cascade = false;
+    const qkv::paged_problem host = without_pool(o.problem);
+    const auto pages = static_cast<std::int32_t>(host.num_pages == 0 ? o.problem.num_pages : host.num_pages);
+    // Sequence 0 (17 + 3 keys) reads and writes its second page; sequence 2 reads its first.
+    for (const auto& [at, bad] :
+         {std::pair{std::size_t{1}, pages}, std::pair{2 * host.max_pages, -1}, std::pair{std::size_t{1}, 1 << 30}}) {
+        INFO("entry " << at << " = " << bad);
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+        std::vector<std::int32_t> broken(host.block_table.begin(), host.block_table.end());
+        broken[at] = bad;
+        qkv::vulkan::tensor table = table_tensor(ctx, broken, host.max_pages);
+        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+        append_tensors a(ctx, o, element_type::f32);
+        qkv::vulkan::paged_tensors t = a.with(&host);
+        t.block_table = {}, t.block_table_tensor = &table;
+        qkv_test::expect_invalid([&] { call.run(t); }, {"block table", "a page index past the pool"});
+        // Nothing appended: the pool's rows where the appends would go are still the original ones.
+        std::vector<std::int32_t> lengths;
+        qkv::paged_problem after = after_append(host, lengths);
+        qkv::paged_problem original = o.problem;
+        original.new_rows = 0, original.k_new = {}, original.v_new = {};
+        original.cache_seqlens = lengths;
+        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+        // The call still runs with a good table; the pool then holds the appended rows.
+        table.upload(host.block_table);
+        call.run(t);
+        check_appended(downloaded(a.out, &a.lse), o.problem);
+        qkv_test::require_clean(ctx);
+    }
+}
+
+TEST_CASE("paged_call: a device table's refusals", "[paged][paged_pool][paged_call]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = call_batch(16, false, 470);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+    q.upload(o.q);
+    qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+    qkv::paged_problem desc = description_of(host, false);
+    desc.options.return_lse = false;
+    qkv::vulkan::paged_call cascading(ctx, desc, pool);  // cascade, the default
+    qkv::vulkan::paged_tensors t{
+        .q = &q, .out = &out, .block_table_tensor = &table, .cache_seqlens = host.cache_seqlens};
+    qkv_test::expect_invalid([&] { cascading.run(t); }, {"block_table_tensor", "cascade = false"});
+    desc.cascade = false;
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    t.block_table = host.block_table;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"block_table span and a block_table_tensor"});
+    t.block_table = {};
+    qkv::vulkan::tensor floats(ctx, {host.cache_seqlens.size(), host.max_pages});
+    t.block_table_tensor = &floats;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"block_table tensor", "f32", "i32"});
+    qkv::vulkan::tensor short_table(ctx, {host.cache_seqlens.size() - 1, host.max_pages}, element_type::i32);
+    t.block_table_tensor = &short_table;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"block_table tensor", "i32"});
+    t.block_table_tensor = &table;
+    call.run(t);  // and with the right one
+    qkv_test::require_clean(ctx);
+}

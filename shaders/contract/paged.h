@@ -70,6 +70,7 @@ QKV_CONST uint PAGED_APPEND_BINDING_SRC = 0u;
 QKV_CONST uint PAGED_APPEND_BINDING_DST = 1u;
 QKV_CONST uint PAGED_APPEND_BINDING_AT = 2u;
 QKV_CONST uint PAGED_APPEND_WORKGROUP = 64u;  // local_size_x; PAGED_APPEND_PER_INVOCATION words each
+QKV_CONST uint PAGED_ROW_NONE = 0xffffffffu;  // an `at` the append skips (a row through a bad table entry)
 QKV_CONST uint PAGED_APPEND_PER_INVOCATION = 16u;
 
 struct paged_merge_push {
@@ -124,6 +125,35 @@ QKV_CONST uint PAGED_ROTARY_BINDING_ROWS = 0u;    // storage, the texels as 32-b
 QKV_CONST uint PAGED_ROTARY_BINDING_ANGLES = 1u;  // storage, float cos and sin tables
 QKV_CONST uint PAGED_ROTARY_BINDING_POS = 2u;     // storage, uint positions
 QKV_CONST uint PAGED_ROTARY_WORKGROUP = 64u;
+// A block table on the device (a paged_call's i32 tensor, copied row by row into the call's table
+// binding by the device): its entries cannot be checked before the run, so shaders/paged_table.comp
+// does it there, in two dispatches of one invocation each per element, before the append and the
+// decode:
+//   PAGED_TABLE_CHECK  element i of the sequences x max_pages table: where sequence b = i / max_pages
+//                      reads or writes column c = i % max_pages (spans[2b] <= c < spans[2b + 1]), an
+//                      entry outside [0, num_pages) sets flag[0] to 1
+//   PAGED_TABLE_MAP    new row r: its key in the table, at_in[r] = (b·max_pages + c)·page_size + row
+//                      in page, to its pool row through the table, into at_out[r]; PAGED_ROW_NONE for
+//                      every row once flag[0] is set (the append then writes nothing at all)
+// The host reads the flag after the run (the call fails: invalid_argument). The decode clamps every
+// page index it reads into the pool's pages (contract: key_row of sdpa_decode.comp), so a bad entry
+// never reads outside the pool.
+struct paged_table_push {
+    uint group_x, group_y, group_z;
+    uint mode;        // PAGED_TABLE_CHECK or PAGED_TABLE_MAP
+    uint count;       // invocations: sequences·max_pages, or the new rows
+    uint max_pages;   // columns of the table
+    uint page_shift;  // log2(page_size)
+    uint num_pages;   // pages of the pool this step may name
+};
+QKV_CONST uint PAGED_TABLE_CHECK = 0u;
+QKV_CONST uint PAGED_TABLE_MAP = 1u;
+QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;  // storage, int32 entries (sequences x max_pages)
+QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;  // storage, uint: per sequence its first and end column
+QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;  // storage, uint: the new rows' keys in the table
+QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u; // storage, uint: their pool rows
+QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;   // storage, uint: 1 once an entry is outside the pool
+QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)

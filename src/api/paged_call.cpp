@@ -154,17 +154,44 @@ paged_call::~paged_call() = default;
 paged_call::paged_call(paged_call&&) noexcept = default;
 paged_call& paged_call::operator=(paged_call&&) noexcept = default;
 
-paged_step paged_call::impl::plan(const paged_problem& step) const {
+paged_step paged_call::impl::plan(const paged_problem& step, bool table_here) const {
     paged_step s;
-    s.resolved = std::make_shared<basic_resolved_pages<float>>(resolve_pages_without_data(step));
+    s.resolved = std::make_shared<basic_resolved_pages<float>>(resolve_pages_without_data(step, table_here));
     s.layout = plan_paged_call(*core->dev, set, s.resolved->problem, static_cast<std::uint32_t>(cache->layout.capacity),
                                cache->type);
     return s;
 }
 
 paged_problem paged_call::impl::check(const paged_tensors& t) const {
-    // The one check of a batch against the pool, with the pages it holds now.
-    const paged_problem p = cache->check_pool(step_of(desc, t), false);
+    // The one check of a batch against the pool, with the pages it holds now. A table on the
+    // device: its size here (placeholder entries), its entries checked on the device.
+    paged_problem asked = step_of(desc, t);
+    const tensor::impl* table = nullptr;
+    if (t.block_table_tensor) {
+        if (!t.block_table.empty())
+            throw qkv::invalid_argument(
+                "paged_call: a block_table span and a block_table_tensor: give the table one way");
+        if (desc.cascade)
+            throw qkv::invalid_argument(
+                "paged_call: a block_table_tensor with the description's cascade: shared prefixes are found in a "
+                "host table, and a device table is not read back; set cascade = false (or give the table as a span)");
+        if (desc.new_rows != 0 && cache->blocks())
+            throw qkv::invalid_argument(
+                "paged_call: a block_table_tensor with appends into a q8_0 / q4_0 pool: give the table as a span");
+        const std::size_t B = batch_of(asked), M = std::max<std::size_t>(asked.max_pages, 1);
+        const std::size_t given = tensor_access::of(*t.block_table_tensor, "paged_call").elements;
+        const std::size_t rows = asked.cache_batch_idx.empty() ? B : std::max<std::size_t>(given / M, 1);
+        table = &expect_tensor(*t.block_table_tensor, "paged_call", "block_table", core, {rows, M}, element_type::i32);
+        require_usage(*table, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", "paged_call",
+                      "the block table (copied row by row on the device)");
+        if (rows * M * desc.page_size > 0xfffffffeu)
+            throw limit_exceeded("paged_call: a block_table_tensor of " + std::to_string(rows) + " x " +
+                                 std::to_string(M) + " pages of " + std::to_string(desc.page_size) +
+                                 " rows addresses more than 2^32 - 2 keys");
+        table_placeholder.assign(rows * M, 0);
+        asked.block_table = table_placeholder;
+    }
+    const paged_problem p = cache->check_pool(asked, false);
     const std::uint64_t total_q = total_q_of(p), Hq = p.q_heads;
     const bool ragged = !p.cu_seqlens_q.empty();
     const auto expect = [&](const tensor* x, const char* what, std::vector<std::size_t> shape) {
@@ -206,6 +233,7 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
     const tensor::impl* ck = !cache->blocks() ? &tensor_access::of(cache->k, "paged_call") : nullptr;
     const tensor::impl* cv = !cache->blocks() ? &tensor_access::of(cache->v, "paged_call") : nullptr;
     refuse_overlap("paged_call", {{q, "q"},
+                                  {table, "block_table"},
                                   {k_new, "k_new"},
                                   {v_new, "v_new"},
                                   {ck, "pool's k", p.new_rows != 0},
@@ -218,7 +246,8 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
 void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_tensors& t) {
     const paged_problem step = check(t);
     const device& dev = *core->dev;
-    const paged_step planned_now = !own_batch(t) && planned ? *planned : plan(step);
+    const bool device_table = t.block_table_tensor != nullptr;
+    const paged_step planned_now = !device_table && !own_batch(t) && planned ? *planned : plan(step, !device_table);
     const paged_layout& l = planned_now.layout;
     // The attention without appends or cache_batch_idx (its table's rows the sequences', its
     // lengths the ones after the append), and where each new row goes.
@@ -240,8 +269,12 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     r.q_rows_per_head = total_q;
     r.q_groups = total_q * Hq, r.kv_groups = problem.kv_heads;
     const std::uint64_t verdict_bytes = guard_words::bytes(r.q_groups, r.kv_groups);
-    core->alloc->ensure(r.guard, verdict_bytes, memory_use::readback, "paged_call verdict");
+    // A device table's flag after the verdict (at an offset any storage binding may take).
+    const std::uint64_t flag_at = align_up(verdict_bytes, 256);
+    const std::uint64_t guard_bytes = device_table ? flag_at + 4 : verdict_bytes;
+    core->alloc->ensure(r.guard, guard_bytes, memory_use::readback, "paged_call verdict");
     const binding verdict{r.guard.handle(), 0, verdict_bytes};
+    r.table_check = device_table, r.table_flag_at = flag_at;
     // The table, the work words and the score params: host data of this recording, in its scratch,
     // then the new rows' pool rows.
     const std::uint64_t align = 256;
@@ -253,13 +286,25 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t words_bytes = rotary  ? q_pos_at + std::max<std::uint64_t>(total_q, 1) * 4
                                       : n_new ? rows_at_at + n_new * 4
                                               : l.params_at + l.params_bytes - l.table_at;
-    core->alloc->ensure(r.scratch, words_bytes, memory_use::upload, "paged_call work list");
+    // A device table: each sequence's first and end column of the table (the entries it reads or
+    // writes), for the device's check.
+    const std::uint64_t spans_at = align_up(words_bytes, align), spans_bytes = batch_of(problem) * 8;
+    core->alloc->ensure(r.scratch, device_table ? spans_at + spans_bytes : words_bytes, memory_use::upload,
+                        "paged_call work list");
     put_paged_words(r.scratch.mapped(), l, problem, l.table_at);
     const auto put_word = [&](std::uint64_t at, std::size_t value) {
         const auto word = static_cast<std::uint32_t>(value);  // a pool row or position, below 2^31
         std::memcpy(r.scratch.mapped() + at, &word, 4);
     };
     for (std::uint64_t i = 0; i < n_new; ++i) put_word(rows_at_at + i * 4, rows_at[i]);
+    if (device_table) {
+        const std::size_t ps = problem.page_size;
+        for (std::size_t x = 0; x < batch_of(problem); ++x) {
+            const std::size_t end = paged_end_key(problem, x);
+            put_word(spans_at + x * 8, end == 0 ? 0 : paged_first_key(problem, x) / ps);
+            put_word(spans_at + x * 8 + 4, (end + ps - 1) / ps);
+        }
+    }
     if (rotary) {
         const std::size_t B = batch_of(step), n = step.new_rows;
         for (std::size_t x = 0; x < B; ++x)
@@ -293,13 +338,49 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t wide_k_at = align_up(new_v_at + new_v_bytes, align);
     const std::uint64_t wide_v_at = align_up(wide_k_at + n_new * Hkv * problem.d_qk * 4, align);
     const std::uint64_t wide_end = wide_v_at + n_new * Hkv * problem.d_v * 4;
+    const std::uint64_t rows_end = blocks ? wide_end : new_v_at + new_v_bytes;
+    // A device table's new rows mapped to pool rows on the device, after the new rows, then the
+    // sequences' rows of the table.
+    const std::uint64_t at_out_at = align_up(rows_end, align);
+    const std::uint64_t table_copy_at = align_up(at_out_at + n_new * 4, align);
     detail::buffer_plan buffers = l.buffers;
-    if (n_new) buffers.need(role::inputs, blocks ? wide_end : new_v_at + new_v_bytes);
+    if (n_new) buffers.need(role::inputs, rows_end);
+    if (device_table) buffers.need(role::inputs, table_copy_at + std::max<std::uint64_t>(l.table_bytes, 4));
     paged_pool pool = cache->pool(nullptr);
     if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
     const run_buffers& b = r.buffers;
-    r.zero_verdict(rec, verdict.range);
+    r.zero_verdict(rec, guard_bytes);  // with a device table's flag
+    // A device table: each sequence's row of it copied into the call's table binding (row b, as
+    // the work words name it), when the commands run, then checked (and the new rows mapped) there.
+    const binding table_copy = b.bind(role::inputs, table_copy_at, std::max<std::uint64_t>(l.table_bytes, 4));
+    if (device_table) {
+        rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+        const tensor::impl& ti = tensor_access::of(*t.block_table_tensor, "paged_call");
+        const std::uint64_t row_bytes = std::uint64_t{problem.max_pages} * 4;
+        std::vector<VkBufferCopy> regions;
+        for (std::size_t x = 0; x < batch_of(step); ++x)
+            regions.push_back(
+                {ti.offset + paged_table_row(step, x) * row_bytes, table_copy.offset + x * row_bytes, row_bytes});
+        rec.copy(ti.handle, table_copy.buffer, regions);
+        rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                    VK_ACCESS_SHADER_READ_BIT);
+    }
+    binding append_at{r.scratch.handle(), rows_at_at, n_new * 4};
+    if (device_table) {
+        const binding flag{r.guard.handle(), flag_at, 4}, spans{r.scratch.handle(), spans_at, spans_bytes};
+        paged_table_check c;
+        c.sequences = static_cast<std::uint32_t>(batch_of(problem));
+        c.max_pages = static_cast<std::uint32_t>(problem.max_pages);
+        c.page_shift = l.page_shift;
+        c.num_pages = static_cast<std::uint32_t>(step.num_pages);
+        c.n = static_cast<std::uint32_t>(n_new);
+        const binding keys = n_new ? append_at : spans;  // the new rows' keys in the table (host words)
+        if (n_new) append_at = b.bind(role::inputs, at_out_at, n_new * 4);
+        record_paged_table(rec, *core->pipes, table_copy, spans, keys, n_new ? append_at : flag, flag, c);
+    }
     if (n_new) {
         // Append, then attend. The new rows packed per K/V head into texels, their facts folded into
         // the pool's statistics (the overflow rule, V's gate word), then written to their rows.
@@ -350,7 +431,7 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
                                 pool, Hkv, kr, vr, rows_at);
         } else {
             record_paged_append(rec, *core->pipes, dev, pool, Hkv, n_new, l.plan.e4, l.plan.ev4, k_rows, v_rows,
-                                {r.scratch.handle(), rows_at_at, n_new * 4});
+                                append_at);
         }
         rec.compute_barrier();
     }
@@ -385,7 +466,7 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     r.views.emplace_back(dev, b[role::inputs], texel_format(false), 0, l.q_bytes);
     paged_bindings pb;
     pb.q = texel(r.views.back().handle());
-    pb.table = {r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
+    pb.table = device_table ? table_copy : binding{r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
     pb.work = {r.scratch.handle(), l.words_at - l.table_at, l.words_bytes};
     pb.params = {r.scratch.handle(), l.params_at - l.table_at, l.params_bytes};
     pb.gate = {cache->stats.handle(), 0, 16};  // after this call's own append, where it has one

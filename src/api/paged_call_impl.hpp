@@ -33,8 +33,12 @@ struct paged_call::impl : planned_call {
 
     /// Whether the call appends: its new rows are written into the pool when its commands run.
     [[nodiscard]] bool appends() const { return desc.new_rows != 0; }
-    /// A validated step resolved and planned (the lock held).
-    [[nodiscard]] detail::paged_step plan(const paged_problem& step) const;
+    /// A step's placeholder entries for a block table on the device (its size; the lock held).
+    mutable std::vector<std::int32_t> table_placeholder;
+
+    /// A validated step resolved and planned (the lock held); `table_here` false: its block table
+    /// is on the device (resolve_pages_without_data).
+    [[nodiscard]] detail::paged_step plan(const paged_problem& step, bool table_here = true) const;
 
     /// The step `t` asks for (its spans, or the description's), validated against the pool's pages
     /// as they are now, and the tensors checked against it (the lock held): before anything is

@@ -203,6 +203,19 @@ std::shared_ptr<void> recording_access::retire_locked(std::unique_ptr<recording:
 void recording::impl::check(bool locked) const {
     if (attention) return check_attention(locked);
     if (backward) return check_backward(locked);
+    if (table_check) {  // before the overflow rule: the output of a bad table is undefined
+        std::uint32_t flag = 0;
+        {
+            std::unique_lock lock(core->mutex, std::defer_lock);
+            if (!locked) lock.lock();
+            guard.invalidate();
+            std::memcpy(&flag, guard.mapped() + table_flag_at, 4);
+        }
+        if (flag != 0)
+            throw qkv::invalid_argument(
+                "paged_call: the block table tensor holds a page index past the pool (or a negative one) among the "
+                "entries the step reads or writes: no row was appended and the output is undefined");
+    }
     if (!checks) return;
     kv_stats cache_stats;
     {

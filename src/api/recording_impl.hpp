@@ -70,6 +70,9 @@ struct recording::impl : detail::retired {
     // the overflow rule's, and the texel views its kernels read.
     bool backward = false;
     std::uint64_t backward_verdict_at = 0;  // byte offset of the BWD_VERDICT_WORDS words in `guard`
+    // A paged call over a block table tensor: the device's flag of a bad entry (contract/paged.h).
+    bool table_check = false;
+    std::uint64_t table_flag_at = 0;  // byte offset of the flag word in `guard`
     detail::flash_bwd_views backward_views;
     detail::live_count<impl> counted;
 
@@ -127,6 +130,7 @@ struct recording::impl : detail::retired {
         read_finite = false;
         q_rows_per_head = 0;
         backward = false;
+        table_check = false;
         attention.reset();
         return std::move(cache);
     }

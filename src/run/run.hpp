@@ -336,6 +336,17 @@ struct paged_rotary {
 void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
                          const paged_rotary& r);
 
+/// Records the checks of a block table on the device (shaders/paged_table.comp, contract/paged.h):
+/// the entries each of `sequences` rows of `table` (sequences x max_pages int32) reads or writes,
+/// columns [spans[2b], spans[2b + 1]), against `num_pages`, into flag word 0 of `flag`; then, with
+/// `n` new rows, their keys in the table (at_in) to pool rows (at_out), none once flagged. A
+/// barrier after each dispatch.
+struct paged_table_check {
+    std::uint32_t sequences = 0, max_pages = 0, page_shift = 0, num_pages = 0, n = 0;
+};
+void record_paged_table(recorder& rec, pipeline_set& pipes, binding table, binding spans, binding at_in, binding at_out,
+                        binding flag, const paged_table_check& c);
+
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after
 /// writing `append`'s rows into it in the same command buffer: one dispatch over the plan's work

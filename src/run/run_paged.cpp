@@ -130,6 +130,26 @@ void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, bin
     rec.dispatch(pipes.get(shader_id::paged_rotary), {texels, angles, positions}, &p, groups);
 }
 
+void record_paged_table(recorder& rec, pipeline_set& pipes, binding table, binding spans, binding at_in, binding at_out,
+                        binding flag, const paged_table_check& c) {
+    static_assert(row_matches<paged_table_push, no_spec>(shader_id::paged_table, "sssss"));
+    const pipeline& kernel = pipes.get(shader_id::paged_table);
+    for (const std::uint32_t mode : {PAGED_TABLE_CHECK, PAGED_TABLE_MAP}) {
+        const std::uint64_t count =
+            mode == PAGED_TABLE_CHECK ? std::uint64_t{c.sequences} * c.max_pages : std::uint64_t{c.n};
+        if (count == 0) continue;
+        if (count >= (std::uint64_t{1} << 32))
+            throw limit_exceeded("a paged call's block table of " + std::to_string(count) +
+                                 " entries checked on the device: more than 2^32 - 1");
+        paged_table_push p{};
+        p.mode = mode, p.count = static_cast<std::uint32_t>(count);
+        p.max_pages = c.max_pages, p.page_shift = c.page_shift, p.num_pages = c.num_pages;
+        const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(count, PAGED_TABLE_WORKGROUP)), 1, 1};
+        rec.dispatch(kernel, {table, spans, at_in, at_out, flag}, &p, groups);
+        rec.compute_barrier();
+    }
+}
+
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
                              std::uint32_t pool_rows, element_type pool_type) {
     const std::size_t B = batch_of(problem);

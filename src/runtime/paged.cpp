@@ -30,7 +30,7 @@ constexpr auto int32_limit = static_cast<std::size_t>(std::numeric_limits<std::i
 std::size_t pages_for(std::size_t keys, std::size_t page_size) { return (keys + page_size - 1) / page_size; }
 
 template <class T>
-void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = true) {
+void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = true, bool table = true) {
     const std::size_t ps = p.page_size;
     if (ps == 0 || ps > max_page_size || (ps & (ps - 1)) != 0)
         fail("page_size is " + str(ps) + ": it must be a power of two from 1 to " + str(max_page_size));
@@ -96,7 +96,7 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = 
                  (p.new_rows ? " and " + str(p.new_rows) + " new rows: " + str(end) + " keys" : std::string(" keys")) +
                  " need " + str(need) + " pages of " + str(ps) + " rows, and a row has " + str(p.max_pages) +
                  " (max_pages)");
-        for (std::size_t i = first / ps; i < need; ++i) {
+        for (std::size_t i = first / ps; table && i < need; ++i) {
             const std::int32_t page = p.block_table[row * p.max_pages + i];
             if (page < 0 || static_cast<std::size_t>(page) >= p.num_pages)
                 fail("block_table[" + str(row) + "][" + str(i) + "] = " + std::to_string(page) +
@@ -160,8 +160,8 @@ void check_paged(const basic_paged_problem<T>& p, bool pool = true, bool data = 
 }
 
 template <class T>
-basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool, bool data = true) {
-    check_paged(p, with_pool, data);
+basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool, bool data = true, bool table = true) {
+    check_paged(p, with_pool, data, table);
     const std::size_t B = p.cache_seqlens.size(), H = p.kv_heads, E = p.d_qk, Ev = p.d_v, n = p.new_rows;
     basic_resolved_pages<T> r;
     r.problem = p;
@@ -180,20 +180,31 @@ basic_resolved_pages<T> resolve(const basic_paged_problem<T>& p, bool with_pool,
     if (n == 0) return r;
     // The new rows' pool rows: two bound for one row are refused (the order of the writes would
     // decide the row).
+    // A table on the device: each new row's key in the table (its row's slot · page_size + row in
+    // page) stands for its pool row, which the device finds through the table: two new rows of one
+    // table row and key are refused here, and rows_at holds the key in the resolved table (row b).
+    const std::size_t ps = p.page_size;
+    const auto table_key = [&](std::size_t b, std::size_t j) { return paged_table_row(p, b) * p.max_pages * ps + j; };
     r.rows_at.resize(B * n);
+    std::vector<std::size_t> where(B * n);
     for (std::size_t b = 0; b < B; ++b)
-        for (std::size_t i = 0; i < n; ++i)
-            r.rows_at[b * n + i] = paged_pool_row(p, b, static_cast<std::size_t>(p.cache_seqlens[b]) + i);
-    std::vector<std::size_t> sorted = r.rows_at;
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t j = static_cast<std::size_t>(p.cache_seqlens[b]) + i;
+            where[b * n + i] = table ? paged_pool_row(p, b, j) : table_key(b, j);
+            r.rows_at[b * n + i] = table ? where[b * n + i] : b * p.max_pages * ps + j;
+        }
+    std::vector<std::size_t> sorted = where;
     std::sort(sorted.begin(), sorted.end());
     if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
         std::size_t first = 0, second = 0;
         bool one = false;
-        for (std::size_t x = 0; x < r.rows_at.size(); ++x)
-            if (r.rows_at[x] == *dup) (one ? second : first) = x, one = true;
+        for (std::size_t x = 0; x < where.size(); ++x)
+            if (where[x] == *dup) (one ? second : first) = x, one = true;
         fail("new row " + str(first % n) + " of sequence " + str(first / n) + " and new row " + str(second % n) +
-             " of sequence " + str(second / n) + " go to the same row of the pool (page " + str(*dup / p.page_size) +
-             ", row " + str(*dup % p.page_size) + "): appends must not share a row");
+             " of sequence " + str(second / n) + " go to the same row of the pool (" +
+             (table ? "page " + str(*dup / ps) + ", row " + str(*dup % ps)
+                    : "block table row " + str(*dup / ps / p.max_pages) + ", key " + str(*dup % (ps * p.max_pages))) +
+             "): appends must not share a row");
     }
     if (!data) return r;  // the rows are tensors: the device rotates and places them
     // q and the new keys rotated at their positions; the new rows per K/V head.
@@ -313,8 +324,8 @@ basic_resolved_pages<float> resolve_pages(const paged_problem& problem, bool wit
 basic_resolved_pages<double> resolve_pages(const paged_problem_f64& problem, bool with_pool) {
     return resolve(problem, with_pool);
 }
-basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem) {
-    return resolve(problem, false, false);
+basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem, bool table_here) {
+    return resolve(problem, false, false, table_here);
 }
 basic_gathered_pages<double> gather_pages(const paged_problem_f64& problem) { return gather(problem); }
 

@@ -203,7 +203,13 @@ struct basic_resolved_pages {
 /// The same for a batch whose q and new rows are device tensors (a paged_call's step, validated as
 /// validate_without_data: q, k_new and v_new empty): the table, the lengths and the new rows' pool
 /// rows (rows_at) resolved, no rows copied or rotated (q, k_rows and v_rows empty: the device's).
-[[nodiscard]] QKV_RUNTIME_API basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem);
+/// `table_here` false: the block table is on the device too (a paged_call's table tensor), its
+/// entries neither checked nor read here (problem.block_table gives its size: any entries); the
+/// resolved table's entries are then those placeholders, and each rows_at is the new row's key in
+/// the resolved table instead (b · max_pages · page_size + key), which the device maps through its
+/// table. Two new rows of one table row and key are refused as ever.
+[[nodiscard]] QKV_RUNTIME_API basic_resolved_pages<float> resolve_pages_without_data(const paged_problem& problem,
+                                                                                     bool table_here = true);
 
 /// B, the number of sequences (cache_seqlens.size()).
 [[nodiscard]] QKV_RUNTIME_API std::size_t batch_of(const paged_problem& problem);

@@ -28,6 +28,20 @@ class kv_cache;
 /// block table (B x max_pages), cache_seqlens (B), cu_seqlens_q (empty: L = the description's
 /// q_len), cache_batch_idx and cache_leftpad (B each, or empty), host data read (copied) when the
 /// call is recorded or run; all five empty: the description's.
+///
+/// The block table may instead be a device tensor, block_table_tensor: i32 (qkv::element_type::i32)
+/// of shape (B, max_pages), or (rows, max_pages) with cache_batch_idx, so that a server updates its
+/// table on the device with no host round trip (the step's other spans as above; the host span
+/// block_table must then be empty: both are refused). Its entries are read when the commands run
+/// (a table written before them, on the device or by tensor::upload, takes effect), not when they
+/// are recorded, so they cannot be checked before: the device checks every entry a sequence reads
+/// or writes, the kernels clamp every page index into the pool (nothing is read outside it), an
+/// append writes no row at all once an entry is bad, and the run (or the recording's check()) then
+/// fails with qkv::invalid_argument naming the block table ("a page index past the pool"); the
+/// output is then undefined. Shared prefixes are found in a host table, so a description with
+/// cascade is refused with a device table (set cascade = false); two appends into one pool row
+/// through two table rows that name one page cannot be seen on the host and are the caller's to
+/// avoid (one table row and key twice is refused as ever).
 struct paged_tensors {
     const tensor* q = nullptr;
     tensor* out = nullptr;
@@ -35,6 +49,7 @@ struct paged_tensors {
     const tensor* k_new = nullptr;
     const tensor* v_new = nullptr;
     std::span<const std::int32_t> block_table{};
+    const tensor* block_table_tensor = nullptr;  ///< or the table on the device (i32): see above
     std::span<const std::int32_t> cache_seqlens{};
     std::span<const std::int32_t> cu_seqlens_q{};
     std::span<const std::int32_t> cache_batch_idx{};
@@ -69,7 +84,8 @@ public:
     paged_call& operator=(const paged_call&) = delete;
 
     /// Runs over `tensors` on the context's queue and waits. Every refusal comes before anything is
-    /// recorded: the batch validated against the pool's pages (qkv::invalid_argument: a page index
+    /// recorded (but a bad entry of a block table tensor: after the run, see paged_tensors): the
+    /// batch validated against the pool's pages (qkv::invalid_argument: a page index
     /// past the pool, a table too short, ...; nothing written), the tensors' shapes and types and
     /// their aliasing (invalid_argument; q8_0 / q4_0 new rows are copied by transfer commands, so a
     /// wrapped k_new or v_new needs VK_BUFFER_USAGE_TRANSFER_SRC_BIT), the device's limits
