@@ -565,6 +565,33 @@ qkv_test::owned_paged appending_problem(element_type type, std::size_t page_size
     return o;
 }
 
+/// The quantized appending problem of the q8_0 / q4_0 append cases: lengths rows + 17 (crossing
+/// pages of 16), rows (new rows only, in a page shared with sequence 0) and rows + 40; 3 query heads
+/// per K/V head; E = 64 and Ev = 32 (whole blocks; 34- and 18-byte rows end mid-word).
+qkv_test::owned_paged quantized_appending_problem(std::size_t page_size, std::size_t rows, std::uint64_t seed,
+                                                  std::uint64_t salt) {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 40},
+                                                      .q_len = 2,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 64,
+                                                      .d_v = 32,
+                                                      .page_size = page_size,
+                                                      .shared = 1,
+                                                      .seed = seed + rows + page_size});
+    qkv_test::make_appends(o, rows, salt + rows);
+    return o;
+}
+
+/// A decode of the first query row's 6 heads against the first `held` rows of a pool of that
+/// problem's shape: every row the pool holds, as the decode kernels read them.
+qkv::sdpa_problem every_row_decode(const qkv_test::owned_paged& o, std::size_t held) {
+    qkv::sdpa_problem one;
+    one.shape = {.batch = 1, .q_heads = 6, .kv_heads = 2, .q_len = 1, .kv_len = held, .d_qk = 64, .d_v = 32};
+    one.q = std::span<const float>(o.q).first(6 * 64);
+    return one;
+}
+
 /// q's tensor shape for `p`: (B, L, Hq, E), or (total_q, Hq, E) with cu_seqlens_q; out's with Ev.
 std::vector<std::size_t> rows_shape(const qkv::paged_problem& p, std::size_t width) {
     if (p.cu_seqlens_q.empty()) return {p.cache_seqlens.size(), p.q_len, p.q_heads, width};
@@ -638,16 +665,7 @@ TEST_CASE("paged vulkan: appends into a q8_0 / q4_0 device pool, rotary on, the 
                 INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
                 // Lengths after the append: 17 + 17 = 34 crosses pages of 16; a sequence only of new
                 // rows, in a page it shares with sequence 0; 3 query heads per K/V head.
-                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 40},
-                                                                  .q_len = 2,
-                                                                  .q_heads = 6,
-                                                                  .kv_heads = 2,
-                                                                  .d_qk = 64,
-                                                                  .d_v = 32,
-                                                                  .page_size = page_size,
-                                                                  .shared = 1,
-                                                                  .seed = 300 + rows + page_size});
-                qkv_test::make_appends(o, rows, 11 + rows);
+                qkv_test::owned_paged o = quantized_appending_problem(page_size, rows, 300, 11);
                 qkv_test::make_rotary(o, 32, 64, page_size == 1);
                 o.problem.options = {
                     .causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true};
@@ -675,10 +693,7 @@ TEST_CASE("paged vulkan: appends into a q8_0 / q4_0 device pool, rotary on, the 
                 qkv::vulkan::kv_cache whole(
                     ctx, {.batch = 1, .kv_heads = 2, .capacity = held + 16, .d_qk = 64, .d_v = 32, .type = type});
                 whole.append(k, v, held);
-                qkv::sdpa_problem one;
-                one.shape = {
-                    .batch = 1, .q_heads = 6, .kv_heads = 2, .q_len = 1, .kv_len = held, .d_qk = 64, .d_v = 32};
-                one.q = std::span<const float>(o.q).first(6 * 64);
+                const qkv::sdpa_problem one = every_row_decode(o, held);
                 const qkv::sdpa_output from_pool = ctx.sdpa(one, pool);
                 for (const float x : from_pool.output) REQUIRE(std::isfinite(x));
                 CHECK(from_pool.output == ctx.sdpa(one, whole).output);
@@ -1095,16 +1110,7 @@ TEST_CASE("paged_call: appends of q8_0 / q4_0 tensors into a pool of their type,
         for (const std::size_t page_size : {1u, 16u})
             for (const std::size_t rows : {1u, 17u}) {
                 INFO(qkv::to_string(type) << ", page_size " << page_size << ", " << rows << " new rows");
-                qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {rows + 17, rows, rows + 40},
-                                                                  .q_len = 2,
-                                                                  .q_heads = 6,
-                                                                  .kv_heads = 2,
-                                                                  .d_qk = 64,
-                                                                  .d_v = 32,
-                                                                  .page_size = page_size,
-                                                                  .shared = 1,
-                                                                  .seed = 500 + rows + page_size});
-                qkv_test::make_appends(o, rows, 41 + rows);
+                qkv_test::owned_paged o = quantized_appending_problem(page_size, rows, 500, 41);
                 o.problem.options = causal;
                 const qkv::paged_problem host = without_pool(o.problem);
                 qkv::paged_problem want = o.problem;
@@ -1116,10 +1122,7 @@ TEST_CASE("paged_call: appends of q8_0 / q4_0 tensors into a pool of their type,
                 qkv_test::check_packed(from_host, reference);
                 // The pool's every row, and the batch after the append, as a decode reads them.
                 const std::size_t held = o.problem.num_pages * page_size;
-                qkv::sdpa_problem every_row;
-                every_row.shape = {
-                    .batch = 1, .q_heads = 6, .kv_heads = 2, .q_len = 1, .kv_len = held, .d_qk = 64, .d_v = 32};
-                every_row.q = std::span<const float>(o.q).first(6 * 64);
+                const qkv::sdpa_problem every_row = every_row_decode(o, held);
                 std::vector<std::int32_t> lengths;
                 const qkv::paged_problem after = after_append(host, lengths);
                 const std::vector<float> host_rows = ctx.sdpa(every_row, by_host).output;
