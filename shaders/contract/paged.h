@@ -148,11 +148,11 @@ struct paged_table_push {
 };
 QKV_CONST uint PAGED_TABLE_CHECK = 0u;
 QKV_CONST uint PAGED_TABLE_MAP = 1u;
-QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;  // storage, int32 entries (sequences x max_pages)
-QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;  // storage, uint: per sequence its first and end column
-QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;  // storage, uint: the new rows' keys in the table
-QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u; // storage, uint: their pool rows
-QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;   // storage, uint: 1 once an entry is outside the pool
+QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;   // storage, int32 entries (sequences x max_pages)
+QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;   // storage, uint: per sequence its first and end column
+QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;   // storage, uint: the new rows' keys in the table
+QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u;  // storage, uint: their pool rows
+QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;    // storage, uint: 1 once an entry is outside the pool
 QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
