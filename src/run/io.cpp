@@ -132,8 +132,6 @@ void put_floats(std::byte* at, std::span<const float> values, float scale) {
     for (std::size_t i = 0; i < values.size(); ++i) f[i] = values[i] * scale;
 }
 
-bool half_overflows(float x) { return qkv::half_overflow_index({&x, 1}) == 0; }
-
 namespace {
 
 [[noreturn]] void half_overflow(const char* what, std::size_t index, float value) {
@@ -143,10 +141,6 @@ namespace {
                            " is beyond float16's range (65504), so it cannot be stored as float16; use fp32 "
                            "(precision fp32, or a float32 K/V store), or scale the inputs down");
 }
-
-}  // namespace
-
-namespace {
 
 /// The values times `scale` (a copy in `scaled` unless scale is 1), every one checked before any
 /// is written: a refused call leaves the memory as it was (a tensor's own memory is written in

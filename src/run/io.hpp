@@ -79,7 +79,4 @@ void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask);
 void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
                     const char* what, float scale = 1.0f);
 
-/// Whether a float16 cannot hold the finite value x (it would round to infinity: |x| >= 65520).
-[[nodiscard]] bool half_overflows(float x);
-
 }  // namespace qkv::vulkan::detail
