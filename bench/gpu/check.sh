@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # qkv on an NVIDIA GPU inside one short lease (at most 8 minutes; QKV_CHECK_SECONDS, default 470):
 # first the numbers, then the correctness checks. `qkv bench` over N = 1024, 4096, 16384, d = 64 and 128,
-# fp16 and fp32, causal and not, and a decode step at S = 65,536, and PyTorch's CUDA
-# scaled_dot_product_attention (flash backend) on the same shapes in the same run; training:
+# fp16 and fp32, causal and not, a decode step at S = 65,536, a serving step of 64 paged sequences,
+# and PyTorch's CUDA scaled_dot_product_attention (flash backend) on the same shapes in the same run; training:
 # `qkv bench --backward` at N = 4096, d = 64 and 128, fp16 and fp32, causal and not, scalar and
 # cooperative-matrix kernels (QKV_COOP_UNVERIFIED=1: on GPUs the family's gate refuses it otherwise), beside PyTorch's SDPA forward and backward (torch.autograd.grad); the
 # held-out PyTorch-semantics fixtures of tests/data/sdpa on each family; then the Vulkan suite's call
@@ -389,6 +389,19 @@ bench() {
         --repeat "$repeat" --warmup "$warmup" --json "$WORK/qkv_bench_coop_decode.json"
 }
 
+# Serving (the paged K/V pool): one decode step of 64 sequences, cached lengths log-uniform in
+# [16, 32768] (Hq = 32, Hkv = 8, d = 128), as one batched paged call (host call, over tensors, recorded
+# in a sequence) against 64 separate calls and padding to the longest, fp32 then fp16. The batched
+# call's target is >= 3x the separate calls: lavapipe's 2 cores cannot show it (bench/RESULTS.md).
+serve_bench() {
+    log "qkv bench --serve 64 (lengths log-uniform in [16, 32768])"
+    local precision
+    for precision in fp32 fp16; do
+        step "qkv bench --serve 64 $precision" 60 program qkv bench --serve 64 --seq 32768 --recorded \
+            --precision "$precision" --repeat 5 --warmup 1 --no-ceiling --json "$WORK/qkv_serve_$precision.json"
+    done
+}
+
 # Training: the backward pass (context::sdpa_backward) beside the forward, at N = 4096 with the
 # forward rows' batch and heads: the scalar kernels (block_tiles) one step per precision, then the
 # cooperative-matrix kernels (fp16 only), so that what finished is kept if the lease runs short.
@@ -425,6 +438,7 @@ run() {
         echo "bash bench/gpu/check.sh run${1:+ $1}: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         environment
         coop_probe
+        serve_bench
         bench
         backward_bench
         parity

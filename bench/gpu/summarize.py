@@ -5,7 +5,8 @@ around the attention) and TFLOP/s, and qkv ÷ torch (torch's time over qkv's: 1 
 
     python3 bench/gpu/summarize.py --work DIR --out FILE.json
 
-DIR holds qkv_bench_*.json (qkv bench --json), qkv_backward_*.json (qkv bench --backward --json),
+DIR holds qkv_bench_*.json (qkv bench --json), qkv_serve_*.json (qkv bench --serve --json: kept as
+they are, under "serve"), qkv_backward_*.json (qkv bench --backward --json),
 torch.json (bench/gpu/torch_sdpa.py, its rows with "backward" the training ones), steps.json (the
 script's own record: what was found, what ran, how long, what failed). Standard library only. The
 backward table: qkv's forward and backward milliseconds beside PyTorch's, and qkv ÷ torch for the
@@ -51,6 +52,8 @@ def main():
         if "ceiling" in b:
             steps.setdefault("ceiling", b["ceiling"])
         qkv_rows += [dict(flat(r), source=os.path.basename(path)) for r in b["results"]]
+    serve = [dict(load(path).get("serve") or {}, source=os.path.basename(path))
+             for path in sorted(glob.glob(os.path.join(a.work, "qkv_serve_*.json")))]
     torch = load(os.path.join(a.work, "torch.json"))
     torch_by_key = {key(r): r for r in torch.get("rows", []) if not r.get("backward")}
     torch_backward = {key(r): r for r in torch.get("rows", []) if r.get("backward")}
@@ -92,7 +95,7 @@ def main():
 
     goal = [e for e in table if e.get("qkv_over_torch") and e["qkv"].get("seq") == 4096 and e["qkv"].get("dim") == 128
             and e["qkv"].get("precision") == "fp16" and e["qkv"].get("impl") == "sdpa"]
-    result = {"steps": steps, "devices": devices, "torch": torch.get("info"), "table": table, "backward": backward,
+    result = {"steps": steps, "devices": devices, "torch": torch.get("info"), "table": table, "backward": backward, "serve": serve,
               "goal_n4096_d128_fp16": [{"kernel": e["qkv"].get("kernel"), "causal": e["qkv"].get("causal"),
                                         "qkv_over_torch": e["qkv_over_torch"]} for e in goal]}
     with open(a.out, "w") as f:
