@@ -20,7 +20,10 @@
 #   bash bench/gpu/check.sh run [--quick]   there: everything above. --quick: small sizes and few
 #                                           calls, each step cut at 30 s, for a dry run of every step
 #                                           on any Vulkan device (lavapipe)
-#   bash bench/gpu/check.sh probe           there: only the cooperative-matrix probe (coop_probe)
+#   bash bench/gpu/check.sh probe           there: only the cooperative-matrix probe (coop_probe); with
+#                                           serve and coop-tests (any of the three, in the order given):
+#                                           the serving step at [16, 2048] and [16, 32768], and
+#                                           qkv_coop_vulkan_tests, for a short second call
 #
 # It finds what is missing and says so (and in the JSON), running what it can: no NVIDIA GPU or no
 # NVIDIA Vulkan driver (VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json is used
@@ -283,18 +286,19 @@ tests() {
 # write-out, not Q·Kᵀ. The last two lines of each fixture take steps off the matrix units
 # (QKV_COOP_ISOLATE, contract/coop.h): isolate=pv does P·V and O's rescale per element in float32,
 # isolate=rescale only the rescale; right there and wrong on auto names the step at fault. About 40
-# short runs (lavapipe: minutes, each tiling a pipeline to compile).
+# short runs (lavapipe: minutes, each tiling a pipeline to compile). QKV_PROBE_FIXTURES and
+# QKV_PROBE_TILINGS (space-separated) choose fewer, for a short second call.
 coop_probe() {
     log "Cooperative-matrix probe (QKV_COOP_UNVERIFIED=1): nmse of held-out fixtures per tiling"
     mkdir -p "$WORK/probe"
     local name tiles dir flags out line
-    for name in single plain_2d gqa_4d_scale causal_bottom_right_gqa decode_5000; do
+    for name in ${QKV_PROBE_FIXTURES:-single plain_2d gqa_4d_scale causal_bottom_right_gqa decode_5000}; do
         dir=tests/data/sdpa/$name
         [ -f "$dir/args.txt" ] || continue
         read -r -a flags <"$dir/args.txt"
         # block_tiles in fp16 first: the float16 rounding of the inputs alone (decode_5000's scores
         # are large: 8e-2 on every family), the line each tiling is to be read against
-        for tiles in block_tiles auto 1,16 1,32 2,32 4,64 isolate=pv isolate=rescale; do
+        for tiles in ${QKV_PROBE_TILINGS:-block_tiles auto 1,16 1,32 2,32 4,64 isolate=pv isolate=rescale}; do
             ((SECONDS - START > ${QKV_CHECK_SECONDS:-470} - 30)) && return 0
             out=$WORK/probe/${name}_${tiles//[,=]/_}.npy
             cmd qkv || return 0
@@ -390,15 +394,18 @@ bench() {
 }
 
 # Serving (the paged K/V pool): one decode step of 64 sequences, cached lengths log-uniform in
-# [16, 32768] (Hq = 32, Hkv = 8, d = 128), as one batched paged call (host call, over tensors, recorded
-# in a sequence) against 64 separate calls and padding to the longest, fp32 then fp16. The batched
-# call's target is >= 3x the separate calls: lavapipe's 2 cores cannot show it (bench/RESULTS.md).
+# [16, --seq] (Hq = 32, Hkv = 8, d = 128, fp16), as one batched paged call (host call, over tensors,
+# recorded in a sequence) against 64 separate calls and padding to the longest. The batched call's
+# target is >= 3x the separate calls, which lavapipe's 2 cores cannot show (bench/RESULTS.md). `run`
+# times [16, 2048]; `serve` also the issue's [16, 32768] (297,137 keys: the host-side forms, the pool
+# uploaded per call and the padded cache, take most of its minutes).
 serve_bench() {
-    log "qkv bench --serve 64 (lengths log-uniform in [16, 32768])"
-    local precision
-    for precision in fp32 fp16; do
-        step "qkv bench --serve 64 $precision" 60 program qkv bench --serve 64 --seq 32768 --recorded \
-            --precision "$precision" --repeat 5 --warmup 1 --no-ceiling --json "$WORK/qkv_serve_$precision.json"
+    local seq
+    for seq in "$@"; do
+        log "qkv bench --serve 64 (lengths log-uniform in [16, $seq])"
+        step "qkv bench --serve 64 --seq $seq" $((seq > 4096 ? 150 : 45)) program qkv bench --serve 64 --seq "$seq" \
+            --recorded --precision fp16 --repeat $((seq > 4096 ? 2 : 5)) --warmup 1 --no-ceiling \
+            --json "$WORK/qkv_serve_$seq.json"
     done
 }
 
@@ -438,7 +445,7 @@ run() {
         echo "bash bench/gpu/check.sh run${1:+ $1}: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
         environment
         coop_probe
-        serve_bench
+        serve_bench 2048
         bench
         backward_bench
         parity
@@ -470,15 +477,22 @@ run() {
 case "${1:-}" in
     build) build ;;
     run) run "${2:-}" ;;
-    probe)  # the cooperative-matrix probe alone (a short second call in a lease)
+    probe | serve | coop-tests)  # short calls of a lease, in the order given: bash check.sh probe serve
         export QKV_COOP_UNVERIFIED=1
         WORK=$(mktemp -d)
         environment
-        coop_probe
+        for mode in "$@"; do
+            case "$mode" in
+                probe) coop_probe ;;  # the cooperative-matrix probe
+                serve) serve_bench 2048 32768 ;;
+                coop-tests) step "qkv_coop_vulkan_tests" 90 program qkv_coop_vulkan_tests ;;
+                *) echo "check.sh: unknown mode $mode" >&2 ;;
+            esac
+        done
         rm -rf "$WORK"
         ;;
     *)
-        echo "usage: bash bench/gpu/check.sh build | run [--quick] | probe" >&2
+        echo "usage: bash bench/gpu/check.sh build | run [--quick] | probe | serve | coop-tests (the last three in any order, together)" >&2
         exit 2
         ;;
 esac
