@@ -120,8 +120,12 @@ score_params sp;
 // O may hold a NaN or Inf once a careful tile ran (or a resumed chunk brought one): from then on
 // every tile is careful. Uniform in the subgroup, as the careful path's barriers need.
 bool dirty = false;
-MAT_A qm[MT * DT];
-MAT_C o[MT * VT];
+// The queries (qm) and the accumulators (o) are main()'s, passed to each step by reference: held in
+// function scope, not at module scope.
+struct queries { MAT_A m[MT * DT]; };
+struct accumulators { MAT_C m[MT * VT]; };
+#define QM_ARRAY queries qm
+#define O_ARRAY accumulators o
 float m_run[RPL], l_run[RPL], alpha[RPL];
 
 // The group's row r: its query head and query row.
@@ -186,7 +190,7 @@ void locate() {
 // The queries of the workgroup's rows as A matrices (unscaled float16, zero beyond the rows and
 // E), staged through the K tile BC rows at a time; the running statistics and accumulators, from
 // the previous key chunk's state when resuming.
-void load_queries_and_state() {
+void load_queries_and_state(inout QM_ARRAY, inout O_ARRAY) {
     [[unroll]] for (uint round = 0; round < QROUNDS; ++round) {
         [[unroll]] for (uint k = 0; k < (BC * D4 + WG - 1) / WG; ++k) {
             const uint idx = t + k * WG;
@@ -203,7 +207,7 @@ void load_queries_and_state() {
             const uint first = sg * RS + mt * M;  // the M-tile's first row in the workgroup
             if (first >= round * BC && first < round * BC + BC) {
                 [[unroll]] for (uint dt = 0; dt < DT; ++dt)
-                    coopMatLoad(qm[mt * DT + dt], k_sh, (first - round * BC) * KS + dt * K, KS,
+                    coopMatLoad(qm.m[mt * DT + dt], k_sh, (first - round * BC) * KS + dt * K, KS,
                                 gl_CooperativeMatrixLayoutRowMajor);
             }
         }
@@ -220,7 +224,7 @@ void load_queries_and_state() {
             l_run[i] = state[at + 1];
         }
     }
-    [[unroll]] for (uint k = 0; k < MT * VT; ++k) o[k] = MAT_C(0.0);
+    [[unroll]] for (uint k = 0; k < MT * VT; ++k) o.m[k] = MAT_C(0.0);
     if (resume) {  // the unnormalised accumulator of the previous chunks, through the staging tile
         bool nonfinite = false;
         [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
@@ -239,7 +243,7 @@ void load_queries_and_state() {
                 }
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
-                coopMatLoad(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
                 subgroupBarrier();
             }
         }
@@ -282,14 +286,14 @@ bool load_tile(uint j0, uint bc, uint parity) {
 }
 
 // S = Q·Kᵀ of the subgroup's rows against the tile's keys, into its float32 scratch.
-void score_tile() {
+void score_tile(in QM_ARRAY) {
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
         [[unroll]] for (uint ct = 0; ct < CT; ++ct) {
             MAT_C s = MAT_C(0.0);
             [[unroll]] for (uint dt = 0; dt < DT; ++dt) {
                 MAT_B kt;  // element (e, n) = K[key ct·N + n][dt·K + e]: K's rows are Kᵀ's columns
                 coopMatLoad(kt, k_sh, ct * N * KS + dt * K, KS, gl_CooperativeMatrixLayoutColumnMajor);
-                s = coopMatMulAdd(qm[mt * DT + dt], kt, s);
+                s = coopMatMulAdd(qm.m[mt * DT + dt], kt, s);
             }
             coopMatStore(s, s_sh, (sg * RS + mt * M) * SS + ct * N, SS, gl_CooperativeMatrixLayoutRowMajor);
         }
@@ -359,9 +363,9 @@ void softmax_tile(uint j0, uint bc) {
 }
 
 // O = O ∘ α per element through the staging tile (COOP_CAREFUL_STAGED_RESCALE: fault finding).
-void rescale_through_staging(uint mt) {
+void rescale_through_staging(uint mt, inout O_ARRAY) {
     [[unroll]] for (uint vt = 0; vt < VT; ++vt) {
-        coopMatStore(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatStore(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
         subgroupMemoryBarrierShared();
         subgroupBarrier();
         [[unroll]] for (uint i = 0; i < RPL; ++i) {
@@ -371,20 +375,20 @@ void rescale_through_staging(uint mt) {
         }
         subgroupMemoryBarrierShared();
         subgroupBarrier();
-        coopMatLoad(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
         subgroupBarrier();
     }
 }
 
 // O = O ∘ α + P·V on the matrix units (every value of V finite, O finite).
-void accumulate_tile() {
+void accumulate_tile(inout O_ARRAY) {
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
         if (CAREFUL == COOP_CAREFUL_STAGED_RESCALE) {
-            rescale_through_staging(mt);
+            rescale_through_staging(mt, o);
         } else {
             MAT_C a;
             coopMatLoad(a, mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (uint vt = 0; vt < VT; ++vt) o[mt * VT + vt] = o[mt * VT + vt] * a;
+            [[unroll]] for (uint vt = 0; vt < VT; ++vt) o.m[mt * VT + vt] = o.m[mt * VT + vt] * a;
         }
         [[unroll]] for (uint kt = 0; kt < KT; ++kt) {
             MAT_A p;
@@ -392,7 +396,7 @@ void accumulate_tile() {
             [[unroll]] for (uint vt = 0; vt < VT; ++vt) {
                 MAT_B v;
                 coopMatLoad(v, v_sh, kt * K * VS + vt * N, VS, gl_CooperativeMatrixLayoutRowMajor);
-                o[mt * VT + vt] = coopMatMulAdd(p, v, o[mt * VT + vt]);
+                o.m[mt * VT + vt] = coopMatMulAdd(p, v, o.m[mt * VT + vt]);
             }
         }
     }
@@ -402,10 +406,10 @@ void accumulate_tile() {
 // The same per element in float32 with values.glsl's rules, each M×N tile of O through the
 // staging tile: α that underflowed keeps O's infinities, a masked key adds nothing, an allowed
 // key whose weight underflowed keeps V's infinities.
-void accumulate_tile_carefully() {
+void accumulate_tile_carefully(inout O_ARRAY) {
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
         [[unroll]] for (uint vt = 0; vt < VT; ++vt) {
-            coopMatStore(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             [[unroll]] for (uint i = 0; i < RPL; ++i) {
@@ -423,7 +427,7 @@ void accumulate_tile_carefully() {
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
-            coopMatLoad(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
             subgroupBarrier();
         }
     }
@@ -438,7 +442,7 @@ float row_drop(uint r) {
 
 // The results: fused, the output (O / l, or O as it is where more chunks follow), the state
 // and the lse; split, each row's partial (m, l) and accumulator for the merge.
-void write_results() {
+void write_results(in O_ARRAY) {
     const bool partial = SPLIT == 0u && (pc.flags & FLASH_PARTIAL) != 0u;
     const uint chunks = SPLIT != 0u ? max(1u, (pc.kv_stop - pc.kv_begin + pc.chunk - 1u) / pc.chunk) : 1u;
     const uint dv_stride = 4u * ((dv + 3u) / 4u);
@@ -459,7 +463,7 @@ void write_results() {
     }
     [[unroll]] for (uint mt = 0; mt < MT; ++mt) {
         [[unroll]] for (uint vt = 0; vt < VT; ++vt) {
-            coopMatStore(o[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(o.m[mt * VT + vt], mn_sh, (sg * RS + mt * M) * NS, NS, gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             [[unroll]] for (uint i = 0; i < RPL; ++i) {
@@ -489,7 +493,9 @@ void write_results() {
 
 void main() {
     locate();
-    load_queries_and_state();
+    QM_ARRAY;
+    O_ARRAY;
+    load_queries_and_state(qm, o);
     // The keys of this dispatch (split: of this chunk), and of those the ones the block's rows may
     // see by causal and the window: tiles outside are never loaded or computed.
     uint lo = pc.kv_begin, hi = min(pc.kv_stop, pc.kv_len);
@@ -507,15 +513,15 @@ void main() {
     for (uint j0 = keys.x; j0 < keys.y; j0 += BC, parity ^= 1u) {
         const uint bc = min(BC, keys.y - j0);
         const bool careful = load_tile(j0, bc, parity);
-        score_tile();
+        score_tile(qm);
         softmax_tile(j0, bc);
         if (CAREFUL != 0u && (careful || dirty)) {
-            accumulate_tile_carefully();
+            accumulate_tile_carefully(o);
             dirty = true;
         } else {
-            accumulate_tile();
+            accumulate_tile(o);
         }
         barrier();  // #2: every read of this tile's K and V is done
     }
-    write_results();
+    write_results(o);
 }
