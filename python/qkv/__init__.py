@@ -98,8 +98,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def tensor(array, context=None, dtype=None):
     """Uploads `array` (any shape, numpy or torch) to a device: a qkv.Tensor of float32, or of
-    float16 for a float16 array (dtype="float32" or "float16" to choose; bfloat16 becomes float32).
-    context: a qkv.Context, or None for the default one. Tensor.numpy() downloads it."""
+    float16 for a float16 array (dtype="float32" or "float16" to choose; bfloat16 becomes float32),
+    or of int32 for an integer array (indices, such as a block table on the device): int32, or
+    int64 (numpy's default integer) where every value fits int32 (else InvalidArgument; nothing is
+    made). Integer and floating-point arrays and tensors do not mix (InvalidArgument). context: a
+    qkv.Context, or None for the default one. Tensor.numpy() downloads it, Tensor.upload(array)
+    overwrites it."""
     ctx = _devices.resolve(context) if not isinstance(context, Context) else context
     if ctx is None:
         raise InvalidArgument("context: a qkv.Tensor lives on a Vulkan device, not on \"cpu\"")
@@ -107,11 +111,21 @@ def tensor(array, context=None, dtype=None):
 
 
 def _tensor_numpy(self):
-    """The tensor's values as a numpy array of its dtype (float32 or float16); waits for the device."""
+    """The tensor's values as a numpy array of its dtype (float32, float16 or int32); waits for the
+    device."""
     return _arrays.wrap(self._download(), _arrays.NUMPY)
 
 
+def _tensor_upload(self, array):
+    """Overwrites the tensor's values in place with `array` (numpy or torch) of its shape, converted
+    as qkv.tensor converts (int32 tensors take int32, or int64 within int32's range); calls given
+    the tensor afterwards read the new values. Checked before anything is written
+    (InvalidArgument)."""
+    self._upload(_arrays.host_view(array, "array"))
+
+
 Tensor.numpy = _tensor_numpy
+Tensor.upload = _tensor_upload
 
 
 class KVCache:

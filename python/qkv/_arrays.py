@@ -115,7 +115,8 @@ def shape_of(x):
     return tuple(int(d) for d in shape)
 
 
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64"}
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+                 "int32": "int32"}
 
 
 def wrap(result, kind):

@@ -23,11 +23,13 @@ static_assert(std::endian::native == std::endian::little, "qkv's Python package 
 std::size_t item_size(dtype t) {
     switch (t) {
         case dtype::f32:
+        case dtype::i32:
             return 4;
         case dtype::f16:
         case dtype::bf16:
             return 2;
         case dtype::f64:
+        case dtype::i64:
             return 8;
         case dtype::boolean:
             return 1;
@@ -37,10 +39,17 @@ std::size_t item_size(dtype t) {
 
 [[noreturn]] void refuse(const std::string& message) { throw qkv::invalid_argument(message); }
 
-/// The element type of a buffer's struct-module format, or none.
-bool format_type(std::string_view format, dtype& out) {
+/// The element type of a buffer's struct-module format with elements of `itemsize` bytes, or none.
+/// The C integer formats name their size by platform ('l' is 8 bytes on Linux, 4 on Windows):
+/// the item size decides between int32 and int64.
+bool format_type(std::string_view format, py::ssize_t itemsize, dtype& out) {
     if (!format.empty() && (format.front() == '@' || format.front() == '=' || format.front() == '<'))
         format.remove_prefix(1);
+    if (format == "i" || format == "l" || format == "q") {
+        if (itemsize != 4 && itemsize != 8) return false;
+        out = itemsize == 4 ? dtype::i32 : dtype::i64;
+        return true;
+    }
     if (format == "f")
         out = dtype::f32;
     else if (format == "e")
@@ -65,10 +74,10 @@ host_array from_buffer(py::handle object, const std::string& name) {
     });
     host_array a;
     const std::string format = owner->format ? owner->format : "B";
-    if (!format_type(format, a.type))
+    if (!format_type(format, owner->itemsize, a.type))
         refuse(name + ": elements of buffer format '" + format + "' (" + std::to_string(owner->itemsize) +
-               " bytes) are not supported: qkv reads float32, float16, bfloat16 (torch), float64 (device=\"cpu\") "
-               "and bool (masks)");
+               " bytes) are not supported: qkv reads float32, float16, bfloat16 (torch), float64 (device=\"cpu\"), "
+               "bool (masks) and int32 / int64 (indices)");
     if (static_cast<std::size_t>(owner->itemsize) != item_size(a.type))
         refuse(name + ": buffer format '" + format + "' with " + std::to_string(owner->itemsize) + "-byte elements");
     const auto item = static_cast<std::ptrdiff_t>(owner->itemsize);
@@ -128,9 +137,14 @@ host_array from_dlpack(py::handle object, const std::string& name) {
         a.type = dtype::bf16;
     else if ((dt.code == kDLUInt || dt.code == kDLInt || dt.code == 6 /* kDLBool, DLPack 0.8 */) && dt.bits == 8)
         a.type = dtype::boolean;
+    else if (dt.code == kDLInt && dt.bits == 32)
+        a.type = dtype::i32;
+    else if (dt.code == kDLInt && dt.bits == 64)
+        a.type = dtype::i64;
     else
         refuse(name + ": elements of DLPack type code " + std::to_string(dt.code) + ", " + std::to_string(dt.bits) +
-               " bits, are not supported: qkv reads float32, float16, bfloat16, float64 (device=\"cpu\") and bool");
+               " bits, are not supported: qkv reads float32, float16, bfloat16, float64 (device=\"cpu\"), bool and "
+               "int32 / int64 (indices)");
     if (t.ndim < 0) refuse(name + ": negative rank");
     for (int d = 0; d < t.ndim; ++d) {
         if (t.shape[d] < 0) refuse(name + ": negative dimension " + std::to_string(t.shape[d]));
@@ -168,6 +182,8 @@ float element_as_float(dtype t, const std::byte* p) {
         }
         case dtype::f64:
         case dtype::boolean:
+        case dtype::i32:
+        case dtype::i64:
             break;
     }
     return 0;  // not reached: the callers refuse these types first
@@ -270,6 +286,12 @@ std::vector<std::size_t> permuted(const std::vector<std::size_t>& shape, const s
     return out;
 }
 
+/// Refuses a type that holds no floating-point values where they are needed.
+void expect_floats(const host_array& a, const char* name) {
+    if (!is_float(a.type))
+        refuse(std::string(name) + ": " + to_string(a.type) + " where floating-point values are needed");
+}
+
 [[noreturn]] void narrowing_overflow(const char* what, dtype type, double value) {
     throw qkv::vulkan::numeric_overflow(std::string(what) + ": the result " + std::to_string(value) +
                                         " is beyond the range of " + to_string(type) +
@@ -305,8 +327,16 @@ const char* to_string(dtype type) {
             return "float64";
         case dtype::boolean:
             return "bool";
+        case dtype::i32:
+            return "int32";
+        case dtype::i64:
+            return "int64";
     }
     return "unknown";
+}
+
+bool is_float(dtype type) {
+    return type == dtype::f32 || type == dtype::f16 || type == dtype::bf16 || type == dtype::f64;
 }
 
 std::size_t host_array::elements() const {
@@ -362,7 +392,7 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
         refuse(std::string(name) +
                ": float64 is computed by the float64 reference only (device=\"cpu\"); a Vulkan "
                "device computes float32: convert the inputs to float32");
-    if (a.type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
+    expect_floats(a, name);
     if (a.type == dtype::f32) {
         if (is_contiguous(a)) {
             if (!out.empty()) std::memcpy(out.data(), a.data, out.size() * 4);
@@ -410,7 +440,7 @@ void gather_slices(const host_array& a, std::span<const std::int32_t> which, std
 
 void gather(const host_array& a, std::span<double> out, const char* name) {
     expect_count(a, out.size(), name);
-    if (a.type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
+    expect_floats(a, name);
     const dtype t = a.type;
     each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
         for (std::size_t c = 0; c < count; ++c, p += step) out[i + c] = element_as_double(t, p);
@@ -426,6 +456,29 @@ void gather(const host_array& a, std::span<std::uint8_t> out, const char* name) 
     });
 }
 
+void gather(const host_array& a, std::span<std::int32_t> out, const char* name) {
+    expect_count(a, out.size(), name);
+    if (a.type != dtype::i32 && a.type != dtype::i64)
+        refuse(std::string(name) + ": " + to_string(a.type) +
+               " where integers (int32, or int64 within int32's range) "
+               "are needed");
+    const bool wide = a.type == dtype::i64;
+    each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        for (std::size_t c = 0; c < count; ++c, p += step) {
+            if (!wide) {
+                std::memcpy(&out[i + c], p, 4);
+                continue;
+            }
+            std::int64_t v;
+            std::memcpy(&v, p, 8);
+            if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+                refuse(std::string(name) + ": the int64 value " + std::to_string(v) + " (element " +
+                       std::to_string(i + c) + ") is outside int32's range; nothing was written");
+            out[i + c] = static_cast<std::int32_t>(v);
+        }
+    });
+}
+
 out_array::out_array(storage data, dtype type, std::vector<std::size_t> shape)
     : data_(std::move(data)), type_(type), shape_(std::move(shape)) {}
 
@@ -438,7 +491,11 @@ py::buffer_info out_array::buffer() {
         s *= static_cast<py::ssize_t>(shape_[d]);
     }
     void* ptr = std::visit([](auto& v) { return static_cast<void*>(v.data()); }, data_);
-    const char* format = type_ == dtype::f32 ? "f" : type_ == dtype::f64 ? "d" : type_ == dtype::f16 ? "e" : "H";
+    const char* format = type_ == dtype::f32   ? "f"
+                         : type_ == dtype::f64 ? "d"
+                         : type_ == dtype::f16 ? "e"
+                         : type_ == dtype::i32 ? "i"
+                                               : "H";
     return py::buffer_info(ptr, item, format, static_cast<py::ssize_t>(shape.size()), shape, strides);
 }
 
@@ -474,9 +531,11 @@ out_array make_output(std::vector<float>&& values, dtype type, std::vector<std::
             return out_array(std::move(out), type, permuted(shape, perm));
         }
         case dtype::boolean:
+        case dtype::i32:
+        case dtype::i64:
             break;
     }
-    refuse(std::string(what) + ": no result of type bool");
+    refuse(std::string(what) + ": no floating-point result of type " + to_string(type));
 }
 
 out_array make_output(const std::vector<double>& values, dtype type, std::vector<std::size_t> shape,
@@ -499,9 +558,11 @@ out_array make_output(const std::vector<double>& values, dtype type, std::vector
             return out_array(std::move(out), type, permuted(shape, perm));
         }
         case dtype::boolean:
+        case dtype::i32:
+        case dtype::i64:
             break;
     }
-    refuse(std::string(what) + ": no result of type bool");
+    refuse(std::string(what) + ": no floating-point result of type " + to_string(type));
 }
 
 float from_bf16_bits(std::uint16_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }

@@ -24,11 +24,15 @@ namespace qkv::python {
 
 namespace py = pybind11;
 
-/// The element types qkv reads and writes.
-enum class dtype { f32, f16, bf16, f64, boolean };
+/// The element types qkv reads and writes: floating point (the calls' data), bool (masks), and
+/// integers (int32 indices: an int32 qkv.Tensor, a block table on the device; int64, numpy's
+/// default integer, read as int32 where every value fits).
+enum class dtype { f32, f16, bf16, f64, boolean, i32, i64 };
 
-/// "float32", "float16", "bfloat16", "float64", "bool".
+/// "float32", "float16", "bfloat16", "float64", "bool", "int32", "int64".
 [[nodiscard]] const char* to_string(dtype type);
+/// Whether `type` holds floating-point values (float32, float16, bfloat16, float64).
+[[nodiscard]] bool is_float(dtype type);
 
 /// A read-only strided view of a caller's host array. Strides are in elements and may be negative
 /// or zero; `data` points at element (0, ..., 0). Copyable: copies share the owner.
@@ -83,6 +87,9 @@ void gather(const host_array& a, std::span<float> out, const char* name);
 void gather(const host_array& a, std::span<double> out, const char* name);
 /// A boolean (or 0/1 integer) array as 0/1 bytes.
 void gather(const host_array& a, std::span<std::uint8_t> out, const char* name);
+/// An int32 or int64 array as int32 values; an int64 value outside int32's range is refused
+/// (qkv::invalid_argument naming `name` and the value), never wrapped; any other type is refused.
+void gather(const host_array& a, std::span<std::int32_t> out, const char* name);
 /// The slices a[i] (along the first dimension) for each i of `which`, in that order, as gather
 /// reads them: `out` holds which.size() slices. Every index must lie in [0, a.shape[0]).
 void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name);
@@ -92,10 +99,11 @@ void read_values(const host_array& a, values<float>& out, const char* name);
 void read_values(const host_array& a, values<double>& out, const char* name);
 
 /// A result: contiguous, row-major, owned; exposed through the buffer protocol (format "f", "d",
-/// "e", or "H" for bfloat16 bits, which the Python side views as torch.bfloat16).
+/// "e", "i" for int32, or "H" for bfloat16 bits, which the Python side views as torch.bfloat16).
 class out_array {
 public:
-    using storage = std::variant<std::vector<float>, std::vector<double>, std::vector<std::uint16_t>>;
+    using storage =
+        std::variant<std::vector<float>, std::vector<double>, std::vector<std::uint16_t>, std::vector<std::int32_t>>;
 
     out_array(storage data, dtype type, std::vector<std::size_t> shape);
 

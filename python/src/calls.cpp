@@ -15,6 +15,7 @@
 
 #include "objects.hpp"
 #include "qkv/runtime/cpu.hpp"
+#include "qkv/runtime/element_type.hpp"
 #include "qkv/runtime/error.hpp"
 #include "qkv/runtime/options.hpp"
 #include "qkv/vulkan/error.hpp"
@@ -251,7 +252,8 @@ host_call read_call(py::handle q, py::handle k, py::handle v, py::handle mask, b
         if (a && a->type != h.type)
             refuse(std::string("query is ") + to_string(h.type) + ", " + (a == &*h.k ? "key" : "value") + " is " +
                    to_string(a->type) + ": query, key and value must share one dtype");
-    if (h.type == dtype::boolean) refuse("query, key and value are bool: they must be floating point");
+    if (!is_float(h.type))
+        refuse(std::string("query, key and value are ") + to_string(h.type) + ": they must be floating point");
     if (!out_perm.empty()) {
         std::vector<std::size_t> sorted = out_perm;
         std::sort(sorted.begin(), sorted.end());
@@ -316,7 +318,8 @@ void gather_call(host_call& h, const char* what) {
     // the float64 path).
     const auto small = [&](const std::optional<host_array>& a, values<float>& f, values<double>& d, const char* name) {
         if (!a) return;
-        if (a->type == dtype::boolean) refuse(std::string(name) + ": bool where floating-point values are needed");
+        if (!is_float(a->type))
+            refuse(std::string(name) + ": " + to_string(a->type) + " where floating-point values are needed");
         d.owned.resize(a->elements());
         gather(*a, std::span<double>(d.owned), name);
         d.view = d.owned;
@@ -574,7 +577,9 @@ py::tuple sdpa_tensors(const py_tensor& q, const py_tensor& k, const py_tensor& 
     call_options opt = read_options(options);
     const qkv::element_type type = q.tensor.type();
     if (k.tensor.type() != type || v.tensor.type() != type)
-        refuse("query, key and value tensors must share one element type");
+        refuse("query, key and value tensors must share one element type (they are " +
+               std::string(qkv::to_string(type)) + ", " + std::string(qkv::to_string(k.tensor.type())) + " and " +
+               std::string(qkv::to_string(v.tensor.type())) + ")");
     opt.options.precision = type == qkv::element_type::f16 ? qkv::precision::fp16 : qkv::precision::fp32;
     host_call h;
     h.opt = opt;

@@ -72,40 +72,89 @@ std::shared_ptr<qkv::vulkan::context> open(py::handle device, bool validation, s
     return std::make_shared<qkv::vulkan::context>(qkv::vulkan::testing::make_context(o, hooks));
 }
 
+const char* type_name(qkv::element_type t) {
+    return t == qkv::element_type::f16 ? "float16" : t == qkv::element_type::i32 ? "int32" : "float32";
+}
+
 py::object download(const py_tensor& t) {
     std::optional<out_array> a;
     {
         py::gil_scoped_release nogil;
-        std::vector<float> values = t.tensor.download();
-        const dtype type = t.tensor.type() == qkv::element_type::f16 ? dtype::f16 : dtype::f32;
-        a = make_output(std::move(values), type, t.tensor.shape(), {}, "Tensor.numpy");
+        if (t.tensor.type() == qkv::element_type::i32) {
+            a = out_array(t.tensor.download_int32(), dtype::i32, t.tensor.shape());
+        } else {
+            std::vector<float> values = t.tensor.download();
+            const dtype type = t.tensor.type() == qkv::element_type::f16 ? dtype::f16 : dtype::f32;
+            a = make_output(std::move(values), type, t.tensor.shape(), {}, "Tensor.numpy");
+        }
     }
     return py::cast(std::move(*a));
 }
 
-py_tensor make_tensor(py::handle array, const std::shared_ptr<qkv::vulkan::context>& ctx,
-                      const std::optional<std::string>& type_name) {
-    const host_array a = read_array(array, "array");
-    if (a.rank() == 0) throw qkv::invalid_argument("array: a 0-dimensional array is not a tensor");
-    qkv::element_type type = a.type == dtype::f16 ? qkv::element_type::f16 : qkv::element_type::f32;
-    if (type_name) {
-        if (*type_name == "float32")
+/// The element type of a tensor made from an array of `given` type: the one `requested` where named, else
+/// int32 for integer arrays, float16 for float16 ones, float32 for the other floats. Integers and
+/// floating-point values do not mix (indices are not data).
+qkv::element_type tensor_type(dtype given, const std::optional<std::string>& requested) {
+    const bool ints = given == dtype::i32 || given == dtype::i64;
+    if (given == dtype::boolean) throw qkv::invalid_argument("array: a bool array is not a tensor (float or int32)");
+    qkv::element_type type = ints                  ? qkv::element_type::i32
+                             : given == dtype::f16 ? qkv::element_type::f16
+                                                   : qkv::element_type::f32;
+    if (requested) {
+        if (*requested == "float32")
             type = qkv::element_type::f32;
-        else if (*type_name == "float16")
+        else if (*requested == "float16")
             type = qkv::element_type::f16;
+        else if (*requested == "int32")
+            type = qkv::element_type::i32;
         else
-            throw qkv::invalid_argument("dtype must be \"float32\" or \"float16\" (it is \"" + *type_name + "\")");
+            throw qkv::invalid_argument("dtype must be \"float32\", \"float16\" or \"int32\" (it is \"" + *requested +
+                                        "\")");
+    }
+    if (ints != (type == qkv::element_type::i32))
+        throw qkv::invalid_argument(std::string("array is ") + to_string(given) + " and the tensor " +
+                                    (type == qkv::element_type::i32 ? "int32" : "floating point") +
+                                    ": an int32 tensor takes int32 (or int64) arrays, a float tensor "
+                                    "floating-point arrays");
+    return type;
+}
+
+/// `a`'s elements written into `t` (of as many elements), as int32 or as float32 by its type.
+void write_values(const host_array& a, qkv::vulkan::tensor& t) {
+    if (t.type() == qkv::element_type::i32) {
+        std::vector<std::int32_t> ints(a.elements());
+        gather(a, std::span<std::int32_t>(ints), "array");  // int64 checked to fit: nothing is written otherwise
+        t.upload(std::span<const std::int32_t>(ints));
+        return;
     }
     values<float> data;
+    read_values(a, data, "array");
+    t.upload(data.view);
+}
+
+py_tensor make_tensor(py::handle array, const std::shared_ptr<qkv::vulkan::context>& ctx,
+                      const std::optional<std::string>& requested) {
+    const host_array a = read_array(array, "array");
+    if (a.rank() == 0) throw qkv::invalid_argument("array: a 0-dimensional array is not a tensor");
+    const qkv::element_type type = tensor_type(a.type, requested);
     py_tensor t{ctx, {}};
     py::gil_scoped_release nogil;
-    read_values(a, data, "array");
     t.tensor = qkv::vulkan::tensor(*ctx, a.shape, type);
-    t.tensor.upload(data.view);
+    write_values(a, t.tensor);
     return t;
 }
 
-const char* type_name(qkv::element_type t) { return t == qkv::element_type::f16 ? "float16" : "float32"; }
+/// Tensor.upload: new values of the tensor's shape into its own memory (calls given the tensor
+/// later read them; the tensor is not made again).
+void upload(py_tensor& t, py::handle array) {
+    const host_array a = read_array(array, "array");
+    if (a.shape != t.tensor.shape())
+        throw qkv::invalid_argument("array has shape " + dims(a.shape) + " and the tensor " + dims(t.tensor.shape()) +
+                                    ": upload writes the tensor's own shape");
+    static_cast<void>(tensor_type(a.type, std::string(type_name(t.tensor.type()))));
+    py::gil_scoped_release nogil;
+    write_values(a, t.tensor);
+}
 
 }  // namespace
 
@@ -188,8 +237,9 @@ void bind_objects(py::module_& m) {
         .def("__repr__", [](const qkv::vulkan::context& c) { return "qkv.Context(" + repr(c.device()) + ")"; });
 
     py::class_<py_tensor>(m, "Tensor",
-                          "Data on a device (qkv.tensor(array, context)): row-major, float32 or float16. Calls given "
-                          "Tensors keep their data and results on the device; .numpy() downloads.")
+                          "Data on a device (qkv.tensor(array, context)): row-major, float32, float16 or int32 "
+                          "(indices: a block table). Calls given Tensors keep their data and results on the device; "
+                          ".numpy() downloads, .upload(array) overwrites.")
         .def_property_readonly("shape",
                                [](const py_tensor& t) {
                                    const auto& s = t.tensor.shape();
@@ -198,10 +248,12 @@ void bind_objects(py::module_& m) {
                                    return out;
                                })
         .def_property_readonly(
-            "dtype", [](const py_tensor& t) { return type_name(t.tensor.type()); }, "\"float32\" or \"float16\".")
+            "dtype", [](const py_tensor& t) { return type_name(t.tensor.type()); },
+            "\"float32\", \"float16\" or \"int32\".")
         .def_property_readonly("nbytes", [](const py_tensor& t) { return t.tensor.bytes(); })
         .def_property_readonly("context", [](const py_tensor& t) { return t.context; })
         .def("_download", &download)
+        .def("_upload", &upload, py::arg("array"))
         .def("__repr__", [](const py_tensor& t) {
             std::string s = "qkv.Tensor(shape=(";
             for (std::size_t d = 0; d < t.tensor.shape().size(); ++d)

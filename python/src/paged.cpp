@@ -97,7 +97,7 @@ host_array pages_array(py::handle x, const char* name, std::size_t width, const 
         refuse(std::string(name) + " has shape " + dims(a.shape) + ": pages are (n, page_size, kv_heads, " +
                (name[0] == 'k' ? "head_dim" : "head_dim_v") + ") = (n, " + std::to_string(page_size) + ", " +
                std::to_string(s.kv_heads) + ", " + std::to_string(width) + ")");
-    if (a.type == dtype::boolean || a.type == dtype::f64)
+    if (!is_float(a.type) || a.type == dtype::f64)
         refuse(std::string(name) + " is " + to_string(a.type) + ": pages are float32, float16 or bfloat16");
     return a;
 }
@@ -286,7 +286,7 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
     if (ragged && (!k_new.is_none() || !rotary_cos.is_none()))
         refuse("a ragged q (cu_seqlens_q) takes no new k and v and no rotary embedding");
     in.type = in.q.type;
-    if (in.type == dtype::boolean) refuse("q is bool: it must be floating point");
+    if (!is_float(in.type)) refuse(std::string("q is ") + to_string(in.type) + ": it must be floating point");
     if (ragged) {
         in.batch = seqlens.size(), in.q_len = 0, in.hq = in.q.shape[1], in.e = in.q.shape[2];
     } else {
@@ -322,13 +322,13 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
     }
     if (!rotary_cos.is_none()) {
         in.cos = read_array(rotary_cos, "rotary_cos"), in.sin = read_array(rotary_sin, "rotary_sin");
-        if (in.cos->rank() != 2 || in.sin->shape != in.cos->shape || in.cos->type == dtype::boolean)
+        if (in.cos->rank() != 2 || in.sin->shape != in.cos->shape || !is_float(in.cos->type) || !is_float(in.sin->type))
             refuse("rotary_cos " + dims(in.cos->shape) + " and rotary_sin " + dims(in.sin->shape) +
                    ": they must be floating point (seqlen_ro, rotary_dim / 2) alike");
     }
     if (!alibi_slopes.is_none()) {
         in.slopes = read_array(alibi_slopes, "alibi_slopes");
-        if (in.slopes->rank() != 1 || in.slopes->shape[0] != in.hq || in.slopes->type == dtype::boolean)
+        if (in.slopes->rank() != 1 || in.slopes->shape[0] != in.hq || !is_float(in.slopes->type))
             refuse("alibi_slopes has shape " + dims(in.slopes->shape) + ": the paged call takes (nheads,) = (" +
                    std::to_string(in.hq) + ",)");
     }

@@ -58,7 +58,8 @@ ragged_call read_ragged(py::handle q, py::handle k, py::handle v, std::vector<st
             refuse(std::string("q is ") + to_string(r.q.type) + ", " + name + " is " + to_string(a->type) +
                    ": q, k and v must share one dtype");
     }
-    if (r.q.type == dtype::boolean) refuse("q, k and v are bool: they must be floating point");
+    if (!is_float(r.q.type))
+        refuse(std::string("q, k and v are ") + to_string(r.q.type) + ": they must be floating point");
     r.type = r.q.type;
     r.total_q = r.q.shape[0], r.hq = r.q.shape[1], r.e = r.q.shape[2];
     r.total_k = r.k.shape[0], r.hkv = r.k.shape[1], r.ev = r.v.shape[2];

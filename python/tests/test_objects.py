@@ -63,6 +63,73 @@ def test_tensors_keep_data_on_the_device(rng):
         qkv.tensor(q, "cpu")
 
 
+@pytest.mark.parametrize("shape", [(1,), (3,), (17,), (3, 17), (1, 3, 17)])
+def test_int32_tensors_round_trip(rng, shape):
+    ctx = qkv.default_context()
+    a = rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
+    a.flat[0] = np.iinfo(np.int32).min  # both ends of the range, exactly
+    a.flat[-1] = np.iinfo(np.int32).max if a.size > 1 else a.flat[0]
+    t = qkv.tensor(a, ctx)
+    assert t.dtype == "int32" and t.shape == shape and t.nbytes == a.nbytes
+    back = t.numpy()
+    assert back.dtype == np.int32 and np.array_equal(back, a)
+    # a strided view and a torch tensor upload the same values
+    assert np.array_equal(qkv.tensor(np.ascontiguousarray(a[..., ::-1])[..., ::-1], ctx).numpy(), a)
+    assert np.array_equal(qkv.tensor(torch.from_numpy(a), ctx).numpy(), a)
+    # upload overwrites in place; another shape or a float array is refused, and nothing changes
+    b = (a // 7 + 1).astype(np.int32)
+    t.upload(b)
+    assert np.array_equal(t.numpy(), b)
+    with pytest.raises(qkv.InvalidArgument, match="shape"):
+        t.upload(np.zeros(shape + (2,), dtype=np.int32))
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        t.upload(b.astype(np.float32))
+    assert np.array_equal(t.numpy(), b)
+
+
+def test_int64_arrays_make_int32_tensors_only_where_no_value_is_lost():
+    ctx = qkv.default_context()
+    ok = np.array([[0, 5, -3], [2**31 - 1, -2**31, 17]])  # numpy's default integer: int64
+    assert ok.dtype == np.int64
+    t = qkv.tensor(ok, ctx)
+    assert t.dtype == "int32" and np.array_equal(t.numpy(), ok)
+    assert np.array_equal(qkv.tensor(torch.from_numpy(ok), ctx).numpy(), ok)  # torch.int64 through DLPack
+    for bad in (2**31, -2**31 - 1, 2**40):
+        x = ok.copy()
+        x[1, 2] = bad
+        with pytest.raises(qkv.InvalidArgument, match="outside int32's range"):
+            qkv.tensor(x, ctx)
+        with pytest.raises(qkv.InvalidArgument, match="outside int32's range"):
+            t.upload(x)
+        assert np.array_equal(t.numpy(), ok)  # a refused upload writes nothing
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.tensor(ok, ctx, dtype="float32")  # integers are not floating-point data
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.tensor(np.ones(3, dtype=np.float32), ctx, dtype="int32")
+    with pytest.raises(qkv.InvalidArgument, match="bool"):
+        qkv.tensor(np.ones(3, dtype=bool), ctx)
+
+
+def test_int32_data_is_refused_where_floats_are_needed(rng):
+    ctx = qkv.default_context()
+    ints = np.arange(2 * 3 * 17, dtype=np.int32).reshape(1, 2, 3, 17)
+    ti, tf = qkv.tensor(ints, ctx), qkv.tensor(normal(rng, 1, 2, 3, 17), ctx)
+    for args in ((ti, tf, tf), (tf, ti, tf), (tf, tf, ti), (ti, ti, ti)):
+        with pytest.raises(qkv.InvalidArgument, match="i32|int32"):
+            qkv.scaled_dot_product_attention(*args)
+    cache = qkv.KVCache(ctx, 1, 2, 8, 17, 17)
+    with pytest.raises(qkv.InvalidArgument, match="i32"):
+        cache.append(ti, ti)
+    assert len(cache) == 0
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.scaled_dot_product_attention(ints, ints, ints)
+    f = normal(rng, 1, 2, 3, 17)
+    with pytest.raises(qkv.InvalidArgument, match="int"):
+        qkv.scaled_dot_product_attention(f, f, f, alibi_slopes=np.ones(2, dtype=np.int64))
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.flash_attn.flash_attn_func(ints, ints, ints)
+
+
 def test_kv_cache_decode_equals_the_whole_call(rng):
     ctx = qkv.default_context()
     B, Hq, Hkv, S, E = 2, 8, 2, 1100, 64
