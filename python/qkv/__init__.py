@@ -203,7 +203,9 @@ def paged_attention(q, cache, block_table, cache_seqlens, k=None, v=None, *, rot
     """A batch of sequences decoding against a qkv.PagedKVCache, in FlashAttention's layout: q
     (batch, seqlen_q, nheads, headdim); block_table int32 (batch, max_pages) page indices (key j
     of sequence b is row j % page_size of page block_table[b][j // page_size]; with
-    cache_batch_idx, a table of any number of rows and sequence b's row cache_batch_idx[b]);
+    cache_batch_idx, a table of any number of rows and sequence b's row cache_batch_idx[b]), a
+    host array or an int32 qkv.Tensor on the cache's Context (never read back: its entries are
+    checked on the device, a bad one InvalidArgument after the run);
     cache_seqlens int32 (batch,) or an int, the keys each sequence has before the call; k, v
     (batch, seqlen_new, kv_heads, ·), written into each sequence's pages at keys cache_seqlens[b]
     onwards before any sequence attends. Every other argument and the result are

@@ -145,7 +145,8 @@ class PagedKVCache:
     @property
     def context(self) -> Context: ...
 
-def paged_attention(q: Array, cache: PagedKVCache, block_table: Array, cache_seqlens: Union[int, Array],
+def paged_attention(q: Array, cache: PagedKVCache, block_table: Union[Array, Tensor],
+                    cache_seqlens: Union[int, Array],
                     k: Optional[Array] = None, v: Optional[Array] = None, *, rotary_cos: Optional[Array] = None,
                     rotary_sin: Optional[Array] = None, rotary_interleaved: bool = True,
                     cache_batch_idx: Optional[Array] = None, cache_leftpad: Optional[Array] = None,

@@ -69,8 +69,13 @@ class PagedKVCache:
         (batch,), row cache_batch_idx[b] of a table of any number of rows). Into pages held only; a
         q8_0 / q4_0 pool's rows are quantized on the host as append_pages quantizes them (a value
         that cannot be quantized, NaN or infinite: qkv.InvalidArgument). Everything is checked
-        first: nothing is written when a check fails."""
+        first: nothing is written when a check fails. The table is a host array here (a qkv.Tensor
+        table is read by the calls, paged_attention and flash_attn_with_kvcache: InvalidArgument)."""
         from .flash_attn import _bshd, _block_table, _int32s
+
+        if isinstance(block_table, _qkv.Tensor):
+            raise InvalidArgument("write takes block_table as an int32 host array; a qkv.Tensor table is read by the "
+                                  "calls (paged_attention, flash_attn_with_kvcache with k and v)")
 
         k, v = _bshd(_arrays.host_view(k, "k"), "k"), _bshd(_arrays.host_view(v, "v"), "v")
         batch = _arrays.shape_of(k)[0]

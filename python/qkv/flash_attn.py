@@ -245,7 +245,11 @@ def _paged_rows(pool, name, block_table, lengths):
 
 def _block_table(x, batch):
     """A block table as rows of ints: int32 (batch, max_num_blocks_per_seq), or with batch None
-    (a cache_batch_idx names each sequence's row) any number of rows, at least one."""
+    (a cache_batch_idx names each sequence's row) any number of rows, at least one. A table on the
+    device (a qkv.Tensor) is refused here: only a PagedKVCache's call reads one (_with_pool)."""
+    if isinstance(x, _qkv.Tensor):
+        raise InvalidArgument("block_table is a qkv.Tensor: a table on the device is read there, with the pages it "
+                              "names: pass the pool as a qkv.PagedKVCache (cache=), or the table as an int32 array")
     x = _arrays.host_view(x, "block_table")
     dtype = _arrays.dtype_name(x)
     shape = _arrays.shape_of(x)
@@ -496,6 +500,13 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
     defines them (the table then has any number of rows, cache_batch_idx[b] naming sequence b's);
     FlashAttention 2 refuses both with a block_table.
 
+    With a qkv.PagedKVCache, block_table may be an int32 qkv.Tensor (qkv.tensor(table, cache.context)):
+    the table stays on the device, where a server may update it (Tensor.upload) between steps; it is
+    never read back, so its entries are checked on the device, a bad one raising InvalidArgument
+    after the run (no row appended, nothing returned), and shared prefixes are not looked for
+    (each sequence attends all its keys; the same result up to rounding). Appends into a q8_0 /
+    q4_0 pool take a host table.
+
     Everything is checked before a cache is written (a page index past the pool, rows past the
     cache, two new rows bound for one row of a pool: InvalidArgument, nothing written), and an
     array cache is written only once the attention succeeded. num_splits is accepted and changes
@@ -676,7 +687,9 @@ def _kvcache_results(out, lse, B, L, Hq, Ev, kind, with_lse):
 def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                rotary_interleaved, alibi_slopes, opts, kind, device):
     """flash_attn_with_kvcache against a PagedKVCache: one call of the library's paged decode on the
-    pool's device, the new rows appended into its pages there."""
+    pool's device, the new rows appended into its pages there. A block_table that is an int32
+    qkv.Tensor stays on the device (the library's paged_call over tensors reads and checks it
+    there; a bad entry is its InvalidArgument after the run)."""
     if block_table is None or cache_seqlens is None:
         raise InvalidArgument("a qkv.PagedKVCache needs a block_table and cache_seqlens: which pages and rows each "
                               "sequence has")
@@ -686,7 +699,17 @@ def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch
     B, L, Hq, _ = _arrays.shape_of(q)
     if k is not None:
         k, v = _bshd(k, "k"), _bshd(v, "v")
-    table = _block_table(block_table, None if cache_batch_idx is not None else B)
+    device_table = block_table if isinstance(block_table, _qkv.Tensor) else None
+    if device_table is not None:  # read on the device, never here: its shape checked, its entries there
+        shape = device_table.shape
+        if device_table.dtype != "int32" or len(shape) != 2 or (shape[0] != B if cache_batch_idx is None else False):
+            raise InvalidArgument(f"block_table is a {device_table.dtype} qkv.Tensor {shape}: it must be int32 (batch, "
+                                  f"max_num_blocks_per_seq) with batch = {B}, or (rows, max_num_blocks_per_seq) with "
+                                  "cache_batch_idx")
+        flat, max_pages = [], shape[1]
+    else:
+        table = _block_table(block_table, None if cache_batch_idx is not None else B)
+        flat, max_pages = [i for row in table for i in row], len(table[0]) if table else 0
     seqlens = _int32s(cache_seqlens, "cache_seqlens", B)
     rows = [] if cache_batch_idx is None else _int32s(cache_batch_idx, "cache_batch_idx", B)
     starts = [] if cache_leftpad is None else _int32s(cache_leftpad, "cache_leftpad", B)
@@ -699,9 +722,9 @@ def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch
     if not uniform:
         raise InvalidArgument("alibi_slopes (batch, nheads) with rows that differ: the paged call against a "
                               "qkv.PagedKVCache takes one slope per query head, (nheads,)")
-    out, lse, _, _ = _qkv._paged(_arrays.detached(q), None, None, pool._pool, [i for row in table for i in row],
-                                 len(table[0]) if table else 0, seqlens, None if k is None else _arrays.detached(k),
-                                 None if v is None else _arrays.detached(v), cos, sin, rotary_interleaved, rows,
-                                 starts, alibi_slopes=slopes, options=opts, context=pool.context)
+    out, lse, _, _ = _qkv._paged(_arrays.detached(q), None, None, pool._pool, flat, max_pages, seqlens,
+                                 None if k is None else _arrays.detached(k), None if v is None else _arrays.detached(v),
+                                 cos, sin, rotary_interleaved, rows, starts, alibi_slopes=slopes, options=opts,
+                                 context=pool.context, block_table_tensor=device_table)
     return _kvcache_results(_arrays.wrap(out, kind), _arrays.wrap(lse, kind), B, L, Hq, pool.head_dim_v, kind,
                             opts["return_lse"])

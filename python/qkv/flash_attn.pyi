@@ -1,7 +1,7 @@
 # Type stubs of qkv.flash_attn (FlashAttention 2's interface; the implementation: flash_attn.py).
 from typing import Any, Literal, Optional, Tuple, Union
 
-from . import Context, Device, PagedKVCache
+from . import Context, Device, PagedKVCache, Tensor
 
 Array = Any
 DeviceArg = Union[None, Literal["cpu"], str, int, Device, Context]
@@ -45,7 +45,7 @@ def flash_attn_with_kvcache(q: Array, k_cache: Union[None, Array, PagedKVCache] 
                             v: Optional[Array] = None, rotary_cos: Optional[Array] = None,
                             rotary_sin: Optional[Array] = None, cache_seqlens: Any = None,
                             cache_batch_idx: Optional[Array] = None, cache_leftpad: Optional[Array] = None,
-                            block_table: Optional[Array] = None, softmax_scale: Optional[float] = None,
+                            block_table: Union[None, Array, Tensor] = None, softmax_scale: Optional[float] = None,
                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None,
                             num_splits: int = 0, return_softmax_lse: bool = False, *,

@@ -33,6 +33,8 @@
 #include "qkv/runtime/paged.hpp"
 #include "qkv/vulkan/error.hpp"
 #include "qkv/vulkan/kv_cache.hpp"
+#include "qkv/vulkan/paged_call.hpp"
+#include "qkv/vulkan/tensor.hpp"
 
 namespace qkv::python {
 namespace {
@@ -264,16 +266,59 @@ qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& 
     return p;
 }
 
+/// The call `p` (validated against a placeholder table of the device table's size; its rotary
+/// embedding applied already) against a PagedKVCache's pool with the block table on the device:
+/// one paged_call over tensors (q and the new rows uploaded, the output and lse downloaded). The
+/// table is never read back: the device checks its entries, and a bad one is the run's
+/// qkv::invalid_argument. Shared prefixes are found in a host table, so the call attends each
+/// sequence over all its keys (cascade off; the same result up to rounding).
+qkv::varlen_output run_device_table(qkv::vulkan::context& ctx, const qkv::paged_problem& p, qkv::vulkan::kv_cache& pool,
+                                    const qkv::vulkan::tensor& table) {
+    qkv::paged_problem desc = p;
+    desc.q = {}, desc.k_new = {}, desc.v_new = {};
+    desc.block_table = {}, desc.cache_seqlens = {}, desc.cu_seqlens_q = {};
+    desc.cache_batch_idx = {}, desc.cache_leftpad = {};
+    desc.num_pages = 0;  // the pages the pool holds when it runs
+    desc.cascade = false;
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    const std::size_t B = p.cache_seqlens.size(), Hq = p.q_heads;
+    const bool ragged = !p.cu_seqlens_q.empty();
+    const std::size_t total_q = ragged ? static_cast<std::size_t>(p.cu_seqlens_q.back()) : B * p.q_len;
+    const auto rows = [&](std::size_t width) {
+        return ragged ? std::vector<std::size_t>{total_q, Hq, width} : std::vector<std::size_t>{B, p.q_len, Hq, width};
+    };
+    qkv::vulkan::tensor q(ctx, rows(p.d_qk)), out(ctx, rows(p.d_v)), lse, k_new, v_new;
+    q.upload(p.q);
+    qkv::vulkan::paged_tensors t{.q = &q, .out = &out, .block_table_tensor = &table};
+    t.cache_seqlens = p.cache_seqlens, t.cu_seqlens_q = p.cu_seqlens_q;
+    t.cache_batch_idx = p.cache_batch_idx, t.cache_leftpad = p.cache_leftpad;
+    if (p.options.return_lse) lse = qkv::vulkan::tensor(ctx, {Hq, total_q}), t.lse = &lse;
+    if (p.new_rows != 0) {
+        const qkv::element_type type = pool.layout().type;
+        k_new = qkv::vulkan::tensor(ctx, {B, p.new_rows, p.kv_heads, p.d_qk}, type);
+        v_new = qkv::vulkan::tensor(ctx, {B, p.new_rows, p.kv_heads, p.d_v}, type);
+        k_new.upload(p.k_new), v_new.upload(p.v_new);
+        t.k_new = &k_new, t.v_new = &v_new;
+    }
+    call.run(t);
+    qkv::varlen_output o;
+    o.output = out.download();
+    if (p.options.return_lse) o.lse = lse.download();
+    return o;
+}
+
 /// (output (B, L, Hq, Ev) of the inputs' dtype, lse (Hq, B·L) float32 or None, the new keys as
 /// written (B, new, Hkv, E) of the inputs' dtype or None, the new values likewise). With
 /// cu_seqlens_q (B + 1 offsets; flash_attn_varlen_func's paged form) q is ragged, (total_q, Hq, E),
-/// the output (total_q, Hq, Ev) and lse (Hq, total_q); it takes no new rows.
+/// the output (total_q, Hq, Ev) and lse (Hq, total_q); it takes no new rows. With
+/// `block_table_tensor` (an int32 qkv.Tensor (rows, max_pages), against a PagedKVCache only) the
+/// table is on the device: `table` is then empty and `max_pages` ignored (run_device_table).
 py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object pool_object,
                 const std::vector<std::int32_t>& table, std::size_t max_pages, const std::vector<std::int32_t>& seqlens,
                 py::handle k_new, py::handle v_new, py::handle rotary_cos, py::handle rotary_sin, bool interleaved,
                 const std::vector<std::int32_t>& batch_idx, const std::vector<std::int32_t>& leftpad,
                 const std::vector<std::int32_t>& cu_seqlens_q, py::handle alibi_slopes, const py::dict& options,
-                py::handle device) {
+                py::handle device, py::handle block_table_tensor) {
     paged_inputs in;
     in.opt = read_options(options);
     in.q = read_array(q, "q");
@@ -336,6 +381,29 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
         refuse(
             "q and the caches are float64: a Vulkan device computes float32 (convert them), the float64 "
             "reference computes float64 (device=\"cpu\")");
+    // A block table on the device: its size here, its entries read (and checked) on the device.
+    const py_tensor* device_table = nullptr;
+    std::vector<std::int32_t> placeholder;
+    if (!block_table_tensor.is_none()) {
+        if (!py::isinstance<py_tensor>(block_table_tensor))
+            throw py::type_error("block_table_tensor: a qkv.Tensor is needed");
+        device_table = &block_table_tensor.cast<const py_tensor&>();
+        if (!pool)
+            refuse(
+                "block_table is a qkv.Tensor: a table on the device is read there, with the pages it names; pass "
+                "the pool as a qkv.PagedKVCache (or the table as an int32 array)");
+        if (!table.empty()) refuse("block_table: a host table and a qkv.Tensor; give the table one way");
+        if (device_table->context != pool->context)
+            refuse("block_table: the qkv.Tensor was made on another Context than the PagedKVCache's");
+        const auto& shape = device_table->tensor.shape();
+        if (shape.size() != 2)
+            refuse("block_table is a qkv.Tensor of shape " + dims(shape) + ": it must be int32 (batch, " +
+                   "max_num_blocks_per_seq), or (rows, max_num_blocks_per_seq) with cache_batch_idx");
+        max_pages = shape[1];
+        placeholder.assign(shape[0] * shape[1], 0);  // shapes checked here; the entries on the device
+    }
+    const std::span<const std::int32_t> host_table =
+        device_table ? std::span<const std::int32_t>(placeholder) : std::span<const std::int32_t>(table);
 
     std::optional<out_array> out, lse, k_rows, v_rows;
     {
@@ -369,8 +437,11 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
             finish(qkv::cpu::sdpa_f64(p), x);
         } else if (pool) {
             paged_values<float> x = read_all<float>(in);
-            const auto p = problem_of(in, x, table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
-            finish(p.new_rows ? ctx->sdpa(p, pool->cache) : ctx->sdpa(p, std::as_const(pool->cache)), x);
+            const auto p = problem_of(in, x, host_table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
+            if (device_table)
+                finish(run_device_table(*ctx, p, pool->cache, device_table->tensor), x);
+            else
+                finish(p.new_rows ? ctx->sdpa(p, pool->cache) : ctx->sdpa(p, std::as_const(pool->cache)), x);
         } else {
             paged_values<float> x = read_all<float>(in, false);
             qkv::paged_problem p = problem_of(in, x, table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
@@ -460,9 +531,10 @@ void bind_paged(py::module_& m) {
           py::arg("block_table"), py::arg("max_pages"), py::arg("cache_seqlens"), py::arg("k"), py::arg("v"),
           py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("cache_batch_idx"),
           py::arg("cache_leftpad"), py::kw_only(), py::arg("cu_seqlens_q") = std::vector<std::int32_t>{},
-          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"),
+          py::arg("alibi_slopes"), py::arg("options"), py::arg("context"), py::arg("block_table_tensor") = py::none(),
           "flash_attn_with_kvcache and flash_attn_varlen_func (cu_seqlens_q) with a block_table "
-          "(qkv/flash_attn.py calls it). Returns (output, lse or None, "
+          "(qkv/flash_attn.py calls it; block_table_tensor: the table as an int32 qkv.Tensor, with a pool). "
+          "Returns (output, lse or None, "
           "the new keys as written or None, the new values or None) as _Array buffers.");
 }
 

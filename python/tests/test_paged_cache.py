@@ -200,3 +200,110 @@ def test_slopes_as_a_list_and_float64_tables_on_the_paged_path():
     narrow = flash_attn_with_kvcache(q, k_pool.clone(), v_pool.clone(), k, v, rotary_cos=angle.cos().float(),
                                      rotary_sin=angle.sin().float(), **args)
     assert torch.equal(wide, narrow)
+
+
+def paged_reference(q, k_pool, v_pool, table, seqlens, causal):
+    """FlashAttention's paged attention from its documented semantics, in float64: key j of sequence
+    b is row j % page_size of page table[b][j // page_size]; each sequence attends its
+    seqlens[b] keys (fa_reference: bottom-right causal alignment)."""
+    page = k_pool.shape[1]
+    outs = []
+    for b, n in enumerate(seqlens):
+        rows = [(int(table[b][j // page]), j % page) for j in range(n)]
+        keys = np.stack([k_pool[p, r] for p, r in rows])[None]
+        values = np.stack([v_pool[p, r] for p, r in rows])[None]
+        outs.append(fa_reference(q[b:b + 1], keys, values, causal=causal)[0].numpy())
+    return np.concatenate(outs)
+
+
+def test_a_block_table_on_the_device():
+    """block_table as an int32 qkv.Tensor (never read back): the same output as the numpy table, by
+    the float64 reference; appends through it; a table changed on the device between two calls
+    takes effect; a bad entry is InvalidArgument after the run."""
+    B, hq, hkv, E, page = 3, 4, 2, 17, 4
+    g = torch.Generator().manual_seed(31)
+    k_pool, v_pool = (torch.randn(9, page, hkv, E, generator=g) for _ in range(2))
+    table = np.array([[4, 1, 7, 0, 0], [4, 0, 2, 6, 8], [8, 3, 6, 5, 2]], dtype=np.int32)  # page 4 shared
+    seqlens = np.array([1, 3, 17], dtype=np.int32)
+    q = torch.randn(B, 1, hq, E, generator=g)
+    cache = qkv.PagedKVCache(9, page, hkv, E, dtype="float32")
+    cache.append_pages(k_pool, v_pool)
+    device_table = qkv.tensor(table, cache.context)
+    assert device_table.dtype == "int32"
+    want64 = paged_reference(q.numpy(), k_pool.numpy(), v_pool.numpy(), table, seqlens, True)
+    host = qkv.paged_attention(q, cache, table, seqlens, causal=True)
+    got, lse = qkv.paged_attention(q, cache, device_table, seqlens, causal=True, return_softmax_lse=True)
+    _, host_lse = qkv.paged_attention(q, cache, table, seqlens, causal=True, return_softmax_lse=True)
+    assert nmse(got, want64) <= 1e-10 and nmse(host, want64) <= 1e-10
+    assert nmse(got, host) <= 1e-12 and np.abs(lse.numpy() - host_lse.numpy()).max() < 1e-5
+    # numpy's default int64 makes the same table
+    assert torch.equal(qkv.paged_attention(q, cache, qkv.tensor(table.astype(np.int64), cache.context), seqlens,
+                                           causal=True), got)
+    # the table changed on the device between two calls: the second call reads the new one
+    moved = table[:, [1, 2, 3, 4, 0]].copy()
+    moved[0, 0] = 5
+    device_table.upload(moved)
+    got2 = qkv.paged_attention(q, cache, device_table, seqlens, causal=True)
+    want2 = paged_reference(q.numpy(), k_pool.numpy(), v_pool.numpy(), moved, seqlens, True)
+    assert nmse(got2, want2) <= 1e-10 and nmse(got2, want64) > 1e-4
+    # appends through the device table: the rows land where the numpy table puts them
+    twin = qkv.PagedKVCache(9, page, hkv, E, dtype="float32")
+    twin.append_pages(k_pool, v_pool)
+    kn, vn = torch.randn(B, 2, hkv, E, generator=g), torch.randn(B, 2, hkv, E, generator=g)
+    step = dict(k=kn, v=vn, causal=True)
+    rows = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 0], [8, 3, 6, 7, 2]], dtype=np.int32)  # no row written twice
+    lens = np.array([1, 3, 15], dtype=np.int32)
+    device_table.upload(rows)
+    out_dev = qkv.paged_attention(q, cache, device_table, lens, **step)
+    out_host = qkv.paged_attention(q, twin, rows, lens, **step)
+    assert nmse(out_dev, out_host) <= 1e-12
+    assert np.array_equal(cache.read_pages()[0], twin.read_pages()[0])
+    assert np.array_equal(cache.read_pages()[1], twin.read_pages()[1])
+    k_after, v_after = cache.read_pages()
+    want3 = paged_reference(q.numpy(), k_after, v_after, rows, lens + 2, True)
+    assert nmse(out_dev, want3) <= 1e-10
+    # cache_batch_idx: a device table of any number of rows
+    idx = np.array([2, 0, 1], dtype=np.int32)
+    four = qkv.tensor(np.concatenate([table, table[:1]]), cache.context)
+    by_idx = qkv.paged_attention(q, cache, four, seqlens, cache_batch_idx=idx, causal=True)
+    assert nmse(by_idx, qkv.paged_attention(q, cache, table[idx], seqlens, causal=True)) <= 1e-12
+    # a bad entry on the device: InvalidArgument after the run, naming the block table
+    bad = table.copy()
+    bad[2, 4] = 9  # sequence 2's fifth page: past the 9 pages held
+    device_table.upload(bad)
+    with pytest.raises(qkv.InvalidArgument, match="block table|block_table"):
+        qkv.paged_attention(q, cache, device_table, seqlens, causal=True)
+    bad[2, 4] = -1
+    device_table.upload(bad)
+    with pytest.raises(qkv.InvalidArgument, match="block table|block_table"):
+        qkv.paged_attention(q, cache, device_table, seqlens, causal=True)
+    device_table.upload(table)  # and the next call runs again (over the pages as the appends left them)
+    again = paged_reference(q.numpy(), k_after, v_after, table, seqlens, True)
+    assert nmse(qkv.paged_attention(q, cache, device_table, seqlens, causal=True), again) <= 1e-10
+
+
+def test_a_device_block_table_is_refused_where_it_cannot_be_read():
+    cache = qkv.PagedKVCache(4, 4, 1, 8, dtype="float32")
+    k_pool, v_pool = pages(4, 4, 1, 8, torch.float32, 41)
+    cache.append_pages(k_pool, v_pool)
+    q, lens = torch.randn(2, 1, 2, 8), np.array([3, 5], dtype=np.int32)
+    table = qkv.tensor(np.array([[0, 1], [2, 3]], dtype=np.int32), cache.context)
+    with pytest.raises(qkv.InvalidArgument, match="PagedKVCache"):  # array pools: the pages are on the host
+        flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=table)
+    with pytest.raises(qkv.InvalidArgument, match="PagedKVCache"):
+        qkv.flash_attn.flash_attn_varlen_func(q[:, 0], k_pool, v_pool, torch.tensor([0, 1, 2], dtype=torch.int32),
+                                              torch.tensor([0, 3, 8], dtype=torch.int32), 1, 5, block_table=table)
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.paged_attention(q, cache, qkv.tensor(np.zeros((2, 2), dtype=np.float32), cache.context), lens)
+    with pytest.raises(qkv.InvalidArgument, match="int32"):  # one row for two sequences
+        qkv.paged_attention(q, cache, qkv.tensor(np.zeros((1, 2), dtype=np.int32), cache.context), lens)
+    with pytest.raises(qkv.InvalidArgument):  # more keys than the table's columns hold
+        qkv.paged_attention(q, cache, table, np.array([3, 9], dtype=np.int32))
+    with pytest.raises(qkv.InvalidArgument, match="host array"):
+        cache.write(torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8), table, lens)
+    q8 = qkv.PagedKVCache(4, 4, 1, 32, dtype="q8_0")
+    q8.append_pages(*pages(4, 4, 1, 32, torch.float32, 42))
+    new = torch.randn(2, 1, 1, 32)
+    with pytest.raises(qkv.InvalidArgument, match="q8_0"):  # appends into quantized pages take a host table
+        qkv.paged_attention(torch.randn(2, 1, 2, 32), q8, table, lens, k=new, v=new)
+    assert q8.pages_held == 4
