@@ -225,14 +225,15 @@ def _pages_read(pool, name, block_table, lengths):
     return used
 
 
-def _paged_rows(pool, name, block_table, lengths):
-    """The rows of each sequence b, [0, lengths[b]), read through its row of the block table from a
-    pool (num_blocks, page_size, H, D), packed along one token axis: FlashAttention's paged K/V
-    gathered (a copy; torch indexing keeps the gradient's path to the pool)."""
+def _paged_rows(pool, used, lengths):
+    """The rows of each sequence b, [0, lengths[b]), read from a pool (num_blocks, page_size, H, D)
+    through the pages `used` that _pages_read checked and listed for it, packed along one token
+    axis: FlashAttention's paged K/V gathered (a copy; torch indexing keeps the gradient's path to
+    the pool)."""
     shape = _arrays.shape_of(pool)
-    page = shape[1] if len(shape) == 4 else 0
+    page = shape[1]
     rows = []
-    for b, j, index in _pages_read(pool, name, block_table, lengths):
+    for b, j, index in used:
         rows.extend(range(index * page, index * page + min(page, lengths[b] - j * page)))
     blocks = shape[0]
     flat = pool.reshape(blocks * page, shape[2], shape[3])
@@ -282,15 +283,15 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             raise InvalidArgument(f"cu_seqlens_k {cu_k}: it must be nondecreasing batch + 1 offsets")
         lengths = [b - a for a, b in zip(cu_k, cu_k[1:])]
         table = _block_table(block_table, len(lengths))
-        for pool, name in ((k, names[1]), (v, names[2])):
-            _pages_read(pool, name, table, lengths)  # every page index checked before anything is read
+        # every page index checked before anything is read
+        used = [_pages_read(pool, name, table, lengths) for pool, name in ((k, names[1]), (v, names[2]))]
         uniform_slopes, uniform = _uniform_slopes(slopes)
         if uniform and not dropout and not _autograd.records(q, k, v):
             return _paged_varlen(q, k, v, kind, cu_q, lengths, table, max_q, max_k, uniform_slopes, opts, device,
                                  return_attn_probs)
         # Gradients (the library's paged call has no backward pass), ALiBi slopes that differ per
         # sequence and dropout's refusal: each sequence's rows gathered (a copy), one ragged call.
-        k, v = _paged_rows(k, names[1], table, lengths), _paged_rows(v, names[2], table, lengths)
+        k, v = _paged_rows(k, used[0], lengths), _paged_rows(v, used[1], lengths)
         cu_k = [0]
         for n in lengths:
             cu_k.append(cu_k[-1] + n)
@@ -645,8 +646,9 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
         keys, values, lengths = [], [], []
         for b in range(B):
             if paged:
-                old_k = _paged_rows(k_cache, "k_cache", [table[rows[b]]], [seqlens[b]])[starts[b]:]
-                old_v = _paged_rows(v_cache, "v_cache", [table[rows[b]]], [seqlens[b]])[starts[b]:]
+                old_k, old_v = (_paged_rows(x, _pages_read(x, n, [table[rows[b]]], [seqlens[b]]),
+                                            [seqlens[b]])[starts[b]:] for x, n in ((k_cache, "k_cache"),
+                                                                                     (v_cache, "v_cache")))
             else:
                 old_k, old_v = k_cache[rows[b], starts[b]:seqlens[b]], v_cache[rows[b], starts[b]:seqlens[b]]
             keys += [old_k] + ([k[b]] if new else [])
