@@ -61,6 +61,12 @@ def test_tensors_keep_data_on_the_device(rng):
         qkv.scaled_dot_product_attention(tq, tk, tv)  # 4 query heads, 2 key heads, no enable_gqa
     with pytest.raises(qkv.InvalidArgument, match="cpu"):
         qkv.tensor(q, "cpu")
+    # upload overwrites in place: a float16 tensor rounds, and refuses a value past float16's range
+    h[0].upload(q * 3)
+    assert np.array_equal(h[0].numpy(), (q * 3).astype(np.float16))
+    with pytest.raises(qkv.NumericOverflow):
+        h[0].upload(np.full(q.shape, 1e6, dtype=np.float32))
+    assert np.array_equal(h[0].numpy(), (q * 3).astype(np.float16))
 
 
 @pytest.mark.parametrize("shape", [(1,), (3,), (17,), (3, 17), (1, 3, 17)])
