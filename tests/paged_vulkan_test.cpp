@@ -1575,3 +1575,182 @@ TEST_CASE("paged_call: a device table's refusals", "[paged][paged_pool][paged_ca
     call.run(t);  // and with the right one
     qkv_test::require_clean(ctx);
 }
+
+namespace {
+
+/// `lengths` as an i32 device tensor of (B).
+qkv::vulkan::tensor lengths_tensor(qkv::vulkan::context& ctx, std::span<const std::int32_t> lengths) {
+    qkv::vulkan::tensor t(ctx, {lengths.size()}, element_type::i32);
+    t.upload(lengths);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("paged_call: lengths on the device give the float64 reference, and are read at each run",
+          "[paged][paged_pool][paged_call]") {
+    // Page sizes 1 and 16, pages shuffled and shared, GQA 6:2, lengths 0 and 1 beside long ones,
+    // ragged queries with every rule but the window, or one query each with the window: the lengths
+    // as an i32 tensor against the float64 reference and the host lengths' call (its plan balances
+    // by the lengths, this one by each table row's keys: equal up to rounding). Lengths written
+    // again on the device (tensor::upload: 17, page boundaries) are the ones the next run
+    // reads, whole chunks of the bound then empty; a sequence replays them with a device table.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t page_size : {1u, 16u})
+        for (const bool ragged : {true, false}) {
+            INFO("page_size " << page_size << (ragged ? ", ragged" : ", a window"));
+            qkv_test::owned_paged o = call_batch(page_size, ragged, 480 + page_size);
+            if (!ragged) o.problem.options = every;
+            o.problem.cascade = false;
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            const qkv::paged_problem host = without_pool(o.problem);
+            const qkv::varlen_output host_lengths = ctx.sdpa(host, pool);
+            qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+            qkv::vulkan::tensor lse(ctx, {host.q_heads, out.elements() / (host.q_heads * host.d_v)});
+            q.upload(o.q);
+            qkv::vulkan::tensor lengths = lengths_tensor(ctx, host.cache_seqlens);
+            qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+            const qkv::vulkan::paged_tensors t{.q = &q,
+                                               .out = &out,
+                                               .lse = &lse,
+                                               .block_table = host.block_table,
+                                               .cache_seqlens_tensor = &lengths,
+                                               .cu_seqlens_q = host.cu_seqlens_q};
+            call.run(t);
+            const qkv::varlen_output got = downloaded(out, &lse);
+            qkv_test::check_packed(got, qkv_test::device_reference(o.problem));
+            const std::vector<double> same(host_lengths.output.begin(), host_lengths.output.end());
+            CHECK(qkv_test::nmse(got.output, same) <= 1e-10);
+
+            // Shorter lengths, written on the device only: 17 and 16 / 32 (page boundaries); sequence 4's
+            // table row names no page (its length stays 0).
+            const std::vector<std::int32_t> shorter{17, 16, 113, 32, 0, 1};
+            lengths.upload(shorter);
+            qkv::paged_problem changed = o.problem;
+            changed.cache_seqlens = shorter;
+            call.run(t);
+            const qkv::varlen_output got2 = downloaded(out, &lse);
+            qkv_test::check_packed(got2, qkv_test::device_reference(changed));
+            REQUIRE(got2.output != got.output);
+            // The description's batch with a device table and the device lengths, in a sequence.
+            qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+            qkv::vulkan::paged_call planned(ctx, description_of(host, true), pool);
+            out.upload(std::vector<float>(out.elements(), 1234.5f));
+            qkv::vulkan::sequence seq(ctx);
+            seq.record(
+                planned,
+                {.q = &q, .out = &out, .lse = &lse, .block_table_tensor = &table, .cache_seqlens_tensor = &lengths});
+            seq.run();
+            CHECK(out.download() == got2.output);  // one plan (the bounds') and one table: the same bits
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged_call: lengths on the device with appends, rotary, cache_batch_idx and cache_leftpad",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // The new rows written at each sequence's device length (crossing pages), q and the new keys
+    // turned at the positions the device lengths give (interleaved, the causal rule; a window with
+    // ALiBi), the table's rows permuted with leftpads, GQA 6:3: the float64 reference of
+    // flash_attn_with_kvcache; with a host table and with a device one.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const bool device_table : {false, true})
+        for (const qkv::sdpa_options& options :
+             {qkv::sdpa_options{.causal = true, .alignment = qkv::causal_alignment::bottom_right, .return_lse = true},
+              qkv::sdpa_options{.window_left = 4, .alibi_max_bias = 4.0f, .return_lse = true}}) {
+            INFO((device_table ? "device table" : "host table") << ", causal " << options.causal);
+            qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 9, 33, 17},
+                                                              .q_len = 3,
+                                                              .q_heads = 6,
+                                                              .kv_heads = 3,
+                                                              .d_qk = 20,
+                                                              .d_v = 12,
+                                                              .page_size = 16,
+                                                              .seed = 491});
+            qkv_test::make_appends(o, 3, 24);
+            qkv_test::make_rotary(o, 16, 64, true);
+            qkv_test::permute_table(o, {2, 4, 0, 1}, 5, {5, 0, 30, 14});
+            o.problem.options = options;
+            o.problem.cascade = false;
+            const qkv::paged_problem host = without_pool(o.problem);
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+            append_tensors a(ctx, o, element_type::f32);
+            qkv::vulkan::tensor lengths = lengths_tensor(ctx, host.cache_seqlens);
+            qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+            qkv::vulkan::paged_tensors t = a.with(&host);
+            t.cache_seqlens = {}, t.cache_seqlens_tensor = &lengths;
+            if (device_table) t.block_table = {}, t.block_table_tensor = &table;
+            call.run(t);
+            check_appended(downloaded(a.out, &a.lse), o.problem);
+            qkv_test::require_clean(ctx);
+        }
+}
+
+TEST_CASE("paged_call: a bad device length fails the run, reads nothing outside the pool, appends nothing",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = appending_problem(element_type::f32, 16, 3, 495, 29);
+    o.problem.options = causal;
+    o.problem.cascade = false;
+    const qkv::paged_problem host = without_pool(o.problem);
+    const auto capacity = static_cast<std::int32_t>(host.max_pages * host.page_size);
+    // Negative; one past the table row's keys less the new rows; far past it.
+    for (const auto& [at, bad] : {std::pair{std::size_t{0}, -1}, std::pair{std::size_t{2}, capacity - 2},
+                                  std::pair{std::size_t{1}, std::numeric_limits<std::int32_t>::max()}}) {
+        INFO("cache_seqlens[" << at << "] = " << bad);
+        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+        std::vector<std::int32_t> broken(host.cache_seqlens.begin(), host.cache_seqlens.end());
+        broken[at] = bad;
+        qkv::vulkan::tensor lengths = lengths_tensor(ctx, broken);
+        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+        append_tensors a(ctx, o, element_type::f32);
+        qkv::vulkan::paged_tensors t = a.with(&host);
+        t.cache_seqlens = {}, t.cache_seqlens_tensor = &lengths;
+        qkv_test::expect_invalid([&] { call.run(t); }, {"cache_seqlens tensor", "no row was appended"});
+        // Nothing appended: the pool's rows where the appends would go are still the original ones.
+        std::vector<std::int32_t> after_lengths;
+        qkv::paged_problem after = after_append(host, after_lengths);
+        qkv::paged_problem original = o.problem;
+        original.new_rows = 0, original.k_new = {}, original.v_new = {};
+        original.cache_seqlens = after_lengths;
+        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+        // The call still runs with good lengths; the pool then holds the appended rows.
+        lengths.upload(host.cache_seqlens);
+        call.run(t);
+        check_appended(downloaded(a.out, &a.lse), o.problem);
+        qkv_test::require_clean(ctx);
+    }
+}
+
+TEST_CASE("paged_call: device lengths' refusals", "[paged][paged_pool][paged_call]") {
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = call_batch(16, false, 497);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::tensor q(ctx, rows_shape(host, host.d_qk)), out(ctx, rows_shape(host, host.d_v));
+    q.upload(o.q);
+    qkv::vulkan::tensor lengths = lengths_tensor(ctx, host.cache_seqlens);
+    qkv::paged_problem desc = description_of(host, false);
+    desc.options.return_lse = false;
+    qkv::vulkan::paged_call cascading(ctx, desc, pool);  // cascade, the default
+    qkv::vulkan::paged_tensors t{
+        .q = &q, .out = &out, .block_table = host.block_table, .cache_seqlens_tensor = &lengths};
+    qkv_test::expect_invalid([&] { cascading.run(t); }, {"cache_seqlens_tensor", "cascade = false"});
+    desc.cascade = false;
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    t.cache_seqlens = host.cache_seqlens;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"cache_seqlens span and a cache_seqlens_tensor"});
+    t.cache_seqlens = {};
+    qkv::vulkan::tensor floats(ctx, {host.cache_seqlens.size()});
+    t.cache_seqlens_tensor = &floats;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"cache_seqlens tensor", "f32", "i32"});
+    qkv::vulkan::tensor two_d(ctx, {host.cache_seqlens.size(), 1}, element_type::i32);
+    t.cache_seqlens_tensor = &two_d;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"cache_seqlens tensor"});
+    qkv::vulkan::tensor fewer(ctx, {host.cache_seqlens.size() - 1}, element_type::i32);
+    t.cache_seqlens_tensor = &fewer;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"block_table"});  // B from the lengths: the table is not B rows
+    t.cache_seqlens_tensor = &lengths;
+    call.run(t);  // and with the right one
+    qkv_test::require_clean(ctx);
+}

@@ -125,34 +125,57 @@ QKV_CONST uint PAGED_ROTARY_BINDING_ROWS = 0u;    // storage, the texels as 32-b
 QKV_CONST uint PAGED_ROTARY_BINDING_ANGLES = 1u;  // storage, float cos and sin tables
 QKV_CONST uint PAGED_ROTARY_BINDING_POS = 2u;     // storage, uint positions
 QKV_CONST uint PAGED_ROTARY_WORKGROUP = 64u;
-// A block table on the device (a paged_call's i32 tensor, copied row by row into the call's table
-// binding by the device): its entries cannot be checked before the run, so shaders/paged_table.comp
-// does it there, in two dispatches of one invocation each per element, before the append and the
-// decode:
-//   PAGED_TABLE_CHECK  element i of the sequences x max_pages table: where sequence b = i / max_pages
-//                      reads or writes column c = i % max_pages (spans[2b] <= c < spans[2b + 1]), an
-//                      entry outside [0, num_pages) sets flag[0] to 1
-//   PAGED_TABLE_MAP    new row r: its key in the table, at_in[r] = (b·max_pages + c)·page_size + row
-//                      in page, to its pool row through the table, into at_out[r]; PAGED_ROW_NONE for
-//                      every row once flag[0] is set (the append then writes nothing at all)
-// The host reads the flag after the run (the call fails: invalid_argument). The decode clamps every
-// page index it reads into the pool's pages (contract: key_row of sdpa_decode.comp), so a bad entry
-// never reads outside the pool.
+// A block table or the lengths on the device (a paged_call's i32 tensors, the table copied row by
+// row into the call's table binding by the device): what they hold cannot be checked before the
+// run, so shaders/paged_table.comp does it there, one invocation per element, before the append and
+// the decode, a barrier after each dispatch:
+//   PAGED_TABLE_LENGTHS    sequence b (lengths as a tensor): len = lengths[lengths_off + b] must lie
+//                          in [KV_BASE, capacity - new_rows] (capacity = max_pages · page_size, the
+//                          plan's bound: the work words were written for it); else flag |=
+//                          PAGED_FLAG_LENGTH and the sequence gets no keys. Writes its KV_LEN
+//                          (len + new_rows - KV_BASE), its OFFSET (KV_LEN - Q_LEN where offset_rule
+//                          is PAGED_OFFSET_BOTTOM_RIGHT, else kept) into the work words (the call's
+//                          device copy of them), and its spans (below)
+//   PAGED_TABLE_CHECK      element i of the sequences x max_pages table: where sequence b = i / max_pages
+//                          reads or writes column c = i % max_pages (spans[2b] <= c < spans[2b + 1]), an
+//                          entry outside [0, num_pages) sets PAGED_FLAG_ENTRY
+//   PAGED_TABLE_MAP        new row r: its key in the table, at_in[r] = (b·max_pages + c)·page_size + row
+//                          in page (with `lengths`: the key at length 0, to which the device adds
+//                          sequence r / new_rows's length), to its pool row through the table, into
+//                          at_out[r]; PAGED_ROW_NONE for every row once a flag is set (the append then
+//                          writes nothing at all)
+//   PAGED_TABLE_POSITIONS  rotary position r: at_in[2r] its sequence, at_in[2r + 1] its position less
+//                          the sequence's length (paged_rotary_position at length 0), into at_out[r]
+// The host reads the flag after the run (the call fails: invalid_argument, naming cache_seqlens for
+// PAGED_FLAG_LENGTH, else the block table). The decode clamps every page index it reads into the
+// pool's pages (contract: key_row of sdpa_decode.comp), so a bad entry never reads outside the pool.
 struct paged_table_push {
     uint group_x, group_y, group_z;
-    uint mode;        // PAGED_TABLE_CHECK or PAGED_TABLE_MAP
-    uint count;       // invocations: sequences·max_pages, or the new rows
-    uint max_pages;   // columns of the table
-    uint page_shift;  // log2(page_size)
-    uint num_pages;   // pages of the pool this step may name
+    uint mode;         // PAGED_TABLE_*
+    uint count;        // invocations: sequences, sequences·max_pages, the new rows or the positions
+    uint max_pages;    // columns of the table
+    uint page_shift;   // log2(page_size)
+    uint num_pages;    // pages of the pool this step may name
+    uint new_rows;     // rows appended to each sequence
+    uint lengths;      // 1: the lengths are the device's (MAP adds them to the keys)
+    uint lengths_off;  // element of the lengths tensor's first length
+    uint offset_rule;  // PAGED_OFFSET_KEEP or PAGED_OFFSET_BOTTOM_RIGHT
 };
 QKV_CONST uint PAGED_TABLE_CHECK = 0u;
 QKV_CONST uint PAGED_TABLE_MAP = 1u;
+QKV_CONST uint PAGED_TABLE_LENGTHS = 2u;
+QKV_CONST uint PAGED_TABLE_POSITIONS = 3u;
+QKV_CONST uint PAGED_OFFSET_KEEP = 0u;          // the causal offset does not depend on the length
+QKV_CONST uint PAGED_OFFSET_BOTTOM_RIGHT = 1u;  // off' = S_b - L_b
+QKV_CONST uint PAGED_FLAG_ENTRY = 1u;           // a table entry a sequence reads or writes is no page
+QKV_CONST uint PAGED_FLAG_LENGTH = 2u;          // a length outside [its first key, capacity - new rows]
 QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;   // storage, int32 entries (sequences x max_pages)
 QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;   // storage, uint: per sequence its first and end column
 QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;   // storage, uint: the new rows' keys in the table
 QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u;  // storage, uint: their pool rows
-QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;    // storage, uint: 1 once an entry is outside the pool
+QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;    // storage, uint: the PAGED_FLAG_* bits raised
+QKV_CONST uint PAGED_TABLE_BINDING_LENGTHS = 5u;  // storage, int32 lengths (B)
+QKV_CONST uint PAGED_TABLE_BINDING_WORK = 6u;     // storage, the work words (the call's device copy)
 QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
@@ -160,6 +183,7 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_append_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_rotary_push) == 14u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_table_push) == 12u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

@@ -48,7 +48,7 @@ paged_problem step_of(const paged_problem& desc, const paged_tensors& t) {
         p.cache_batch_idx = t.cache_batch_idx;
         p.cache_leftpad = t.cache_leftpad;
     }
-    if (p.cache_seqlens.empty())
+    if (p.cache_seqlens.empty() && !t.cache_seqlens_tensor)
         throw qkv::invalid_argument(
             "paged_call: no batch: give the step's block_table and cache_seqlens with the tensors (or in the "
             "description)");
@@ -154,11 +154,11 @@ paged_call::~paged_call() = default;
 paged_call::paged_call(paged_call&&) noexcept = default;
 paged_call& paged_call::operator=(paged_call&&) noexcept = default;
 
-paged_step paged_call::impl::plan(const paged_problem& step, bool table_here) const {
+paged_step paged_call::impl::plan(const paged_problem& step, bool table_here, bool bounds) const {
     paged_step s;
     s.resolved = std::make_shared<basic_resolved_pages<float>>(resolve_pages_without_data(step, table_here));
     s.layout = plan_paged_call(*core->dev, set, s.resolved->problem, static_cast<std::uint32_t>(cache->layout.capacity),
-                               cache->type);
+                               cache->type, bounds);
     return s;
 }
 
@@ -166,7 +166,58 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
     // The one check of a batch against the pool, with the pages it holds now. A table on the
     // device: its size here (placeholder entries), its entries checked on the device.
     paged_problem asked = step_of(desc, t);
+    // Lengths on the device: the step checked and planned at each sequence's bound (its table row's
+    // keys less the new rows); the device checks the lengths, and the table's entries they reach.
+    const tensor::impl* lengths = nullptr;
+    if (t.cache_seqlens_tensor) {
+        if (!t.cache_seqlens.empty())
+            throw qkv::invalid_argument(
+                "paged_call: a cache_seqlens span and a cache_seqlens_tensor: give the lengths one way");
+        if (desc.cascade)
+            throw qkv::invalid_argument(
+                "paged_call: a cache_seqlens_tensor with the description's cascade: shared prefixes are found from "
+                "the lengths on the host, and device lengths are not read back; set cascade = false (or give the "
+                "lengths as a span)");
+        if (desc.new_rows != 0 && cache->blocks())
+            throw qkv::invalid_argument(
+                "paged_call: a cache_seqlens_tensor with appends into a q8_0 / q4_0 pool: give the lengths as a span");
+        const std::size_t B = tensor_access::of(*t.cache_seqlens_tensor, "paged_call").elements;
+        lengths = &expect_tensor(*t.cache_seqlens_tensor, "paged_call", "cache_seqlens", core,
+                                 {std::max<std::size_t>(B, 1)}, element_type::i32);
+        const std::uint64_t capacity = std::uint64_t{asked.max_pages} * asked.page_size;
+        if (capacity > contract::SCORE_POSITION_LIMIT)
+            throw limit_exceeded("paged_call: a cache_seqlens_tensor with table rows of " + std::to_string(capacity) +
+                                 " keys (max_pages x page_size): with the lengths on the device, at most 2^30");
+        if (capacity < asked.new_rows)
+            throw qkv::invalid_argument("paged_call: " + std::to_string(asked.new_rows) +
+                                        " new rows per sequence, and a table row holds " + std::to_string(capacity) +
+                                        " keys (max_pages x page_size)");
+        const std::size_t bound = capacity - asked.new_rows;
+        for (std::size_t b = 0; b < asked.cache_leftpad.size(); ++b)
+            if (asked.cache_leftpad[b] > 0 && static_cast<std::size_t>(asked.cache_leftpad[b]) > bound)
+                throw qkv::invalid_argument("paged_call: cache_leftpad[" + std::to_string(b) +
+                                            "] = " + std::to_string(asked.cache_leftpad[b]) +
+                                            " is past every length a table row of " + std::to_string(capacity) +
+                                            " keys leaves with " + std::to_string(asked.new_rows) + " new rows");
+        if (asked.new_rows != 0 && !asked.cache_batch_idx.empty()) {
+            std::vector<std::int32_t> rows(asked.cache_batch_idx.begin(), asked.cache_batch_idx.end());
+            std::sort(rows.begin(), rows.end());
+            if (std::adjacent_find(rows.begin(), rows.end()) != rows.end())
+                throw qkv::invalid_argument(
+                    "paged_call: appends with a cache_seqlens_tensor and a cache_batch_idx naming one table row "
+                    "twice: where its sequences' rows go depends on lengths read on the device; give the lengths "
+                    "as a span");
+        }
+        lengths_placeholder.assign(B, static_cast<std::int32_t>(bound));
+        asked.cache_seqlens = lengths_placeholder;
+    }
     const tensor::impl* table = nullptr;
+    std::span<const std::int32_t> host_table;  // a host table checked on the device (device lengths)
+    if (lengths && !t.block_table_tensor) {
+        host_table = asked.block_table;
+        table_placeholder.assign(host_table.size(), 0);
+        asked.block_table = table_placeholder;
+    }
     if (t.block_table_tensor) {
         if (!t.block_table.empty())
             throw qkv::invalid_argument(
@@ -191,7 +242,8 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
         table_placeholder.assign(rows * M, 0);
         asked.block_table = table_placeholder;
     }
-    const paged_problem p = cache->check_pool(asked, false);
+    paged_problem p = cache->check_pool(asked, false);
+    if (lengths && !t.block_table_tensor) p.block_table = host_table;  // its entries checked on the device
     const std::uint64_t total_q = total_q_of(p), Hq = p.q_heads;
     const bool ragged = !p.cu_seqlens_q.empty();
     const auto expect = [&](const tensor* x, const char* what, std::vector<std::size_t> shape) {
@@ -234,6 +286,7 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
     const tensor::impl* cv = !cache->blocks() ? &tensor_access::of(cache->v, "paged_call") : nullptr;
     refuse_overlap("paged_call", {{q, "q"},
                                   {table, "block_table"},
+                                  {lengths, "cache_seqlens"},
                                   {k_new, "k_new"},
                                   {v_new, "v_new"},
                                   {ck, "pool's k", p.new_rows != 0},
@@ -247,7 +300,12 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const paged_problem step = check(t);
     const device& dev = *core->dev;
     const bool device_table = t.block_table_tensor != nullptr;
-    const paged_step planned_now = !device_table && !own_batch(t) && planned ? *planned : plan(step, !device_table);
+    // Lengths on the device: the plan's are bounds, the device writes each sequence's words from
+    // the tensor; the table (either kind) is then checked there, as a device table is.
+    const bool device_lengths = t.cache_seqlens_tensor != nullptr;
+    const bool on_device = device_table || device_lengths;
+    const paged_step planned_now =
+        !on_device && !own_batch(t) && planned ? *planned : plan(step, !on_device, device_lengths);
     const paged_layout& l = planned_now.layout;
     // The attention without appends or cache_batch_idx (its table's rows the sequences', its
     // lengths the ones after the append), and where each new row goes.
@@ -271,33 +329,40 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t verdict_bytes = guard_words::bytes(r.q_groups, r.kv_groups);
     // A device table's flag after the verdict (at an offset any storage binding may take).
     const std::uint64_t flag_at = align_up(verdict_bytes, 256);
-    const std::uint64_t guard_bytes = device_table ? flag_at + 4 : verdict_bytes;
+    const std::uint64_t guard_bytes = on_device ? flag_at + 4 : verdict_bytes;
     core->alloc->ensure(r.guard, guard_bytes, memory_use::readback, "paged_call verdict");
     const binding verdict{r.guard.handle(), 0, verdict_bytes};
-    r.table_check = device_table, r.table_flag_at = flag_at;
+    r.table_check = on_device, r.table_flag_at = flag_at;
     // The table, the work words and the score params: host data of this recording, in its scratch,
     // then the new rows' pool rows.
     const std::uint64_t align = 256;
     // With a rotary embedding, the positions of the new keys (B·new_rows) and of q's rows (total_q).
     const bool rotary = step.rotary_dim != 0;
     const std::uint64_t rows_at_at = align_up(l.params_at + l.params_bytes - l.table_at, align);
+    // With device lengths, (sequence, position at length 0) pairs the device turns into positions.
+    const std::uint64_t pos_words = device_lengths ? 2 : 1;
     const std::uint64_t k_pos_at = align_up(rows_at_at + n_new * 4, align);
-    const std::uint64_t q_pos_at = align_up(k_pos_at + n_new * 4, align);
-    const std::uint64_t words_bytes = rotary  ? q_pos_at + std::max<std::uint64_t>(total_q, 1) * 4
+    const std::uint64_t q_pos_at = align_up(k_pos_at + n_new * 4 * pos_words, align);
+    const std::uint64_t words_bytes = rotary  ? q_pos_at + std::max<std::uint64_t>(total_q, 1) * 4 * pos_words
                                       : n_new ? rows_at_at + n_new * 4
                                               : l.params_at + l.params_bytes - l.table_at;
     // A device table: each sequence's first and end column of the table (the entries it reads or
     // writes), for the device's check.
     const std::uint64_t spans_at = align_up(words_bytes, align), spans_bytes = batch_of(problem) * 8;
-    core->alloc->ensure(r.scratch, device_table ? spans_at + spans_bytes : words_bytes, memory_use::upload,
+    core->alloc->ensure(r.scratch, on_device ? spans_at + spans_bytes : words_bytes, memory_use::upload,
                         "paged_call work list");
     put_paged_words(r.scratch.mapped(), l, problem, l.table_at);
     const auto put_word = [&](std::uint64_t at, std::size_t value) {
         const auto word = static_cast<std::uint32_t>(value);  // a pool row or position, below 2^31
         std::memcpy(r.scratch.mapped() + at, &word, 4);
     };
-    for (std::uint64_t i = 0; i < n_new; ++i) put_word(rows_at_at + i * 4, rows_at[i]);
-    if (device_table) {
+    // The new rows' keys: pool rows (a host table), keys in the table (a device table), or with
+    // device lengths keys at length 0, to which the device adds the sequence's length.
+    const std::size_t table_keys = problem.max_pages * problem.page_size;
+    for (std::uint64_t i = 0; i < n_new; ++i)
+        put_word(rows_at_at + i * 4,
+                 device_lengths ? (i / step.new_rows) * table_keys + i % step.new_rows : rows_at[i]);
+    if (device_table && !device_lengths) {
         const std::size_t ps = problem.page_size;
         for (std::size_t x = 0; x < batch_of(problem); ++x) {
             const std::size_t end = paged_end_key(problem, x);
@@ -307,16 +372,21 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     }
     if (rotary) {
         const std::size_t B = batch_of(step), n = step.new_rows;
+        // A position, or with device lengths the pair (sequence, position less its length).
+        const auto put_position = [&](std::uint64_t at, std::uint64_t row, std::size_t x, std::size_t i, bool query) {
+            const std::size_t position = paged_rotary_position(step, x, i, query);
+            if (!device_lengths) return put_word(at + row * 4, position);
+            put_word(at + row * 8, x);
+            put_word(at + row * 8 + 4, position - static_cast<std::size_t>(step.cache_seqlens[x]));
+        };
         for (std::size_t x = 0; x < B; ++x)
-            for (std::size_t i = 0; i < n; ++i)
-                put_word(k_pos_at + (x * n + i) * 4, paged_rotary_position(step, x, i, false));
+            for (std::size_t i = 0; i < n; ++i) put_position(k_pos_at, x * n + i, x, i, false);
         std::uint64_t token = 0;
         for (std::size_t x = 0; x < B; ++x) {
             const std::size_t L = step.cu_seqlens_q.empty()
                                       ? step.q_len
                                       : static_cast<std::size_t>(step.cu_seqlens_q[x + 1] - step.cu_seqlens_q[x]);
-            for (std::size_t i = 0; i < L; ++i)
-                put_word(q_pos_at + token++ * 4, paged_rotary_position(step, x, i, true));
+            for (std::size_t i = 0; i < L; ++i) put_position(q_pos_at, token++, x, i, true);
         }
     }
     r.scratch.flush();
@@ -343,43 +413,83 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     // sequences' rows of the table.
     const std::uint64_t at_out_at = align_up(rows_end, align);
     const std::uint64_t table_copy_at = align_up(at_out_at + n_new * 4, align);
+    // Device lengths: the work words copied where the device writes each sequence's from its length,
+    // the spans it writes, the rotary positions it writes (the new keys', then q's).
+    const std::uint64_t work_copy_at = align_up(table_copy_at + std::max<std::uint64_t>(l.table_bytes, 4), align);
+    const std::uint64_t spans_copy_at = align_up(work_copy_at + l.words_bytes, align);
+    const std::uint64_t k_pos_copy_at = align_up(spans_copy_at + spans_bytes, align);
+    const std::uint64_t q_pos_copy_at = align_up(k_pos_copy_at + std::max<std::uint64_t>(n_new, 1) * 4, align);
     detail::buffer_plan buffers = l.buffers;
     if (n_new) buffers.need(role::inputs, rows_end);
     if (device_table) buffers.need(role::inputs, table_copy_at + std::max<std::uint64_t>(l.table_bytes, 4));
+    if (device_lengths) buffers.need(role::inputs, q_pos_copy_at + std::max<std::uint64_t>(total_q, 1) * 4);
     paged_pool pool = cache->pool(nullptr);
     if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
     const run_buffers& b = r.buffers;
-    r.zero_verdict(rec, guard_bytes);  // with a device table's flag
+    r.zero_verdict(rec, guard_bytes);  // with the device checks' flag
     // A device table: each sequence's row of it copied into the call's table binding (row b, as
     // the work words name it), when the commands run, then checked (and the new rows mapped) there.
+    // Device lengths: the work words copied likewise, then written from the lengths there.
     const binding table_copy = b.bind(role::inputs, table_copy_at, std::max<std::uint64_t>(l.table_bytes, 4));
-    if (device_table) {
+    const binding host_table{r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
+    const binding host_work{r.scratch.handle(), l.words_at - l.table_at, l.words_bytes};
+    const binding work = device_lengths ? b.bind(role::inputs, work_copy_at, l.words_bytes) : host_work;
+    if (on_device) {
         rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                    VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-        const tensor::impl& ti = tensor_access::of(*t.block_table_tensor, "paged_call");
-        const std::uint64_t row_bytes = std::uint64_t{problem.max_pages} * 4;
-        std::vector<VkBufferCopy> regions;
-        for (std::size_t x = 0; x < batch_of(step); ++x)
-            regions.push_back(
-                {ti.offset + paged_table_row(step, x) * row_bytes, table_copy.offset + x * row_bytes, row_bytes});
-        rec.copy(ti.handle, table_copy.buffer, regions);
+                    VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+        if (device_table) {
+            const tensor::impl& ti = tensor_access::of(*t.block_table_tensor, "paged_call");
+            const std::uint64_t row_bytes = std::uint64_t{problem.max_pages} * 4;
+            std::vector<VkBufferCopy> regions;
+            for (std::size_t x = 0; x < batch_of(step); ++x)
+                regions.push_back(
+                    {ti.offset + paged_table_row(step, x) * row_bytes, table_copy.offset + x * row_bytes, row_bytes});
+            rec.copy(ti.handle, table_copy.buffer, regions);
+        }
+        if (device_lengths) rec.copy(host_work.buffer, work.buffer, {{host_work.offset, work.offset, l.words_bytes}});
         rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                    VK_ACCESS_SHADER_READ_BIT);
+                    VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     }
     binding append_at{r.scratch.handle(), rows_at_at, n_new * 4};
-    if (device_table) {
-        const binding flag{r.guard.handle(), flag_at, 4}, spans{r.scratch.handle(), spans_at, spans_bytes};
+    binding k_positions{r.scratch.handle(), k_pos_at, n_new * 4},
+        q_positions{r.scratch.handle(), q_pos_at, total_q * 4};
+    if (on_device) {
+        const binding flag{r.guard.handle(), flag_at, 4};
+        paged_table_bindings checks;
+        checks.table = device_table ? table_copy : host_table;
+        checks.spans = device_lengths ? b.bind(role::inputs, spans_copy_at, spans_bytes)
+                                      : binding{r.scratch.handle(), spans_at, spans_bytes};
+        checks.flag = flag;
+        checks.at_in = n_new ? append_at : checks.spans;  // the new rows' keys in the table (host words)
+        if (n_new) append_at = b.bind(role::inputs, at_out_at, n_new * 4);
+        checks.at_out = n_new ? append_at : flag;
+        checks.lengths = checks.work = flag;  // bound, unread
         paged_table_check c;
         c.sequences = static_cast<std::uint32_t>(batch_of(problem));
         c.max_pages = static_cast<std::uint32_t>(problem.max_pages);
         c.page_shift = l.page_shift;
         c.num_pages = static_cast<std::uint32_t>(step.num_pages);
         c.n = static_cast<std::uint32_t>(n_new);
-        const binding keys = n_new ? append_at : spans;  // the new rows' keys in the table (host words)
-        if (n_new) append_at = b.bind(role::inputs, at_out_at, n_new * 4);
-        record_paged_table(rec, *core->pipes, table_copy, spans, keys, n_new ? append_at : flag, flag, c);
+        std::uint32_t lengths_off = 0;
+        if (device_lengths) {
+            const tensor::impl::bound lb = tensor_access::of(*t.cache_seqlens_tensor, "paged_call").bind();
+            checks.lengths = lb.b, checks.work = work, lengths_off = static_cast<std::uint32_t>(lb.element);
+            c.device_lengths = true, c.lengths_off = lengths_off;
+            c.new_rows = static_cast<std::uint32_t>(step.new_rows);
+            c.bottom_right = !step.options.position_offset && step.options.alignment == causal_alignment::bottom_right;
+        }
+        record_paged_table(rec, *core->pipes, checks, c);
+        if (device_lengths && rotary) {  // the positions at the device lengths, after the lengths' check
+            paged_table_bindings pos = checks;
+            pos.at_in = {r.scratch.handle(), k_pos_at, n_new * 8};
+            pos.at_out = k_positions = b.bind(role::inputs, k_pos_copy_at, n_new * 4);
+            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(n_new), lengths_off);
+            pos.at_in = {r.scratch.handle(), q_pos_at, total_q * 8};
+            pos.at_out = q_positions = b.bind(role::inputs, q_pos_copy_at, total_q * 4);
+            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(total_q), lengths_off);
+        }
     }
     if (n_new) {
         // Append, then attend. The new rows packed per K/V head into texels, their facts folded into
@@ -415,7 +525,7 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
             paged_rotary k_turn = turn;
             k_turn.rows = static_cast<std::uint32_t>(Hkv * n_new), k_turn.w4 = l.plan.e4;
             k_turn.pos_mod = static_cast<std::uint32_t>(n_new);
-            record_paged_rotary(rec, *core->pipes, k_rows, angles, {r.scratch.handle(), k_pos_at, n_new * 4}, k_turn);
+            record_paged_rotary(rec, *core->pipes, k_rows, angles, k_positions, k_turn);
             rec.compute_barrier();
         }
         guard_rows g;
@@ -454,8 +564,7 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
         q_turn.half = false;  // q's texels are RGBA32F
         q_turn.rows = tp.rows, q_turn.w4 = l.plan.e4;
         q_turn.pos_div = static_cast<std::uint32_t>(Hq), q_turn.pos_mod = static_cast<std::uint32_t>(total_q);
-        record_paged_rotary(rec, *core->pipes, b.bind(role::inputs, 0, l.q_bytes), angles,
-                            {r.scratch.handle(), q_pos_at, total_q * 4}, q_turn);
+        record_paged_rotary(rec, *core->pipes, b.bind(role::inputs, 0, l.q_bytes), angles, q_positions, q_turn);
         rec.compute_barrier();
     }
 
@@ -466,8 +575,8 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     r.views.emplace_back(dev, b[role::inputs], texel_format(false), 0, l.q_bytes);
     paged_bindings pb;
     pb.q = texel(r.views.back().handle());
-    pb.table = device_table ? table_copy : binding{r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
-    pb.work = {r.scratch.handle(), l.words_at - l.table_at, l.words_bytes};
+    pb.table = device_table ? table_copy : host_table;
+    pb.work = work;
     pb.params = {r.scratch.handle(), l.params_at - l.table_at, l.params_bytes};
     pb.gate = {cache->stats.handle(), 0, 16};  // after this call's own append, where it has one
     pb.stats = b.bind(role::partial_stats, 0, std::max<std::uint64_t>(l.plan.stats_bytes(), 16));

@@ -35,10 +35,13 @@ struct paged_call::impl : planned_call {
     [[nodiscard]] bool appends() const { return desc.new_rows != 0; }
     /// A step's placeholder entries for a block table on the device (its size; the lock held).
     mutable std::vector<std::int32_t> table_placeholder;
+    /// A step's bounds for lengths on the device (each table row's keys less the new rows).
+    mutable std::vector<std::int32_t> lengths_placeholder;
 
     /// A validated step resolved and planned (the lock held); `table_here` false: its block table
-    /// is on the device (resolve_pages_without_data).
-    [[nodiscard]] detail::paged_step plan(const paged_problem& step, bool table_here = true) const;
+    /// is checked on the device (resolve_pages_without_data); `bounds`: its lengths are bounds, the
+    /// real ones on the device (plan_paged_call).
+    [[nodiscard]] detail::paged_step plan(const paged_problem& step, bool table_here = true, bool bounds = false) const;
 
     /// The step `t` asks for (its spans, or the description's), validated against the pool's pages
     /// as they are now, and the tensors checked against it (the lock held): before anything is

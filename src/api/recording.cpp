@@ -7,6 +7,7 @@
 
 #include "api/attention_call_impl.hpp"
 #include "api/recording_impl.hpp"
+#include "contract/paged.h"
 #include "kernels/range_guard.hpp"
 #include "qkv/vulkan/interop.hpp"
 
@@ -211,10 +212,16 @@ void recording::impl::check(bool locked) const {
             guard.invalidate();
             std::memcpy(&flag, guard.mapped() + table_flag_at, 4);
         }
+        if ((flag & contract::PAGED_FLAG_LENGTH) != 0)
+            throw qkv::invalid_argument(
+                "paged_call: the cache_seqlens tensor holds a length that is negative, below the sequence's "
+                "cache_leftpad, or past its table row's keys (max_pages x page_size) less the new rows: no row was "
+                "appended and the output is undefined");
         if (flag != 0)
             throw qkv::invalid_argument(
-                "paged_call: the block table tensor holds a page index past the pool (or a negative one) among the "
-                "entries the step reads or writes: no row was appended and the output is undefined");
+                "paged_call: the block table holds a page index past the pool (or a negative one) among the "
+                "entries the step reads or writes (checked on the device): no row was appended and the output is "
+                "undefined");
     }
     if (!checks) return;
     kv_stats cache_stats;

@@ -281,9 +281,11 @@ struct paged_layout {
 };
 /// Plans a validated paged batch (k_pages, v_pages and q may be empty: only their sizes are used)
 /// against a pool of `pool_rows` rows per K/V head of `pool_type`. Throws limit_exceeded past the
-/// device's limits.
+/// device's limits. `bounds`: the problem's lengths are upper bounds (the lengths are a device
+/// tensor, read when the commands run): no sequence's first key is planned from a window, no
+/// shared prefix, and every bound within the positions the kernels take unreduced.
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
-                             std::uint32_t pool_rows, element_type pool_type);
+                             std::uint32_t pool_rows, element_type pool_type, bool bounds = false);
 /// Writes the block table, the work words and the score params at the layout's offsets of the
 /// inputs, less `from`, into `to` (host-visible memory up to the params' end; q's texels not written).
 void put_paged_words(std::byte* to, const paged_layout& layout, const paged_problem& problem, std::uint64_t from = 0);
@@ -336,16 +338,28 @@ struct paged_rotary {
 void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, binding angles, binding positions,
                          const paged_rotary& r);
 
-/// Records the checks of a block table on the device (shaders/paged_table.comp, contract/paged.h):
+/// Records the checks of a block table or the lengths on the device (shaders/paged_table.comp,
+/// contract/paged.h), flags into word 0 of `flag`. With the lengths on the device (`lengths` bound,
+/// of `sequences` int32 from element lengths_off): each sequence's length checked against the plan's
+/// bound, its work words (`work`, the call's device copy) and spans (`spans`) written from it; then
 /// the entries each of `sequences` rows of `table` (sequences x max_pages int32) reads or writes,
-/// columns [spans[2b], spans[2b + 1]), against `num_pages`, into flag word 0 of `flag`; then, with
-/// `n` new rows, their keys in the table (at_in) to pool rows (at_out), none once flagged. A
-/// barrier after each dispatch.
+/// columns [spans[2b], spans[2b + 1]), against `num_pages`; then, with `n` new rows, their keys in
+/// the table (at_in) to pool rows (at_out), none once flagged. A barrier after each dispatch.
 struct paged_table_check {
     std::uint32_t sequences = 0, max_pages = 0, page_shift = 0, num_pages = 0, n = 0;
+    std::uint32_t new_rows = 0;     ///< rows appended to each sequence (with device lengths)
+    bool device_lengths = false;    ///< `lengths` and `work` bound: PAGED_TABLE_LENGTHS first
+    std::uint32_t lengths_off = 0;  ///< element of the first length
+    bool bottom_right = false;      ///< the offset is each sequence's S_b - L_b
 };
-void record_paged_table(recorder& rec, pipeline_set& pipes, binding table, binding spans, binding at_in, binding at_out,
-                        binding flag, const paged_table_check& c);
+struct paged_table_bindings {
+    binding table, spans, at_in, at_out, flag, lengths, work;
+};
+void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, const paged_table_check& c);
+/// The rotary positions at the device lengths (PAGED_TABLE_POSITIONS): `count` (sequence, position
+/// less its length) pairs of `pairs` into `positions`, a barrier after.
+void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count,
+                            std::uint32_t lengths_off);
 
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after

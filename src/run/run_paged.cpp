@@ -130,13 +130,14 @@ void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, bin
     rec.dispatch(pipes.get(shader_id::paged_rotary), {texels, angles, positions}, &p, groups);
 }
 
-void record_paged_table(recorder& rec, pipeline_set& pipes, binding table, binding spans, binding at_in, binding at_out,
-                        binding flag, const paged_table_check& c) {
-    static_assert(row_matches<paged_table_push, no_spec>(shader_id::paged_table, "sssss"));
+void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, const paged_table_check& c) {
+    static_assert(row_matches<paged_table_push, no_spec>(shader_id::paged_table, "sssssss"));
     const pipeline& kernel = pipes.get(shader_id::paged_table);
-    for (const std::uint32_t mode : {PAGED_TABLE_CHECK, PAGED_TABLE_MAP}) {
-        const std::uint64_t count =
-            mode == PAGED_TABLE_CHECK ? std::uint64_t{c.sequences} * c.max_pages : std::uint64_t{c.n};
+    for (const std::uint32_t mode : {PAGED_TABLE_LENGTHS, PAGED_TABLE_CHECK, PAGED_TABLE_MAP}) {
+        if (mode == PAGED_TABLE_LENGTHS && !c.device_lengths) continue;
+        const std::uint64_t count = mode == PAGED_TABLE_CHECK     ? std::uint64_t{c.sequences} * c.max_pages
+                                    : mode == PAGED_TABLE_LENGTHS ? std::uint64_t{c.sequences}
+                                                                  : std::uint64_t{c.n};
         if (count == 0) continue;
         if (count >= (std::uint64_t{1} << 32))
             throw limit_exceeded("a paged call's block table of " + std::to_string(count) +
@@ -144,14 +145,27 @@ void record_paged_table(recorder& rec, pipeline_set& pipes, binding table, bindi
         paged_table_push p{};
         p.mode = mode, p.count = static_cast<std::uint32_t>(count);
         p.max_pages = c.max_pages, p.page_shift = c.page_shift, p.num_pages = c.num_pages;
+        p.new_rows = c.new_rows, p.lengths = c.device_lengths ? 1u : 0u, p.lengths_off = c.lengths_off;
+        p.offset_rule = c.bottom_right ? PAGED_OFFSET_BOTTOM_RIGHT : PAGED_OFFSET_KEEP;
         const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(count, PAGED_TABLE_WORKGROUP)), 1, 1};
-        rec.dispatch(kernel, {table, spans, at_in, at_out, flag}, &p, groups);
+        rec.dispatch(kernel, {b.table, b.spans, b.at_in, b.at_out, b.flag, b.lengths, b.work}, &p, groups);
         rec.compute_barrier();
     }
 }
 
+void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count,
+                            std::uint32_t lengths_off) {
+    if (count == 0) return;
+    paged_table_push p{};
+    p.mode = PAGED_TABLE_POSITIONS, p.count = count, p.lengths = 1, p.lengths_off = lengths_off;
+    const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(count, PAGED_TABLE_WORKGROUP)), 1, 1};
+    rec.dispatch(pipes.get(shader_id::paged_table), {b.table, b.spans, b.at_in, b.at_out, b.flag, b.lengths, b.work},
+                 &p, groups);
+    rec.compute_barrier();
+}
+
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
-                             std::uint32_t pool_rows, element_type pool_type) {
+                             std::uint32_t pool_rows, element_type pool_type, bool bounds) {
     const std::size_t B = batch_of(problem);
     const std::uint32_t ps = static_cast<std::uint32_t>(problem.page_size);
     paged_layout l;
@@ -179,7 +193,12 @@ paged_layout plan_paged_call(const device& dev, const settings& set, const paged
                 "'s positions need other reduced window sides than sequence 0's (an offset beyond 2^30); run it "
                 "on its own");
         offsets[b] = pos.offset;
-        if (pos.window_left >= 0) {
+        if (bounds && std::uint64_t{kv_lens[b]} + base[b] + q_lens[b] > SCORE_POSITION_LIMIT)
+            throw limit_exceeded("sdpa over a paged K/V pool: with the lengths on the device, sequence " +
+                                 std::to_string(b) + "'s bound of " + std::to_string(kv_lens[b] + base[b]) +
+                                 " keys (its table row's) and " + std::to_string(q_lens[b]) +
+                                 " queries pass the kernels' positions of 2^30");
+        if (pos.window_left >= 0 && !bounds) {
             const std::int64_t f = std::int64_t{pos.offset} - pos.window_left;
             first[b] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(f, 0, kv_lens[b]));
         }
@@ -199,7 +218,7 @@ paged_layout plan_paged_call(const device& dev, const settings& set, const paged
     request.offsets = offsets;
     request.causal = problem.options.causal;
     request.window_left = pos0.window_left, request.window_right = pos0.window_right;
-    request.cascade = problem.cascade;
+    request.cascade = problem.cascade && !bounds;
     request.kv_base = base;
     l.plan = plan_paged(dev.desc(), request, set);
     const paged_plan& plan = l.plan;

@@ -42,6 +42,26 @@ class kv_cache;
 /// cascade is refused with a device table (set cascade = false); two appends into one pool row
 /// through two table rows that name one page cannot be seen on the host and are the caller's to
 /// avoid (one table row and key twice is refused as ever).
+///
+/// The lengths may likewise be a device tensor, cache_seqlens_tensor: i32 of shape (B), B the
+/// step's sequences (the host span cache_seqlens must then be empty: both are refused), so that a
+/// server advances its lengths on the device with no host round trip (the table, as a span or a
+/// tensor, and the other spans as above; without them, the description's). Its values are read
+/// when the commands run. The plan cannot depend on them: it is made for each sequence's bound,
+/// its table row's keys less the new rows (max_pages x page_size - new_rows, its cache_leftpad as
+/// given), and the device writes each sequence's keys, causal offset and rotary positions from its
+/// length; the chunks past a length hold no keys and merge as nothing. What is lost is the
+/// balance by length: the split-K plan cuts every sequence as if it ran to its bound (the chunk
+/// size chosen for B bounds, the short sequences' chunks empty), so a batch of very unequal lengths
+/// under large tables is slower than with host lengths (bench/RESULTS.md, the serving step's
+/// "tensor lengths" form). The device checks every length (at least its cache_leftpad, at most the
+/// bound) and the table entries the lengths reach, whether the table is a span or a tensor (a host
+/// table's entries past a length are not checked before the run either); a bad length writes no
+/// row at all and fails the run (or the recording's check()) with qkv::invalid_argument naming the
+/// cache_seqlens tensor, a bad entry as above; the output is then undefined. Refused before the run
+/// with device lengths: cascade (set cascade = false: shared prefixes are found from the lengths),
+/// appends into a q8_0 / q4_0 pool, appends with a cache_batch_idx naming one table row twice, a
+/// cache_leftpad past the bound, and table rows of more than 2^30 keys.
 struct paged_tensors {
     const tensor* q = nullptr;
     tensor* out = nullptr;
@@ -51,6 +71,7 @@ struct paged_tensors {
     std::span<const std::int32_t> block_table{};
     const tensor* block_table_tensor = nullptr;  ///< or the table on the device (i32): see above
     std::span<const std::int32_t> cache_seqlens{};
+    const tensor* cache_seqlens_tensor = nullptr;  ///< or the lengths on the device (i32): see above
     std::span<const std::int32_t> cu_seqlens_q{};
     std::span<const std::int32_t> cache_batch_idx{};
     std::span<const std::int32_t> cache_leftpad{};
