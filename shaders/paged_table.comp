@@ -22,7 +22,7 @@ bool outside(int page) { return page < 0 || uint(page) >= pc.num_pages; }
 
 /// Sequence b's length from the tensor, 0 once any length or entry is flagged (nothing is then
 /// read or written through it: the run fails).
-uint length_of(uint b) { return flag[0] != 0u ? 0u : uint(max(lengths[pc.lengths_off + b], 0)); }
+uint length_of(uint b) { return flag[0] != 0u ? 0u : uint(max(lengths[b], 0)); }
 
 void main() {
     const uint i = (gl_WorkGroupID.x + pc.group_x) * PAGED_TABLE_WORKGROUP + gl_LocalInvocationID.x;
@@ -31,7 +31,7 @@ void main() {
         // Sequence i: keys [base, len + new rows) of a table row of max_pages << page_shift keys.
         const uint at = i * PAGED_SEQ_WORDS, base = work[at + PAGED_SEQ_KV_BASE];
         const uint capacity = pc.max_pages << pc.page_shift;
-        const int len = lengths[pc.lengths_off + i];
+        const int len = lengths[i];
         const bool bad = len < 0 || uint(len) < base || uint(len) > capacity - pc.new_rows;
         if (bad) atomicOr(flag[0], PAGED_FLAG_LENGTH);
         const uint end = bad ? base : uint(len) + pc.new_rows;

@@ -389,6 +389,66 @@ TEST_CASE("interop: a server's batched paged decode steps recorded into the appl
     CHECK(a.log.count() == 0);
 }
 
+TEST_CASE("interop: a paged_call over lengths in the application's memory, recorded into its command buffer",
+          "[interop][paged]") {
+    // The lengths an i32 buffer of the application's (cache_seqlens_tensor), written after each
+    // step is recorded and before it is submitted: the commands read them when they run (the
+    // float64 reference at those lengths, 17 and a page boundary among them), and a negative one
+    // fails the recording's check() (invalid_argument).
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {40, 17, 33, 0},
+                                                      .q_len = 2,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 16,
+                                                      .d_v = 8,
+                                                      .page_size = 16,
+                                                      .seed = 83});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
+    o.problem.cascade = false;
+    const qkv::paged_problem& full = o.problem;
+    const std::size_t B = 4, Hq = 6, Hkv = 2, E = 16, Ev = 8, rows = full.num_pages * full.page_size;
+    std::vector<float> k(rows * Hkv * E), v(rows * Hkv * Ev);  // the pool (1, Hkv, rows, E)
+    for (std::size_t n = 0; n < rows; ++n)
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = full.k_pages[(n * Hkv + h) * E + e];
+            for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = full.v_pages[(n * Hkv + h) * Ev + e];
+        }
+    qkv::vulkan::kv_cache pool(ctx, {.batch = 1, .kv_heads = Hkv, .capacity = rows, .d_qk = E, .d_v = Ev});
+    pool.append(k, v, rows);
+    qkv::paged_problem desc = full;
+    desc.q = {}, desc.k_pages = {}, desc.v_pages = {}, desc.num_pages = 0, desc.cache_seqlens = {};
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    constexpr std::size_t len_at = 3;
+    app::buffer lens = a.make_buffer((len_at + B) * 4);
+    qkv::vulkan::tensor tlen = qkv::vulkan::wrap(ctx, lens.handle, len_at * 4, B * 4, {B}, qkv::element_type::i32);
+    qkv::vulkan::tensor tq(ctx, {B, 2, Hq, E}), to(ctx, {B, 2, Hq, Ev});
+    tq.upload(o.q);
+    const std::vector<std::int32_t> shorter = {17, 16, 1, 0}, bad = {17, -1, 1, 0};
+    const qkv::vulkan::paged_tensors t{
+        .q = &tq, .out = &to, .block_table = full.block_table, .cache_seqlens_tensor = &tlen};
+    const std::vector<std::int32_t>& first = o.seqlens;
+    for (const std::vector<std::int32_t>* lengths : {&first, &shorter, &bad}) {
+        INFO("lengths " << (*lengths)[0] << " " << (*lengths)[1] << " " << (*lengths)[2] << " " << (*lengths)[3]);
+        VkCommandBuffer cmd = a.begin();
+        qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+        app::vulkan_app::host_barrier(cmd);
+        // Written after the recording, before the submit: the commands read them when they run.
+        for (std::size_t b = 0; b < B; ++b) lens.data<std::int32_t>()[len_at + b] = (*lengths)[b];
+        a.submit_and_wait(cmd);
+        if (lengths == &bad) {
+            CHECK_THROWS_AS(r.check(), qkv::invalid_argument);
+            continue;
+        }
+        r.check();
+        qkv::paged_problem ref = full;
+        ref.cache_seqlens = *lengths;
+        CHECK(nmse(to.download().data(), qkv::cpu::sdpa_f64(ref).output) <= 1e-10);
+    }
+    CHECK(a.log.count() == 0);
+}
+
 TEST_CASE("interop: a paged_call that appends, recorded into the application's command buffer", "[interop][paged]") {
     // The new rows as tensors written into the pool's pages, then the decode, in the application's
     // command buffer. Recorded and never submitted: the pool is the command buffer's until the

@@ -129,7 +129,8 @@ QKV_CONST uint PAGED_ROTARY_WORKGROUP = 64u;
 // row into the call's table binding by the device): what they hold cannot be checked before the
 // run, so shaders/paged_table.comp does it there, one invocation per element, before the append and
 // the decode, a barrier after each dispatch:
-//   PAGED_TABLE_LENGTHS    sequence b (lengths as a tensor): len = lengths[lengths_off + b] must lie
+//   PAGED_TABLE_LENGTHS    sequence b (lengths as a tensor, copied into the call's memory): len =
+//                          lengths[b] must lie
 //                          in [KV_BASE, capacity - new_rows] (capacity = max_pages · page_size, the
 //                          plan's bound: the work words were written for it); else flag |=
 //                          PAGED_FLAG_LENGTH and the sequence gets no keys. Writes its KV_LEN
@@ -158,7 +159,6 @@ struct paged_table_push {
     uint num_pages;    // pages of the pool this step may name
     uint new_rows;     // rows appended to each sequence
     uint lengths;      // 1: the lengths are the device's (MAP adds them to the keys)
-    uint lengths_off;  // element of the lengths tensor's first length
     uint offset_rule;  // PAGED_OFFSET_KEEP or PAGED_OFFSET_BOTTOM_RIGHT
 };
 QKV_CONST uint PAGED_TABLE_CHECK = 0u;
@@ -174,7 +174,7 @@ QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;   // storage, uint: per sequence 
 QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;   // storage, uint: the new rows' keys in the table
 QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u;  // storage, uint: their pool rows
 QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;    // storage, uint: the PAGED_FLAG_* bits raised
-QKV_CONST uint PAGED_TABLE_BINDING_LENGTHS = 5u;  // storage, int32 lengths (B)
+QKV_CONST uint PAGED_TABLE_BINDING_LENGTHS = 5u;  // storage, int32 lengths (B), the call's copy
 QKV_CONST uint PAGED_TABLE_BINDING_WORK = 6u;     // storage, the work words (the call's device copy)
 QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
 QKV_CONTRACT_END
@@ -183,7 +183,7 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_append_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_rotary_push) == 14u * 4u)
-QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_table_push) == 12u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_table_push) == 11u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

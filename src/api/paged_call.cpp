@@ -184,6 +184,8 @@ paged_problem paged_call::impl::check(const paged_tensors& t) const {
         const std::size_t B = tensor_access::of(*t.cache_seqlens_tensor, "paged_call").elements;
         lengths = &expect_tensor(*t.cache_seqlens_tensor, "paged_call", "cache_seqlens", core,
                                  {std::max<std::size_t>(B, 1)}, element_type::i32);
+        require_usage(*lengths, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, "VK_BUFFER_USAGE_TRANSFER_SRC_BIT", "paged_call",
+                      "cache_seqlens (copied on the device)");
         const std::uint64_t capacity = std::uint64_t{asked.max_pages} * asked.page_size;
         if (capacity > contract::SCORE_POSITION_LIMIT)
             throw limit_exceeded("paged_call: a cache_seqlens_tensor with table rows of " + std::to_string(capacity) +
@@ -419,10 +421,12 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t spans_copy_at = align_up(work_copy_at + l.words_bytes, align);
     const std::uint64_t k_pos_copy_at = align_up(spans_copy_at + spans_bytes, align);
     const std::uint64_t q_pos_copy_at = align_up(k_pos_copy_at + std::max<std::uint64_t>(n_new, 1) * 4, align);
+    const std::uint64_t lengths_copy_at = align_up(q_pos_copy_at + std::max<std::uint64_t>(total_q, 1) * 4, align);
+    const std::uint64_t lengths_bytes = batch_of(problem) * 4;
     detail::buffer_plan buffers = l.buffers;
     if (n_new) buffers.need(role::inputs, rows_end);
     if (device_table) buffers.need(role::inputs, table_copy_at + std::max<std::uint64_t>(l.table_bytes, 4));
-    if (device_lengths) buffers.need(role::inputs, q_pos_copy_at + std::max<std::uint64_t>(total_q, 1) * 4);
+    if (device_lengths) buffers.need(role::inputs, lengths_copy_at + lengths_bytes);
     paged_pool pool = cache->pool(nullptr);
     if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
@@ -430,11 +434,13 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     r.zero_verdict(rec, guard_bytes);  // with the device checks' flag
     // A device table: each sequence's row of it copied into the call's table binding (row b, as
     // the work words name it), when the commands run, then checked (and the new rows mapped) there.
-    // Device lengths: the work words copied likewise, then written from the lengths there.
+    // Device lengths: the lengths and the work words copied likewise, the words then written from
+    // the lengths there.
     const binding table_copy = b.bind(role::inputs, table_copy_at, std::max<std::uint64_t>(l.table_bytes, 4));
     const binding host_table{r.scratch.handle(), 0, std::max<std::uint64_t>(l.table_bytes, 4)};
     const binding host_work{r.scratch.handle(), l.words_at - l.table_at, l.words_bytes};
     const binding work = device_lengths ? b.bind(role::inputs, work_copy_at, l.words_bytes) : host_work;
+    const binding lengths_copy = b.bind(role::inputs, lengths_copy_at, lengths_bytes);
     if (on_device) {
         rec.barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -448,7 +454,11 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
                     {ti.offset + paged_table_row(step, x) * row_bytes, table_copy.offset + x * row_bytes, row_bytes});
             rec.copy(ti.handle, table_copy.buffer, regions);
         }
-        if (device_lengths) rec.copy(host_work.buffer, work.buffer, {{host_work.offset, work.offset, l.words_bytes}});
+        if (device_lengths) {
+            rec.copy(host_work.buffer, work.buffer, {{host_work.offset, work.offset, l.words_bytes}});
+            const tensor::impl& li = tensor_access::of(*t.cache_seqlens_tensor, "paged_call");
+            rec.copy(li.handle, lengths_copy.buffer, {{li.offset, lengths_copy.offset, lengths_bytes}});
+        }
         rec.barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     }
@@ -472,11 +482,9 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
         c.page_shift = l.page_shift;
         c.num_pages = static_cast<std::uint32_t>(step.num_pages);
         c.n = static_cast<std::uint32_t>(n_new);
-        std::uint32_t lengths_off = 0;
         if (device_lengths) {
-            const tensor::impl::bound lb = tensor_access::of(*t.cache_seqlens_tensor, "paged_call").bind();
-            checks.lengths = lb.b, checks.work = work, lengths_off = static_cast<std::uint32_t>(lb.element);
-            c.device_lengths = true, c.lengths_off = lengths_off;
+            checks.lengths = lengths_copy, checks.work = work;
+            c.device_lengths = true;
             c.new_rows = static_cast<std::uint32_t>(step.new_rows);
             c.bottom_right = !step.options.position_offset && step.options.alignment == causal_alignment::bottom_right;
         }
@@ -485,10 +493,10 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
             paged_table_bindings pos = checks;
             pos.at_in = {r.scratch.handle(), k_pos_at, n_new * 8};
             pos.at_out = k_positions = b.bind(role::inputs, k_pos_copy_at, n_new * 4);
-            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(n_new), lengths_off);
+            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(n_new));
             pos.at_in = {r.scratch.handle(), q_pos_at, total_q * 8};
             pos.at_out = q_positions = b.bind(role::inputs, q_pos_copy_at, total_q * 4);
-            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(total_q), lengths_off);
+            record_paged_positions(rec, *core->pipes, pos, static_cast<std::uint32_t>(total_q));
         }
     }
     if (n_new) {

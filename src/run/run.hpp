@@ -340,17 +340,16 @@ void record_paged_rotary(recorder& rec, pipeline_set& pipes, binding texels, bin
 
 /// Records the checks of a block table or the lengths on the device (shaders/paged_table.comp,
 /// contract/paged.h), flags into word 0 of `flag`. With the lengths on the device (`lengths` bound,
-/// of `sequences` int32 from element lengths_off): each sequence's length checked against the plan's
+/// `sequences` int32, the call's copy of them): each sequence's length checked against the plan's
 /// bound, its work words (`work`, the call's device copy) and spans (`spans`) written from it; then
 /// the entries each of `sequences` rows of `table` (sequences x max_pages int32) reads or writes,
 /// columns [spans[2b], spans[2b + 1]), against `num_pages`; then, with `n` new rows, their keys in
 /// the table (at_in) to pool rows (at_out), none once flagged. A barrier after each dispatch.
 struct paged_table_check {
     std::uint32_t sequences = 0, max_pages = 0, page_shift = 0, num_pages = 0, n = 0;
-    std::uint32_t new_rows = 0;     ///< rows appended to each sequence (with device lengths)
-    bool device_lengths = false;    ///< `lengths` and `work` bound: PAGED_TABLE_LENGTHS first
-    std::uint32_t lengths_off = 0;  ///< element of the first length
-    bool bottom_right = false;      ///< the offset is each sequence's S_b - L_b
+    std::uint32_t new_rows = 0;   ///< rows appended to each sequence (with device lengths)
+    bool device_lengths = false;  ///< `lengths` and `work` bound: PAGED_TABLE_LENGTHS first
+    bool bottom_right = false;    ///< the offset is each sequence's S_b - L_b
 };
 struct paged_table_bindings {
     binding table, spans, at_in, at_out, flag, lengths, work;
@@ -358,8 +357,7 @@ struct paged_table_bindings {
 void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, const paged_table_check& c);
 /// The rotary positions at the device lengths (PAGED_TABLE_POSITIONS): `count` (sequence, position
 /// less its length) pairs of `pairs` into `positions`, a barrier after.
-void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count,
-                            std::uint32_t lengths_off);
+void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count);
 
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after

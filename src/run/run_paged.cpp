@@ -145,7 +145,7 @@ void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bi
         paged_table_push p{};
         p.mode = mode, p.count = static_cast<std::uint32_t>(count);
         p.max_pages = c.max_pages, p.page_shift = c.page_shift, p.num_pages = c.num_pages;
-        p.new_rows = c.new_rows, p.lengths = c.device_lengths ? 1u : 0u, p.lengths_off = c.lengths_off;
+        p.new_rows = c.new_rows, p.lengths = c.device_lengths ? 1u : 0u;
         p.offset_rule = c.bottom_right ? PAGED_OFFSET_BOTTOM_RIGHT : PAGED_OFFSET_KEEP;
         const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(count, PAGED_TABLE_WORKGROUP)), 1, 1};
         rec.dispatch(kernel, {b.table, b.spans, b.at_in, b.at_out, b.flag, b.lengths, b.work}, &p, groups);
@@ -153,11 +153,10 @@ void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bi
     }
 }
 
-void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count,
-                            std::uint32_t lengths_off) {
+void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count) {
     if (count == 0) return;
     paged_table_push p{};
-    p.mode = PAGED_TABLE_POSITIONS, p.count = count, p.lengths = 1, p.lengths_off = lengths_off;
+    p.mode = PAGED_TABLE_POSITIONS, p.count = count, p.lengths = 1;
     const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(count, PAGED_TABLE_WORKGROUP)), 1, 1};
     rec.dispatch(pipes.get(shader_id::paged_table), {b.table, b.spans, b.at_in, b.at_out, b.flag, b.lengths, b.work},
                  &p, groups);
