@@ -27,7 +27,9 @@
 // With --recorded, the call against the pool on the device is also timed over device tensors
 // (qkv::vulkan::paged_call made once, q uploaded once, the step's table and lengths given with the
 // tensors each step, so each step is planned and recorded as a server's): run, and recorded into a
-// sequence and run; its output must equal the host call's bits.
+// sequence and run; its output must equal the host call's bits. And with the lengths as an i32
+// device tensor (paged_tensors::cache_seqlens_tensor, no cascade): its plan is made for each table
+// row's keys, not the lengths, so its time against the host lengths' is the balance it loses.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -298,8 +300,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         padded_ms.push_back(0), padded_cpu.push_back(0);
     // --recorded: the device-pool call over tensors, run and in a sequence; its bits the host call's.
     const bool recorded = pool && vc.recorded;
-    std::vector<double> call_ms, call_cpu, seq_ms, seq_cpu;
+    std::vector<double> call_ms, call_cpu, seq_ms, seq_cpu, lengths_ms, lengths_cpu;
     bool same_bits = true;
+    double lengths_diff = 0;  // the device lengths' largest |difference| from the host call
     if (recorded) {
         qkv::paged_problem desc = on_device;
         desc.q = {}, desc.block_table = {}, desc.cache_seqlens = {};
@@ -318,6 +321,17 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
             },
             seq_ms, seq_cpu, unused_gpu);
         same_bits = same_bits && to.download() == dr.output;
+        qkv::paged_problem flat = desc;  // lengths on the device: no shared prefixes
+        flat.cascade = false;
+        qkv::vulkan::paged_call device_lengths(ctx, flat, *pool);
+        qkv::vulkan::tensor lengths(ctx, {B}, qkv::element_type::i32);
+        lengths.upload(on_device.cache_seqlens);
+        const qkv::vulkan::paged_tensors lt{
+            .q = &tq, .out = &to, .block_table = on_device.block_table, .cache_seqlens_tensor = &lengths};
+        time_form([&](int) { device_lengths.run(lt); }, lengths_ms, lengths_cpu, unused_gpu);
+        const std::vector<float> got = to.download();
+        for (std::size_t i = 0; i < got.size(); ++i)
+            lengths_diff = std::max<double>(lengths_diff, std::abs(got[i] - dr.output[i]));
     }
     // the forms agree: (B, 1, Hq, d) against each (1, Hq, 1, d) and (B, Hq, 1, d)
     for (std::size_t b = 0; b < B; ++b)
@@ -371,7 +385,9 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
     const summary cs = summarise(call_ms.empty() ? std::vector<double>{0} : call_ms),
                   cc = summarise(call_cpu.empty() ? std::vector<double>{0} : call_cpu),
                   qs = summarise(seq_ms.empty() ? std::vector<double>{0} : seq_ms),
-                  qc = summarise(seq_cpu.empty() ? std::vector<double>{0} : seq_cpu);
+                  qc = summarise(seq_cpu.empty() ? std::vector<double>{0} : seq_cpu),
+                  ts = summarise(lengths_ms.empty() ? std::vector<double>{0} : lengths_ms),
+                  tc = summarise(lengths_cpu.empty() ? std::vector<double>{0} : lengths_cpu);
     if (recorded)
         os << "  the same over tensors (paged_call::run):    median " << fixed(cs.median, 3) << " ms (min "
            << fixed(cs.min, 3) << ", max " << fixed(cs.max, 3) << "), " << sig3(tokens(cs)) << " tokens/s; CPU "
@@ -380,7 +396,11 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
            << fixed(qs.min, 3) << ", max " << fixed(qs.max, 3) << "), " << sig3(tokens(qs)) << " tokens/s; CPU "
            << fixed(qc.median, 1) << " ms; over tensors / host call " << fixed(cs.median / ds.median, 2)
            << ", sequence / host call " << fixed(qs.median / ds.median, 2) << ", "
-           << (same_bits ? "the host call's bits" : "NOT the host call's bits") << "\n";
+           << (same_bits ? "the host call's bits" : "NOT the host call's bits") << "\n"
+           << "  over tensors, lengths a device tensor:      median " << fixed(ts.median, 3) << " ms (min "
+           << fixed(ts.min, 3) << ", max " << fixed(ts.max, 3) << "), " << sig3(tokens(ts)) << " tokens/s; CPU "
+           << fixed(tc.median, 1) << " ms; tensor lengths / host lengths " << fixed(ts.median / cs.median, 2)
+           << " (planned for the table rows' keys, no cascade); largest |difference| " << sig3(lengths_diff) << "\n";
     if (pad)
         os << "  one call padded to the longest:             median " << fixed(ps.median, 3) << " ms (min "
            << fixed(ps.min, 3) << ", max " << fixed(ps.max, 3) << "), " << sig3(tokens(ps)) << " tokens/s; CPU "
@@ -437,6 +457,10 @@ json run_serve(qkv::vulkan::context& ctx, const varlen_config& vc, int warmup, i
         j["paged_call_over_device_paged"] = cs.median / ds.median;
         j["paged_call_sequence_over_device_paged"] = qs.median / ds.median;
         j["paged_call_same_bits"] = same_bits;
+        j["paged_call_tensor_lengths_ms"] = summary_json(ts);
+        j["paged_call_tensor_lengths_cpu_ms"] = summary_json(tc);
+        j["paged_call_tensor_lengths_over_host_lengths"] = ts.median / cs.median;
+        j["paged_call_tensor_lengths_max_difference"] = lengths_diff;
     }
     if (cascade) {
         j["device_paged_no_cascade_ms"] = summary_json(fs);
