@@ -61,7 +61,9 @@ class kv_cache;
 /// cache_seqlens tensor, a bad entry as above; the output is then undefined. Refused before the run
 /// with device lengths: cascade (set cascade = false: shared prefixes are found from the lengths),
 /// appends into a q8_0 / q4_0 pool, appends with a cache_batch_idx naming one table row twice, a
-/// cache_leftpad past the bound, and table rows of more than 2^30 keys.
+/// cache_leftpad past the bound, table rows of more than 2^30 keys, and rotary tables without a row
+/// for every position a length up to the bound reaches (as the host call refuses them for its
+/// lengths).
 struct paged_tensors {
     const tensor* q = nullptr;
     tensor* out = nullptr;
