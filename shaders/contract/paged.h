@@ -165,15 +165,15 @@ QKV_CONST uint PAGED_TABLE_CHECK = 0u;
 QKV_CONST uint PAGED_TABLE_MAP = 1u;
 QKV_CONST uint PAGED_TABLE_LENGTHS = 2u;
 QKV_CONST uint PAGED_TABLE_POSITIONS = 3u;
-QKV_CONST uint PAGED_OFFSET_KEEP = 0u;          // the causal offset does not depend on the length
-QKV_CONST uint PAGED_OFFSET_BOTTOM_RIGHT = 1u;  // off' = S_b - L_b
-QKV_CONST uint PAGED_FLAG_ENTRY = 1u;           // a table entry a sequence reads or writes is no page
-QKV_CONST uint PAGED_FLAG_LENGTH = 2u;          // a length outside [its first key, capacity - new rows]
-QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;   // storage, int32 entries (sequences x max_pages)
-QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;   // storage, uint: per sequence its first and end column
-QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;   // storage, uint: the new rows' keys in the table
-QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u;  // storage, uint: their pool rows
-QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;    // storage, uint: the PAGED_FLAG_* bits raised
+QKV_CONST uint PAGED_OFFSET_KEEP = 0u;            // the causal offset does not depend on the length
+QKV_CONST uint PAGED_OFFSET_BOTTOM_RIGHT = 1u;    // off' = S_b - L_b
+QKV_CONST uint PAGED_FLAG_ENTRY = 1u;             // a table entry a sequence reads or writes is no page
+QKV_CONST uint PAGED_FLAG_LENGTH = 2u;            // a length outside [its first key, capacity - new rows]
+QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;    // storage, int32 entries (sequences x max_pages)
+QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;    // storage, uint: per sequence its first and end column
+QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;    // storage, uint: the new rows' keys in the table
+QKV_CONST uint PAGED_TABLE_BINDING_AT_OUT = 3u;   // storage, uint: their pool rows
+QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;     // storage, uint: the PAGED_FLAG_* bits raised
 QKV_CONST uint PAGED_TABLE_BINDING_LENGTHS = 5u;  // storage, int32 lengths (B), the call's copy
 QKV_CONST uint PAGED_TABLE_BINDING_WORK = 6u;     // storage, the work words (the call's device copy)
 QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
