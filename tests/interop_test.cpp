@@ -7,6 +7,7 @@
 #include <qkv/vulkan/runtime.hpp>
 #include <qkv/vulkan/testing.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -1300,5 +1301,88 @@ TEST_CASE("interop: a planned call has built its pipelines; record() and run() c
     decode.run({.q = &q, .out = &o});
     CHECK(cache.size() == first + 2);
     CHECK(created() == before);
+    CHECK(a.log.count() == 0);
+}
+
+TEST_CASE("interop: two appends into one pool row through a device table fail the recording's check",
+          "[interop][paged]") {
+    // Sequences 0 and 1 name one page as their second (a table on the device, i32) and their new
+    // rows meet there: recorded into the application's command buffer and submitted, check() fails
+    // with invalid_argument naming the table, and the pool is as it was (the claims live in fresh,
+    // poisoned memory: only the words this step claims are cleared, by its own commands). The table
+    // fixed on the device, the same call recorded again runs as the float64 reference says.
+    app::vulkan_app a;
+    qkv::vulkan::context ctx = context_on(a);
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {21, 20, 19},
+                                                      .q_len = 1,
+                                                      .q_heads = 4,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 16,
+                                                      .d_v = 8,
+                                                      .page_size = 16,
+                                                      .shares = {{0, 0}, {0, 2}, {0, 0}},
+                                                      .seed = 83});
+    o.problem.options = {.causal = true, .alignment = qkv::causal_alignment::bottom_right};
+    o.problem.cascade = false;
+    qkv::paged_problem before_ref = o.problem;  // every row the append would write, as it was
+    const std::vector<std::int32_t> full_lengths = o.seqlens;
+    before_ref.cache_seqlens = full_lengths;
+    qkv_test::make_appends(o, 3, 84);  // sequence 0 writes rows 2..4 of its second page, sequence 1 rows 1..3
+    const qkv::paged_problem& p = o.problem;
+    const std::size_t B = 3, Hq = 4, Hkv = 2, E = 16, Ev = 8, rows = p.num_pages * p.page_size;
+    std::vector<float> k(rows * Hkv * E), v(rows * Hkv * Ev);  // the pool (1, Hkv, rows, E)
+    for (std::size_t n = 0; n < rows; ++n)
+        for (std::size_t h = 0; h < Hkv; ++h) {
+            for (std::size_t e = 0; e < E; ++e) k[(h * rows + n) * E + e] = p.k_pages[(n * Hkv + h) * E + e];
+            for (std::size_t e = 0; e < Ev; ++e) v[(h * rows + n) * Ev + e] = p.v_pages[(n * Hkv + h) * Ev + e];
+        }
+    qkv::vulkan::kv_cache pool(ctx, {.batch = 1, .kv_heads = Hkv, .capacity = rows, .d_qk = E, .d_v = Ev});
+    pool.append(k, v, rows);
+    const auto host_of = [](qkv::paged_problem x) {
+        x.k_pages = {}, x.v_pages = {}, x.num_pages = 0;
+        return x;
+    };
+    qkv::paged_problem desc = host_of(p);
+    desc.q = {}, desc.k_new = {}, desc.v_new = {}, desc.block_table = {}, desc.cache_seqlens = {};
+    qkv::vulkan::paged_call call(ctx, desc, pool);
+    qkv::vulkan::tensor tq(ctx, {B, 1, Hq, E}), to(ctx, {B, 1, Hq, Ev});
+    qkv::vulkan::tensor tk(ctx, {B, 3, Hkv, E}), tv(ctx, {B, 3, Hkv, Ev});
+    qkv::vulkan::tensor table(ctx, {B, p.max_pages}, qkv::element_type::i32);
+    tq.upload(o.q), tk.upload(o.k_new), tv.upload(o.v_new), table.upload(o.table);
+    const qkv::vulkan::paged_tensors t{
+        .q = &tq, .out = &to, .k_new = &tk, .v_new = &tv, .block_table_tensor = &table, .cache_seqlens = o.seqlens};
+    {
+        VkCommandBuffer cmd = a.begin();
+        qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+        app::vulkan_app::host_barrier(cmd);
+        a.submit_and_wait(cmd);
+        bool refused = false;
+        try {
+            r.check();
+        } catch (const qkv::invalid_argument& e) {
+            refused = true;
+            const std::string message = e.what();
+            INFO(message);
+            CHECK(message.find("found on the device") != std::string::npos);
+            CHECK(message.find("same row of the pool") != std::string::npos);
+        }
+        CHECK(refused);
+    }
+    const std::vector<double> want_before = qkv::cpu::sdpa_f64(before_ref).output;
+    CHECK(nmse(ctx.sdpa(host_of(before_ref), pool).output.data(), want_before) <= 1e-10);  // nothing written
+    // Sequence 1's second page moved to one no sequence names, on the device.
+    std::vector<std::int32_t> fixed(o.table);
+    std::int32_t spare = 0;
+    while (std::find(fixed.begin(), fixed.end(), spare) != fixed.end()) ++spare;
+    fixed[p.max_pages + 1] = spare;
+    table.upload(fixed);
+    VkCommandBuffer cmd = a.begin();
+    qkv::vulkan::recording r = qkv::vulkan::record(call, cmd, t);
+    app::vulkan_app::host_barrier(cmd);
+    a.submit_and_wait(cmd);
+    r.check();
+    qkv::paged_problem want = p;
+    want.block_table = fixed;
+    CHECK(nmse(to.download().data(), qkv_test::kvcache_reference(want).output) <= 1e-10);
     CHECK(a.log.count() == 0);
 }

@@ -1585,6 +1585,39 @@ qkv::vulkan::tensor lengths_tensor(qkv::vulkan::context& ctx, std::span<const st
     return t;
 }
 
+/// A page of o's pool that its table does not name.
+std::int32_t spare_page(const qkv_test::owned_paged& o) {
+    for (std::int32_t page = 0;; ++page)
+        if (std::find(o.table.begin(), o.table.end(), page) == o.table.end()) return page;
+}
+
+/// Two appends through one page: sequence 1 reads sequence 0's first `shared` pages of 16 (its
+/// second page is sequence 0's with `shared` 2), 3 new rows each, so sequence 0 (18 keys) writes
+/// rows 2..4 of its second page and sequence 1 (`len1` keys) rows len1 - 16 onwards of its own; a
+/// third sequence of its own pages. GQA 6:2, odd widths, two queries each. The first page no
+/// sequence reads (a spare) holds N(0, 1)-like values too, for a table that moves a sequence there.
+qkv_test::owned_paged shared_page_appends(std::size_t len1, std::size_t shared, std::uint64_t seed) {
+    qkv_test::owned_paged o = qkv_test::random_paged({.kv_lens = {21, len1 + 3, 19},
+                                                      .q_len = 2,
+                                                      .q_heads = 6,
+                                                      .kv_heads = 2,
+                                                      .d_qk = 17,
+                                                      .d_v = 9,
+                                                      .page_size = 16,
+                                                      .shares = {{0, 0}, {0, shared}, {0, 0}},
+                                                      .seed = seed});
+    qkv_test::make_appends(o, 3, seed + 1);
+    o.problem.options = causal;
+    o.problem.cascade = false;
+    const std::int32_t spare = spare_page(o);
+    const std::size_t k_page = 16 * 2 * 17, v_page = 16 * 2 * 9;
+    for (std::size_t i = 0; i < k_page; ++i)
+        o.k_pages[static_cast<std::size_t>(spare) * k_page + i] = std::sin(0.61f * static_cast<float>(i) + 0.3f);
+    for (std::size_t i = 0; i < v_page; ++i)
+        o.v_pages[static_cast<std::size_t>(spare) * v_page + i] = std::cos(0.47f * static_cast<float>(i) + 0.9f);
+    return o;
+}
+
 }  // namespace
 
 TEST_CASE("paged_call: lengths on the device give the float64 reference, and are read at each run",
@@ -1753,4 +1786,108 @@ TEST_CASE("paged_call: device lengths' refusals", "[paged][paged_pool][paged_cal
     t.cache_seqlens_tensor = &lengths;
     call.run(t);  // and with the right one
     qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: two appends into one pool row through a device table fail the run and write nothing",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // The device's counterpart of the host's refusal: sequences 0 and 1 name one page in their
+    // table rows and their new rows meet at rows 2 and 3 of it. As a span the host refuses the
+    // table; as a tensor (or with the lengths as a tensor) the run fails after the device saw it,
+    // naming the page and row, with the pool's rows unchanged (the other sequences' appends are not
+    // written either); the same table fixed on the device (sequence 1's second page moved to a
+    // spare) then runs, as the float64 reference of flash_attn_with_kvcache says. A sequence
+    // replays the refusal.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    qkv_test::owned_paged o = shared_page_appends(17, 2, 480);
+    const qkv::paged_problem host = without_pool(o.problem);
+    const std::int32_t page = o.table[1];  // sequence 0's second page, sequence 1's too
+    REQUIRE(o.table[host.max_pages + 1] == page);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+    append_tensors a(ctx, o, element_type::f32);
+    qkv_test::expect_invalid([&] { call.run(a.with(&host)); },
+                             {"same row of the pool", "appends must not share a row"});
+    qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+    qkv::vulkan::paged_tensors t = a.with(&host);
+    t.block_table = {}, t.block_table_tensor = &table;
+    qkv_test::expect_invalid([&] { call.run(t); }, {"block table", "found on the device", "same row of the pool",
+                                                    "(page " + std::to_string(page) + ", row 3",
+                                                    "appends must not share a row", "no row was appended"});
+    // Nothing appended: every row the appends would write is the original one.
+    std::vector<std::int32_t> lengths;
+    const qkv::paged_problem after = after_append(host, lengths);
+    qkv::paged_problem original = o.problem;
+    original.new_rows = 0, original.k_new = {}, original.v_new = {};
+    original.cache_seqlens = lengths;
+    qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+    {  // through a sequence: the same refusal when it runs, and still nothing written
+        qkv::vulkan::sequence seq(ctx);
+        seq.record(call, t);
+        qkv_test::expect_invalid([&] { seq.run(); }, {"block table", "same row of the pool"});
+        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+    }
+    {  // the table as a span and the lengths on the device: the host cannot see the rows either
+        qkv::vulkan::tensor device_lengths = lengths_tensor(ctx, host.cache_seqlens);
+        qkv::vulkan::paged_tensors by_lengths = a.with(&host);
+        by_lengths.cache_seqlens = {}, by_lengths.cache_seqlens_tensor = &device_lengths;
+        qkv_test::expect_invalid([&] { call.run(by_lengths); },
+                                 {"found on the device", "same row of the pool", "row 3", "no row was appended"});
+        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+    }
+    // Fixed on the device: sequence 1's second page is a spare one (its rows there the spare's).
+    std::vector<std::int32_t> fixed(o.table);
+    fixed[host.max_pages + 1] = spare_page(o);
+    table.upload(fixed);
+    call.run(t);
+    qkv::paged_problem want = o.problem;
+    want.block_table = fixed;
+    check_appended(downloaded(a.out, &a.lse), want);
+    qkv_test::require_clean(ctx);
+}
+
+TEST_CASE("paged_call: appends into one page through a device table at other rows, or past a shared prefix, run",
+          "[paged][paged_pool][paged_call][paged_append]") {
+    // What the host allows is accepted on the device: two sequences appending to one page at rows
+    // 2..4 and 7..9 (each reading the other's new rows: append, then attend), and a prefix page
+    // both read with the appends in pages of their own; the float64 reference, and the bits of the
+    // same step with the table as a span. Run, and recorded into a sequence.
+    qkv::vulkan::context& ctx = qkv_test::gpu();
+    for (const std::size_t shared : {2u, 1u}) {
+        INFO(shared << " shared pages");
+        qkv_test::owned_paged o = shared_page_appends(23, shared, 490 + shared);
+        const qkv::paged_problem host = without_pool(o.problem);
+        REQUIRE((o.table[1] == o.table[host.max_pages + 1]) == (shared == 2));
+        qkv::varlen_output spans;
+        {
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+            append_tensors a(ctx, o, element_type::f32);
+            call.run(a.with(&host));
+            spans = downloaded(a.out, &a.lse);
+            check_appended(spans, o.problem);
+        }
+        for (const bool sequence : {false, true}) {
+            INFO((sequence ? "sequence" : "run"));
+            qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+            qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+            append_tensors a(ctx, o, element_type::f32);
+            qkv::vulkan::tensor table = table_tensor(ctx, host.block_table, host.max_pages);
+            qkv::vulkan::paged_tensors t = a.with(&host);
+            t.block_table = {}, t.block_table_tensor = &table;
+            if (sequence) {
+                qkv::vulkan::sequence seq(ctx);
+                seq.record(call, t);
+                seq.run();
+            } else {
+                call.run(t);
+            }
+            const qkv::varlen_output got = downloaded(a.out, &a.lse);
+            check_appended(got, o.problem);
+            CHECK(got.output == spans.output);
+            CHECK(got.lse == spans.lse);
+            std::vector<std::int32_t> lengths;
+            check_appended(ctx.sdpa(after_append(host, lengths), pool), o.problem);  // the rows are the pool's
+        }
+        qkv_test::require_clean(ctx);
+    }
 }

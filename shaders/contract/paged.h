@@ -169,6 +169,7 @@ QKV_CONST uint PAGED_OFFSET_KEEP = 0u;            // the causal offset does not 
 QKV_CONST uint PAGED_OFFSET_BOTTOM_RIGHT = 1u;    // off' = S_b - L_b
 QKV_CONST uint PAGED_FLAG_ENTRY = 1u;             // a table entry a sequence reads or writes is no page
 QKV_CONST uint PAGED_FLAG_LENGTH = 2u;            // a length outside [its first key, capacity - new rows]
+QKV_CONST uint PAGED_FLAG_SHARED_ROW = 4u;        // two new rows map to one pool row (paged_claim.comp)
 QKV_CONST uint PAGED_TABLE_BINDING_TABLE = 0u;    // storage, int32 entries (sequences x max_pages)
 QKV_CONST uint PAGED_TABLE_BINDING_SPANS = 1u;    // storage, uint: per sequence its first and end column
 QKV_CONST uint PAGED_TABLE_BINDING_AT_IN = 2u;    // storage, uint: the new rows' keys in the table
@@ -177,6 +178,32 @@ QKV_CONST uint PAGED_TABLE_BINDING_FLAG = 4u;     // storage, uint: the PAGED_FL
 QKV_CONST uint PAGED_TABLE_BINDING_LENGTHS = 5u;  // storage, int32 lengths (B), the call's copy
 QKV_CONST uint PAGED_TABLE_BINDING_WORK = 6u;     // storage, the work words (the call's device copy)
 QKV_CONST uint PAGED_TABLE_WORKGROUP = 64u;
+// The flag words after the verdict (zeroed before the run): word 0 the PAGED_FLAG_* bits raised,
+// word 1 the largest pool row + 1 that two new rows claimed (0: none).
+QKV_CONST uint PAGED_FLAG_WORDS = 2u;
+// Two appends into one pool row through a table or lengths on the device (shaders/paged_claim.comp),
+// the device's counterpart of the host's refusal (resolve_pages), after PAGED_TABLE_MAP, one
+// invocation per new row r of its mapped pool row rows[r] (PAGED_ROW_NONE: skipped), in three
+// dispatches with a barrier after each:
+//   PAGED_CLAIM_CLEAR  zeroes claims[rows[r]] (only the words this step claims: no pass over the pool)
+//   PAGED_CLAIM_TAKE   swaps r + 1 into claims[rows[r]]; a word already taken sets
+//                      PAGED_FLAG_SHARED_ROW in flag[0] and raises flag[1] to at least rows[r] + 1
+//   PAGED_CLAIM_DROP   rows[r] = PAGED_ROW_NONE for every row once flag[0] has that bit (the append
+//                      then writes nothing at all, as for the other flags)
+// claims holds one uint per pool row of the step's num_pages pages. Reading a row another sequence
+// appends is no conflict (append, then attend), as on the host.
+struct paged_claim_push {
+    uint group_x, group_y, group_z;
+    uint mode;   // PAGED_CLAIM_*
+    uint count;  // the new rows
+};
+QKV_CONST uint PAGED_CLAIM_CLEAR = 0u;
+QKV_CONST uint PAGED_CLAIM_TAKE = 1u;
+QKV_CONST uint PAGED_CLAIM_DROP = 2u;
+QKV_CONST uint PAGED_CLAIM_BINDING_ROWS = 0u;    // storage, uint: the new rows' pool rows (the map's)
+QKV_CONST uint PAGED_CLAIM_BINDING_CLAIMS = 1u;  // storage, uint per pool row
+QKV_CONST uint PAGED_CLAIM_BINDING_FLAG = 2u;    // storage, the PAGED_FLAG_WORDS flag words
+QKV_CONST uint PAGED_CLAIM_WORKGROUP = 64u;
 QKV_CONTRACT_END
 
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) == 15u * 4u)
@@ -184,6 +211,7 @@ QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_merge_push) == 9u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_append_push) == 10u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_rotary_push) == 14u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_table_push) == 11u * 4u)
+QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_claim_push) == 5u * 4u)
 QKV_CONTRACT_CHECK(sizeof(qkv::contract::paged_push) <= qkv::contract::PUSH_CONSTANT_BYTES_GUARANTEED)
 
 #endif

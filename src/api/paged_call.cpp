@@ -329,12 +329,12 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     r.q_rows_per_head = total_q;
     r.q_groups = total_q * Hq, r.kv_groups = problem.kv_heads;
     const std::uint64_t verdict_bytes = guard_words::bytes(r.q_groups, r.kv_groups);
-    // A device table's flag after the verdict (at an offset any storage binding may take).
+    // The device checks' flag words after the verdict (at an offset any storage binding may take).
     const std::uint64_t flag_at = align_up(verdict_bytes, 256);
-    const std::uint64_t guard_bytes = on_device ? flag_at + 4 : verdict_bytes;
+    const std::uint64_t guard_bytes = on_device ? flag_at + contract::PAGED_FLAG_WORDS * 4 : verdict_bytes;
     core->alloc->ensure(r.guard, guard_bytes, memory_use::readback, "paged_call verdict");
     const binding verdict{r.guard.handle(), 0, verdict_bytes};
-    r.table_check = on_device, r.table_flag_at = flag_at;
+    r.table_check = on_device, r.table_flag_at = flag_at, r.table_page_size = problem.page_size;
     // The table, the work words and the score params: host data of this recording, in its scratch,
     // then the new rows' pool rows.
     const std::uint64_t align = 256;
@@ -423,10 +423,22 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
     const std::uint64_t q_pos_copy_at = align_up(k_pos_copy_at + std::max<std::uint64_t>(n_new, 1) * 4, align);
     const std::uint64_t lengths_copy_at = align_up(q_pos_copy_at + std::max<std::uint64_t>(total_q, 1) * 4, align);
     const std::uint64_t lengths_bytes = batch_of(problem) * 4;
+    // With appends through a device table or lengths, a claim word per pool row of the step's pages
+    // (the device's check that no two new rows write one pool row), after them.
+    const bool claim = on_device && n_new != 0;
+    const std::uint64_t claims_at = align_up(lengths_copy_at + lengths_bytes, align);
+    const std::uint64_t claims_bytes = claim ? (std::uint64_t{step.num_pages} << l.page_shift) * 4 : 0;
+    if (claims_bytes > dev.info().max_storage_buffer_range)
+        throw limit_exceeded(
+            "paged_call: the check of appends through a device table or lengths binds a word per "
+            "pool row, " +
+            std::to_string(claims_bytes) + " bytes, more than " + dev.info().name + "'s maxStorageBufferRange of " +
+            std::to_string(dev.info().max_storage_buffer_range));
     detail::buffer_plan buffers = l.buffers;
     if (n_new) buffers.need(role::inputs, rows_end);
     if (device_table) buffers.need(role::inputs, table_copy_at + std::max<std::uint64_t>(l.table_bytes, 4));
     if (device_lengths) buffers.need(role::inputs, lengths_copy_at + lengths_bytes);
+    if (claim) buffers.need(role::inputs, claims_at + claims_bytes);
     paged_pool pool = cache->pool(nullptr);
     if (n_new && !blocks) cache->bind_stores(pool);
     run_session session(*core, rec, r.buffers, buffers);
@@ -489,6 +501,9 @@ void paged_call::impl::record(recorder& rec, recording::impl& r, const paged_ten
             c.bottom_right = !step.options.position_offset && step.options.alignment == causal_alignment::bottom_right;
         }
         record_paged_table(rec, *core->pipes, checks, c);
+        if (claim)  // two new rows into one pool row: flagged, and then no row mapped
+            record_paged_claim(rec, *core->pipes, append_at, b.bind(role::inputs, claims_at, claims_bytes),
+                               {r.guard.handle(), flag_at, contract::PAGED_FLAG_WORDS * 4}, c.n);
         if (device_lengths && rotary) {  // the positions at the device lengths, after the lengths' check
             paged_table_bindings pos = checks;
             pos.at_in = {r.scratch.handle(), k_pos_at, n_new * 8};

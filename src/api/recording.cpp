@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "api/attention_call_impl.hpp"
@@ -205,23 +206,33 @@ void recording::impl::check(bool locked) const {
     if (attention) return check_attention(locked);
     if (backward) return check_backward(locked);
     if (table_check) {  // before the overflow rule: the output of a bad table is undefined
-        std::uint32_t flag = 0;
+        std::uint32_t flags[contract::PAGED_FLAG_WORDS] = {};
         {
             std::unique_lock lock(core->mutex, std::defer_lock);
             if (!locked) lock.lock();
             guard.invalidate();
-            std::memcpy(&flag, guard.mapped() + table_flag_at, 4);
+            std::memcpy(flags, guard.mapped() + table_flag_at, sizeof flags);
         }
+        const std::uint32_t flag = flags[0];
         if ((flag & contract::PAGED_FLAG_LENGTH) != 0)
             throw qkv::invalid_argument(
                 "paged_call: the cache_seqlens tensor holds a length that is negative, below the sequence's "
                 "cache_leftpad, or past its table row's keys (max_pages x page_size) less the new rows: no row was "
                 "appended and the output is undefined");
-        if (flag != 0)
+        if ((flag & contract::PAGED_FLAG_ENTRY) != 0)
             throw qkv::invalid_argument(
                 "paged_call: the block table holds a page index past the pool (or a negative one) among the "
                 "entries the step reads or writes (checked on the device): no row was appended and the output is "
                 "undefined");
+        if ((flag & contract::PAGED_FLAG_SHARED_ROW) != 0) {
+            const std::uint64_t row = flags[1] - std::uint64_t{1};  // the largest row claimed twice
+            throw qkv::invalid_argument(
+                "paged_call: the block table sends new rows of two sequences to the same row of the pool (page " +
+                std::to_string(row / table_page_size) + ", row " + std::to_string(row % table_page_size) +
+                ", found on the device: two table rows name one page): appends must not share a row; no row was "
+                "appended and the output is undefined");
+        }
+        if (flag != 0) throw qkv::error("internal: an unknown flag of the paged checks: " + std::to_string(flag));
     }
     if (!checks) return;
     kv_stats cache_stats;

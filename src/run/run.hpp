@@ -359,6 +359,14 @@ void record_paged_table(recorder& rec, pipeline_set& pipes, const paged_table_bi
 /// less its length) pairs of `pairs` into `positions`, a barrier after.
 void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_table_bindings& b, std::uint32_t count);
 
+/// Records the claims of the new rows' pool rows (shaders/paged_claim.comp, contract/paged.h), after
+/// record_paged_table mapped them into `rows` (n words): each claims its row in `claims` (a uint
+/// per pool row of the step's pages, zeroed here where claimed); two claims of one row set
+/// PAGED_FLAG_SHARED_ROW in `flag` (its PAGED_FLAG_WORDS words), and then every row is unmapped. A
+/// barrier after each dispatch; nothing without new rows.
+void record_paged_claim(recorder& rec, pipeline_set& pipes, binding rows, binding claims, binding flag,
+                        std::uint32_t n);
+
 /// The batched paged decode of a validated, resolved paged batch (k_pages and v_pages empty; no
 /// appends, rotary or cache_batch_idx of its own; cache_leftpad taken) against `pool`, after
 /// writing `append`'s rows into it in the same command buffer: one dispatch over the plan's work

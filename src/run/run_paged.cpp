@@ -163,6 +163,20 @@ void record_paged_positions(recorder& rec, pipeline_set& pipes, const paged_tabl
     rec.compute_barrier();
 }
 
+void record_paged_claim(recorder& rec, pipeline_set& pipes, binding rows, binding claims, binding flag,
+                        std::uint32_t n) {
+    if (n == 0) return;
+    static_assert(row_matches<paged_claim_push, no_spec>(shader_id::paged_claim, "sss"));
+    const pipeline& kernel = pipes.get(shader_id::paged_claim);
+    for (const std::uint32_t mode : {PAGED_CLAIM_CLEAR, PAGED_CLAIM_TAKE, PAGED_CLAIM_DROP}) {
+        paged_claim_push p{};
+        p.mode = mode, p.count = n;
+        const std::uint32_t groups[3] = {static_cast<std::uint32_t>(ceil_div(n, PAGED_CLAIM_WORKGROUP)), 1, 1};
+        rec.dispatch(kernel, {rows, claims, flag}, &p, groups);
+        rec.compute_barrier();
+    }
+}
+
 paged_layout plan_paged_call(const device& dev, const settings& set, const paged_problem& problem,
                              std::uint32_t pool_rows, element_type pool_type, bool bounds) {
     const std::size_t B = batch_of(problem);
