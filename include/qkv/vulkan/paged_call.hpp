@@ -38,10 +38,16 @@ class kv_cache;
 /// or writes, the kernels clamp every page index into the pool (nothing is read outside it), an
 /// append writes no row at all once an entry is bad, and the run (or the recording's check()) then
 /// fails with qkv::invalid_argument naming the block table ("a page index past the pool"); the
-/// output is then undefined. Shared prefixes are found in a host table, so a description with
-/// cascade is refused with a device table (set cascade = false); two appends into one pool row
-/// through two table rows that name one page cannot be seen on the host and are the caller's to
-/// avoid (one table row and key twice is refused as ever).
+/// output is then undefined. The host's refusal of two appends into one pool row has its device
+/// counterpart: one table row and key twice is refused when the call is made, as ever, and two
+/// table rows that name one page and send new rows to the same row of it are found when the
+/// commands run (after the new rows are mapped to pool rows, each claims its row before any is
+/// written, shaders/paged_claim.comp): no row is appended and the run (or check()) fails with
+/// invalid_argument naming the block table, the page and the row ("the same row of the pool").
+/// New rows at other rows of a shared page, and appends into a page that another sequence reads
+/// (it then reads the new rows: append, then attend), are allowed, as on the host. Shared prefixes
+/// are found in a host table, so a description with cascade is refused with a device table (set
+/// cascade = false).
 ///
 /// The lengths may likewise be a device tensor, cache_seqlens_tensor: i32 of shape (B), B the
 /// step's sequences (the host span cache_seqlens must then be empty: both are refused), so that a
@@ -58,7 +64,8 @@ class kv_cache;
 /// bound) and the table entries the lengths reach, whether the table is a span or a tensor (a host
 /// table's entries past a length are not checked before the run either); a bad length writes no
 /// row at all and fails the run (or the recording's check()) with qkv::invalid_argument naming the
-/// cache_seqlens tensor, a bad entry as above; the output is then undefined. Refused before the run
+/// cache_seqlens tensor, a bad entry as above, two new rows into one pool row as above (found on the
+/// device whether the table is a span or a tensor); the output is then undefined. Refused before the run
 /// with device lengths: cascade (set cascade = false: shared prefixes are found from the lengths),
 /// appends into a q8_0 / q4_0 pool, appends with a cache_batch_idx naming one table row twice, a
 /// cache_leftpad past the bound, table rows of more than 2^30 keys, and rotary tables without a row
