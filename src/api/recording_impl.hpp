@@ -70,7 +70,8 @@ struct recording::impl : detail::retired {
     // the overflow rule's, and the texel views its kernels read.
     bool backward = false;
     std::uint64_t backward_verdict_at = 0;  // byte offset of the BWD_VERDICT_WORDS words in `guard`
-    // A paged call over a block table tensor: the device's flag of a bad entry (contract/paged.h).
+    // A paged call over a block table tensor: the device's flags of a bad entry and of two appends
+    // into one pool row (contract/paged.h).
     bool table_check = false;
     std::uint64_t table_flag_at = 0;    // byte offset of the flag words in `guard` (contract/paged.h)
     std::uint64_t table_page_size = 1;  // a shared pool row named as page and row in the refusal
