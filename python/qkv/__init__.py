@@ -205,7 +205,8 @@ def paged_attention(q, cache, block_table, cache_seqlens, k=None, v=None, *, rot
     of sequence b is row j % page_size of page block_table[b][j // page_size]; with
     cache_batch_idx, a table of any number of rows and sequence b's row cache_batch_idx[b]), a
     host array or an int32 qkv.Tensor on the cache's Context (never read back: its entries are
-    checked on the device, a bad one InvalidArgument after the run);
+    checked on the device, a bad one, or two new rows bound for one row of the pool,
+    InvalidArgument after the run, nothing appended);
     cache_seqlens int32 (batch,) or an int, the keys each sequence has before the call; k, v
     (batch, seqlen_new, kv_heads, ·), written into each sequence's pages at keys cache_seqlens[b]
     onwards before any sequence attends. Every other argument and the result are

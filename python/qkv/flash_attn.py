@@ -503,8 +503,9 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
 
     With a qkv.PagedKVCache, block_table may be an int32 qkv.Tensor (qkv.tensor(table, cache.context)):
     the table stays on the device, where a server may update it (Tensor.upload) between steps; it is
-    never read back, so its entries are checked on the device, a bad one raising InvalidArgument
-    after the run (no row appended, nothing returned), and shared prefixes are not looked for
+    never read back, so its entries are checked on the device, a bad one, or two new rows bound for
+    one row of the pool through two table rows that name one page, raising InvalidArgument after
+    the run (no row appended, nothing returned), and shared prefixes are not looked for
     (each sequence attends all its keys; the same result up to rounding). Appends into a q8_0 /
     q4_0 pool take a host table.
 

@@ -282,6 +282,38 @@ def test_a_block_table_on_the_device():
     assert nmse(qkv.paged_attention(q, cache, device_table, seqlens, causal=True), again) <= 1e-10
 
 
+def test_two_appends_into_one_pool_row_through_a_device_table():
+    """Two sequences whose tables name one page as their second, their new rows meeting at one row of
+    it: refused with the numpy table (before the run) and with the device table (after it, found on
+    the device), InvalidArgument both, nothing written; new rows at other rows of that page run, as
+    the numpy table's call and the float64 reference say."""
+    B, hq, hkv, E, page = 2, 4, 2, 9, 4
+    g = torch.Generator().manual_seed(53)
+    k_pool, v_pool = (torch.randn(4, page, hkv, E, generator=g) for _ in range(2))
+    table = np.array([[0, 1], [2, 1]], dtype=np.int32)  # page 1 is both sequences' second page
+    q = torch.randn(B, 1, hq, E, generator=g)
+    kn, vn = torch.randn(B, 2, hkv, E, generator=g), torch.randn(B, 2, hkv, E, generator=g)
+    cache = qkv.PagedKVCache(4, page, hkv, E, dtype="float32")
+    cache.append_pages(k_pool, v_pool)
+    device_table = qkv.tensor(table, cache.context)
+    meet = np.array([5, 6], dtype=np.int32)  # keys 5, 6 and 6, 7: rows 1, 2 and 2, 3 of page 1
+    with pytest.raises(qkv.InvalidArgument, match="same row of the pool"):
+        qkv.paged_attention(q, cache, table, meet, k=kn, v=vn, causal=True)
+    with pytest.raises(qkv.InvalidArgument, match="block table tensor.*same row of the pool.*page 1, row 2"):
+        qkv.paged_attention(q, cache, device_table, meet, k=kn, v=vn, causal=True)
+    k_held, v_held = cache.read_pages()
+    assert np.array_equal(k_held, k_pool.numpy()) and np.array_equal(v_held, v_pool.numpy())
+    apart = np.array([4, 6], dtype=np.int32)  # rows 0, 1 and 2, 3 of page 1: sequence 1 reads all four
+    twin = qkv.PagedKVCache(4, page, hkv, E, dtype="float32")
+    twin.append_pages(k_pool, v_pool)
+    out_dev = qkv.paged_attention(q, cache, device_table, apart, k=kn, v=vn, causal=True)
+    out_host = qkv.paged_attention(q, twin, table, apart, k=kn, v=vn, causal=True)
+    assert nmse(out_dev, out_host) <= 1e-12
+    k_after, v_after = cache.read_pages()
+    assert np.array_equal(k_after, twin.read_pages()[0]) and np.array_equal(v_after, twin.read_pages()[1])
+    assert nmse(out_dev, paged_reference(q.numpy(), k_after, v_after, table, apart + 2, True)) <= 1e-10
+
+
 def test_a_device_block_table_is_refused_where_it_cannot_be_read():
     cache = qkv.PagedKVCache(4, 4, 1, 8, dtype="float32")
     k_pool, v_pool = pages(4, 4, 1, 8, torch.float32, 41)
