@@ -212,6 +212,42 @@ TEST_CASE("sdpa: fp16 stores Q as float16 on the fused and the decode route alik
     }
 }
 
+TEST_CASE("sdpa: fp16 host K and V on the decode route refuse the first value float16 cannot hold",
+          "[guarantees][fp16]") {
+    auto ctx = qkv_test::make_context({});
+    // S = 1024: the decode route, whose rows of texels are checked as they are converted; E = 17
+    // and Ev = 3 (padded to whole texels), the offending values in rows past the first.
+    owned o(2, 1, 1, 1024, 17, 3, 11);
+    o.p.options.precision = qkv::precision::fp16;
+    const auto refusal = [&] {
+        try {
+            static_cast<void>(ctx.sdpa(o.p));
+        } catch (const qkv::vulkan::numeric_overflow& e) {
+            return std::string(e.what());
+        }
+        return std::string("no refusal");
+    };
+    // Infinity and NaN are no overflow (they are stored as they are): the first finite value that
+    // rounds to inf is named, by its index in k; a later one is not.
+    o.k[40] = std::numeric_limits<float>::infinity(), o.k[41] = std::nanf("");
+    o.k[5 * 17 + 3] = -65520.0f;  // the tie rounds to even: inf
+    o.k[900 * 17 + 16] = 1e6f;
+    o.bind();
+    CHECK_THAT(refusal(), Catch::Matchers::StartsWith("sdpa: k[88] = -65520 is beyond float16's range (65504)"));
+    o.k[88] = -65519.99f;  // rounds to -65504
+    o.bind();
+    CHECK_THAT(refusal(), Catch::Matchers::StartsWith("sdpa: k[15316] = 1000000 is beyond float16's range"));
+    o.k[15316] = 1.0f, o.k[40] = o.k[41] = 0.5f;
+    o.v[1023 * 3 + 2] = 7e4f;  // the last value of v
+    o.bind();
+    CHECK_THAT(refusal(), Catch::Matchers::StartsWith("sdpa: v[3071] = 70000 is beyond float16's range"));
+    o.v[3071] = 65504.0f;  // float16's largest: stored
+    o.bind();
+    const qkv::sdpa_output out = ctx.sdpa(o.p);
+    CHECK(std::all_of(out.output.begin(), out.output.end(), [](float x) { return std::isfinite(x); }));
+    require_clean(ctx);
+}
+
 TEST_CASE("kv_cache: concurrent appends and decodes never pass the capacity", "[guarantees][threads]") {
     auto ctx = qkv_test::make_context({});
     constexpr std::size_t E = 8, capacity = 200, rows = 7, threads = 4;

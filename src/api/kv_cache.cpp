@@ -455,7 +455,9 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
                                     " elements, expected (batch, kv_heads, rows, d_v) = " +
                                     dims({s.batch, s.kv_heads, rows, s.d_v}) + " = " + std::to_string(want_v));
     const bool half = c.half();
-    if (half)  // a finite value that float16 cannot hold would become inf: refuse, never silently wrong
+    // A finite value that float16 cannot hold would become inf: refuse, never silently wrong. The
+    // only scan of the values: put_texel_rows below is told they are checked (half_check::done).
+    if (half)
         for (const auto& [what, data] : {std::pair{"k", k}, std::pair{"v", v}})
             if (const std::size_t i = half_overflow_index(data); i < data.size())
                 throw numeric_overflow(std::string("kv_cache::append: ") + what + " element " + std::to_string(i) +
@@ -496,20 +498,21 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
             // can be written in place.
             for (std::size_t z = 0; z < groups; ++z) {
                 put_texel_rows(kt.owned.mapped() + (z * s.capacity + c.size) * c.e4 * tb, k.data() + z * rows * s.d_qk,
-                               rows, s.d_qk, c.e4, half, "kv_cache::append: k");
+                               rows, s.d_qk, c.e4, half, "kv_cache::append: k", 1.0f, half_check::done);
                 put_texel_rows(vt.owned.mapped() + (z * s.capacity + c.size) * c.ev4 * tb, v.data() + z * rows * s.d_v,
-                               rows, s.d_v, c.ev4, half, "kv_cache::append: v");
+                               rows, s.d_v, c.ev4, half, "kv_cache::append: v", 1.0f, half_check::done);
             }
             kt.owned.flush();
             vt.owned.flush();
         } else {
             // Staged: the new rows of every (batch, kv head) side by side, copied into place.
-            upload_rows(
-                c, {kt.handle, kt.offset, c.e4 * tb}, {vt.handle, vt.offset, c.ev4 * tb}, rows,
-                [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
-                    put_texel_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half, "kv_cache::append: k");
-                    put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half, "kv_cache::append: v");
-                });
+            upload_rows(c, {kt.handle, kt.offset, c.e4 * tb}, {vt.handle, vt.offset, c.ev4 * tb}, rows,
+                        [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+                            put_texel_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half,
+                                           "kv_cache::append: k", 1.0f, half_check::done);
+                            put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half,
+                                           "kv_cache::append: v", 1.0f, half_check::done);
+                        });
         }
     });
     // The rows are in place: their facts join the statistics.

@@ -158,6 +158,20 @@ std::span<const float> checked_for_halves(std::span<const float> values, float s
     return stored;
 }
 
+/// The first of the `n` values converted to `halves` (each times `scale`) that float16 could not
+/// hold, or n: a finite value stored as ±inf, exactly what half_overflow_index finds (a finite
+/// float rounds to ±inf in float16 exactly when it is at least 65520 in magnitude). The halves are
+/// scanned (branch-free, vectorized; hot in the cache after the conversion); the values only where
+/// one is infinite.
+std::size_t overflowed_index(const float* values, const std::uint16_t* halves, std::size_t n, float scale) {
+    std::uint32_t any = 0;
+    for (std::size_t i = 0; i < n; ++i) any |= static_cast<std::uint32_t>((halves[i] & 0x7fffu) == 0x7c00u);
+    if (any == 0) return n;
+    for (std::size_t i = 0; i < n; ++i)
+        if ((halves[i] & 0x7fffu) == 0x7c00u && std::isfinite(values[i] * scale)) return i;
+    return n;
+}
+
 }  // namespace
 
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale) {
@@ -174,7 +188,7 @@ void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask) {
 }
 
 void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
-                    const char* what, float scale) {
+                    const char* what, float scale, half_check check) {
     const std::size_t padded = texels * 4;
     if (!fp16) {
         auto* d = reinterpret_cast<float*>(at);
@@ -185,12 +199,23 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
         }
         return;
     }
+    // Each row converted, then its halves checked while they are in the cache: one pass over the
+    // values, where a check before the conversion would read them twice.
     std::vector<float> scaled;
-    const std::span<const float> v = checked_for_halves({src, rows * width}, scale, scaled, what);
     auto* d = reinterpret_cast<std::uint16_t*>(at);
     for (std::size_t r = 0; r < rows; ++r) {
         std::uint16_t* row = d + r * padded;
-        qkv::to_half_bits(v.subspan(r * width, width), {row, width});
+        const float* in = src + r * width;
+        std::span<const float> v(in, width);
+        if (scale != 1.0f) {
+            scaled.resize(width);
+            for (std::size_t i = 0; i < width; ++i) scaled[i] = in[i] * scale;
+            v = scaled;
+        }
+        qkv::to_half_bits(v, {row, width});
+        if (check == half_check::on_store)
+            if (const std::size_t bad = overflowed_index(in, row, width, scale); bad < width)
+                half_overflow(what, r * width + bad, in[bad]);
         std::fill(row + width, row + padded, std::uint16_t{0});
     }
 }

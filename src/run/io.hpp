@@ -74,9 +74,15 @@ void put_floats(std::byte* at, std::span<const float> values, float scale = 1.0f
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale = 1.0f);
 /// A bool mask (0/1 bytes) as bits: bit n of word n / 32.
 void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask);
+/// Whether put_texel_rows checks float16 stores for overflow: `on_store` (as it converts), or
+/// `done` where the caller has checked the values already (with its own message).
+enum class half_check { on_store, done };
 /// `rows` rows of `width` values from `src`, each written as `texels` texels of 4 (zero-padded),
-/// float32 or (`fp16`) float16 as put_halves.
+/// float32 or (`fp16`) float16. A float16 store checks each row as it converts it (one pass over
+/// the values): a finite value beyond float16's range throws numeric_overflow naming `what` and the
+/// element, as put_halves, but the rows before it are written by then. Its callers write a call's
+/// inputs, or a cache's rows past its size, which nothing reads unless the write succeeds.
 void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
-                    const char* what, float scale = 1.0f);
+                    const char* what, float scale = 1.0f, half_check check = half_check::on_store);
 
 }  // namespace qkv::vulkan::detail

@@ -424,11 +424,11 @@ run_result<varlen_output> run_paged(run_env& env, const paged_problem& problem, 
     if (n_new && blocks) {
         std::memcpy(in + new_k_at, append.k_blocks.data(), new_k_bytes);
         std::memcpy(in + new_v_at, append.v_blocks.data(), new_v_bytes);
-    } else if (n_new) {
+    } else if (n_new) {  // checked for float16 overflow by the caller (context.cpp), with its message
         put_texel_rows(in + new_k_at, append.k.data(), Hkv * n_new, E, plan.e4, half,
-                       "sdpa over a paged K/V pool: k_new");
+                       "sdpa over a paged K/V pool: k_new", 1.0f, half_check::done);
         put_texel_rows(in + new_v_at, append.v.data(), Hkv * n_new, Ev, plan.ev4, half,
-                       "sdpa over a paged K/V pool: v_new");
+                       "sdpa over a paged K/V pool: v_new", 1.0f, half_check::done);
     }
     if (n_new) {
         std::vector<std::uint32_t> rows_at(n_new);
