@@ -11,6 +11,11 @@
 // millions of values per second, with its ratio to the scalar form. The results of the forms are
 // compared bit for bit (a mismatch fails the run).
 //
+// Then a float16 store of values times a scale (0.5; a call's value scale), checked for overflow
+// first as put_halves does, two ways: through a scaled float32 copy of the whole input (as the
+// library did), and with the scale applied within the check and the conversion, block by block
+// (qkv::half_overflow_index and qkv::to_half_bits with a scale), in Mvalues/s.
+//
 //   build/gcc/bin/qkv_half_bench [N] [R]
 //
 // Numbers: bench/RESULTS.md, "float16 conversion on the host".
@@ -94,6 +99,27 @@ int main(int argc, char** argv) {
     };
     row("float32 -> float16", to_scalar, to_portable, to_bulk);
     row("float16 -> float32", from_scalar, from_portable, from_bulk);
+
+    constexpr float scale = 0.5f;
+    std::vector<std::uint16_t> h_copy(n), h_blocks(n);
+    std::size_t bad_copy = 0, bad_blocks = 0;
+    const double scaled_copy = median_seconds(rounds, [&] {
+        std::vector<float> scaled(n);
+        for (std::size_t i = 0; i < n; ++i) scaled[i] = in[i] * scale;
+        bad_copy = qkv::half_overflow_index(scaled);
+        qkv::to_half_bits(scaled, h_copy);
+    });
+    const double scaled_blocks = median_seconds(rounds, [&] {
+        bad_blocks = qkv::half_overflow_index(in, scale);
+        qkv::to_half_bits(in, scale, h_blocks);
+    });
+    std::printf("checked store x %.1f | scaled copy %.0f Mvalues/s | in blocks %.0f Mvalues/s | blocks / copy %.2f\n",
+                static_cast<double>(scale), static_cast<double>(n) / 1e6 / scaled_copy,
+                static_cast<double>(n) / 1e6 / scaled_blocks, scaled_copy / scaled_blocks);
+    if (h_copy != h_blocks || bad_copy != bad_blocks) {
+        std::fprintf(stderr, "the scaled forms' results differ\n");
+        return 1;
+    }
     if (h_scalar != h_portable || h_scalar != h_bulk ||
         std::memcmp(back_scalar.data(), back_portable.data(), n * 4) != 0 ||
         std::memcmp(back_scalar.data(), back_bulk.data(), n * 4) != 0) {

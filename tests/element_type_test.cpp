@@ -269,6 +269,40 @@ TEST_CASE("float16 in bulk: bit for bit the scalar conversions, every half and m
     CHECK(qkv::half_overflow_index(floats) == first);
 }
 
+TEST_CASE("float16 of scaled values: bit for bit the forms over a scaled copy", "[element_type][f16]") {
+    // Random patterns over every float32 (NaN, inf, subnormals included) and values about
+    // float16's limit, scaled as the value scale does (a power of two) and by factors that round.
+    std::mt19937 rng(77);
+    std::vector<float> values;
+    for (int n = 0; n < 5000; ++n) values.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+    for (const float x : {65504.0f, 65519.99f, 65520.0f, 131040.0f, 131041.0f, 1e-8f, 6e-8f, 3e-8f})
+        values.push_back(x), values.push_back(-x);
+    for (const float scale : {1.0f, 0.5f, 0x1p-20f, 2.0f, 0x1p100f, 0.1f, 3.0f}) {
+        INFO("scale " << scale);
+        // Lengths about the 1024-value blocks, so that every block boundary and tail is taken.
+        for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{1023},
+                                    std::size_t{1024}, std::size_t{1025}, std::size_t{2048}, values.size()}) {
+            INFO("n " << n);
+            const std::span<const float> in(values.data() + values.size() - n, n);
+            std::vector<float> scaled(n);
+            for (std::size_t i = 0; i < n; ++i) scaled[i] = in[i] * scale;
+            std::vector<std::uint16_t> want(n), got(n, 0x1234u);
+            qkv::to_half_bits(scaled, want);
+            qkv::to_half_bits(in, scale, got);
+            CHECK(got == want);
+            CHECK(qkv::half_overflow_index(in, scale) == qkv::half_overflow_index(scaled));
+        }
+        // The first value that overflows in a later block is found at its index; none, n.
+        std::vector<float> fine(3000, 0.25f / scale);
+        CHECK(qkv::half_overflow_index(fine, scale) == fine.size());
+        fine[2500] = 70000.0f / scale, fine[2900] = 1e6f / scale;
+        if (std::isfinite(fine[2500])) CHECK(qkv::half_overflow_index(fine, scale) == 2500);
+    }
+    std::vector<std::uint16_t> two(2);
+    qkv_test::expect_invalid([&] { qkv::to_half_bits(std::span<const float>(values.data(), 3), 0.5f, two); },
+                             {"to_half_bits", "one size"});
+}
+
 TEST_CASE("q8_0: d = max|x| / 127, q = round(x / d) half away from zero, d as float16", "[element_type][q8_0]") {
     std::array<float, 64> x{};
     // Block 0: all zero. Block 1: max |x| = 127 (negative), so d = 1 and q = round(x) exactly.

@@ -142,22 +142,6 @@ namespace {
                            "(precision fp32, or a float32 K/V store), or scale the inputs down");
 }
 
-/// The values times `scale` (a copy in `scaled` unless scale is 1), every one checked before any
-/// is written: a refused call leaves the memory as it was (a tensor's own memory is written in
-/// place where it is mapped).
-std::span<const float> checked_for_halves(std::span<const float> values, float scale, std::vector<float>& scaled,
-                                          const char* what) {
-    std::span<const float> stored = values;
-    if (scale != 1.0f) {
-        scaled.resize(values.size());
-        for (std::size_t i = 0; i < values.size(); ++i) scaled[i] = values[i] * scale;
-        stored = scaled;
-    }
-    const std::size_t bad = qkv::half_overflow_index(stored);
-    if (bad < stored.size()) half_overflow(what, bad, values[bad]);
-    return stored;
-}
-
 /// The first of the `n` values converted to `halves` (each times `scale`) that float16 could not
 /// hold, or n: a finite value stored as ±inf, exactly what half_overflow_index finds (a finite
 /// float rounds to ±inf in float16 exactly when it is at least 65520 in magnitude). The halves are
@@ -175,9 +159,12 @@ std::size_t overflowed_index(const float* values, const std::uint16_t* halves, s
 }  // namespace
 
 void put_halves(std::byte* at, std::span<const float> values, const char* what, float scale) {
-    std::vector<float> scaled;
-    const std::span<const float> v = checked_for_halves(values, scale, scaled, what);
-    qkv::to_half_bits(v, {reinterpret_cast<std::uint16_t*>(at), v.size()});
+    // Every value (times the scale, applied within the check and the conversion: no scaled copy)
+    // checked before any is written: a refused call leaves the memory as it was (a tensor's own
+    // memory is written in place where it is mapped).
+    if (const std::size_t bad = qkv::half_overflow_index(values, scale); bad < values.size())
+        half_overflow(what, bad, values[bad]);
+    qkv::to_half_bits(values, scale, {reinterpret_cast<std::uint16_t*>(at), values.size()});
 }
 
 void put_mask_bits(std::byte* at, std::span<const std::uint8_t> mask) {
@@ -199,20 +186,14 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
         }
         return;
     }
-    // Each row converted, then its halves checked while they are in the cache: one pass over the
-    // values, where a check before the conversion would read them twice.
-    std::vector<float> scaled;
+    // Each row converted (times the scale, applied within the conversion: no scaled copy), then
+    // its halves checked while they are in the cache: one pass over the values, where a check
+    // before the conversion would read them twice.
     auto* d = reinterpret_cast<std::uint16_t*>(at);
     for (std::size_t r = 0; r < rows; ++r) {
         std::uint16_t* row = d + r * padded;
         const float* in = src + r * width;
-        std::span<const float> v(in, width);
-        if (scale != 1.0f) {
-            scaled.resize(width);
-            for (std::size_t i = 0; i < width; ++i) scaled[i] = in[i] * scale;
-            v = scaled;
-        }
-        qkv::to_half_bits(v, {row, width});
+        qkv::to_half_bits({in, width}, scale, {row, width});
         if (check == half_check::on_store)
             if (const std::size_t bad = overflowed_index(in, row, width, scale); bad < width)
                 half_overflow(what, r * width + bad, in[bad]);

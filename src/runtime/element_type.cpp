@@ -264,6 +264,44 @@ std::size_t half_overflow_index(std::span<const float> values) {
     return values.size();  // not reached
 }
 
+namespace {
+
+/// Values scaled a block at a time (4 KiB of float32 on the stack), each block handed to `use`
+/// with its offset; stops where `use` returns true, and returns that block's offset (else n).
+constexpr std::size_t scale_block = 1024;
+
+template <class Use>
+std::size_t scaled_blocks(std::span<const float> values, float scale, Use use) {
+    float scaled[scale_block];
+    for (std::size_t at = 0; at < values.size(); at += scale_block) {
+        const std::size_t n = std::min(scale_block, values.size() - at);
+        for (std::size_t i = 0; i < n; ++i) scaled[i] = values[at + i] * scale;
+        if (use(std::span<const float>(scaled, n), at)) return at;
+    }
+    return values.size();
+}
+
+}  // namespace
+
+void to_half_bits(std::span<const float> in, float scale, std::span<std::uint16_t> out) {
+    check_sizes(in.size(), out.size(), "to_half_bits");
+    if (scale == 1.0f) return to_half_bits(in, out);
+    static_cast<void>(scaled_blocks(in, scale, [&](std::span<const float> block, std::size_t at) {
+        to_half_bits(block, out.subspan(at, block.size()));
+        return false;
+    }));
+}
+
+std::size_t half_overflow_index(std::span<const float> values, float scale) {
+    if (scale == 1.0f) return half_overflow_index(values);
+    std::size_t bad = 0;
+    const std::size_t at = scaled_blocks(values, scale, [&](std::span<const float> block, std::size_t) {
+        bad = half_overflow_index(block);
+        return bad < block.size();
+    });
+    return at < values.size() ? at + bad : values.size();
+}
+
 std::size_t bytes_for(element_type type, std::size_t count) {
     check_known(type, "bytes_for");
     const std::size_t block = block_size(type);

@@ -24,4 +24,11 @@ QKV_RUNTIME_API void from_half_bits(std::span<const std::uint16_t> in, std::span
 /// magnitude), or values.size() where there is none: the check before a float16 store.
 [[nodiscard]] QKV_RUNTIME_API std::size_t half_overflow_index(std::span<const float> values);
 
+/// The same of every value times `scale` (the float multiply, then the conversion): bit for bit
+/// the forms above over a scaled copy of the values, without that copy (the values are scaled in
+/// blocks of a few KiB on the stack). The spans of to_half_bits must have one size
+/// (qkv::invalid_argument).
+QKV_RUNTIME_API void to_half_bits(std::span<const float> in, float scale, std::span<std::uint16_t> out);
+[[nodiscard]] QKV_RUNTIME_API std::size_t half_overflow_index(std::span<const float> values, float scale);
+
 }  // namespace qkv
