@@ -3,12 +3,16 @@
 // (append, capacity, errors), parity with a float64 reference for both kernel families and both
 // precisions, causal alignments and broadcast masks, a key count beyond llvmpipe's 65,535
 // iterations per loop, identical bits over repeated runs, and the unsplit path against the split.
+#include <qkv/runtime/half.hpp>
 #include <qkv/vulkan/runtime.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -239,6 +243,71 @@ TEST_CASE("kv_cache: fp16 refuses values beyond float16's range", "[kv_cache]") 
     cache.append(k, v, 1);
     CHECK(cache.size() == 1);
     require_clean(gpu());
+}
+
+TEST_CASE("kv_cache: append_f16 stores what append stores of the same values", "[kv_cache][f16]") {
+    // Two groups of 3 rows, E = 5 and Ev = 3 (padded to whole texels), with the special halves:
+    // ±0, a subnormal, the largest, ±inf, a quiet and a signalling NaN (made quiet, as the float32
+    // round trip makes it).
+    constexpr std::size_t Hkv = 2, rows = 3, E = 5, Ev = 3;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<std::uint16_t> k(Hkv * rows * E), v(Hkv * rows * Ev);
+    for (auto& h : k) h = qkv::to_half_bits(normal(rng));
+    for (auto& h : v) h = qkv::to_half_bits(normal(rng));
+    const std::vector<std::uint16_t> special{0x0000, 0x8000, 0x0001, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfd55};
+    std::vector<std::uint16_t> k_special = k, v_special = v;
+    std::copy(special.begin(), special.end(), k_special.begin() + 7);
+    std::copy(special.begin(), special.begin() + 5, v_special.begin() + 11);
+    const auto widened = [](const std::vector<std::uint16_t>& h) {
+        std::vector<float> f(h.size());
+        qkv::from_half_bits(h, f);
+        return f;
+    };
+    const auto bits = [](const std::vector<float>& f) {
+        std::vector<std::uint32_t> b(f.size());
+        std::memcpy(b.data(), f.data(), f.size() * 4);
+        return b;
+    };
+    qkv::vulkan::context staged = qkv_test::make_context({.force_staging = true});
+    for (qkv::vulkan::context* ctx : {&gpu(), &staged})
+        for (const qkv::element_type type : {qkv::element_type::f16, qkv::element_type::f32}) {
+            INFO("type " << qkv::to_string(type) << (ctx == &staged ? ", staged" : ""));
+            const qkv::kv_layout layout{.batch = 1, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .type = type};
+            qkv::vulkan::kv_cache halves(*ctx, layout), floats(*ctx, layout);
+            halves.append_f16(k, v, rows), floats.append(widened(k), widened(v), rows);
+            halves.append_f16(k_special, v_special, rows), floats.append(widened(k_special), widened(v_special), rows);
+            CHECK(halves.size() == 2 * rows);
+            CHECK(bits(halves.keys().download()) == bits(floats.keys().download()));
+            CHECK(bits(halves.values().download()) == bits(floats.values().download()));
+            // Sizes are checked as append() checks them; nothing is appended.
+            CHECK_THROWS_WITH(halves.append_f16(std::span(k).first(k.size() - 1), v, rows),
+                              Catch::Matchers::Contains("kv_cache::append: k has 29 elements"));
+            CHECK(halves.size() == 2 * rows);
+        }
+    // The facts of the rows (the overflow rule's statistics) are those of the float32 values: the
+    // same decode, bit for bit.
+    qkv::vulkan::kv_cache halves(
+        gpu(), {.batch = 1, .kv_heads = Hkv, .capacity = 8, .d_qk = E, .d_v = Ev, .type = qkv::element_type::f16});
+    qkv::vulkan::kv_cache floats(gpu(), halves.layout());
+    halves.append_f16(k, v, rows), floats.append(widened(k), widened(v), rows);
+    std::vector<float> q(4 * E);
+    for (float& x : q) x = normal(rng);
+    qkv::sdpa_problem p;
+    p.shape = {.batch = 1, .q_heads = 4, .kv_heads = Hkv, .q_len = 1, .kv_len = rows, .d_qk = E, .d_v = Ev};
+    p.q = q;
+    p.options.precision = qkv::precision::fp16;
+    CHECK(bits(gpu().sdpa(p, halves).output) == bits(gpu().sdpa(p, floats).output));
+    // A quantized cache takes the float32 values, with its refusals (an infinite value).
+    qkv::vulkan::kv_cache blocks(
+        gpu(), {.batch = 1, .kv_heads = 1, .capacity = 4, .d_qk = 32, .d_v = 32, .type = qkv::element_type::q8_0});
+    std::vector<std::uint16_t> block_k(32, 0x3c00), block_v(32, 0xbc00);
+    blocks.append_f16(block_k, block_v, 1);
+    block_v[3] = 0x7c00;
+    CHECK_THROWS_AS(blocks.append_f16(block_k, block_v, 1), qkv::invalid_argument);
+    CHECK(blocks.size() == 1);
+    require_clean(gpu());
+    require_clean(staged);
 }
 
 TEST_CASE("kv_cache: out of device memory at creation", "[kv_cache]") {

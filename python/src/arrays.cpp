@@ -420,7 +420,22 @@ void gather(const host_array& a, std::span<float> out, const char* name) {
     });
 }
 
-void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name) {
+void gather(const host_array& a, std::span<std::uint16_t> out, const char* name) {
+    expect_count(a, out.size(), name);
+    if (a.type != dtype::f16) refuse(std::string(name) + ": " + to_string(a.type) + " where float16 is needed");
+    each_row(a, [&](const std::byte* p, std::ptrdiff_t step, std::size_t count, std::size_t i) {
+        if (step == 2) {
+            std::memcpy(&out[i], p, count * 2);
+            return;
+        }
+        for (std::size_t c = 0; c < count; ++c, p += step) std::memcpy(&out[i + c], p, 2);
+    });
+}
+
+namespace {
+
+template <class T>
+void gather_slices_as(const host_array& a, std::span<const std::int32_t> which, std::span<T> out, const char* name) {
     if (a.rank() == 0) refuse(std::string(name) + ": slices of an array of rank 0");
     host_array slice = a;
     slice.shape[0] = 1;
@@ -436,6 +451,17 @@ void gather_slices(const host_array& a, std::span<const std::int32_t> which, std
         slice.data = a.data + step * which[c];
         gather(slice, out.subspan(c * per, per), name);
     }
+}
+
+}  // namespace
+
+void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name) {
+    gather_slices_as(a, which, out, name);
+}
+
+void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<std::uint16_t> out,
+                   const char* name) {
+    gather_slices_as(a, which, out, name);
 }
 
 void gather(const host_array& a, std::span<double> out, const char* name) {

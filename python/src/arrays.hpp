@@ -90,9 +90,13 @@ void gather(const host_array& a, std::span<std::uint8_t> out, const char* name);
 /// An int32 or int64 array as int32 values; an int64 value outside int32's range is refused
 /// (qkv::invalid_argument naming `name` and the value), never wrapped; any other type is refused.
 void gather(const host_array& a, std::span<std::int32_t> out, const char* name);
+/// A float16 array's elements as their bits, as they are (any other type is refused).
+void gather(const host_array& a, std::span<std::uint16_t> out, const char* name);
 /// The slices a[i] (along the first dimension) for each i of `which`, in that order, as gather
 /// reads them: `out` holds which.size() slices. Every index must lie in [0, a.shape[0]).
 void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<float> out, const char* name);
+void gather_slices(const host_array& a, std::span<const std::int32_t> which, std::span<std::uint16_t> out,
+                   const char* name);
 
 /// `a`'s elements as T (float or double), without a copy where they already are contiguous T.
 void read_values(const host_array& a, values<float>& out, const char* name);

@@ -78,10 +78,10 @@ py_paged_pool make_pool(const context_ptr& ctx, std::size_t num_pages, std::size
 
 /// Pages (n, page_size, Hkv, width) as the rows of a kv_cache of batch 1: (Hkv, n·page_size, width).
 template <class T>
-std::vector<float> head_major(std::span<const T> pages, std::span<const std::int32_t> order, std::size_t page_size,
-                              std::size_t heads, std::size_t width) {
+std::vector<T> head_major(std::span<const T> pages, std::span<const std::int32_t> order, std::size_t page_size,
+                          std::size_t heads, std::size_t width) {
     const std::size_t rows = order.size() * page_size;
-    std::vector<float> out(heads * rows * width);
+    std::vector<T> out(heads * rows * width);
     for (std::size_t c = 0; c < order.size(); ++c)
         for (std::size_t r = 0; r < page_size; ++r)
             for (std::size_t h = 0; h < heads; ++h) {
@@ -474,17 +474,24 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
                                                      .d_qk = in.e,
                                                      .d_v = in.ev,
                                                      .type = kind});
-            // Only the pages used are read from the caller's pools (widened to float32), in order.
+            // Only the pages used are read from the caller's pools, in order: float16 pages into a
+            // float16 pool as their bits (nothing to round, nothing that can overflow), any other
+            // widened to float32.
             std::vector<std::int32_t> compact_order(order.size());
             for (std::size_t c = 0; c < order.size(); ++c) compact_order[c] = static_cast<std::int32_t>(c);
-            const auto used_pages = [&](const host_array& pool_array, std::size_t width, const char* name) {
-                std::vector<float> pages(order.size() * in.page_size * in.hkv * width);
-                gather_slices(pool_array, order, pages, name);
-                return head_major(std::span<const float>(pages), std::span<const std::int32_t>(compact_order),
-                                  in.page_size, in.hkv, width);
+            const auto used_pages = [&]<class T>(const host_array& pool_array, std::size_t width, const char* name, T) {
+                std::vector<T> pages(order.size() * in.page_size * in.hkv * width);
+                gather_slices(pool_array, order, std::span<T>(pages), name);
+                return head_major(std::span<const T>(pages), std::span<const std::int32_t>(compact_order), in.page_size,
+                                  in.hkv, width);
             };
-            device_pool.append(used_pages(*in.k_pages, in.e, "k_cache"), used_pages(*in.v_pages, in.ev, "v_cache"),
-                               order.size() * in.page_size);
+            const std::size_t used_rows = order.size() * in.page_size;
+            if (kind == qkv::element_type::f16 && in.type == dtype::f16)
+                device_pool.append_f16(used_pages(*in.k_pages, in.e, "k_cache", std::uint16_t{}),
+                                       used_pages(*in.v_pages, in.ev, "v_cache", std::uint16_t{}), used_rows);
+            else
+                device_pool.append(used_pages(*in.k_pages, in.e, "k_cache", 0.0f),
+                                   used_pages(*in.v_pages, in.ev, "v_cache", 0.0f), used_rows);
             qkv::paged_problem on_device = p;
             on_device.num_pages = order.size();
             on_device.block_table = renumbered;

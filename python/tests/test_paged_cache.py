@@ -122,6 +122,29 @@ def test_the_cache_equals_the_array_pool_and_takes_its_appends():
     assert np.array_equal(cache.read_pages()[0], k_pool.float().numpy())
 
 
+def test_non_finite_float16_pages_as_the_cache_takes_them():
+    """float16 pages go to the call's device pool as their bits: infinities and NaNs (a signalling
+    one too) in the pages a call reads give the bits of the same call against a PagedKVCache, whose
+    pages are appended as float32 values (the arrays' former route); none is refused."""
+    B, hq, hkv, E, page = 2, 4, 2, 17, 4
+    k_pool, v_pool = pages(6, page, hkv, E, torch.float16, 9)
+    table = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32)
+    kw = dict(cache_seqlens=torch.tensor([7, 5], dtype=torch.int32), block_table=table, return_softmax_lse=True)
+    q = torch.randn(B, 1, hq, E, generator=torch.Generator().manual_seed(10)).half()
+    for where, index, bits in [("k", (3, 2, 1, 5), 0x7C00), ("v", (0, 1, 0, 3), 0xFC00), ("k", (1, 0, 1, 0), 0x7E00),
+                               ("k", (3, 0, 0, 16), 0x7C01), ("v", (5, 0, 1, 2), 0x7D55), ("k", (2, 0, 0, 0), 0x7C00)]:
+        k, v = k_pool.clone(), v_pool.clone()
+        (k if where == "k" else v).view(torch.int16)[index] = bits - 0x10000 if bits >= 0x8000 else bits
+        cache = qkv.PagedKVCache(6, page, hkv, E, dtype="float16")
+        cache.append_pages(k, v)
+        want_out, want_lse = flash_attn_with_kvcache(q, cache=cache, **kw)
+        out, lse = flash_attn_with_kvcache(q, k, v, **kw)
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), (where, index, hex(bits))
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32)), (where, index, hex(bits))
+        if index[0] != 2:  # page 2 is not read
+            assert not torch.isfinite(out.float()).all() or not torch.isfinite(lse).all(), (where, index)
+
+
 def test_write_through_a_block_table():
     cache = qkv.PagedKVCache(4, 2, 1, 8, dtype="float32")
     k_pool, v_pool = pages(4, 2, 1, 8, torch.float32, 7)

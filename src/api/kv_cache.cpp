@@ -440,20 +440,69 @@ void append_blocks(kv_cache::impl& c, const block_rows& b, std::size_t rows) {
 
 }  // namespace
 
+namespace {
+
+/// k (B, Hkv, rows, E) and v (B, Hkv, rows, Ev) have their sizes (qkv::invalid_argument).
+void check_append_sizes(const kv_layout& s, std::size_t k, std::size_t v, std::size_t rows) {
+    const std::size_t want_k = product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append k");
+    const std::size_t want_v = product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append v");
+    if (k != want_k)
+        throw qkv::invalid_argument("kv_cache::append: k has " + std::to_string(k) +
+                                    " elements, expected (batch, kv_heads, rows, d_qk) = " +
+                                    dims({s.batch, s.kv_heads, rows, s.d_qk}) + " = " + std::to_string(want_k));
+    if (v != want_v)
+        throw qkv::invalid_argument("kv_cache::append: v has " + std::to_string(v) +
+                                    " elements, expected (batch, kv_heads, rows, d_v) = " +
+                                    dims({s.batch, s.kv_heads, rows, s.d_v}) + " = " + std::to_string(want_v));
+}
+
+/// Host rows after a cache's rows, their facts `added` (or its blocks, quantized) computed before:
+/// takes the lock, writes them (in place where the storage is mapped, else through staging;
+/// `put(k_at, v_at, z)` packs (batch, kv head) z's rows of an f32 / f16 cache), then folds their
+/// facts into the statistics and counts them.
+template <class Put>
+void append_host_rows(kv_cache::impl& c, std::size_t rows, const kv_stats& added, const block_rows& blocks,
+                      const Put& put) {
+    const kv_layout& s = c.layout;
+    const std::size_t groups = c.groups();
+    device_core& core = *c.core;
+    const auto lock = c.lock_for_append(rows, "kv_cache::append", nullptr);
+    if (rows == 0) return;
+    const std::uint64_t tb = c.texel_bytes;
+    core.guarded("kv_cache::append", [&] {
+        if (c.blocks()) {
+            append_blocks(c, blocks, rows);
+            return;
+        }
+        tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
+        tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
+        if (!c.force_staging && !kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
+            // The device is idle between calls (every call waits for its work), so the new rows
+            // can be written in place.
+            for (std::size_t z = 0; z < groups; ++z)
+                put(kt.owned.mapped() + (z * s.capacity + c.size) * c.e4 * tb,
+                    vt.owned.mapped() + (z * s.capacity + c.size) * c.ev4 * tb, z);
+            kt.owned.flush();
+            vt.owned.flush();
+        } else {
+            // Staged: the new rows of every (batch, kv head) side by side, copied into place.
+            upload_rows(c, {kt.handle, kt.offset, c.e4 * tb}, {vt.handle, vt.offset, c.ev4 * tb}, rows, put);
+        }
+    });
+    // The rows are in place: their facts join the statistics.
+    c.stats.invalidate();
+    fold_host_rows(c.stats.mapped(), added, groups);
+    c.stats.flush();
+    c.size += rows;
+}
+
+}  // namespace
+
 void kv_cache::append(std::span<const float> k, std::span<const float> v, std::size_t rows) {
     impl& c = alive(impl_);
     require_supported(entry_point::cache_append, features_of(c.type));
     const kv_layout& s = c.layout;
-    const std::size_t want_k = product({s.batch, s.kv_heads, rows, s.d_qk}, "kv_cache::append k");
-    const std::size_t want_v = product({s.batch, s.kv_heads, rows, s.d_v}, "kv_cache::append v");
-    if (k.size() != want_k)
-        throw qkv::invalid_argument("kv_cache::append: k has " + std::to_string(k.size()) +
-                                    " elements, expected (batch, kv_heads, rows, d_qk) = " +
-                                    dims({s.batch, s.kv_heads, rows, s.d_qk}) + " = " + std::to_string(want_k));
-    if (v.size() != want_v)
-        throw qkv::invalid_argument("kv_cache::append: v has " + std::to_string(v.size()) +
-                                    " elements, expected (batch, kv_heads, rows, d_v) = " +
-                                    dims({s.batch, s.kv_heads, rows, s.d_v}) + " = " + std::to_string(want_v));
+    check_append_sizes(s, k.size(), v.size(), rows);
     const bool half = c.half();
     // A finite value that float16 cannot hold would become inf: refuse, never silently wrong. The
     // only scan of the values: put_texel_rows below is told they are checked (half_check::done).
@@ -482,44 +531,43 @@ void kv_cache::append(std::span<const float> k, std::span<const float> v, std::s
     } catch (const std::bad_alloc&) {
         throw out_of_memory("host memory allocation failed while appending to a kv_cache");
     }
-    device_core& core = *c.core;
-    const auto lock = c.lock_for_append(rows, "kv_cache::append", nullptr);
-    if (rows == 0) return;
-    const std::uint64_t tb = c.texel_bytes;
-    core.guarded("kv_cache::append", [&] {
-        if (c.blocks()) {
-            append_blocks(c, blocks, rows);
-            return;
-        }
-        tensor::impl& kt = tensor_access::of(c.k, "kv_cache::append");
-        tensor::impl& vt = tensor_access::of(c.v, "kv_cache::append");
-        if (!c.force_staging && !kt.wrapped && !vt.wrapped && kt.owned.mapped() && vt.owned.mapped()) {
-            // The device is idle between calls (every call waits for its work), so the new rows
-            // can be written in place.
-            for (std::size_t z = 0; z < groups; ++z) {
-                put_texel_rows(kt.owned.mapped() + (z * s.capacity + c.size) * c.e4 * tb, k.data() + z * rows * s.d_qk,
-                               rows, s.d_qk, c.e4, half, "kv_cache::append: k", 1.0f, half_check::done);
-                put_texel_rows(vt.owned.mapped() + (z * s.capacity + c.size) * c.ev4 * tb, v.data() + z * rows * s.d_v,
-                               rows, s.d_v, c.ev4, half, "kv_cache::append: v", 1.0f, half_check::done);
-            }
-            kt.owned.flush();
-            vt.owned.flush();
-        } else {
-            // Staged: the new rows of every (batch, kv head) side by side, copied into place.
-            upload_rows(c, {kt.handle, kt.offset, c.e4 * tb}, {vt.handle, vt.offset, c.ev4 * tb}, rows,
-                        [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
-                            put_texel_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half,
-                                           "kv_cache::append: k", 1.0f, half_check::done);
-                            put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half,
-                                           "kv_cache::append: v", 1.0f, half_check::done);
-                        });
-        }
+    append_host_rows(c, rows, added, blocks, [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+        put_texel_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4, half, "kv_cache::append: k", 1.0f,
+                       half_check::done);
+        put_texel_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4, half, "kv_cache::append: v", 1.0f,
+                       half_check::done);
     });
-    // The rows are in place: their facts join the statistics.
-    c.stats.invalidate();
-    fold_host_rows(c.stats.mapped(), added, groups);
-    c.stats.flush();
-    c.size += rows;
+}
+
+void kv_cache::append_f16(std::span<const std::uint16_t> k, std::span<const std::uint16_t> v, std::size_t rows) {
+    impl& c = alive(impl_);
+    require_supported(entry_point::cache_append, features_of(c.type));
+    const kv_layout& s = c.layout;
+    check_append_sizes(s, k.size(), v.size(), rows);
+    if (!c.half()) {
+        // Stored as their float32 values are (exact): the float append, with its refusals.
+        std::vector<float> kf, vf;
+        try {
+            kf.resize(k.size()), vf.resize(v.size());
+        } catch (const std::bad_alloc&) {
+            throw out_of_memory("host memory allocation failed while appending to a kv_cache");
+        }
+        from_half_bits(k, kf), from_half_bits(v, vf);
+        append(kf, vf, rows);
+        return;
+    }
+    // Float16 into float16: nothing to round and nothing that can overflow; the facts of their
+    // float32 values, as append() takes them.
+    kv_stats added;
+    try {
+        added.add_f16(k, v, c.groups(), rows, s.d_qk, s.d_v);
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory("host memory allocation failed while appending to a kv_cache");
+    }
+    append_host_rows(c, rows, added, block_rows{}, [&](std::byte* k_at, std::byte* v_at, std::size_t z) {
+        put_half_rows(k_at, k.data() + z * rows * s.d_qk, rows, s.d_qk, c.e4);
+        put_half_rows(v_at, v.data() + z * rows * s.d_v, rows, s.d_v, c.ev4);
+    });
 }
 
 std::pair<const tensor::impl*, const tensor::impl*> kv_cache::impl::check_append(const tensor& kt, const tensor& vt,

@@ -201,4 +201,18 @@ void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size
     }
 }
 
+void put_half_rows(std::byte* at, const std::uint16_t* src, std::size_t rows, std::size_t width, std::size_t texels) {
+    const std::size_t padded = texels * 4;
+    auto* d = reinterpret_cast<std::uint16_t*>(at);
+    for (std::size_t r = 0; r < rows; ++r) {
+        std::uint16_t* row = d + r * padded;
+        const std::uint16_t* in = src + r * width;
+        // A NaN (exponent all ones, a nonzero mantissa) gets its quiet bit, as the float32 round
+        // trip gives it; every other value is copied (branch-free, vectorized).
+        for (std::size_t i = 0; i < width; ++i)
+            row[i] = static_cast<std::uint16_t>(in[i] | (static_cast<unsigned>((in[i] & 0x7fffu) > 0x7c00u) << 9));
+        std::fill(row + width, row + padded, std::uint16_t{0});
+    }
+}
+
 }  // namespace qkv::vulkan::detail

@@ -85,4 +85,9 @@ enum class half_check { on_store, done };
 void put_texel_rows(std::byte* at, const float* src, std::size_t rows, std::size_t width, std::size_t texels, bool fp16,
                     const char* what, float scale = 1.0f, half_check check = half_check::on_store);
 
+/// `rows` rows of `width` float16 values given as their bits, each written as `texels` texels of 4
+/// (zero-padded) as they are, a signalling NaN made quiet (as put_texel_rows of their float32
+/// values would store them, bit for bit).
+void put_half_rows(std::byte* at, const std::uint16_t* src, std::size_t rows, std::size_t width, std::size_t texels);
+
 }  // namespace qkv::vulkan::detail

@@ -11,6 +11,7 @@
 #include "contract/backward.h"
 #include "contract/tensor.h"
 #include "kernels/range_rule.hpp"
+#include "qkv/runtime/half.hpp"
 #include "qkv/vulkan/error.hpp"
 
 namespace qkv::vulkan::detail {
@@ -192,6 +193,34 @@ void kv_stats::add(std::span<const float> k, std::span<const float> v, std::size
     finite = fold_row_norms(k, d_qk, rows, k_norm) && finite;
     (void)d_v;
     finite = fold_abs_max(v, v_max) && finite;
+}
+
+void kv_stats::add_f16(std::span<const std::uint16_t> k, std::span<const std::uint16_t> v, std::size_t groups,
+                       std::size_t rows, std::size_t d_qk, std::size_t d_v) {
+    if (k_norm.size() != groups) k_norm.assign(groups, 0.0);
+    if (rows == 0) return;
+    constexpr std::size_t block = 4096;  // values widened at a time
+    std::vector<float> wide;
+    // Each group's rows a block of whole rows at a time: the same row sums as add().
+    const std::size_t per = std::max<std::size_t>(1, block / std::max<std::size_t>(d_qk, 1));
+    std::vector<double> norm(1);
+    for (std::size_t z = 0; z < groups; ++z) {
+        norm[0] = k_norm[z];
+        for (std::size_t r = 0; r < rows; r += per) {
+            const std::size_t n = std::min(per, rows - r);
+            wide.resize(n * d_qk);
+            qkv::from_half_bits(k.subspan((z * rows + r) * d_qk, n * d_qk), wide);
+            finite = fold_row_norms(wide, d_qk, n, norm) && finite;
+        }
+        k_norm[z] = norm[0];
+    }
+    for (std::size_t at = 0; at < v.size(); at += block) {
+        const std::size_t n = std::min(block, v.size() - at);
+        wide.resize(n);
+        qkv::from_half_bits(v.subspan(at, n), wide);
+        finite = fold_abs_max(wide, v_max) && finite;
+    }
+    (void)d_v;
 }
 
 sdpa_facts scan_sdpa(const sdpa_problem& problem) {

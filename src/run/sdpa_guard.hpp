@@ -39,6 +39,10 @@ struct kv_stats {
     double v_max = 0;
     void add(std::span<const float> k, std::span<const float> v, std::size_t groups, std::size_t rows, std::size_t d_qk,
              std::size_t d_v);
+    /// The same of float16 values given as their bits: the facts of their float32 values (exact),
+    /// widened a few rows at a time (no float32 copy of them all).
+    void add_f16(std::span<const std::uint16_t> k, std::span<const std::uint16_t> v, std::size_t groups,
+                 std::size_t rows, std::size_t d_qk, std::size_t d_v);
 };
 
 /// The words of the overflow rule's device pass (shaders/sdpa_guard.comp, contract/tensor.h): its

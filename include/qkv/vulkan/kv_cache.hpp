@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -78,6 +79,12 @@ public:
     void append(std::initializer_list<float> k, std::initializer_list<float> v, std::size_t rows) {
         append(std::span<const float>(k.begin(), k.size()), std::span<const float>(v.begin(), v.size()), rows);
     }
+
+    /// The same from float16 values given as their bits (qkv::to_half_bits' form): an f16 cache
+    /// stores them as they are (a signalling NaN made quiet, as a float32 round trip would), with no
+    /// conversion and no overflow to check; a cache of another type stores them as append() stores
+    /// their float32 values (exact), with its refusals. Nothing is appended when one is refused.
+    void append_f16(std::span<const std::uint16_t> k, std::span<const std::uint16_t> v, std::size_t rows);
 
     /// Rows held per (batch, kv head): at most capacity(), whatever other threads do.
     [[nodiscard]] std::size_t size() const;
