@@ -1510,6 +1510,37 @@ TEST_CASE("paged_call: a device table with cache_batch_idx, cache_leftpad and ap
     qkv_test::require_clean(ctx);
 }
 
+/// After a refused run: every pool row the appends of `o` would write is still the original one
+/// (the pool read as the step would read it after its appends, against the reference without them).
+void check_nothing_appended(qkv::vulkan::context& ctx, qkv::vulkan::kv_cache& pool, const qkv_test::owned_paged& o) {
+    std::vector<std::int32_t> lengths;
+    const qkv::paged_problem after = after_append(without_pool(o.problem), lengths);
+    qkv::paged_problem original = o.problem;
+    original.new_rows = 0, original.k_new = {}, original.v_new = {};
+    original.cache_seqlens = lengths;
+    qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+}
+
+/// One bad device tensor of an appending step (`attach` puts it into the step's tensors): the run
+/// fails naming it (`words`) and appends nothing; `repair` then rewrites the tensor on the device
+/// and the same call runs, the pool holding the appended rows.
+template <class Attach, class Repair>
+void expect_refused_then_repaired(qkv::vulkan::context& ctx, const qkv_test::owned_paged& o, Attach&& attach,
+                                  Repair&& repair, std::initializer_list<std::string> words) {
+    const qkv::paged_problem host = without_pool(o.problem);
+    qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
+    qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
+    append_tensors a(ctx, o, element_type::f32);
+    qkv::vulkan::paged_tensors t = a.with(&host);
+    attach(t);
+    qkv_test::expect_invalid([&] { call.run(t); }, words);
+    check_nothing_appended(ctx, pool, o);
+    repair();
+    call.run(t);
+    check_appended(downloaded(a.out, &a.lse), o.problem);
+    qkv_test::require_clean(ctx);
+}
+
 TEST_CASE("paged_call: a bad entry of a device table fails the run, reads nothing outside the pool, appends nothing",
           "[paged][paged_pool][paged_call][paged_append]") {
     qkv::vulkan::context& ctx = qkv_test::gpu();
@@ -1522,27 +1553,12 @@ TEST_CASE("paged_call: a bad entry of a device table fails the run, reads nothin
     for (const auto& [at, bad] :
          {std::pair{std::size_t{1}, pages}, std::pair{2 * host.max_pages, -1}, std::pair{std::size_t{1}, 1 << 30}}) {
         INFO("entry " << at << " = " << bad);
-        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
         std::vector<std::int32_t> broken(host.block_table.begin(), host.block_table.end());
         broken[at] = bad;
         qkv::vulkan::tensor table = table_tensor(ctx, broken, host.max_pages);
-        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
-        append_tensors a(ctx, o, element_type::f32);
-        qkv::vulkan::paged_tensors t = a.with(&host);
-        t.block_table = {}, t.block_table_tensor = &table;
-        qkv_test::expect_invalid([&] { call.run(t); }, {"block table", "a page index past the pool"});
-        // Nothing appended: the pool's rows where the appends would go are still the original ones.
-        std::vector<std::int32_t> lengths;
-        qkv::paged_problem after = after_append(host, lengths);
-        qkv::paged_problem original = o.problem;
-        original.new_rows = 0, original.k_new = {}, original.v_new = {};
-        original.cache_seqlens = lengths;
-        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
-        // The call still runs with a good table; the pool then holds the appended rows.
-        table.upload(host.block_table);
-        call.run(t);
-        check_appended(downloaded(a.out, &a.lse), o.problem);
-        qkv_test::require_clean(ctx);
+        expect_refused_then_repaired(
+            ctx, o, [&](qkv::vulkan::paged_tensors& t) { t.block_table = {}, t.block_table_tensor = &table; },
+            [&] { table.upload(host.block_table); }, {"block table", "a page index past the pool"});
     }
 }
 
@@ -1731,27 +1747,12 @@ TEST_CASE("paged_call: a bad device length fails the run, reads nothing outside 
     for (const auto& [at, bad] : {std::pair{std::size_t{0}, -1}, std::pair{std::size_t{2}, capacity - 2},
                                   std::pair{std::size_t{1}, std::numeric_limits<std::int32_t>::max()}}) {
         INFO("cache_seqlens[" << at << "] = " << bad);
-        qkv::vulkan::kv_cache pool = device_pool(ctx, o.problem, element_type::f32);
         std::vector<std::int32_t> broken(host.cache_seqlens.begin(), host.cache_seqlens.end());
         broken[at] = bad;
         qkv::vulkan::tensor lengths = lengths_tensor(ctx, broken);
-        qkv::vulkan::paged_call call(ctx, description_of(host, false), pool);
-        append_tensors a(ctx, o, element_type::f32);
-        qkv::vulkan::paged_tensors t = a.with(&host);
-        t.cache_seqlens = {}, t.cache_seqlens_tensor = &lengths;
-        qkv_test::expect_invalid([&] { call.run(t); }, {"cache_seqlens tensor", "no row was appended"});
-        // Nothing appended: the pool's rows where the appends would go are still the original ones.
-        std::vector<std::int32_t> after_lengths;
-        qkv::paged_problem after = after_append(host, after_lengths);
-        qkv::paged_problem original = o.problem;
-        original.new_rows = 0, original.k_new = {}, original.v_new = {};
-        original.cache_seqlens = after_lengths;
-        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
-        // The call still runs with good lengths; the pool then holds the appended rows.
-        lengths.upload(host.cache_seqlens);
-        call.run(t);
-        check_appended(downloaded(a.out, &a.lse), o.problem);
-        qkv_test::require_clean(ctx);
+        expect_refused_then_repaired(
+            ctx, o, [&](qkv::vulkan::paged_tensors& t) { t.cache_seqlens = {}, t.cache_seqlens_tensor = &lengths; },
+            [&] { lengths.upload(host.cache_seqlens); }, {"cache_seqlens tensor", "no row was appended"});
     }
 }
 
@@ -1813,18 +1814,12 @@ TEST_CASE("paged_call: two appends into one pool row through a device table fail
     qkv_test::expect_invalid([&] { call.run(t); }, {"block table", "found on the device", "same row of the pool",
                                                     "(page " + std::to_string(page) + ", row 3",
                                                     "appends must not share a row", "no row was appended"});
-    // Nothing appended: every row the appends would write is the original one.
-    std::vector<std::int32_t> lengths;
-    const qkv::paged_problem after = after_append(host, lengths);
-    qkv::paged_problem original = o.problem;
-    original.new_rows = 0, original.k_new = {}, original.v_new = {};
-    original.cache_seqlens = lengths;
-    qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+    check_nothing_appended(ctx, pool, o);
     {  // through a sequence: the same refusal when it runs, and still nothing written
         qkv::vulkan::sequence seq(ctx);
         seq.record(call, t);
         qkv_test::expect_invalid([&] { seq.run(); }, {"block table", "same row of the pool"});
-        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+        check_nothing_appended(ctx, pool, o);
     }
     {  // the table as a span and the lengths on the device: the host cannot see the rows either
         qkv::vulkan::tensor device_lengths = lengths_tensor(ctx, host.cache_seqlens);
@@ -1832,7 +1827,7 @@ TEST_CASE("paged_call: two appends into one pool row through a device table fail
         by_lengths.cache_seqlens = {}, by_lengths.cache_seqlens_tensor = &device_lengths;
         qkv_test::expect_invalid([&] { call.run(by_lengths); },
                                  {"found on the device", "same row of the pool", "row 3", "no row was appended"});
-        qkv_test::check_packed(ctx.sdpa(after, pool), qkv_test::device_reference(original));
+        check_nothing_appended(ctx, pool, o);
     }
     // Fixed on the device: sequence 1's second page is a spare one (its rows there the spare's).
     std::vector<std::int32_t> fixed(o.table);
