@@ -207,7 +207,9 @@ def paged_attention(q, cache, block_table, cache_seqlens, k=None, v=None, *, rot
     host array or an int32 qkv.Tensor on the cache's Context (never read back: its entries are
     checked on the device, a bad one, or two new rows bound for one row of the pool,
     InvalidArgument after the run, nothing appended);
-    cache_seqlens int32 (batch,) or an int, the keys each sequence has before the call; k, v
+    cache_seqlens int32 (batch,) or an int, the keys each sequence has before the call (or an int32
+    qkv.Tensor (batch,) on the cache's Context, read on the device when the call runs: a bad length
+    is InvalidArgument after the run, nothing appended; see flash_attn_with_kvcache); k, v
     (batch, seqlen_new, kv_heads, ·), written into each sequence's pages at keys cache_seqlens[b]
     onwards before any sequence attends. Every other argument and the result are
     qkv.flash_attn.flash_attn_with_kvcache's (this is flash_attn_with_kvcache(q, cache=cache, ...)):

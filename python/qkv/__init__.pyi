@@ -146,7 +146,7 @@ class PagedKVCache:
     def context(self) -> Context: ...
 
 def paged_attention(q: Array, cache: PagedKVCache, block_table: Union[Array, Tensor],
-                    cache_seqlens: Union[int, Array],
+                    cache_seqlens: Union[int, Array, Tensor],
                     k: Optional[Array] = None, v: Optional[Array] = None, *, rotary_cos: Optional[Array] = None,
                     rotary_sin: Optional[Array] = None, rotary_interleaved: bool = True,
                     cache_batch_idx: Optional[Array] = None, cache_leftpad: Optional[Array] = None,

@@ -379,9 +379,15 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 
 def _int32s(x, name, batch):
-    """cache_seqlens, cache_batch_idx, cache_leftpad: an int (cache_seqlens only), or int32 (batch,)."""
+    """cache_seqlens, cache_batch_idx, cache_leftpad: an int (cache_seqlens only), or int32 (batch,). A
+    qkv.Tensor is refused here: only a PagedKVCache's call reads lengths on the device (_with_pool)."""
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
         return [int(x)] * batch
+    if isinstance(x, _qkv.Tensor):
+        raise InvalidArgument(f"{name} is a qkv.Tensor: " + (
+            "lengths on the device are read there, by the paged call against a qkv.PagedKVCache "
+            "(flash_attn_with_kvcache(cache=...) or qkv.paged_attention); pass them as an int32 array here"
+            if name == "cache_seqlens" else "it must be an int32 host array (batch,)"))
     x = _arrays.host_view(x, name)
     if _arrays.dtype_name(x) != "int32" or _arrays.shape_of(x) != (batch,):
         raise InvalidArgument(f"{name} is {_arrays.dtype_name(x)} {_arrays.shape_of(x)}: it must be int32 (batch,) "
@@ -507,7 +513,13 @@ def flash_attn_with_kvcache(q, k_cache=None, v_cache=None, k=None, v=None, rotar
     one row of the pool through two table rows that name one page, raising InvalidArgument after
     the run (no row appended, nothing returned), and shared prefixes are not looked for
     (each sequence attends all its keys; the same result up to rounding). Appends into a q8_0 /
-    q4_0 pool take a host table.
+    q4_0 pool take a host table. cache_seqlens may likewise be an int32 qkv.Tensor (batch,) on the
+    cache's Context, with a host or a device table: read on the device when the call runs, never
+    on the host, so the call is planned for each sequence's bound (its table row's keys less
+    seqlen_new), a length past it or below cache_leftpad[b] raises InvalidArgument after the run
+    (nothing appended, nothing returned), the rotary embedding is applied on the device (q in
+    float32, not rounded to its dtype), and appends into a q8_0 / q4_0 pool or with a
+    cache_batch_idx naming one row twice are refused (InvalidArgument: give host lengths).
 
     Everything is checked before a cache is written (a page index past the pool, rows past the
     cache, two new rows bound for one row of a pool: InvalidArgument, nothing written), and an
@@ -690,9 +702,9 @@ def _kvcache_results(out, lse, B, L, Hq, Ev, kind, with_lse):
 def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                rotary_interleaved, alibi_slopes, opts, kind, device):
     """flash_attn_with_kvcache against a PagedKVCache: one call of the library's paged decode on the
-    pool's device, the new rows appended into its pages there. A block_table that is an int32
-    qkv.Tensor stays on the device (the library's paged_call over tensors reads and checks it
-    there; a bad entry is its InvalidArgument after the run)."""
+    pool's device, the new rows appended into its pages there. A block_table or cache_seqlens that
+    is an int32 qkv.Tensor stays on the device (the library's paged_call over tensors reads and
+    checks it there; a bad entry or length is its InvalidArgument after the run)."""
     if block_table is None or cache_seqlens is None:
         raise InvalidArgument("a qkv.PagedKVCache needs a block_table and cache_seqlens: which pages and rows each "
                               "sequence has")
@@ -713,7 +725,14 @@ def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch
     else:
         table = _block_table(block_table, None if cache_batch_idx is not None else B)
         flat, max_pages = [i for row in table for i in row], len(table[0]) if table else 0
-    seqlens = _int32s(cache_seqlens, "cache_seqlens", B)
+    device_lengths = cache_seqlens if isinstance(cache_seqlens, _qkv.Tensor) else None
+    if device_lengths is not None:  # read on the device, never here: its shape checked, its values there
+        if device_lengths.dtype != "int32" or device_lengths.shape != (B,):
+            raise InvalidArgument(f"cache_seqlens is a {device_lengths.dtype} qkv.Tensor {device_lengths.shape}: it "
+                                  f"must be int32 (batch,) with batch = {B}")
+        seqlens = []
+    else:
+        seqlens = _int32s(cache_seqlens, "cache_seqlens", B)
     rows = [] if cache_batch_idx is None else _int32s(cache_batch_idx, "cache_batch_idx", B)
     starts = [] if cache_leftpad is None else _int32s(cache_leftpad, "cache_leftpad", B)
     cos = sin = None
@@ -728,6 +747,7 @@ def _with_pool(q, pool, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch
     out, lse, _, _ = _qkv._paged(_arrays.detached(q), None, None, pool._pool, flat, max_pages, seqlens,
                                  None if k is None else _arrays.detached(k), None if v is None else _arrays.detached(v),
                                  cos, sin, rotary_interleaved, rows, starts, alibi_slopes=slopes, options=opts,
-                                 context=pool.context, block_table_tensor=device_table)
+                                 context=pool.context, block_table_tensor=device_table,
+                                 cache_seqlens_tensor=device_lengths)
     return _kvcache_results(_arrays.wrap(out, kind), _arrays.wrap(lse, kind), B, L, Hq, pool.head_dim_v, kind,
                             opts["return_lse"])

@@ -43,7 +43,7 @@ def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu
 def flash_attn_with_kvcache(q: Array, k_cache: Union[None, Array, PagedKVCache] = None,
                             v_cache: Union[None, Array, PagedKVCache] = None, k: Optional[Array] = None,
                             v: Optional[Array] = None, rotary_cos: Optional[Array] = None,
-                            rotary_sin: Optional[Array] = None, cache_seqlens: Any = None,
+                            rotary_sin: Optional[Array] = None, cache_seqlens: Union[None, int, Array, Tensor] = None,
                             cache_batch_idx: Optional[Array] = None, cache_leftpad: Optional[Array] = None,
                             block_table: Union[None, Array, Tensor] = None, softmax_scale: Optional[float] = None,
                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,

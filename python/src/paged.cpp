@@ -225,12 +225,14 @@ paged_values<T> read_all(const paged_inputs& in, bool pools = true) {
 }
 
 /// The problem of the call over values x (the pool's spans set by the caller), validated, with
-/// the rotary embedding applied to q and the new keys (rounded to the inputs' dtype) and taken out.
+/// the rotary embedding applied to q and the new keys (rounded to the inputs' dtype) and taken out;
+/// `rotate` false: left in the problem, for the device to apply (lengths on the device, whose
+/// positions the host does not know).
 template <class T>
 qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& x, std::span<const std::int32_t> table,
                                        std::size_t max_pages, std::span<const std::int32_t> seqlens,
                                        std::span<const std::int32_t> batch_idx, std::span<const std::int32_t> leftpad,
-                                       bool interleaved, bool with_pool) {
+                                       bool interleaved, bool with_pool, bool rotate = true) {
     qkv::basic_paged_problem<T> p;
     p.q_heads = in.hq, p.kv_heads = in.hkv, p.d_qk = in.e, p.d_v = in.ev;
     p.page_size = in.page_size, p.num_pages = in.num_pages;
@@ -252,7 +254,7 @@ qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& 
     } else {
         qkv::validate(p);  // the float64 reference's pool is always the caller's
     }
-    if (p.rotary_dim == 0) return p;
+    if (p.rotary_dim == 0 || !rotate) return p;
     std::vector<std::size_t> at(in.batch * std::max(in.new_rows, in.q_len));
     for (std::size_t b = 0; b < in.batch; ++b)
         for (std::size_t i = 0; i < in.new_rows; ++i)
@@ -266,14 +268,18 @@ qkv::basic_paged_problem<T> problem_of(const paged_inputs& in, paged_values<T>& 
     return p;
 }
 
-/// The call `p` (validated against a placeholder table of the device table's size; its rotary
-/// embedding applied already) against a PagedKVCache's pool with the block table on the device:
-/// one paged_call over tensors (q and the new rows uploaded, the output and lse downloaded). The
-/// table is never read back: the device checks its entries, and a bad one is the run's
-/// qkv::invalid_argument. Shared prefixes are found in a host table, so the call attends each
-/// sequence over all its keys (cascade off; the same result up to rounding).
-qkv::varlen_output run_device_table(qkv::vulkan::context& ctx, const qkv::paged_problem& p, qkv::vulkan::kv_cache& pool,
-                                    const qkv::vulkan::tensor& table) {
+/// The call `p` (validated against placeholders of the device tensors' sizes) against a
+/// PagedKVCache's pool with the block table (`table`) or the lengths (`lengths`) on the device, or
+/// both: one paged_call over tensors (q and the new rows uploaded, the output and lse downloaded).
+/// A tensor is never read back: the device checks the table's entries and the lengths, and a bad
+/// one is the run's qkv::invalid_argument. A host table (`host_table`, with device lengths) is
+/// checked there too, for the keys the lengths reach. Shared prefixes are found from a host table
+/// and host lengths, so the call attends each sequence over all its keys (cascade off; the same
+/// result up to rounding). With device lengths the rotary embedding (left in `p`) is applied on
+/// the device, at the positions the lengths give, in float32 (q not rounded to the inputs' dtype).
+qkv::varlen_output run_device_tensors(qkv::vulkan::context& ctx, const qkv::paged_problem& p,
+                                      qkv::vulkan::kv_cache& pool, const qkv::vulkan::tensor* table,
+                                      std::span<const std::int32_t> host_table, const qkv::vulkan::tensor* lengths) {
     qkv::paged_problem desc = p;
     desc.q = {}, desc.k_new = {}, desc.v_new = {};
     desc.block_table = {}, desc.cache_seqlens = {}, desc.cu_seqlens_q = {};
@@ -289,9 +295,16 @@ qkv::varlen_output run_device_table(qkv::vulkan::context& ctx, const qkv::paged_
     };
     qkv::vulkan::tensor q(ctx, rows(p.d_qk)), out(ctx, rows(p.d_v)), lse, k_new, v_new;
     q.upload(p.q);
-    qkv::vulkan::paged_tensors t{.q = &q, .out = &out, .block_table_tensor = &table};
-    t.cache_seqlens = p.cache_seqlens, t.cu_seqlens_q = p.cu_seqlens_q;
-    t.cache_batch_idx = p.cache_batch_idx, t.cache_leftpad = p.cache_leftpad;
+    qkv::vulkan::paged_tensors t{.q = &q, .out = &out};
+    if (table)
+        t.block_table_tensor = table;
+    else
+        t.block_table = host_table;
+    if (lengths)
+        t.cache_seqlens_tensor = lengths;
+    else
+        t.cache_seqlens = p.cache_seqlens;
+    t.cu_seqlens_q = p.cu_seqlens_q, t.cache_batch_idx = p.cache_batch_idx, t.cache_leftpad = p.cache_leftpad;
     if (p.options.return_lse) lse = qkv::vulkan::tensor(ctx, {Hq, total_q}), t.lse = &lse;
     if (p.new_rows != 0) {
         const qkv::element_type type = pool.layout().type;
@@ -312,13 +325,15 @@ qkv::varlen_output run_device_table(qkv::vulkan::context& ctx, const qkv::paged_
 /// cu_seqlens_q (B + 1 offsets; flash_attn_varlen_func's paged form) q is ragged, (total_q, Hq, E),
 /// the output (total_q, Hq, Ev) and lse (Hq, total_q); it takes no new rows. With
 /// `block_table_tensor` (an int32 qkv.Tensor (rows, max_pages), against a PagedKVCache only) the
-/// table is on the device: `table` is then empty and `max_pages` ignored (run_device_table).
+/// table is on the device: `table` is then empty and `max_pages` ignored; with
+/// `cache_seqlens_tensor` (an int32 qkv.Tensor (B), against a PagedKVCache only) the lengths are:
+/// `seqlens` is then empty (run_device_tensors).
 py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object pool_object,
                 const std::vector<std::int32_t>& table, std::size_t max_pages, const std::vector<std::int32_t>& seqlens,
                 py::handle k_new, py::handle v_new, py::handle rotary_cos, py::handle rotary_sin, bool interleaved,
                 const std::vector<std::int32_t>& batch_idx, const std::vector<std::int32_t>& leftpad,
                 const std::vector<std::int32_t>& cu_seqlens_q, py::handle alibi_slopes, const py::dict& options,
-                py::handle device, py::handle block_table_tensor) {
+                py::handle device, py::handle block_table_tensor, py::handle cache_seqlens_tensor) {
     paged_inputs in;
     in.opt = read_options(options);
     in.q = read_array(q, "q");
@@ -402,8 +417,54 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
         max_pages = shape[1];
         placeholder.assign(shape[0] * shape[1], 0);  // shapes checked here; the entries on the device
     }
-    const std::span<const std::int32_t> host_table =
-        device_table ? std::span<const std::int32_t>(placeholder) : std::span<const std::int32_t>(table);
+    // Lengths on the device: their size here, their values read (and checked) on the device. The
+    // host checks the call at each sequence's bound (its table row's keys less the new rows), the
+    // table's entries left to the device (placeholders), as paged_call plans it.
+    const py_tensor* device_lengths = nullptr;
+    std::vector<std::int32_t> bounds;
+    if (!cache_seqlens_tensor.is_none()) {
+        if (!py::isinstance<py_tensor>(cache_seqlens_tensor))
+            throw py::type_error("cache_seqlens_tensor: a qkv.Tensor is needed");
+        device_lengths = &cache_seqlens_tensor.cast<const py_tensor&>();
+        if (!pool || ragged)
+            refuse(
+                "cache_seqlens is a qkv.Tensor: lengths on the device are read there, by the paged call against a "
+                "qkv.PagedKVCache (pass the lengths as an int32 array otherwise)");
+        if (!seqlens.empty()) refuse("cache_seqlens: host lengths and a qkv.Tensor; give the lengths one way");
+        if (device_lengths->context != pool->context)
+            refuse("cache_seqlens: the qkv.Tensor was made on another Context than the PagedKVCache's");
+        const auto& shape = device_lengths->tensor.shape();
+        if (device_lengths->tensor.type() != qkv::element_type::i32 || shape.size() != 1 || shape[0] != in.batch)
+            refuse("cache_seqlens is a qkv.Tensor of shape " + dims(shape) + ": it must be int32 (batch,) = (" +
+                   std::to_string(in.batch) + ",)");
+        if (in.new_rows != 0 && pool->cache.layout().type != qkv::element_type::f32 &&
+            pool->cache.layout().type != qkv::element_type::f16)
+            refuse("cache_seqlens is a qkv.Tensor with k and v into a " +
+                   std::string(qkv::to_string(pool->cache.layout().type)) +
+                   " PagedKVCache: its rows are quantized on the host at the positions the lengths give; pass the "
+                   "lengths as an int32 array");
+        if (in.new_rows != 0) {
+            std::vector<std::int32_t> rows(batch_idx);
+            std::sort(rows.begin(), rows.end());
+            if (std::adjacent_find(rows.begin(), rows.end()) != rows.end())
+                refuse(
+                    "cache_seqlens is a qkv.Tensor with k and v and a cache_batch_idx naming one block_table row "
+                    "twice: where their rows go depends on lengths read on the device; pass the lengths as an int32 "
+                    "array");
+        }
+        const std::size_t capacity = max_pages * in.page_size;
+        if (in.new_rows > capacity)
+            refuse("k and v have " + std::to_string(in.new_rows) + " new rows per sequence, and a block_table row " +
+                   "holds " + std::to_string(capacity) + " keys (max_num_blocks_per_seq x page_size)");
+        bounds.assign(in.batch, static_cast<std::int32_t>(std::min<std::size_t>(
+                                    capacity - in.new_rows, std::numeric_limits<std::int32_t>::max())));
+        if (!device_table) placeholder.assign(table.size(), 0);  // a host table: checked on the device
+    }
+    const std::span<const std::int32_t> host_table = device_table || device_lengths
+                                                         ? std::span<const std::int32_t>(placeholder)
+                                                         : std::span<const std::int32_t>(table);
+    const std::span<const std::int32_t> host_lengths =
+        device_lengths ? std::span<const std::int32_t>(bounds) : std::span<const std::int32_t>(seqlens);
 
     std::optional<out_array> out, lse, k_rows, v_rows;
     {
@@ -437,9 +498,12 @@ py::tuple paged(py::handle q, py::handle k_cache, py::handle v_cache, py::object
             finish(qkv::cpu::sdpa_f64(p), x);
         } else if (pool) {
             paged_values<float> x = read_all<float>(in);
-            const auto p = problem_of(in, x, host_table, max_pages, seqlens, batch_idx, leftpad, interleaved, false);
-            if (device_table)
-                finish(run_device_table(*ctx, p, pool->cache, device_table->tensor), x);
+            const auto p = problem_of(in, x, host_table, max_pages, host_lengths, batch_idx, leftpad, interleaved,
+                                      false, !device_lengths);
+            if (device_table || device_lengths)
+                finish(run_device_tensors(*ctx, p, pool->cache, device_table ? &device_table->tensor : nullptr, table,
+                                          device_lengths ? &device_lengths->tensor : nullptr),
+                       x);
             else
                 finish(p.new_rows ? ctx->sdpa(p, pool->cache) : ctx->sdpa(p, std::as_const(pool->cache)), x);
         } else {
@@ -539,8 +603,10 @@ void bind_paged(py::module_& m) {
           py::arg("rotary_cos"), py::arg("rotary_sin"), py::arg("rotary_interleaved"), py::arg("cache_batch_idx"),
           py::arg("cache_leftpad"), py::kw_only(), py::arg("cu_seqlens_q") = std::vector<std::int32_t>{},
           py::arg("alibi_slopes"), py::arg("options"), py::arg("context"), py::arg("block_table_tensor") = py::none(),
+          py::arg("cache_seqlens_tensor") = py::none(),
           "flash_attn_with_kvcache and flash_attn_varlen_func (cu_seqlens_q) with a block_table "
-          "(qkv/flash_attn.py calls it; block_table_tensor: the table as an int32 qkv.Tensor, with a pool). "
+          "(qkv/flash_attn.py calls it; block_table_tensor, cache_seqlens_tensor: the table, the lengths as int32 "
+          "qkv.Tensors, with a pool). "
           "Returns (output, lse or None, "
           "the new keys as written or None, the new values or None) as _Array buffers.");
 }

@@ -232,6 +232,9 @@ def paged_reference(q, k_pool, v_pool, table, seqlens, causal):
     page = k_pool.shape[1]
     outs = []
     for b, n in enumerate(seqlens):
+        if n == 0:  # no key: a zero output (FlashAttention 2's, and the module's documented rule)
+            outs.append(np.zeros((1, *q.shape[1:3], v_pool.shape[3])))
+            continue
         rows = [(int(table[b][j // page]), j % page) for j in range(n)]
         keys = np.stack([k_pool[p, r] for p, r in rows])[None]
         values = np.stack([v_pool[p, r] for p, r in rows])[None]
@@ -362,3 +365,90 @@ def test_a_device_block_table_is_refused_where_it_cannot_be_read():
     with pytest.raises(qkv.InvalidArgument, match="q8_0"):  # appends into quantized pages take a host table
         qkv.paged_attention(torch.randn(2, 1, 2, 32), q8, table, lens, k=new, v=new)
     assert q8.pages_held == 4
+
+
+def test_cache_seqlens_on_the_device():
+    """cache_seqlens as an int32 qkv.Tensor (never read back), with a numpy or a device table: the
+    same output as numpy lengths, by the float64 reference; lengths 0, 1 and 17; lengths changed by
+    Tensor.upload between two calls take effect; appends (with rotary embedding) land where numpy
+    lengths put them; a bad length is InvalidArgument after the run, nothing written, and the next
+    good call runs."""
+    B, hq, hkv, E, page = 3, 4, 2, 17, 4
+    g = torch.Generator().manual_seed(67)
+    k_pool, v_pool = (torch.randn(9, page, hkv, E, generator=g) for _ in range(2))
+    table = np.array([[4, 1, 7, 0, 3], [4, 0, 2, 6, 8], [8, 3, 6, 5, 2]], dtype=np.int32)  # 20 keys a row
+    seqlens = np.array([0, 1, 17], dtype=np.int32)
+    q = torch.randn(B, 1, hq, E, generator=g)
+    cache = qkv.PagedKVCache(9, page, hkv, E, dtype="float32")
+    cache.append_pages(k_pool, v_pool)
+    lens = qkv.tensor(seqlens, cache.context)
+    device_table = qkv.tensor(table, cache.context)
+    want64 = paged_reference(q.numpy(), k_pool.numpy(), v_pool.numpy(), table, seqlens, True)
+    host, host_lse = qkv.paged_attention(q, cache, table, seqlens, causal=True, return_softmax_lse=True)
+    for t in (table, device_table):
+        got, lse = qkv.paged_attention(q, cache, t, lens, causal=True, return_softmax_lse=True)
+        assert nmse(got, want64) <= 1e-10 and nmse(got, host) <= 1e-10
+        assert max_error(lse, host_lse) < 1e-5  # sequence 0's rows have no key: +inf in both
+        via_fa = flash_attn_with_kvcache(q, cache=cache, cache_seqlens=lens, block_table=t, causal=True)
+        assert torch.equal(via_fa, got)
+    # lengths changed on the device between two calls: the second call reads them
+    lens.upload(np.array([5, 17, 2], dtype=np.int32))
+    want2 = paged_reference(q.numpy(), k_pool.numpy(), v_pool.numpy(), table, [5, 17, 2], True)
+    assert nmse(qkv.paged_attention(q, cache, table, lens, causal=True), want2) <= 1e-10
+    assert nmse(qkv.paged_attention(q, cache, device_table, lens, causal=True), want2) <= 1e-10
+    # appends through device lengths, rotary embedding included: the rows land where numpy lengths
+    # put them, turned at the same positions
+    twin = qkv.PagedKVCache(9, page, hkv, E, dtype="float32")
+    twin.append_pages(k_pool, v_pool)
+    rows = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 0], [8, 3, 6, 7, 2]], dtype=np.int32)  # no row written twice
+    start = np.array([0, 1, 15], dtype=np.int32)
+    kn, vn = torch.randn(B, 2, hkv, E, generator=g), torch.randn(B, 2, hkv, E, generator=g)
+    angles = torch.arange(20, dtype=torch.float64)[:, None] / 10.0 ** (torch.arange(4, dtype=torch.float64) / 4)
+    step = dict(k=kn, v=vn, causal=True, rotary_cos=angles.cos().float(), rotary_sin=angles.sin().float())
+    lens.upload(start)
+    out_dev = qkv.paged_attention(q, cache, qkv.tensor(rows, cache.context), lens, **step)
+    out_host = qkv.paged_attention(q, twin, rows, start, **step)
+    assert nmse(out_dev, out_host) <= 1e-10
+    k_after, v_after = cache.read_pages()
+    assert np.abs(k_after - twin.read_pages()[0]).max() < 1e-5 and np.array_equal(v_after, twin.read_pages()[1])
+    unturned = qkv.paged_attention(q, twin, rows, start, k=kn, v=vn, causal=True)  # the same rows, not turned
+    assert nmse(out_dev, unturned) > 1e-6  # the embedding turned q and the keys
+    # a bad length (negative; past the 20 - 2 keys a row leaves for 2 new rows): after the run,
+    # nothing appended, and the next good call runs
+    for bad in ([0, -1, 3], [0, 1, 19]):
+        lens.upload(np.array(bad, dtype=np.int32))
+        for t in (rows, qkv.tensor(rows, cache.context)):
+            with pytest.raises(qkv.InvalidArgument, match="cache_seqlens"):
+                qkv.paged_attention(q, cache, t, lens, k=kn, v=vn, causal=True)
+            held_k, held_v = cache.read_pages()
+            assert np.array_equal(held_k, k_after) and np.array_equal(held_v, v_after)
+    lens.upload(seqlens)
+    want3 = paged_reference(q.numpy(), k_after, v_after, table, seqlens, True)
+    assert nmse(qkv.paged_attention(q, cache, table, lens, causal=True), want3) <= 1e-10
+
+
+def test_device_lengths_are_refused_where_they_cannot_be_read():
+    cache = qkv.PagedKVCache(4, 4, 1, 32, dtype="float32")
+    k_pool, v_pool = pages(4, 4, 1, 32, torch.float32, 71)
+    cache.append_pages(k_pool, v_pool)
+    q, table = torch.randn(2, 1, 2, 32), np.array([[0, 1], [2, 3]], dtype=np.int32)
+    lens = qkv.tensor(np.array([3, 5], dtype=np.int32), cache.context)
+    with pytest.raises(qkv.InvalidArgument, match="PagedKVCache"):  # array pools: read on the host
+        flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, block_table=table)
+    with pytest.raises(qkv.InvalidArgument, match="PagedKVCache"):
+        flash_attn_with_kvcache(q, k_pool.reshape(2, 8, 1, 32), v_pool.reshape(2, 8, 1, 32),
+                                cache_seqlens=lens)
+    with pytest.raises(qkv.InvalidArgument, match="int32 array"):
+        cache.write(torch.randn(2, 1, 1, 32), torch.randn(2, 1, 1, 32), table, lens)
+    with pytest.raises(qkv.InvalidArgument, match="int32"):
+        qkv.paged_attention(q, cache, table, qkv.tensor(np.array([3.0, 5.0], dtype=np.float32), cache.context))
+    with pytest.raises(qkv.InvalidArgument, match="int32"):  # one length for two sequences
+        qkv.paged_attention(q, cache, table, qkv.tensor(np.array([3], dtype=np.int32), cache.context))
+    new = torch.randn(2, 1, 1, 32)
+    with pytest.raises(qkv.InvalidArgument, match="cache_batch_idx"):  # one table row twice, with appends
+        qkv.paged_attention(q, cache, table, lens, k=new, v=new, cache_batch_idx=np.array([1, 1], dtype=np.int32))
+    q8 = qkv.PagedKVCache(4, 4, 1, 32, dtype="q8_0")
+    q8.append_pages(k_pool, v_pool)
+    with pytest.raises(qkv.InvalidArgument, match="q8_0"):  # appends into quantized pages take host lengths
+        qkv.paged_attention(q, q8, table, qkv.tensor(np.array([3, 5], dtype=np.int32), q8.context), k=new, v=new)
+    assert q8.pages_held == 4 and np.array_equal(cache.read_pages()[0], k_pool.numpy())
